@@ -1,0 +1,474 @@
+//! Settings. Every setting is an environment variable and the same-named
+//! command-line flag (`RELAY_PING_INTERVAL` is `--ping-interval`); flags win.
+//! Parsing takes injected iterators so it is tested without touching the
+//! process environment. An invalid value is an error that names the setting.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Allowed `Origin`s for CORS and WebSocket upgrades.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origins {
+    /// `*`: every origin.
+    Any,
+    /// An explicit allow-list, compared byte for byte.
+    List(Vec<String>),
+}
+
+impl Origins {
+    /// Whether a request carrying `Origin: origin` may proceed.
+    pub fn allows(&self, origin: &str) -> bool {
+        match self {
+            Origins::Any => true,
+            Origins::List(list) => list.iter().any(|o| o == origin),
+        }
+    }
+}
+
+/// `RELAY_LOG_FORMAT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The server's settings, with the contract's defaults.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub host: IpAddr,
+    pub port: u16,
+    pub ping_interval: Duration,
+    pub max_body_bytes: usize,
+    pub history_limit: usize,
+    pub session_ttl: Duration,
+    pub client_token: Option<String>,
+    pub agent_token: Option<String>,
+    pub cors_origins: Origins,
+    pub max_connections: usize,
+    pub max_sessions: usize,
+    pub max_pending: usize,
+    pub max_waiters: usize,
+    pub max_subscribers: usize,
+    pub subscriber_buffer_bytes: usize,
+    pub rate_limit: u32,
+    pub trusted_proxies: Vec<IpAddr>,
+    pub log_level: log::LevelFilter,
+    pub log_format: LogFormat,
+    /// A request whose head and body are not complete within this gets 408.
+    pub request_timeout: Duration,
+    /// An idle keep-alive connection is closed after this.
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            host: IpAddr::from([0, 0, 0, 0]),
+            port: 8000,
+            ping_interval: Duration::from_secs(30),
+            max_body_bytes: 1 << 20,
+            history_limit: 10_000,
+            session_ttl: Duration::from_secs(86_400),
+            client_token: None,
+            agent_token: None,
+            cors_origins: Origins::Any,
+            max_connections: 10_000,
+            max_sessions: 100_000,
+            max_pending: 1000,
+            max_waiters: 100,
+            max_subscribers: 1000,
+            subscriber_buffer_bytes: 1 << 20,
+            rate_limit: 0,
+            trusted_proxies: Vec::new(),
+            log_level: log::LevelFilter::Info,
+            log_format: LogFormat::Text,
+            request_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(75),
+        }
+    }
+}
+
+/// What the command line asked for.
+#[derive(Debug)]
+pub enum Command {
+    Run(Box<Config>),
+    Help,
+    Version,
+}
+
+type Setter = fn(&mut Config, &str) -> Result<(), String>;
+
+/// (environment variable, meaning, setter). The flag is derived from the name.
+const SETTINGS: &[(&str, &str, Setter)] = &[
+    ("RELAY_HOST", "listen address (default 0.0.0.0)", |c, v| {
+        c.host = v
+            .parse()
+            .map_err(|_| "expected an IP address".to_string())?;
+        Ok(())
+    }),
+    (
+        "RELAY_PORT",
+        "listen port, 0 picks a free one (default 8000; PORT also works)",
+        |c, v| {
+            c.port = v
+                .parse()
+                .map_err(|_| "expected a port number 0-65535".to_string())?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_PING_INTERVAL",
+        "seconds between WebSocket pings (default 30)",
+        |c, v| {
+            c.ping_interval = seconds(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_MAX_BODY",
+        "request body cap in bytes (default 1048576)",
+        |c, v| {
+            c.max_body_bytes = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_HISTORY_LIMIT",
+        "messages kept per session (default 10000)",
+        |c, v| {
+            c.history_limit = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_SESSION_TTL",
+        "seconds of inactivity before a session is collected (default 86400)",
+        |c, v| {
+            c.session_ttl = seconds(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_CLIENT_TOKEN",
+        "bearer token for the client role (default unset: open)",
+        |c, v| {
+            c.client_token = token(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_AGENT_TOKEN",
+        "bearer token for the agent role (default unset: open)",
+        |c, v| {
+            c.agent_token = token(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_CORS_ORIGINS",
+        "comma-separated allowed origins (default *)",
+        |c, v| {
+            c.cors_origins = origins(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_MAX_CONNECTIONS",
+        "open sockets before new ones get 503 (default 10000)",
+        |c, v| {
+            c.max_connections = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_MAX_SESSIONS",
+        "sessions before new ones get 503 (default 100000)",
+        |c, v| {
+            c.max_sessions = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_MAX_PENDING",
+        "unanswered prompts per session before 503 (default 1000)",
+        |c, v| {
+            c.max_pending = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_MAX_WAITERS",
+        "parked long-polls per session before 503 (default 100)",
+        |c, v| {
+            c.max_waiters = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_MAX_SUBSCRIBERS",
+        "WebSocket subscribers per session before 503 (default 1000)",
+        |c, v| {
+            c.max_subscribers = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_SUBSCRIBER_BUFFER",
+        "unsent bytes per subscriber before close 1008 (default 1048576)",
+        |c, v| {
+            c.subscriber_buffer_bytes = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_RATE_LIMIT",
+        "POST requests per second per client, 0 is off (default 0)",
+        |c, v| {
+            c.rate_limit = v
+                .parse()
+                .map_err(|_| "expected a whole number".to_string())?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_TRUSTED_PROXY",
+        "comma-separated proxy addresses whose X-Forwarded-For is trusted",
+        |c, v| {
+            c.trusted_proxies = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().map_err(|_| format!("'{s}' is not an IP address")))
+                .collect::<Result<_, _>>()?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_LOG",
+        "error, warn, info or debug (default info)",
+        |c, v| {
+            c.log_level = match v {
+                "error" => log::LevelFilter::Error,
+                "warn" => log::LevelFilter::Warn,
+                "info" => log::LevelFilter::Info,
+                "debug" => log::LevelFilter::Debug,
+                "trace" => log::LevelFilter::Trace,
+                _ => return Err("expected error, warn, info or debug".into()),
+            };
+            Ok(())
+        },
+    ),
+    ("RELAY_LOG_FORMAT", "text or json (default text)", |c, v| {
+        c.log_format = match v {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            _ => return Err("expected text or json".into()),
+        };
+        Ok(())
+    }),
+    (
+        "RELAY_REQUEST_TIMEOUT",
+        "seconds to receive a whole request before 408 (default 10)",
+        |c, v| {
+            c.request_timeout = seconds(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_KEEPALIVE_TIMEOUT",
+        "seconds an idle keep-alive connection is kept (default 75)",
+        |c, v| {
+            c.keepalive_timeout = seconds(v)?;
+            Ok(())
+        },
+    ),
+];
+
+/// A positive number of seconds, fractions allowed, at most a year.
+fn seconds(v: &str) -> Result<Duration, String> {
+    match v.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 31_536_000.0 => Ok(Duration::from_secs_f64(s)),
+        _ => Err("expected a number of seconds greater than 0".into()),
+    }
+}
+
+/// A positive whole number.
+fn count(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number greater than 0".into()),
+    }
+}
+
+fn token(v: &str) -> Result<Option<String>, String> {
+    if v.is_empty() {
+        Ok(None)
+    } else if v.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(Some(v.to_string()))
+    } else {
+        Err("a token must be printable ASCII without spaces".into())
+    }
+}
+
+fn origins(v: &str) -> Result<Origins, String> {
+    let list: Vec<String> = v
+        .split(',')
+        .map(|s| s.trim().trim_end_matches('/').to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if list.is_empty() {
+        Err("expected * or a comma-separated list of origins".into())
+    } else if list.iter().any(|o| o == "*") {
+        Ok(Origins::Any)
+    } else {
+        Ok(Origins::List(list))
+    }
+}
+
+/// `RELAY_PING_INTERVAL` -> `--ping-interval`.
+fn flag_name(env: &str) -> String {
+    format!(
+        "--{}",
+        env.trim_start_matches("RELAY_")
+            .to_ascii_lowercase()
+            .replace('_', "-")
+    )
+}
+
+fn apply(cfg: &mut Config, name: &str, value: &str) -> Result<(), String> {
+    let (_, _, set) = SETTINGS
+        .iter()
+        .find(|(env, _, _)| *env == name)
+        .ok_or_else(|| format!("unknown setting {name}"))?;
+    set(cfg, value).map_err(|why| format!("invalid {name} ({}): {why}: '{value}'", flag_name(name)))
+}
+
+/// Builds the configuration from the environment and the arguments (without
+/// the program name). Called once at start; flags win over the environment.
+pub fn parse<E, A>(env: E, args: A) -> Result<Command, String>
+where
+    E: IntoIterator<Item = (String, String)>,
+    A: IntoIterator<Item = String>,
+{
+    let mut cfg = Config::default();
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    // `PORT` is the platform convention; `RELAY_PORT` wins over it.
+    if let Some((_, v)) = env.iter().find(|(k, _)| k == "PORT") {
+        apply(&mut cfg, "RELAY_PORT", v).map_err(|e| e.replace("RELAY_PORT", "PORT"))?;
+    }
+    for (name, _, _) in SETTINGS {
+        if let Some((_, v)) = env.iter().find(|(k, _)| k == name) {
+            apply(&mut cfg, name, v)?;
+        }
+    }
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "-V" | "--version" => return Ok(Command::Version),
+            _ => {}
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        let Some((name, _, _)) = SETTINGS.iter().find(|(env, _, _)| flag_name(env) == flag) else {
+            return Err(format!("unknown argument '{arg}' (see --help)"));
+        };
+        let value = match inline {
+            Some(v) => v,
+            None => args
+                .next()
+                .ok_or_else(|| format!("{flag} needs a value (see --help)"))?,
+        };
+        apply(&mut cfg, name, &value)?;
+    }
+    Ok(Command::Run(Box::new(cfg)))
+}
+
+/// The `--help` text: every setting with its flag and meaning.
+pub fn help() -> String {
+    let mut out = format!(
+        "relay {}: a relay between web clients and an AI agent\n\n\
+         usage: relay [--flag value]...\n\n\
+         Every setting is an environment variable and the same-named flag; flags win.\n\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    for (env, meaning, _) in SETTINGS {
+        out.push_str(&format!(
+            "  {:<26} {:<26} {}\n",
+            flag_name(env),
+            env,
+            meaning
+        ));
+    }
+    out.push_str("\n  -h, --help                 print this help\n  -V, --version              print the version\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(env: &[(&str, &str)], args: &[&str]) -> Result<Config, String> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        match parse(env, args.iter().map(|s| s.to_string()))? {
+            Command::Run(c) => Ok(*c),
+            other => panic!("expected a config, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = run(&[], &[]).unwrap();
+        assert_eq!(c.port, 8000);
+        assert_eq!(c.ping_interval, Duration::from_secs(30));
+        assert_eq!(c.max_body_bytes, 1_048_576);
+        assert_eq!(c.history_limit, 10_000);
+        assert_eq!(c.cors_origins, Origins::Any);
+    }
+
+    #[test]
+    fn flags_win_over_environment() {
+        let c = run(
+            &[("RELAY_PORT", "9000"), ("PORT", "7000")],
+            &["--port", "9100"],
+        )
+        .unwrap();
+        assert_eq!(c.port, 9100);
+        let c = run(&[("RELAY_PORT", "9000"), ("PORT", "7000")], &[]).unwrap();
+        assert_eq!(c.port, 9000);
+        let c = run(&[("PORT", "7000")], &["--ping-interval=0.25"]).unwrap();
+        assert_eq!(
+            (c.port, c.ping_interval),
+            (7000, Duration::from_millis(250))
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_the_setting() {
+        let e = run(&[("RELAY_PING_INTERVAL", "-1")], &[]).unwrap_err();
+        assert!(e.contains("RELAY_PING_INTERVAL"), "{e}");
+        let e = run(&[], &["--max-body", "lots"]).unwrap_err();
+        assert!(
+            e.contains("RELAY_MAX_BODY") && e.contains("--max-body"),
+            "{e}"
+        );
+        let e = run(&[], &["--nope"]).unwrap_err();
+        assert!(e.contains("--nope"), "{e}");
+    }
+
+    #[test]
+    fn origins_parse_to_a_list_or_any() {
+        let c = run(
+            &[(
+                "RELAY_CORS_ORIGINS",
+                "https://a.example, https://b.example/",
+            )],
+            &[],
+        )
+        .unwrap();
+        assert!(c.cors_origins.allows("https://b.example"));
+        assert!(!c.cors_origins.allows("https://c.example"));
+    }
+}

@@ -1,0 +1,82 @@
+//! HTTP/1.x, sans-IO: the incremental request parser, routing with query
+//! validation, response encoding, and the WebSocket upgrade check. Nothing
+//! here touches a socket; bytes in, values and bytes out.
+
+pub mod parse;
+pub mod response;
+pub mod route;
+pub mod upgrade;
+
+/// Request methods the API knows; anything else is `Other` (405 or 404).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    Put,
+    Delete,
+    Options,
+    Other,
+}
+
+impl Method {
+    fn parse(m: &str) -> Method {
+        match m {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "POST" => Method::Post,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "OPTIONS" => Method::Options,
+            _ => Method::Other,
+        }
+    }
+}
+
+/// How the request body is delimited (RFC 9112 section 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    Empty,
+    /// `Content-Length: n`.
+    Length(usize),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// The parts of a request head the server uses, owned, so the input buffer
+/// can be consumed while the request is handled.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: Option<Method>,
+    /// The path, without the query.
+    pub path: String,
+    /// The raw query string after `?`, if any.
+    pub query: Option<String>,
+    /// HTTP/1.0 rather than 1.1.
+    pub http10: bool,
+    /// Whether the connection stays open after the response.
+    pub keep_alive: bool,
+    pub framing: Option<Framing>,
+    pub expect_continue: bool,
+    /// `Upgrade: websocket` and `Connection: upgrade` both present.
+    pub websocket: bool,
+    pub ws_key: Option<String>,
+    pub ws_version: Option<String>,
+    pub origin: Option<String>,
+    pub content_type: Option<String>,
+    pub authorization: Option<String>,
+    pub forwarded_for: Option<String>,
+}
+
+impl RequestHead {
+    /// The method; `Other` when unset.
+    pub fn method(&self) -> Method {
+        self.method.unwrap_or(Method::Other)
+    }
+
+    /// The body framing; no body when unset.
+    pub fn framing(&self) -> Framing {
+        self.framing.unwrap_or(Framing::Empty)
+    }
+}

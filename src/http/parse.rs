@@ -1,0 +1,483 @@
+//! Incremental request parsing. The end of the head is found by scanning only
+//! the bytes that arrived since the last look (no quadratic re-parse); only
+//! then does httparse run, and its borrowed result is turned into an owned
+//! [`RequestHead`] at once. Body framing follows RFC 9112 section 6.3; chunked
+//! bodies are decoded by a resumable state machine, so a body dribbled in byte
+//! by byte costs linear time.
+
+use super::{Framing, Method, RequestHead};
+use crate::relay::ApiError;
+
+/// Largest request head; beyond it the answer is 431.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Most header lines httparse is given room for; beyond it the answer is 431.
+pub const MAX_HEADERS: usize = 64;
+
+/// Finds the end of the head (`\r\n\r\n`, or `\n\n` which RFC 9112 lets a
+/// server accept) in `buf`, starting near `*scanned` and remembering how far
+/// it looked. Returns the head length.
+pub fn find_head_end(buf: &[u8], scanned: &mut usize) -> Option<usize> {
+    let start = scanned.saturating_sub(3);
+    let mut i = start;
+    while let Some(off) = buf[i..].iter().position(|&b| b == b'\n') {
+        let nl = i + off;
+        if nl >= 1 && buf[nl - 1] == b'\n' {
+            return Some(nl + 1);
+        }
+        if nl >= 2 && buf[nl - 1] == b'\r' && buf[nl - 2] == b'\n' {
+            return Some(nl + 1);
+        }
+        i = nl + 1;
+    }
+    *scanned = buf.len();
+    None
+}
+
+/// Parses a request head from the start of `buf`. `Ok(None)` means more
+/// bytes are needed. Leading empty lines are skipped (RFC 9112 section 2.2).
+pub fn parse_head(
+    buf: &[u8],
+    scanned: &mut usize,
+) -> Result<Option<(RequestHead, usize)>, ApiError> {
+    let Some(end) = find_head_end(buf, scanned) else {
+        if buf.len() > MAX_HEAD_BYTES {
+            return Err(ApiError::head_too_large());
+        }
+        return Ok(None);
+    };
+    if end > MAX_HEAD_BYTES {
+        return Err(ApiError::head_too_large());
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(&buf[..end]) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => {
+            return Err(ApiError::bad_request("Malformed request head"));
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(ApiError::head_too_large()),
+        Err(e) => {
+            return Err(ApiError::bad_request("Malformed request head").with_details(e.to_string()));
+        }
+    }
+    let head = own_head(&req)?;
+    Ok(Some((head, end)))
+}
+
+fn has_token(value: &str, token: &str) -> bool {
+    value
+        .split(',')
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Copies what the server needs out of httparse's borrowed parse, and
+/// decides the body framing.
+fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
+    let bad = |msg: &'static str| ApiError::bad_request(msg);
+    let target = req.path.ok_or_else(|| bad("Malformed request head"))?;
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q.to_string())),
+        None => (target, None),
+    };
+    let http10 = req.version == Some(0);
+    let mut head = RequestHead {
+        method: Some(Method::parse(req.method.unwrap_or(""))),
+        path: path.to_string(),
+        query,
+        http10,
+        ..RequestHead::default()
+    };
+    let mut content_length: Option<usize> = None;
+    let mut transfer_encoding: Option<String> = None;
+    let mut conn_close = false;
+    let mut conn_keep_alive = false;
+    let mut conn_upgrade = false;
+    let mut upgrade_ws = false;
+    for h in req.headers.iter() {
+        let name = h.name;
+        let Ok(value) = std::str::from_utf8(h.value) else {
+            if name.eq_ignore_ascii_case("content-length")
+                || name.eq_ignore_ascii_case("transfer-encoding")
+            {
+                return Err(bad("Invalid framing header"));
+            }
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            // Digits only: no sign, no spaces (RFC 9110 section 8.6). A list of
+            // identical values is allowed; differing ones are an error.
+            for part in value.split(',') {
+                let part = part.trim();
+                if part.is_empty() || part.len() > 19 || !part.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad("Invalid Content-Length"));
+                }
+                let n: usize = part.parse().map_err(|_| bad("Invalid Content-Length"))?;
+                if content_length.is_some_and(|c| c != n) {
+                    return Err(bad("Conflicting Content-Length"));
+                }
+                content_length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            match &mut transfer_encoding {
+                Some(te) => {
+                    te.push(',');
+                    te.push_str(value);
+                }
+                None => transfer_encoding = Some(value.to_string()),
+            }
+        } else if name.eq_ignore_ascii_case("connection") {
+            conn_close |= has_token(value, "close");
+            conn_keep_alive |= has_token(value, "keep-alive");
+            conn_upgrade |= has_token(value, "upgrade");
+        } else if name.eq_ignore_ascii_case("upgrade") {
+            upgrade_ws |= has_token(value, "websocket");
+        } else if name.eq_ignore_ascii_case("expect") {
+            head.expect_continue = value.eq_ignore_ascii_case("100-continue");
+        } else if name.eq_ignore_ascii_case("sec-websocket-key") {
+            head.ws_key = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("sec-websocket-version") {
+            head.ws_version = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("origin") {
+            head.origin = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("content-type") {
+            head.content_type = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("authorization") {
+            head.authorization = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("x-forwarded-for") {
+            match &mut head.forwarded_for {
+                Some(xff) => {
+                    xff.push(',');
+                    xff.push_str(value);
+                }
+                None => head.forwarded_for = Some(value.to_string()),
+            }
+        }
+    }
+    // RFC 9112 section 6.3: Transfer-Encoding overrides Content-Length, but a
+    // request with both is a smuggling attempt more often than not: refuse it.
+    // A request whose final coding is not chunked has no determinable length.
+    head.framing = Some(match (transfer_encoding, content_length) {
+        (Some(_), Some(_)) => return Err(bad("Both Transfer-Encoding and Content-Length")),
+        (Some(te), None) => {
+            let last = te.rsplit(',').next().unwrap_or("").trim();
+            if !last.eq_ignore_ascii_case("chunked") || http10 {
+                return Err(bad("Unsupported Transfer-Encoding"));
+            }
+            Framing::Chunked
+        }
+        (None, Some(0)) | (None, None) => Framing::Empty,
+        (None, Some(n)) => Framing::Length(n),
+    });
+    head.keep_alive = if http10 {
+        conn_keep_alive && !conn_close
+    } else {
+        !conn_close
+    };
+    head.websocket = conn_upgrade && upgrade_ws;
+    Ok(head)
+}
+
+/// Where a chunked body decoder is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkState {
+    /// Reading a `size[;ext]\r\n` line.
+    Size,
+    /// Reading `n` more data bytes.
+    Data(usize),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: reading trailer lines until an empty one.
+    Trailer,
+    Done,
+}
+
+/// A resumable `Transfer-Encoding: chunked` decoder with a body cap.
+#[derive(Debug)]
+pub struct ChunkedDecoder {
+    state: ChunkState,
+    body: Vec<u8>,
+    max_body: usize,
+    /// Bytes of trailer section seen, capped like a head.
+    trailer_bytes: usize,
+}
+
+impl ChunkedDecoder {
+    /// A decoder that refuses bodies above `max_body` bytes with 413.
+    pub fn new(max_body: usize) -> ChunkedDecoder {
+        ChunkedDecoder {
+            state: ChunkState::Size,
+            body: Vec::new(),
+            max_body,
+            trailer_bytes: 0,
+        }
+    }
+
+    /// Consumes what it can of `buf`; returns the bytes consumed. Once
+    /// [`is_done`](Self::is_done), the body is in [`take_body`](Self::take_body).
+    pub fn feed(&mut self, buf: &[u8]) -> Result<usize, ApiError> {
+        let bad = || ApiError::bad_request("Malformed chunked body");
+        let mut pos = 0;
+        loop {
+            let rest = &buf[pos..];
+            match self.state {
+                ChunkState::Done => return Ok(pos),
+                ChunkState::Size => {
+                    let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+                        if rest.len() > 1024 {
+                            return Err(bad());
+                        }
+                        return Ok(pos);
+                    };
+                    let (size, _) = match httparse::parse_chunk_size(&rest[..=nl]) {
+                        Ok(httparse::Status::Complete((used, size))) => (size, used),
+                        _ => return Err(bad()),
+                    };
+                    pos += nl + 1;
+                    if size == 0 {
+                        self.state = ChunkState::Trailer;
+                    } else {
+                        let size = usize::try_from(size).map_err(|_| ApiError::body_too_large())?;
+                        if self.body.len().saturating_add(size) > self.max_body {
+                            return Err(ApiError::body_too_large());
+                        }
+                        self.state = ChunkState::Data(size);
+                    }
+                }
+                ChunkState::Data(n) => {
+                    if rest.is_empty() {
+                        return Ok(pos);
+                    }
+                    let take = n.min(rest.len());
+                    self.body.extend_from_slice(&rest[..take]);
+                    pos += take;
+                    self.state = if take == n {
+                        ChunkState::DataEnd
+                    } else {
+                        ChunkState::Data(n - take)
+                    };
+                }
+                ChunkState::DataEnd => {
+                    if rest.starts_with(b"\r\n") {
+                        pos += 2;
+                    } else if rest.starts_with(b"\n") {
+                        pos += 1;
+                    } else if rest.is_empty() || rest == b"\r" {
+                        return Ok(pos);
+                    } else {
+                        return Err(bad());
+                    }
+                    self.state = ChunkState::Size;
+                }
+                ChunkState::Trailer => {
+                    let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+                        if self.trailer_bytes + rest.len() > MAX_HEAD_BYTES {
+                            return Err(ApiError::head_too_large());
+                        }
+                        return Ok(pos);
+                    };
+                    let line = &rest[..nl];
+                    self.trailer_bytes += nl + 1;
+                    if self.trailer_bytes > MAX_HEAD_BYTES {
+                        return Err(ApiError::head_too_large());
+                    }
+                    pos += nl + 1;
+                    if line.is_empty() || line == b"\r" {
+                        self.state = ChunkState::Done;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the terminating chunk and trailers have been read.
+    pub fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+
+    /// The decoded body.
+    pub fn take_body(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.body)
+    }
+}
+
+/// Where the current request is.
+#[derive(Debug)]
+enum Progress {
+    /// Waiting for a complete head; `scanned` bytes were already searched.
+    Head { scanned: usize },
+    /// Head parsed, waiting for a `Content-Length` body of `len` bytes.
+    Body { head: Box<RequestHead>, len: usize },
+    /// Head parsed, decoding a chunked body.
+    Chunked {
+        head: Box<RequestHead>,
+        decoder: ChunkedDecoder,
+    },
+}
+
+/// What the reader has for the connection.
+#[derive(Debug)]
+pub enum Step {
+    /// A request is incomplete: read more bytes (at most [`RequestReader::want`]).
+    NeedMore,
+    /// The client waits for `100 Continue` before sending its body.
+    SendContinue,
+    /// A complete request and its decoded body.
+    Request(Box<RequestHead>, Vec<u8>),
+}
+
+/// Turns a connection's byte stream into requests, one at a time: the
+/// caller asks for the next request only after answering the previous one
+/// (h11 pauses the same way), so pipelined requests are answered in order
+/// and a parked request holds the rest back. Bytes are consumed by moving a
+/// start offset; the buffer compacts when drained and is freed when empty,
+/// so an idle connection holds no input memory.
+#[derive(Debug)]
+pub struct RequestReader {
+    buf: Vec<u8>,
+    start: usize,
+    progress: Progress,
+    continue_sent: bool,
+    max_body: usize,
+}
+
+/// Input kept buffered while a chunked body is decoded.
+const CHUNK_WINDOW: usize = 64 * 1024;
+
+impl RequestReader {
+    /// A reader that refuses bodies above `max_body` bytes with 413.
+    pub fn new(max_body: usize) -> RequestReader {
+        RequestReader {
+            buf: Vec::new(),
+            start: 0,
+            progress: Progress::Head { scanned: 0 },
+            continue_sent: false,
+            max_body,
+        }
+    }
+
+    /// Unprocessed bytes.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    /// Whether a request is partly received (a timeout then means 408).
+    pub fn mid_request(&self) -> bool {
+        self.start < self.buf.len() || !matches!(self.progress, Progress::Head { .. })
+    }
+
+    /// How many more bytes the reader will buffer now; 0 means stop reading.
+    /// Bounded by the head cap, the announced body, or a chunk window.
+    pub fn want(&self) -> usize {
+        let have = self.buf.len() - self.start;
+        let need = match &self.progress {
+            Progress::Head { .. } => MAX_HEAD_BYTES + 1,
+            Progress::Body { len, .. } => *len,
+            Progress::Chunked { .. } => CHUNK_WINDOW,
+        };
+        need.saturating_sub(have)
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 4096 && self.start * 2 > self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Takes the bytes after the last request (the start of a WebSocket
+    /// stream after an upgrade).
+    pub fn take_rest(&mut self) -> Vec<u8> {
+        let rest = self.buf.split_off(self.start);
+        self.buf = Vec::new();
+        self.start = 0;
+        rest
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.buf.len() {
+            // Drained: release the memory; an idle connection holds none.
+            self.buf = Vec::new();
+            self.start = 0;
+        }
+    }
+
+    /// Advances the parse as far as the buffered bytes allow. An error is
+    /// the answer to send before closing the connection.
+    pub fn next_step(&mut self) -> Result<Step, ApiError> {
+        loop {
+            match &mut self.progress {
+                Progress::Head { scanned } => {
+                    let mut s = *scanned;
+                    let parsed = parse_head(&self.buf[self.start..], &mut s);
+                    let Some((head, len)) = parsed? else {
+                        self.progress = Progress::Head { scanned: s };
+                        return Ok(Step::NeedMore);
+                    };
+                    self.consume(len);
+                    self.continue_sent = false;
+                    self.progress = match head.framing() {
+                        super::Framing::Empty => {
+                            self.progress = Progress::Head { scanned: 0 };
+                            return Ok(Step::Request(Box::new(head), Vec::new()));
+                        }
+                        super::Framing::Length(n) if n > self.max_body => {
+                            return Err(ApiError::body_too_large());
+                        }
+                        super::Framing::Length(n) => Progress::Body {
+                            head: Box::new(head),
+                            len: n,
+                        },
+                        super::Framing::Chunked => Progress::Chunked {
+                            head: Box::new(head),
+                            decoder: ChunkedDecoder::new(self.max_body),
+                        },
+                    };
+                }
+                Progress::Body { head, len } => {
+                    let have = self.buf.len() - self.start;
+                    if have < *len {
+                        if head.expect_continue && !self.continue_sent {
+                            self.continue_sent = true;
+                            return Ok(Step::SendContinue);
+                        }
+                        return Ok(Step::NeedMore);
+                    }
+                    let len = *len;
+                    let body = self.buf[self.start..self.start + len].to_vec();
+                    let head = std::mem::take(head);
+                    self.progress = Progress::Head { scanned: 0 };
+                    self.consume(len);
+                    return Ok(Step::Request(head, body));
+                }
+                Progress::Chunked { head, decoder } => {
+                    let used = decoder.feed(&self.buf[self.start..])?;
+                    let done = decoder.is_done();
+                    if !done && head.expect_continue && !self.continue_sent {
+                        self.continue_sent = true;
+                        self.consume(used);
+                        return Ok(Step::SendContinue);
+                    }
+                    if !done {
+                        self.consume(used);
+                        return Ok(Step::NeedMore);
+                    }
+                    let body = decoder.take_body();
+                    let head = std::mem::take(head);
+                    self.progress = Progress::Head { scanned: 0 };
+                    self.consume(used);
+                    return Ok(Step::Request(head, body));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,169 @@
+//! Encodes responses: status line, the headers every answer carries (JSON
+//! content type, length, CORS, connection), optional extra headers, body.
+//! Returns bytes for the connection's output queue.
+
+/// Per-request facts that shape the headers of its answer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Meta<'a> {
+    /// Whether the connection stays open after this answer.
+    pub keep_alive: bool,
+    /// The request was HTTP/1.0 (keep-alive must then be announced).
+    pub http10: bool,
+    /// `Access-Control-Allow-Origin` value, if any.
+    pub allow_origin: Option<&'a str>,
+    /// The value depends on the request's `Origin` (an allow-list echo).
+    pub vary_origin: bool,
+    /// `HEAD`: headers only.
+    pub head_only: bool,
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        200 => "OK",
+        204 => "No Content",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        413 => "Content Too Large",
+        415 => "Unsupported Media Type",
+        426 => "Upgrade Required",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Unknown",
+    }
+}
+
+/// A complete response with a JSON body.
+pub fn encode(status: u16, extra: &[(&str, &str)], body: &[u8], meta: &Meta) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(itoa(status as u64).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(reason(status).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if status != 204 {
+        out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
+        out.extend_from_slice(itoa(body.len() as u64).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    common_headers(&mut out, extra, meta);
+    out.extend_from_slice(b"\r\n");
+    if !meta.head_only {
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+fn common_headers(out: &mut Vec<u8>, extra: &[(&str, &str)], meta: &Meta) {
+    if let Some(origin) = meta.allow_origin {
+        out.extend_from_slice(b"Access-Control-Allow-Origin: ");
+        out.extend_from_slice(origin.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if meta.vary_origin {
+        out.extend_from_slice(b"Vary: Origin\r\n");
+    }
+    for (k, v) in extra {
+        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !meta.keep_alive {
+        out.extend_from_slice(b"Connection: close\r\n");
+    } else if meta.http10 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+}
+
+/// `HTTP/1.1 100 Continue`, sent when a client waits before its body.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// The 204 answer to a CORS preflight.
+pub fn preflight(allow: &str, meta: &Meta) -> Vec<u8> {
+    encode(
+        204,
+        &[
+            ("Access-Control-Allow-Methods", allow),
+            (
+                "Access-Control-Allow-Headers",
+                "Content-Type, Authorization",
+            ),
+            ("Access-Control-Max-Age", "86400"),
+        ],
+        b"",
+        meta,
+    )
+}
+
+/// The `101 Switching Protocols` answer to a valid WebSocket upgrade.
+pub fn switching_protocols(accept_key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(130);
+    out.extend_from_slice(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ",
+    );
+    out.extend_from_slice(accept_key.as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    out
+}
+
+/// Decimal digits of `n` without going through `fmt`.
+pub fn itoa(mut n: u64) -> String {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&buf[i..]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_length_cors_and_connection() {
+        let meta = Meta {
+            keep_alive: false,
+            allow_origin: Some("*"),
+            ..Meta::default()
+        };
+        let r = String::from_utf8(encode(404, &[], b"{}", &meta)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 404 Not Found\r\n"));
+        assert!(r.contains("Content-Length: 2\r\n"));
+        assert!(r.contains("Access-Control-Allow-Origin: *\r\n"));
+        assert!(r.contains("Connection: close\r\n"));
+        assert!(r.ends_with("\r\n\r\n{}"));
+    }
+
+    #[test]
+    fn head_answers_carry_no_body() {
+        let meta = Meta {
+            keep_alive: true,
+            head_only: true,
+            ..Meta::default()
+        };
+        let r = encode(200, &[], b"{\"ok\":true}", &meta);
+        assert!(r.ends_with(b"Content-Length: 11\r\n\r\n"));
+    }
+
+    #[test]
+    fn itoa_writes_digits() {
+        assert_eq!(itoa(0), "0");
+        assert_eq!(itoa(1_048_576), "1048576");
+        assert_eq!(itoa(u64::MAX), u64::MAX.to_string());
+    }
+}

@@ -1,0 +1,287 @@
+//! Method and path to [`Route`], and query strings to the typed, validated
+//! parameters the relay core takes. Wrong method on a known path is 405 with
+//! `Allow`; an unknown path is 404.
+
+use super::Method;
+use crate::relay::model::valid_session_id;
+use crate::relay::{ApiError, MessagesQuery, PromptsQuery};
+
+/// Longest long-poll, in milliseconds; longer `timeout`s are clamped.
+pub const MAX_POLL_MS: u64 = 300_000;
+/// Long-poll default.
+pub const DEFAULT_POLL_MS: u64 = 30_000;
+/// `/messages` page size default and cap.
+pub const DEFAULT_LIMIT: usize = 100;
+pub const MAX_LIMIT: usize = 1000;
+
+/// What a request asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    Healthz,
+    Readyz,
+    PostPrompt,
+    GetPrompts(String),
+    PostResponse,
+    WebSocket(String),
+    Messages(String),
+    PutSession(String),
+    DeleteSession(String),
+    /// `OPTIONS` on a known path: a CORS preflight.
+    Preflight {
+        allow: &'static str,
+    },
+    /// Known path, wrong method.
+    MethodNotAllowed {
+        allow: &'static str,
+    },
+    NotFound,
+}
+
+/// Maps a method and path to its route. `Err` is a bad session id (400).
+pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
+    use Method::*;
+    let (allow, route): (&'static str, Option<Route>) = match path {
+        "/healthz" => (
+            "GET, HEAD, OPTIONS",
+            matches!(method, Get | Head).then_some(Route::Healthz),
+        ),
+        "/readyz" => (
+            "GET, HEAD, OPTIONS",
+            matches!(method, Get | Head).then_some(Route::Readyz),
+        ),
+        "/prompt" => (
+            "POST, OPTIONS",
+            (method == Post).then_some(Route::PostPrompt),
+        ),
+        "/response" => (
+            "POST, OPTIONS",
+            (method == Post).then_some(Route::PostResponse),
+        ),
+        _ => {
+            let Some((prefix, sid)) = split_session_path(path) else {
+                return Ok(Route::NotFound);
+            };
+            let (allow, route) = match prefix {
+                "prompts" => (
+                    "GET, OPTIONS",
+                    (method == Get).then(|| Route::GetPrompts(sid.to_string())),
+                ),
+                "ws" => (
+                    "GET, OPTIONS",
+                    (method == Get).then(|| Route::WebSocket(sid.to_string())),
+                ),
+                "messages" => (
+                    "GET, OPTIONS",
+                    (method == Get).then(|| Route::Messages(sid.to_string())),
+                ),
+                "sessions" => (
+                    "PUT, DELETE, OPTIONS",
+                    match method {
+                        Put => Some(Route::PutSession(sid.to_string())),
+                        Delete => Some(Route::DeleteSession(sid.to_string())),
+                        _ => None,
+                    },
+                ),
+                _ => return Ok(Route::NotFound),
+            };
+            if route.is_some() && !valid_session_id(sid) {
+                return Err(ApiError::invalid_session_id());
+            }
+            (allow, route)
+        }
+    };
+    Ok(match (route, method) {
+        (Some(r), _) => r,
+        (None, Options) => Route::Preflight { allow },
+        (None, _) => Route::MethodNotAllowed { allow },
+    })
+}
+
+/// `/prompts/abc` -> `("prompts", "abc")`; `/ws/` -> `("ws", "")`.
+fn split_session_path(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix('/')?;
+    let (prefix, sid) = rest.split_once('/')?;
+    if sid.contains('/') {
+        return None;
+    }
+    Some((prefix, sid))
+}
+
+/// Decodes `%XX` and `+` in a query component; `None` if malformed.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = b.get(i + 1..i + 3)?;
+                let v = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+                out.push(v);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The value of query parameter `name` (the last one wins), decoded.
+pub fn query_param(query: Option<&str>, name: &str) -> Result<Option<String>, ApiError> {
+    let mut found = None;
+    for pair in query.unwrap_or("").split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k == name {
+            found = Some(
+                percent_decode(v)
+                    .ok_or_else(|| ApiError::bad_request(format!("Invalid {name}")))?,
+            );
+        }
+    }
+    Ok(found)
+}
+
+fn invalid(name: &str, why: &str) -> ApiError {
+    ApiError::bad_request(format!("Invalid {name}")).with_details(why.to_string())
+}
+
+fn uint_param(query: Option<&str>, name: &str) -> Result<Option<u64>, ApiError> {
+    match query_param(query, name)? {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| invalid(name, "must be a non-negative integer")),
+    }
+}
+
+/// `timeout`, `wait`, `after` of `GET /prompts`.
+pub fn prompts_query(query: Option<&str>) -> Result<PromptsQuery, ApiError> {
+    let timeout_ms = match query_param(query, "timeout")? {
+        None => DEFAULT_POLL_MS,
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(t) if t >= 0.0 && !t.is_nan() => {
+                ((t.min(MAX_POLL_MS as f64 / 1000.0)) * 1000.0).ceil() as u64
+            }
+            _ => {
+                return Err(invalid(
+                    "timeout",
+                    "must be a non-negative number of seconds",
+                ));
+            }
+        },
+    };
+    let wait = match query_param(query, "wait")?.as_deref() {
+        None | Some("true") | Some("1") => true,
+        Some("false") | Some("0") => false,
+        Some(_) => return Err(invalid("wait", "must be true, false, 1 or 0")),
+    };
+    Ok(PromptsQuery {
+        timeout_ms,
+        wait,
+        after: uint_param(query, "after")?,
+    })
+}
+
+/// `limit`, `offset`, `since`, `after` of `GET /messages`.
+pub fn messages_query(query: Option<&str>) -> Result<MessagesQuery, ApiError> {
+    let signed = |name: &str| -> Result<Option<i64>, ApiError> {
+        match query_param(query, name)? {
+            None => Ok(None),
+            Some(v) => match v.trim().parse::<i64>() {
+                Ok(n) if n >= 0 => Ok(Some(n)),
+                _ => Err(invalid(name, "must be a non-negative integer")),
+            },
+        }
+    };
+    let limit =
+        signed("limit")?.map_or(DEFAULT_LIMIT, |n| (n as u64).min(MAX_LIMIT as u64) as usize);
+    let offset = signed("offset")?.map_or(0, |n| n as usize);
+    Ok(MessagesQuery {
+        limit,
+        offset,
+        since: uint_param(query, "since")?,
+        after: uint_param(query, "after")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_and_methods() {
+        assert_eq!(route(Method::Get, "/healthz").unwrap(), Route::Healthz);
+        assert_eq!(
+            route(Method::Get, "/prompts/abc").unwrap(),
+            Route::GetPrompts("abc".into())
+        );
+        assert_eq!(
+            route(Method::Post, "/prompts/abc").unwrap(),
+            Route::MethodNotAllowed {
+                allow: "GET, OPTIONS"
+            }
+        );
+        assert_eq!(
+            route(Method::Options, "/prompt").unwrap(),
+            Route::Preflight {
+                allow: "POST, OPTIONS"
+            }
+        );
+        assert_eq!(route(Method::Get, "/nope").unwrap(), Route::NotFound);
+        assert_eq!(route(Method::Get, "/prompts/a/b").unwrap(), Route::NotFound);
+        assert_eq!(
+            route(Method::Get, "/ws/").unwrap_err().error,
+            "Invalid session_id"
+        );
+        assert_eq!(
+            route(Method::Get, "/ws/a%20b").unwrap_err().error,
+            "Invalid session_id"
+        );
+    }
+
+    #[test]
+    fn prompts_query_clamps_and_rejects() {
+        let q = prompts_query(Some("timeout=1000&wait=0&after=4")).unwrap();
+        assert_eq!(
+            (q.timeout_ms, q.wait, q.after),
+            (MAX_POLL_MS, false, Some(4))
+        );
+        assert_eq!(prompts_query(Some("timeout=0.0011")).unwrap().timeout_ms, 2);
+        assert_eq!(prompts_query(None).unwrap().timeout_ms, DEFAULT_POLL_MS);
+        assert!(prompts_query(Some("timeout=-1")).is_err());
+        assert!(prompts_query(Some("timeout=abc")).is_err());
+        assert!(prompts_query(Some("timeout=NaN")).is_err());
+        assert!(prompts_query(Some("wait=yes")).is_err());
+        assert!(prompts_query(Some("after=-1")).is_err());
+    }
+
+    #[test]
+    fn messages_query_clamps_and_rejects() {
+        let q = messages_query(Some("limit=5000&offset=3&since=10")).unwrap();
+        assert_eq!((q.limit, q.offset, q.since), (MAX_LIMIT, 3, Some(10)));
+        assert_eq!(messages_query(None).unwrap().limit, DEFAULT_LIMIT);
+        assert!(messages_query(Some("limit=-1")).is_err());
+        assert!(messages_query(Some("offset=-5")).is_err());
+        assert!(messages_query(Some("limit=x")).is_err());
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        assert_eq!(
+            query_param(Some("token=a%2Bb&x=1"), "token")
+                .unwrap()
+                .as_deref(),
+            Some("a+b")
+        );
+        assert!(query_param(Some("token=%zz"), "token").is_err());
+    }
+}

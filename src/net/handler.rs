@@ -1,0 +1,422 @@
+//! The HTTP stage of a connection: pull requests out of its reader one at a
+//! time, route them, call the relay, and queue the answers in order. Called
+//! by the loop whenever the connection has input or was re-listed.
+
+use std::rc::Rc;
+
+use log::{debug, info};
+
+use super::conn::{Parked, Phase};
+use super::server::{OUT_HIGH_WATER, Server};
+use super::ws::{self, WsState};
+use crate::http::parse::Step;
+use crate::http::response::{self, CONTINUE, Meta};
+use crate::http::route::{Route, messages_query, prompts_query, query_param, route};
+use crate::http::{Method, RequestHead, upgrade};
+use crate::keepalive::Keepalive;
+use crate::relay::{ApiError, ConnId, Fetch, Posted, response_ack};
+use crate::time::Millis;
+
+/// Requests answered on one connection per turn before others get a turn.
+const REQUESTS_PER_TURN: usize = 64;
+
+/// Which token a route needs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Open,
+    Client,
+    Agent,
+    Either,
+}
+
+fn role(route: &Route) -> Role {
+    match route {
+        Route::GetPrompts(_) | Route::PostResponse => Role::Agent,
+        Route::PostPrompt | Route::WebSocket(_) | Route::Messages(_) | Route::DeleteSession(_) => {
+            Role::Client
+        }
+        Route::PutSession(_) => Role::Either,
+        Route::Healthz
+        | Route::Readyz
+        | Route::Preflight { .. }
+        | Route::MethodNotAllowed { .. }
+        | Route::NotFound => Role::Open,
+    }
+}
+
+/// Compares in time that depends only on the lengths, not on where the
+/// first difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `Content-Type` is `application/json`, parameters allowed.
+fn is_json(content_type: Option<&str>) -> bool {
+    content_type
+        .and_then(|ct| ct.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// A handled request's answer.
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+    extra: Vec<(&'static str, String)>,
+}
+
+impl Answer {
+    fn ok(body: Vec<u8>) -> Answer {
+        Answer {
+            status: 200,
+            body,
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl From<ApiError> for Answer {
+    fn from(e: ApiError) -> Answer {
+        let mut extra = Vec::new();
+        match e.status {
+            401 => extra.push(("WWW-Authenticate", "Bearer".to_string())),
+            503 | 429 => extra.push(("Retry-After", "1".to_string())),
+            _ => {}
+        }
+        Answer {
+            status: e.status,
+            body: e.body(),
+            extra,
+        }
+    }
+}
+
+impl Server {
+    /// Reads, parses and answers requests until the connection has no
+    /// complete request left, parks, upgrades, or used its turn.
+    pub(super) fn drive_http(&mut self, id: ConnId, now: Millis) {
+        let mut handled = 0;
+        loop {
+            let Some(conn) = self.conn(id) else { return };
+            if conn.out.queued() > OUT_HIGH_WATER {
+                break; // resumes once the output drains
+            }
+            let Phase::Http(h) = &mut conn.phase else {
+                return;
+            };
+            match h.reader.next_step() {
+                Ok(Step::NeedMore) => {
+                    if !conn.readable {
+                        break;
+                    }
+                    let want = h.reader.want();
+                    if !self.fill(id, want) {
+                        return; // peer gone
+                    }
+                }
+                Ok(Step::SendContinue) => conn.out.push_owned(CONTINUE.to_vec()),
+                Ok(Step::Request(head, body)) => {
+                    self.handle(id, *head, body, now);
+                    self.apply_effects(now);
+                    handled += 1;
+                    if handled >= REQUESTS_PER_TURN {
+                        self.reprocess.push(id);
+                        break;
+                    }
+                }
+                Err(e) => {
+                    debug!(status = e.status; "bad request framing");
+                    self.reply_error_and_close(id, &e, None);
+                    return;
+                }
+            }
+        }
+        let keepalive = self.cfg.keepalive_timeout;
+        let request_timeout = self.cfg.request_timeout;
+        let Some(conn) = self.conn(id) else { return };
+        if let Phase::Http(h) = &mut conn.phase {
+            let deadline = if h.reader.mid_request() {
+                h.request_started.get_or_insert(now).after(request_timeout)
+            } else {
+                h.request_started = None;
+                now.after(keepalive)
+            };
+            self.set_deadline(id, deadline);
+        }
+    }
+
+    /// Routes one request and queues its answer (or parks, or upgrades).
+    fn handle(&mut self, id: ConnId, head: RequestHead, body: Vec<u8>, now: Millis) {
+        let answer = match self.dispatch(id, &head, body, now) {
+            Ok(Some(a)) => a,
+            Ok(None) => return, // parked or upgraded
+            Err(e) => Answer::from(e),
+        };
+        self.respond(id, &head, answer, now);
+    }
+
+    fn dispatch(
+        &mut self,
+        id: ConnId,
+        head: &RequestHead,
+        body: Vec<u8>,
+        now: Millis,
+    ) -> Result<Option<Answer>, ApiError> {
+        let route = route(head.method(), &head.path)?;
+        self.authorize(&route, head)?;
+        let unix_ms = self.clock.unix_now();
+        let answer = match route {
+            Route::Healthz => Answer::ok(self.healthz_body(unix_ms)),
+            Route::Readyz => self.readyz(),
+            Route::PostPrompt => {
+                if !is_json(head.content_type.as_deref()) {
+                    return Err(ApiError::unsupported_media_type());
+                }
+                Answer::ok(self.relay.post_prompt(now, unix_ms, &body)?)
+            }
+            Route::GetPrompts(sid) => {
+                let q = prompts_query(head.query.as_deref())?;
+                match self.relay.get_prompts(now, id, &sid, q)? {
+                    Fetch::Ready(list) => Answer::ok(list),
+                    Fetch::Park { deadline } => {
+                        let meta = self.meta(head.origin.as_deref(), head.keep_alive);
+                        let parked = Parked {
+                            sid: sid.into(),
+                            keep_alive: meta.keep_alive,
+                            http10: head.http10,
+                            allow_origin: meta.allow_origin.map(Rc::from),
+                        };
+                        self.park(id, parked, deadline);
+                        return Ok(None);
+                    }
+                }
+            }
+            Route::PostResponse => {
+                if !is_json(head.content_type.as_deref()) {
+                    return Err(ApiError::unsupported_media_type());
+                }
+                match self.relay.post_response(now, unix_ms, &body)? {
+                    Posted::Duplicate(ack) => Answer::ok(ack),
+                    Posted::Stored {
+                        session_id,
+                        assistant_msg_id,
+                        payload,
+                    } => {
+                        let frame: Rc<[u8]> = ws::encode_text(&payload).into();
+                        let delivered = self.broadcast(&session_id, frame, now);
+                        Answer::ok(response_ack(&assistant_msg_id, delivered > 0))
+                    }
+                }
+            }
+            Route::WebSocket(sid) => {
+                self.upgrade(id, head, sid, now)?;
+                return Ok(None);
+            }
+            Route::Messages(sid) => {
+                let q = messages_query(head.query.as_deref())?;
+                Answer::ok(self.relay.messages(now, &sid, q)?)
+            }
+            Route::PutSession(sid) => Answer::ok(self.relay.put_session(now, &sid)?),
+            Route::DeleteSession(sid) => Answer::ok(self.relay.delete_session(&sid)?),
+            Route::Preflight { allow } => Answer {
+                status: 204,
+                body: Vec::new(),
+                extra: vec![
+                    ("Access-Control-Allow-Methods", allow.to_string()),
+                    (
+                        "Access-Control-Allow-Headers",
+                        "Content-Type, Authorization".to_string(),
+                    ),
+                    ("Access-Control-Max-Age", "86400".to_string()),
+                ],
+            },
+            Route::MethodNotAllowed { allow } => {
+                let mut a = Answer::from(ApiError::method_not_allowed());
+                a.extra.push(("Allow", allow.to_string()));
+                a
+            }
+            Route::NotFound => Answer::from(ApiError::not_found()),
+        };
+        Ok(Some(answer))
+    }
+
+    /// Checks the bearer token the route's role needs; a role whose token
+    /// is unset is open.
+    fn authorize(&self, route: &Route, head: &RequestHead) -> Result<(), ApiError> {
+        let client = self.cfg.client_token.as_deref();
+        let agent = self.cfg.agent_token.as_deref();
+        let wanted: Vec<&str> = match role(route) {
+            Role::Open => return Ok(()),
+            Role::Client => client.into_iter().collect(),
+            Role::Agent => agent.into_iter().collect(),
+            Role::Either => match (client, agent) {
+                (Some(c), Some(a)) => vec![c, a],
+                _ => Vec::new(),
+            },
+        };
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let bearer = head
+            .authorization
+            .as_deref()
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(|t| t.trim().to_string());
+        let presented = match (bearer, route) {
+            (Some(t), _) => Some(t),
+            (None, Route::WebSocket(_)) => {
+                query_param(head.query.as_deref(), "token").ok().flatten()
+            }
+            (None, _) => None,
+        };
+        let ok = presented.is_some_and(|p| {
+            wanted.iter().fold(false, |acc, w| {
+                acc | constant_time_eq(p.as_bytes(), w.as_bytes())
+            })
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(ApiError::unauthorized())
+        }
+    }
+
+    fn healthz_body(&self, unix_ms: u64) -> Vec<u8> {
+        let c = self.relay.counts();
+        format!(
+            "{{\"ok\":true,\"timestamp\":{unix_ms},\"sessions\":{},\"connections\":{},\"subscribers\":{},\"parked_polls\":{}}}",
+            c.sessions,
+            self.conns.len(),
+            c.subscribers,
+            c.parked_polls
+        )
+        .into_bytes()
+    }
+
+    fn readyz(&self) -> Answer {
+        let reason = if self.shutdown_deadline.is_some() {
+            Some("shutting down")
+        } else if self.conns.len() >= self.cfg.max_connections {
+            Some("connection limit reached")
+        } else if self.relay.sessions_full() {
+            Some("session limit reached")
+        } else {
+            None
+        };
+        match reason {
+            None => Answer::ok(b"{\"ready\":true}".to_vec()),
+            Some(r) => Answer {
+                status: 503,
+                body: format!("{{\"ready\":false,\"reason\":\"{r}\"}}").into_bytes(),
+                extra: Vec::new(),
+            },
+        }
+    }
+
+    /// Queues an answer; a connection that does not stay open starts closing.
+    fn respond(&mut self, id: ConnId, head: &RequestHead, answer: Answer, now: Millis) {
+        let mut meta: Meta = self.meta(head.origin.as_deref(), head.keep_alive);
+        meta.http10 = head.http10;
+        meta.head_only = head.method() == Method::Head;
+        let extra: Vec<(&str, &str)> = answer.extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let bytes = response::encode(answer.status, &extra, &answer.body, &meta);
+        let keep_alive = meta.keep_alive;
+        let Some(conn) = self.conn(id) else { return };
+        conn.out.push_owned(bytes);
+        if !keep_alive {
+            conn.phase = Phase::Closing { shut: false };
+            self.set_deadline(id, now.after(std::time::Duration::from_secs(2)));
+        }
+    }
+
+    /// Validates an upgrade, registers the subscriber, queues the 101 and the
+    /// replay, and moves the connection to the WebSocket stage.
+    fn upgrade(
+        &mut self,
+        id: ConnId,
+        head: &RequestHead,
+        sid: String,
+        now: Millis,
+    ) -> Result<(), ApiError> {
+        let accept = upgrade::check(head, &self.cfg.cors_origins)?;
+        let query = head.query.as_deref();
+        let after = match query_param(query, "after")? {
+            None => None,
+            Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+                ApiError::bad_request("Invalid after")
+                    .with_details("must be a non-negative integer")
+            })?),
+        };
+        let epoch = query_param(query, "epoch")?;
+        let frames = self
+            .relay
+            .subscribe(now, id, &sid, after, epoch.as_deref())?;
+        let ping_ms = self.cfg.ping_interval.as_millis() as u64;
+        let Some(conn) = self.conn(id) else {
+            return Ok(());
+        };
+        conn.out.push_owned(accept);
+        for f in &frames {
+            conn.out.push_owned(ws::encode_text(f));
+        }
+        let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
+        let leftover = match phase {
+            Phase::Http(mut h) => h.reader.take_rest(),
+            _ => Vec::new(),
+        };
+        let keepalive = Keepalive::new(now, ping_ms);
+        let deadline = keepalive.deadline();
+        conn.phase = Phase::WebSocket(Box::new(WsState::new(
+            leftover,
+            Rc::from(sid.as_str()),
+            keepalive,
+        )));
+        // Frames may already be buffered behind the head: read them now.
+        conn.readable = true;
+        info!(session_id = sid.as_str(), replayed = frames.len(); "client connected");
+        self.set_deadline(id, deadline);
+        self.mark_write(id);
+        self.reprocess.push(id);
+        Ok(())
+    }
+
+    /// Queues `frame` for every subscriber of `sid`; a subscriber whose
+    /// unsent output would pass the cap is closed with 1008 instead.
+    /// Returns how many subscribers got it.
+    fn broadcast(&mut self, sid: &str, frame: Rc<[u8]>, now: Millis) -> usize {
+        let cap = self.cfg.subscriber_buffer_bytes;
+        let mut delivered = 0;
+        let mut slow = Vec::new();
+        for &sub in self.relay.subscribers(sid) {
+            let Some(conn) = self
+                .conns
+                .get_mut(sub.key as usize)
+                .filter(|c| c.generation == sub.generation)
+            else {
+                continue;
+            };
+            if !matches!(conn.phase, Phase::WebSocket(_)) {
+                continue;
+            }
+            if conn.out.queued() + frame.len() > cap {
+                slow.push(sub);
+                continue;
+            }
+            conn.out.push_shared(frame.clone());
+            delivered += 1;
+            if !conn.write_listed {
+                conn.write_listed = true;
+                self.pending_writes.push(sub);
+            }
+        }
+        for sub in slow {
+            self.close_slow(sub, now);
+        }
+        delivered
+    }
+}

@@ -1,0 +1,741 @@
+//! The I/O shell: one mio `Poll` owning the listener, the signal pipe and
+//! every connection in a slab. Each loop turn: handle events (reading,
+//! parsing and answering), apply the relay's effects, re-run connections with
+//! buffered input, fire due timers, then write everything pending before
+//! sleeping until the next event or deadline. Nothing here blocks.
+
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr};
+use std::rc::Rc;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+use slab::Slab;
+
+use super::buffer::WriteStatus;
+use super::conn::{Conn, Parked, Phase};
+use super::ws::{self, ReadOutcome};
+use crate::config::Config;
+use crate::http::response::{self, Meta};
+use crate::keepalive::Action;
+use crate::relay::{ConnId, Effect, Limits, Relay};
+use crate::time::{Clock, Millis};
+use crate::timer::TimerWheel;
+
+const LISTENER: Token = Token(usize::MAX - 1);
+const SIGNALS: Token = Token(usize::MAX - 2);
+/// Bytes written to one connection per turn before others get their turn.
+const WRITE_BUDGET: usize = 256 * 1024;
+/// Unsent response bytes above which a connection's requests wait: a client
+/// that pipelines without reading cannot grow our output.
+pub const OUT_HIGH_WATER: usize = 256 * 1024;
+/// How long a closing connection may take to flush and hear the peer close.
+const LINGER: Duration = Duration::from_secs(2);
+/// Extra slots for connections refused at the cap while their 503 drains.
+const REJECT_SLOTS: usize = 64;
+/// Grace period for a shutdown to flush its last answers.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(1500);
+
+/// The server: bound, not yet running.
+pub struct Server {
+    pub(super) cfg: Config,
+    poll: Poll,
+    listener: Option<TcpListener>,
+    signals: Option<Signals>,
+    pub(super) conns: Slab<Conn>,
+    next_gen: u32,
+    pub(super) relay: Relay,
+    timers: TimerWheel<ConnId>,
+    pub(super) pending_writes: Vec<ConnId>,
+    pub(super) reprocess: Vec<ConnId>,
+    effects: Vec<Effect>,
+    scratch: Box<[u8]>,
+    pub(super) clock: Clock,
+    pub(super) shutdown_deadline: Option<Millis>,
+    next_sweep: Millis,
+    local_addr: SocketAddr,
+    accept_retry: bool,
+}
+
+impl Server {
+    /// Binds the listener (and, if asked, the SIGINT/SIGTERM handler).
+    /// Logs `listening` with the real address, which tells `RELAY_PORT=0`
+    /// users which port was picked.
+    pub fn bind(cfg: Config, handle_signals: bool) -> io::Result<Server> {
+        let poll = Poll::new()?;
+        let addr = SocketAddr::new(cfg.host, cfg.port);
+        let mut listener = TcpListener::bind(addr)?;
+        let local_addr = listener.local_addr()?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let signals = if handle_signals {
+            let mut s = Signals::new([SIGINT, SIGTERM])?;
+            poll.registry()
+                .register(&mut s, SIGNALS, Interest::READABLE)?;
+            Some(s)
+        } else {
+            None
+        };
+        let clock = Clock::new();
+        let now = clock.now();
+        let relay = Relay::new(Limits::from_config(&cfg));
+        info!(addr = local_addr.to_string().as_str(); "listening");
+        Ok(Server {
+            timers: TimerWheel::new(now),
+            next_sweep: now.after(sweep_interval(&cfg)),
+            cfg,
+            poll,
+            listener: Some(listener),
+            signals,
+            conns: Slab::new(),
+            next_gen: 0,
+            relay,
+            pending_writes: Vec::new(),
+            reprocess: Vec::new(),
+            effects: Vec::new(),
+            scratch: vec![0u8; 64 * 1024].into_boxed_slice(),
+            clock,
+            shutdown_deadline: None,
+            local_addr,
+            accept_retry: false,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Runs until a shutdown completes.
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let timeout = self.poll_timeout(self.clock.now());
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            let now = self.clock.now();
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept(now),
+                    SIGNALS => self.on_signal(now),
+                    Token(key) => {
+                        let Some(conn) = self.conns.get_mut(key) else {
+                            continue;
+                        };
+                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                            conn.readable = true;
+                        }
+                        if ev.is_writable() || ev.is_write_closed() || ev.is_error() {
+                            conn.writable = true;
+                        }
+                        let id = ConnId {
+                            key: key as u32,
+                            generation: conn.generation,
+                        };
+                        self.drive(id, now);
+                    }
+                }
+            }
+            self.turn_end(now);
+            if let Some(deadline) = self.shutdown_deadline
+                && (self.conns.is_empty() || now >= deadline)
+            {
+                info!(open = self.conns.len(); "shutdown complete");
+                return Ok(());
+            }
+        }
+    }
+
+    /// The work that closes every turn: re-run connections with buffered
+    /// input, fire timers, sweep idle sessions, and write before sleeping.
+    fn turn_end(&mut self, now: Millis) {
+        if self.accept_retry {
+            self.accept_retry = false;
+            self.accept(now);
+        }
+        for _ in 0..4 {
+            if self.reprocess.is_empty() {
+                break;
+            }
+            for id in std::mem::take(&mut self.reprocess) {
+                self.drive(id, now);
+            }
+        }
+        self.expire_timers(now);
+        if now >= self.next_sweep {
+            self.relay.collect_idle(now);
+            self.next_sweep = now.after(sweep_interval(&self.cfg));
+        }
+        self.flush_pending(now);
+    }
+
+    fn poll_timeout(&self, now: Millis) -> Option<Duration> {
+        if !self.reprocess.is_empty() || !self.pending_writes.is_empty() || self.accept_retry {
+            return Some(Duration::ZERO);
+        }
+        let mut next = self.next_sweep;
+        if let Some(d) = self.timers.next_deadline() {
+            next = next.min(d);
+        }
+        if let Some(d) = self.shutdown_deadline {
+            next = next.min(d);
+        }
+        Some(Duration::from_millis(next.since(now)))
+    }
+
+    /// Accepts every waiting connection; over the cap each gets a 503.
+    fn accept(&mut self, now: Millis) {
+        loop {
+            let Some(listener) = &self.listener else {
+                return;
+            };
+            let (mut sock, addr) = match listener.accept() {
+                Ok(pair) => pair,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors or memory: try again next turn.
+                    warn!(error = e.to_string().as_str(); "accept failed");
+                    self.accept_retry = true;
+                    return;
+                }
+            };
+            let full = self.conns.len() >= self.cfg.max_connections;
+            if full && self.conns.len() >= self.cfg.max_connections + REJECT_SLOTS {
+                continue; // dropped: the cap and the reject slots are full
+            }
+            let refusal = full.then(|| {
+                let err = crate::relay::ApiError::unavailable("connection limit reached");
+                response::encode(
+                    503,
+                    &[("Retry-After", "1")],
+                    &err.body(),
+                    &self.meta(None, false),
+                )
+            });
+            let _ = sock.set_nodelay(true);
+            let entry = self.conns.vacant_entry();
+            let key = entry.key();
+            if self
+                .poll
+                .registry()
+                .register(
+                    &mut sock,
+                    Token(key),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            self.next_gen = self.next_gen.wrapping_add(1);
+            let generation = self.next_gen;
+            let mut conn = Conn::new(generation, sock, addr.ip(), self.cfg.max_body_bytes);
+            let id = ConnId {
+                key: key as u32,
+                generation,
+            };
+            let deadline = if let Some(refusal) = refusal {
+                conn.out.push_owned(refusal);
+                conn.phase = Phase::Closing { shut: false };
+                now.after(LINGER)
+            } else {
+                now.after(self.cfg.request_timeout)
+            };
+            entry.insert(conn);
+            self.set_deadline(id, deadline);
+            if full {
+                self.mark_write(id);
+            }
+        }
+    }
+
+    fn on_signal(&mut self, now: Millis) {
+        let Some(signals) = &mut self.signals else {
+            return;
+        };
+        let got = signals.pending().next().is_some();
+        if got {
+            self.begin_shutdown(now);
+        }
+    }
+
+    /// Stops accepting, answers parked polls `[]`, closes subscribers with
+    /// 1001 and idle connections at once, and lets in-flight requests finish
+    /// with `Connection: close`. The loop exits when every connection is
+    /// gone or the grace period ends.
+    pub fn begin_shutdown(&mut self, now: Millis) {
+        if self.shutdown_deadline.is_some() {
+            // A second signal: stop now.
+            self.shutdown_deadline = Some(now);
+            return;
+        }
+        info!("shutting down");
+        self.shutdown_deadline = Some(now.after(SHUTDOWN_GRACE));
+        if let Some(mut l) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+        let ids: Vec<ConnId> = self
+            .conns
+            .iter()
+            .map(|(k, c)| ConnId {
+                key: k as u32,
+                generation: c.generation,
+            })
+            .collect();
+        for id in ids {
+            let Some(conn) = self.conn(id) else { continue };
+            match &conn.phase {
+                Phase::Parked(..) => self.answer_parked(id, 200, Rc::from(&b"[]"[..]), now),
+                Phase::WebSocket(_) => self.close_ws(id, 1001, "server shutting down", now),
+                Phase::Http(h) if !h.reader.mid_request() && conn.out.is_empty() => {
+                    self.close_now(id)
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub(super) fn conn(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(id.key as usize)
+            .filter(|c| c.generation == id.generation)
+    }
+
+    /// Sets the stage's deadline; the wheel gets an entry only when the new
+    /// deadline is earlier than the one already scheduled (lazy re-arming).
+    pub(super) fn set_deadline(&mut self, id: ConnId, deadline: Millis) {
+        let Some(conn) = self
+            .conns
+            .get_mut(id.key as usize)
+            .filter(|c| c.generation == id.generation)
+        else {
+            return;
+        };
+        conn.deadline = Some(deadline);
+        if conn.timer_at.is_none_or(|t| deadline < t) {
+            conn.timer_at = Some(deadline);
+            self.timers.insert(deadline, id);
+        }
+    }
+
+    /// Puts a connection on the pending-write list: bytes entered its queue
+    /// outside its own writable event, so no edge will come by itself.
+    pub(super) fn mark_write(&mut self, id: ConnId) {
+        if let Some(conn) = self
+            .conns
+            .get_mut(id.key as usize)
+            .filter(|c| c.generation == id.generation)
+            && !conn.write_listed
+        {
+            conn.write_listed = true;
+            self.pending_writes.push(id);
+        }
+    }
+
+    fn expire_timers(&mut self, now: Millis) {
+        let mut fired = Vec::new();
+        self.timers.expire(now, &mut fired);
+        for entry in fired {
+            let id = entry.key;
+            let Some(conn) = self.conn(id) else { continue };
+            if conn.timer_at != Some(entry.deadline) {
+                continue; // stale: an earlier entry replaced it
+            }
+            conn.timer_at = None;
+            let Some(deadline) = conn.deadline else {
+                continue;
+            };
+            if deadline > now {
+                // Moved later since this entry was scheduled: re-arm.
+                conn.timer_at = Some(deadline);
+                self.timers.insert(deadline, id);
+                continue;
+            }
+            conn.deadline = None;
+            self.on_deadline(id, now);
+        }
+    }
+
+    /// A stage's deadline passed.
+    fn on_deadline(&mut self, id: ConnId, now: Millis) {
+        let unix_ms = self.clock.unix_now();
+        let Some(conn) = self.conn(id) else { return };
+        match &mut conn.phase {
+            Phase::Http(h) => {
+                if h.reader.mid_request() {
+                    debug!(peer = conn.peer.to_string().as_str(); "request timeout");
+                    let err = crate::relay::ApiError::timeout();
+                    self.reply_error_and_close(id, &err, None);
+                } else {
+                    self.close_now(id);
+                }
+            }
+            Phase::Parked(..) => self.answer_parked(id, 200, Rc::from(&b"[]"[..]), now),
+            Phase::WebSocket(ws) => {
+                let action = ws.keepalive.on_timer(now);
+                let next = ws.keepalive.deadline();
+                match action {
+                    Action::Close => {
+                        debug!("subscriber silent for two ping intervals");
+                        self.close_ws(id, 1000, "ping timeout", now);
+                    }
+                    Action::SendPing => {
+                        let ping = format!("{{\"type\":\"ping\",\"ts\":{unix_ms}}}");
+                        conn.out.push_owned(ws::encode_text(&ping));
+                        conn.out.push_owned(ws::encode_ping());
+                        self.set_deadline(id, next);
+                        self.mark_write(id);
+                    }
+                    Action::Nothing => self.set_deadline(id, next),
+                }
+            }
+            Phase::Closing { .. } => self.close_now(id),
+        }
+    }
+
+    /// Reads and handles whatever a connection has, then writes.
+    pub(super) fn drive(&mut self, id: ConnId, now: Millis) {
+        let Some(conn) = self.conn(id) else { return };
+        match conn.phase {
+            Phase::Http(_) => self.drive_http(id, now),
+            Phase::Parked(..) => self.read_parked(id),
+            Phase::WebSocket(_) => self.drive_ws(id, now),
+            Phase::Closing { .. } => self.drain_closing(id),
+        }
+        self.apply_effects(now);
+        self.flush(id);
+    }
+
+    /// Reads into a connection's request buffer, at most `want` bytes.
+    /// Returns false when the peer is gone (the connection is then closed).
+    pub(super) fn fill(&mut self, id: ConnId, want: usize) -> bool {
+        let Some(conn) = self
+            .conns
+            .get_mut(id.key as usize)
+            .filter(|c| c.generation == id.generation)
+        else {
+            return false;
+        };
+        let max = want.min(self.scratch.len());
+        if !conn.readable || max == 0 {
+            return true;
+        }
+        let n = loop {
+            match conn.sock.read(&mut self.scratch[..max]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    conn.readable = false;
+                    return true;
+                }
+                Err(_) => break 0,
+            }
+        };
+        if n == 0 {
+            self.close_now(id);
+            return false;
+        }
+        match &mut conn.phase {
+            Phase::Http(h) | Phase::Parked(h, _) => h.reader.push(&self.scratch[..n]),
+            _ => {}
+        }
+        true
+    }
+
+    /// A parked poll keeps reading (up to the head cap) only to notice a
+    /// hang-up; its buffered requests wait until it is answered.
+    fn read_parked(&mut self, id: ConnId) {
+        let Some(conn) = self.conn(id) else { return };
+        let Phase::Parked(h, _) = &conn.phase else {
+            return;
+        };
+        let want = h.reader.want();
+        self.fill(id, want);
+    }
+
+    fn drive_ws(&mut self, id: ConnId, now: Millis) {
+        let cap = self.cfg.subscriber_buffer_bytes;
+        let Some(conn) = self.conn(id) else { return };
+        if !conn.readable {
+            return;
+        }
+        let Phase::WebSocket(ws_state) = &mut conn.phase else {
+            return;
+        };
+        let outcome = ws::read_frames(ws_state, &mut conn.sock, &mut conn.out, now);
+        let deadline = ws_state.keepalive.deadline();
+        let queued = conn.out.queued();
+        match outcome {
+            ReadOutcome::Drained => conn.readable = false,
+            ReadOutcome::More => self.reprocess.push(id),
+            ReadOutcome::PeerClosed => {
+                self.leave_ws(id, now);
+                if let Some(conn) = self.conn(id) {
+                    conn.phase = Phase::Closing { shut: false };
+                }
+                self.set_deadline(id, now.after(LINGER));
+                return;
+            }
+            ReadOutcome::Violation(code, reason) => {
+                debug!(code = code; "websocket protocol violation");
+                self.close_ws(id, code, reason, now);
+                return;
+            }
+        }
+        if queued > cap {
+            self.close_slow(id, now);
+            return;
+        }
+        self.set_deadline(id, deadline);
+    }
+
+    /// Unregisters a subscriber from its session and logs the disconnect.
+    pub(super) fn leave_ws(&mut self, id: ConnId, now: Millis) {
+        let Some(conn) = self.conn(id) else { return };
+        let Phase::WebSocket(ws) = &conn.phase else {
+            return;
+        };
+        let sid = ws.sid.clone();
+        self.relay.unsubscribe(id, &sid, now);
+        info!(session_id = &*sid; "client disconnected");
+    }
+
+    /// Starts a WebSocket close: queue a Close frame with `code`, leave the
+    /// session, flush, then shut down.
+    pub(super) fn close_ws(&mut self, id: ConnId, code: u16, reason: &'static str, now: Millis) {
+        self.leave_ws(id, now);
+        let Some(conn) = self.conn(id) else { return };
+        if !matches!(conn.phase, Phase::WebSocket(_)) {
+            return;
+        }
+        conn.out.push_owned(ws::encode_close(code, reason));
+        conn.phase = Phase::Closing { shut: false };
+        self.set_deadline(id, now.after(LINGER));
+        self.mark_write(id);
+    }
+
+    /// A subscriber whose unsent output passed the cap: drop what it has not
+    /// started receiving and close it with 1008.
+    pub(super) fn close_slow(&mut self, id: ConnId, now: Millis) {
+        let Some(conn) = self.conn(id) else { return };
+        conn.out.drop_unstarted();
+        if let Phase::WebSocket(ws) = &conn.phase {
+            info!(session_id = &*ws.sid; "slow subscriber closed");
+        }
+        self.close_ws(id, 1008, "subscriber too slow", now);
+    }
+
+    /// A closing connection discards input until the peer closes.
+    fn drain_closing(&mut self, id: ConnId) {
+        let Some(conn) = self
+            .conns
+            .get_mut(id.key as usize)
+            .filter(|c| c.generation == id.generation)
+        else {
+            return;
+        };
+        if !conn.readable {
+            return;
+        }
+        for _ in 0..16 {
+            match conn.sock.read(&mut self.scratch) {
+                Ok(0) => {
+                    if matches!(conn.phase, Phase::Closing { shut: true }) {
+                        self.close_now(id);
+                    } else {
+                        // The peer is done sending; finish writing, then close.
+                        conn.readable = false;
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    conn.readable = false;
+                    return;
+                }
+                Err(_) => {
+                    self.close_now(id);
+                    return;
+                }
+            }
+        }
+        self.reprocess.push(id);
+    }
+
+    /// Writes what the connection has queued, within the turn's budget.
+    pub(super) fn flush(&mut self, id: ConnId) {
+        let Some(conn) = self.conn(id) else { return };
+        if conn.out.is_empty() {
+            self.after_drained(id);
+            return;
+        }
+        if !conn.writable {
+            return;
+        }
+        match conn.out.write_to(&mut conn.sock, WRITE_BUDGET) {
+            WriteStatus::Drained => self.after_drained(id),
+            WriteStatus::WouldBlock => conn.writable = false,
+            WriteStatus::Budget => self.mark_write(id),
+            WriteStatus::Failed => self.close_now(id),
+        }
+    }
+
+    /// Output is empty: a closing connection shuts its write side; an HTTP
+    /// connection held back by unsent output may read requests again.
+    fn after_drained(&mut self, id: ConnId) {
+        let Some(conn) = self.conn(id) else { return };
+        match &mut conn.phase {
+            Phase::Closing { shut } if !*shut => {
+                *shut = true;
+                let _ = conn.sock.shutdown(Shutdown::Write);
+                if !conn.readable {
+                    return;
+                }
+                self.reprocess.push(id);
+            }
+            Phase::Http(h) if !h.reader.buffered().is_empty() || conn.readable => {
+                self.reprocess.push(id)
+            }
+            _ => {}
+        }
+    }
+
+    fn flush_pending(&mut self, _now: Millis) {
+        for id in std::mem::take(&mut self.pending_writes) {
+            if let Some(conn) = self.conn(id) {
+                conn.write_listed = false;
+            }
+            self.flush(id);
+        }
+    }
+
+    /// Drops a connection now, unregistering it from the relay.
+    pub(super) fn close_now(&mut self, id: ConnId) {
+        let now = self.clock.now();
+        let Some(conn) = self.conn(id) else { return };
+        match &conn.phase {
+            Phase::Parked(_, p) => {
+                let sid = p.sid.clone();
+                self.relay.cancel_wait(id, &sid);
+            }
+            Phase::WebSocket(_) => self.leave_ws(id, now),
+            _ => {}
+        }
+        let mut conn = self.conns.remove(id.key as usize);
+        let _ = self.poll.registry().deregister(&mut conn.sock);
+    }
+
+    /// Applies the relay's queued effects to other connections.
+    pub(super) fn apply_effects(&mut self, now: Millis) {
+        if self.effects.is_empty() {
+            self.relay.take_effects(&mut self.effects);
+        }
+        while !self.effects.is_empty() {
+            for effect in std::mem::take(&mut self.effects) {
+                match effect {
+                    Effect::Respond { to, status, body } => {
+                        self.answer_parked(to, status, body, now)
+                    }
+                    Effect::CloseSubscriber { to, code } => {
+                        self.close_ws(to, code, "session deleted", now)
+                    }
+                }
+            }
+            self.relay.take_effects(&mut self.effects);
+        }
+    }
+
+    /// Answers a parked poll and returns it to reading requests; its
+    /// buffered pipelined requests are handled in this same turn.
+    pub(super) fn answer_parked(&mut self, id: ConnId, status: u16, body: Rc<[u8]>, now: Millis) {
+        let shutting_down = self.shutdown_deadline.is_some();
+        let Some(conn) = self.conn(id) else { return };
+        let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
+        let Phase::Parked(http, parked) = phase else {
+            conn.phase = phase;
+            return;
+        };
+        let keep_alive = parked.keep_alive && !shutting_down;
+        let meta = Meta {
+            keep_alive,
+            http10: parked.http10,
+            allow_origin: parked.allow_origin.as_deref(),
+            vary_origin: false,
+            head_only: false,
+        };
+        conn.out
+            .push_owned(response::encode(status, &[], &body, &meta));
+        self.relay.cancel_wait(id, &parked.sid);
+        let Some(conn) = self.conn(id) else { return };
+        if keep_alive {
+            conn.phase = Phase::Http(http);
+            self.set_deadline(id, now.after(self.cfg.keepalive_timeout));
+            self.reprocess.push(id);
+        } else {
+            self.set_deadline(id, now.after(LINGER));
+        }
+        self.mark_write(id);
+    }
+
+    /// Sends an error answer and closes the connection after it.
+    pub(super) fn reply_error_and_close(
+        &mut self,
+        id: ConnId,
+        err: &crate::relay::ApiError,
+        origin: Option<&str>,
+    ) {
+        let now = self.clock.now();
+        let bytes = response::encode(err.status, &[], &err.body(), &self.meta(origin, false));
+        let Some(conn) = self.conn(id) else { return };
+        if matches!(conn.phase, Phase::WebSocket(_) | Phase::Parked(..)) {
+            return;
+        }
+        conn.out.push_owned(bytes);
+        conn.phase = Phase::Closing { shut: false };
+        self.set_deadline(id, now.after(LINGER));
+        self.mark_write(id);
+    }
+
+    /// Response headers for a request from `origin`.
+    pub(super) fn meta<'a>(&'a self, origin: Option<&'a str>, keep_alive: bool) -> Meta<'a> {
+        use crate::config::Origins;
+        let (allow_origin, vary_origin) = match &self.cfg.cors_origins {
+            Origins::Any => (Some("*"), false),
+            Origins::List(_) => (origin.filter(|o| self.cfg.cors_origins.allows(o)), true),
+        };
+        Meta {
+            keep_alive: keep_alive && self.shutdown_deadline.is_none(),
+            http10: false,
+            allow_origin,
+            vary_origin,
+            head_only: false,
+        }
+    }
+
+    /// Parks a connection on a long-poll until `deadline`.
+    pub(super) fn park(&mut self, id: ConnId, parked: Parked, deadline: Millis) {
+        let Some(conn) = self.conn(id) else { return };
+        let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
+        conn.phase = match phase {
+            Phase::Http(h) => Phase::Parked(h, parked),
+            other => other,
+        };
+        self.set_deadline(id, deadline);
+    }
+}
+
+/// How often idle sessions are swept: a quarter of the TTL, between 100 ms
+/// and a minute.
+fn sweep_interval(cfg: &Config) -> Duration {
+    (cfg.session_ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
+}

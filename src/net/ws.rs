@@ -1,0 +1,219 @@
+//! The WebSocket stage. tungstenite's `WebSocketContext` parses client frames
+//! read straight from the socket (its read buffer sized small) and writes its
+//! own control replies (Pong, Close) through an adapter into our capped
+//! output queue. Server frames are unmasked, so a broadcast is encoded once
+//! here and the same bytes are queued for every subscriber.
+
+use std::io::{self, Read, Write};
+use std::rc::Rc;
+
+use tungstenite::Message;
+use tungstenite::error::{Error as WsError, ProtocolError};
+use tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
+use tungstenite::protocol::frame::{CloseFrame, Frame};
+use tungstenite::protocol::{Role, WebSocketConfig, WebSocketContext};
+
+use super::buffer::OutQueue;
+use crate::keepalive::Keepalive;
+use crate::time::Millis;
+
+/// Largest client message or frame; client traffic is pongs and the odd
+/// control frame, so anything big is abuse (close 1009).
+pub const MAX_CLIENT_MESSAGE: usize = 64 * 1024;
+/// The context's read buffer: small, since idle subscribers are the many.
+const READ_BUFFER: usize = 512;
+/// Messages read per turn before yielding to other connections.
+const MAX_MESSAGES_PER_TURN: usize = 64;
+
+/// A subscriber's WebSocket state.
+pub struct WsState {
+    pub ctx: WebSocketContext,
+    pub sid: Rc<str>,
+    pub keepalive: Keepalive,
+}
+
+impl std::fmt::Debug for WsState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WsState").field("sid", &self.sid).finish()
+    }
+}
+
+impl WsState {
+    /// The state right after the 101, with bytes that followed the request
+    /// head already in `leftover`.
+    pub fn new(leftover: Vec<u8>, sid: Rc<str>, keepalive: Keepalive) -> WsState {
+        let config = WebSocketConfig::default()
+            .read_buffer_size(READ_BUFFER)
+            .write_buffer_size(0)
+            .max_write_buffer_size(MAX_CLIENT_MESSAGE)
+            .max_message_size(Some(MAX_CLIENT_MESSAGE))
+            .max_frame_size(Some(MAX_CLIENT_MESSAGE));
+        WsState {
+            ctx: WebSocketContext::from_partially_read(leftover, Role::Server, Some(config)),
+            sid,
+            keepalive,
+        }
+    }
+}
+
+/// Reads from the socket, writes into the output queue (never blocks).
+struct Io<'a, S> {
+    sock: &'a mut S,
+    out: &'a mut OutQueue,
+    would_block: bool,
+}
+
+impl<S: Read> Read for Io<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.sock.read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.would_block = true;
+                    return Err(e);
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl<S> Write for Io<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.out.push_owned(buf.to_vec());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How a read pass ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// The socket has no more bytes for now.
+    Drained,
+    /// The per-turn budget ran out; read again next turn.
+    More,
+    /// The peer closed (its Close was answered, or the stream ended).
+    PeerClosed,
+    /// The peer broke the protocol: close with this code.
+    Violation(u16, &'static str),
+}
+
+/// A text frame, encoded once.
+pub fn encode_text(payload: &str) -> Vec<u8> {
+    encode(Frame::message(
+        payload.as_bytes().to_vec(),
+        OpCode::Data(Data::Text),
+        true,
+    ))
+}
+
+/// A protocol-level Ping with an empty payload.
+pub fn encode_ping() -> Vec<u8> {
+    encode(Frame::ping(Vec::new()))
+}
+
+/// A Close frame with `code` and a short reason.
+pub fn encode_close(code: u16, reason: &'static str) -> Vec<u8> {
+    encode(Frame::close(Some(CloseFrame {
+        code: CloseCode::from(code),
+        reason: reason.into(),
+    })))
+}
+
+fn encode(frame: Frame) -> Vec<u8> {
+    let mut out = Vec::with_capacity(frame.len());
+    // Formatting into a Vec cannot fail.
+    let _ = frame.format(&mut out);
+    out
+}
+
+/// `{"type":"error",…}` for a client frame the server does not accept.
+fn error_frame(error: &str, details: &str) -> Vec<u8> {
+    let v = serde_json::json!({"type": "error", "error": error, "details": details});
+    encode_text(&v.to_string())
+}
+
+/// Handles one text message from a client: pongs are accepted silently,
+/// anything else gets an error frame and the connection stays open.
+fn on_text(text: &str, out: &mut OutQueue) {
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
+    match serde_json::from_str::<Typed>(text) {
+        Ok(Typed { kind: Some(k) }) if k == "pong" => {}
+        Ok(Typed { kind: Some(k) }) if k == "ping" => {}
+        Ok(_) => out.push_owned(error_frame(
+            "Unsupported message",
+            "clients may send only {\"type\":\"pong\"}",
+        )),
+        Err(e) => out.push_owned(error_frame("Invalid JSON", &e.to_string())),
+    }
+}
+
+/// Reads and handles client frames until the socket would block, the budget
+/// runs out, or the connection must close. Control replies and error frames
+/// land in `out`.
+pub fn read_frames<S: Read>(
+    ws: &mut WsState,
+    sock: &mut S,
+    out: &mut OutQueue,
+    now: Millis,
+) -> ReadOutcome {
+    let mut io = Io {
+        sock,
+        out,
+        would_block: false,
+    };
+    let mut outcome = ReadOutcome::More;
+    for _ in 0..MAX_MESSAGES_PER_TURN {
+        match ws.ctx.read(&mut io) {
+            Ok(msg) => {
+                ws.keepalive.on_receive(now);
+                match msg {
+                    Message::Text(t) => on_text(t.as_str(), io.out),
+                    Message::Binary(_) => io.out.push_owned(error_frame(
+                        "Unsupported message",
+                        "binary frames are not accepted",
+                    )),
+                    Message::Close(_) => {
+                        outcome = ReadOutcome::PeerClosed;
+                        break;
+                    }
+                    Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
+                }
+            }
+            Err(WsError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                outcome = ReadOutcome::Drained;
+                break;
+            }
+            Err(e) => {
+                outcome = classify(e);
+                break;
+            }
+        }
+    }
+    // Queue replies tungstenite holds (a Pong, the answer to a Close).
+    match ws.ctx.flush(&mut io) {
+        Ok(()) => outcome,
+        Err(WsError::ConnectionClosed) | Err(WsError::AlreadyClosed) => ReadOutcome::PeerClosed,
+        Err(WsError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => outcome,
+        Err(e) if outcome == ReadOutcome::Drained || outcome == ReadOutcome::More => classify(e),
+        Err(_) => outcome,
+    }
+}
+
+fn classify(e: WsError) -> ReadOutcome {
+    match e {
+        WsError::ConnectionClosed | WsError::AlreadyClosed => ReadOutcome::PeerClosed,
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => ReadOutcome::PeerClosed,
+        WsError::Io(_) => ReadOutcome::PeerClosed,
+        WsError::Capacity(_) => ReadOutcome::Violation(1009, "message too big"),
+        WsError::Utf8(_) => ReadOutcome::Violation(1007, "invalid UTF-8"),
+        _ => ReadOutcome::Violation(1002, "protocol error"),
+    }
+}

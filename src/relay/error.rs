@@ -1,0 +1,100 @@
+//! Every error the API answers with, as a value carrying its status. All the
+//! contract's error strings live here, so a reader finds them in one place.
+
+use std::borrow::Cow;
+
+/// An error answer: `{"error": …, "details": …}` with an HTTP status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub error: Cow<'static, str>,
+    pub details: Option<String>,
+}
+
+pub const SIZE_LIMIT: &str = "Message exceeds size limit";
+
+impl ApiError {
+    fn new(status: u16, error: impl Into<Cow<'static, str>>) -> ApiError {
+        ApiError {
+            status,
+            error: error.into(),
+            details: None,
+        }
+    }
+
+    /// Adds the optional `details` text.
+    pub fn with_details(mut self, details: impl Into<String>) -> ApiError {
+        self.details = Some(details.into());
+        self
+    }
+
+    pub fn bad_request(error: impl Into<Cow<'static, str>>) -> ApiError {
+        ApiError::new(400, error)
+    }
+    pub fn invalid_json(details: impl Into<String>) -> ApiError {
+        ApiError::new(400, "Invalid JSON").with_details(details)
+    }
+    pub fn missing_field(field: &str) -> ApiError {
+        ApiError::new(400, format!("Missing required field: {field}"))
+    }
+    pub fn invalid_session_id() -> ApiError {
+        ApiError::new(400, "Invalid session_id")
+    }
+    pub fn too_large_field() -> ApiError {
+        ApiError::new(400, SIZE_LIMIT)
+    }
+    pub fn body_too_large() -> ApiError {
+        ApiError::new(413, SIZE_LIMIT)
+    }
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(401, "Unauthorized").with_details("missing or invalid bearer token")
+    }
+    pub fn forbidden_origin() -> ApiError {
+        ApiError::new(403, "Origin not allowed")
+    }
+    pub fn not_found() -> ApiError {
+        ApiError::new(404, "Not found")
+    }
+    pub fn session_not_found() -> ApiError {
+        ApiError::new(404, "Session not found")
+    }
+    pub fn prompt_not_found() -> ApiError {
+        ApiError::new(404, "Prompt not found")
+    }
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(405, "Method not allowed")
+    }
+    pub fn timeout() -> ApiError {
+        ApiError::new(408, "Request timeout")
+    }
+    pub fn conflict() -> ApiError {
+        ApiError::new(409, "Conflict").with_details("assistant_msg_id already used")
+    }
+    pub fn unsupported_media_type() -> ApiError {
+        ApiError::new(415, "Content-Type must be application/json")
+    }
+    pub fn too_many_requests() -> ApiError {
+        ApiError::new(429, "Too many requests")
+    }
+    pub fn head_too_large() -> ApiError {
+        ApiError::new(431, "Request header fields too large")
+    }
+    pub fn unavailable(reason: &'static str) -> ApiError {
+        ApiError::new(503, "Service unavailable").with_details(reason)
+    }
+
+    /// The JSON body of this error.
+    pub fn body(&self) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            error: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            details: Option<&'a str>,
+        }
+        serde_json::to_vec(&Body {
+            error: &self.error,
+            details: self.details.as_deref(),
+        })
+        .unwrap_or_default()
+    }
+}

@@ -1,0 +1,342 @@
+//! Wire types and field validation. Bodies are read into borrowed raw JSON
+//! values first, then each field is checked by hand so every error names its
+//! field with the contract's text. Stored messages keep their serialized
+//! `data` object, so replays, fetches and history concatenate bytes instead of
+//! serializing again.
+
+use std::rc::Rc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::error::ApiError;
+use crate::time::UnixMillis;
+
+/// Largest `prompt` or `text`, in bytes.
+pub const MAX_TEXT_BYTES: usize = 128 * 1024;
+/// Largest `client_msg_id` or `assistant_msg_id`, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+/// Longest `session_id`.
+pub const MAX_SESSION_ID: usize = 128;
+
+/// Whether `sid` is 1 to 128 URL-unreserved characters.
+pub fn valid_session_id(sid: &str) -> bool {
+    !sid.is_empty()
+        && sid.len() <= MAX_SESSION_ID
+        && sid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
+}
+
+#[derive(Deserialize)]
+struct RawPrompt<'a> {
+    #[serde(borrow)]
+    session_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow)]
+    client_msg_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    metadata: Option<&'a RawValue>,
+    #[serde(borrow)]
+    ts: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawResponse<'a> {
+    #[serde(borrow)]
+    session_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    client_msg_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow)]
+    assistant_msg_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    metadata: Option<&'a RawValue>,
+    #[serde(borrow)]
+    ts: Option<&'a RawValue>,
+}
+
+/// A validated `POST /prompt` body.
+#[derive(Debug)]
+pub struct NewPrompt {
+    pub session_id: String,
+    pub prompt: String,
+    pub client_msg_id: Option<String>,
+    pub metadata: Option<Box<RawValue>>,
+    pub ts: Option<UnixMillis>,
+}
+
+/// A validated `POST /response` body.
+#[derive(Debug)]
+pub struct NewResponse {
+    pub session_id: String,
+    pub client_msg_id: String,
+    pub text: String,
+    pub assistant_msg_id: Option<String>,
+    pub metadata: Option<Box<RawValue>>,
+    pub ts: Option<UnixMillis>,
+}
+
+/// Reads a body that must be a JSON object into `T`.
+fn parse_object<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        // Serde would accept an array as a struct: tell malformed from non-object.
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Err(e) => ApiError::invalid_json(e.to_string()),
+                Ok(_) => ApiError::bad_request("Request body must be a JSON object"),
+            },
+        );
+    }
+    serde_json::from_slice::<T>(body).map_err(|e| ApiError::invalid_json(e.to_string()))
+}
+
+/// A required field: absent or `null` is missing.
+fn required<'a>(v: Option<&'a RawValue>, name: &str) -> Result<&'a RawValue, ApiError> {
+    match v {
+        Some(raw) if raw.get() != "null" => Ok(raw),
+        _ => Err(ApiError::missing_field(name)),
+    }
+}
+
+fn string(raw: &RawValue, name: &str) -> Result<String, ApiError> {
+    serde_json::from_str::<String>(raw.get())
+        .map_err(|_| ApiError::bad_request(format!("Invalid {name}: must be a string")))
+}
+
+fn session_id(raw: Option<&RawValue>) -> Result<String, ApiError> {
+    let sid = string(required(raw, "session_id")?, "session_id")?;
+    if valid_session_id(&sid) {
+        Ok(sid)
+    } else {
+        Err(ApiError::invalid_session_id())
+    }
+}
+
+fn text(raw: &RawValue, name: &str) -> Result<String, ApiError> {
+    // A cheap bound before decoding: escapes only ever shrink the text.
+    if raw.get().len() > 6 * MAX_TEXT_BYTES + 2 {
+        return Err(ApiError::too_large_field());
+    }
+    let s = string(raw, name)?;
+    if s.len() > MAX_TEXT_BYTES {
+        return Err(ApiError::too_large_field());
+    }
+    Ok(s)
+}
+
+fn message_id(raw: Option<&RawValue>, name: &str) -> Result<Option<String>, ApiError> {
+    let Some(raw) = raw.filter(|r| r.get() != "null") else {
+        return Ok(None);
+    };
+    let s = string(raw, name)?;
+    if s.is_empty() || s.len() > MAX_ID_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "Invalid {name}: must be 1 to {MAX_ID_BYTES} bytes"
+        )));
+    }
+    Ok(Some(s))
+}
+
+fn metadata(raw: Option<&RawValue>) -> Result<Option<Box<RawValue>>, ApiError> {
+    match raw {
+        None => Ok(None),
+        Some(r) if r.get() == "null" => Ok(None),
+        Some(r) if r.get().starts_with('{') => Ok(Some(r.to_owned())),
+        Some(_) => Err(ApiError::bad_request("Invalid metadata: must be an object")),
+    }
+}
+
+fn ts(raw: Option<&RawValue>) -> Result<Option<UnixMillis>, ApiError> {
+    match raw {
+        None => Ok(None),
+        Some(r) if r.get() == "null" => Ok(None),
+        Some(r) => serde_json::from_str::<u64>(r.get()).map(Some).map_err(|_| {
+            ApiError::bad_request("Invalid ts: must be a non-negative integer (milliseconds)")
+        }),
+    }
+}
+
+impl NewPrompt {
+    /// Validates a `POST /prompt` body; the first failing field decides the error.
+    pub fn parse(body: &[u8]) -> Result<NewPrompt, ApiError> {
+        let raw: RawPrompt = parse_object(body)?;
+        Ok(NewPrompt {
+            session_id: session_id(raw.session_id)?,
+            prompt: text(required(raw.prompt, "prompt")?, "prompt")?,
+            client_msg_id: message_id(raw.client_msg_id, "client_msg_id")?,
+            metadata: metadata(raw.metadata)?,
+            ts: ts(raw.ts)?,
+        })
+    }
+}
+
+impl NewResponse {
+    /// Validates a `POST /response` body; the first failing field decides the error.
+    pub fn parse(body: &[u8]) -> Result<NewResponse, ApiError> {
+        let raw: RawResponse = parse_object(body)?;
+        let session_id = session_id(raw.session_id)?;
+        let client_msg_id = message_id(
+            Some(required(raw.client_msg_id, "client_msg_id")?),
+            "client_msg_id",
+        )?
+        .unwrap_or_default();
+        Ok(NewResponse {
+            session_id,
+            client_msg_id,
+            text: text(required(raw.text, "text")?, "text")?,
+            assistant_msg_id: message_id(raw.assistant_msg_id, "assistant_msg_id")?,
+            metadata: metadata(raw.metadata)?,
+            ts: ts(raw.ts)?,
+        })
+    }
+}
+
+/// The stored form of a prompt, as it appears in `data`.
+#[derive(Serialize)]
+pub struct PromptData<'a> {
+    pub session_id: &'a str,
+    pub client_msg_id: &'a str,
+    pub prompt: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<&'a RawValue>,
+    pub ts: UnixMillis,
+    pub seq: u64,
+}
+
+/// The stored form of an assistant message, as it appears in `data`.
+#[derive(Serialize)]
+pub struct AssistantData<'a> {
+    pub session_id: &'a str,
+    pub assistant_msg_id: &'a str,
+    pub client_msg_id: &'a str,
+    pub text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<&'a RawValue>,
+    pub ts: UnixMillis,
+    pub seq: u64,
+}
+
+/// Which kind of message a history entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Prompt,
+    Assistant,
+}
+
+/// One stored message: its keys and its `data` object, serialized once.
+#[derive(Debug)]
+pub struct Message {
+    pub seq: u64,
+    pub ts: UnixMillis,
+    pub kind: Kind,
+    /// For a prompt its own id; for an assistant message the prompt it answers.
+    pub client_msg_id: Rc<str>,
+    /// Only for assistant messages.
+    pub assistant_msg_id: Option<Rc<str>>,
+    /// The serialized `data` object.
+    pub data: Box<str>,
+}
+
+impl Message {
+    /// `{"type":"prompt"|"assistant","data":…}`, as `/messages` lists it.
+    pub fn write_history_entry(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(match self.kind {
+            Kind::Prompt => b"{\"type\":\"prompt\",\"data\":",
+            Kind::Assistant => b"{\"type\":\"assistant\",\"data\":",
+        });
+        out.extend_from_slice(self.data.as_bytes());
+        out.push(b'}');
+    }
+
+    /// `{"type":"message","data":…}`, the WebSocket frame payload.
+    pub fn ws_payload(&self) -> String {
+        let mut s = String::with_capacity(self.data.len() + 27);
+        s.push_str("{\"type\":\"message\",\"data\":");
+        s.push_str(&self.data);
+        s.push('}');
+        s
+    }
+}
+
+/// Serializes a value that cannot fail to serialize (no maps with non-string keys).
+pub fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt_err(body: &str) -> ApiError {
+        NewPrompt::parse(body.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn prompt_errors_name_the_field() {
+        assert_eq!(prompt_err("{").error, "Invalid JSON");
+        assert_eq!(prompt_err("[1]").status, 400);
+        assert_eq!(
+            prompt_err(r#"{"prompt":"x"}"#).error,
+            "Missing required field: session_id"
+        );
+        assert_eq!(
+            prompt_err(r#"{"session_id":"a"}"#).error,
+            "Missing required field: prompt"
+        );
+        assert_eq!(
+            prompt_err(r#"{"session_id":"a b","prompt":"x"}"#).error,
+            "Invalid session_id"
+        );
+        assert!(
+            prompt_err(r#"{"session_id":"a","prompt":5}"#)
+                .error
+                .contains("prompt")
+        );
+        assert!(
+            prompt_err(r#"{"session_id":"a","prompt":"x","metadata":[]}"#)
+                .error
+                .contains("metadata")
+        );
+        assert!(
+            prompt_err(r#"{"session_id":"a","prompt":"x","ts":-1}"#)
+                .error
+                .contains("ts")
+        );
+        assert!(
+            prompt_err(r#"{"session_id":"a","prompt":"x","client_msg_id":""}"#)
+                .error
+                .contains("client_msg_id")
+        );
+    }
+
+    #[test]
+    fn text_above_128_kib_is_rejected_with_the_size_text() {
+        let big = "x".repeat(MAX_TEXT_BYTES + 1);
+        let body = format!(r#"{{"session_id":"a","prompt":"{big}"}}"#);
+        assert_eq!(prompt_err(&body).error, "Message exceeds size limit");
+        let ok = "é".repeat(MAX_TEXT_BYTES / 2);
+        let body = format!(r#"{{"session_id":"a","prompt":"{ok}"}}"#);
+        assert!(NewPrompt::parse(body.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_and_null_optionals_are_ignored() {
+        let p = NewPrompt::parse(
+            br#"{"session_id":"a","prompt":"hi","extra":1,"metadata":null,"ts":null,"client_msg_id":null}"#,
+        )
+        .unwrap();
+        assert!(p.metadata.is_none() && p.ts.is_none() && p.client_msg_id.is_none());
+    }
+
+    #[test]
+    fn session_ids_are_url_unreserved() {
+        assert!(valid_session_id("Ab0.-_~"));
+        assert!(!valid_session_id(""));
+        assert!(!valid_session_id("a/b"));
+        assert!(!valid_session_id(&"a".repeat(129)));
+    }
+}
