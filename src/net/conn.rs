@@ -66,6 +66,9 @@ pub struct Conn {
     pub writable: bool,
     /// Already on the pending-write list this turn.
     pub write_listed: bool,
+    /// Request handling stopped because unsent output passed the high-water
+    /// mark; it resumes when the output drains.
+    pub out_paused: bool,
     pub out: OutQueue,
     pub phase: Phase,
     /// When this stage's timer is due (request/idle, poll, ping, linger).
@@ -84,6 +87,7 @@ impl Conn {
             readable: false,
             writable: false,
             write_listed: false,
+            out_paused: false,
             out: OutQueue::default(),
             phase: Phase::Http(HttpState::new(max_body)),
             deadline: None,

@@ -101,7 +101,8 @@ impl Server {
         loop {
             let Some(conn) = self.conn(id) else { return };
             if conn.out.queued() > OUT_HIGH_WATER {
-                break; // resumes once the output drains
+                conn.out_paused = true; // resumes once the output drains
+                break;
             }
             let Phase::Http(h) = &mut conn.phase else {
                 return;

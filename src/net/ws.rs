@@ -132,8 +132,19 @@ fn encode(frame: Frame) -> Vec<u8> {
 
 /// `{"type":"error",…}` for a client frame the server does not accept.
 fn error_frame(error: &str, details: &str) -> Vec<u8> {
-    let v = serde_json::json!({"type": "error", "error": error, "details": details});
-    encode_text(&v.to_string())
+    #[derive(serde::Serialize)]
+    struct ErrorFrame<'a> {
+        r#type: &'static str,
+        error: &'a str,
+        details: &'a str,
+    }
+    let json = serde_json::to_string(&ErrorFrame {
+        r#type: "error",
+        error,
+        details,
+    })
+    .unwrap_or_default();
+    encode_text(&json)
 }
 
 /// Handles one text message from a client: pongs are accepted silently,
@@ -143,13 +154,20 @@ fn on_text(text: &str, out: &mut OutQueue) {
     struct Typed<'a> {
         #[serde(borrow, rename = "type")]
         kind: Option<std::borrow::Cow<'a, str>>,
+        ts: Option<serde_json::Value>,
     }
     match serde_json::from_str::<Typed>(text) {
-        Ok(Typed { kind: Some(k) }) if k == "pong" => {}
-        Ok(Typed { kind: Some(k) }) if k == "ping" => {}
+        Ok(Typed { kind: Some(k), ts }) if k == "pong" => {
+            if ts.is_some_and(|t| !t.is_u64()) {
+                out.push_owned(error_frame(
+                    "Invalid pong",
+                    "ts must be milliseconds (a non-negative integer)",
+                ));
+            }
+        }
         Ok(_) => out.push_owned(error_frame(
             "Unsupported message",
-            "clients may send only {\"type\":\"pong\"}",
+            "clients may send only {\"type\":\"pong\",\"ts\":<ms>}",
         )),
         Err(e) => out.push_owned(error_frame("Invalid JSON", &e.to_string())),
     }

@@ -1,0 +1,421 @@
+//! Test harness shared by every integration test: starts the real `relay` binary on an
+//! ephemeral loopback port, and talks to it with a small raw HTTP/1.1 client and a blocking
+//! tungstenite WebSocket client.
+//!
+//! Readiness is observed, never slept for: `start` returns once the server's JSON log on
+//! stderr announces `"event":"listening"` with its address. Every socket has a 10 s read
+//! timeout so a missing reply fails the test instead of hanging it.
+#![allow(dead_code)]
+
+mod http;
+mod ws;
+
+pub use http::{Http, Response};
+pub use ws::Ws;
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tungstenite::client::IntoClientRequest;
+use tungstenite::http::HeaderValue;
+
+/// How long any single socket read may block before the test fails.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `start`, `wait_for_log` and `wait_health` wait.
+const LOG_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Log lines collected from the server's stderr, with a condvar signalled on every new line
+/// (or on EOF) so waiters wake without polling.
+#[derive(Default)]
+struct LogState {
+    lines: Vec<String>,
+    eof: bool,
+}
+
+type SharedLog = Arc<(Mutex<LogState>, Condvar)>;
+
+/// A running `relay` process; killed (SIGKILL) on drop unless it already exited.
+pub struct Server {
+    child: Child,
+    addr: SocketAddr,
+    log: SharedLog,
+    exited: Option<ExitStatus>,
+}
+
+impl Server {
+    /// Starts the server with default settings.
+    #[track_caller]
+    pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// Starts the server with extra `RELAY_*` environment variables (they override the
+    /// harness defaults).
+    #[track_caller]
+    pub fn start_with(env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
+        for (key, _) in std::env::vars() {
+            if key.starts_with("RELAY_") || key == "PORT" {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.env("RELAY_PORT", "0")
+            .env("RELAY_HOST", "127.0.0.1")
+            .env("RELAY_LOG_FORMAT", "json")
+            .env("RELAY_LOG", "debug");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn relay binary");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log: SharedLog = Arc::new((Mutex::new(LogState::default()), Condvar::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let reader = BufReader::new(stderr);
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                let (lock, cvar) = &*sink;
+                lock.lock().unwrap().lines.push(line);
+                cvar.notify_all();
+            }
+            let (lock, cvar) = &*sink;
+            lock.lock().unwrap().eof = true;
+            cvar.notify_all();
+        });
+        let mut server = Server {
+            child,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            log,
+            exited: None,
+        };
+        let line = match server.find_log_line(is_listening_line, LOG_TIMEOUT) {
+            Some(line) => line,
+            None => {
+                let status = server.wait_exit(Duration::from_millis(200));
+                panic!(
+                    "relay did not log a listening line within {LOG_TIMEOUT:?} (exit: {status:?}); stderr:\n{}",
+                    server.logs().join("\n")
+                );
+            }
+        };
+        let v: Value = serde_json::from_str(&line).expect("listening line is JSON");
+        let addr = v["addr"]
+            .as_str()
+            .unwrap_or_else(|| panic!("listening line has no addr: {line}"));
+        server.addr = addr
+            .parse()
+            .unwrap_or_else(|e| panic!("bad listening addr {addr:?}: {e}"));
+        server
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Every stderr line seen so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.log.0.lock().unwrap().lines.clone()
+    }
+
+    /// Blocks (max 10 s) until a log line contains `needle`; returns that line.
+    #[track_caller]
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        match self.find_log_line(|l| l.contains(needle), LOG_TIMEOUT) {
+            Some(line) => line,
+            None => panic!(
+                "no log line containing {needle:?} within {LOG_TIMEOUT:?}; stderr:\n{}",
+                self.logs().join("\n")
+            ),
+        }
+    }
+
+    fn find_log_line(&self, pred: impl Fn(&str) -> bool, max: Duration) -> Option<String> {
+        let deadline = Instant::now() + max;
+        let (lock, cvar) = &*self.log;
+        let mut state = lock.lock().unwrap();
+        loop {
+            if let Some(line) = state.lines.iter().find(|l| pred(l)) {
+                return Some(line.clone());
+            }
+            let now = Instant::now();
+            if state.eof || now >= deadline {
+                return None;
+            }
+            state = cvar.wait_timeout(state, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Sends SIGTERM.
+    pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends SIGINT.
+    pub fn sigint(&self) {
+        self.signal("INT");
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
+    }
+
+    /// Waits up to `max` for the process to exit; `None` if it is still running.
+    pub fn wait_exit(&mut self, max: Duration) -> Option<ExitStatus> {
+        if self.exited.is_some() {
+            return self.exited;
+        }
+        let deadline = Instant::now() + max;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                self.exited = Some(status);
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Resident set size of the server process, from /proc.
+    #[track_caller]
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("VmRSS in /proc/PID/status")
+    }
+
+    /// One request on a fresh connection; reads exactly one (final) response.
+    #[track_caller]
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Response {
+        self.conn().request(method, path, headers, body)
+    }
+
+    #[track_caller]
+    pub fn get(&self, path: &str) -> Response {
+        self.request("GET", path, &[], None)
+    }
+
+    /// POST with `Content-Type: application/json`.
+    #[track_caller]
+    pub fn post_json(&self, path: &str, body: &Value) -> Response {
+        self.conn().post_json(path, body)
+    }
+
+    #[track_caller]
+    pub fn put(&self, path: &str) -> Response {
+        self.request("PUT", path, &[], None)
+    }
+
+    #[track_caller]
+    pub fn delete(&self, path: &str) -> Response {
+        self.request("DELETE", path, &[], None)
+    }
+
+    /// A raw keep-alive connection.
+    #[track_caller]
+    pub fn conn(&self) -> Http {
+        Http::connect(self.addr)
+    }
+
+    /// A WebSocket client; panics if the upgrade does not succeed.
+    #[track_caller]
+    pub fn ws(&self, path: &str) -> Ws {
+        match self.ws_with(path, &[]) {
+            Ok(ws) => ws,
+            Err(resp) => panic!(
+                "WebSocket upgrade to {path} failed: {} {}",
+                resp.status,
+                resp.text()
+            ),
+        }
+    }
+
+    /// A WebSocket client with extra request headers; `Err` carries a non-101 answer.
+    #[track_caller]
+    pub fn ws_with(&self, path: &str, headers: &[(&str, &str)]) -> Result<Ws, Response> {
+        let stream = TcpStream::connect(self.addr).expect("connect to relay");
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut req = format!("ws://{}{}", self.addr, path)
+            .into_client_request()
+            .expect("valid ws request");
+        for (name, value) in headers {
+            let name: tungstenite::http::HeaderName = name.parse().expect("header name");
+            req.headers_mut()
+                .insert(name, HeaderValue::from_str(value).expect("header value"));
+        }
+        match tungstenite::client(req, stream) {
+            Ok((socket, _)) => Ok(Ws { socket }),
+            Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(resp))) => {
+                let headers = resp
+                    .headers()
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_string(),
+                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                        )
+                    })
+                    .collect();
+                Err(Response {
+                    status: resp.status().as_u16(),
+                    headers,
+                    body: resp.body().clone().unwrap_or_default(),
+                })
+            }
+            Err(e) => panic!("WebSocket handshake to {path} failed: {e}"),
+        }
+    }
+
+    // ---- extra helpers (not in notes/harness.md) used by api*.rs, long_poll.rs, flows.rs ----
+
+    /// `GET /healthz` parsed, asserting 200.
+    #[track_caller]
+    pub fn health(&self) -> Value {
+        let resp = self.get("/healthz");
+        assert_eq!(resp.status, 200, "/healthz: {}", resp.text());
+        resp.json()
+    }
+
+    /// Polls `/healthz` (bounded, 10 s) until `field` equals `want`: a readiness check, not a
+    /// sleep. Returns the last body.
+    #[track_caller]
+    pub fn wait_health(&self, field: &str, want: u64) -> Value {
+        let deadline = Instant::now() + LOG_TIMEOUT;
+        loop {
+            let h = self.health();
+            if h[field].as_u64() == Some(want) {
+                return h;
+            }
+            if Instant::now() >= deadline {
+                panic!("/healthz {field} never became {want}; last: {h}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// `POST /prompt` asserting 200; returns the ack body.
+    #[track_caller]
+    pub fn prompt(&self, sid: &str, text: &str, client_msg_id: Option<&str>) -> Value {
+        let mut body = serde_json::json!({ "session_id": sid, "prompt": text });
+        if let Some(id) = client_msg_id {
+            body["client_msg_id"] = Value::from(id);
+        }
+        let resp = self.post_json("/prompt", &body);
+        assert_eq!(resp.status, 200, "POST /prompt: {}", resp.text());
+        resp.json()
+    }
+
+    /// `POST /response` asserting 200; returns the ack body.
+    #[track_caller]
+    pub fn respond(&self, sid: &str, client_msg_id: &str, text: &str) -> Value {
+        let body =
+            serde_json::json!({ "session_id": sid, "client_msg_id": client_msg_id, "text": text });
+        let resp = self.post_json("/response", &body);
+        assert_eq!(resp.status, 200, "POST /response: {}", resp.text());
+        resp.json()
+    }
+
+    /// `GET /prompts/{sid}?wait=false` asserting 200; returns the array.
+    #[track_caller]
+    pub fn pending(&self, sid: &str) -> Vec<Value> {
+        let resp = self.get(&format!("/prompts/{sid}?wait=false"));
+        assert_eq!(resp.status, 200, "GET /prompts: {}", resp.text());
+        match resp.json() {
+            Value::Array(items) => items,
+            other => panic!("GET /prompts body is not an array: {other}"),
+        }
+    }
+
+    /// `GET /messages/{sid}{query}` asserting 200; returns the body.
+    #[track_caller]
+    pub fn messages(&self, sid: &str, query: &str) -> Value {
+        let resp = self.get(&format!("/messages/{sid}{query}"));
+        assert_eq!(resp.status, 200, "GET /messages: {}", resp.text());
+        resp.json()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- relay stderr ---\n{}", self.logs().join("\n"));
+        }
+        if self.exited.is_none() && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn is_listening_line(line: &str) -> bool {
+    serde_json::from_str::<Value>(line)
+        .map(|v| v["event"] == "listening" && v["addr"].is_string())
+        .unwrap_or(false)
+}
+
+static SESSION_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A session id unique within this test run: `t-<counter>-<pid>`.
+pub fn unique_session() -> String {
+    let n = SESSION_COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("t-{n}-{}", std::process::id())
+}
+
+/// True for a UUID v4 string (`xxxxxxxx-xxxx-4xxx-[89ab]xxx-xxxxxxxxxxxx`). Extra helper.
+pub fn is_uuid_v4(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+        && b[14] == b'4'
+        && matches!(b[19].to_ascii_lowercase(), b'8' | b'9' | b'a' | b'b')
+}
+
+/// Asserts a JSON error answer: status and exact `error` text. Extra helper.
+#[track_caller]
+pub fn assert_error(resp: &Response, status: u16, error: &str) {
+    assert_eq!(resp.status, status, "body: {}", resp.text());
+    let body = resp.json();
+    assert_eq!(body["error"], error, "body: {body}");
+}
+
+/// Milliseconds since the Unix epoch, from the test's clock. Extra helper.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
