@@ -25,6 +25,7 @@ pub mod http;
 pub mod keepalive;
 pub mod logging;
 pub mod net;
+pub mod ratelimit;
 pub mod relay;
 pub mod time;
 pub mod timer;

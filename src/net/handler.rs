@@ -14,6 +14,7 @@ use crate::http::response::{self, CONTINUE, Meta};
 use crate::http::route::{Route, messages_query, prompts_query, query_param, route};
 use crate::http::{Method, RequestHead, upgrade};
 use crate::keepalive::Keepalive;
+use crate::ratelimit::client_addr;
 use crate::relay::{ApiError, ConnId, Fetch, Posted, response_ack};
 use crate::time::Millis;
 
@@ -166,6 +167,22 @@ impl Server {
         now: Millis,
     ) -> Result<Option<Answer>, ApiError> {
         let route = route(head.method(), &head.path)?;
+        if head.method() == Method::Post && self.limiter.enabled() {
+            let peer = self.conn(id).map(|c| c.peer);
+            if let Some(peer) = peer {
+                let client = client_addr(
+                    peer,
+                    head.forwarded_for.as_deref(),
+                    &self.cfg.trusted_proxies,
+                );
+                if let Err(wait_s) = self.limiter.check(client, now) {
+                    debug!(client = client.to_string().as_str(); "rate limited");
+                    let mut a = Answer::from(ApiError::too_many_requests());
+                    a.extra = vec![("Retry-After", wait_s.to_string())];
+                    return Ok(Some(a));
+                }
+            }
+        }
         self.authorize(&route, head)?;
         let unix_ms = self.clock.unix_now();
         let answer = match route {

@@ -22,6 +22,7 @@ use super::ws::{self, ReadOutcome};
 use crate::config::Config;
 use crate::http::response::{self, Meta};
 use crate::keepalive::Action;
+use crate::ratelimit::RateLimiter;
 use crate::relay::{ConnId, Effect, Limits, Relay};
 use crate::time::{Clock, Millis};
 use crate::timer::TimerWheel;
@@ -49,6 +50,7 @@ pub struct Server {
     pub(super) conns: Slab<Conn>,
     next_gen: u32,
     pub(super) relay: Relay,
+    pub(super) limiter: RateLimiter,
     timers: TimerWheel<ConnId>,
     pub(super) pending_writes: Vec<ConnId>,
     pub(super) reprocess: Vec<ConnId>,
@@ -85,6 +87,7 @@ impl Server {
         let relay = Relay::new(Limits::from_config(&cfg));
         info!(addr = local_addr.to_string().as_str(); "listening");
         Ok(Server {
+            limiter: RateLimiter::new(cfg.rate_limit),
             timers: TimerWheel::new(now),
             next_sweep: now.after(sweep_interval(&cfg)),
             cfg,
@@ -172,6 +175,7 @@ impl Server {
         self.expire_timers(now);
         if now >= self.next_sweep {
             self.relay.collect_idle(now);
+            self.limiter.sweep(now);
             self.next_sweep = now.after(sweep_interval(&self.cfg));
         }
         self.flush_pending(now);
