@@ -93,6 +93,7 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
     let mut conn_keep_alive = false;
     let mut conn_upgrade = false;
     let mut upgrade_ws = false;
+    let mut hosts = 0;
     for h in req.headers.iter() {
         let name = h.name;
         let Ok(value) = std::str::from_utf8(h.value) else {
@@ -133,7 +134,10 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
         } else if name.eq_ignore_ascii_case("upgrade") {
             upgrade_ws |= has_token(value, "websocket");
         } else if name.eq_ignore_ascii_case("expect") {
-            head.expect_continue = value.eq_ignore_ascii_case("100-continue");
+            // An HTTP/1.0 client cannot read a 1xx: ignore it (RFC 9110 section 10.1.1).
+            head.expect_continue = !http10 && value.eq_ignore_ascii_case("100-continue");
+        } else if name.eq_ignore_ascii_case("host") {
+            hosts += 1;
         } else if name.eq_ignore_ascii_case("sec-websocket-key") {
             head.ws_key = Some(value.to_string());
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
@@ -153,6 +157,10 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
                 None => head.forwarded_for = Some(value.to_string()),
             }
         }
+    }
+    // RFC 9112 section 3.2: exactly one Host in HTTP/1.1, at most one in 1.0.
+    if hosts > 1 || (hosts == 0 && !http10) {
+        return Err(bad("Missing or repeated Host header"));
     }
     // RFC 9112 section 6.3: Transfer-Encoding overrides Content-Length, but a
     // request with both is a smuggling attempt more often than not: refuse it.
@@ -229,6 +237,11 @@ impl ChunkedDecoder {
                         }
                         return Ok(pos);
                     };
+                    // chunk-size = 1*HEXDIG (RFC 9112 section 7.1); httparse
+                    // reads an empty line as size 0, which would end the body.
+                    if !rest[0].is_ascii_hexdigit() {
+                        return Err(bad());
+                    }
                     let (size, _) = match httparse::parse_chunk_size(&rest[..=nl]) {
                         Ok(httparse::Status::Complete((used, size))) => (size, used),
                         _ => return Err(bad()),

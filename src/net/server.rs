@@ -630,7 +630,7 @@ impl Server {
         match &conn.phase {
             Phase::Parked(_, p) => {
                 let sid = p.sid.clone();
-                self.relay.cancel_wait(id, &sid);
+                self.relay.cancel_wait(id, &sid, now);
             }
             Phase::WebSocket(_) => self.leave_ws(id, now),
             _ => {}
@@ -679,7 +679,7 @@ impl Server {
         };
         conn.out
             .push_owned(response::encode(status, &[], &body, &meta));
-        self.relay.cancel_wait(id, &parked.sid);
+        self.relay.cancel_wait(id, &parked.sid, now);
         let Some(conn) = self.conn(id) else { return };
         if keep_alive {
             conn.phase = Phase::Http(http);

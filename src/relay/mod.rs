@@ -330,10 +330,12 @@ impl Relay {
     }
 
     /// Forgets a parked poll (timed out, hung up, or shut down).
-    pub fn cancel_wait(&mut self, conn: ConnId, sid: &str) {
+    pub fn cancel_wait(&mut self, conn: ConnId, sid: &str, now: Millis) {
         if let Some(s) = self.sessions.get_mut(sid)
             && s.remove_waiter(conn)
         {
+            // The idle time of a session starts when its last poll ends.
+            s.last_active = now;
             self.counts.parked_polls -= 1;
         }
     }
