@@ -461,7 +461,8 @@ fn content_length_above_max_body_is_413_before_the_body_arrives() {
 
 #[test]
 fn content_length_of_exactly_max_body_is_accepted() {
-    let mut raw = format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY}\r\n\r\n").into_bytes();
+    let mut raw =
+        format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY}\r\n\r\n").into_bytes();
     raw.resize(raw.len() + MAX_BODY, b'b');
     assert_eq!(one(&raw).1.len(), MAX_BODY);
 }
@@ -504,7 +505,9 @@ fn chunked_body_of_exactly_max_body_is_accepted() {
 #[test]
 fn conflicting_content_length_is_400() {
     assert_eq!(
-        status(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
+        status(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"
+        ),
         400
     );
     assert_eq!(
