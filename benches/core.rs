@@ -57,36 +57,60 @@ fn meta() -> Meta<'static> {
     }
 }
 
-/// `POST /prompt` with a 256-byte prompt over 1000 sessions.
-fn ingest(ops: usize) -> usize {
+/// Request bytes built before measuring, so only the server's work counts.
+struct Inputs {
+    prompts: Vec<Vec<u8>>,
+    responses: Vec<Vec<u8>>,
+    polls: Vec<Vec<u8>>,
+    sids: Vec<String>,
+}
+
+fn inputs(ops: usize, text_len: usize) -> Inputs {
+    let text = "t".repeat(text_len);
+    let mut i = Inputs {
+        prompts: Vec::with_capacity(ops),
+        responses: Vec::with_capacity(ops),
+        polls: Vec::with_capacity(ops),
+        sids: Vec::with_capacity(ops),
+    };
+    for n in 0..ops {
+        let sid = format!("s{}", n % SESSIONS);
+        let p = format!(r#"{{"session_id":"{sid}","client_msg_id":"m{n}","prompt":"{text}"}}"#);
+        i.prompts.push(post("/prompt", &p));
+        let r = format!(r#"{{"session_id":"{sid}","client_msg_id":"m{n}","text":"{text}"}}"#);
+        i.responses.push(post("/response", &r));
+        i.polls.push(
+            format!("GET /prompts/{sid}?timeout=30 HTTP/1.1\r\nHost: bench\r\n\r\n").into_bytes(),
+        );
+        i.sids.push(sid);
+    }
+    i
+}
+
+/// `POST /prompt` with a 256-byte prompt over 1000 sessions, each answered
+/// right after (so the pending cap never fills): parse, route, store, ack.
+#[inline(never)]
+fn measure_ingest(inp: &Inputs) -> usize {
     let mut relay = Relay::new(limits());
     let mut reader = RequestReader::new(1 << 20);
-    let text = "p".repeat(256);
     let mut out = 0;
-    for i in 0..ops {
-        let body = format!(
-            r#"{{"session_id":"s{}","client_msg_id":"m{i}","prompt":"{text}"}}"#,
-            i % SESSIONS
-        );
-        let (route, body) = parse(&mut reader, &post("/prompt", &body));
+    for (n, (p, r)) in inp.prompts.iter().zip(&inp.responses).enumerate() {
+        let (route, body) = parse(&mut reader, p);
         assert_eq!(route, Route::PostPrompt);
         let ack = relay
-            .post_prompt(Millis(i as u64), 1_700_000_000_000, &body)
+            .post_prompt(Millis(n as u64), 1_700_000_000_000, &body)
             .unwrap_or_default();
         out += response::encode(200, &[], &ack, &meta()).len();
-        // Answer it so the pending cap never fills.
-        let body = format!(
-            r#"{{"session_id":"s{}","client_msg_id":"m{i}","text":"ok"}}"#,
-            i % SESSIONS
-        );
-        let _ = relay.post_response(Millis(i as u64), 1_700_000_000_000, body.as_bytes());
+        let (_, body) = parse(&mut reader, r);
+        let _ = relay.post_response(Millis(n as u64), 1_700_000_000_000, &body);
     }
     out
 }
 
-/// One round trip: the prompt wakes a parked poll, the agent answers, the
-/// answer is framed once for the subscribers.
-fn roundtrip(ops: usize) -> usize {
+/// One round trip: a parked poll, the prompt that wakes it (and its
+/// answer), the agent's response framed once for the subscribers.
+#[inline(never)]
+fn measure_roundtrip(inp: &Inputs) -> usize {
     let mut relay = Relay::new(limits());
     let mut reader = RequestReader::new(1 << 20);
     let agent = ConnId {
@@ -95,27 +119,25 @@ fn roundtrip(ops: usize) -> usize {
     };
     let mut effects = Vec::new();
     let mut out = 0;
-    let text = "r".repeat(256);
-    for i in 0..ops {
-        let sid = format!("s{}", i % SESSIONS);
+    for n in 0..inp.prompts.len() {
+        let now = Millis(n as u64);
+        let (route, _) = parse(&mut reader, &inp.polls[n]);
+        let Route::GetPrompts(sid) = route else {
+            panic!("setup failed")
+        };
         let q = PromptsQuery {
             timeout_ms: 30_000,
             wait: true,
             after: None,
         };
-        let get = format!("GET /prompts/{sid}?timeout=30 HTTP/1.1\r\nHost: bench\r\n\r\n");
-        let (route, _) = parse(&mut reader, get.as_bytes());
-        if relay.put_session(Millis(0), &sid).is_err() || !matches!(route, Route::GetPrompts(_)) {
-            panic!("setup failed");
-        }
+        let _ = relay.put_session(now, &sid);
         assert!(matches!(
-            relay.get_prompts(Millis(i as u64), agent, &sid, q),
+            relay.get_prompts(now, agent, &sid, q),
             Ok(Fetch::Park { .. })
         ));
-        let body = format!(r#"{{"session_id":"{sid}","client_msg_id":"m{i}","prompt":"hello"}}"#);
-        let (_, body) = parse(&mut reader, &post("/prompt", &body));
+        let (_, body) = parse(&mut reader, &inp.prompts[n]);
         let ack = relay
-            .post_prompt(Millis(i as u64), 1_700_000_000_000, &body)
+            .post_prompt(now, 1_700_000_000_000, &body)
             .unwrap_or_default();
         out += response::encode(200, &[], &ack, &meta()).len();
         relay.take_effects(&mut effects);
@@ -124,13 +146,12 @@ fn roundtrip(ops: usize) -> usize {
                 out += response::encode(200, &[], &body, &meta()).len();
             }
         }
-        let body = format!(r#"{{"session_id":"{sid}","client_msg_id":"m{i}","text":"{text}"}}"#);
-        let (_, body) = parse(&mut reader, &post("/response", &body));
+        let (_, body) = parse(&mut reader, &inp.responses[n]);
         if let Ok(Posted::Stored {
             assistant_msg_id,
             payload,
             ..
-        }) = relay.post_response(Millis(i as u64), 1_700_000_000_000, &body)
+        }) = relay.post_response(now, 1_700_000_000_000, &body)
         {
             let frame: Rc<[u8]> = relay_frame(&payload);
             out += frame.len();
@@ -166,16 +187,17 @@ fn main() {
     let only = args
         .iter()
         .find(|a| a.parse::<usize>().is_err() && !a.starts_with('-'));
+    let inp = inputs(ops, 256);
     let workloads = [
-        ("ingest", ingest as fn(usize) -> usize),
-        ("roundtrip", roundtrip),
+        ("ingest", measure_ingest as fn(&Inputs) -> usize),
+        ("roundtrip", measure_roundtrip),
     ];
     for (name, f) in workloads {
         if only.is_some_and(|o| o != name) {
             continue;
         }
         let t = Instant::now();
-        black_box(f(black_box(ops)));
+        black_box(f(black_box(&inp)));
         let ns = t.elapsed().as_nanos() as f64 / ops as f64;
         println!("{name:<10} {ops} ops  {ns:>8.0} ns/op");
     }

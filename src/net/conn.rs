@@ -64,6 +64,8 @@ pub struct Conn {
     pub peer: IpAddr,
     pub readable: bool,
     pub writable: bool,
+    /// The peer shut its write side (EPOLLRDHUP): reads go on to EOF.
+    pub read_closed: bool,
     /// Already on the pending-write list this turn.
     pub write_listed: bool,
     /// Request handling stopped because unsent output passed the high-water
@@ -86,6 +88,7 @@ impl Conn {
             peer,
             readable: false,
             writable: false,
+            read_closed: false,
             write_listed: false,
             out_paused: false,
             out: OutQueue::default(),

@@ -136,6 +136,9 @@ impl Server {
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                             conn.readable = true;
                         }
+                        if ev.is_read_closed() || ev.is_error() {
+                            conn.read_closed = true;
+                        }
                         if ev.is_writable() || ev.is_write_closed() || ev.is_error() {
                             conn.writable = true;
                         }
@@ -448,6 +451,12 @@ impl Server {
             self.close_now(id);
             return false;
         }
+        if n < max && !conn.read_closed {
+            // A short read drained the socket: the next arrival raises a
+            // new edge, so skip the read that would only say EAGAIN (as
+            // nginx does). Not after the peer's FIN: no edge follows it.
+            conn.readable = false;
+        }
         match &mut conn.phase {
             Phase::Http(h) | Phase::Parked(h, _) => h.reader.push(&self.scratch[..n]),
             _ => {}
@@ -475,7 +484,13 @@ impl Server {
         let Phase::WebSocket(ws_state) = &mut conn.phase else {
             return;
         };
-        let outcome = ws::read_frames(ws_state, &mut conn.sock, &mut conn.out, now);
+        let outcome = ws::read_frames(
+            ws_state,
+            &mut conn.sock,
+            conn.read_closed,
+            &mut conn.out,
+            now,
+        );
         let deadline = ws_state.keepalive.deadline();
         let queued = conn.out.queued();
         match outcome {

@@ -61,16 +61,28 @@ struct Io<'a, S> {
     sock: &'a mut S,
     out: &'a mut OutQueue,
     would_block: bool,
+    /// The peer sent FIN: read on to EOF, short reads prove nothing.
+    read_closed: bool,
 }
 
 impl<S: Read> Read for Io<'_, S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.would_block {
+            // An earlier short read drained the socket (see below).
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         loop {
             match self.sock.read(buf) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.would_block = true;
                     return Err(e);
+                }
+                Ok(n) if n > 0 && n < buf.len() && !self.read_closed => {
+                    // Short read: the socket is drained and the next arrival
+                    // raises a new edge, so the EAGAIN read can be skipped.
+                    self.would_block = true;
+                    return Ok(n);
                 }
                 other => return other,
             }
@@ -179,6 +191,7 @@ fn on_text(text: &str, out: &mut OutQueue) {
 pub fn read_frames<S: Read>(
     ws: &mut WsState,
     sock: &mut S,
+    read_closed: bool,
     out: &mut OutQueue,
     now: Millis,
 ) -> ReadOutcome {
@@ -186,6 +199,7 @@ pub fn read_frames<S: Read>(
         sock,
         out,
         would_block: false,
+        read_closed,
     };
     let mut outcome = ReadOutcome::More;
     for _ in 0..MAX_MESSAGES_PER_TURN {

@@ -11,13 +11,15 @@ pub mod session;
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+
 use std::rc::Rc;
+use uuid::Builder;
 
 use log::{debug, info};
 use serde::Serialize;
 
 pub use error::ApiError;
-use model::{AssistantData, Kind, Message, NewPrompt, NewResponse, PromptData, to_json};
+use model::{Kind, Message, NewPrompt, NewResponse, to_json};
 pub use session::{PromptEntry, ResponseEntry, Session, Waiter};
 
 use crate::time::{Millis, UnixMillis};
@@ -136,7 +138,7 @@ pub struct Relay {
     limits: Limits,
     sessions: HashMap<Box<str>, Session>,
     effects: Vec<Effect>,
-    hasher: RandomState,
+    ids: IdGen,
     counts: Counts,
 }
 
@@ -147,7 +149,7 @@ impl Relay {
             limits,
             sessions: HashMap::new(),
             effects: Vec::new(),
-            hasher: RandomState::new(),
+            ids: IdGen::new(),
             counts: Counts::default(),
         }
     }
@@ -188,7 +190,7 @@ impl Relay {
             if full {
                 return Err(ApiError::unavailable("session limit reached"));
             }
-            let epoch: Rc<str> = uuid::Uuid::new_v4().to_string().into();
+            let epoch: Rc<str> = self.ids.uuid().into();
             self.sessions.insert(sid.into(), Session::new(now, epoch));
             let s = self
                 .sessions
@@ -214,10 +216,18 @@ impl Relay {
         let p = NewPrompt::parse(body)?;
         let history_limit = self.limits.history_limit;
         let max_pending = self.limits.max_pending;
+        let generated = match p.client_msg_id {
+            Some(_) => None,
+            None => Some(self.ids.uuid()),
+        };
         let (s, _) = self.get_or_create(now, &p.session_id)?;
-        let id: Rc<str> = match p.client_msg_id {
-            Some(id) => id.into(),
-            None => uuid::Uuid::new_v4().to_string().into(),
+        let (id, id_literal): (Rc<str>, String) = match (&p.client_msg_id, generated) {
+            (Some((id, raw)), _) => (Rc::from(id.as_str()), raw.get().to_string()),
+            (None, Some(uuid)) => {
+                let lit = format!("\"{uuid}\"");
+                (Rc::from(uuid), lit)
+            }
+            (None, None) => return Err(ApiError::missing_field("client_msg_id")),
         };
         if s.prompts.contains_key(&id) {
             debug!(session_id = p.session_id.as_str(), client_msg_id = &*id; "duplicate prompt");
@@ -230,21 +240,13 @@ impl Relay {
         }
         let seq = s.take_seq();
         let ts = p.ts.unwrap_or(unix_ms);
-        let data = to_json(&PromptData {
-            session_id: &p.session_id,
-            client_msg_id: &id,
-            prompt: &p.prompt,
-            metadata: p.metadata.as_deref(),
-            ts,
-            seq,
-        });
         let msg = Rc::new(Message {
             seq,
             ts,
             kind: Kind::Prompt,
             client_msg_id: id.clone(),
             assistant_msg_id: None,
-            data: String::from_utf8(data).unwrap_or_default().into_boxed_str(),
+            data: model::prompt_data(&p.session_id, &id_literal, &p, ts, seq),
         });
         s.prompts.insert(
             id.clone(),
@@ -349,12 +351,18 @@ impl Relay {
     ) -> Result<Posted, ApiError> {
         let r = NewResponse::parse(body)?;
         let history_limit = self.limits.history_limit;
-        let text_hash = self.hasher.hash_one(r.text.as_bytes());
+        let generated = match r.assistant_msg_id {
+            Some(_) => None,
+            None => Some(self.ids.uuid()),
+        };
         let s = self.existing(now, &r.session_id)?;
-        if let Some(id) = &r.assistant_msg_id
+        if let Some((id, _)) = &r.assistant_msg_id
             && let Some(prev) = s.responses.get(id.as_str())
         {
-            if *prev.client_msg_id == *r.client_msg_id && prev.text_hash == text_hash {
+            // A resend repeats the prompt and the text (compared decoded, so
+            // a different escaping of the same text is the same text).
+            if *prev.client_msg_id == *r.client_msg_id && prev.text() == model::decode(r.text.get())
+            {
                 let mut ack = response_ack(id, false);
                 ack.pop();
                 ack.extend_from_slice(b",\"duplicate\":true}");
@@ -366,35 +374,30 @@ impl Relay {
             return Err(ApiError::prompt_not_found());
         };
         let prompt_id = prompt_id.clone();
-        let id: Rc<str> = match r.assistant_msg_id {
-            Some(id) => id.into(),
-            None => uuid::Uuid::new_v4().to_string().into(),
+        let (id, id_literal): (Rc<str>, String) = match (&r.assistant_msg_id, generated) {
+            (Some((id, raw)), _) => (Rc::from(id.as_str()), raw.get().to_string()),
+            (None, Some(uuid)) => {
+                let lit = format!("\"{uuid}\"");
+                (Rc::from(uuid), lit)
+            }
+            (None, None) => return Err(ApiError::missing_field("assistant_msg_id")),
         };
         let seq = s.take_seq();
         let ts = r.ts.unwrap_or(unix_ms);
-        let data = to_json(&AssistantData {
-            session_id: &r.session_id,
-            assistant_msg_id: &id,
-            client_msg_id: &prompt_id,
-            text: &r.text,
-            metadata: r.metadata.as_deref(),
-            ts,
-            seq,
-        });
         let msg = Rc::new(Message {
             seq,
             ts,
             kind: Kind::Assistant,
             client_msg_id: prompt_id.clone(),
             assistant_msg_id: Some(id.clone()),
-            data: String::from_utf8(data).unwrap_or_default().into_boxed_str(),
+            data: model::assistant_data(&r.session_id, &id_literal, &prompt_id, &r, ts, seq),
         });
         s.mark_answered(&prompt_id);
         s.responses.insert(
             id.clone(),
             ResponseEntry {
                 client_msg_id: prompt_id.clone(),
-                text_hash,
+                msg: msg.clone(),
             },
         );
         let payload: Rc<str> = msg.ws_payload().into();
@@ -569,6 +572,39 @@ impl Relay {
     /// Whether a session exists (tests and `/readyz`).
     pub fn has_session(&self, sid: &str) -> bool {
         self.sessions.contains_key(sid)
+    }
+}
+
+/// Version 4 UUIDs from a keyed SipHash stream: the key comes from the OS
+/// once per process (std's `RandomState`), so ids are unpredictable without
+/// a system call for each one.
+pub struct IdGen {
+    keys: RandomState,
+    counter: u64,
+}
+
+impl IdGen {
+    /// A generator with fresh keys.
+    pub fn new() -> IdGen {
+        IdGen {
+            keys: RandomState::new(),
+            counter: 0,
+        }
+    }
+
+    /// The next id, as its hyphenated string.
+    pub fn uuid(&mut self) -> String {
+        self.counter += 1;
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.keys.hash_one(self.counter).to_le_bytes());
+        bytes[8..].copy_from_slice(&self.keys.hash_one(!self.counter).to_le_bytes());
+        Builder::from_random_bytes(bytes).into_uuid().to_string()
+    }
+}
+
+impl Default for IdGen {
+    fn default() -> Self {
+        IdGen::new()
     }
 }
 

@@ -58,24 +58,28 @@ struct RawResponse<'a> {
     ts: Option<&'a RawValue>,
 }
 
-/// A validated `POST /prompt` body.
+/// A validated `POST /prompt` body. Text fields stay raw JSON literals
+/// borrowed from the body: they are valid JSON already, so the stored
+/// message is assembled from them without decoding and re-escaping.
 #[derive(Debug)]
-pub struct NewPrompt {
+pub struct NewPrompt<'a> {
     pub session_id: String,
-    pub prompt: String,
-    pub client_msg_id: Option<String>,
-    pub metadata: Option<Box<RawValue>>,
+    /// The `prompt` string literal, quotes and escapes included.
+    pub prompt: &'a RawValue,
+    pub client_msg_id: Option<(String, &'a RawValue)>,
+    pub metadata: Option<&'a RawValue>,
     pub ts: Option<UnixMillis>,
 }
 
-/// A validated `POST /response` body.
+/// A validated `POST /response` body, raw like [`NewPrompt`].
 #[derive(Debug)]
-pub struct NewResponse {
+pub struct NewResponse<'a> {
     pub session_id: String,
     pub client_msg_id: String,
-    pub text: String,
-    pub assistant_msg_id: Option<String>,
-    pub metadata: Option<Box<RawValue>>,
+    /// The `text` string literal, quotes and escapes included.
+    pub text: &'a RawValue,
+    pub assistant_msg_id: Option<(String, &'a RawValue)>,
+    pub metadata: Option<&'a RawValue>,
     pub ts: Option<UnixMillis>,
 }
 
@@ -116,19 +120,30 @@ fn session_id(raw: Option<&RawValue>) -> Result<String, ApiError> {
     }
 }
 
-fn text(raw: &RawValue, name: &str) -> Result<String, ApiError> {
-    // A cheap bound before decoding: escapes only ever shrink the text.
-    if raw.get().len() > 6 * MAX_TEXT_BYTES + 2 {
+/// A string of at most 128 KiB once decoded, kept as its raw literal.
+fn text<'a>(raw: &'a RawValue, name: &str) -> Result<&'a RawValue, ApiError> {
+    let lit = raw.get();
+    if !lit.starts_with('"') {
+        return Err(ApiError::bad_request(format!(
+            "Invalid {name}: must be a string"
+        )));
+    }
+    // Escapes only shrink a string when decoded: a short literal is in bounds.
+    if lit.len() - 2 > MAX_TEXT_BYTES && string(raw, name)?.len() > MAX_TEXT_BYTES {
         return Err(ApiError::too_large_field());
     }
-    let s = string(raw, name)?;
-    if s.len() > MAX_TEXT_BYTES {
-        return Err(ApiError::too_large_field());
-    }
-    Ok(s)
+    Ok(raw)
 }
 
-fn message_id(raw: Option<&RawValue>, name: &str) -> Result<Option<String>, ApiError> {
+/// Decodes a raw string literal (the rare paths: conflict checks).
+pub fn decode(raw: &str) -> String {
+    serde_json::from_str::<String>(raw).unwrap_or_default()
+}
+
+fn message_id<'a>(
+    raw: Option<&'a RawValue>,
+    name: &str,
+) -> Result<Option<(String, &'a RawValue)>, ApiError> {
     let Some(raw) = raw.filter(|r| r.get() != "null") else {
         return Ok(None);
     };
@@ -138,14 +153,14 @@ fn message_id(raw: Option<&RawValue>, name: &str) -> Result<Option<String>, ApiE
             "Invalid {name}: must be 1 to {MAX_ID_BYTES} bytes"
         )));
     }
-    Ok(Some(s))
+    Ok(Some((s, raw)))
 }
 
-fn metadata(raw: Option<&RawValue>) -> Result<Option<Box<RawValue>>, ApiError> {
+fn metadata(raw: Option<&RawValue>) -> Result<Option<&RawValue>, ApiError> {
     match raw {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
-        Some(r) if r.get().starts_with('{') => Ok(Some(r.to_owned())),
+        Some(r) if r.get().starts_with('{') => Ok(Some(r)),
         Some(_) => Err(ApiError::bad_request("Invalid metadata: must be an object")),
     }
 }
@@ -160,9 +175,9 @@ fn ts(raw: Option<&RawValue>) -> Result<Option<UnixMillis>, ApiError> {
     }
 }
 
-impl NewPrompt {
+impl<'a> NewPrompt<'a> {
     /// Validates a `POST /prompt` body; the first failing field decides the error.
-    pub fn parse(body: &[u8]) -> Result<NewPrompt, ApiError> {
+    pub fn parse(body: &'a [u8]) -> Result<NewPrompt<'a>, ApiError> {
         let raw: RawPrompt = parse_object(body)?;
         Ok(NewPrompt {
             session_id: session_id(raw.session_id)?,
@@ -174,15 +189,16 @@ impl NewPrompt {
     }
 }
 
-impl NewResponse {
+impl<'a> NewResponse<'a> {
     /// Validates a `POST /response` body; the first failing field decides the error.
-    pub fn parse(body: &[u8]) -> Result<NewResponse, ApiError> {
+    pub fn parse(body: &'a [u8]) -> Result<NewResponse<'a>, ApiError> {
         let raw: RawResponse = parse_object(body)?;
         let session_id = session_id(raw.session_id)?;
         let client_msg_id = message_id(
             Some(required(raw.client_msg_id, "client_msg_id")?),
             "client_msg_id",
         )?
+        .map(|(id, _)| id)
         .unwrap_or_default();
         Ok(NewResponse {
             session_id,
@@ -195,29 +211,87 @@ impl NewResponse {
     }
 }
 
-/// The stored form of a prompt, as it appears in `data`.
-#[derive(Serialize)]
-pub struct PromptData<'a> {
-    pub session_id: &'a str,
-    pub client_msg_id: &'a str,
-    pub prompt: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<&'a RawValue>,
-    pub ts: UnixMillis,
-    pub seq: u64,
+/// Appends `s` as a JSON string literal.
+pub fn push_json_str(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    }
 }
 
-/// The stored form of an assistant message, as it appears in `data`.
-#[derive(Serialize)]
-pub struct AssistantData<'a> {
-    pub session_id: &'a str,
-    pub assistant_msg_id: &'a str,
-    pub client_msg_id: &'a str,
-    pub text: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<&'a RawValue>,
-    pub ts: UnixMillis,
-    pub seq: u64,
+/// Appends a decimal integer.
+pub fn push_u64(out: &mut String, n: u64) {
+    use std::fmt::Write;
+    let _ = write!(out, "{n}");
+}
+
+/// The `data` object of a stored prompt, assembled from raw literals:
+/// `{"session_id","client_msg_id","prompt","metadata"?,"ts","seq"}`.
+pub fn prompt_data(
+    sid: &str,
+    id_literal: &str,
+    p: &NewPrompt,
+    ts: UnixMillis,
+    seq: u64,
+) -> Box<str> {
+    let mut d = String::with_capacity(
+        80 + sid.len()
+            + id_literal.len()
+            + p.prompt.get().len()
+            + p.metadata.map_or(0, |m| m.get().len()),
+    );
+    d.push_str("{\"session_id\":\"");
+    d.push_str(sid); // validated: unreserved characters only
+    d.push_str("\",\"client_msg_id\":");
+    d.push_str(id_literal);
+    d.push_str(",\"prompt\":");
+    d.push_str(p.prompt.get());
+    push_tail(&mut d, p.metadata, ts, seq);
+    d.into_boxed_str()
+}
+
+/// The `data` object of a stored answer:
+/// `{"session_id","assistant_msg_id","client_msg_id","text","metadata"?,"ts","seq"}`.
+pub fn assistant_data(
+    sid: &str,
+    id_literal: &str,
+    prompt_id: &str,
+    r: &NewResponse,
+    ts: UnixMillis,
+    seq: u64,
+) -> Box<str> {
+    let mut d = String::with_capacity(
+        110 + sid.len()
+            + id_literal.len()
+            + prompt_id.len()
+            + r.text.get().len()
+            + r.metadata.map_or(0, |m| m.get().len()),
+    );
+    d.push_str("{\"session_id\":\"");
+    d.push_str(sid);
+    d.push_str("\",\"assistant_msg_id\":");
+    d.push_str(id_literal);
+    d.push_str(",\"client_msg_id\":");
+    push_json_str(&mut d, prompt_id);
+    d.push_str(",\"text\":");
+    d.push_str(r.text.get());
+    push_tail(&mut d, r.metadata, ts, seq);
+    d.into_boxed_str()
+}
+
+fn push_tail(d: &mut String, metadata: Option<&RawValue>, ts: UnixMillis, seq: u64) {
+    if let Some(m) = metadata {
+        d.push_str(",\"metadata\":");
+        d.push_str(m.get());
+    }
+    d.push_str(",\"ts\":");
+    push_u64(d, ts);
+    d.push_str(",\"seq\":");
+    push_u64(d, seq);
+    d.push('}');
 }
 
 /// Which kind of message a history entry is.

@@ -27,7 +27,18 @@ pub struct PromptEntry {
 #[derive(Debug)]
 pub struct ResponseEntry {
     pub client_msg_id: Rc<str>,
-    pub text_hash: u64,
+    pub msg: Rc<Message>,
+}
+
+impl ResponseEntry {
+    /// The stored text, decoded (only a resend of the same id needs it).
+    pub fn text(&self) -> String {
+        #[derive(serde::Deserialize)]
+        struct Text {
+            text: String,
+        }
+        serde_json::from_str::<Text>(&self.msg.data).map_or_else(|_| String::new(), |t| t.text)
+    }
 }
 
 /// A parked `GET /prompts`.
