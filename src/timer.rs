@@ -22,6 +22,10 @@ pub struct TimerWheel<K> {
     slots: Vec<Vec<Entry<K>>>,
     cursor: u64,
     len: usize,
+    /// The earliest deadline, while known: kept by `insert`, dropped by
+    /// `expire` once it passes. Saves a scan on every loop turn, which
+    /// matters when thousands of far deadlines sit in the wheel.
+    earliest: Option<Millis>,
 }
 
 impl<K: Copy> TimerWheel<K> {
@@ -31,6 +35,7 @@ impl<K: Copy> TimerWheel<K> {
             slots: (0..SLOTS).map(|_| Vec::new()).collect(),
             cursor: now.0 / TICK_MS,
             len: 0,
+            earliest: None,
         }
     }
 
@@ -50,6 +55,11 @@ impl<K: Copy> TimerWheel<K> {
         // Ticks round up, so the slot's time is never before the deadline.
         let tick = deadline.0.div_ceil(TICK_MS).max(self.cursor + 1);
         self.slots[(tick % SLOTS as u64) as usize].push(Entry { deadline, key });
+        if self.len == 0 {
+            self.earliest = Some(deadline);
+        } else if let Some(e) = self.earliest {
+            self.earliest = Some(e.min(deadline));
+        }
         self.len += 1;
     }
 
@@ -58,6 +68,9 @@ impl<K: Copy> TimerWheel<K> {
         let target = now.0 / TICK_MS;
         if target <= self.cursor {
             return;
+        }
+        if self.earliest.is_some_and(|e| e <= now) {
+            self.earliest = None; // it fires now; the next one is recomputed
         }
         // Past one full turn every slot is visited once.
         let steps = (target - self.cursor).min(SLOTS as u64);
@@ -84,12 +97,18 @@ impl<K: Copy> TimerWheel<K> {
     /// When `expire` must next run: the earliest deadline, rounded up to its
     /// tick (an entry fires when its tick is reached). Scans forward from the
     /// cursor; on a busy wheel the first non-empty slot is close.
-    pub fn next_deadline(&self) -> Option<Millis> {
-        self.earliest()
+    pub fn next_deadline(&mut self) -> Option<Millis> {
+        if self.len == 0 {
+            return None;
+        }
+        if self.earliest.is_none() {
+            self.earliest = self.scan_earliest();
+        }
+        self.earliest
             .map(|d| Millis(d.0.div_ceil(TICK_MS).max(self.cursor + 1) * TICK_MS))
     }
 
-    fn earliest(&self) -> Option<Millis> {
+    fn scan_earliest(&self) -> Option<Millis> {
         if self.len == 0 {
             return None;
         }
@@ -183,5 +202,21 @@ mod tests {
         // Rounded up to the tick at which it fires.
         assert_eq!(w.next_deadline(), Some(Millis(130)));
         assert_eq!(fire(&mut w, 130), vec![1]);
+    }
+
+    #[test]
+    fn the_cached_earliest_follows_inserts_and_expiry() {
+        let mut w = TimerWheel::new(Millis(0));
+        w.insert(Millis(40_000), 1);
+        w.insert(Millis(30_000), 2);
+        assert_eq!(w.next_deadline(), Some(Millis(30_000)));
+        w.insert(Millis(500), 3);
+        assert_eq!(w.next_deadline(), Some(Millis(500)));
+        assert_eq!(fire(&mut w, 500), vec![3]);
+        assert_eq!(w.next_deadline(), Some(Millis(30_000)));
+        assert_eq!(fire(&mut w, 30_000), vec![2]);
+        assert_eq!(w.next_deadline(), Some(Millis(40_000)));
+        assert_eq!(fire(&mut w, 40_000), vec![1]);
+        assert_eq!(w.next_deadline(), None);
     }
 }

@@ -184,7 +184,7 @@ impl Server {
         self.flush_pending(now);
     }
 
-    fn poll_timeout(&self, now: Millis) -> Option<Duration> {
+    fn poll_timeout(&mut self, now: Millis) -> Option<Duration> {
         if !self.reprocess.is_empty() || !self.pending_writes.is_empty() || self.accept_retry {
             return Some(Duration::ZERO);
         }
