@@ -421,7 +421,10 @@ impl Server {
             if !matches!(conn.phase, Phase::WebSocket(_)) {
                 continue;
             }
-            if conn.out.queued() + frame.len() > cap {
+            // Behind: something is still unsent and this frame would pass
+            // the cap. A subscriber that is keeping up (nothing queued)
+            // always takes the frame, even one larger than the cap.
+            if !conn.out.is_empty() && conn.out.queued() + frame.len() > cap {
                 slow.push(sub);
                 continue;
             }

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Bounded soak test against a freshly started release server.
+#
+#   scripts/soak.sh                    # 180 s
+#   SOAK_SECONDS=120 scripts/soak.sh
+#
+# Starts target/release/relay on a free loopback port with a small subscriber
+# buffer (so slow readers get closed 1008) and a history limit high enough to
+# keep every message, runs scripts/soak.py against it (clients, agents,
+# WebSocket subscribers that come and go, slow readers, deliberate bad
+# requests, VmRSS sampling), prints the summary, stops the server, and exits
+# non-zero on any violation.
+#
+# Environment:
+#   SOAK_SECONDS     run length (default 180)
+#   SOAK_ARGS        extra arguments for soak.py (see scripts/soak.py --help)
+#   CARGO_TARGET_DIR cargo target dir (default: <repo>/target)
+#   RELAY_BIN        use this binary instead of building one
+#   SOAK_LOG         keep the server's log here (default: a temp file, removed)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+SECONDS_TO_RUN="${SOAK_SECONDS:-180}"
+PYTHON="${PYTHON:-python3}"
+
+if ! "$PYTHON" -c 'import websocket' 2>/dev/null; then
+  echo "soak: installing websocket-client" >&2
+  "$PYTHON" -m pip install --quiet "websocket-client==1.9.*"
+fi
+
+if [[ -z "${RELAY_BIN:-}" ]]; then
+  cargo build --release --quiet
+  RELAY_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/relay"
+fi
+[[ -x "$RELAY_BIN" ]] || { echo "soak: no binary at $RELAY_BIN" >&2; exit 2; }
+
+WORK="$(mktemp -d)"
+LOG="${SOAK_LOG:-$WORK/server.log}"
+SERVER_PID=""
+cleanup() {
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 1 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+RELAY_HOST=127.0.0.1 RELAY_PORT=0 RELAY_LOG_FORMAT=json RELAY_LOG=info \
+RELAY_SUBSCRIBER_BUFFER=262144 RELAY_HISTORY_LIMIT=1000000 \
+  "$RELAY_BIN" 2>"$LOG" &
+SERVER_PID=$!
+
+ADDR=""
+for _ in $(seq 1 100); do
+  ADDR="$(sed -n 's/.*"event":"listening".*"addr":"\([^"]*\)".*/\1/p' "$LOG" | head -n1)"
+  [[ -n "$ADDR" ]] && break
+  kill -0 "$SERVER_PID" 2>/dev/null || { cat "$LOG" >&2; echo "soak: server exited" >&2; exit 2; }
+  sleep 0.1
+done
+[[ -n "$ADDR" ]] || { cat "$LOG" >&2; echo "soak: no listening line" >&2; exit 2; }
+echo "soak: server pid $SERVER_PID at $ADDR, ${SECONDS_TO_RUN} s" >&2
+
+set +e
+# shellcheck disable=SC2086
+timeout --kill-after=10 $((SECONDS_TO_RUN + 120)) \
+  "$PYTHON" "$ROOT/scripts/soak.py" --addr "$ADDR" --pid "$SERVER_PID" \
+  --seconds "$SECONDS_TO_RUN" ${SOAK_ARGS:-}
+RC=$?
+set -e
+
+if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+  echo "soak: FAIL: the server died" >&2
+  tail -n 20 "$LOG" >&2
+  RC=1
+else
+  echo "soak: server log: $(grep -c 'slow subscriber closed' "$LOG") slow-subscriber closes," \
+       "$(grep -c '"level":"error"' "$LOG") error lines, $(grep -c '"level":"warn"' "$LOG") warnings"
+  kill -TERM "$SERVER_PID"
+  for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "soak: FAIL: server still running 5 s after SIGTERM" >&2
+    RC=1
+  else
+    wait "$SERVER_PID"; SRC=$?
+    [[ $SRC -eq 0 ]] || { echo "soak: FAIL: server exit status $SRC after SIGTERM" >&2; RC=1; }
+  fi
+fi
+exit "$RC"
