@@ -1,0 +1,183 @@
+//! Load generator for the relay's real paths, and for nginx + nchan mapped onto
+//! the same paths (shared/peers/nchan). One thread, one mio poll, hand-rolled
+//! HTTP/1.1 keep-alive and WebSocket clients; run it on its own core.
+//!
+//! ```text
+//! load roundtrip --sessions S            [common]
+//! load fanout    --subscribers N --rate R|max [--window W] [--publishers P] [common]
+//! load idle      --connections N --kind ws|poll [--hold SECS] [common]
+//! common: --target relay|nchan --addr HOST:PORT [--server-pid PID] [--seconds T]
+//!         [--warmup SECS] [--size BYTES] [--figure NAME]
+//! ```
+//!
+//! Each run prints one `RESULT figure=… target=… key=value …` line on stdout
+//! (benches/load/run.sh turns repeated runs into a table of medians) and its
+//! first errors on stderr. With `--server-pid` the server's CPU over the
+//! measured window is read from /proc (utime + stime), the generator's own
+//! from /proc/self/stat.
+
+mod fanout;
+mod idle;
+mod net;
+mod roundtrip;
+mod stats;
+mod target;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use target::Target;
+
+/// Settings every figure takes.
+pub struct Common {
+    pub target: Target,
+    pub addr: SocketAddr,
+    pub host: String,
+    pub server_pid: Option<String>,
+    pub duration: Duration,
+    pub warmup: Duration,
+    /// Bytes of each prompt and response text.
+    pub size: usize,
+    pub figure: String,
+}
+
+impl Common {
+    /// A tag that keeps this run's session ids apart from earlier runs'.
+    pub fn run_tag(&self) -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        format!("{}x{nanos}", std::process::id())
+    }
+}
+
+/// Errors seen during a run: counted, the first few kept for the report.
+#[derive(Default)]
+pub struct Errors {
+    pub count: u64,
+    first: Vec<String>,
+}
+
+impl Errors {
+    const KEEP: usize = 5;
+
+    pub fn add(&mut self, what: String) {
+        self.count += 1;
+        if self.first.len() < Self::KEEP {
+            self.first.push(what);
+        }
+    }
+
+    pub fn summary(&self) -> String {
+        format!("{} errors: {}", self.count, self.first.join("; "))
+    }
+
+    /// Prints the first errors on stderr, if any.
+    pub fn report(&self) {
+        if self.count > 0 {
+            eprintln!("{}", self.summary());
+        }
+    }
+}
+
+struct Args(HashMap<String, String>);
+
+impl Args {
+    fn parse(words: &[String]) -> Result<Args, String> {
+        let mut map = HashMap::new();
+        let mut it = words.iter();
+        while let Some(key) = it.next() {
+            let name = key
+                .strip_prefix("--")
+                .ok_or_else(|| format!("unexpected argument {key}"))?;
+            let value = it.next().ok_or_else(|| format!("{key} needs a value"))?;
+            map.insert(name.to_owned(), value.clone());
+        }
+        Ok(Args(map))
+    }
+
+    fn get<T: std::str::FromStr>(&self, key: &str, default: Option<T>) -> Result<T, String> {
+        match self.0.get(key) {
+            Some(v) => v.parse().map_err(|_| format!("--{key}: bad value {v}")),
+            None => default.ok_or_else(|| format!("--{key} is required")),
+        }
+    }
+
+    fn common(&self, figure: String) -> Result<Common, String> {
+        let target = self.0.get("target").map(String::as_str).unwrap_or("relay");
+        let target = Target::parse(target).ok_or("--target must be relay or nchan")?;
+        let addr: SocketAddr = self.get("addr", Some("127.0.0.1:8000".parse().map_err(|_| "")?))?;
+        Ok(Common {
+            target,
+            addr,
+            host: addr.to_string(),
+            server_pid: self.0.get("server-pid").cloned(),
+            duration: Duration::from_secs_f64(self.get("seconds", Some(5.0))?),
+            warmup: Duration::from_secs_f64(self.get("warmup", Some(1.0))?),
+            size: self.get("size", Some(256))?,
+            figure: self.0.get("figure").cloned().unwrap_or(figure),
+        })
+    }
+}
+
+fn run(words: &[String]) -> Result<(), String> {
+    let Some((mode, rest)) = words.split_first() else {
+        // `cargo bench` and `cargo test --all-targets` run every bench binary
+        // without arguments: nothing to measure, say how to use it.
+        println!("usage: load roundtrip|fanout|idle [--key value …] (see benches/load/run.sh)");
+        return Ok(());
+    };
+    let args = Args::parse(rest)?;
+    stats::raise_nofile();
+    match mode.as_str() {
+        "roundtrip" => {
+            let sessions: usize = args.get("sessions", Some(1))?;
+            roundtrip::run(&args.common(format!("roundtrip/S={sessions}"))?, sessions)
+        }
+        "fanout" => {
+            let subscribers: usize = args.get("subscribers", Some(1000))?;
+            let rate_arg: String = args.get("rate", Some("max".to_owned()))?;
+            let (rate, publishers) = if rate_arg == "max" {
+                let window: u64 = args.get("window", Some(4))?;
+                (
+                    fanout::Rate::Max { window },
+                    args.get("publishers", Some(window.min(4) as usize))?,
+                )
+            } else {
+                let r: f64 = rate_arg
+                    .parse()
+                    .map_err(|_| "--rate must be a number or max")?;
+                (fanout::Rate::Fixed(r), args.get("publishers", Some(8))?)
+            };
+            let figure = format!("fanout/N={subscribers}/rate={rate_arg}");
+            fanout::run(&args.common(figure)?, subscribers, rate, publishers.max(1))
+        }
+        "idle" => {
+            let connections: usize = args.get("connections", Some(1000))?;
+            let kind_arg: String = args.get("kind", Some("ws".to_owned()))?;
+            let kind = idle::Kind::parse(&kind_arg).ok_or("--kind must be ws or poll")?;
+            let hold = Duration::from_secs_f64(args.get("hold", Some(3.0))?);
+            let figure = format!("idle/{kind_arg}/N={connections}");
+            idle::run(&args.common(figure)?, connections, kind, hold)
+        }
+        other => Err(format!("unknown mode {other}: roundtrip, fanout or idle")),
+    }
+}
+
+fn main() -> ExitCode {
+    // cargo passes --bench to every bench binary; it means nothing here.
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|w| w != "--bench")
+        .collect();
+    match run(&words) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("load: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

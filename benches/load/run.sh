@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# End-to-end benchmark: relay against nginx + nchan on the same data paths.
+#
+#   benches/load/run.sh                      # every figure, REPEAT=3 runs each
+#   REPEAT=1 SECS=3 FIGURES="rt:100 fan:1000" benches/load/run.sh
+#
+# The server under test runs pinned to SERVER_CORE (default 0), the load (the
+# `load` bench binary, or wrk for ingest) to LOAD_CORE (default 1). Each run
+# gets a fresh server on a fresh port; relay and nchan runs are interleaved
+# (relay, nchan, relay, nchan, ...), and the table shows the median of the
+# REPEAT runs of every figure, with both sides' CPU so a reader can tell which
+# side was the limit. nchan's CPU and RSS are its one worker process's (the
+# master does no work). Raw RESULT lines and logs go to OUT (a temp dir).
+#
+# Figures (FIGURES, space-separated):
+#   rt:S             round trip with S sessions
+#   fan:N            fan-out to N subscribers, as fast as all keep up
+#   rate:N:R         fan-out to N subscribers at R messages/s
+#   idle:ws:N        N idle WebSocket subscribers: server RSS per connection
+#   idle:poll:N      N parked long-polls: server RSS per connection
+#   ingest           wrk -t1 -c64 -d${INGEST_SECS}s posting prompts (ingest.lua)
+# Needs: taskset, curl, wrk, nginx + libnginx-mod-nchan
+#   (apt-get install -y nginx libnginx-mod-nchan wrk).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+REPEAT="${REPEAT:-3}"
+SECS="${SECS:-5}"
+INGEST_SECS="${INGEST_SECS:-10}"
+IDLE_N="${IDLE_N:-19000}"
+SERVER_CORE="${SERVER_CORE:-0}"
+LOAD_CORE="${LOAD_CORE:-1}"
+TARGETS="${TARGETS:-relay nchan}"
+FIGURES="${FIGURES:-rt:1 rt:100 rt:1000 fan:1000 fan:10000 rate:1000:50 rate:10000:5 idle:ws:$IDLE_N idle:poll:$IDLE_N ingest}"
+NCHAN_DIR="${NCHAN_DIR:-$root/../shared/peers/nchan}"
+port="${BASE_PORT:-18100}"
+OUT="${OUT:-$(mktemp -d /tmp/relay-bench.XXXXXX)}"
+mkdir -p "$OUT"
+results="$OUT/results.txt"
+: > "$results"
+
+# The generator and both servers hold one descriptor per connection.
+ulimit -n "$(ulimit -Hn)"
+
+cd "$root"
+echo "building relay and the load generator (release)..." >&2
+cargo build --release --bin relay >&2
+load_bin="$(cargo bench --bench load --no-run --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
+relay_bin="${CARGO_TARGET_DIR:-$root/target}/release/relay"
+[ -x "$load_bin" ] && [ -x "$relay_bin" ] || { echo "run.sh: build failed" >&2; exit 1; }
+clk_tck="$(getconf CLK_TCK)"
+
+server_pid="" stop_pid=""
+
+wait_healthy() {
+  for _ in $(seq 1 100); do
+    curl -sf -o /dev/null "http://127.0.0.1:$1/healthz" && return 0
+    sleep 0.1
+  done
+  echo "run.sh: server on port $1 never became healthy" >&2
+  return 1
+}
+
+# start_server TARGET PORT: sets server_pid (measured) and stop_pid (signalled).
+start_server() {
+  local log="$OUT/$1-$2.log"
+  case "$1" in
+    relay)
+      RELAY_HOST=127.0.0.1 RELAY_PORT="$2" RELAY_LOG=warn \
+        RELAY_MAX_CONNECTIONS=25000 RELAY_MAX_SUBSCRIBERS=20000 RELAY_MAX_WAITERS=1000 RELAY_MAX_PENDING=100000 \
+        taskset -c "$SERVER_CORE" "$relay_bin" 2>"$log" &
+      stop_pid=$!
+      wait_healthy "$2"
+      server_pid=$stop_pid
+      ;;
+    nchan)
+      taskset -c "$SERVER_CORE" "$NCHAN_DIR/run.sh" "$2" 2>"$log" &
+      stop_pid=$!
+      wait_healthy "$2"
+      server_pid="$(pgrep -P "$stop_pid" | head -1)"
+      ;;
+  esac
+}
+
+# stop_server TARGET FIGURE: stops it; notes it if it had died during the run.
+stop_server() {
+  if ! kill -0 "$stop_pid" 2>/dev/null; then
+    echo "PROBLEM $1 died during $2 (log: $OUT/$1-$port.log)" | tee -a "$OUT/problems.txt" >&2
+  fi
+  kill -TERM "$stop_pid" 2>/dev/null || true
+  wait "$stop_pid" 2>/dev/null || true
+}
+
+ticks() { awk '{ s = $0; sub(/^.*\) /, "", s); split(s, f, " "); print f[12] + f[13] }' "/proc/$1/stat"; }
+
+# wrk's latency line ("99%  1.23ms") in microseconds.
+wrk_us() {
+  awk -v q="$1" '$1 == q { v = $2; u = v; gsub(/[0-9.]/, "", u); sub(/[a-z]+$/, "", v);
+    m = (u == "us") ? 1 : (u == "ms") ? 1000 : (u == "s") ? 1000000 : 60000000; printf "%.1f", v * m }' "$2"
+}
+
+run_ingest() {
+  local t="$1" wrk_out="$OUT/wrk-$1-$port.txt" t0 t1
+  t0="$(ticks "$server_pid")"
+  (
+    TARGET="$t" RUN_ID="$port" taskset -c "$LOAD_CORE" \
+      wrk -t1 -c64 -d"${INGEST_SECS}s" --latency -s "$here/ingest.lua" "http://127.0.0.1:$port" >"$wrk_out"
+    times >"$wrk_out.times"
+  )
+  t1="$(ticks "$server_pid")"
+  local reqs secs non2xx errs gen_s
+  reqs="$(awk '/requests in/ { print $1 }' "$wrk_out")"
+  secs="$(awk '/requests in/ { sub(/s,$/, "", $4); print $4 }' "$wrk_out")"
+  non2xx="$(awk '/Non-2xx/ { print $NF }' "$wrk_out")"
+  errs="$(awk '/Socket errors/ { gsub(/,/, ""); print $4 + $6 + $8 + $10 }' "$wrk_out")"
+  # `times` line 2: children's user and system time, e.g. "0m1.234s 0m0.567s".
+  gen_s="$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); n += a[1] * 60 + a[2] } print n }' "$wrk_out.times")"
+  awk -v f=ingest -v t="$t" -v r="$reqs" -v s="$secs" -v d="$((t1 - t0))" -v hz="$clk_tck" -v g="$gen_s" \
+    -v p50="$(wrk_us 50% "$wrk_out")" -v p99="$(wrk_us 99% "$wrk_out")" -v n="${non2xx:-0}" -v e="${errs:-0}" \
+    'BEGIN { cpu = d / hz; printf "RESULT figure=%s target=%s requests=%d req_per_s=%.0f p50_us=%s p99_us=%s server_cpu_pct=%.1f server_us_per_op=%.2f gen_cpu_pct=%.1f non_2xx=%d socket_errors=%d\n",
+      f, t, r, r / s, p50, p99, 100 * cpu / s, 1e6 * cpu / r, 100 * g / s, n, e }'
+}
+
+# run_figure SPEC TARGET: one run of one figure against a fresh server.
+run_figure() {
+  local spec="$1" t="$2" figure args=()
+  IFS=: read -r kind a b <<<"$spec"
+  case "$kind" in
+    rt) figure="roundtrip/S=$a"; args=(roundtrip --sessions "$a") ;;
+    fan) figure="fanout/N=$a/rate=max"; args=(fanout --subscribers "$a" --rate max) ;;
+    rate) figure="fanout/N=$a/rate=$b"; args=(fanout --subscribers "$a" --rate "$b") ;;
+    idle) figure="idle/$a/N=$b"; args=(idle --kind "$a" --connections "$b") ;;
+    ingest) figure="ingest" ;;
+    *) echo "run.sh: unknown figure $spec" >&2; exit 2 ;;
+  esac
+  port=$((port + 1))
+  start_server "$t" "$port"
+  echo "== $figure $t (port $port, server pid $server_pid)" >&2
+  local line
+  if [ "$kind" = ingest ]; then
+    line="$(run_ingest "$t")"
+  else
+    line="$(taskset -c "$LOAD_CORE" "$load_bin" "${args[@]}" --target "$t" --addr "127.0.0.1:$port" \
+      --server-pid "$server_pid" --seconds "$SECS" --figure "$figure" 2>>"$OUT/gen.log" | grep '^RESULT')" ||
+      line="RESULT figure=$figure target=$t failed=1"
+  fi
+  echo "$line" | tee -a "$results" >&2
+  case "$line" in *failed=1*) echo "PROBLEM $t $figure: generator failed, see $OUT/gen.log" >>"$OUT/problems.txt" ;; esac
+  stop_server "$t" "$figure"
+}
+
+{
+  echo "# relay vs nginx+nchan: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "relay $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "(not a git checkout)"), $(nginx -v 2>&1), $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)," \
+    "$(nproc) cores, kernel $(uname -r); server on core $SERVER_CORE, load on core $LOAD_CORE;" \
+    "REPEAT=$REPEAT SECS=$SECS INGEST_SECS=$INGEST_SECS; median of the runs; ratio = relay / nchan."
+} >"$OUT/header.md"
+
+for spec in $FIGURES; do
+  for rep in $(seq 1 "$REPEAT"); do
+    for t in $TARGETS; do
+      run_figure "$spec" "$t"
+    done
+  done
+done
+
+# Medians per figure, target and key; one table row per key.
+awk '
+  function median(list,   n, a, i, j, v) {
+    n = split(list, a, " ")
+    for (i = 2; i <= n; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > v + 0; j--) a[j + 1] = a[j]; a[j + 1] = v }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  function fmt(v) { return v == "" ? "-" : (v == int(v) ? sprintf("%d", v) : sprintf("%.2f", v)) }
+  $1 == "RESULT" {
+    fig = ""; tgt = ""
+    for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "figure") fig = substr($i, 8); else if (kv[1] == "target") tgt = kv[2] }
+    if (!(fig in seen)) { seen[fig] = 1; figs[++nf] = fig }
+    for (i = 2; i <= NF; i++) {
+      eq = index($i, "="); k = substr($i, 1, eq - 1); v = substr($i, eq + 1)
+      if (k == "figure" || k == "target") continue
+      if (!((fig, k) in haskey)) { haskey[fig, k] = 1; keys[fig, ++nk[fig]] = k }
+      vals[fig, tgt, k] = vals[fig, tgt, k] " " v; runs[fig, tgt, k]++
+    }
+  }
+  END {
+    print "| figure | metric | relay | nchan | ratio |"
+    print "|---|---|---:|---:|---:|"
+    for (f = 1; f <= nf; f++) {
+      fig = figs[f]
+      for (j = 1; j <= nk[fig]; j++) {
+        k = keys[fig, j]
+        r = ((fig, "relay", k) in vals) ? median(vals[fig, "relay", k]) : ""
+        n = ((fig, "nchan", k) in vals) ? median(vals[fig, "nchan", k]) : ""
+        ratio = (r != "" && n != "" && n + 0 != 0) ? sprintf("%.2f", r / n) : "-"
+        printf "| %s | %s | %s | %s | %s |\n", (j == 1 ? fig : ""), k, fmt(r), fmt(n), ratio
+      }
+    }
+  }' "$results" >"$OUT/table.md"
+
+cat "$OUT/header.md"
+echo
+cat "$OUT/table.md"
+echo
+if [ -s "$OUT/problems.txt" ]; then
+  echo "Problems:"
+  cat "$OUT/problems.txt"
+fi
+echo "raw results: $results; logs: $OUT" >&2
