@@ -70,7 +70,7 @@ impl Server {
     pub fn bind(cfg: Config, handle_signals: bool) -> io::Result<Server> {
         let poll = Poll::new()?;
         let addr = SocketAddr::new(cfg.host, cfg.port);
-        let mut listener = TcpListener::bind(addr)?;
+        let mut listener = listen(addr)?;
         let local_addr = listener.local_addr()?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -751,6 +751,23 @@ impl Server {
         };
         self.set_deadline(id, deadline);
     }
+}
+
+/// Pending connections the kernel queues before `accept`. mio (like std)
+/// uses 128, which drops SYNs when a few hundred clients connect at once and
+/// costs each of them a one-second retry; the kernel caps this at
+/// `net.core.somaxconn` (4096 on current Linux).
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// Binds a non-blocking listener with `SO_REUSEADDR` and a deep backlog.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(socket.into()))
 }
 
 /// How often idle sessions are swept: a quarter of the TTL, between 100 ms
