@@ -128,7 +128,19 @@ fn text<'a>(raw: &'a RawValue, name: &str) -> Result<&'a RawValue, ApiError> {
             "Invalid {name}: must be a string"
         )));
     }
-    // Escapes only shrink a string when decoded: a short literal is in bounds.
+    // serde_json checks a raw literal's syntax but not that its `\u`
+    // escapes pair up into characters: a lone surrogate would be stored and
+    // echoed as JSON that strict parsers refuse. Decode those literals.
+    if lit.contains("\\u") {
+        let decoded = serde_json::from_str::<String>(lit)
+            .map_err(|e| ApiError::invalid_json(e.to_string()))?;
+        if decoded.len() > MAX_TEXT_BYTES {
+            return Err(ApiError::too_large_field());
+        }
+        return Ok(raw);
+    }
+    // Other escapes only shrink a string when decoded: a short literal is
+    // in bounds without decoding.
     if lit.len() - 2 > MAX_TEXT_BYTES && string(raw, name)?.len() > MAX_TEXT_BYTES {
         return Err(ApiError::too_large_field());
     }
@@ -160,7 +172,14 @@ fn metadata(raw: Option<&RawValue>) -> Result<Option<&RawValue>, ApiError> {
     match raw {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
-        Some(r) if r.get().starts_with('{') => Ok(Some(r)),
+        Some(r) if r.get().starts_with('{') => {
+            // As for texts: `\u` escapes must form characters (see `text`).
+            if r.get().contains("\\u") {
+                serde_json::from_str::<serde_json::Value>(r.get())
+                    .map_err(|e| ApiError::invalid_json(e.to_string()))?;
+            }
+            Ok(Some(r))
+        }
         Some(_) => Err(ApiError::bad_request("Invalid metadata: must be an object")),
     }
 }
@@ -404,6 +423,23 @@ mod tests {
         )
         .unwrap();
         assert!(p.metadata.is_none() && p.ts.is_none() && p.client_msg_id.is_none());
+    }
+
+    #[test]
+    fn lone_surrogate_escapes_are_refused_and_pairs_kept() {
+        assert_eq!(
+            prompt_err(r#"{"session_id":"a","prompt":"\ud800"}"#).error,
+            "Invalid JSON"
+        );
+        assert_eq!(
+            prompt_err(r#"{"session_id":"a","prompt":"x","metadata":{"k":"\udc00"}}"#).error,
+            "Invalid JSON"
+        );
+        let p = NewPrompt::parse(
+            br#"{"session_id":"a","prompt":"\ud83d\ude00 \u00e9","metadata":{"k":"\u00e9"}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.prompt.get(), r#""\ud83d\ude00 \u00e9""#);
     }
 
     #[test]
