@@ -21,6 +21,8 @@
 //! subscriber.
 
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod keepalive;
 pub mod logging;

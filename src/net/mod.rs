@@ -1,10 +1,10 @@
 //! The I/O shell: the mio loop, connections, buffers, the WebSocket stage.
 //! The only code that touches sockets or reads the clock (through `Clock`).
 
-mod buffer;
+pub(crate) mod buffer;
 mod conn;
 mod handler;
 mod server;
-mod ws;
+pub(crate) mod ws;
 
 pub use server::Server;
