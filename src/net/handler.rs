@@ -402,42 +402,4 @@ impl Server {
         self.reprocess.push(id);
         Ok(())
     }
-
-    /// Queues `frame` for every subscriber of `sid`; a subscriber whose
-    /// unsent output would pass the cap is closed with 1008 instead.
-    /// Returns how many subscribers got it.
-    fn broadcast(&mut self, sid: &str, frame: Rc<[u8]>, now: Millis) -> usize {
-        let cap = self.cfg.subscriber_buffer_bytes;
-        let mut delivered = 0;
-        let mut slow = Vec::new();
-        for &sub in self.relay.subscribers(sid) {
-            let Some(conn) = self
-                .conns
-                .get_mut(sub.key as usize)
-                .filter(|c| c.generation == sub.generation)
-            else {
-                continue;
-            };
-            if !matches!(conn.phase, Phase::WebSocket(_)) {
-                continue;
-            }
-            // Behind: something is still unsent and this frame would pass
-            // the cap. A subscriber that is keeping up (nothing queued)
-            // always takes the frame, even one larger than the cap.
-            if !conn.out.is_empty() && conn.out.queued() + frame.len() > cap {
-                slow.push(sub);
-                continue;
-            }
-            conn.out.push_shared(frame.clone());
-            delivered += 1;
-            if !conn.write_listed {
-                conn.write_listed = true;
-                self.pending_writes.push(sub);
-            }
-        }
-        for sub in slow {
-            self.close_slow(sub, now);
-        }
-        delivered
-    }
 }

@@ -4,7 +4,9 @@
 pub(crate) mod buffer;
 mod conn;
 mod handler;
+mod parked;
 mod server;
+mod subscriber;
 pub(crate) mod ws;
 
 pub use server::Server;

@@ -17,8 +17,8 @@ use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use super::buffer::WriteStatus;
-use super::conn::{Conn, Parked, Phase};
-use super::ws::{self, ReadOutcome};
+use super::conn::{Conn, Phase};
+use super::ws;
 use crate::config::Config;
 use crate::http::response::{self, Meta};
 use crate::keepalive::Action;
@@ -35,7 +35,7 @@ const WRITE_BUDGET: usize = 256 * 1024;
 /// that pipelines without reading cannot grow our output.
 pub const OUT_HIGH_WATER: usize = 256 * 1024;
 /// How long a closing connection may take to flush and hear the peer close.
-const LINGER: Duration = Duration::from_secs(2);
+pub(super) const LINGER: Duration = Duration::from_secs(2);
 /// Extra slots for connections refused at the cap while their 503 drains.
 const REJECT_SLOTS: usize = 64;
 /// Grace period for a shutdown to flush its last answers.
@@ -311,20 +311,15 @@ impl Server {
         }
     }
 
+    /// The live connection `id` names, if it is still the same one.
     pub(super) fn conn(&mut self, id: ConnId) -> Option<&mut Conn> {
-        self.conns
-            .get_mut(id.key as usize)
-            .filter(|c| c.generation == id.generation)
+        lookup(&mut self.conns, id)
     }
 
     /// Sets the stage's deadline; the wheel gets an entry only when the new
     /// deadline is earlier than the one already scheduled (lazy re-arming).
     pub(super) fn set_deadline(&mut self, id: ConnId, deadline: Millis) {
-        let Some(conn) = self
-            .conns
-            .get_mut(id.key as usize)
-            .filter(|c| c.generation == id.generation)
-        else {
+        let Some(conn) = lookup(&mut self.conns, id) else {
             return;
         };
         conn.deadline = Some(deadline);
@@ -337,10 +332,7 @@ impl Server {
     /// Puts a connection on the pending-write list: bytes entered its queue
     /// outside its own writable event, so no edge will come by itself.
     pub(super) fn mark_write(&mut self, id: ConnId) {
-        if let Some(conn) = self
-            .conns
-            .get_mut(id.key as usize)
-            .filter(|c| c.generation == id.generation)
+        if let Some(conn) = lookup(&mut self.conns, id)
             && !conn.write_listed
         {
             conn.write_listed = true;
@@ -425,11 +417,7 @@ impl Server {
     /// Reads into a connection's request buffer, at most `want` bytes.
     /// Returns false when the peer is gone (the connection is then closed).
     pub(super) fn fill(&mut self, id: ConnId, want: usize) -> bool {
-        let Some(conn) = self
-            .conns
-            .get_mut(id.key as usize)
-            .filter(|c| c.generation == id.generation)
-        else {
+        let Some(conn) = lookup(&mut self.conns, id) else {
             return false;
         };
         let max = want.min(self.scratch.len());
@@ -464,102 +452,9 @@ impl Server {
         true
     }
 
-    /// A parked poll keeps reading (up to the head cap) only to notice a
-    /// hang-up; its buffered requests wait until it is answered.
-    fn read_parked(&mut self, id: ConnId) {
-        let Some(conn) = self.conn(id) else { return };
-        let Phase::Parked(h, _) = &conn.phase else {
-            return;
-        };
-        let want = h.reader.want();
-        self.fill(id, want);
-    }
-
-    fn drive_ws(&mut self, id: ConnId, now: Millis) {
-        let cap = self.cfg.subscriber_buffer_bytes;
-        let Some(conn) = self.conn(id) else { return };
-        if !conn.readable {
-            return;
-        }
-        let Phase::WebSocket(ws_state) = &mut conn.phase else {
-            return;
-        };
-        let outcome = ws::read_frames(
-            ws_state,
-            &mut conn.sock,
-            conn.read_closed,
-            &mut conn.out,
-            now,
-        );
-        let deadline = ws_state.keepalive.deadline();
-        let queued = conn.out.queued();
-        match outcome {
-            ReadOutcome::Drained => conn.readable = false,
-            ReadOutcome::More => self.reprocess.push(id),
-            ReadOutcome::PeerClosed => {
-                self.leave_ws(id, now);
-                if let Some(conn) = self.conn(id) {
-                    conn.phase = Phase::Closing { shut: false };
-                }
-                self.set_deadline(id, now.after(LINGER));
-                return;
-            }
-            ReadOutcome::Violation(code, reason) => {
-                debug!(code = code; "websocket protocol violation");
-                self.close_ws(id, code, reason, now);
-                return;
-            }
-        }
-        if queued > cap {
-            self.close_slow(id, now);
-            return;
-        }
-        self.set_deadline(id, deadline);
-    }
-
-    /// Unregisters a subscriber from its session and logs the disconnect.
-    pub(super) fn leave_ws(&mut self, id: ConnId, now: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        let Phase::WebSocket(ws) = &conn.phase else {
-            return;
-        };
-        let sid = ws.sid.clone();
-        self.relay.unsubscribe(id, &sid, now);
-        info!(session_id = &*sid; "client disconnected");
-    }
-
-    /// Starts a WebSocket close: queue a Close frame with `code`, leave the
-    /// session, flush, then shut down.
-    pub(super) fn close_ws(&mut self, id: ConnId, code: u16, reason: &'static str, now: Millis) {
-        self.leave_ws(id, now);
-        let Some(conn) = self.conn(id) else { return };
-        if !matches!(conn.phase, Phase::WebSocket(_)) {
-            return;
-        }
-        conn.out.push_owned(ws::encode_close(code, reason));
-        conn.phase = Phase::Closing { shut: false };
-        self.set_deadline(id, now.after(LINGER));
-        self.mark_write(id);
-    }
-
-    /// A subscriber whose unsent output passed the cap: drop what it has not
-    /// started receiving and close it with 1008.
-    pub(super) fn close_slow(&mut self, id: ConnId, now: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        conn.out.drop_unstarted();
-        if let Phase::WebSocket(ws) = &conn.phase {
-            info!(session_id = &*ws.sid; "slow subscriber closed");
-        }
-        self.close_ws(id, 1008, "subscriber too slow", now);
-    }
-
     /// A closing connection discards input until the peer closes.
     fn drain_closing(&mut self, id: ConnId) {
-        let Some(conn) = self
-            .conns
-            .get_mut(id.key as usize)
-            .filter(|c| c.generation == id.generation)
-        else {
+        let Some(conn) = lookup(&mut self.conns, id) else {
             return;
         };
         if !conn.readable {
@@ -674,38 +569,6 @@ impl Server {
         }
     }
 
-    /// Answers a parked poll and returns it to reading requests; its
-    /// buffered pipelined requests are handled in this same turn.
-    pub(super) fn answer_parked(&mut self, id: ConnId, status: u16, body: Rc<[u8]>, now: Millis) {
-        let shutting_down = self.shutdown_deadline.is_some();
-        let Some(conn) = self.conn(id) else { return };
-        let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
-        let Phase::Parked(http, parked) = phase else {
-            conn.phase = phase;
-            return;
-        };
-        let keep_alive = parked.keep_alive && !shutting_down;
-        let meta = Meta {
-            keep_alive,
-            http10: parked.http10,
-            allow_origin: parked.allow_origin.as_deref(),
-            vary_origin: false,
-            head_only: false,
-        };
-        conn.out
-            .push_owned(response::encode(status, &[], &body, &meta));
-        self.relay.cancel_wait(id, &parked.sid, now);
-        let Some(conn) = self.conn(id) else { return };
-        if keep_alive {
-            conn.phase = Phase::Http(http);
-            self.set_deadline(id, now.after(self.cfg.keepalive_timeout));
-            self.reprocess.push(id);
-        } else {
-            self.set_deadline(id, now.after(LINGER));
-        }
-        self.mark_write(id);
-    }
-
     /// Sends an error answer and closes the connection after it.
     pub(super) fn reply_error_and_close(
         &mut self,
@@ -740,17 +603,15 @@ impl Server {
             head_only: false,
         }
     }
+}
 
-    /// Parks a connection on a long-poll until `deadline`.
-    pub(super) fn park(&mut self, id: ConnId, parked: Parked, deadline: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
-        conn.phase = match phase {
-            Phase::Http(h) => Phase::Parked(h, parked),
-            other => other,
-        };
-        self.set_deadline(id, deadline);
-    }
+/// The connection `id` names, checked by generation: a slot reused by a
+/// newer connection is not it. A free function so callers can borrow other
+/// fields of the server at the same time.
+pub(super) fn lookup(conns: &mut Slab<Conn>, id: ConnId) -> Option<&mut Conn> {
+    conns
+        .get_mut(id.key as usize)
+        .filter(|c| c.generation == id.generation)
 }
 
 /// Pending connections the kernel queues before `accept`. mio (like std)
