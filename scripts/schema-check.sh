@@ -36,38 +36,13 @@ ST="$(command -v schemathesis)"
 echo "schema-check: $("$ST" --version)" >&2
 
 # --- server -----------------------------------------------------------------
-if [[ -z "${RELAY_BIN:-}" ]]; then
-  cargo build --release --quiet
-  RELAY_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/relay"
-fi
-[[ -x "$RELAY_BIN" ]] || { echo "schema-check: no binary at $RELAY_BIN" >&2; exit 2; }
-
+. "$ROOT/scripts/lib.sh"
+relay_binary
 WORK="$(mktemp -d)"
-SERVER_PID=""
-cleanup() {
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 1 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-  fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
+trap 'stop_relay; rm -rf "$WORK"' EXIT INT TERM
 # No tokens, no rate limit: the default, open configuration. Caps stay at
 # their defaults, far above what the run creates.
-RELAY_HOST=127.0.0.1 RELAY_PORT=0 RELAY_LOG_FORMAT=json RELAY_LOG=info \
-  "$RELAY_BIN" 2>"$WORK/server.log" &
-SERVER_PID=$!
-
-ADDR=""
-for _ in $(seq 1 100); do
-  ADDR="$(sed -n 's/.*"event":"listening".*"addr":"\([^"]*\)".*/\1/p' "$WORK/server.log" | head -n1)"
-  [[ -n "$ADDR" ]] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; echo "schema-check: server exited" >&2; exit 2; }
-  sleep 0.1
-done
-[[ -n "$ADDR" ]] || { cat "$WORK/server.log" >&2; echo "schema-check: no listening line" >&2; exit 2; }
+start_relay schema-check "$WORK/server.log"
 URL="http://${ADDR}"
 echo "schema-check: server pid $SERVER_PID at $URL, max examples $EXAMPLES" >&2
 

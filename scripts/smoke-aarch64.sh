@@ -12,18 +12,14 @@ bin=target/aarch64-unknown-linux-musl/release/relay
 file "$bin" 2>/dev/null || true
 printf 'size: %s bytes\n' "$(stat -c %s "$bin")"
 cargo build --example smoke
+ROOT=$(pwd)
+. scripts/lib.sh
+RELAY_BIN=$bin
 log=$(mktemp)
-RELAY_HOST=127.0.0.1 RELAY_PORT=0 RELAY_LOG_FORMAT=json qemu-aarch64 "$bin" 2>"$log" &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
-addr=
-for _ in $(seq 300); do
-  addr=$(sed -n 's/.*"event":"listening".*"addr":"\([^"]*\)".*/\1/p' "$log" | head -1)
-  [ -n "$addr" ] && break
-  kill -0 $pid 2>/dev/null || { cat "$log"; echo "relay under qemu exited" >&2; exit 1; }
-  sleep 0.1
-done
-[ -n "$addr" ] || { cat "$log"; echo "relay under qemu did not start" >&2; exit 1; }
+trap 'stop_relay; rm -f "$log"' EXIT
+RUNNER=qemu-aarch64 start_relay smoke-aarch64 "$log"
+addr=$ADDR
+pid=$SERVER_PID
 echo "relay (aarch64, qemu) listening on $addr"
 target/debug/examples/smoke "$addr"
 kill -TERM $pid

@@ -29,38 +29,12 @@ if ! "$PYTHON" -c 'import websocket' 2>/dev/null; then
   "$PYTHON" -m pip install --quiet "websocket-client==1.9.*"
 fi
 
-if [[ -z "${RELAY_BIN:-}" ]]; then
-  cargo build --release --quiet
-  RELAY_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/relay"
-fi
-[[ -x "$RELAY_BIN" ]] || { echo "soak: no binary at $RELAY_BIN" >&2; exit 2; }
-
+. "$ROOT/scripts/lib.sh"
+relay_binary
 WORK="$(mktemp -d)"
 LOG="${SOAK_LOG:-$WORK/server.log}"
-SERVER_PID=""
-cleanup() {
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 1 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-  fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-RELAY_HOST=127.0.0.1 RELAY_PORT=0 RELAY_LOG_FORMAT=json RELAY_LOG=info \
-RELAY_SUBSCRIBER_BUFFER=262144 RELAY_HISTORY_LIMIT=1000000 \
-  "$RELAY_BIN" 2>"$LOG" &
-SERVER_PID=$!
-
-ADDR=""
-for _ in $(seq 1 100); do
-  ADDR="$(sed -n 's/.*"event":"listening".*"addr":"\([^"]*\)".*/\1/p' "$LOG" | head -n1)"
-  [[ -n "$ADDR" ]] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { cat "$LOG" >&2; echo "soak: server exited" >&2; exit 2; }
-  sleep 0.1
-done
-[[ -n "$ADDR" ]] || { cat "$LOG" >&2; echo "soak: no listening line" >&2; exit 2; }
+trap 'stop_relay; rm -rf "$WORK"' EXIT INT TERM
+start_relay soak "$LOG" RELAY_SUBSCRIBER_BUFFER=262144 RELAY_HISTORY_LIMIT=1000000
 echo "soak: server pid $SERVER_PID at $ADDR, ${SECONDS_TO_RUN} s" >&2
 
 set +e
