@@ -416,3 +416,25 @@ fn cors_with_an_origin_list_echoes_only_listed_origins() {
         "{acao:?}"
     );
 }
+
+#[test]
+fn a_client_that_half_closes_after_its_requests_still_gets_every_answer() {
+    // `printf … | nc` and some HTTP/1.0 tools send the request, then shut
+    // their write side while they wait: the FIN must not cost them the answers.
+    let srv = Server::start();
+    let sid = unique_session();
+    let mut http = srv.conn();
+    let mut batch = prompt_request(&sid, "h1");
+    batch.extend_from_slice(&prompt_request(&sid, "h2"));
+    batch.extend_from_slice(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
+    http.send_raw(&batch);
+    http.shutdown_write();
+    assert_eq!(http.read_response().json()["client_msg_id"], "h1");
+    assert_eq!(http.read_response().json()["client_msg_id"], "h2");
+    assert_eq!(http.read_response().json()["ok"], true);
+    assert!(
+        http.is_closed_by_peer(),
+        "the server closes once it has answered"
+    );
+    assert_eq!(srv.pending(&sid).len(), 2);
+}

@@ -66,6 +66,10 @@ pub struct Conn {
     pub writable: bool,
     /// The peer shut its write side (EPOLLRDHUP): reads go on to EOF.
     pub read_closed: bool,
+    /// A read returned EOF: no more requests will come, but the ones
+    /// already buffered are still answered (a client may half-close and
+    /// wait for its answers).
+    pub eof: bool,
     /// Already on the pending-write list this turn.
     pub write_listed: bool,
     /// Request handling stopped because unsent output passed the high-water
@@ -89,6 +93,7 @@ impl Conn {
             readable: false,
             writable: false,
             read_closed: false,
+            eof: false,
             write_listed: false,
             out_paused: false,
             out: OutQueue::default(),

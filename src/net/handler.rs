@@ -110,6 +110,15 @@ impl Server {
             };
             match h.reader.next_step() {
                 Ok(Step::NeedMore) => {
+                    if conn.eof {
+                        // The peer sent its last byte and everything complete
+                        // is answered: flush, then close.
+                        conn.phase = Phase::Closing { shut: false };
+                        let linger = now.after(super::server::LINGER);
+                        self.set_deadline(id, linger);
+                        self.mark_write(id);
+                        return;
+                    }
                     if !conn.readable {
                         break;
                     }

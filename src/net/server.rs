@@ -436,6 +436,12 @@ impl Server {
             }
         };
         if n == 0 {
+            if matches!(conn.phase, Phase::Http(_)) {
+                // Answer what is buffered first; drive_http closes after.
+                conn.eof = true;
+                conn.readable = false;
+                return true;
+            }
             self.close_now(id);
             return false;
         }
@@ -509,6 +515,7 @@ impl Server {
     fn after_drained(&mut self, id: ConnId) {
         let Some(conn) = self.conn(id) else { return };
         match &mut conn.phase {
+            Phase::Closing { .. } if conn.eof => self.close_now(id),
             Phase::Closing { shut } if !*shut => {
                 *shut = true;
                 let _ = conn.sock.shutdown(Shutdown::Write);
