@@ -41,9 +41,14 @@ impl Server {
             ReadOutcome::PeerClosed => {
                 self.leave_ws(id, now);
                 if let Some(conn) = self.conn(id) {
+                    // The peer is done: once the Close reply (if any) is
+                    // written, the server closes the TCP connection first,
+                    // as RFC 6455 asks, instead of lingering for an EOF.
                     conn.phase = Phase::Closing { shut: false };
+                    conn.eof = true;
                 }
                 self.set_deadline(id, now.after(LINGER));
+                self.mark_write(id);
                 return;
             }
             ReadOutcome::Violation(code, reason) => {
