@@ -7,7 +7,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::conn::{Parked, Phase};
-use super::server::{OUT_HIGH_WATER, Server};
+use super::server::{LINGER, OUT_HIGH_WATER, Server};
 use super::ws::{self, WsState};
 use crate::http::parse::Step;
 use crate::http::response::{self, CONTINUE, Meta};
@@ -114,7 +114,7 @@ impl Server {
                         // The peer sent its last byte and everything complete
                         // is answered: flush, then close.
                         conn.phase = Phase::Closing { shut: false };
-                        let linger = now.after(super::server::LINGER);
+                        let linger = now.after(LINGER);
                         self.set_deadline(id, linger);
                         self.mark_write(id);
                         return;
@@ -357,7 +357,7 @@ impl Server {
         conn.out.push_owned(bytes);
         if !keep_alive {
             conn.phase = Phase::Closing { shut: false };
-            self.set_deadline(id, now.after(std::time::Duration::from_secs(2)));
+            self.set_deadline(id, now.after(LINGER));
         }
     }
 
