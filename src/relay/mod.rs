@@ -24,6 +24,10 @@ pub use session::{PromptEntry, ResponseEntry, Session, Waiter};
 
 use crate::time::{Millis, UnixMillis};
 
+/// Largest `/messages` page body: with 128 KiB messages a full page of
+/// 1000 would be 128 MiB held for one answer.
+pub const MAX_PAGE_BYTES: usize = 4 << 20;
+
 /// A connection's identity: slab key plus a generation, so a stale reference
 /// to a reused slot never reaches the next connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -491,6 +495,8 @@ impl Relay {
             .iter()
             .filter(|m| q.since.is_none_or(|t| m.ts > t) && q.after.is_none_or(|a| m.seq > a));
         let mut total = 0usize;
+        let mut returned = 0usize;
+        let mut page_full = false;
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(b"{\"session_id\":");
         out.extend_from_slice(&to_json(&sid));
@@ -498,18 +504,27 @@ impl Relay {
         out.extend_from_slice(&to_json(&&*s.epoch));
         out.extend_from_slice(b",\"messages\":[");
         for m in matching {
-            if total >= q.offset && total - q.offset < q.limit {
-                if total > q.offset {
-                    out.push(b',');
+            if total >= q.offset && returned < q.limit && !page_full {
+                // A page stops before it passes MAX_PAGE_BYTES (it always
+                // holds at least one message); `limit` then reports the
+                // count applied, so the next page starts at offset + limit.
+                if returned > 0 && out.len() + m.data.len() + 32 > MAX_PAGE_BYTES {
+                    page_full = true;
+                } else {
+                    if returned > 0 {
+                        out.push(b',');
+                    }
+                    m.write_history_entry(&mut out);
+                    returned += 1;
                 }
-                m.write_history_entry(&mut out);
             }
             total += 1;
         }
+        let limit = if page_full { returned } else { q.limit };
         out.extend_from_slice(
             format!(
-                "],\"total\":{total},\"limit\":{},\"offset\":{}}}",
-                q.limit, q.offset
+                "],\"total\":{total},\"limit\":{limit},\"offset\":{}}}",
+                q.offset
             )
             .as_bytes(),
         );

@@ -1259,3 +1259,40 @@ fn an_answered_prompt_still_in_history_stays_deduplicated() {
     assert_eq!(prompt(&mut r, 0, "s", "p", "x")["duplicate"], true);
     assert!(pending_ids(&mut r, 0, "s").is_empty());
 }
+
+#[test]
+fn a_messages_page_stops_before_max_page_bytes_and_reports_the_limit_applied() {
+    // 40 prompts of 120 KiB: 4.7 MiB of history, more than one page holds.
+    let mut r = relay_with(|l| l.max_pending = 100);
+    let big = "x".repeat(120 * 1024);
+    for i in 0..40 {
+        prompt(&mut r, 0, "s", &format!("m{i}"), &big);
+    }
+    let q = |offset| MessagesQuery {
+        limit: 1000,
+        offset,
+        since: None,
+        after: None,
+    };
+    let first = r.messages(Millis(0), "s", q(0)).expect("page");
+    assert!(
+        first.len() <= MAX_PAGE_BYTES,
+        "page of {} bytes",
+        first.len()
+    );
+    let first = parse(&first);
+    let got = first["messages"].as_array().expect("messages").len();
+    assert!(got > 0 && got < 40, "one page cannot hold all 40: {got}");
+    assert_eq!(first["limit"], got, "limit reports the count applied");
+    assert_eq!(first["total"], 40);
+    // The next page starts where the first stopped, and the pages cover all.
+    let second = messages(&mut r, 0, "s", q(got));
+    let seqs_second: Vec<u64> = second["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["data"]["seq"].as_u64().expect("seq"))
+        .collect();
+    assert_eq!(seqs_second.first(), Some(&(got as u64 + 1)));
+    assert_eq!(got + seqs_second.len(), 40);
+}
