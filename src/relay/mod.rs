@@ -278,6 +278,7 @@ impl Relay {
         // Render once per distinct `after`; most waiters share one.
         let mut rendered: Vec<(Option<u64>, Rc<[u8]>)> = Vec::new();
         let mut kept = Vec::new();
+        let waiting = s.waiters.len();
         for w in std::mem::take(&mut s.waiters) {
             if !s.has_pending_after(w.after) {
                 kept.push(w);
@@ -298,7 +299,11 @@ impl Relay {
                 body,
             });
         }
+        let woken = waiting - kept.len();
         s.waiters = kept;
+        if woken > 0 {
+            debug!(session_id = sid, woken = woken; "prompts fetched");
+        }
     }
 
     /// `GET /prompts/{sid}`: the pending set now, or park `conn` until a
