@@ -7,21 +7,8 @@ mod common;
 use std::collections::HashSet;
 use std::thread;
 
-use common::{Server, Ws, unique_session};
+use common::{Server, Ws, client_msg_ids, unique_session};
 use serde_json::{Value, json};
-
-#[track_caller]
-fn ids(items: &[Value]) -> Vec<String> {
-    items
-        .iter()
-        .map(|p| {
-            p["client_msg_id"]
-                .as_str()
-                .expect("client_msg_id")
-                .to_string()
-        })
-        .collect()
-}
 
 /// The agent's long-poll: `GET /prompts/{sid}?timeout=30`, asserting a 200 array.
 #[track_caller]
@@ -47,7 +34,7 @@ fn scenario_1_single_client_single_agent_one_cycle() {
     let ack = srv.prompt(&sid, "Hello", None);
     let cmid = ack["client_msg_id"].as_str().unwrap().to_string();
     let prompts = agent_fetch(&srv, &sid);
-    assert_eq!(ids(&prompts), vec![cmid.clone()]);
+    assert_eq!(client_msg_ids(&prompts), vec![cmid.clone()]);
     assert_eq!(prompts[0]["prompt"], "Hello");
     let reply = srv.respond(&sid, &cmid, "Hi there!");
     assert_eq!(reply["delivered"], true);
@@ -101,7 +88,7 @@ fn scenario_4_agent_fetches_all_pending_prompts_at_once() {
         srv.prompt(&sid, &format!("p{i}"), Some(&format!("c{i}")));
     }
     let prompts = agent_fetch(&srv, &sid);
-    assert_eq!(ids(&prompts), ["c1", "c2", "c3", "c4", "c5"]);
+    assert_eq!(client_msg_ids(&prompts), ["c1", "c2", "c3", "c4", "c5"]);
     let seqs: Vec<u64> = prompts.iter().map(|p| p["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, [1, 2, 3, 4, 5]);
 }
@@ -165,7 +152,7 @@ fn scenario_6_concurrent_prompts_from_many_clients_are_all_stored() {
     let want: Vec<u64> = (1..=(clients * each) as u64).collect();
     assert_eq!(seqs, want, "seqs unique, gapless, oldest first");
     for c in 0..clients {
-        let mine: Vec<String> = ids(&pending)
+        let mine: Vec<String> = client_msg_ids(&pending)
             .into_iter()
             .filter(|id| id.starts_with(&format!("k{c}-")))
             .collect();
@@ -281,7 +268,7 @@ fn flow_2_multiple_clients() {
         .as_str()
         .unwrap()
         .to_string();
-    assert_eq!(ids(&agent_fetch(&srv, sid)), vec![cmid.clone()]);
+    assert_eq!(client_msg_ids(&agent_fetch(&srv, sid)), vec![cmid.clone()]);
     let reply = srv.respond(sid, &cmid, "to both");
     assert_eq!(reply["delivered"], true);
     let (got_a, got_b) = (next_message(&mut a), next_message(&mut b));
@@ -297,13 +284,13 @@ fn flow_3_multiple_pending_prompts() {
         srv.prompt(&sid, &format!("p{i}"), Some(&format!("c{i}")));
     }
     let all = agent_fetch(&srv, &sid);
-    assert_eq!(ids(&all), ["c1", "c2", "c3", "c4", "c5"]);
+    assert_eq!(client_msg_ids(&all), ["c1", "c2", "c3", "c4", "c5"]);
     for (n, p) in all.iter().take(3).enumerate() {
         let cmid = p["client_msg_id"].as_str().unwrap();
         srv.respond(&sid, cmid, "done");
-        let left = ids(&srv.pending(&sid));
+        let left = client_msg_ids(&srv.pending(&sid));
         assert!(!left.iter().any(|id| id == cmid), "{cmid} still pending");
         assert_eq!(left.len(), 4 - n);
     }
-    assert_eq!(ids(&agent_fetch(&srv, &sid)), ["c4", "c5"]);
+    assert_eq!(client_msg_ids(&agent_fetch(&srv, &sid)), ["c4", "c5"]);
 }

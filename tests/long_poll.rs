@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Http, Server, assert_error, unique_session};
+use common::{Http, Server, assert_error, client_msg_ids, unique_session};
 use serde_json::{Value, json};
 
 /// Starts a long-poll on a fresh connection without reading the answer.
@@ -29,14 +29,6 @@ fn read_list(conn: &mut Http) -> Vec<Value> {
 }
 
 #[track_caller]
-fn ids(items: &[Value]) -> Vec<&str> {
-    items
-        .iter()
-        .map(|p| p["client_msg_id"].as_str().expect("client_msg_id"))
-        .collect()
-}
-
-#[track_caller]
 fn created(srv: &Server) -> String {
     let sid = unique_session();
     assert_eq!(srv.put(&format!("/sessions/{sid}")).status, 200);
@@ -51,7 +43,7 @@ fn parked_poll_is_woken_by_a_new_prompt() {
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "wake up", Some("c1"));
     let items = read_list(&mut poll);
-    assert_eq!(ids(&items), ["c1"]);
+    assert_eq!(client_msg_ids(&items), ["c1"]);
     assert_eq!(items[0]["prompt"], "wake up");
     assert_eq!(items[0]["seq"], 1);
     srv.wait_health("parked_polls", 0);
@@ -65,7 +57,7 @@ fn pending_prompt_is_returned_at_once_without_parking() {
     srv.prompt(&sid, "p2", Some("c2"));
     // timeout=60 would exceed the client's 10 s read timeout if the poll parked.
     let mut poll = start_poll(&srv, &sid, "?timeout=60");
-    assert_eq!(ids(&read_list(&mut poll)), ["c1", "c2"]);
+    assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c1", "c2"]);
 }
 
 #[test]
@@ -78,7 +70,7 @@ fn one_prompt_wakes_every_parked_poll() {
     srv.wait_health("parked_polls", 4);
     srv.prompt(&sid, "for everyone", Some("c1"));
     for poll in &mut polls {
-        assert_eq!(ids(&read_list(poll)), ["c1"]);
+        assert_eq!(client_msg_ids(&read_list(poll)), ["c1"]);
     }
     assert_eq!(srv.health()["parked_polls"], 0);
 }
@@ -94,7 +86,7 @@ fn prompt_in_another_session_does_not_wake_the_poll() {
     assert_eq!(srv.health()["parked_polls"], 1, "still parked");
     srv.prompt(&sid, "yours", Some("mine"));
     // Woken by the other session, the poll would have answered [] first.
-    assert_eq!(ids(&read_list(&mut poll)), ["mine"]);
+    assert_eq!(client_msg_ids(&read_list(&mut poll)), ["mine"]);
 }
 
 #[test]
@@ -108,7 +100,7 @@ fn duplicate_prompt_wakes_nothing() {
     assert_eq!(srv.health()["parked_polls"], 1, "still parked");
     srv.prompt(&sid, "p2", Some("c2"));
     // Woken by the duplicate, the poll would have answered [] (nothing after seq 1).
-    assert_eq!(ids(&read_list(&mut poll)), ["c2"]);
+    assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c2"]);
 }
 
 #[test]
@@ -161,8 +153,8 @@ fn wait_true_or_one_parks() {
     let mut b = start_poll(&srv, &sid, "?wait=1&timeout=60");
     srv.wait_health("parked_polls", 2);
     srv.prompt(&sid, "p", Some("c"));
-    assert_eq!(ids(&read_list(&mut a)), ["c"]);
-    assert_eq!(ids(&read_list(&mut b)), ["c"]);
+    assert_eq!(client_msg_ids(&read_list(&mut a)), ["c"]);
+    assert_eq!(client_msg_ids(&read_list(&mut b)), ["c"]);
 }
 
 #[test]
@@ -191,7 +183,7 @@ fn timeout_above_300_is_clamped_not_rejected() {
     let mut poll = start_poll(&srv, &sid, "?timeout=100000");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "p", Some("c"));
-    assert_eq!(ids(&read_list(&mut poll)), ["c"]);
+    assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c"]);
 }
 
 #[test]
@@ -212,7 +204,7 @@ fn after_filters_pending_prompts_by_seq() {
     let resp = srv.get(&format!("/prompts/{sid}?wait=false&after=1"));
     assert_eq!(resp.status, 200);
     let items: Vec<Value> = resp.json().as_array().unwrap().clone();
-    assert_eq!(ids(&items), ["c2", "c3"]);
+    assert_eq!(client_msg_ids(&items), ["c2", "c3"]);
 }
 
 #[test]
@@ -224,7 +216,7 @@ fn poll_with_after_parks_despite_older_pending_prompts() {
     let mut poll = start_poll(&srv, &sid, "?after=2&timeout=60");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "p3", Some("c3"));
-    assert_eq!(ids(&read_list(&mut poll)), ["c3"]);
+    assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c3"]);
 }
 
 #[test]
@@ -276,9 +268,9 @@ fn waiter_beyond_the_cap_is_503() {
     srv.wait_health("parked_polls", 3);
     srv.prompt(&sid, "p", Some("s1"));
     srv.prompt(&other, "p", Some("o1"));
-    assert_eq!(ids(&read_list(&mut a)), ["s1"]);
-    assert_eq!(ids(&read_list(&mut b)), ["s1"]);
-    assert_eq!(ids(&read_list(&mut c)), ["o1"]);
+    assert_eq!(client_msg_ids(&read_list(&mut a)), ["s1"]);
+    assert_eq!(client_msg_ids(&read_list(&mut b)), ["s1"]);
+    assert_eq!(client_msg_ids(&read_list(&mut c)), ["o1"]);
 }
 
 #[test]
@@ -289,15 +281,15 @@ fn prompt_stays_pending_until_its_first_response() {
     srv.prompt(&sid, "p2", Some("c2"));
     for _ in 0..2 {
         assert_eq!(
-            ids(&srv.pending(&sid)),
+            client_msg_ids(&srv.pending(&sid)),
             ["c1", "c2"],
             "fetching does not consume"
         );
     }
     srv.respond(&sid, "c1", "part 1");
-    assert_eq!(ids(&srv.pending(&sid)), ["c2"]);
+    assert_eq!(client_msg_ids(&srv.pending(&sid)), ["c2"]);
     srv.respond(&sid, "c1", "part 2");
-    assert_eq!(ids(&srv.pending(&sid)), ["c2"]);
+    assert_eq!(client_msg_ids(&srv.pending(&sid)), ["c2"]);
     srv.respond(&sid, "c2", "done");
     assert!(srv.pending(&sid).is_empty());
     let mut poll = start_poll(&srv, &sid, "?timeout=0.2");
@@ -314,14 +306,18 @@ fn woken_poll_returns_the_whole_pending_set_oldest_first() {
     let mut poll = start_poll(&srv, &sid, "?timeout=60");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "p1", Some("c1"));
-    assert_eq!(ids(&read_list(&mut poll)), ["c1"]);
+    assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c1"]);
     let mut again = start_poll(&srv, &sid, "?timeout=60");
-    assert_eq!(ids(&read_list(&mut again)), ["c1"], "still pending");
+    assert_eq!(
+        client_msg_ids(&read_list(&mut again)),
+        ["c1"],
+        "still pending"
+    );
     srv.respond(&sid, "c1", "ok");
     let mut third = start_poll(&srv, &sid, "?timeout=60");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "p2", Some("c2"));
     let items = read_list(&mut third);
-    assert_eq!(ids(&items), ["c2"]);
+    assert_eq!(client_msg_ids(&items), ["c2"]);
     assert_eq!(items[0]["seq"], 3);
 }

@@ -68,15 +68,7 @@ fn assert_429(r: &Response) {
 
 #[track_caller]
 fn pending_ids(srv: &Server, sid: &str) -> Vec<String> {
-    srv.pending(sid)
-        .iter()
-        .map(|p| {
-            p["client_msg_id"]
-                .as_str()
-                .expect("client_msg_id")
-                .to_string()
-        })
-        .collect()
+    client_msg_ids(&srv.pending(sid))
 }
 
 #[test]

@@ -419,3 +419,17 @@ pub fn now_ms() -> u64 {
         .unwrap()
         .as_millis() as u64
 }
+
+/// The `client_msg_id`s of a list of prompt objects, in order.
+#[track_caller]
+pub fn client_msg_ids(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .map(|p| {
+            p["client_msg_id"]
+                .as_str()
+                .expect("client_msg_id")
+                .to_string()
+        })
+        .collect()
+}
