@@ -45,13 +45,13 @@ fn reason(status: u16) -> &'static str {
 pub fn encode(status: u16, extra: &[(&str, &str)], body: &[u8], meta: &Meta) -> Vec<u8> {
     let mut out = Vec::with_capacity(160 + body.len());
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(itoa(status as u64).as_bytes());
+    push_decimal(&mut out, status as u64);
     out.push(b' ');
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
     if status != 204 {
         out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
-        out.extend_from_slice(itoa(body.len() as u64).as_bytes());
+        push_decimal(&mut out, body.len() as u64);
         out.extend_from_slice(b"\r\n");
     }
     common_headers(&mut out, extra, meta);
@@ -115,8 +115,8 @@ pub fn switching_protocols(accept_key: &str) -> Vec<u8> {
     out
 }
 
-/// Decimal digits of `n` without going through `fmt`.
-pub fn itoa(mut n: u64) -> String {
+/// Appends the decimal digits of `n`, without `fmt` or an allocation.
+pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -127,7 +127,7 @@ pub fn itoa(mut n: u64) -> String {
             break;
         }
     }
-    String::from_utf8_lossy(&buf[i..]).into_owned()
+    out.extend_from_slice(&buf[i..]);
 }
 
 #[cfg(test)]
@@ -161,9 +161,11 @@ mod tests {
     }
 
     #[test]
-    fn itoa_writes_digits() {
-        assert_eq!(itoa(0), "0");
-        assert_eq!(itoa(1_048_576), "1048576");
-        assert_eq!(itoa(u64::MAX), u64::MAX.to_string());
+    fn push_decimal_writes_digits() {
+        for n in [0, 7, 10, 1_048_576, u64::MAX] {
+            let mut out = b"x".to_vec();
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}").into_bytes());
+        }
     }
 }

@@ -228,7 +228,8 @@ impl Relay {
         let (id, id_literal): (Rc<str>, String) = match (&p.client_msg_id, generated) {
             (Some((id, raw)), _) => (Rc::from(id.as_str()), raw.get().to_string()),
             (None, Some(uuid)) => {
-                let lit = format!("\"{uuid}\"");
+                let mut lit = String::with_capacity(uuid.len() + 2);
+                model::push_json_str(&mut lit, &uuid);
                 (Rc::from(uuid), lit)
             }
             (None, None) => return Err(ApiError::missing_field("client_msg_id")),
@@ -386,7 +387,8 @@ impl Relay {
         let (id, id_literal): (Rc<str>, String) = match (&r.assistant_msg_id, generated) {
             (Some((id, raw)), _) => (Rc::from(id.as_str()), raw.get().to_string()),
             (None, Some(uuid)) => {
-                let lit = format!("\"{uuid}\"");
+                let mut lit = String::with_capacity(uuid.len() + 2);
+                model::push_json_str(&mut lit, &uuid);
                 (Rc::from(uuid), lit)
             }
             (None, None) => return Err(ApiError::missing_field("assistant_msg_id")),
@@ -618,7 +620,12 @@ impl IdGen {
         let mut bytes = [0u8; 16];
         bytes[..8].copy_from_slice(&self.keys.hash_one(self.counter).to_le_bytes());
         bytes[8..].copy_from_slice(&self.keys.hash_one(!self.counter).to_le_bytes());
-        Builder::from_random_bytes(bytes).into_uuid().to_string()
+        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        Builder::from_random_bytes(bytes)
+            .into_uuid()
+            .hyphenated()
+            .encode_lower(&mut text)
+            .to_string()
     }
 }
 
