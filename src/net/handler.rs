@@ -7,7 +7,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::conn::{Parked, Phase};
-use super::server::{LINGER, OUT_HIGH_WATER, Server};
+use super::server::{OUT_HIGH_WATER, Server};
 use super::ws::{self, WsState};
 use crate::http::parse::Step;
 use crate::http::response::{self, CONTINUE, Meta};
@@ -113,10 +113,7 @@ impl Server {
                     if conn.eof {
                         // The peer sent its last byte and everything complete
                         // is answered: flush, then close.
-                        conn.phase = Phase::Closing { shut: false };
-                        let linger = now.after(LINGER);
-                        self.set_deadline(id, linger);
-                        self.mark_write(id);
+                        self.begin_closing(id, now);
                         return;
                     }
                     if !conn.readable {
@@ -356,8 +353,7 @@ impl Server {
         let Some(conn) = self.conn(id) else { return };
         conn.out.push_owned(bytes);
         if !keep_alive {
-            conn.phase = Phase::Closing { shut: false };
-            self.set_deadline(id, now.after(LINGER));
+            self.begin_closing(id, now);
         }
     }
 

@@ -590,6 +590,14 @@ impl Server {
             return;
         }
         conn.out.push_owned(bytes);
+        self.begin_closing(id, now);
+    }
+
+    /// Moves a connection to the closing stage: its queued output is
+    /// written, then the write side shut, and the linger deadline bounds
+    /// how long that may take.
+    pub(super) fn begin_closing(&mut self, id: ConnId, now: Millis) {
+        let Some(conn) = self.conn(id) else { return };
         conn.phase = Phase::Closing { shut: false };
         self.set_deadline(id, now.after(LINGER));
         self.mark_write(id);

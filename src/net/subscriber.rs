@@ -9,7 +9,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::conn::Phase;
-use super::server::{LINGER, Server, lookup};
+use super::server::{Server, lookup};
 use super::ws::{self, ReadOutcome};
 use crate::relay::ConnId;
 use crate::time::Millis;
@@ -44,11 +44,9 @@ impl Server {
                     // The peer is done: once the Close reply (if any) is
                     // written, the server closes the TCP connection first,
                     // as RFC 6455 asks, instead of lingering for an EOF.
-                    conn.phase = Phase::Closing { shut: false };
                     conn.eof = true;
                 }
-                self.set_deadline(id, now.after(LINGER));
-                self.mark_write(id);
+                self.begin_closing(id, now);
                 return;
             }
             ReadOutcome::Violation(code, reason) => {
@@ -84,9 +82,7 @@ impl Server {
             return;
         }
         conn.out.push_owned(ws::encode_close(code, reason));
-        conn.phase = Phase::Closing { shut: false };
-        self.set_deadline(id, now.after(LINGER));
-        self.mark_write(id);
+        self.begin_closing(id, now);
     }
 
     /// A subscriber whose unsent output passed the cap: drop what it has not
