@@ -303,8 +303,13 @@ impl Server {
             match &conn.phase {
                 Phase::Parked(..) => self.answer_parked(id, 200, Rc::from(&b"[]"[..]), now),
                 Phase::WebSocket(_) => self.close_ws(id, 1001, "server shutting down", now),
-                Phase::Http(h) if !h.reader.mid_request() && conn.out.is_empty() => {
-                    self.close_now(id)
+                Phase::Http(h) if !h.reader.mid_request() => {
+                    if conn.out.is_empty() {
+                        self.close_now(id);
+                    } else {
+                        // An answer is still going out: finish it, then close.
+                        self.begin_closing(id, now);
+                    }
                 }
                 _ => {}
             }
