@@ -438,3 +438,47 @@ fn a_client_that_half_closes_after_its_requests_still_gets_every_answer() {
     );
     assert_eq!(srv.pending(&sid).len(), 2);
 }
+
+#[test]
+fn a_stalled_partial_request_costs_no_cpu_while_it_waits_for_its_408() {
+    // A slow client must not make the loop spin: the connection waits for
+    // its readable edge or its deadline, nothing else.
+    let srv = Server::start_with(&[("RELAY_REQUEST_TIMEOUT", "1")]);
+    let mut http = srv.conn();
+    http.send_raw(b"GET /healthz HTTP/1.1\r\nHo");
+    srv.wait_health("connections", 2);
+    let before = srv.cpu_ticks();
+    let r = http.read_response();
+    let spent = srv.cpu_ticks() - before;
+    assert_eq!(r.status, 408);
+    // A spinning loop burns ~100 ticks in that second; an idle one ~0.
+    assert!(
+        spent < 30,
+        "the server used {spent} ticks (1/100 s) while the request stalled"
+    );
+}
+
+#[test]
+fn pipelined_requests_held_back_by_unsent_output_are_answered_once_it_drains() {
+    // Large answers pipelined past the 256 KiB output high-water mark: the
+    // later requests wait for the output to drain, then resume.
+    let srv = Server::start();
+    let sid = unique_session();
+    let big = "x".repeat(100 * 1024);
+    for i in 0..5 {
+        srv.prompt(&sid, &big, Some(&format!("big{i}")));
+    }
+    let mut http = srv.conn();
+    let mut batch = Vec::new();
+    for _ in 0..20 {
+        batch.extend_from_slice(
+            format!("GET /messages/{sid} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes(),
+        );
+    }
+    http.send_raw(&batch);
+    for n in 0..20 {
+        let r = http.read_response();
+        assert_eq!(r.status, 200, "answer {n}");
+        assert_eq!(r.json()["total"], 5, "answer {n}");
+    }
+}

@@ -529,8 +529,12 @@ impl Server {
                 }
                 self.reprocess.push(id);
             }
-            Phase::Http(h) if !h.reader.buffered().is_empty() || conn.readable => {
-                self.reprocess.push(id)
+            // Only a connection whose requests waited for its output to
+            // drain has anything to resume; one waiting for more bytes gets
+            // its readable edge (re-listing it would spin the loop).
+            Phase::Http(_) if conn.out_paused => {
+                conn.out_paused = false;
+                self.reprocess.push(id);
             }
             _ => {}
         }

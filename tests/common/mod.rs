@@ -194,7 +194,22 @@ impl Server {
         }
     }
 
-    /// Resident set size of the server process, from /proc.
+    /// The server's CPU time so far (user + system), in clock ticks
+    /// (1/100 s on Linux).
+    #[track_caller]
+    pub fn cpu_ticks(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .expect("read /proc/PID/stat");
+        // Fields after the command name (which may hold spaces): utime is
+        // the 14th field of the line, stime the 15th.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).expect("stat line");
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let utime: u64 = fields[11].parse().expect("utime");
+        let stime: u64 = fields[12].parse().expect("stime");
+        utime + stime
+    }
+
+    /// The server's resident memory in KiB (VmRSS).
     #[track_caller]
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
