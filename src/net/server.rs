@@ -477,7 +477,9 @@ impl Server {
                     if matches!(conn.phase, Phase::Closing { shut: true }) {
                         self.close_now(id);
                     } else {
-                        // The peer is done sending; finish writing, then close.
+                        // The peer is done sending; finish writing, then
+                        // close (after_drained sees `eof`).
+                        conn.eof = true;
                         conn.readable = false;
                     }
                     return;
