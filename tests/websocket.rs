@@ -189,6 +189,31 @@ fn response_is_broadcast_to_every_subscriber() {
     }
 }
 
+/// More subscribers than the server writes per loop turn (256): a pass over
+/// them spans turns, the answers posted meanwhile join the queues not yet
+/// written, and every subscriber still gets every frame once, in order.
+#[test]
+fn broadcast_to_more_subscribers_than_one_write_slice_arrives_whole_and_in_order() {
+    const SUBSCRIBERS: usize = 600;
+    const EXCHANGES: u64 = 5;
+    let srv = Server::start();
+    let sid = unique_session();
+    let mut clients: Vec<Ws> = (0..SUBSCRIBERS)
+        .map(|_| srv.ws(&format!("/ws/{sid}")))
+        .collect();
+    srv.wait_health("subscribers", SUBSCRIBERS as u64);
+    for n in 1..=EXCHANGES {
+        let ack = exchange(&srv, &sid, n);
+        assert_eq!(ack["delivered"], true, "{ack}");
+    }
+    for ws in &mut clients {
+        for n in 1..=EXCHANGES {
+            let data = expect_seq(ws, 2 * n);
+            assert_eq!(data["text"], format!("r{n}"));
+        }
+    }
+}
+
 #[test]
 fn after_replays_stored_assistant_messages_then_goes_live() {
     let srv = Server::start();

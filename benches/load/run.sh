@@ -46,7 +46,10 @@ ulimit -n "$(ulimit -Hn)"
 cd "$root"
 echo "building relay and the load generator (release)..." >&2
 cargo build --release --bin relay >&2
+# Pick the bench artifact by name: cargo also reports the relay binary, and the
+# order of artifacts follows build completion.
 load_bin="$(cargo bench --bench load --no-run --message-format=json 2>/dev/null |
+  grep '"kind":\["bench"\],"crate_types":\["bin"\],"name":"load"' |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
 relay_bin="${CARGO_TARGET_DIR:-$root/target}/release/relay"
 [ -x "$load_bin" ] && [ -x "$relay_bin" ] || { echo "run.sh: build failed" >&2; exit 1; }

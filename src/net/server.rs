@@ -4,6 +4,7 @@
 //! buffered input, fire due timers, then write everything pending before
 //! sleeping until the next event or deadline. Nothing here blocks.
 
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::rc::Rc;
@@ -31,6 +32,12 @@ const LISTENER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
 /// Bytes written to one connection per turn before others get their turn.
 const WRITE_BUDGET: usize = 256 * 1024;
+/// Connections written per turn. A broadcast to 10,000 subscribers is
+/// written in slices with a zero-timeout poll between them, so requests that
+/// arrive meanwhile are answered within a slice instead of after the whole
+/// pass, and frames they broadcast join the queues not yet written (one
+/// `writev` then carries several frames).
+const FLUSH_SLICE: usize = 256;
 /// Unsent response bytes above which a connection's requests wait: a client
 /// that pipelines without reading cannot grow our output.
 pub const OUT_HIGH_WATER: usize = 256 * 1024;
@@ -52,7 +59,7 @@ pub struct Server {
     pub(super) relay: Relay,
     pub(super) limiter: RateLimiter,
     timers: TimerWheel<ConnId>,
-    pub(super) pending_writes: Vec<ConnId>,
+    pub(super) pending_writes: VecDeque<ConnId>,
     pub(super) reprocess: Vec<ConnId>,
     effects: Vec<Effect>,
     scratch: Box<[u8]>,
@@ -97,7 +104,7 @@ impl Server {
             conns: Slab::new(),
             next_gen: 0,
             relay,
-            pending_writes: Vec::new(),
+            pending_writes: VecDeque::new(),
             reprocess: Vec::new(),
             effects: Vec::new(),
             scratch: vec![0u8; 64 * 1024].into_boxed_slice(),
@@ -341,7 +348,7 @@ impl Server {
             && !conn.write_listed
         {
             conn.write_listed = true;
-            self.pending_writes.push(id);
+            self.pending_writes.push_back(id);
         }
     }
 
@@ -543,7 +550,10 @@ impl Server {
     }
 
     fn flush_pending(&mut self, _now: Millis) {
-        for id in std::mem::take(&mut self.pending_writes) {
+        for _ in 0..FLUSH_SLICE {
+            let Some(id) = self.pending_writes.pop_front() else {
+                break;
+            };
             if let Some(conn) = self.conn(id) {
                 conn.write_listed = false;
             }

@@ -121,7 +121,7 @@ impl Server {
             delivered += 1;
             if !conn.write_listed {
                 conn.write_listed = true;
-                self.pending_writes.push(sub);
+                self.pending_writes.push_back(sub);
             }
         }
         for sub in slow {
