@@ -413,7 +413,8 @@ impl Server {
         }
     }
 
-    /// Reads and handles whatever a connection has, then writes.
+    /// Reads and handles whatever a connection has; its output is written at
+    /// the end of the turn.
     pub(super) fn drive(&mut self, id: ConnId, now: Millis) {
         let Some(conn) = self.conn(id) else { return };
         match conn.phase {
@@ -423,7 +424,10 @@ impl Server {
             Phase::Closing { .. } => self.drain_closing(id),
         }
         self.apply_effects(now);
-        self.flush(id);
+        // Written at the end of the turn, behind what this request queued
+        // for other connections: the parked agent or the subscribers are
+        // the critical path, the requester's own answer is not.
+        self.mark_write(id);
     }
 
     /// Reads into a connection's request buffer, at most `want` bytes.
