@@ -10,7 +10,9 @@
 # (relay, nchan, relay, nchan, ...), and the table shows the median of the
 # REPEAT runs of every figure, with both sides' CPU so a reader can tell which
 # side was the limit. nchan's CPU and RSS are its one worker process's (the
-# master does no work). Raw RESULT lines and logs go to OUT (a temp dir).
+# master does no work). server_kernel_us_per_op is the system-time part of
+# server_us_per_op: loopback TCP send and receive, wake-ups and epoll, which
+# no change in the server's own code removes. Raw RESULT lines and logs go to OUT (a temp dir).
 #
 # Figures (FIGURES, space-separated):
 #   rt:S             round trip with S sessions
@@ -97,6 +99,8 @@ stop_server() {
 }
 
 ticks() { awk '{ s = $0; sub(/^.*\) /, "", s); split(s, f, " "); print f[12] + f[13] }' "/proc/$1/stat"; }
+# System (kernel) ticks alone.
+sys_ticks() { awk '{ s = $0; sub(/^.*\) /, "", s); split(s, f, " "); print f[13] }' "/proc/$1/stat"; }
 
 # wrk's latency line ("99%  1.23ms") in microseconds.
 wrk_us() {
@@ -105,14 +109,14 @@ wrk_us() {
 }
 
 run_ingest() {
-  local t="$1" wrk_out="$OUT/wrk-$1-$port.txt" t0 t1
-  t0="$(ticks "$server_pid")"
+  local t="$1" wrk_out="$OUT/wrk-$1-$port.txt" t0 t1 k0 k1
+  t0="$(ticks "$server_pid")" k0="$(sys_ticks "$server_pid")"
   (
     TARGET="$t" RUN_ID="$port" taskset -c "$LOAD_CORE" \
       wrk -t1 -c64 -d"${INGEST_SECS}s" --latency -s "$here/ingest.lua" "http://127.0.0.1:$port" >"$wrk_out"
     times >"$wrk_out.times"
   )
-  t1="$(ticks "$server_pid")"
+  t1="$(ticks "$server_pid")" k1="$(sys_ticks "$server_pid")"
   local reqs secs non2xx errs gen_s
   reqs="$(awk '/requests in/ { print $1 }' "$wrk_out")"
   secs="$(awk '/requests in/ { sub(/s,$/, "", $4); print $4 }' "$wrk_out")"
@@ -120,10 +124,10 @@ run_ingest() {
   errs="$(awk '/Socket errors/ { gsub(/,/, ""); print $4 + $6 + $8 + $10 }' "$wrk_out")"
   # `times` line 2: children's user and system time, e.g. "0m1.234s 0m0.567s".
   gen_s="$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); n += a[1] * 60 + a[2] } print n }' "$wrk_out.times")"
-  awk -v f=ingest -v t="$t" -v r="$reqs" -v s="$secs" -v d="$((t1 - t0))" -v hz="$clk_tck" -v g="$gen_s" \
+  awk -v f=ingest -v t="$t" -v r="$reqs" -v s="$secs" -v d="$((t1 - t0))" -v k="$((k1 - k0))" -v hz="$clk_tck" -v g="$gen_s" \
     -v p50="$(wrk_us 50% "$wrk_out")" -v p99="$(wrk_us 99% "$wrk_out")" -v n="${non2xx:-0}" -v e="${errs:-0}" \
-    'BEGIN { cpu = d / hz; printf "RESULT figure=%s target=%s requests=%d req_per_s=%.0f p50_us=%s p99_us=%s server_cpu_pct=%.1f server_us_per_op=%.2f gen_cpu_pct=%.1f non_2xx=%d socket_errors=%d\n",
-      f, t, r, r / s, p50, p99, 100 * cpu / s, 1e6 * cpu / r, 100 * g / s, n, e }'
+    'BEGIN { cpu = d / hz; printf "RESULT figure=%s target=%s requests=%d req_per_s=%.0f p50_us=%s p99_us=%s server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f gen_cpu_pct=%.1f non_2xx=%d socket_errors=%d\n",
+      f, t, r, r / s, p50, p99, 100 * cpu / s, 1e6 * cpu / r, 1e6 * k / hz / r, 100 * g / s, n, e }'
 }
 
 # run_figure SPEC TARGET: one run of one figure against a fresh server.

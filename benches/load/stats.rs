@@ -107,14 +107,20 @@ pub fn raise_nofile() -> u64 {
 
 /// User + system CPU seconds of a process (`self` or a pid), from /proc.
 pub fn cpu_secs(pid: &str) -> Option<f64> {
+    cpu_split(pid).map(|(user, sys)| user + sys)
+}
+
+/// User and system (kernel) CPU seconds of a process.
+pub fn cpu_split(pid: &str) -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name: state is field 3; utime 14, stime 15.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split(' ').collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let sys: u64 = fields.get(12)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let per_sec = unsafe { sysconf(SC_CLK_TCK) }.max(1) as f64;
-    Some(ticks as f64 / per_sec)
+    Some((user as f64 / per_sec, sys as f64 / per_sec))
 }
 
 /// Resident set size of a process in bytes (VmRSS).
@@ -128,13 +134,15 @@ pub fn rss_bytes(pid: &str) -> Option<u64> {
 /// CPU of both sides over a measured window.
 pub struct CpuWindow {
     server_pid: Option<String>,
-    server_start: Option<f64>,
+    server_start: Option<(f64, f64)>,
     gen_start: f64,
 }
 
 /// CPU seconds used by both sides in a window.
 pub struct CpuUse {
     pub server_s: Option<f64>,
+    /// The part of `server_s` spent in the kernel (system time).
+    pub server_sys_s: Option<f64>,
     pub generator_s: f64,
 }
 
@@ -142,18 +150,21 @@ impl CpuWindow {
     pub fn start(server_pid: Option<&str>) -> CpuWindow {
         CpuWindow {
             server_pid: server_pid.map(str::to_owned),
-            server_start: server_pid.and_then(cpu_secs),
+            server_start: server_pid.and_then(cpu_split),
             gen_start: cpu_secs("self").unwrap_or(0.0),
         }
     }
 
     pub fn stop(&self) -> CpuUse {
-        let server_s = match (&self.server_pid, self.server_start) {
-            (Some(pid), Some(start)) => cpu_secs(pid).map(|end| end - start),
+        let server = match (&self.server_pid, self.server_start) {
+            (Some(pid), Some((user0, sys0))) => {
+                cpu_split(pid).map(|(user, sys)| (user - user0, sys - sys0))
+            }
             _ => None,
         };
         CpuUse {
-            server_s,
+            server_s: server.map(|(user, sys)| user + sys),
+            server_sys_s: server.map(|(_, sys)| sys),
             generator_s: cpu_secs("self").unwrap_or(0.0) - self.gen_start,
         }
     }
@@ -185,12 +196,16 @@ impl ResultLine {
     }
 
     /// Both sides' CPU as a percentage of one core over `secs`, and the
-    /// server's CPU microseconds per operation.
+    /// server's CPU microseconds per operation, with the kernel's part of them
+    /// (the floor no change in the server's own code can go below).
     pub fn cpu(&mut self, cpu: &CpuUse, secs: f64, ops: f64) -> &mut Self {
         if let Some(server) = cpu.server_s {
             self.num("server_cpu_pct", 100.0 * server / secs);
             if ops > 0.0 {
                 self.num("server_us_per_op", 1e6 * server / ops);
+                if let Some(sys) = cpu.server_sys_s {
+                    self.num("server_kernel_us_per_op", 1e6 * sys / ops);
+                }
             }
         }
         self.num("gen_cpu_pct", 100.0 * cpu.generator_s / secs)
