@@ -12,7 +12,8 @@
 # side was the limit. nchan's CPU and RSS are its one worker process's (the
 # master does no work). server_kernel_us_per_op is the system-time part of
 # server_us_per_op: loopback TCP send and receive, wake-ups and epoll, which
-# no change in the server's own code removes. Raw RESULT lines and logs go to OUT (a temp dir).
+# no change in the server's own code removes. Raw RESULT lines and logs go
+# to OUT (a temp dir).
 #
 # Figures (FIGURES, space-separated):
 #   rt:S             round trip with S sessions
