@@ -5,6 +5,7 @@
 //! applies after the handler returns. It never touches a socket or the clock.
 
 pub mod error;
+mod idmap;
 pub mod model;
 pub mod session;
 

@@ -7,10 +7,11 @@
 //! pending or still in history, `responses` for every assistant message still
 //! in history. So every map is bounded by `history_limit + max_pending`.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
 use super::ConnId;
+use super::idmap::IdMap;
 use super::model::{Kind, Message};
 use crate::time::Millis;
 
@@ -54,9 +55,9 @@ pub struct Session {
     pub epoch: Rc<str>,
     pub next_seq: u64,
     pub history: VecDeque<Rc<Message>>,
-    pub prompts: HashMap<Rc<str>, PromptEntry>,
+    pub prompts: IdMap<PromptEntry>,
     pub pending: BTreeMap<u64, Rc<Message>>,
-    pub responses: HashMap<Rc<str>, ResponseEntry>,
+    pub responses: IdMap<ResponseEntry>,
     pub waiters: Vec<Waiter>,
     pub subscribers: Vec<ConnId>,
     pub last_active: Millis,
@@ -69,9 +70,9 @@ impl Session {
             epoch,
             next_seq: 1,
             history: VecDeque::new(),
-            prompts: HashMap::new(),
+            prompts: IdMap::new(),
             pending: BTreeMap::new(),
-            responses: HashMap::new(),
+            responses: IdMap::new(),
             waiters: Vec::new(),
             subscribers: Vec::new(),
             last_active: now,
