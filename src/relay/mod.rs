@@ -221,20 +221,8 @@ impl Relay {
         let p = NewPrompt::parse(body)?;
         let history_limit = self.limits.history_limit;
         let max_pending = self.limits.max_pending;
-        let generated = match p.client_msg_id {
-            Some(_) => None,
-            None => Some(self.ids.uuid()),
-        };
+        let (id, id_literal) = id_and_literal(&p.client_msg_id, &mut self.ids);
         let (s, _) = self.get_or_create(now, &p.session_id)?;
-        let (id, id_literal): (Rc<str>, String) = match (&p.client_msg_id, generated) {
-            (Some((id, raw)), _) => (Rc::from(id.as_str()), raw.get().to_string()),
-            (None, Some(uuid)) => {
-                let mut lit = String::with_capacity(uuid.len() + 2);
-                model::push_json_str(&mut lit, &uuid);
-                (Rc::from(uuid), lit)
-            }
-            (None, None) => return Err(ApiError::missing_field("client_msg_id")),
-        };
         if s.prompts.contains_key(&id) {
             debug!(session_id = p.session_id.as_str(), client_msg_id = &*id; "duplicate prompt");
             return Ok(prompt_ack(&id, true));
@@ -362,19 +350,16 @@ impl Relay {
     ) -> Result<Posted, ApiError> {
         let r = NewResponse::parse(body)?;
         let history_limit = self.limits.history_limit;
-        let generated = match r.assistant_msg_id {
-            Some(_) => None,
-            None => Some(self.ids.uuid()),
-        };
+        let (id, id_literal) = id_and_literal(&r.assistant_msg_id, &mut self.ids);
         let s = self.existing(now, &r.session_id)?;
-        if let Some((id, _)) = &r.assistant_msg_id
-            && let Some(prev) = s.responses.get(id.as_str())
+        if r.assistant_msg_id.is_some()
+            && let Some(prev) = s.responses.get(&id)
         {
             // A resend repeats the prompt and the text (compared decoded, so
             // a different escaping of the same text is the same text).
             if *prev.client_msg_id == *r.client_msg_id && prev.text() == model::decode(r.text.get())
             {
-                let mut ack = response_ack(id, false);
+                let mut ack = response_ack(&id, false);
                 ack.pop();
                 ack.extend_from_slice(b",\"duplicate\":true}");
                 return Ok(Posted::Duplicate(ack));
@@ -385,15 +370,6 @@ impl Relay {
             return Err(ApiError::prompt_not_found());
         };
         let prompt_id = prompt_id.clone();
-        let (id, id_literal): (Rc<str>, String) = match (&r.assistant_msg_id, generated) {
-            (Some((id, raw)), _) => (Rc::from(id.as_str()), raw.get().to_string()),
-            (None, Some(uuid)) => {
-                let mut lit = String::with_capacity(uuid.len() + 2);
-                model::push_json_str(&mut lit, &uuid);
-                (Rc::from(uuid), lit)
-            }
-            (None, None) => return Err(ApiError::missing_field("assistant_msg_id")),
-        };
         let seq = s.take_seq();
         let ts = r.ts.unwrap_or(unix_ms);
         let msg = Rc::new(Message {
@@ -637,6 +613,23 @@ impl Default for IdGen {
 }
 
 /// `{"stored":true,"client_msg_id":…}`, plus `"duplicate":true` for a resend.
+/// A message id as the client sent it, with its JSON literal spelled as
+/// sent, or else a new UUID and its literal.
+fn id_and_literal(
+    given: &Option<(String, &serde_json::value::RawValue)>,
+    ids: &mut IdGen,
+) -> (Rc<str>, String) {
+    match given {
+        Some((id, raw)) => (Rc::from(id.as_str()), raw.get().to_string()),
+        None => {
+            let uuid = ids.uuid();
+            let mut lit = String::with_capacity(uuid.len() + 2);
+            model::push_json_str(&mut lit, &uuid);
+            (Rc::from(uuid), lit)
+        }
+    }
+}
+
 fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
     #[derive(Serialize)]
     struct Ack<'a> {
