@@ -13,6 +13,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::rc::Rc;
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 struct Slot<V> {
     hash: u64,
@@ -85,15 +86,16 @@ impl<V> IdMap<V> {
     /// Inserts or replaces; returns the value replaced.
     pub fn insert(&mut self, key: Rc<str>, value: V) -> Option<V> {
         let hash = self.hash(&key);
-        if let Some(slot) = self
+        match self
             .table
-            .find_mut(hash, |s| s.hash == hash && *s.key == *key)
+            .entry(hash, |s| s.hash == hash && *s.key == *key, |s| s.hash)
         {
-            return Some(std::mem::replace(&mut slot.value, value));
+            Entry::Occupied(mut slot) => Some(std::mem::replace(&mut slot.get_mut().value, value)),
+            Entry::Vacant(slot) => {
+                slot.insert(Slot { hash, key, value });
+                None
+            }
         }
-        self.table
-            .insert_unique(hash, Slot { hash, key, value }, |s| s.hash);
-        None
     }
 
     pub fn remove(&mut self, key: &str) -> Option<V> {
