@@ -99,9 +99,8 @@ stop_server() {
   wait "$stop_pid" 2>/dev/null || true
 }
 
-ticks() { awk '{ s = $0; sub(/^.*\) /, "", s); split(s, f, " "); print f[12] + f[13] }' "/proc/$1/stat"; }
-# System (kernel) ticks alone.
-sys_ticks() { awk '{ s = $0; sub(/^.*\) /, "", s); split(s, f, " "); print f[13] }' "/proc/$1/stat"; }
+# Prints user + system ticks and system (kernel) ticks alone, from one read.
+ticks() { awk '{ s = $0; sub(/^.*\) /, "", s); split(s, f, " "); print f[12] + f[13], f[13] }' "/proc/$1/stat"; }
 
 # wrk's latency line ("99%  1.23ms") in microseconds.
 wrk_us() {
@@ -111,13 +110,13 @@ wrk_us() {
 
 run_ingest() {
   local t="$1" wrk_out="$OUT/wrk-$1-$port.txt" t0 t1 k0 k1
-  t0="$(ticks "$server_pid")" k0="$(sys_ticks "$server_pid")"
+  read -r t0 k0 < <(ticks "$server_pid")
   (
     TARGET="$t" RUN_ID="$port" taskset -c "$LOAD_CORE" \
       wrk -t1 -c64 -d"${INGEST_SECS}s" --latency -s "$here/ingest.lua" "http://127.0.0.1:$port" >"$wrk_out"
     times >"$wrk_out.times"
   )
-  t1="$(ticks "$server_pid")" k1="$(sys_ticks "$server_pid")"
+  read -r t1 k1 < <(ticks "$server_pid")
   local reqs secs non2xx errs gen_s
   reqs="$(awk '/requests in/ { print $1 }' "$wrk_out")"
   secs="$(awk '/requests in/ { sub(/s,$/, "", $4); print $4 }' "$wrk_out")"
