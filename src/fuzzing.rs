@@ -10,6 +10,7 @@ use std::rc::Rc;
 use crate::keepalive::Keepalive;
 use crate::net::buffer::OutQueue;
 use crate::net::ws::{self, ReadOutcome, WsState};
+use crate::store::Cursor;
 use crate::time::Millis;
 
 /// The server's default unsent-output cap for a subscriber
@@ -70,7 +71,12 @@ impl Read for Chunks<'_> {
 /// close with 1008. Called only by the fuzz targets.
 pub fn ws_client_bytes(leftover: &[u8], chunks: &[&[u8]], eof: bool) -> WsRun {
     let keepalive = Keepalive::new(Millis(0), 30_000);
-    let mut state = WsState::new(leftover.to_vec(), Rc::from("fuzz"), keepalive);
+    let mut state = WsState::new(
+        leftover.to_vec(),
+        Rc::from("fuzz"),
+        keepalive,
+        Cursor::at(0),
+    );
     let mut sock = Chunks {
         chunks: chunks.iter().copied().collect(),
         eof,

@@ -29,5 +29,6 @@ pub mod logging;
 pub mod net;
 pub mod ratelimit;
 pub mod relay;
+pub mod store;
 pub mod time;
 pub mod timer;

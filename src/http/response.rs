@@ -44,22 +44,34 @@ fn reason(status: u16) -> &'static str {
 /// A complete response with a JSON body.
 pub fn encode(status: u16, extra: &[(&str, &str)], body: &[u8], meta: &Meta) -> Vec<u8> {
     let mut out = Vec::with_capacity(160 + body.len());
+    head(&mut out, status, extra, body.len(), meta);
+    if !meta.head_only {
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+/// The status line and headers of a response whose JSON body of
+/// `body_len` bytes is queued separately (a body shared between answers).
+pub fn encode_head(status: u16, extra: &[(&str, &str)], body_len: usize, meta: &Meta) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160);
+    head(&mut out, status, extra, body_len, meta);
+    out
+}
+
+fn head(out: &mut Vec<u8>, status: u16, extra: &[(&str, &str)], body_len: usize, meta: &Meta) {
     out.extend_from_slice(b"HTTP/1.1 ");
-    push_decimal(&mut out, status as u64);
+    push_decimal(out, status as u64);
     out.push(b' ');
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
     if status != 204 {
         out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
-        push_decimal(&mut out, body.len() as u64);
+        push_decimal(out, body_len as u64);
         out.extend_from_slice(b"\r\n");
     }
-    common_headers(&mut out, extra, meta);
+    common_headers(out, extra, meta);
     out.extend_from_slice(b"\r\n");
-    if !meta.head_only {
-        out.extend_from_slice(body);
-    }
-    out
 }
 
 fn common_headers(out: &mut Vec<u8>, extra: &[(&str, &str)], meta: &Meta) {
@@ -86,23 +98,6 @@ fn common_headers(out: &mut Vec<u8>, extra: &[(&str, &str)], meta: &Meta) {
 
 /// `HTTP/1.1 100 Continue`, sent when a client waits before its body.
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
-
-/// The 204 answer to a CORS preflight.
-pub fn preflight(allow: &str, meta: &Meta) -> Vec<u8> {
-    encode(
-        204,
-        &[
-            ("Access-Control-Allow-Methods", allow),
-            (
-                "Access-Control-Allow-Headers",
-                "Content-Type, Authorization",
-            ),
-            ("Access-Control-Max-Age", "86400"),
-        ],
-        b"",
-        meta,
-    )
-}
 
 /// The `101 Switching Protocols` answer to a valid WebSocket upgrade.
 pub fn switching_protocols(accept_key: &str) -> Vec<u8> {

@@ -38,9 +38,11 @@ impl HttpState {
 #[derive(Debug)]
 pub struct Parked {
     pub sid: Rc<str>,
+    /// The request asked to keep the connection open.
     pub keep_alive: bool,
     pub http10: bool,
-    pub allow_origin: Option<Rc<str>>,
+    /// The request's `Origin`, for the CORS headers of the answer.
+    pub origin: Option<Rc<str>>,
 }
 
 /// The connection's stage.

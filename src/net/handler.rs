@@ -8,14 +8,14 @@ use log::{debug, info};
 
 use super::conn::{Parked, Phase};
 use super::server::{OUT_HIGH_WATER, Server};
-use super::ws::{self, WsState};
+use super::ws::WsState;
 use crate::http::parse::Step;
 use crate::http::response::{self, CONTINUE, Meta};
 use crate::http::route::{Route, messages_query, prompts_query, query_param, route};
 use crate::http::{Method, RequestHead, upgrade};
 use crate::keepalive::Keepalive;
 use crate::ratelimit::client_addr;
-use crate::relay::{ApiError, ConnId, Fetch, Posted, response_ack};
+use crate::relay::{ApiError, ConnId, Fetch};
 use crate::time::Millis;
 
 /// Requests answered on one connection per turn before others get a turn.
@@ -64,15 +64,30 @@ fn is_json(content_type: Option<&str>) -> bool {
 /// A handled request's answer.
 struct Answer {
     status: u16,
-    body: Vec<u8>,
+    body: Body,
     extra: Vec<(&'static str, String)>,
+}
+
+/// An answer's body: its own bytes, or bytes shared with other answers
+/// (a pending set several agents fetch), queued without a copy.
+enum Body {
+    Owned(Vec<u8>),
+    Shared(Rc<[u8]>),
 }
 
 impl Answer {
     fn ok(body: Vec<u8>) -> Answer {
         Answer {
             status: 200,
-            body,
+            body: Body::Owned(body),
+            extra: Vec::new(),
+        }
+    }
+
+    fn shared(body: Rc<[u8]>) -> Answer {
+        Answer {
+            status: 200,
+            body: Body::Shared(body),
             extra: Vec::new(),
         }
     }
@@ -88,7 +103,7 @@ impl From<ApiError> for Answer {
         }
         Answer {
             status: e.status,
-            body: e.body(),
+            body: Body::Owned(e.body()),
             extra,
         }
     }
@@ -203,14 +218,13 @@ impl Server {
             Route::GetPrompts(sid) => {
                 let q = prompts_query(head.query.as_deref())?;
                 match self.relay.get_prompts(now, id, &sid, q)? {
-                    Fetch::Ready(list) => Answer::ok(list),
+                    Fetch::Ready(list) => Answer::shared(list),
                     Fetch::Park { deadline } => {
-                        let meta = self.meta(head.origin.as_deref(), head.keep_alive);
                         let parked = Parked {
                             sid: sid.into(),
-                            keep_alive: meta.keep_alive,
+                            keep_alive: head.keep_alive,
                             http10: head.http10,
-                            allow_origin: meta.allow_origin.map(Rc::from),
+                            origin: head.origin.as_deref().map(Rc::from),
                         };
                         self.park(id, parked, deadline);
                         return Ok(None);
@@ -221,18 +235,7 @@ impl Server {
                 if !is_json(head.content_type.as_deref()) {
                     return Err(ApiError::unsupported_media_type());
                 }
-                match self.relay.post_response(now, unix_ms, &body)? {
-                    Posted::Duplicate(ack) => Answer::ok(ack),
-                    Posted::Stored {
-                        session_id,
-                        assistant_msg_id,
-                        payload,
-                    } => {
-                        let frame: Rc<[u8]> = ws::encode_text(&payload).into();
-                        let delivered = self.broadcast(&session_id, frame, now);
-                        Answer::ok(response_ack(&assistant_msg_id, delivered > 0))
-                    }
-                }
+                Answer::ok(self.relay.post_response(now, unix_ms, &body)?)
             }
             Route::WebSocket(sid) => {
                 self.upgrade(id, head, sid, now)?;
@@ -246,7 +249,7 @@ impl Server {
             Route::DeleteSession(sid) => Answer::ok(self.relay.delete_session(&sid)?),
             Route::Preflight { allow } => Answer {
                 status: 204,
-                body: Vec::new(),
+                body: Body::Owned(Vec::new()),
                 extra: vec![
                     ("Access-Control-Allow-Methods", allow.to_string()),
                     (
@@ -336,7 +339,7 @@ impl Server {
             None => Answer::ok(b"{\"ready\":true}".to_vec()),
             Some(r) => Answer {
                 status: 503,
-                body: format!("{{\"ready\":false,\"reason\":\"{r}\"}}").into_bytes(),
+                body: Body::Owned(format!("{{\"ready\":false,\"reason\":\"{r}\"}}").into_bytes()),
                 extra: Vec::new(),
             },
         }
@@ -348,10 +351,16 @@ impl Server {
         meta.http10 = head.http10;
         meta.head_only = head.method() == Method::Head;
         let extra: Vec<(&str, &str)> = answer.extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let bytes = response::encode(answer.status, &extra, &answer.body, &meta);
         let keep_alive = meta.keep_alive;
+        let (head, shared) = match &answer.body {
+            Body::Owned(b) => (response::encode(answer.status, &extra, b, &meta), None),
+            Body::Shared(b) => encode_shared(answer.status, &extra, b, &meta),
+        };
         let Some(conn) = self.conn(id) else { return };
-        conn.out.push_owned(bytes);
+        conn.out.push_owned(head);
+        if let Some(body) = shared {
+            conn.out.push_shared(body);
+        }
         if !keep_alive {
             self.begin_closing(id, now);
         }
@@ -376,7 +385,7 @@ impl Server {
             })?),
         };
         let epoch = query_param(query, "epoch")?;
-        let frames = self
+        let cursor = self
             .relay
             .subscribe(now, id, &sid, after, epoch.as_deref())?;
         let ping_ms = self.cfg.ping_interval.as_millis() as u64;
@@ -384,9 +393,6 @@ impl Server {
             return Ok(());
         };
         conn.out.push_owned(accept);
-        for f in &frames {
-            conn.out.push_owned(ws::encode_text(f));
-        }
         let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
         let leftover = match phase {
             Phase::Http(mut h) => h.reader.take_rest(),
@@ -398,13 +404,35 @@ impl Server {
             leftover,
             Rc::from(sid.as_str()),
             keepalive,
+            cursor,
         )));
         // Frames may already be buffered behind the head: read them now.
         conn.readable = true;
-        info!(session_id = sid.as_str(), replayed = frames.len(); "client connected");
+        // The replay is the first refill, done when its output is written.
+        info!(session_id = sid.as_str(), after = after.unwrap_or(0), resume = after.is_some(); "client connected");
         self.set_deadline(id, deadline);
         self.mark_write(id);
         self.reprocess.push(id);
         Ok(())
     }
 }
+
+/// The head of an answer whose body is shared, and the body to queue after
+/// it; a small body is copied into the head instead (one chunk, one write).
+fn encode_shared(
+    status: u16,
+    extra: &[(&str, &str)],
+    body: &Rc<[u8]>,
+    meta: &Meta,
+) -> (Vec<u8>, Option<Rc<[u8]>>) {
+    if body.len() <= SHARE_ABOVE || meta.head_only {
+        return (response::encode(status, extra, body, meta), None);
+    }
+    (
+        response::encode_head(status, extra, body.len(), meta),
+        Some(body.clone()),
+    )
+}
+
+/// Bodies up to this size are copied into the answer rather than shared.
+const SHARE_ABOVE: usize = 4096;

@@ -6,8 +6,8 @@
 use std::rc::Rc;
 
 use super::conn::{Parked, Phase};
-use super::server::{LINGER, Server};
-use crate::http::response::{self, Meta};
+use super::server::Server;
+use crate::http::response;
 use crate::relay::ConnId;
 use crate::time::Millis;
 
@@ -35,34 +35,29 @@ impl Server {
     }
 
     /// Answers a parked poll and returns it to reading requests; its
-    /// buffered pipelined requests are handled in this same turn.
+    /// buffered pipelined requests are handled in this same turn. Its
+    /// headers come from the one place every answer's do (`meta`).
     pub(super) fn answer_parked(&mut self, id: ConnId, status: u16, body: Rc<[u8]>, now: Millis) {
-        let shutting_down = self.shutdown_deadline.is_some();
         let Some(conn) = self.conn(id) else { return };
         let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
         let Phase::Parked(http, parked) = phase else {
             conn.phase = phase;
             return;
         };
-        let keep_alive = parked.keep_alive && !shutting_down;
-        let meta = Meta {
-            keep_alive,
-            http10: parked.http10,
-            allow_origin: parked.allow_origin.as_deref(),
-            vary_origin: false,
-            head_only: false,
-        };
-        conn.out
-            .push_owned(response::encode(status, &[], &body, &meta));
+        conn.phase = Phase::Http(http);
         self.relay.cancel_wait(id, &parked.sid, now);
+        let mut meta = self.meta(parked.origin.as_deref(), parked.keep_alive);
+        meta.http10 = parked.http10;
+        let keep_alive = meta.keep_alive;
+        let bytes = response::encode(status, &[], &body, &meta);
         let Some(conn) = self.conn(id) else { return };
+        conn.out.push_owned(bytes);
         if keep_alive {
-            conn.phase = Phase::Http(http);
             self.set_deadline(id, now.after(self.cfg.keepalive_timeout));
             self.reprocess.push(id);
+            self.mark_write(id);
         } else {
-            self.set_deadline(id, now.after(LINGER));
+            self.begin_closing(id, now);
         }
-        self.mark_write(id);
     }
 }

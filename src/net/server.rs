@@ -63,6 +63,8 @@ pub struct Server {
     pub(super) reprocess: Vec<ConnId>,
     effects: Vec<Effect>,
     scratch: Box<[u8]>,
+    /// Frames of one refill, reused.
+    pub(super) refill_scratch: Vec<Rc<[u8]>>,
     pub(super) clock: Clock,
     pub(super) shutdown_deadline: Option<Millis>,
     next_sweep: Millis,
@@ -108,6 +110,7 @@ impl Server {
             reprocess: Vec::new(),
             effects: Vec::new(),
             scratch: vec![0u8; 64 * 1024].into_boxed_slice(),
+            refill_scratch: Vec::new(),
             clock,
             shutdown_deadline: None,
             local_addr,
@@ -510,8 +513,10 @@ impl Server {
         self.reprocess.push(id);
     }
 
-    /// Writes what the connection has queued, within the turn's budget.
+    /// Writes what the connection has queued, within the turn's budget; a
+    /// lagging subscriber is refilled from the log first.
     pub(super) fn flush(&mut self, id: ConnId) {
+        self.top_up(id);
         let Some(conn) = self.conn(id) else { return };
         if conn.out.is_empty() {
             self.after_drained(id);
@@ -549,12 +554,26 @@ impl Server {
                 conn.out_paused = false;
                 self.reprocess.push(id);
             }
+            Phase::WebSocket(ws) => {
+                let lagging = ws.lagging;
+                if conn.out_paused {
+                    conn.out_paused = false;
+                    self.reprocess.push(id);
+                }
+                if lagging {
+                    // More is waiting in the log: refill and write again in
+                    // the next slice, after the others had their turn.
+                    self.mark_write(id);
+                }
+            }
             _ => {}
         }
     }
 
     fn flush_pending(&mut self, _now: Millis) {
-        for _ in 0..FLUSH_SLICE {
+        // Only those listed before this pass: one re-listed while it is
+        // written (a subscriber refilled from the log) waits for the next.
+        for _ in 0..FLUSH_SLICE.min(self.pending_writes.len()) {
             let Some(id) = self.pending_writes.pop_front() else {
                 break;
             };
@@ -592,6 +611,12 @@ impl Server {
                     Effect::Respond { to, status, body } => {
                         self.answer_parked(to, status, body, now)
                     }
+                    Effect::Deliver {
+                        sid,
+                        seq,
+                        prev,
+                        frame,
+                    } => self.deliver(&sid, seq, prev, frame),
                     Effect::CloseSubscriber { to, code } => {
                         self.close_ws(to, code, "session deleted", now)
                     }

@@ -1,8 +1,11 @@
-//! The WebSocket stage in the loop: reading client frames, fanning a
-//! broadcast out to a session's subscribers, and every way a subscriber
-//! leaves (peer close, protocol violation, too slow, session deleted,
-//! shutdown). Invariant: a connection is in its session's subscriber list
-//! exactly while its phase is `WebSocket`.
+//! The WebSocket stage in the loop: reading client frames, handing a stored
+//! answer to the subscribers that are caught up, refilling the ones that are
+//! behind from the session's log as their sockets drain, and every way a
+//! subscriber leaves (peer close, protocol violation, session deleted,
+//! shutdown). Nobody is closed for being slow: a subscriber's queue holds at
+//! most `RELAY_SUBSCRIBER_BUFFER` bytes (plus one frame when it was empty),
+//! and what does not fit waits in the log. Invariant: a connection is in its
+//! session's subscriber list exactly while its phase is `WebSocket`.
 
 use std::rc::Rc;
 
@@ -12,15 +15,23 @@ use super::conn::Phase;
 use super::server::{Server, lookup};
 use super::ws::{self, ReadOutcome};
 use crate::relay::ConnId;
+use crate::store::Live;
 use crate::time::Millis;
 
 impl Server {
     /// Reads a subscriber's frames (pongs, pings, closes, mistakes) and
-    /// re-arms its keep-alive deadline; called on its readable event.
+    /// re-arms its keep-alive deadline; called on its readable event. A
+    /// subscriber whose queue is over the cap (it sends without reading
+    /// our replies) is not read until the queue drains.
     pub(super) fn drive_ws(&mut self, id: ConnId, now: Millis) {
         let cap = self.cfg.subscriber_buffer_bytes;
         let Some(conn) = self.conn(id) else { return };
         if !conn.readable {
+            return;
+        }
+        // A peer that hung up is read all the same, so its close is seen.
+        if conn.out.queued() > cap && !conn.read_closed {
+            conn.out_paused = true; // resumed by after_drained
             return;
         }
         let Phase::WebSocket(ws_state) = &mut conn.phase else {
@@ -34,7 +45,6 @@ impl Server {
             now,
         );
         let deadline = ws_state.keepalive.deadline();
-        let queued = conn.out.queued();
         match outcome {
             ReadOutcome::Drained => conn.readable = false,
             ReadOutcome::More => self.reprocess.push(id),
@@ -54,10 +64,6 @@ impl Server {
                 self.close_ws(id, code, reason, now);
                 return;
             }
-        }
-        if queued > cap {
-            self.close_slow(id, now);
-            return;
         }
         self.set_deadline(id, deadline);
     }
@@ -85,48 +91,64 @@ impl Server {
         self.begin_closing(id, now);
     }
 
-    /// A subscriber whose unsent output passed the cap: drop what it has not
-    /// started receiving and close it with 1008.
-    pub(super) fn close_slow(&mut self, id: ConnId, now: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        conn.out.drop_unstarted();
-        if let Phase::WebSocket(ws) = &conn.phase {
-            info!(session_id = &*ws.sid; "slow subscriber closed");
-        }
-        self.close_ws(id, 1008, "subscriber too slow", now);
-    }
-
-    /// Queues `frame` for every subscriber of `sid`; a subscriber whose
-    /// unsent output would pass the cap is closed with 1008 instead.
-    /// Returns how many subscribers got it.
-    pub(super) fn broadcast(&mut self, sid: &str, frame: Rc<[u8]>, now: Millis) -> usize {
+    /// A new assistant message of `sid` (seq `seq`, the one before it at
+    /// `prev`): queued, as the same shared bytes, on every subscriber for
+    /// which it is the next message and whose queue has room. Any other
+    /// subscriber is left lagging and reads it from the log when it drains.
+    pub(super) fn deliver(&mut self, sid: &str, seq: u64, prev: u64, frame: Rc<[u8]>) {
         let cap = self.cfg.subscriber_buffer_bytes;
-        let mut delivered = 0;
-        let mut slow = Vec::new();
         for &sub in self.relay.subscribers(sid) {
             let Some(conn) = lookup(&mut self.conns, sub) else {
                 continue;
             };
-            if !matches!(conn.phase, Phase::WebSocket(_)) {
+            let Phase::WebSocket(ws) = &mut conn.phase else {
+                continue;
+            };
+            if ws.lagging {
                 continue;
             }
-            // Behind: something is still unsent and this frame would pass
-            // the cap. A subscriber that is keeping up (nothing queued)
-            // always takes the frame, even one larger than the cap.
-            if !conn.out.is_empty() && conn.out.queued() + frame.len() > cap {
-                slow.push(sub);
-                continue;
+            match ws.cursor.live(seq, prev) {
+                Live::Skip => continue,
+                Live::Next if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap => {
+                    conn.out.push_shared(frame.clone());
+                    ws.cursor.advance(seq);
+                }
+                Live::Next | Live::Behind => ws.lagging = true,
             }
-            conn.out.push_shared(frame.clone());
-            delivered += 1;
             if !conn.write_listed {
                 conn.write_listed = true;
                 self.pending_writes.push_back(sub);
             }
         }
-        for sub in slow {
-            self.close_slow(sub, now);
+    }
+
+    /// Refills a lagging subscriber from the log once its queue is at or
+    /// below half the cap, up to the cap. Called before its output is
+    /// written, so a replay of any length is paced by the client's reading.
+    pub(super) fn top_up(&mut self, id: ConnId) {
+        let cap = self.cfg.subscriber_buffer_bytes;
+        let Some(conn) = lookup(&mut self.conns, id) else {
+            return;
+        };
+        let Phase::WebSocket(ws) = &mut conn.phase else {
+            return;
+        };
+        let queued = conn.out.queued();
+        if !ws.lagging || queued > cap / 2 {
+            return;
         }
-        delivered
+        let mut frames = std::mem::take(&mut self.refill_scratch);
+        let caught_up = self.relay.refill(
+            &ws.sid,
+            &mut ws.cursor,
+            cap.saturating_sub(queued),
+            queued == 0,
+            &mut frames,
+        );
+        ws.lagging = !caught_up;
+        for frame in frames.drain(..) {
+            conn.out.push_shared(frame);
+        }
+        self.refill_scratch = frames;
     }
 }

@@ -15,6 +15,7 @@ use tungstenite::protocol::{Role, WebSocketConfig, WebSocketContext};
 
 use super::buffer::OutQueue;
 use crate::keepalive::Keepalive;
+use crate::store::Cursor;
 use crate::time::Millis;
 
 /// Largest client message or frame; client traffic is pongs and the odd
@@ -30,6 +31,11 @@ pub struct WsState {
     pub ctx: WebSocketContext,
     pub sid: Rc<str>,
     pub keepalive: Keepalive,
+    /// Its position in the session's log.
+    pub cursor: Cursor,
+    /// Not caught up: live messages are not queued on it; it is refilled
+    /// from the log when its queue drains.
+    pub lagging: bool,
 }
 
 impl std::fmt::Debug for WsState {
@@ -41,7 +47,8 @@ impl std::fmt::Debug for WsState {
 impl WsState {
     /// The state right after the 101, with bytes that followed the request
     /// head already in `leftover`.
-    pub fn new(leftover: Vec<u8>, sid: Rc<str>, keepalive: Keepalive) -> WsState {
+    /// It starts lagging: the first refill sends its replay.
+    pub fn new(leftover: Vec<u8>, sid: Rc<str>, keepalive: Keepalive, cursor: Cursor) -> WsState {
         let config = WebSocketConfig::default()
             .read_buffer_size(READ_BUFFER)
             .write_buffer_size(0)
@@ -52,6 +59,8 @@ impl WsState {
             ctx: WebSocketContext::from_partially_read(leftover, Role::Server, Some(config)),
             sid,
             keepalive,
+            cursor,
+            lagging: true,
         }
     }
 }

@@ -4,8 +4,6 @@
 //! `data` object, so replays, fetches and history concatenate bytes instead of
 //! serializing again.
 
-use std::rc::Rc;
-
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -245,114 +243,6 @@ pub fn push_json_str(out: &mut String, s: &str) {
 pub fn push_u64(out: &mut String, n: u64) {
     use std::fmt::Write;
     let _ = write!(out, "{n}");
-}
-
-/// The `data` object of a stored prompt, assembled from raw literals:
-/// `{"session_id","client_msg_id","prompt","metadata"?,"ts","seq"}`.
-pub fn prompt_data(
-    sid: &str,
-    id_literal: &str,
-    p: &NewPrompt,
-    ts: UnixMillis,
-    seq: u64,
-) -> Box<str> {
-    let mut d = String::with_capacity(
-        80 + sid.len()
-            + id_literal.len()
-            + p.prompt.get().len()
-            + p.metadata.map_or(0, |m| m.get().len()),
-    );
-    d.push_str("{\"session_id\":\"");
-    d.push_str(sid); // validated: unreserved characters only
-    d.push_str("\",\"client_msg_id\":");
-    d.push_str(id_literal);
-    d.push_str(",\"prompt\":");
-    d.push_str(p.prompt.get());
-    push_tail(&mut d, p.metadata, ts, seq);
-    d.into_boxed_str()
-}
-
-/// The `data` object of a stored answer:
-/// `{"session_id","assistant_msg_id","client_msg_id","text","metadata"?,"ts","seq"}`.
-pub fn assistant_data(
-    sid: &str,
-    id_literal: &str,
-    prompt_id: &str,
-    r: &NewResponse,
-    ts: UnixMillis,
-    seq: u64,
-) -> Box<str> {
-    let mut d = String::with_capacity(
-        110 + sid.len()
-            + id_literal.len()
-            + prompt_id.len()
-            + r.text.get().len()
-            + r.metadata.map_or(0, |m| m.get().len()),
-    );
-    d.push_str("{\"session_id\":\"");
-    d.push_str(sid);
-    d.push_str("\",\"assistant_msg_id\":");
-    d.push_str(id_literal);
-    d.push_str(",\"client_msg_id\":");
-    push_json_str(&mut d, prompt_id);
-    d.push_str(",\"text\":");
-    d.push_str(r.text.get());
-    push_tail(&mut d, r.metadata, ts, seq);
-    d.into_boxed_str()
-}
-
-fn push_tail(d: &mut String, metadata: Option<&RawValue>, ts: UnixMillis, seq: u64) {
-    if let Some(m) = metadata {
-        d.push_str(",\"metadata\":");
-        d.push_str(m.get());
-    }
-    d.push_str(",\"ts\":");
-    push_u64(d, ts);
-    d.push_str(",\"seq\":");
-    push_u64(d, seq);
-    d.push('}');
-}
-
-/// Which kind of message a history entry is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Prompt,
-    Assistant,
-}
-
-/// One stored message: its keys and its `data` object, serialized once.
-#[derive(Debug)]
-pub struct Message {
-    pub seq: u64,
-    pub ts: UnixMillis,
-    pub kind: Kind,
-    /// For a prompt its own id; for an assistant message the prompt it answers.
-    pub client_msg_id: Rc<str>,
-    /// Only for assistant messages.
-    pub assistant_msg_id: Option<Rc<str>>,
-    /// The serialized `data` object.
-    pub data: Box<str>,
-}
-
-impl Message {
-    /// `{"type":"prompt"|"assistant","data":…}`, as `/messages` lists it.
-    pub fn write_history_entry(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(match self.kind {
-            Kind::Prompt => b"{\"type\":\"prompt\",\"data\":",
-            Kind::Assistant => b"{\"type\":\"assistant\",\"data\":",
-        });
-        out.extend_from_slice(self.data.as_bytes());
-        out.push(b'}');
-    }
-
-    /// `{"type":"message","data":…}`, the WebSocket frame payload.
-    pub fn ws_payload(&self) -> String {
-        let mut s = String::with_capacity(self.data.len() + 27);
-        s.push_str("{\"type\":\"message\",\"data\":");
-        s.push_str(&self.data);
-        s.push('}');
-        s
-    }
 }
 
 /// Serializes a value that cannot fail to serialize (no maps with non-string keys).

@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::store::MAX_PAGE_BYTES;
 use crate::time::Millis;
 
 const TTL: u64 = 60_000;
@@ -61,23 +62,58 @@ fn prompt(r: &mut Relay, now: u64, sid: &str, id: &str, text: &str) -> Value {
 }
 
 #[track_caller]
-fn post_response(r: &mut Relay, now: u64, body: Value) -> Result<Posted, ApiError> {
+fn post_response(r: &mut Relay, now: u64, body: Value) -> Result<Value, ApiError> {
     r.post_response(
         Millis(now),
         1_700_000_000_000 + now,
         body.to_string().as_bytes(),
     )
+    .map(|b| parse(&b))
 }
 
-/// Posts a response and expects it stored; returns the broadcast payload.
+/// Posts a response and expects it stored; returns its WebSocket payload
+/// `{"type":"message","data":…}`, from the session's history.
 #[track_caller]
 fn respond(r: &mut Relay, now: u64, sid: &str, cid: &str, aid: &str, text: &str) -> Value {
     let body =
         json!({"session_id": sid, "client_msg_id": cid, "assistant_msg_id": aid, "text": text});
-    match post_response(r, now, body) {
-        Ok(Posted::Stored { payload, .. }) => parse(payload.as_bytes()),
-        other => panic!("expected Posted::Stored, got {other:?}"),
-    }
+    let ack = post_response(r, now, body).expect("response accepted");
+    assert_eq!(ack.get("duplicate"), None, "expected a new answer: {ack}");
+    let history = messages(r, now, sid, all());
+    let newest = history["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .expect("a stored message")
+        .clone();
+    assert_eq!(newest["data"]["assistant_msg_id"], aid, "{newest}");
+    json!({"type": "message", "data": newest["data"]})
+}
+
+/// Subscribes and takes the whole replay at once (room without limit):
+/// the frames' JSON payloads, as text.
+#[track_caller]
+fn subscribe_frames(
+    r: &mut Relay,
+    c: ConnId,
+    sid: &str,
+    after: Option<u64>,
+    epoch: Option<&str>,
+) -> Result<Vec<String>, ApiError> {
+    let mut cursor = r.subscribe(Millis(0), c, sid, after, epoch)?;
+    let mut frames = Vec::new();
+    assert!(r.refill(sid, &mut cursor, usize::MAX, true, &mut frames));
+    Ok(frames.iter().map(|f| payload_text(f)).collect())
+}
+
+/// The text payload of one server frame.
+#[track_caller]
+fn payload_text(frame: &[u8]) -> String {
+    let at = match frame[1] {
+        126 => 4,
+        127 => 10,
+        _ => 2,
+    };
+    String::from_utf8(frame[at..].to_vec()).expect("UTF-8 payload")
 }
 
 fn effects(r: &mut Relay) -> Vec<Effect> {
@@ -618,33 +654,56 @@ fn post_response_stores_with_seq_and_returns_the_broadcast_payload() {
         json!({"session_id": "s", "client_msg_id": "c1", "assistant_msg_id": "a1", "text": "answer", "metadata": {"m": 1}}),
     )
     .unwrap();
-    let Posted::Stored {
-        session_id,
-        assistant_msg_id,
-        payload,
-    } = posted
-    else {
-        panic!("expected Stored, got {posted:?}");
-    };
-    assert_eq!(&*session_id, "s");
-    assert_eq!(&*assistant_msg_id, "a1");
+    assert_eq!(
+        posted,
+        json!({"ok": true, "assistant_msg_id": "a1", "delivered": false})
+    );
     let data = json!({
         "session_id": "s", "assistant_msg_id": "a1", "client_msg_id": "c1",
         "text": "answer", "metadata": {"m": 1}, "ts": 1_700_000_000_007u64, "seq": 2
     });
-    assert_eq!(
-        parse(payload.as_bytes()),
-        json!({"type": "message", "data": data})
-    );
     let history = messages(&mut r, 8, "s", all());
     assert_eq!(
         history["messages"][1],
         json!({"type": "assistant", "data": data})
     );
-    assert_eq!(
-        parse(&response_ack("a1", true)),
-        json!({"ok": true, "assistant_msg_id": "a1", "delivered": true})
-    );
+}
+
+#[test]
+fn post_response_to_a_watched_session_is_delivered_as_one_framed_effect() {
+    let mut r = relay();
+    prompt(&mut r, 0, "s", "c1", "x");
+    r.subscribe(Millis(0), conn(5), "s", None, None).unwrap();
+    let ack = post_response(
+        &mut r,
+        7,
+        json!({"session_id": "s", "client_msg_id": "c1", "assistant_msg_id": "a1", "text": "answer"}),
+    )
+    .unwrap();
+    assert_eq!(ack["delivered"], true);
+    let fx = effects(&mut r);
+    let [
+        Effect::Deliver {
+            sid,
+            seq,
+            prev,
+            frame,
+        },
+    ] = &fx[..]
+    else {
+        panic!("expected one Deliver, got {fx:?}");
+    };
+    assert_eq!((&**sid, *seq, *prev), ("s", 2, 0));
+    let payload = parse(payload_text(frame).as_bytes());
+    assert_eq!(payload["type"], "message");
+    assert_eq!(payload["data"]["text"], "answer");
+    prompt(&mut r, 8, "s", "c2", "x");
+    respond(&mut r, 8, "s", "c2", "a2", "second");
+    let fx = effects(&mut r);
+    let [Effect::Deliver { seq, prev, .. }] = &fx[..] else {
+        panic!("expected one Deliver, got {fx:?}");
+    };
+    assert_eq!((*seq, *prev), (4, 2), "prev is the answer before it");
 }
 
 #[test]
@@ -666,13 +725,7 @@ fn post_response_without_id_generates_a_uuid_v4() {
         json!({"session_id": "s", "client_msg_id": "c1", "text": "t"}),
     )
     .unwrap();
-    let Posted::Stored {
-        assistant_msg_id, ..
-    } = posted
-    else {
-        panic!("expected Stored, got {posted:?}");
-    };
-    assert_uuid_v4(&assistant_msg_id);
+    assert_uuid_v4(posted["assistant_msg_id"].as_str().expect("an id"));
 }
 
 #[test]
@@ -697,11 +750,8 @@ fn resent_response_with_same_id_and_text_is_a_duplicate() {
         json!({"session_id": "s", "client_msg_id": "c1", "assistant_msg_id": "a1", "text": "same"}),
     )
     .unwrap();
-    let Posted::Duplicate(body) = again else {
-        panic!("expected Duplicate, got {again:?}");
-    };
     assert_eq!(
-        parse(&body),
+        again,
         json!({"ok": true, "assistant_msg_id": "a1", "delivered": false, "duplicate": true})
     );
     assert_eq!(messages(&mut r, 1, "s", all())["total"], 2);
@@ -770,7 +820,7 @@ fn conversation(r: &mut Relay, sid: &str) {
 #[test]
 fn subscribe_creates_the_session_and_registers_the_subscriber() {
     let mut r = relay();
-    let frames = r.subscribe(Millis(0), conn(1), "s", None, None).unwrap();
+    let frames = subscribe_frames(&mut r, conn(1), "s", None, None).unwrap();
     assert!(frames.is_empty());
     assert!(r.has_session("s"));
     assert_eq!(r.subscribers("s"), &[conn(1)]);
@@ -784,7 +834,7 @@ fn subscribe_creates_the_session_and_registers_the_subscriber() {
 fn subscribe_without_after_replays_nothing() {
     let mut r = relay();
     conversation(&mut r, "s");
-    let frames = r.subscribe(Millis(0), conn(1), "s", None, None).unwrap();
+    let frames = subscribe_frames(&mut r, conn(1), "s", None, None).unwrap();
     assert!(frames.is_empty(), "{frames:?}");
 }
 
@@ -792,12 +842,12 @@ fn subscribe_without_after_replays_nothing() {
 fn subscribe_with_after_replays_assistant_messages_after_it_oldest_first() {
     let mut r = relay();
     conversation(&mut r, "s");
-    let frames = r.subscribe(Millis(0), conn(1), "s", Some(2), None).unwrap();
+    let frames = subscribe_frames(&mut r, conn(1), "s", Some(2), None).unwrap();
     assert_eq!(frame_seqs(&frames), vec![4, 5]);
     assert_eq!(frames.len(), 2, "no resync, no prompts: {frames:?}");
     let first = parse(frames[0].as_bytes());
     assert_eq!(first["data"]["assistant_msg_id"], "a2");
-    let frames = r.subscribe(Millis(0), conn(2), "s", Some(0), None).unwrap();
+    let frames = subscribe_frames(&mut r, conn(2), "s", Some(0), None).unwrap();
     assert_eq!(frame_seqs(&frames), vec![2, 4, 5]);
 }
 
@@ -806,9 +856,7 @@ fn subscribe_with_a_different_epoch_sends_resync_then_all_retained_assistant_mes
     let mut r = relay();
     conversation(&mut r, "s");
     let epoch = epoch_of(&mut r, "s");
-    let frames = r
-        .subscribe(Millis(0), conn(1), "s", Some(4), Some("old-epoch"))
-        .unwrap();
+    let frames = subscribe_frames(&mut r, conn(1), "s", Some(4), Some("old-epoch")).unwrap();
     assert_eq!(
         parse(frames[0].as_bytes()),
         json!({"type": "resync", "epoch": epoch, "first_seq": 1})
@@ -821,9 +869,7 @@ fn subscribe_with_a_different_epoch_sends_resync_then_all_retained_assistant_mes
 fn subscribe_with_a_different_epoch_to_an_empty_session_resyncs_to_the_next_seq() {
     let mut r = relay();
     let epoch = epoch_of(&mut r, "s");
-    let frames = r
-        .subscribe(Millis(0), conn(1), "s", None, Some("old"))
-        .unwrap();
+    let frames = subscribe_frames(&mut r, conn(1), "s", None, Some("old")).unwrap();
     assert_eq!(frames.len(), 1);
     assert_eq!(
         parse(frames[0].as_bytes()),
@@ -836,16 +882,14 @@ fn subscribe_after_a_trimmed_cursor_sends_resync_from_first_retained_seq() {
     let mut r = relay_with(|l| l.history_limit = 3);
     conversation(&mut r, "s"); // history keeps seqs 3, 4, 5
     let epoch = epoch_of(&mut r, "s");
-    let frames = r.subscribe(Millis(0), conn(1), "s", Some(1), None).unwrap();
+    let frames = subscribe_frames(&mut r, conn(1), "s", Some(1), None).unwrap();
     assert_eq!(
         parse(frames[0].as_bytes()),
         json!({"type": "resync", "epoch": epoch, "first_seq": 3})
     );
     assert_eq!(frame_seqs(&frames[1..]), vec![4, 5]);
     // With the matching epoch, a trimmed cursor still resyncs.
-    let frames = r
-        .subscribe(Millis(0), conn(2), "s", Some(0), Some(&epoch))
-        .unwrap();
+    let frames = subscribe_frames(&mut r, conn(2), "s", Some(0), Some(&epoch)).unwrap();
     assert_eq!(parse(frames[0].as_bytes())["type"], "resync");
 }
 
@@ -854,9 +898,7 @@ fn subscribe_at_the_trim_boundary_sends_no_resync() {
     let mut r = relay_with(|l| l.history_limit = 3);
     conversation(&mut r, "s"); // first_seq 3: after=2 missed nothing
     let epoch = epoch_of(&mut r, "s");
-    let frames = r
-        .subscribe(Millis(0), conn(1), "s", Some(2), Some(&epoch))
-        .unwrap();
+    let frames = subscribe_frames(&mut r, conn(1), "s", Some(2), Some(&epoch)).unwrap();
     assert_eq!(frames.len(), 2, "{frames:?}");
     assert_eq!(frame_seqs(&frames), vec![4, 5]);
 }
@@ -866,14 +908,10 @@ fn subscribe_with_matching_epoch_and_untrimmed_cursor_sends_no_resync() {
     let mut r = relay();
     conversation(&mut r, "s");
     let epoch = epoch_of(&mut r, "s");
-    let frames = r
-        .subscribe(Millis(0), conn(1), "s", Some(4), Some(&epoch))
-        .unwrap();
+    let frames = subscribe_frames(&mut r, conn(1), "s", Some(4), Some(&epoch)).unwrap();
     assert_eq!(frame_seqs(&frames), vec![5]);
     assert_eq!(frames.len(), 1);
-    let frames = r
-        .subscribe(Millis(0), conn(2), "s", None, Some(&epoch))
-        .unwrap();
+    let frames = subscribe_frames(&mut r, conn(2), "s", None, Some(&epoch)).unwrap();
     assert!(frames.is_empty(), "{frames:?}");
 }
 
@@ -1101,6 +1139,7 @@ fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
                 assert_eq!(code, 1000);
                 closed.push(to.key);
             }
+            other => panic!("unexpected {other:?}"),
         }
     }
     not_found.sort();
@@ -1228,15 +1267,12 @@ fn dedupe_maps_stay_bounded_by_history_and_pending() {
         respond(&mut r, i, "s", &id, &format!("a{i}"), "t");
     }
     prompt(&mut r, 500, "s", "open", "x");
-    let s = &r.sessions["s"];
-    assert_eq!(s.history.len(), 4);
-    assert_eq!(s.pending.len(), 1);
-    assert!(s.prompts.len() <= 4 + 1, "prompts map: {}", s.prompts.len());
-    assert!(
-        s.responses.len() <= 4,
-        "responses map: {}",
-        s.responses.len()
-    );
+    let s = r.store.get("s").expect("session s");
+    let (history, pending, prompts, responses) = s.sizes();
+    assert_eq!(history, 4);
+    assert_eq!(pending, 1);
+    assert!(prompts <= 4 + 1, "prompts map: {prompts}");
+    assert!(responses <= 4, "responses map: {responses}");
 }
 
 #[test]

@@ -274,10 +274,35 @@ impl Server {
         }
     }
 
+    /// A WebSocket client whose socket receive buffer is `rcvbuf` bytes, set
+    /// before connecting: the kernel then holds little for it, so a client
+    /// that stops reading makes the server's own queue fill up.
+    #[track_caller]
+    pub fn ws_small_window(&self, path: &str, rcvbuf: usize) -> Ws {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        sock.set_recv_buffer_size(rcvbuf).expect("SO_RCVBUF");
+        sock.connect(&self.addr.into()).expect("connect to relay");
+        match self.ws_over(sock.into(), path, &[]) {
+            Ok(ws) => ws,
+            Err(resp) => panic!("WebSocket upgrade to {path} failed: {}", resp.status),
+        }
+    }
+
     /// A WebSocket client with extra request headers; `Err` carries a non-101 answer.
     #[track_caller]
     pub fn ws_with(&self, path: &str, headers: &[(&str, &str)]) -> Result<Ws, Response> {
         let stream = TcpStream::connect(self.addr).expect("connect to relay");
+        self.ws_over(stream, path, headers)
+    }
+
+    #[track_caller]
+    fn ws_over(
+        &self,
+        stream: TcpStream,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Ws, Response> {
         stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_nodelay(true).unwrap();

@@ -1,0 +1,48 @@
+//! Local presence in a session: the parked long-polls and the WebSocket
+//! subscribers this server holds. Not durable: it lives as long as the
+//! connections do. Invariant: a connection appears at most once in each list.
+
+use super::ConnId;
+
+/// A parked `GET /prompts`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    pub conn: ConnId,
+    pub after: Option<u64>,
+}
+
+/// Who waits on one session here.
+#[derive(Debug, Default)]
+pub struct Presence {
+    pub waiters: Vec<Waiter>,
+    pub subscribers: Vec<ConnId>,
+}
+
+impl Presence {
+    /// Whether nobody waits or listens (the entry can go).
+    pub fn is_empty(&self) -> bool {
+        self.waiters.is_empty() && self.subscribers.is_empty()
+    }
+
+    /// Removes `conn` from the waiter list; true if it was there.
+    pub fn remove_waiter(&mut self, conn: ConnId) -> bool {
+        match self.waiters.iter().position(|w| w.conn == conn) {
+            Some(i) => {
+                self.waiters.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes `conn` from the subscriber list; true if it was there.
+    pub fn remove_subscriber(&mut self, conn: ConnId) -> bool {
+        match self.subscribers.iter().position(|c| *c == conn) {
+            Some(i) => {
+                self.subscribers.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}

@@ -1,0 +1,628 @@
+//! One session's log: the durable part of a session. Its history is the log
+//! every consumer reads by cursor (`seq`): agents through the pending set and
+//! `after`, WebSocket subscribers through [`Cursor`], `/messages` by page.
+//!
+//! Invariants, kept by the methods (the fields are private): `history` holds
+//! at most `history_limit` messages, in `seq` order with no gaps, ending at
+//! `next_seq - 1`; `pending` holds exactly the unanswered prompts (also those
+//! already trimmed from history); `prompts` has an entry for every prompt
+//! that is pending or still in history, `responses` for every assistant
+//! message still in history. So every map is bounded by
+//! `history_limit + max_pending`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+
+use super::message::{Kind, Message};
+use crate::http::wsframe;
+use crate::relay::MessagesQuery;
+use crate::relay::idmap::IdMap;
+use crate::relay::model::to_json;
+use crate::time::Millis;
+
+/// Largest `/messages` page or `GET /prompts` answer body: with 128 KiB
+/// messages a full page of 1000 would be 128 MiB held for one answer.
+pub const MAX_PAGE_BYTES: usize = 4 << 20;
+
+/// What the dedupe map knows about a prompt.
+#[derive(Debug)]
+struct PromptEntry {
+    seq: u64,
+    answered: bool,
+    in_history: bool,
+}
+
+/// What the dedupe map knows about an assistant message, to tell a resend
+/// (same prompt, same text) from a conflict.
+#[derive(Debug)]
+pub struct ResponseEntry {
+    pub client_msg_id: Rc<str>,
+    pub msg: Rc<Message>,
+}
+
+impl ResponseEntry {
+    /// The stored text, decoded (only a resend of the same id needs it).
+    pub fn text(&self) -> String {
+        #[derive(serde::Deserialize)]
+        struct Text {
+            text: String,
+        }
+        serde_json::from_slice::<Text>(self.msg.data()).map_or_else(|_| String::new(), |t| t.text)
+    }
+}
+
+/// A subscriber's position in the log: every assistant message with
+/// `seq <= self.seq` was sent to it (or excluded by its `after`). Kept by the
+/// I/O shell beside the connection; moved only by the log and by a live
+/// delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    pub seq: u64,
+    /// A `resync` frame is owed before anything else.
+    resync: bool,
+}
+
+/// Where a newly stored assistant message stands for one subscriber.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Live {
+    /// It is the next message the subscriber needs: send it now.
+    Next,
+    /// Its `after` excludes it.
+    Skip,
+    /// The subscriber has not been sent everything before it: it reads the
+    /// log when it is refilled.
+    Behind,
+}
+
+impl Cursor {
+    /// A cursor after `seq`, with no resync owed.
+    pub fn at(seq: u64) -> Cursor {
+        Cursor { seq, resync: false }
+    }
+
+    /// Where a message at `seq`, whose previous assistant message is at
+    /// `prev`, stands for this subscriber.
+    pub fn live(&self, seq: u64, prev: u64) -> Live {
+        if self.resync || self.seq < prev {
+            Live::Behind
+        } else if self.seq >= seq {
+            Live::Skip
+        } else {
+            Live::Next
+        }
+    }
+
+    /// The subscriber was sent the message at `seq`.
+    pub fn advance(&mut self, seq: u64) {
+        self.seq = self.seq.max(seq);
+    }
+}
+
+/// A session's durable state.
+#[derive(Debug)]
+pub struct SessionLog {
+    epoch: Rc<str>,
+    next_seq: u64,
+    history: VecDeque<Rc<Message>>,
+    prompts: IdMap<PromptEntry>,
+    pending: BTreeMap<u64, Rc<Message>>,
+    responses: IdMap<ResponseEntry>,
+    /// The newest assistant message's `seq`, 0 before the first.
+    last_assistant: u64,
+    /// The newest assistant message trimmed from history, 0 if none was.
+    dropped_assistant: u64,
+    /// The last `GET /prompts` answer rendered, by its `after`: agents
+    /// polling the same set share these bytes. Dropped on every change.
+    page: Option<(Option<u64>, Rc<[u8]>)>,
+    pub last_active: Millis,
+}
+
+impl SessionLog {
+    /// A new, empty log with a fresh epoch.
+    pub fn new(now: Millis, epoch: Rc<str>) -> SessionLog {
+        SessionLog {
+            epoch,
+            next_seq: 1,
+            history: VecDeque::new(),
+            prompts: IdMap::new(),
+            pending: BTreeMap::new(),
+            responses: IdMap::new(),
+            last_assistant: 0,
+            dropped_assistant: 0,
+            page: None,
+            last_active: now,
+        }
+    }
+
+    /// The session's epoch, chosen when it was created.
+    pub fn epoch(&self) -> &Rc<str> {
+        &self.epoch
+    }
+
+    /// Takes the next sequence number for a message about to be appended.
+    pub fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// The oldest retained `seq`, or the next one when nothing is retained.
+    pub fn first_seq(&self) -> u64 {
+        self.history.front().map_or(self.next_seq, |m| m.seq)
+    }
+
+    /// Unanswered prompts.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether a prompt with this id is pending or in history.
+    pub fn has_prompt(&self, client_msg_id: &str) -> bool {
+        self.prompts.contains_key(client_msg_id)
+    }
+
+    /// The stored id of a prompt, shared, if it is pending or in history.
+    pub fn prompt_id(&self, client_msg_id: &str) -> Option<Rc<str>> {
+        self.prompts
+            .get_key_value(client_msg_id)
+            .map(|(k, _)| k.clone())
+    }
+
+    /// The assistant message stored under `assistant_msg_id`, while in history.
+    pub fn response(&self, assistant_msg_id: &str) -> Option<&ResponseEntry> {
+        self.responses.get(assistant_msg_id)
+    }
+
+    /// Appends a new prompt (its `seq` from [`take_seq`](Self::take_seq)).
+    pub fn append_prompt(&mut self, msg: Message, history_limit: usize) {
+        let msg = Rc::new(msg);
+        let entry = PromptEntry {
+            seq: msg.seq,
+            answered: false,
+            in_history: true,
+        };
+        self.prompts.insert(msg.client_msg_id.clone(), entry);
+        self.pending.insert(msg.seq, msg.clone());
+        self.page = None;
+        self.push_history(msg, history_limit);
+    }
+
+    /// Appends an assistant message and marks its prompt answered. Returns
+    /// the `seq` of the assistant message before it (0 if none), which tells
+    /// a live subscriber whether it has everything before this one.
+    pub fn append_response(&mut self, msg: Message, history_limit: usize) -> u64 {
+        let msg = Rc::new(msg);
+        let prev = self.last_assistant;
+        self.last_assistant = msg.seq;
+        self.mark_answered(&msg.client_msg_id);
+        if let Some(id) = &msg.assistant_msg_id {
+            let entry = ResponseEntry {
+                client_msg_id: msg.client_msg_id.clone(),
+                msg: msg.clone(),
+            };
+            self.responses.insert(id.clone(), entry);
+        }
+        self.push_history(msg, history_limit);
+        prev
+    }
+
+    /// Appends to history, dropping the oldest messages past `limit` and the
+    /// dedupe entries that only history kept alive.
+    fn push_history(&mut self, msg: Rc<Message>, limit: usize) {
+        self.history.push_back(msg);
+        while self.history.len() > limit {
+            let Some(old) = self.history.pop_front() else {
+                break;
+            };
+            match old.kind {
+                Kind::Prompt => {
+                    let answered = self.prompts.get_mut(&old.client_msg_id).is_some_and(|e| {
+                        e.in_history = false;
+                        e.answered
+                    });
+                    if answered {
+                        self.prompts.remove(&old.client_msg_id);
+                    }
+                }
+                Kind::Assistant => {
+                    self.dropped_assistant = old.seq;
+                    if let Some(id) = &old.assistant_msg_id {
+                        self.responses.remove(id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Marks a prompt answered: it leaves the pending set, and its dedupe
+    /// entry goes too if history no longer holds it.
+    fn mark_answered(&mut self, client_msg_id: &str) {
+        let Some(entry) = self.prompts.get_mut(client_msg_id) else {
+            return;
+        };
+        if entry.answered {
+            return;
+        }
+        entry.answered = true;
+        self.pending.remove(&entry.seq);
+        self.page = None;
+        if !entry.in_history {
+            self.prompts.remove(client_msg_id);
+        }
+    }
+
+    /// Whether any pending prompt has `seq > after`.
+    pub fn has_pending_after(&self, after: Option<u64>) -> bool {
+        let from = after.map_or(0, |a| a.saturating_add(1));
+        self.pending.range(from..).next().is_some()
+    }
+
+    /// `[…]` of the pending prompts with `seq > after`, oldest first, at
+    /// most [`MAX_PAGE_BYTES`] (always at least one prompt): the agent asks
+    /// for the rest with `after` set to the last `seq` it got. The bytes are
+    /// shared with every other agent asking the same while nothing changes.
+    pub fn pending_page(&mut self, after: Option<u64>) -> Rc<[u8]> {
+        if let Some((a, body)) = &self.page
+            && *a == after
+        {
+            return body.clone();
+        }
+        let from = after.map_or(0, |a| a.saturating_add(1));
+        let mut out = Vec::with_capacity(64);
+        out.push(b'[');
+        for msg in self.pending.range(from..).map(|(_, m)| m) {
+            let data = msg.data();
+            if out.len() > 1 {
+                if out.len() + data.len() + 2 > MAX_PAGE_BYTES {
+                    break;
+                }
+                out.push(b',');
+            }
+            out.extend_from_slice(data);
+        }
+        out.push(b']');
+        let body: Rc<[u8]> = Rc::from(out);
+        self.page = Some((after, body.clone()));
+        body
+    }
+
+    /// History, pending set, prompt ids and answer ids held: the bounds
+    /// the unit tests check.
+    #[cfg(test)]
+    pub fn sizes(&self) -> (usize, usize, usize, usize) {
+        (
+            self.history.len(),
+            self.pending.len(),
+            self.prompts.len(),
+            self.responses.len(),
+        )
+    }
+
+    /// Every retained message, oldest first.
+    pub fn history(&self) -> impl Iterator<Item = &Rc<Message>> {
+        self.history.iter()
+    }
+
+    /// The position of a subscriber that connects with `after` and `epoch`
+    /// (contract, "Continuity"): a resync first when its epoch differs or
+    /// messages after its cursor were dropped (`after + 1 < first_seq`);
+    /// without `after`, it starts at the end of the log (live only).
+    pub fn cursor(&self, after: Option<u64>, epoch: Option<&str>) -> Cursor {
+        let first_seq = self.first_seq();
+        let epoch_changed = epoch.is_some_and(|e| e != &*self.epoch);
+        let trimmed = after.is_some_and(|a| a.saturating_add(1) < first_seq);
+        match after {
+            _ if epoch_changed || trimmed => Cursor {
+                seq: first_seq - 1,
+                resync: true,
+            },
+            Some(a) => Cursor {
+                seq: a,
+                resync: false,
+            },
+            None => Cursor {
+                seq: self.next_seq - 1,
+                resync: false,
+            },
+        }
+    }
+
+    /// Pulls the frames a subscriber at `cursor` needs next into `out`:
+    /// a `resync` first when one is owed or history was trimmed past an
+    /// assistant message it never got, then the assistant messages after
+    /// it, oldest first, while they fit in `room` bytes (the first one
+    /// always fits when `empty`, so a frame larger than the room still goes
+    /// out). Returns true when the subscriber is caught up: everything
+    /// stored is sent, and the next live message can go straight to it.
+    pub fn refill(
+        &self,
+        cursor: &mut Cursor,
+        mut room: usize,
+        empty: bool,
+        out: &mut Vec<Rc<[u8]>>,
+    ) -> bool {
+        let first_seq = self.first_seq();
+        if self.dropped_assistant > cursor.seq {
+            cursor.resync = true;
+        }
+        let mut any = !empty;
+        if cursor.resync {
+            let frame: Rc<[u8]> = Rc::from(self.resync_frame(first_seq));
+            room = room.saturating_sub(frame.len());
+            out.push(frame);
+            cursor.resync = false;
+            cursor.seq = first_seq - 1;
+            any = true;
+        }
+        let start = cursor.seq.saturating_add(1).max(first_seq);
+        let skip = (start - first_seq) as usize;
+        for msg in self.history.iter().skip(skip) {
+            let Some(frame) = msg.frame() else { continue };
+            if any && frame.len() > room {
+                return false;
+            }
+            room = room.saturating_sub(frame.len());
+            out.push(frame.clone());
+            cursor.seq = msg.seq;
+            any = true;
+        }
+        cursor.seq = cursor.seq.max(self.next_seq - 1);
+        true
+    }
+
+    /// `GET /messages`: a page of history, oldest first, at most
+    /// [`MAX_PAGE_BYTES`] (always at least one message): a page that would
+    /// pass it ends early and its `limit` reports the count applied, so
+    /// `offset + limit` is where the next page starts. `total` counts every
+    /// match.
+    pub fn messages_page(&self, sid: &str, q: &MessagesQuery) -> Vec<u8> {
+        let matching = self
+            .history
+            .iter()
+            .filter(|m| q.since.is_none_or(|t| m.ts > t) && q.after.is_none_or(|a| m.seq > a));
+        let mut total = 0usize;
+        let mut returned = 0usize;
+        let mut page_full = false;
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"{\"session_id\":");
+        out.extend_from_slice(&to_json(&sid));
+        out.extend_from_slice(b",\"epoch\":");
+        out.extend_from_slice(&to_json(&&*self.epoch));
+        out.extend_from_slice(b",\"messages\":[");
+        for m in matching {
+            if total >= q.offset && returned < q.limit && !page_full {
+                if returned > 0 && out.len() + m.data().len() + 32 > MAX_PAGE_BYTES {
+                    page_full = true;
+                } else {
+                    if returned > 0 {
+                        out.push(b',');
+                    }
+                    m.write_history_entry(&mut out);
+                    returned += 1;
+                }
+            }
+            total += 1;
+        }
+        let limit = if page_full { returned } else { q.limit };
+        out.extend_from_slice(
+            format!(
+                "],\"total\":{total},\"limit\":{limit},\"offset\":{}}}",
+                q.offset
+            )
+            .as_bytes(),
+        );
+        out
+    }
+
+    fn resync_frame(&self, first_seq: u64) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct Resync<'a> {
+            r#type: &'static str,
+            epoch: &'a str,
+            first_seq: u64,
+        }
+        let payload = to_json(&Resync {
+            r#type: "resync",
+            epoch: &self.epoch,
+            first_seq,
+        });
+        wsframe::text_frame(&[&payload])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::message::Parts;
+
+    const LIMIT: usize = 1000;
+
+    fn log() -> SessionLog {
+        SessionLog::new(Millis(0), Rc::from("epoch-1"))
+    }
+
+    fn parts(text: &str, seq: u64) -> Parts<'_> {
+        Parts {
+            session_id: "s",
+            id_literal: "\"id\"",
+            prompt_id: Some("c"),
+            text,
+            metadata: None,
+            ts: 0,
+            seq,
+        }
+    }
+
+    /// Appends a prompt with id `id`.
+    fn prompt(l: &mut SessionLog, id: &str, text: &str, limit: usize) {
+        let seq = l.take_seq();
+        let p = Parts {
+            prompt_id: None,
+            ..parts(text, seq)
+        };
+        l.append_prompt(Message::prompt(Rc::from(id), &p), limit);
+    }
+
+    /// A prompt and its answer of `text_len` bytes; returns the answer's seq.
+    fn exchange(l: &mut SessionLog, n: usize, text_len: usize, limit: usize) -> u64 {
+        let id: Rc<str> = Rc::from(format!("c{n}"));
+        prompt(l, &id, "\"q\"", limit);
+        let seq = l.take_seq();
+        let text = format!("\"{}\"", "x".repeat(text_len));
+        let msg = Message::assistant(id, Rc::from(format!("a{n}")), &parts(&text, seq));
+        l.append_response(msg, limit);
+        seq
+    }
+
+    /// The JSON payloads of frames.
+    fn payloads(frames: &[Rc<[u8]>]) -> Vec<serde_json::Value> {
+        frames
+            .iter()
+            .map(|f| {
+                let at = match f[1] {
+                    126 => 4,
+                    127 => 10,
+                    _ => 2,
+                };
+                serde_json::from_slice(&f[at..]).expect("JSON payload")
+            })
+            .collect()
+    }
+
+    fn seqs(frames: &[Rc<[u8]>]) -> Vec<u64> {
+        payloads(frames)
+            .iter()
+            .filter(|p| p["type"] == "message")
+            .map(|p| p["data"]["seq"].as_u64().expect("seq"))
+            .collect()
+    }
+
+    #[test]
+    fn a_refill_is_paced_by_the_room_and_resumes_at_the_cursor() {
+        let mut l = log();
+        for n in 0..10 {
+            exchange(&mut l, n, 100, LIMIT);
+        }
+        let mut cursor = l.cursor(Some(0), None);
+        let frame_len = l.history().nth(1).and_then(|m| m.frame()).unwrap().len();
+        let mut out = Vec::new();
+        // Room for three frames and a bit: three go, and it is not caught up.
+        assert!(!l.refill(&mut cursor, 3 * frame_len + 10, false, &mut out));
+        assert_eq!(seqs(&out), vec![2, 4, 6]);
+        assert_eq!(cursor.seq, 6);
+        out.clear();
+        // No room, but an empty queue: one frame still goes.
+        assert!(!l.refill(&mut cursor, 0, true, &mut out));
+        assert_eq!(seqs(&out), vec![8]);
+        out.clear();
+        assert!(l.refill(&mut cursor, usize::MAX, false, &mut out));
+        assert_eq!(seqs(&out), vec![10, 12, 14, 16, 18, 20]);
+        assert_eq!(cursor.seq, 20, "caught up at the end of the log");
+    }
+
+    #[test]
+    fn a_live_message_goes_straight_only_to_a_caught_up_cursor() {
+        let mut l = log();
+        let a = exchange(&mut l, 0, 10, LIMIT);
+        let mut live = l.cursor(None, None);
+        assert_eq!(live.seq, a, "without after: the end of the log");
+        let mut behind = l.cursor(Some(0), None);
+        let ahead = l.cursor(Some(100), None);
+        let b = exchange(&mut l, 1, 10, LIMIT);
+        assert_eq!(live.live(b, a), Live::Next);
+        live.advance(b);
+        assert_eq!(behind.live(b, a), Live::Behind);
+        assert_eq!(ahead.live(b, a), Live::Skip);
+        let mut out = Vec::new();
+        assert!(l.refill(&mut behind, usize::MAX, true, &mut out));
+        assert_eq!(seqs(&out), vec![a, b]);
+        assert_eq!(live, behind, "both at the end of the log");
+    }
+
+    #[test]
+    fn prompts_after_a_caught_up_cursor_do_not_make_it_behind() {
+        let mut l = log();
+        let a = exchange(&mut l, 0, 10, 4);
+        let mut cursor = l.cursor(None, None);
+        // Prompts only, trimming history past the cursor.
+        for n in 0..10 {
+            prompt(&mut l, &format!("p{n}"), "\"q\"", 4);
+        }
+        assert!(l.first_seq() > a + 1);
+        let mut out = Vec::new();
+        assert!(l.refill(&mut cursor, usize::MAX, true, &mut out));
+        assert!(out.is_empty(), "no answer was missed, so no resync");
+        let b = exchange(&mut l, 1, 10, 4);
+        assert_eq!(cursor.live(b, a), Live::Next);
+    }
+
+    #[test]
+    fn history_trimmed_past_a_lagging_cursor_resyncs_from_first_seq() {
+        let mut l = log();
+        exchange(&mut l, 0, 10, 6);
+        let mut cursor = l.cursor(Some(0), None);
+        let mut out = Vec::new();
+        assert!(!l.refill(&mut cursor, 0, false, &mut out), "no room yet");
+        for n in 1..10 {
+            exchange(&mut l, n, 10, 6);
+        }
+        let first = l.first_seq();
+        assert_eq!(first, 15, "six messages retained: 15 to 20");
+        assert!(l.refill(&mut cursor, usize::MAX, true, &mut out));
+        let p = payloads(&out);
+        assert_eq!(
+            p[0],
+            serde_json::json!({"type": "resync", "epoch": "epoch-1", "first_seq": 15})
+        );
+        assert_eq!(seqs(&out), vec![16, 18, 20]);
+    }
+
+    #[test]
+    fn connecting_with_another_epoch_or_a_trimmed_cursor_owes_a_resync() {
+        let mut l = log();
+        for n in 0..5 {
+            exchange(&mut l, n, 10, 4);
+        }
+        assert_eq!(l.first_seq(), 7);
+        for (after, epoch, resync) in [
+            (Some(5), None, true),
+            (Some(6), None, false),
+            (Some(8), Some("epoch-1"), false),
+            (Some(8), Some("epoch-0"), true),
+            (None, Some("epoch-0"), true),
+        ] {
+            let mut c = l.cursor(after, epoch);
+            let mut out = Vec::new();
+            l.refill(&mut c, usize::MAX, true, &mut out);
+            let first = payloads(&out).first().map(|p| p["type"].clone());
+            assert_eq!(
+                first == Some(serde_json::json!("resync")),
+                resync,
+                "after {after:?} epoch {epoch:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pending_page_stops_at_four_mib_and_is_shared_until_a_change() {
+        let mut l = log();
+        let big = format!("\"{}\"", "y".repeat(120 * 1024));
+        for n in 0..40 {
+            prompt(&mut l, &format!("p{n}"), &big, LIMIT);
+        }
+        let page = l.pending_page(None);
+        assert!(page.len() <= MAX_PAGE_BYTES);
+        let list: Vec<serde_json::Value> = serde_json::from_slice(&page).unwrap();
+        assert!(
+            list.len() < 40 && !list.is_empty(),
+            "{} prompts",
+            list.len()
+        );
+        assert!(Rc::ptr_eq(&page, &l.pending_page(None)), "shared bytes");
+        prompt(&mut l, "new", "\"q\"", LIMIT);
+        assert!(
+            !Rc::ptr_eq(&page, &l.pending_page(None)),
+            "a change renders anew"
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! A stored message. Its `data` object is serialized once, when it is
+//! stored; an assistant message keeps it inside its whole WebSocket frame
+//! (`{"type":"message","data":…}`), so a broadcast, a replay and a refill
+//! queue the same shared bytes on every subscriber, and `/messages` copies
+//! the `data` slice out of it.
+
+use std::rc::Rc;
+
+use crate::http::response::push_decimal;
+use crate::http::wsframe;
+use crate::time::UnixMillis;
+
+/// Which kind of message a history entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Prompt,
+    Assistant,
+}
+
+/// The payload of a frame before the `data` object.
+const FRAME_PREFIX: &[u8] = b"{\"type\":\"message\",\"data\":";
+/// Room kept in front of a frame's payload for its header (at most 10 bytes).
+const HEAD_ROOM: usize = 10;
+
+/// A message's bytes: a prompt's `data` alone, an assistant message's whole
+/// frame (shared with the subscribers' queues).
+#[derive(Debug)]
+enum Bytes {
+    Data(Box<[u8]>),
+    Frame(Rc<[u8]>),
+}
+
+/// One stored message: its keys and its serialized bytes.
+#[derive(Debug)]
+pub struct Message {
+    pub seq: u64,
+    pub ts: UnixMillis,
+    pub kind: Kind,
+    /// For a prompt its own id; for an assistant message the prompt it answers.
+    pub client_msg_id: Rc<str>,
+    /// Only for assistant messages.
+    pub assistant_msg_id: Option<Rc<str>>,
+    bytes: Bytes,
+    /// Where `data` starts in the bytes, and how long it is.
+    data_at: u32,
+    data_len: u32,
+}
+
+/// The parts of a new message's `data` object, as JSON literals already
+/// valid (the validated body's raw values): assembled without decoding.
+pub struct Parts<'a> {
+    pub session_id: &'a str,
+    /// `"client_msg_id"` for a prompt, `"assistant_msg_id"` for an answer.
+    pub id_literal: &'a str,
+    /// For an answer: the prompt it answers.
+    pub prompt_id: Option<&'a str>,
+    /// The `prompt` or `text` literal.
+    pub text: &'a str,
+    pub metadata: Option<&'a str>,
+    pub ts: UnixMillis,
+    pub seq: u64,
+}
+
+impl Parts<'_> {
+    /// Writes `{"session_id",<id>,("client_msg_id",)<text>,"metadata"?,"ts","seq"}`.
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"session_id\":\"");
+        out.extend_from_slice(self.session_id.as_bytes()); // unreserved characters only
+        match self.prompt_id {
+            None => {
+                out.extend_from_slice(b"\",\"client_msg_id\":");
+                out.extend_from_slice(self.id_literal.as_bytes());
+                out.extend_from_slice(b",\"prompt\":");
+            }
+            Some(prompt_id) => {
+                out.extend_from_slice(b"\",\"assistant_msg_id\":");
+                out.extend_from_slice(self.id_literal.as_bytes());
+                out.extend_from_slice(b",\"client_msg_id\":");
+                push_json_str(out, prompt_id);
+                out.extend_from_slice(b",\"text\":");
+            }
+        }
+        out.extend_from_slice(self.text.as_bytes());
+        if let Some(m) = self.metadata {
+            out.extend_from_slice(b",\"metadata\":");
+            out.extend_from_slice(m.as_bytes());
+        }
+        out.extend_from_slice(b",\"ts\":");
+        push_decimal(out, self.ts);
+        out.extend_from_slice(b",\"seq\":");
+        push_decimal(out, self.seq);
+        out.push(b'}');
+    }
+
+    fn len_hint(&self) -> usize {
+        110 + self.session_id.len()
+            + self.id_literal.len()
+            + self.prompt_id.map_or(0, str::len)
+            + self.text.len()
+            + self.metadata.map_or(0, str::len)
+    }
+}
+
+/// Appends `s` as a JSON string literal.
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        out.extend_from_slice(&crate::relay::model::to_json(&s));
+    }
+}
+
+impl Message {
+    /// A prompt, its `data` assembled from `parts`.
+    pub fn prompt(client_msg_id: Rc<str>, parts: &Parts) -> Message {
+        let mut data = Vec::with_capacity(parts.len_hint());
+        parts.write(&mut data);
+        Message {
+            seq: parts.seq,
+            ts: parts.ts,
+            kind: Kind::Prompt,
+            client_msg_id,
+            assistant_msg_id: None,
+            data_at: 0,
+            data_len: data.len() as u32,
+            bytes: Bytes::Data(data.into_boxed_slice()),
+        }
+    }
+
+    /// An assistant message, framed once: the `data` object is written
+    /// behind room for the frame header, which goes in front once the
+    /// length is known, so the bytes are copied only into their shared home.
+    pub fn assistant(client_msg_id: Rc<str>, assistant_msg_id: Rc<str>, parts: &Parts) -> Message {
+        let mut buf = Vec::with_capacity(HEAD_ROOM + FRAME_PREFIX.len() + parts.len_hint());
+        buf.resize(HEAD_ROOM, 0);
+        buf.extend_from_slice(FRAME_PREFIX);
+        let data_start = buf.len();
+        parts.write(&mut buf);
+        let data_len = buf.len() - data_start;
+        buf.push(b'}');
+        let mut head = Vec::with_capacity(HEAD_ROOM);
+        wsframe::text_header(buf.len() - HEAD_ROOM, &mut head);
+        let start = HEAD_ROOM - head.len();
+        buf[start..HEAD_ROOM].copy_from_slice(&head);
+        Message {
+            seq: parts.seq,
+            ts: parts.ts,
+            kind: Kind::Assistant,
+            client_msg_id,
+            assistant_msg_id: Some(assistant_msg_id),
+            data_at: (data_start - start) as u32,
+            data_len: data_len as u32,
+            bytes: Bytes::Frame(Rc::from(&buf[start..])),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Data(b) => b,
+            Bytes::Frame(f) => f,
+        }
+    }
+
+    /// The serialized `data` object.
+    pub fn data(&self) -> &[u8] {
+        let at = self.data_at as usize;
+        &self.bytes()[at..at + self.data_len as usize]
+    }
+
+    /// The WebSocket frame of an assistant message, shared.
+    pub fn frame(&self) -> Option<&Rc<[u8]>> {
+        match &self.bytes {
+            Bytes::Frame(f) => Some(f),
+            Bytes::Data(_) => None,
+        }
+    }
+
+    /// `{"type":"prompt"|"assistant","data":…}`, as `/messages` lists it.
+    pub fn write_history_entry(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(match self.kind {
+            Kind::Prompt => b"{\"type\":\"prompt\",\"data\":",
+            Kind::Assistant => b"{\"type\":\"assistant\",\"data\":",
+        });
+        out.extend_from_slice(self.data());
+        out.push(b'}');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(text: &str, prompt_id: Option<&'static str>) -> Parts<'static> {
+        Parts {
+            session_id: "s",
+            id_literal: "\"id\"",
+            prompt_id,
+            text: Box::leak(text.to_string().into_boxed_str()),
+            metadata: Some("{\"k\":1}"),
+            ts: 7,
+            seq: 3,
+        }
+    }
+
+    #[test]
+    fn an_assistant_message_is_its_frame_and_data_is_a_slice_of_it() {
+        for len in [10, 300, 70_000] {
+            let text = format!("\"{}\"", "y".repeat(len));
+            let m =
+                Message::assistant(Rc::from("c\"1"), Rc::from("a"), &parts(&text, Some("c\"1")));
+            let data: serde_json::Value = serde_json::from_slice(m.data()).unwrap();
+            assert_eq!(data["client_msg_id"], "c\"1");
+            assert_eq!(data["text"].as_str().map(str::len), Some(len));
+            assert_eq!(
+                (data["ts"].as_u64(), data["seq"].as_u64()),
+                (Some(7), Some(3))
+            );
+            let frame = m.frame().expect("assistant messages are framed");
+            let at = match frame[1] {
+                126 => 4,
+                127 => 10,
+                _ => 2,
+            };
+            assert_eq!(frame[0], 0x81);
+            let v: serde_json::Value = serde_json::from_slice(&frame[at..]).unwrap();
+            assert_eq!(v["type"], "message");
+            assert_eq!(v["data"], data);
+        }
+    }
+
+    #[test]
+    fn a_prompt_has_no_frame() {
+        let m = Message::prompt(Rc::from("c"), &parts("\"hi\"", None));
+        assert!(m.frame().is_none());
+        let mut out = Vec::new();
+        m.write_history_entry(&mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["type"], "prompt");
+        assert_eq!(
+            v["data"],
+            serde_json::json!({"session_id": "s", "client_msg_id": "id", "prompt": "hi", "metadata": {"k": 1}, "ts": 7, "seq": 3})
+        );
+    }
+}
