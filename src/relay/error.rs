@@ -40,6 +40,10 @@ impl ApiError {
     pub fn invalid_session_id() -> ApiError {
         ApiError::new(400, "Invalid session_id")
     }
+    /// `metadata` too deep or holding a number that is not a finite float.
+    pub fn invalid_metadata(why: &'static str) -> ApiError {
+        ApiError::new(400, "Invalid metadata").with_details(why)
+    }
     pub fn too_large_field() -> ApiError {
         ApiError::new(400, SIZE_LIMIT)
     }
