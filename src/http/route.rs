@@ -242,9 +242,11 @@ mod tests {
             route(Method::Get, "/ws/").unwrap_err().error,
             "Invalid session_id"
         );
+        let e = route(Method::Get, "/ws/a%20b").unwrap_err();
+        assert_eq!(e.error, "Invalid session_id");
         assert_eq!(
-            route(Method::Get, "/ws/a%20b").unwrap_err().error,
-            "Invalid session_id"
+            e.details.as_deref(),
+            Some("1 to 128 characters from A-Z a-z 0-9 . _ ~ -")
         );
     }
 

@@ -479,6 +479,16 @@ mod tests {
     }
 
     #[test]
+    fn invalid_session_id_details_give_the_rule() {
+        let e = prompt_err(r#"{"session_id":"a/b","prompt":"x"}"#);
+        assert_eq!(e.error, "Invalid session_id");
+        assert_eq!(
+            e.details.as_deref(),
+            Some("1 to 128 characters from A-Z a-z 0-9 . _ ~ -")
+        );
+    }
+
+    #[test]
     fn session_ids_are_url_unreserved() {
         assert!(valid_session_id("Ab0.-_~"));
         assert!(!valid_session_id(""));
