@@ -117,3 +117,48 @@ fn numbers_beyond_a_finite_float_are_refused_in_metadata_and_ts() {
     assert_eq!(post_raw(&srv, "/prompt", &body).status, 200);
     assert_eq!(srv.messages(&sid, "")["total"], 2);
 }
+
+// ---- bytes that are not HTTP ----
+
+/// Sends `bytes` (no end of head among them) to a server whose request
+/// timeout is 30 s, and asserts a `400` and a close arrive within 3 s: the
+/// socket's read timeout is the bound, so a server that waited for the
+/// request timeout fails the test instead of passing late.
+#[track_caller]
+fn assert_refused_at_once(srv: &Server, bytes: &[u8]) {
+    let mut http = srv.conn();
+    http.stream()
+        .set_read_timeout(Some(std::time::Duration::from_secs(3)))
+        .unwrap();
+    http.send_raw(bytes);
+    let resp = http.read_response();
+    assert_error(&resp, 400, "Malformed request head");
+    assert_eq!(resp.header("Connection"), Some("close"));
+    assert!(http.is_closed_by_peer(), "still open after {bytes:?}");
+}
+
+#[test]
+fn tls_hello_binary_garbage_and_bad_methods_are_refused_at_once() {
+    let srv = Server::start_with(&[("RELAY_REQUEST_TIMEOUT", "30")]);
+    // A TLS 1.2/1.3 ClientHello's record and handshake headers, then random.
+    let mut hello = vec![
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+    ];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 24) as u8
+    };
+    hello.extend((0..32).map(|_| random()));
+    assert_refused_at_once(&srv, &hello);
+    let garbage: Vec<u8> = (0..64).map(|_| random() | 0x80).collect();
+    assert_refused_at_once(&srv, &garbage);
+    assert_refused_at_once(&srv, b"GET(1) /healthz HTTP/1.1\r\n");
+    assert_refused_at_once(&srv, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    // The server is unharmed, and empty lines before a request are fine.
+    let mut http = srv.conn();
+    http.send_raw(b"\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(http.read_response().status, 200);
+}

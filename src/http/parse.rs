@@ -8,6 +8,9 @@
 use super::{Framing, Method, RequestHead};
 use crate::relay::ApiError;
 
+mod start;
+use start::LineCheck;
+
 /// Largest request head; beyond it the answer is 431.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Most header lines httparse is given room for; beyond it the answer is 431.
@@ -33,13 +36,32 @@ pub fn find_head_end(buf: &[u8], scanned: &mut usize) -> Option<usize> {
     None
 }
 
+/// How far the current request's head has been looked at, kept between
+/// reads so each byte is scanned once.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeadScan {
+    /// Bytes after the leading empty lines searched for the end of the head.
+    scanned: usize,
+    /// The early check of the request line.
+    line: LineCheck,
+}
+
 /// Parses a request head from the start of `buf`. `Ok(None)` means more
 /// bytes are needed. Leading empty lines are skipped (RFC 9112 section 2.2).
+/// Bytes that cannot begin an HTTP/1.x request are refused before the end
+/// of the head arrives (see `start.rs`).
 pub fn parse_head(
     buf: &[u8],
-    scanned: &mut usize,
+    scan: &mut HeadScan,
 ) -> Result<Option<(RequestHead, usize)>, ApiError> {
-    let Some(end) = find_head_end(buf, scanned) else {
+    scan.line
+        .advance(buf)
+        .map_err(|why| ApiError::bad_request("Malformed request head").with_details(why))?;
+    let head_end = scan
+        .line
+        .line_start()
+        .and_then(|lead| find_head_end(&buf[lead..], &mut scan.scanned).map(|end| lead + end));
+    let Some(end) = head_end else {
         if buf.len() > MAX_HEAD_BYTES {
             return Err(ApiError::head_too_large());
         }
@@ -317,8 +339,8 @@ impl ChunkedDecoder {
 /// Where the current request is.
 #[derive(Debug)]
 enum Progress {
-    /// Waiting for a complete head; `scanned` bytes were already searched.
-    Head { scanned: usize },
+    /// Waiting for a complete head, looked at as far as `scan` says.
+    Head { scan: HeadScan },
     /// Head parsed, waiting for a `Content-Length` body of `len` bytes.
     Body { head: Box<RequestHead>, len: usize },
     /// Head parsed, decoding a chunked body.
@@ -363,7 +385,9 @@ impl RequestReader {
         RequestReader {
             buf: Vec::new(),
             start: 0,
-            progress: Progress::Head { scanned: 0 },
+            progress: Progress::Head {
+                scan: HeadScan::default(),
+            },
             continue_sent: false,
             max_body,
         }
@@ -426,18 +450,17 @@ impl RequestReader {
     pub fn next_step(&mut self) -> Result<Step, ApiError> {
         loop {
             match &mut self.progress {
-                Progress::Head { scanned } => {
-                    let mut s = *scanned;
-                    let parsed = parse_head(&self.buf[self.start..], &mut s);
-                    let Some((head, len)) = parsed? else {
-                        self.progress = Progress::Head { scanned: s };
+                Progress::Head { scan } => {
+                    let Some((head, len)) = parse_head(&self.buf[self.start..], scan)? else {
                         return Ok(Step::NeedMore);
                     };
                     self.consume(len);
                     self.continue_sent = false;
                     self.progress = match head.framing() {
                         super::Framing::Empty => {
-                            self.progress = Progress::Head { scanned: 0 };
+                            self.progress = Progress::Head {
+                                scan: HeadScan::default(),
+                            };
                             return Ok(Step::Request(Box::new(head), Vec::new()));
                         }
                         super::Framing::Length(n) if n > self.max_body => {
@@ -465,7 +488,9 @@ impl RequestReader {
                     let len = *len;
                     let body = self.buf[self.start..self.start + len].to_vec();
                     let head = std::mem::take(head);
-                    self.progress = Progress::Head { scanned: 0 };
+                    self.progress = Progress::Head {
+                        scan: HeadScan::default(),
+                    };
                     self.consume(len);
                     return Ok(Step::Request(head, body));
                 }
@@ -483,7 +508,9 @@ impl RequestReader {
                     }
                     let body = decoder.take_body();
                     let head = std::mem::take(head);
-                    self.progress = Progress::Head { scanned: 0 };
+                    self.progress = Progress::Head {
+                        scan: HeadScan::default(),
+                    };
                     self.consume(used);
                     return Ok(Step::Request(head, body));
                 }
