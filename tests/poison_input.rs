@@ -162,3 +162,43 @@ fn tls_hello_binary_garbage_and_bad_methods_are_refused_at_once() {
     http.send_raw(b"\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!(http.read_response().status, 200);
 }
+
+// ---- numbers past 64 bits in queries ----
+
+#[test]
+fn huge_query_numbers_clamp_or_match_nothing_and_negatives_are_400() {
+    let srv = Server::start();
+    let sid = unique_session();
+    srv.prompt(&sid, "q1", Some("c1"));
+    srv.prompt(&sid, "q2", Some("c2"));
+    let page = srv.messages(&sid, "?limit=10000000000000000000");
+    assert_eq!(
+        (page["limit"].as_u64(), page["total"].as_u64()),
+        (Some(1000), Some(2))
+    );
+    assert_eq!(page["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(srv.messages(&sid, "?limit=1001")["limit"], 1000);
+    let huge = "99999999999999999999999999";
+    let page = srv.messages(&sid, &format!("?offset={huge}"));
+    assert!(page["messages"].as_array().unwrap().is_empty(), "{page}");
+    assert_eq!(
+        (page["total"].as_u64(), page["offset"].as_u64()),
+        (Some(2), Some(u64::MAX))
+    );
+    for filter in ["after", "since"] {
+        let page = srv.messages(&sid, &format!("?{filter}={huge}"));
+        assert_eq!(page["total"], 0, "{filter}: {page}");
+    }
+    let resp = srv.get(&format!("/prompts/{sid}?wait=false&after={huge}"));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json(), json!([]));
+    for query in [
+        "limit=-1",
+        "limit=-10000000000000000000",
+        "offset=-2",
+        "after=-1",
+    ] {
+        let resp = srv.get(&format!("/messages/{sid}?{query}"));
+        assert_eq!(resp.status, 400, "{query}: {}", resp.text());
+    }
+}
