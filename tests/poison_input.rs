@@ -202,3 +202,51 @@ fn huge_query_numbers_clamp_or_match_nothing_and_negatives_are_400() {
         assert_eq!(resp.status, 400, "{query}: {}", resp.text());
     }
 }
+
+// ---- chunked framing ----
+
+/// A `POST /prompt` head announcing a chunked body.
+fn chunked_prompt_head() -> Vec<u8> {
+    b"POST /prompt HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+      Transfer-Encoding: chunked\r\n\r\n"
+        .to_vec()
+}
+
+#[test]
+fn long_chunk_extensions_and_framing_floods_are_refused() {
+    let srv = Server::start_with(&[("RELAY_MAX_BODY", "1024")]);
+    // A size line of 300 bytes: 400 and close.
+    let mut http = srv.conn();
+    let mut raw = chunked_prompt_head();
+    raw.extend_from_slice(format!("1;ext={}\r\n", "v".repeat(292)).as_bytes());
+    http.send_raw(&raw);
+    let resp = http.read_response();
+    assert_error(&resp, 400, "Malformed chunked body");
+    assert!(http.is_closed_by_peer());
+    // One-byte chunks with 200-byte extensions: 413 once the framing passes
+    // the body cap plus 64 KiB, while the body is a few hundred bytes.
+    let mut http = srv.conn();
+    let mut raw = chunked_prompt_head();
+    let chunk = format!("1;e={}\r\n \r\n", "x".repeat(194));
+    for _ in 0..(1024 + 64 * 1024) / 202 + 1 {
+        raw.extend_from_slice(chunk.as_bytes());
+    }
+    http.send_raw(&raw);
+    let resp = http.read_response();
+    assert_error(&resp, 413, "Message exceeds size limit");
+    // A body in small chunks with a short extension is fine.
+    let body = format!(
+        r#"{{"session_id":"{}","prompt":"chunky"}}"#,
+        unique_session()
+    );
+    let mut raw = chunked_prompt_head();
+    for piece in body.as_bytes().chunks(3) {
+        raw.extend_from_slice(format!("{:x};n=1\r\n", piece.len()).as_bytes());
+        raw.extend_from_slice(piece);
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let mut http = srv.conn();
+    http.send_raw(&raw);
+    assert_eq!(http.read_response().status, 200);
+}

@@ -501,6 +501,67 @@ fn chunked_body_of_exactly_max_body_is_accepted() {
     assert_eq!(body.len(), MAX_BODY);
 }
 
+const CHUNKED_HEAD: &[u8] = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+/// A one-byte chunk whose size line, CRLF included, is `line_len` bytes.
+fn chunk_with_extension(line_len: usize) -> Vec<u8> {
+    let mut chunk = b"1;e=".to_vec();
+    chunk.resize(line_len - 2, b'x');
+    chunk.extend_from_slice(b"\r\nX\r\n");
+    chunk
+}
+
+#[test]
+fn chunk_size_line_of_256_bytes_is_accepted_and_257_is_400() {
+    let mut raw = CHUNKED_HEAD.to_vec();
+    raw.extend_from_slice(&chunk_with_extension(MAX_CHUNK_LINE));
+    raw.extend_from_slice(b"0\r\n\r\n");
+    assert_eq!(one(&raw).1, b"X");
+    let mut raw = CHUNKED_HEAD.to_vec();
+    raw.extend_from_slice(&chunk_with_extension(MAX_CHUNK_LINE + 1));
+    let e = error(&raw);
+    assert_eq!((e.status, &*e.error), (400, "Malformed chunked body"));
+    // Refused before its line ends, too: no newline among 256 bytes.
+    let mut r = reader();
+    r.push(CHUNKED_HEAD);
+    r.push(&[b'1'; MAX_CHUNK_LINE - 1]);
+    assert!(matches!(drain(&mut r).pop(), Some(Ok(Step::NeedMore))));
+    r.push(b";");
+    assert_eq!(r.next_step().unwrap_err().status, 400);
+}
+
+#[test]
+fn framing_far_above_the_body_is_413_long_before_the_body_cap() {
+    // 200-byte extensions on one-byte chunks: about 200 bytes of framing
+    // per body byte. Refused once the framing passes the body cap plus the
+    // allowance, while the body is still a fraction of its cap.
+    let mut r = reader();
+    r.push(CHUNKED_HEAD);
+    let chunk = chunk_with_extension(200);
+    let mut sent = 0;
+    let e = loop {
+        r.push(&chunk);
+        sent += 1;
+        match r.next_step() {
+            Ok(Step::NeedMore) => assert!(sent < 1000, "never refused"),
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!((e.status, &*e.error), (413, "Message exceeds size limit"));
+    // Each chunk is 202 bytes of framing (the line and the data's CRLF).
+    assert_eq!(sent, (MAX_BODY + FRAMING_ALLOWANCE) / 202 + 1);
+    assert!(sent < MAX_BODY, "body reached its cap first: {sent}");
+}
+
+#[test]
+fn a_body_of_one_byte_chunks_up_to_the_cap_is_accepted() {
+    // The smallest chunks a writer can make cost 5 bytes of framing each:
+    // far inside the allowance.
+    let (_, body) = one(&chunked_of(&[1; MAX_BODY]));
+    assert_eq!(body.len(), MAX_BODY);
+}
+
 #[test]
 fn conflicting_content_length_is_400() {
     assert_eq!(
