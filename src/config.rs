@@ -91,7 +91,13 @@ impl Default for Config {
 /// What the command line asked for.
 #[derive(Debug)]
 pub enum Command {
-    Run(Box<Config>),
+    /// Serve. `warnings` (one sentence each, e.g. an unknown `RELAY_*`
+    /// variable) are logged by the caller once logging is up, since logging
+    /// is configured by this very parse.
+    Run {
+        cfg: Box<Config>,
+        warnings: Vec<String>,
+    },
     Help,
     Version,
 }
@@ -100,12 +106,14 @@ type Setter = fn(&mut Config, &str) -> Result<(), String>;
 
 /// (environment variable, meaning, setter). The flag is derived from the name.
 const SETTINGS: &[(&str, &str, Setter)] = &[
-    ("RELAY_HOST", "listen address (default 0.0.0.0)", |c, v| {
-        c.host = v
-            .parse()
-            .map_err(|_| "expected an IP address".to_string())?;
-        Ok(())
-    }),
+    (
+        "RELAY_HOST",
+        "listen address: IPv4, IPv6 or localhost (default 0.0.0.0)",
+        |c, v| {
+            c.host = host(v)?;
+            Ok(())
+        },
+    ),
     (
         "RELAY_PORT",
         "listen port, 0 picks a free one (default 8000; PORT also works)",
@@ -234,12 +242,7 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         "RELAY_TRUSTED_PROXY",
         "comma-separated proxy addresses whose X-Forwarded-For is trusted",
         |c, v| {
-            c.trusted_proxies = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| s.parse().map_err(|_| format!("'{s}' is not an IP address")))
-                .collect::<Result<_, _>>()?;
+            c.trusted_proxies = proxies(v)?;
             Ok(())
         },
     ),
@@ -283,6 +286,40 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         },
     ),
 ];
+
+/// `RELAY_HOST`: an IP address, or `localhost` for 127.0.0.1 (the name a
+/// newcomer types first; resolving it would depend on /etc/hosts, and an
+/// IPv6-only `localhost` would surprise the `curl 127.0.0.1` of the README).
+fn host(v: &str) -> Result<IpAddr, String> {
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("localhost") {
+        return Ok(IpAddr::from([127, 0, 0, 1]));
+    }
+    v.parse().map_err(|_| {
+        "expected an IPv4 or IPv6 address (0.0.0.0, 127.0.0.1, ::, ::1, ...) or localhost"
+            .to_string()
+    })
+}
+
+/// `RELAY_TRUSTED_PROXY`: IP addresses separated by commas. The error names
+/// the bad entry only when there are several; `apply` quotes the whole value.
+fn proxies(v: &str) -> Result<Vec<IpAddr>, String> {
+    let entries: Vec<&str> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let expected = "expected IP addresses separated by commas";
+    entries
+        .iter()
+        .map(|s| {
+            s.parse().map_err(|_| match entries.len() {
+                1 => expected.to_string(),
+                _ => format!("{expected}; '{s}' is not one"),
+            })
+        })
+        .collect()
+}
 
 /// A positive number of seconds, fractions allowed, at most a year.
 fn seconds(v: &str) -> Result<Duration, String> {
@@ -383,7 +420,89 @@ where
         };
         apply(&mut cfg, name, &value)?;
     }
-    Ok(Command::Run(Box::new(cfg)))
+    Ok(Command::Run {
+        cfg: Box::new(cfg),
+        warnings: unknown_variables(&env),
+    })
+}
+
+/// One warning per environment variable that looks like a setting
+/// (`RELAY_` in any case) but is none, naming the closest setting when one
+/// is close: a typo such as `RELAY_PROT` would otherwise leave the server on
+/// its default port without a word.
+fn unknown_variables(env: &[(String, String)]) -> Vec<String> {
+    let mut warnings: Vec<String> = env
+        .iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_ascii_uppercase().starts_with("RELAY_"))
+        .filter(|k| !SETTINGS.iter().any(|(name, _, _)| name == k))
+        .map(|k| match closest_setting(k) {
+            Some(name) => format!("{k} is not a setting and is ignored; did you mean {name}?"),
+            None => format!("{k} is not a setting and is ignored (relay --help lists them)"),
+        })
+        .collect();
+    warnings.sort();
+    warnings
+}
+
+/// The setting whose name is nearest to `name`, if it is near enough to be
+/// the likely intent. Nearness is the edit distance, allowed up to a third
+/// of the name's length after `RELAY_` (at least 2); a name that is part of
+/// a setting's (`RELAY_CORS` of `RELAY_CORS_ORIGINS`) counts as one edit,
+/// and a setting's name inside it (`RELAY_HOSTNAME`) is near at any
+/// distance.
+fn closest_setting(name: &str) -> Option<&'static str> {
+    let upper = name.to_ascii_uppercase();
+    let short = upper.get(6..).unwrap_or("");
+    let most = (short.len() / 3).max(2);
+    SETTINGS
+        .iter()
+        .filter_map(|(setting, _, _)| {
+            let known = &setting[6..];
+            let d = edit_distance(&upper, setting);
+            if short.len() >= 3 && known.contains(short) {
+                Some((*setting, d.min(1)))
+            } else if d <= most || (known.len() >= 3 && short.contains(known)) {
+                Some((*setting, d))
+            } else {
+                None
+            }
+        })
+        .min_by_key(|(_, d)| *d)
+        .map(|(setting, _)| setting)
+}
+
+/// Edits (insert, delete, substitute, swap two neighbours) between two
+/// ASCII names: optimal string alignment distance, so a swapped pair of
+/// letters (`PROT`, `PORT`) counts as one typo.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    // Three rows: two back (for swaps), previous, current.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        cur[0] = i;
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            cur[j] = (prev[j] + 1).min(cur[j - 1] + 1).min(prev[j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                cur[j] = cur[j].min(before[j - 2] + 1);
+            }
+        }
+        std::mem::swap(&mut before, &mut prev);
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+/// Whether anyone who can reach the listen address may use every endpoint:
+/// a non-loopback host and no token at all. Checked once at start, for the
+/// warning `main` logs.
+pub fn open_to_the_network(cfg: &Config) -> bool {
+    !cfg.host.to_canonical().is_loopback()
+        && cfg.client_token.is_none()
+        && cfg.agent_token.is_none()
 }
 
 /// The `--help` text: every setting with its flag and meaning.
@@ -413,7 +532,7 @@ mod tests {
     fn run(env: &[(&str, &str)], args: &[&str]) -> Result<Config, String> {
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
         match parse(env, args.iter().map(|s| s.to_string()))? {
-            Command::Run(c) => Ok(*c),
+            Command::Run { cfg, .. } => Ok(*cfg),
             other => panic!("expected a config, got {other:?}"),
         }
     }
@@ -456,6 +575,89 @@ mod tests {
         );
         let e = run(&[], &["--nope"]).unwrap_err();
         assert!(e.contains("--nope"), "{e}");
+    }
+
+    fn warnings(env: &[(&str, &str)]) -> Vec<String> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        match parse(env, std::iter::empty()).unwrap() {
+            Command::Run { warnings, .. } => warnings,
+            other => panic!("expected a config, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_relay_variables_are_warned_about_with_the_closest_setting() {
+        let w = warnings(&[
+            ("RELAY_PROT", "9000"),
+            ("RELAY_PORT", "9001"),
+            ("RELAY_MAXBODY", "1"),
+            ("relay_log_format", "json"),
+            ("RELAY_PING", "5"),
+            ("RELAY_DATA_DIR", "/tmp"),
+            ("RELAY_CORS", "*"),
+            ("RELAY_LOG_FORMT", "json"),
+            ("RELAY_HOSTNAME", "::"),
+            ("HOME", "/root"),
+            ("PORT", "1"),
+        ]);
+        assert_eq!(
+            w,
+            [
+                "RELAY_CORS is not a setting and is ignored; did you mean RELAY_CORS_ORIGINS?",
+                "RELAY_DATA_DIR is not a setting and is ignored (relay --help lists them)",
+                "RELAY_HOSTNAME is not a setting and is ignored; did you mean RELAY_HOST?",
+                "RELAY_LOG_FORMT is not a setting and is ignored; did you mean RELAY_LOG_FORMAT?",
+                "RELAY_MAXBODY is not a setting and is ignored; did you mean RELAY_MAX_BODY?",
+                "RELAY_PING is not a setting and is ignored; did you mean RELAY_PING_INTERVAL?",
+                "RELAY_PROT is not a setting and is ignored; did you mean RELAY_PORT?",
+                "relay_log_format is not a setting and is ignored; did you mean RELAY_LOG_FORMAT?",
+            ]
+        );
+        assert!(warnings(&[("RELAY_PORT", "1"), ("RELAY_LOG", "warn")]).is_empty());
+    }
+
+    #[test]
+    fn edit_distance_counts_a_swap_as_one() {
+        assert_eq!(edit_distance("PROT", "PORT"), 1);
+        assert_eq!(edit_distance("HOST", "HOST"), 0);
+        assert_eq!(edit_distance("", "LOG"), 3);
+        assert_eq!(edit_distance("MAXBODY", "MAX_BODY"), 1);
+        assert_eq!(edit_distance("KITTEN", "SITTING"), 3);
+    }
+
+    #[test]
+    fn host_accepts_addresses_and_localhost_and_says_what_it_accepts() {
+        let c = run(&[("RELAY_HOST", "localhost")], &[]).unwrap();
+        assert_eq!(c.host, IpAddr::from([127, 0, 0, 1]));
+        let c = run(&[("RELAY_HOST", "::1")], &[]).unwrap();
+        assert!(c.host.is_loopback() && c.host.is_ipv6());
+        let e = run(&[("RELAY_HOST", "example.com")], &[]).unwrap_err();
+        assert!(
+            e.contains("IPv4 or IPv6 address") && e.contains("localhost"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn trusted_proxy_error_quotes_its_value_once() {
+        let e = run(&[("RELAY_TRUSTED_PROXY", "bogus")], &[]).unwrap_err();
+        assert_eq!(e.matches("bogus").count(), 1, "{e}");
+        let e = run(&[("RELAY_TRUSTED_PROXY", "10.0.0.1,bogus")], &[]).unwrap_err();
+        assert_eq!(e.matches("10.0.0.1").count(), 1, "{e}");
+        assert!(e.contains("'bogus' is not one"), "{e}");
+        let c = run(&[("RELAY_TRUSTED_PROXY", "10.0.0.1, ::1")], &[]).unwrap();
+        assert_eq!(c.trusted_proxies.len(), 2);
+    }
+
+    #[test]
+    fn open_to_the_network_means_not_loopback_and_no_token() {
+        let open = |env: &[(&str, &str)]| open_to_the_network(&run(env, &[]).unwrap());
+        assert!(open(&[]));
+        assert!(open(&[("RELAY_HOST", "::")]));
+        assert!(!open(&[("RELAY_HOST", "127.0.0.1")]));
+        assert!(!open(&[("RELAY_HOST", "::ffff:127.0.0.1")]));
+        assert!(!open(&[("RELAY_AGENT_TOKEN", "a")]));
+        assert!(!open(&[("RELAY_CLIENT_TOKEN", "c")]));
     }
 
     #[test]
