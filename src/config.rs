@@ -6,6 +6,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+mod unknown;
+use unknown::unknown_variables;
+
 /// Allowed `Origin`s for CORS and WebSocket upgrades.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Origins {
@@ -91,7 +94,13 @@ impl Default for Config {
 /// What the command line asked for.
 #[derive(Debug)]
 pub enum Command {
-    Run(Box<Config>),
+    /// Serve. `warnings` (one sentence each, e.g. an unknown `RELAY_*`
+    /// variable) are logged by the caller once logging is up, since logging
+    /// is configured by this very parse.
+    Run {
+        cfg: Box<Config>,
+        warnings: Vec<String>,
+    },
     Help,
     Version,
 }
@@ -100,12 +109,14 @@ type Setter = fn(&mut Config, &str) -> Result<(), String>;
 
 /// (environment variable, meaning, setter). The flag is derived from the name.
 const SETTINGS: &[(&str, &str, Setter)] = &[
-    ("RELAY_HOST", "listen address (default 0.0.0.0)", |c, v| {
-        c.host = v
-            .parse()
-            .map_err(|_| "expected an IP address".to_string())?;
-        Ok(())
-    }),
+    (
+        "RELAY_HOST",
+        "listen address: IPv4, IPv6 or localhost (default 0.0.0.0)",
+        |c, v| {
+            c.host = host(v)?;
+            Ok(())
+        },
+    ),
     (
         "RELAY_PORT",
         "listen port, 0 picks a free one (default 8000; PORT also works)",
@@ -234,12 +245,7 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         "RELAY_TRUSTED_PROXY",
         "comma-separated proxy addresses whose X-Forwarded-For is trusted",
         |c, v| {
-            c.trusted_proxies = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| s.parse().map_err(|_| format!("'{s}' is not an IP address")))
-                .collect::<Result<_, _>>()?;
+            c.trusted_proxies = proxies(v)?;
             Ok(())
         },
     ),
@@ -283,6 +289,40 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         },
     ),
 ];
+
+/// `RELAY_HOST`: an IP address, or `localhost` for 127.0.0.1 (the name a
+/// newcomer types first; resolving it would depend on /etc/hosts, and an
+/// IPv6-only `localhost` would surprise the `curl 127.0.0.1` of the README).
+fn host(v: &str) -> Result<IpAddr, String> {
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("localhost") {
+        return Ok(IpAddr::from([127, 0, 0, 1]));
+    }
+    v.parse().map_err(|_| {
+        "expected an IPv4 or IPv6 address (0.0.0.0, 127.0.0.1, ::, ::1, ...) or localhost"
+            .to_string()
+    })
+}
+
+/// `RELAY_TRUSTED_PROXY`: IP addresses separated by commas. The error names
+/// the bad entry only when there are several; `apply` quotes the whole value.
+fn proxies(v: &str) -> Result<Vec<IpAddr>, String> {
+    let entries: Vec<&str> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let expected = "expected IP addresses separated by commas";
+    entries
+        .iter()
+        .map(|s| {
+            s.parse().map_err(|_| match entries.len() {
+                1 => expected.to_string(),
+                _ => format!("{expected}; '{s}' is not one"),
+            })
+        })
+        .collect()
+}
 
 /// A positive number of seconds, fractions allowed, at most a year.
 fn seconds(v: &str) -> Result<Duration, String> {
@@ -383,7 +423,19 @@ where
         };
         apply(&mut cfg, name, &value)?;
     }
-    Ok(Command::Run(Box::new(cfg)))
+    Ok(Command::Run {
+        cfg: Box::new(cfg),
+        warnings: unknown_variables(&env),
+    })
+}
+
+/// Whether anyone who can reach the listen address may use every endpoint:
+/// a non-loopback host and no token at all. Checked once at start, for the
+/// warning `main` logs.
+pub fn open_to_the_network(cfg: &Config) -> bool {
+    !cfg.host.to_canonical().is_loopback()
+        && cfg.client_token.is_none()
+        && cfg.agent_token.is_none()
 }
 
 /// The `--help` text: every setting with its flag and meaning.
@@ -413,7 +465,7 @@ mod tests {
     fn run(env: &[(&str, &str)], args: &[&str]) -> Result<Config, String> {
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
         match parse(env, args.iter().map(|s| s.to_string()))? {
-            Command::Run(c) => Ok(*c),
+            Command::Run { cfg, .. } => Ok(*cfg),
             other => panic!("expected a config, got {other:?}"),
         }
     }
@@ -456,6 +508,41 @@ mod tests {
         );
         let e = run(&[], &["--nope"]).unwrap_err();
         assert!(e.contains("--nope"), "{e}");
+    }
+
+    #[test]
+    fn host_accepts_addresses_and_localhost_and_says_what_it_accepts() {
+        let c = run(&[("RELAY_HOST", "localhost")], &[]).unwrap();
+        assert_eq!(c.host, IpAddr::from([127, 0, 0, 1]));
+        let c = run(&[("RELAY_HOST", "::1")], &[]).unwrap();
+        assert!(c.host.is_loopback() && c.host.is_ipv6());
+        let e = run(&[("RELAY_HOST", "example.com")], &[]).unwrap_err();
+        assert!(
+            e.contains("IPv4 or IPv6 address") && e.contains("localhost"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn trusted_proxy_error_quotes_its_value_once() {
+        let e = run(&[("RELAY_TRUSTED_PROXY", "bogus")], &[]).unwrap_err();
+        assert_eq!(e.matches("bogus").count(), 1, "{e}");
+        let e = run(&[("RELAY_TRUSTED_PROXY", "10.0.0.1,bogus")], &[]).unwrap_err();
+        assert_eq!(e.matches("10.0.0.1").count(), 1, "{e}");
+        assert!(e.contains("'bogus' is not one"), "{e}");
+        let c = run(&[("RELAY_TRUSTED_PROXY", "10.0.0.1, ::1")], &[]).unwrap();
+        assert_eq!(c.trusted_proxies.len(), 2);
+    }
+
+    #[test]
+    fn open_to_the_network_means_not_loopback_and_no_token() {
+        let open = |env: &[(&str, &str)]| open_to_the_network(&run(env, &[]).unwrap());
+        assert!(open(&[]));
+        assert!(open(&[("RELAY_HOST", "::")]));
+        assert!(!open(&[("RELAY_HOST", "127.0.0.1")]));
+        assert!(!open(&[("RELAY_HOST", "::ffff:127.0.0.1")]));
+        assert!(!open(&[("RELAY_AGENT_TOKEN", "a")]));
+        assert!(!open(&[("RELAY_CLIENT_TOKEN", "c")]));
     }
 
     #[test]

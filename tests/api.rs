@@ -171,12 +171,28 @@ fn session_id_of_every_unreserved_character_is_accepted() {
 fn invalid_session_id_is_rejected() {
     let srv = Server::start();
     let too_long = "s".repeat(129);
+    let rule = "1 to 128 characters from A-Z a-z 0-9 . _ ~ -";
     for sid in ["", "a b", "a/b", "a?b", "é", "a%20b", too_long.as_str()] {
         let resp = srv.post_json("/prompt", &json!({"session_id": sid, "prompt": "p"}));
         assert_error(&resp, 400, "Invalid session_id");
+        assert_eq!(resp.json()["details"], rule, "body-level, {sid:?}");
+        let resp = srv.post_json(
+            "/response",
+            &json!({"session_id": sid, "client_msg_id": "c", "text": "t"}),
+        );
+        assert_error(&resp, 400, "Invalid session_id");
+        assert_eq!(resp.json()["details"], rule, "body-level, {sid:?}");
     }
-    let resp = srv.get(&format!("/prompts/{too_long}?wait=false"));
-    assert_error(&resp, 400, "Invalid session_id");
+    // The route-level check (a session id in the path) says the same.
+    for path in [
+        format!("/prompts/{too_long}?wait=false"),
+        "/messages/a%20b".to_string(),
+        "/ws/a~b!".to_string(),
+    ] {
+        let resp = srv.get(&path);
+        assert_error(&resp, 400, "Invalid session_id");
+        assert_eq!(resp.json()["details"], rule, "route-level, {path}");
+    }
 }
 
 #[test]

@@ -79,6 +79,7 @@ fn contract_error(e: &ApiError) -> bool {
                     | "Request body must be a JSON object"
                     | "Invalid session_id"
                     | "Invalid metadata: must be an object"
+                    | "Invalid metadata"
                     | "Invalid ts: must be a non-negative integer (milliseconds)"
             ) || s == SIZE_LIMIT
                 || ["session_id", "prompt", "client_msg_id", "text"]

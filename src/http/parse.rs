@@ -2,11 +2,16 @@
 //! the bytes that arrived since the last look (no quadratic re-parse); only
 //! then does httparse run, and its borrowed result is turned into an owned
 //! [`RequestHead`] at once. Body framing follows RFC 9112 section 6.3; chunked
-//! bodies are decoded by a resumable state machine, so a body dribbled in byte
-//! by byte costs linear time.
+//! bodies are decoded by a resumable state machine (`chunked.rs`), so a body
+//! dribbled in byte by byte costs linear time.
 
 use super::{Framing, Method, RequestHead};
 use crate::relay::ApiError;
+
+mod chunked;
+mod start;
+pub use chunked::{ChunkedDecoder, FRAMING_ALLOWANCE, MAX_CHUNK_LINE};
+use start::LineCheck;
 
 /// Largest request head; beyond it the answer is 431.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -33,13 +38,32 @@ pub fn find_head_end(buf: &[u8], scanned: &mut usize) -> Option<usize> {
     None
 }
 
+/// How far the current request's head has been looked at, kept between
+/// reads so each byte is scanned once.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeadScan {
+    /// Bytes after the leading empty lines searched for the end of the head.
+    scanned: usize,
+    /// The early check of the request line.
+    line: LineCheck,
+}
+
 /// Parses a request head from the start of `buf`. `Ok(None)` means more
 /// bytes are needed. Leading empty lines are skipped (RFC 9112 section 2.2).
+/// Bytes that cannot begin an HTTP/1.x request are refused before the end
+/// of the head arrives (see `start.rs`).
 pub fn parse_head(
     buf: &[u8],
-    scanned: &mut usize,
+    scan: &mut HeadScan,
 ) -> Result<Option<(RequestHead, usize)>, ApiError> {
-    let Some(end) = find_head_end(buf, scanned) else {
+    scan.line
+        .advance(buf)
+        .map_err(|why| ApiError::bad_request("Malformed request head").with_details(why))?;
+    let head_end = scan
+        .line
+        .line_start()
+        .and_then(|lead| find_head_end(&buf[lead..], &mut scan.scanned).map(|end| lead + end));
+    let Some(end) = head_end else {
         if buf.len() > MAX_HEAD_BYTES {
             return Err(ApiError::head_too_large());
         }
@@ -186,139 +210,11 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
     Ok(head)
 }
 
-/// Where a chunked body decoder is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ChunkState {
-    /// Reading a `size[;ext]\r\n` line.
-    Size,
-    /// Reading `n` more data bytes.
-    Data(usize),
-    /// Expecting the CRLF after a chunk's data.
-    DataEnd,
-    /// After the last chunk: reading trailer lines until an empty one.
-    Trailer,
-    Done,
-}
-
-/// A resumable `Transfer-Encoding: chunked` decoder with a body cap.
-#[derive(Debug)]
-pub struct ChunkedDecoder {
-    state: ChunkState,
-    body: Vec<u8>,
-    max_body: usize,
-    /// Bytes of trailer section seen, capped like a head.
-    trailer_bytes: usize,
-}
-
-impl ChunkedDecoder {
-    /// A decoder that refuses bodies above `max_body` bytes with 413.
-    pub fn new(max_body: usize) -> ChunkedDecoder {
-        ChunkedDecoder {
-            state: ChunkState::Size,
-            body: Vec::new(),
-            max_body,
-            trailer_bytes: 0,
-        }
-    }
-
-    /// Consumes what it can of `buf`; returns the bytes consumed. Once
-    /// [`is_done`](Self::is_done), the body is in [`take_body`](Self::take_body).
-    pub fn feed(&mut self, buf: &[u8]) -> Result<usize, ApiError> {
-        let bad = || ApiError::bad_request("Malformed chunked body");
-        let mut pos = 0;
-        loop {
-            let rest = &buf[pos..];
-            match self.state {
-                ChunkState::Done => return Ok(pos),
-                ChunkState::Size => {
-                    let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
-                        if rest.len() > 1024 {
-                            return Err(bad());
-                        }
-                        return Ok(pos);
-                    };
-                    // chunk-size = 1*HEXDIG (RFC 9112 section 7.1); httparse
-                    // reads an empty line as size 0, which would end the body.
-                    if !rest[0].is_ascii_hexdigit() {
-                        return Err(bad());
-                    }
-                    let (size, _) = match httparse::parse_chunk_size(&rest[..=nl]) {
-                        Ok(httparse::Status::Complete((used, size))) => (size, used),
-                        _ => return Err(bad()),
-                    };
-                    pos += nl + 1;
-                    if size == 0 {
-                        self.state = ChunkState::Trailer;
-                    } else {
-                        let size = usize::try_from(size).map_err(|_| ApiError::body_too_large())?;
-                        if self.body.len().saturating_add(size) > self.max_body {
-                            return Err(ApiError::body_too_large());
-                        }
-                        self.state = ChunkState::Data(size);
-                    }
-                }
-                ChunkState::Data(n) => {
-                    if rest.is_empty() {
-                        return Ok(pos);
-                    }
-                    let take = n.min(rest.len());
-                    self.body.extend_from_slice(&rest[..take]);
-                    pos += take;
-                    self.state = if take == n {
-                        ChunkState::DataEnd
-                    } else {
-                        ChunkState::Data(n - take)
-                    };
-                }
-                ChunkState::DataEnd => {
-                    if rest.starts_with(b"\r\n") {
-                        pos += 2;
-                    } else if rest.starts_with(b"\n") {
-                        pos += 1;
-                    } else if rest.is_empty() || rest == b"\r" {
-                        return Ok(pos);
-                    } else {
-                        return Err(bad());
-                    }
-                    self.state = ChunkState::Size;
-                }
-                ChunkState::Trailer => {
-                    let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
-                        if self.trailer_bytes + rest.len() > MAX_HEAD_BYTES {
-                            return Err(ApiError::head_too_large());
-                        }
-                        return Ok(pos);
-                    };
-                    let line = &rest[..nl];
-                    self.trailer_bytes += nl + 1;
-                    if self.trailer_bytes > MAX_HEAD_BYTES {
-                        return Err(ApiError::head_too_large());
-                    }
-                    pos += nl + 1;
-                    if line.is_empty() || line == b"\r" {
-                        self.state = ChunkState::Done;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whether the terminating chunk and trailers have been read.
-    pub fn is_done(&self) -> bool {
-        self.state == ChunkState::Done
-    }
-
-    /// The decoded body.
-    pub fn take_body(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.body)
-    }
-}
-
 /// Where the current request is.
 #[derive(Debug)]
 enum Progress {
-    /// Waiting for a complete head; `scanned` bytes were already searched.
-    Head { scanned: usize },
+    /// Waiting for a complete head, looked at as far as `scan` says.
+    Head { scan: HeadScan },
     /// Head parsed, waiting for a `Content-Length` body of `len` bytes.
     Body { head: Box<RequestHead>, len: usize },
     /// Head parsed, decoding a chunked body.
@@ -363,7 +259,9 @@ impl RequestReader {
         RequestReader {
             buf: Vec::new(),
             start: 0,
-            progress: Progress::Head { scanned: 0 },
+            progress: Progress::Head {
+                scan: HeadScan::default(),
+            },
             continue_sent: false,
             max_body,
         }
@@ -426,18 +324,17 @@ impl RequestReader {
     pub fn next_step(&mut self) -> Result<Step, ApiError> {
         loop {
             match &mut self.progress {
-                Progress::Head { scanned } => {
-                    let mut s = *scanned;
-                    let parsed = parse_head(&self.buf[self.start..], &mut s);
-                    let Some((head, len)) = parsed? else {
-                        self.progress = Progress::Head { scanned: s };
+                Progress::Head { scan } => {
+                    let Some((head, len)) = parse_head(&self.buf[self.start..], scan)? else {
                         return Ok(Step::NeedMore);
                     };
                     self.consume(len);
                     self.continue_sent = false;
                     self.progress = match head.framing() {
                         super::Framing::Empty => {
-                            self.progress = Progress::Head { scanned: 0 };
+                            self.progress = Progress::Head {
+                                scan: HeadScan::default(),
+                            };
                             return Ok(Step::Request(Box::new(head), Vec::new()));
                         }
                         super::Framing::Length(n) if n > self.max_body => {
@@ -465,7 +362,9 @@ impl RequestReader {
                     let len = *len;
                     let body = self.buf[self.start..self.start + len].to_vec();
                     let head = std::mem::take(head);
-                    self.progress = Progress::Head { scanned: 0 };
+                    self.progress = Progress::Head {
+                        scan: HeadScan::default(),
+                    };
                     self.consume(len);
                     return Ok(Step::Request(head, body));
                 }
@@ -483,7 +382,9 @@ impl RequestReader {
                     }
                     let body = decoder.take_body();
                     let head = std::mem::take(head);
-                    self.progress = Progress::Head { scanned: 0 };
+                    self.progress = Progress::Head {
+                        scan: HeadScan::default(),
+                    };
                     self.consume(used);
                     return Ok(Step::Request(head, body));
                 }

@@ -152,14 +152,35 @@ fn invalid(name: &str, why: &str) -> ApiError {
     ApiError::bad_request(format!("Invalid {name}")).with_details(why.to_string())
 }
 
-fn uint_param(query: Option<&str>, name: &str) -> Result<Option<u64>, ApiError> {
+/// A non-negative decimal integer, saturated at `u64::MAX`. Digits past 64
+/// bits are still a well-formed count, only larger than anything stored:
+/// a `limit` that large is clamped like any other above 1000, and an
+/// `offset`, `after` or `since` that large leaves nothing to match, exactly
+/// as `u64::MAX` does (no `seq` or `ts` exceeds it). A leading `+` is
+/// accepted and `-0` is zero; any other minus sign is refused.
+fn saturating_uint(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let digits = v.strip_prefix('+').unwrap_or(v);
+    if let Some(zeros) = digits.strip_prefix('-') {
+        return (!zeros.is_empty() && zeros.bytes().all(|b| b == b'0')).then_some(0);
+    }
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // All digits: parsing fails only on overflow.
+    Some(digits.parse::<u64>().unwrap_or(u64::MAX))
+}
+
+/// Query parameter `name` as a non-negative integer (huge values saturate,
+/// see [`saturating_uint`]); negative or non-numeric is `400 Invalid {name}`.
+/// Called for `after`, `since`, `limit` and `offset`, and meant for the
+/// WebSocket's `after` too.
+pub fn uint_param(query: Option<&str>, name: &str) -> Result<Option<u64>, ApiError> {
     match query_param(query, name)? {
         None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<u64>()
+        Some(v) => saturating_uint(&v)
             .map(Some)
-            .map_err(|_| invalid(name, "must be a non-negative integer")),
+            .ok_or_else(|| invalid(name, "must be a non-negative integer")),
     }
 }
 
@@ -193,18 +214,11 @@ pub fn prompts_query(query: Option<&str>) -> Result<PromptsQuery, ApiError> {
 
 /// `limit`, `offset`, `since`, `after` of `GET /messages`.
 pub fn messages_query(query: Option<&str>) -> Result<MessagesQuery, ApiError> {
-    let signed = |name: &str| -> Result<Option<i64>, ApiError> {
-        match query_param(query, name)? {
-            None => Ok(None),
-            Some(v) => match v.trim().parse::<i64>() {
-                Ok(n) if n >= 0 => Ok(Some(n)),
-                _ => Err(invalid(name, "must be a non-negative integer")),
-            },
-        }
-    };
-    let limit =
-        signed("limit")?.map_or(DEFAULT_LIMIT, |n| (n as u64).min(MAX_LIMIT as u64) as usize);
-    let offset = signed("offset")?.map_or(0, |n| n as usize);
+    let limit = uint_param(query, "limit")?.map_or(DEFAULT_LIMIT, |n| {
+        usize::try_from(n.min(MAX_LIMIT as u64)).unwrap_or(MAX_LIMIT)
+    });
+    let offset =
+        uint_param(query, "offset")?.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
     Ok(MessagesQuery {
         limit,
         offset,
@@ -242,9 +256,11 @@ mod tests {
             route(Method::Get, "/ws/").unwrap_err().error,
             "Invalid session_id"
         );
+        let e = route(Method::Get, "/ws/a%20b").unwrap_err();
+        assert_eq!(e.error, "Invalid session_id");
         assert_eq!(
-            route(Method::Get, "/ws/a%20b").unwrap_err().error,
-            "Invalid session_id"
+            e.details.as_deref(),
+            Some("1 to 128 characters from A-Z a-z 0-9 . _ ~ -")
         );
     }
 
@@ -272,6 +288,43 @@ mod tests {
         assert!(messages_query(Some("limit=-1")).is_err());
         assert!(messages_query(Some("offset=-5")).is_err());
         assert!(messages_query(Some("limit=x")).is_err());
+    }
+
+    #[test]
+    fn numbers_past_64_bits_saturate_and_negatives_are_refused() {
+        let huge = "10000000000000000000000000000000";
+        let q = messages_query(Some(&format!(
+            "limit={huge}&offset={huge}&since={huge}&after={huge}"
+        )))
+        .unwrap();
+        assert_eq!(q.limit, MAX_LIMIT);
+        assert_eq!(q.offset, usize::MAX);
+        assert_eq!((q.since, q.after), (Some(u64::MAX), Some(u64::MAX)));
+        let q = messages_query(Some("limit=10000000000000000000")).unwrap();
+        assert_eq!(q.limit, MAX_LIMIT);
+        assert_eq!(messages_query(Some("limit=1001")).unwrap().limit, MAX_LIMIT);
+        assert_eq!(
+            messages_query(Some("limit=%2B7&offset=-0")).unwrap().limit,
+            7
+        );
+        for bad in [
+            "limit=-1",
+            "limit=-10000000000000000000",
+            "offset=-1",
+            "limit=",
+            "limit=1.5",
+            "limit=1e3",
+            "after=-3",
+            "since=--1",
+        ] {
+            assert!(messages_query(Some(bad)).is_err(), "{bad}");
+        }
+        let q = prompts_query(Some(&format!("after={huge}"))).unwrap();
+        assert_eq!(q.after, Some(u64::MAX));
+        assert_eq!(
+            uint_param(Some("after=99999999999999999999"), "after").unwrap(),
+            Some(u64::MAX)
+        );
     }
 
     #[test]

@@ -12,6 +12,8 @@ pub struct ApiError {
 }
 
 pub const SIZE_LIMIT: &str = "Message exceeds size limit";
+/// The `details` of every `Invalid session_id`.
+pub const SESSION_ID_RULE: &str = "1 to 128 characters from A-Z a-z 0-9 . _ ~ -";
 
 impl ApiError {
     fn new(status: u16, error: impl Into<Cow<'static, str>>) -> ApiError {
@@ -37,8 +39,14 @@ impl ApiError {
     pub fn missing_field(field: &str) -> ApiError {
         ApiError::new(400, format!("Missing required field: {field}"))
     }
+    /// The `error` text stays exactly the contract's; `details` gives the rule,
+    /// so a client that sent a `/` or 200 characters learns what to change.
     pub fn invalid_session_id() -> ApiError {
-        ApiError::new(400, "Invalid session_id")
+        ApiError::new(400, "Invalid session_id").with_details(SESSION_ID_RULE)
+    }
+    /// `metadata` too deep or holding a number that is not a finite float.
+    pub fn invalid_metadata(why: &'static str) -> ApiError {
+        ApiError::new(400, "Invalid metadata").with_details(why)
     }
     pub fn too_large_field() -> ApiError {
         ApiError::new(400, SIZE_LIMIT)

@@ -10,6 +10,9 @@ use serde_json::value::RawValue;
 use super::error::ApiError;
 use crate::time::UnixMillis;
 
+mod metadata_check;
+pub use metadata_check::MAX_METADATA_DEPTH;
+
 /// Largest `prompt` or `text`, in bytes.
 pub const MAX_TEXT_BYTES: usize = 128 * 1024;
 /// Largest `client_msg_id` or `assistant_msg_id`, in bytes.
@@ -171,6 +174,9 @@ fn metadata(raw: Option<&RawValue>) -> Result<Option<&RawValue>, ApiError> {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
         Some(r) if r.get().starts_with('{') => {
+            // Depth and numbers first, by a byte scan: no value tree is built
+            // for a deep literal, and the common request allocates nothing.
+            metadata_check::check(r.get().as_bytes()).map_err(ApiError::invalid_metadata)?;
             // As for texts: `\u` escapes must form characters (see `text`).
             if r.get().contains("\\u") {
                 serde_json::from_str::<serde_json::Value>(r.get())
@@ -330,6 +336,46 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.prompt.get(), r#""\ud83d\ude00 \u00e9""#);
+    }
+
+    #[test]
+    fn poison_metadata_is_refused_on_both_bodies() {
+        let deep = format!("{}{}", "[".repeat(40), "]".repeat(40));
+        for meta in [format!(r#"{{"a":{deep}}}"#), r#"{"n":-1e400}"#.to_string()] {
+            let e = prompt_err(&format!(
+                r#"{{"session_id":"a","prompt":"x","metadata":{meta}}}"#
+            ));
+            assert_eq!((e.status, &*e.error), (400, "Invalid metadata"), "{meta}");
+            let body =
+                format!(r#"{{"session_id":"a","client_msg_id":"c","text":"x","metadata":{meta}}}"#);
+            let e = NewResponse::parse(body.as_bytes()).unwrap_err();
+            assert_eq!((e.status, &*e.error), (400, "Invalid metadata"), "{meta}");
+        }
+        // A deep literal with a `\u` escape is refused by the scan, before
+        // any value tree is built for it.
+        let e = prompt_err(&format!(
+            r#"{{"session_id":"a","prompt":"x","metadata":{{"\u00e9":{deep}}}}}"#
+        ));
+        assert_eq!(e.error, "Invalid metadata");
+    }
+
+    #[test]
+    fn ts_out_of_range_is_refused() {
+        for ts in ["1e400", "-1e400", "18446744073709551616", "1.5"] {
+            let e = prompt_err(&format!(r#"{{"session_id":"a","prompt":"x","ts":{ts}}}"#));
+            assert_eq!(e.status, 400, "{ts}");
+            assert!(e.error.contains("ts"), "{ts}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_session_id_details_give_the_rule() {
+        let e = prompt_err(r#"{"session_id":"a/b","prompt":"x"}"#);
+        assert_eq!(e.error, "Invalid session_id");
+        assert_eq!(
+            e.details.as_deref(),
+            Some("1 to 128 characters from A-Z a-z 0-9 . _ ~ -")
+        );
     }
 
     #[test]

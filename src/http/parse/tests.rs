@@ -114,8 +114,7 @@ fn find_head_end_resumes_across_a_terminator_split_between_calls() {
 #[test]
 fn parse_head_reports_how_many_bytes_the_head_used() {
     let buf = b"POST /prompt HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi";
-    let mut scanned = 0;
-    let (head, used) = parse_head(buf, &mut scanned).unwrap().unwrap();
+    let (head, used) = parse_head(buf, &mut HeadScan::default()).unwrap().unwrap();
     assert_eq!(used, buf.len() - 2);
     assert_eq!(head.method(), Method::Post);
     assert_eq!(head.framing(), Framing::Length(2));
@@ -502,6 +501,67 @@ fn chunked_body_of_exactly_max_body_is_accepted() {
     assert_eq!(body.len(), MAX_BODY);
 }
 
+const CHUNKED_HEAD: &[u8] = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+/// A one-byte chunk whose size line, CRLF included, is `line_len` bytes.
+fn chunk_with_extension(line_len: usize) -> Vec<u8> {
+    let mut chunk = b"1;e=".to_vec();
+    chunk.resize(line_len - 2, b'x');
+    chunk.extend_from_slice(b"\r\nX\r\n");
+    chunk
+}
+
+#[test]
+fn chunk_size_line_of_256_bytes_is_accepted_and_257_is_400() {
+    let mut raw = CHUNKED_HEAD.to_vec();
+    raw.extend_from_slice(&chunk_with_extension(MAX_CHUNK_LINE));
+    raw.extend_from_slice(b"0\r\n\r\n");
+    assert_eq!(one(&raw).1, b"X");
+    let mut raw = CHUNKED_HEAD.to_vec();
+    raw.extend_from_slice(&chunk_with_extension(MAX_CHUNK_LINE + 1));
+    let e = error(&raw);
+    assert_eq!((e.status, &*e.error), (400, "Malformed chunked body"));
+    // Refused before its line ends, too: no newline among 256 bytes.
+    let mut r = reader();
+    r.push(CHUNKED_HEAD);
+    r.push(&[b'1'; MAX_CHUNK_LINE - 1]);
+    assert!(matches!(drain(&mut r).pop(), Some(Ok(Step::NeedMore))));
+    r.push(b";");
+    assert_eq!(r.next_step().unwrap_err().status, 400);
+}
+
+#[test]
+fn framing_far_above_the_body_is_413_long_before_the_body_cap() {
+    // 200-byte extensions on one-byte chunks: about 200 bytes of framing
+    // per body byte. Refused once the framing passes the body cap plus the
+    // allowance, while the body is still a fraction of its cap.
+    let mut r = reader();
+    r.push(CHUNKED_HEAD);
+    let chunk = chunk_with_extension(200);
+    let mut sent = 0;
+    let e = loop {
+        r.push(&chunk);
+        sent += 1;
+        match r.next_step() {
+            Ok(Step::NeedMore) => assert!(sent < 1000, "never refused"),
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!((e.status, &*e.error), (413, "Message exceeds size limit"));
+    // Each chunk is 202 bytes of framing (the line and the data's CRLF).
+    assert_eq!(sent, (MAX_BODY + FRAMING_ALLOWANCE) / 202 + 1);
+    assert!(sent < MAX_BODY, "body reached its cap first: {sent}");
+}
+
+#[test]
+fn a_body_of_one_byte_chunks_up_to_the_cap_is_accepted() {
+    // The smallest chunks a writer can make cost 5 bytes of framing each:
+    // far inside the allowance.
+    let (_, body) = one(&chunked_of(&[1; MAX_BODY]));
+    assert_eq!(body.len(), MAX_BODY);
+}
+
 #[test]
 fn conflicting_content_length_is_400() {
     assert_eq!(
@@ -577,6 +637,61 @@ fn garbage_request_line_is_400() {
         let e = error(raw);
         assert_eq!(e.status, 400, "{:?}", String::from_utf8_lossy(raw));
     }
+}
+
+#[test]
+fn bytes_that_cannot_begin_a_request_are_400_before_the_head_ends() {
+    // No end of head in any of these: today's bytes alone decide.
+    for raw in [
+        &b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"[..],
+        b"\x8f\x11\xc4\x00\x7f",
+        b"GE\tT / HTTP/1.1",
+        b"G{T / HTTP/1.1\r\n",
+        b"GET /\x7f HTTP/1.1",
+        b"PRI * HTTP/2.0\r\n",
+        b"\r\n\r\nSSH-2.0-OpenSSH_9.6\r\n",
+    ] {
+        let mut r = reader();
+        r.push(raw);
+        let e = r.next_step().unwrap_err();
+        assert_eq!(
+            (e.status, &*e.error),
+            (400, "Malformed request head"),
+            "{raw:?}"
+        );
+        assert!(e.details.is_some(), "{raw:?}");
+    }
+    let tls = error(b"\x16\x03\x01\x02\x00");
+    assert!(tls.details.unwrap().contains("TLS"));
+}
+
+#[test]
+fn the_start_of_a_sound_request_line_waits_for_more() {
+    let mut r = reader();
+    for piece in [&b"\r\n"[..], b"PO", b"ST /pr", b"ompt HTT", b"P/1.1\r\nHo"] {
+        r.push(piece);
+        assert!(
+            matches!(r.next_step().unwrap(), Step::NeedMore),
+            "{piece:?}"
+        );
+    }
+    r.push(b"st: x\r\n\r\n");
+    assert!(matches!(r.next_step().unwrap(), Step::Request(..)));
+}
+
+#[test]
+fn several_leading_empty_lines_are_ignored() {
+    let (head, _) = one(b"\r\n\r\n\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(head.path, "/healthz");
+    // Split between the empty lines and the request line.
+    let mut r = reader();
+    r.push(b"\r\n\r\n");
+    assert!(matches!(r.next_step().unwrap(), Step::NeedMore));
+    r.push(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let got = requests(drain(&mut r));
+    assert_eq!(got[0].0.path, "/readyz");
+    // Endless empty lines count against the head cap.
+    assert_eq!(status(&b"\r\n".repeat(MAX_HEAD_BYTES)), 431);
 }
 
 #[test]
