@@ -11,7 +11,7 @@ use super::server::{OUT_HIGH_WATER, Server};
 use super::ws::WsState;
 use crate::http::parse::Step;
 use crate::http::response::{self, CONTINUE, Meta};
-use crate::http::route::{Route, messages_query, prompts_query, query_param, route};
+use crate::http::route::{Route, messages_query, prompts_query, query_param, route, uint_param};
 use crate::http::{Method, RequestHead, upgrade};
 use crate::keepalive::Keepalive;
 use crate::ratelimit::client_addr;
@@ -377,13 +377,7 @@ impl Server {
     ) -> Result<(), ApiError> {
         let accept = upgrade::check(head, &self.cfg.cors_origins)?;
         let query = head.query.as_deref();
-        let after = match query_param(query, "after")? {
-            None => None,
-            Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
-                ApiError::bad_request("Invalid after")
-                    .with_details("must be a non-negative integer")
-            })?),
-        };
+        let after = uint_param(query, "after")?;
         let epoch = query_param(query, "epoch")?;
         let cursor = self
             .relay
