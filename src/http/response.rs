@@ -1,5 +1,6 @@
-//! Encodes responses: status line, the headers every answer carries (JSON
-//! content type, length, CORS, connection), optional extra headers, body.
+//! Encodes responses: status line, the headers every answer carries (content
+//! type, JSON unless told otherwise; length, CORS, connection), optional
+//! extra headers, body.
 //! Returns bytes for the connection's output queue.
 
 /// Per-request facts that shape the headers of its answer.
@@ -41,8 +42,22 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// `Content-Type` of every API answer (the web page has its own).
+pub const JSON: &str = "application/json";
+
 /// A complete response with a JSON body.
 pub fn encode(status: u16, extra: &[(&str, &str)], body: &[u8], meta: &Meta) -> Vec<u8> {
+    encode_typed(status, JSON, extra, body, meta)
+}
+
+/// A complete response whose body is of `content_type`.
+pub fn encode_typed(
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    meta: &Meta,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(160 + body.len());
     out.extend_from_slice(b"HTTP/1.1 ");
     push_decimal(&mut out, status as u64);
@@ -50,7 +65,9 @@ pub fn encode(status: u16, extra: &[(&str, &str)], body: &[u8], meta: &Meta) -> 
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
     if status != 204 {
-        out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
+        out.extend_from_slice(b"Content-Type: ");
+        out.extend_from_slice(content_type.as_bytes());
+        out.extend_from_slice(b"\r\nContent-Length: ");
         push_decimal(&mut out, body.len() as u64);
         out.extend_from_slice(b"\r\n");
     }
@@ -147,6 +164,25 @@ mod tests {
         assert!(r.contains("Access-Control-Allow-Origin: *\r\n"));
         assert!(r.contains("Connection: close\r\n"));
         assert!(r.ends_with("\r\n\r\n{}"));
+    }
+
+    #[test]
+    fn another_content_type_replaces_json() {
+        let r = encode_typed(
+            200,
+            "text/html; charset=utf-8",
+            &[],
+            b"<p>",
+            &Meta::default(),
+        );
+        let r = String::from_utf8(r).unwrap();
+        assert!(
+            r.contains("Content-Type: text/html; charset=utf-8\r\n"),
+            "{r}"
+        );
+        assert!(!r.contains("application/json"), "{r}");
+        let r = String::from_utf8(encode(200, &[], b"{}", &Meta::default())).unwrap();
+        assert!(r.contains("Content-Type: application/json\r\n"), "{r}");
     }
 
     #[test]
