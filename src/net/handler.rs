@@ -17,6 +17,7 @@ use crate::keepalive::Keepalive;
 use crate::ratelimit::client_addr;
 use crate::relay::{ApiError, ConnId, Fetch, Posted, response_ack};
 use crate::time::Millis;
+use crate::web;
 
 /// Requests answered on one connection per turn before others get a turn.
 const REQUESTS_PER_TURN: usize = 64;
@@ -37,7 +38,8 @@ fn role(route: &Route) -> Role {
             Role::Client
         }
         Route::PutSession(_) => Role::Either,
-        Route::Healthz
+        Route::WebPage
+        | Route::Healthz
         | Route::Readyz
         | Route::Preflight { .. }
         | Route::MethodNotAllowed { .. }
@@ -64,6 +66,7 @@ fn is_json(content_type: Option<&str>) -> bool {
 /// A handled request's answer.
 struct Answer {
     status: u16,
+    content_type: &'static str,
     body: Vec<u8>,
     extra: Vec<(&'static str, String)>,
 }
@@ -72,6 +75,7 @@ impl Answer {
     fn ok(body: Vec<u8>) -> Answer {
         Answer {
             status: 200,
+            content_type: response::JSON,
             body,
             extra: Vec::new(),
         }
@@ -88,6 +92,7 @@ impl From<ApiError> for Answer {
         }
         Answer {
             status: e.status,
+            content_type: response::JSON,
             body: e.body(),
             extra,
         }
@@ -172,7 +177,11 @@ impl Server {
         body: Vec<u8>,
         now: Millis,
     ) -> Result<Option<Answer>, ApiError> {
-        let route = route(head.method(), &head.path)?;
+        let route = if head.path == "/" && !self.cfg.web {
+            Route::NotFound // the page is off: `/` is an unknown path
+        } else {
+            route(head.method(), &head.path)?
+        };
         if head.method() == Method::Post && self.limiter.enabled() {
             let peer = self.conn(id).map(|c| c.peer);
             if let Some(peer) = peer {
@@ -192,6 +201,15 @@ impl Server {
         self.authorize(&route, head)?;
         let unix_ms = self.clock.unix_now();
         let answer = match route {
+            Route::WebPage => Answer {
+                status: 200,
+                content_type: web::CONTENT_TYPE,
+                body: web::PAGE.to_vec(),
+                extra: web::headers()
+                    .iter()
+                    .map(|&(k, v)| (k, v.to_string()))
+                    .collect(),
+            },
             Route::Healthz => Answer::ok(self.healthz_body(unix_ms)),
             Route::Readyz => self.readyz(),
             Route::PostPrompt => {
@@ -246,6 +264,7 @@ impl Server {
             Route::DeleteSession(sid) => Answer::ok(self.relay.delete_session(&sid)?),
             Route::Preflight { allow } => Answer {
                 status: 204,
+                content_type: response::JSON,
                 body: Vec::new(),
                 extra: vec![
                     ("Access-Control-Allow-Methods", allow.to_string()),
@@ -336,6 +355,7 @@ impl Server {
             None => Answer::ok(b"{\"ready\":true}".to_vec()),
             Some(r) => Answer {
                 status: 503,
+                content_type: response::JSON,
                 body: format!("{{\"ready\":false,\"reason\":\"{r}\"}}").into_bytes(),
                 extra: Vec::new(),
             },
@@ -348,7 +368,13 @@ impl Server {
         meta.http10 = head.http10;
         meta.head_only = head.method() == Method::Head;
         let extra: Vec<(&str, &str)> = answer.extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let bytes = response::encode(answer.status, &extra, &answer.body, &meta);
+        let bytes = response::encode_typed(
+            answer.status,
+            answer.content_type,
+            &extra,
+            &answer.body,
+            &meta,
+        );
         let keep_alive = meta.keep_alive;
         let Some(conn) = self.conn(id) else { return };
         conn.out.push_owned(bytes);
