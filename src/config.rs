@@ -61,6 +61,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// An idle keep-alive connection is closed after this.
     pub keepalive_timeout: Duration,
+    /// Whether `GET /` serves the chat page (else `404`).
+    pub web: bool,
 }
 
 impl Default for Config {
@@ -87,6 +89,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             request_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(75),
+            web: true,
         }
     }
 }
@@ -273,6 +276,14 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         Ok(())
     }),
     (
+        "RELAY_WEB",
+        "serve the chat page at /: true or false (default true)",
+        |c, v| {
+            c.web = boolean(v)?;
+            Ok(())
+        },
+    ),
+    (
         "RELAY_REQUEST_TIMEOUT",
         "seconds to receive a whole request before 408 (default 10)",
         |c, v| {
@@ -329,6 +340,15 @@ fn seconds(v: &str) -> Result<Duration, String> {
     match v.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= 31_536_000.0 => Ok(Duration::from_secs_f64(s)),
         _ => Err("expected a number of seconds greater than 0".into()),
+    }
+}
+
+/// `true`/`false`, also `1`/`0`.
+fn boolean(v: &str) -> Result<bool, String> {
+    match v.trim() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err("expected true, false, 1 or 0".into()),
     }
 }
 
@@ -478,6 +498,17 @@ mod tests {
         assert_eq!(c.max_body_bytes, 1_048_576);
         assert_eq!(c.history_limit, 10_000);
         assert_eq!(c.cors_origins, Origins::Any);
+        assert!(c.web);
+    }
+
+    #[test]
+    fn web_takes_true_false_1_0() {
+        assert!(!run(&[("RELAY_WEB", "false")], &[]).unwrap().web);
+        assert!(!run(&[], &["--web", "0"]).unwrap().web);
+        assert!(run(&[("RELAY_WEB", "0")], &["--web=1"]).unwrap().web);
+        assert!(run(&[("RELAY_WEB", "true")], &[]).unwrap().web);
+        let e = run(&[("RELAY_WEB", "yes")], &[]).unwrap_err();
+        assert!(e.contains("RELAY_WEB") && e.contains("--web"), "{e}");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`http`]: the incremental request parser, routing, response encoding,
 //!   the WebSocket upgrade check.
 //! - [`timer`] and [`keepalive`]: the timer wheel and the ping schedule.
+//! - [`web`]: the chat page served at `/`, with its security headers.
 //! - [`net`]: one mio loop that owns every socket in a slab, drives the
 //!   cores, applies effects, and writes before it sleeps.
 //!
@@ -32,3 +33,4 @@ pub mod relay;
 pub mod store;
 pub mod time;
 pub mod timer;
+pub mod web;

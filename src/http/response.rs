@@ -1,5 +1,6 @@
-//! Encodes responses: status line, the headers every answer carries (JSON
-//! content type, length, CORS, connection), optional extra headers, body.
+//! Encodes responses: status line, the headers every answer carries (content
+//! type, JSON unless told otherwise; length, CORS, connection), optional
+//! extra headers, body.
 //! Returns bytes for the connection's output queue.
 
 /// Per-request facts that shape the headers of its answer.
@@ -41,32 +42,62 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// `Content-Type` of every API answer (the web page has its own).
+pub const JSON: &str = "application/json";
+
 /// A complete response with a JSON body.
 pub fn encode(status: u16, extra: &[(&str, &str)], body: &[u8], meta: &Meta) -> Vec<u8> {
+    encode_typed(status, JSON, extra, body, meta)
+}
+
+/// A complete response whose body is of `content_type`.
+pub fn encode_typed(
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    meta: &Meta,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(160 + body.len());
-    head(&mut out, status, extra, body.len(), meta);
+    head(&mut out, status, content_type, extra, body.len(), meta);
     if !meta.head_only {
         out.extend_from_slice(body);
     }
     out
 }
 
-/// The status line and headers of a response whose JSON body of
-/// `body_len` bytes is queued separately (a body shared between answers).
-pub fn encode_head(status: u16, extra: &[(&str, &str)], body_len: usize, meta: &Meta) -> Vec<u8> {
+/// The status line and headers of a response whose body of `body_len`
+/// bytes is queued separately (a body shared between answers, or one that
+/// is part of the binary).
+pub fn encode_head(
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, &str)],
+    body_len: usize,
+    meta: &Meta,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(160);
-    head(&mut out, status, extra, body_len, meta);
+    head(&mut out, status, content_type, extra, body_len, meta);
     out
 }
 
-fn head(out: &mut Vec<u8>, status: u16, extra: &[(&str, &str)], body_len: usize, meta: &Meta) {
+fn head(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, &str)],
+    body_len: usize,
+    meta: &Meta,
+) {
     out.extend_from_slice(b"HTTP/1.1 ");
     push_decimal(out, status as u64);
     out.push(b' ');
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
     if status != 204 {
-        out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
+        out.extend_from_slice(b"Content-Type: ");
+        out.extend_from_slice(content_type.as_bytes());
+        out.extend_from_slice(b"\r\nContent-Length: ");
         push_decimal(out, body_len as u64);
         out.extend_from_slice(b"\r\n");
     }
@@ -142,6 +173,25 @@ mod tests {
         assert!(r.contains("Access-Control-Allow-Origin: *\r\n"));
         assert!(r.contains("Connection: close\r\n"));
         assert!(r.ends_with("\r\n\r\n{}"));
+    }
+
+    #[test]
+    fn another_content_type_replaces_json() {
+        let r = encode_typed(
+            200,
+            "text/html; charset=utf-8",
+            &[],
+            b"<p>",
+            &Meta::default(),
+        );
+        let r = String::from_utf8(r).unwrap();
+        assert!(
+            r.contains("Content-Type: text/html; charset=utf-8\r\n"),
+            "{r}"
+        );
+        assert!(!r.contains("application/json"), "{r}");
+        let r = String::from_utf8(encode(200, &[], b"{}", &Meta::default())).unwrap();
+        assert!(r.contains("Content-Type: application/json\r\n"), "{r}");
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub const MAX_LIMIT: usize = 1000;
 /// What a request asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Route {
+    /// `GET /`: the chat page (off with `RELAY_WEB=false`).
+    WebPage,
     Healthz,
     Readyz,
     PostPrompt,
@@ -41,6 +43,10 @@ pub enum Route {
 pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
     use Method::*;
     let (allow, route): (&'static str, Option<Route>) = match path {
+        "/" => (
+            "GET, HEAD, OPTIONS",
+            matches!(method, Get | Head).then_some(Route::WebPage),
+        ),
         "/healthz" => (
             "GET, HEAD, OPTIONS",
             matches!(method, Get | Head).then_some(Route::Healthz),
@@ -234,6 +240,13 @@ mod tests {
     #[test]
     fn routes_and_methods() {
         assert_eq!(route(Method::Get, "/healthz").unwrap(), Route::Healthz);
+        assert_eq!(route(Method::Head, "/").unwrap(), Route::WebPage);
+        assert_eq!(
+            route(Method::Post, "/").unwrap(),
+            Route::MethodNotAllowed {
+                allow: "GET, HEAD, OPTIONS"
+            }
+        );
         assert_eq!(
             route(Method::Get, "/prompts/abc").unwrap(),
             Route::GetPrompts("abc".into())

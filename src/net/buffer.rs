@@ -12,6 +12,8 @@ use std::rc::Rc;
 pub enum Chunk {
     Owned(Vec<u8>),
     Shared(Rc<[u8]>),
+    /// Bytes of the binary itself (the web page).
+    Static(&'static [u8]),
 }
 
 impl Chunk {
@@ -19,6 +21,7 @@ impl Chunk {
         match self {
             Chunk::Owned(v) => v,
             Chunk::Shared(r) => r,
+            Chunk::Static(b) => b,
         }
     }
 }
@@ -83,6 +86,15 @@ impl OutQueue {
         }
         self.queued += bytes.len();
         self.chunks.push_back(Chunk::Shared(bytes));
+    }
+
+    /// Queues bytes that live as long as the program (the web page).
+    pub fn push_static(&mut self, bytes: &'static [u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.queued += bytes.len();
+        self.chunks.push_back(Chunk::Static(bytes));
     }
 
     /// Drops every chunk not yet started, keeping a partly written one so the

@@ -17,6 +17,7 @@ use crate::keepalive::Keepalive;
 use crate::ratelimit::client_addr;
 use crate::relay::{ApiError, ConnId, Fetch};
 use crate::time::Millis;
+use crate::web;
 
 /// Requests answered on one connection per turn before others get a turn.
 const REQUESTS_PER_TURN: usize = 64;
@@ -37,7 +38,8 @@ fn role(route: &Route) -> Role {
             Role::Client
         }
         Route::PutSession(_) => Role::Either,
-        Route::Healthz
+        Route::WebPage
+        | Route::Healthz
         | Route::Readyz
         | Route::Preflight { .. }
         | Route::MethodNotAllowed { .. }
@@ -64,21 +66,25 @@ fn is_json(content_type: Option<&str>) -> bool {
 /// A handled request's answer.
 struct Answer {
     status: u16,
+    content_type: &'static str,
     body: Body,
     extra: Vec<(&'static str, String)>,
 }
 
-/// An answer's body: its own bytes, or bytes shared with other answers
-/// (a pending set several agents fetch), queued without a copy.
+/// An answer's body: its own bytes, bytes shared with other answers (a
+/// pending set several agents fetch), or bytes of the binary (the web
+/// page); the last two are queued without a copy.
 enum Body {
     Owned(Vec<u8>),
     Shared(Rc<[u8]>),
+    Static(&'static [u8]),
 }
 
 impl Answer {
     fn ok(body: Vec<u8>) -> Answer {
         Answer {
             status: 200,
+            content_type: response::JSON,
             body: Body::Owned(body),
             extra: Vec::new(),
         }
@@ -87,6 +93,7 @@ impl Answer {
     fn shared(body: Rc<[u8]>) -> Answer {
         Answer {
             status: 200,
+            content_type: response::JSON,
             body: Body::Shared(body),
             extra: Vec::new(),
         }
@@ -103,6 +110,7 @@ impl From<ApiError> for Answer {
         }
         Answer {
             status: e.status,
+            content_type: response::JSON,
             body: Body::Owned(e.body()),
             extra,
         }
@@ -187,7 +195,11 @@ impl Server {
         body: Vec<u8>,
         now: Millis,
     ) -> Result<Option<Answer>, ApiError> {
-        let route = route(head.method(), &head.path)?;
+        let route = if head.path == "/" && !self.cfg.web {
+            Route::NotFound // the page is off: `/` is an unknown path
+        } else {
+            route(head.method(), &head.path)?
+        };
         if head.method() == Method::Post && self.limiter.enabled() {
             let peer = self.conn(id).map(|c| c.peer);
             if let Some(peer) = peer {
@@ -207,6 +219,15 @@ impl Server {
         self.authorize(&route, head)?;
         let unix_ms = self.clock.unix_now();
         let answer = match route {
+            Route::WebPage => Answer {
+                status: 200,
+                content_type: web::CONTENT_TYPE,
+                body: Body::Static(web::PAGE),
+                extra: web::headers()
+                    .iter()
+                    .map(|&(k, v)| (k, v.to_string()))
+                    .collect(),
+            },
             Route::Healthz => Answer::ok(self.healthz_body(unix_ms)),
             Route::Readyz => self.readyz(),
             Route::PostPrompt => {
@@ -249,6 +270,7 @@ impl Server {
             Route::DeleteSession(sid) => Answer::ok(self.relay.delete_session(&sid)?),
             Route::Preflight { allow } => Answer {
                 status: 204,
+                content_type: response::JSON,
                 body: Body::Owned(Vec::new()),
                 extra: vec![
                     ("Access-Control-Allow-Methods", allow.to_string()),
@@ -339,6 +361,7 @@ impl Server {
             None => Answer::ok(b"{\"ready\":true}".to_vec()),
             Some(r) => Answer {
                 status: 503,
+                content_type: response::JSON,
                 body: Body::Owned(format!("{{\"ready\":false,\"reason\":\"{r}\"}}").into_bytes()),
                 extra: Vec::new(),
             },
@@ -352,14 +375,29 @@ impl Server {
         meta.head_only = head.method() == Method::Head;
         let extra: Vec<(&str, &str)> = answer.extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let keep_alive = meta.keep_alive;
-        let (head, shared) = match &answer.body {
-            Body::Owned(b) => (response::encode(answer.status, &extra, b, &meta), None),
-            Body::Shared(b) => encode_shared(answer.status, &extra, b, &meta),
+        let (status, ct) = (answer.status, answer.content_type);
+        let body_len = match &answer.body {
+            Body::Owned(b) => b.len(),
+            Body::Shared(b) => b.len(),
+            Body::Static(b) => b.len(),
+        };
+        // A body queued by itself (shared or static) follows its head as a
+        // chunk of its own; a small one is copied into the answer instead
+        // (one chunk, one write).
+        let apart = body_len > SHARE_ABOVE && !meta.head_only;
+        let bytes = match &answer.body {
+            _ if apart => response::encode_head(status, ct, &extra, body_len, &meta),
+            Body::Owned(b) => response::encode_typed(status, ct, &extra, b, &meta),
+            Body::Shared(b) => response::encode_typed(status, ct, &extra, b, &meta),
+            Body::Static(b) => response::encode_typed(status, ct, &extra, b, &meta),
         };
         let Some(conn) = self.conn(id) else { return };
-        conn.out.push_owned(head);
-        if let Some(body) = shared {
-            conn.out.push_shared(body);
+        conn.out.push_owned(bytes);
+        match answer.body {
+            Body::Shared(b) if apart => conn.out.push_shared(b),
+            Body::Static(b) if apart => conn.out.push_static(b),
+            Body::Owned(b) if apart => conn.out.push_owned(b),
+            _ => {}
         }
         if !keep_alive {
             self.begin_closing(id, now);
@@ -411,22 +449,5 @@ impl Server {
     }
 }
 
-/// The head of an answer whose body is shared, and the body to queue after
-/// it; a small body is copied into the head instead (one chunk, one write).
-fn encode_shared(
-    status: u16,
-    extra: &[(&str, &str)],
-    body: &Rc<[u8]>,
-    meta: &Meta,
-) -> (Vec<u8>, Option<Rc<[u8]>>) {
-    if body.len() <= SHARE_ABOVE || meta.head_only {
-        return (response::encode(status, extra, body, meta), None);
-    }
-    (
-        response::encode_head(status, extra, body.len(), meta),
-        Some(body.clone()),
-    )
-}
-
-/// Bodies up to this size are copied into the answer rather than shared.
+/// Bodies up to this size are copied into the answer rather than queued apart.
 const SHARE_ABOVE: usize = 4096;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what the browser test (tests/web_page.rs) needs, only what is
+# missing: Chromium from Debian's packages (/usr/bin/chromium) and Python
+# Playwright from PyPI. Playwright's own browser download is never used: the
+# test launches the system Chromium. Idempotent and quiet (prints only what
+# it installs, or the installer's output when that fails).
+#
+#   scripts/install-test-deps.sh
+#
+# Environment:
+#   PYTHON              the Python that runs the test (default python3)
+#   PLAYWRIGHT_VERSION  version to install if missing (default 1.65.2)
+set -euo pipefail
+
+PYTHON="${PYTHON:-python3}"
+PW_VERSION="${PLAYWRIGHT_VERSION:-1.65.2}"
+SUDO=""
+[[ "$(id -u)" -eq 0 ]] || SUDO="sudo"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+
+quietly() {
+  "$@" >"$log" 2>&1 || { cat "$log" >&2; echo "install-test-deps: failed: $*" >&2; exit 1; }
+}
+
+if [[ ! -x /usr/bin/chromium ]]; then
+  echo "install-test-deps: installing chromium (apt)" >&2
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+fi
+
+if ! "$PYTHON" -c "import playwright.sync_api" >/dev/null 2>&1; then
+  echo "install-test-deps: installing playwright==${PW_VERSION} (pip)" >&2
+  quietly "$PYTHON" -m pip install --quiet --disable-pip-version-check "playwright==${PW_VERSION}"
+fi

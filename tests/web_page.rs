@@ -1,0 +1,339 @@
+//! The chat page at `GET /`: how it is served, that it can be turned off,
+//! and, in headless Chromium driven by tests/web/page_test.py, that it
+//! works: prompts out, answers in live, a relay restart survived with a
+//! resync notice, every answer shown once, the client token asked for.
+//!
+//! The browser tests need `/usr/bin/chromium` and Python Playwright
+//! (`scripts/install-test-deps.sh`); without them they fail and say so.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Server, assert_error, unique_session};
+use serde_json::{Value, json};
+
+const PAGE: &[u8] = include_bytes!("../src/web/index.html");
+const CHROMIUM: &str = "/usr/bin/chromium";
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/web/page_test.py");
+/// How long the browser script may take between two lines it prints.
+const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Pings every half second, so the page's pongs are seen within the test.
+const PING: (&str, &str) = ("RELAY_PING_INTERVAL", "0.5");
+
+/// One browser at a time: two cores are shared with the rest of the suite.
+static BROWSER: Mutex<()> = Mutex::new(());
+
+#[test]
+fn page_is_served_without_a_token_with_strict_headers() {
+    let s = Server::start_with(&[("RELAY_CLIENT_TOKEN", "c1"), ("RELAY_AGENT_TOKEN", "a1")]);
+    let r = s.get("/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.body, PAGE, "GET / serves src/web/index.html as is");
+    assert_eq!(r.header("Content-Type"), Some("text/html; charset=utf-8"));
+    assert_eq!(r.header("Cache-Control"), Some("no-cache"));
+    assert_eq!(r.header("X-Content-Type-Options"), Some("nosniff"));
+    let csp = r.header("Content-Security-Policy").expect("a CSP header");
+    for part in [
+        "default-src 'none'",
+        "script-src 'sha256-",
+        "style-src 'sha256-",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(part), "CSP lacks {part}: {csp}");
+    }
+    assert!(!csp.contains("unsafe"), "{csp}");
+
+    let head = s.request("HEAD", "/", &[], None);
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+    assert_eq!(
+        head.header("Content-Length"),
+        Some(PAGE.len().to_string().as_str())
+    );
+    assert_eq!(head.header("Content-Security-Policy"), Some(csp));
+
+    // The API behind it still needs the token; other methods on / get 405.
+    assert_error(
+        &s.get(&format!("/messages/{}", unique_session())),
+        401,
+        "Unauthorized",
+    );
+    let post = s.request(
+        "POST",
+        "/",
+        &[("Content-Type", "application/json")],
+        Some(b"{}"),
+    );
+    assert_error(&post, 405, "Method not allowed");
+    assert_eq!(post.header("Allow"), Some("GET, HEAD, OPTIONS"));
+}
+
+#[test]
+fn page_off_answers_404_and_leaves_the_api_alone() {
+    let s = Server::start_with(&[("RELAY_WEB", "false")]);
+    assert_error(&s.get("/"), 404, "Not found");
+    assert_eq!(s.request("HEAD", "/", &[], None).status, 404);
+    assert_error(&s.request("POST", "/", &[], None), 404, "Not found");
+    assert_eq!(s.health()["ok"], true);
+    let sid = unique_session();
+    s.prompt(&sid, "still works", Some("m1"));
+    assert_eq!(s.pending(&sid).len(), 1);
+}
+
+#[test]
+fn invalid_web_setting_stops_the_server() {
+    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["--web", "maybe"])
+        .env("RELAY_PORT", "0")
+        .output()
+        .expect("run relay");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("RELAY_WEB"), "{err}");
+}
+
+#[test]
+fn browser_chat_survives_a_relay_restart() {
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    require_browser();
+    let first = Server::start_with(&[PING]);
+    let port = first.addr().port().to_string();
+    let sid = unique_session();
+    let url = format!("http://{}/", first.addr());
+    let mut browser = Browser::start(&["--scenario", "restart", "--url", &url, "--session", &sid]);
+
+    // The agent long-polls before the page has even loaded: it parks until
+    // the prompt typed in the page arrives.
+    first.put(&format!("/sessions/{sid}"));
+    let prompt = long_poll(&first, &sid);
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(prompt["client_msg_id"], cmid.as_str());
+    assert_eq!(prompt["prompt"], "What is 6 times 7?");
+    answer(&first, &sid, &cmid, "a-1", "42, as always.");
+
+    browser.expect("RESTART");
+    let mut first = first;
+    first.sigterm();
+    assert!(
+        first.wait_exit(Duration::from_secs(5)).is_some(),
+        "relay did not stop"
+    );
+    browser.send("STOPPED");
+    // The page keeps a prompt typed while the relay is down...
+    let queued = browser.expect("QUEUED ");
+    // ...the relay comes back on the same port (SO_REUSEADDR) with fresh
+    // memory, so a new epoch for the session...
+    let second = Server::start_with(&[PING, ("RELAY_PORT", &port)]);
+    assert_eq!(second.addr().port().to_string(), port);
+    second.put(&format!("/sessions/{sid}"));
+    browser.send("RESTARTED");
+    // ...and the page reconnects and sends it by itself.
+    let prompt = long_poll(&second, &sid);
+    assert_eq!(prompt["client_msg_id"], queued.as_str());
+    assert_eq!(prompt["prompt"], "Sent while the relay was down");
+    answer(&second, &sid, &queued, "a-2", "Got it once.");
+
+    let prompt = long_poll(&second, &sid);
+    let cmid3 = browser.expect("PROMPTED ");
+    assert_ne!(cmid, cmid3);
+    assert_eq!(prompt["client_msg_id"], cmid3.as_str());
+    assert_eq!(prompt["prompt"], "And the answer\nover two lines?");
+    answer(&second, &sid, &cmid3, "a-3", "Still 42.\n<b>not bold</b>");
+    for shot in [browser.expect("SCREENSHOT "), browser.expect("SCREENSHOT ")] {
+        let png = std::fs::read(&shot).unwrap_or_else(|e| panic!("screenshot {shot}: {e}"));
+        assert!(png.starts_with(b"\x89PNG"), "{shot} is not a PNG");
+        println!("screenshot: {shot}");
+    }
+    browser.finish();
+}
+
+#[test]
+fn browser_asks_for_the_client_token() {
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    require_browser();
+    let s = Server::start_with(&[PING, ("RELAY_CLIENT_TOKEN", "page-secret")]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "token",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        "--token",
+        "page-secret",
+    ]);
+    let cmid = browser.expect("PROMPTED ");
+    let prompt = long_poll(&s, &sid);
+    assert_eq!(prompt["client_msg_id"], cmid.as_str());
+    answer(&s, &sid, &cmid, "a-t", "Token accepted");
+    browser.finish();
+}
+
+/// Fails, naming what to install, when the browser or Playwright is missing.
+fn require_browser() {
+    let mut missing = Vec::new();
+    if !Path::new(CHROMIUM).exists() {
+        missing.push("Chromium at /usr/bin/chromium (apt-get install chromium)");
+    }
+    let playwright = Command::new("python3")
+        .args(["-c", "import playwright.sync_api"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !matches!(playwright, Ok(s) if s.success()) {
+        missing.push("Python Playwright for python3 (pip install playwright; no browser download)");
+    }
+    assert!(
+        missing.is_empty(),
+        "the browser test needs {}: run scripts/install-test-deps.sh",
+        missing.join(" and ")
+    );
+}
+
+/// The agent's side: long-polls (8 s at a time, under the harness's 10 s
+/// read timeout) until one prompt is pending; returns it.
+#[track_caller]
+fn long_poll(s: &Server, sid: &str) -> Value {
+    let deadline = Instant::now() + LINE_TIMEOUT;
+    loop {
+        let r = s.get(&format!("/prompts/{sid}?timeout=8"));
+        assert_eq!(r.status, 200, "GET /prompts: {}", r.text());
+        if let Value::Array(mut items) = r.json() {
+            if items.len() == 1 {
+                return items.remove(0);
+            }
+            assert!(items.is_empty(), "one prompt expected: {items:?}");
+        }
+        assert!(Instant::now() < deadline, "no prompt arrived from the page");
+    }
+}
+
+#[track_caller]
+fn answer(s: &Server, sid: &str, cmid: &str, amid: &str, text: &str) {
+    let body =
+        json!({"session_id": sid, "client_msg_id": cmid, "assistant_msg_id": amid, "text": text});
+    let r = s.post_json("/response", &body);
+    assert_eq!(r.status, 200, "POST /response: {}", r.text());
+    assert_eq!(r.json()["delivered"], true, "the page is subscribed");
+}
+
+/// The browser script as a child process, read line by line.
+struct Browser {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Browser {
+    #[track_caller]
+    fn start(args: &[&str]) -> Browser {
+        let out = screenshot_dir();
+        let mut child = Command::new("python3")
+            .arg(SCRIPT)
+            .args(args)
+            .arg("--out")
+            .arg(&out)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn python3");
+        let (tx, lines) = channel();
+        let stdout = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        let mut err = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            let mut buf = String::new();
+            let _ = err.read_to_string(&mut buf);
+            sink.lock().unwrap().push_str(&buf);
+        });
+        Browser {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    /// The rest of the next line that starts with `prefix`; fails if the
+    /// script prints something else, exits, or stays silent too long.
+    #[track_caller]
+    fn expect(&mut self, prefix: &str) -> String {
+        match self.lines.recv_timeout(LINE_TIMEOUT) {
+            Ok(line) if line.starts_with(prefix) => line[prefix.len()..].to_string(),
+            got => self.fail(&format!("expected a line {prefix:?}, got {got:?}")),
+        }
+    }
+
+    #[track_caller]
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        if writeln!(stdin, "{line}")
+            .and_then(|_| stdin.flush())
+            .is_err()
+        {
+            self.fail("the browser script stopped reading");
+        }
+    }
+
+    /// Waits for `DONE` and a clean exit.
+    #[track_caller]
+    fn finish(mut self) {
+        self.expect("DONE");
+        self.stdin = None;
+        let deadline = Instant::now() + LINE_TIMEOUT;
+        loop {
+            match self.child.try_wait().expect("try_wait") {
+                Some(status) if status.success() => return,
+                Some(status) => self.fail(&format!("browser script exited with {status}")),
+                None if Instant::now() > deadline => self.fail("browser script did not exit"),
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    #[track_caller]
+    fn fail(&mut self, why: &str) -> ! {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The stderr reader finishes once the process is gone.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Arc::strong_count(&self.stderr) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let stderr = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+        panic!("{why}\n--- browser script stderr ---\n{stderr}");
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `target/web-test/`, beside cargo's own `target/tmp`.
+fn screenshot_dir() -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().unwrap_or(tmp).join("web-test")
+}
