@@ -20,6 +20,7 @@
 //! wake; a response is framed once and the same bytes are queued for every
 //! subscriber.
 
+pub mod cli;
 pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;
