@@ -1,6 +1,8 @@
-//! Process entry: configuration from the environment and flags, logging,
-//! bind, run. Exit codes: 0 after a clean shutdown, 2 for a bad setting,
-//! 1 when the server cannot start or fails.
+//! Process entry: a subcommand (`agent`, `health`) runs the
+//! matching client tool; anything else runs the server: configuration from
+//! the environment and flags, logging, bind, run. The server's exit codes:
+//! 0 after a clean shutdown, 2 for a bad setting, 1 when it cannot start or
+//! fails.
 
 use std::process::ExitCode;
 
@@ -8,10 +10,15 @@ use relay::config::{self, Command};
 use relay::net::Server;
 
 fn main() -> ExitCode {
-    let cfg = match config::parse(std::env::vars(), std::env::args().skip(1)) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    if let Some(code) = relay::cli::dispatch(&args, &env) {
+        return ExitCode::from(code);
+    }
+    let cfg = match config::parse(env, args) {
         Ok(Command::Run(cfg)) => *cfg,
         Ok(Command::Help) => {
-            print!("{}", config::help());
+            print!("{}{}", config::help(), relay::cli::SUMMARY);
             return ExitCode::SUCCESS;
         }
         Ok(Command::Version) => {
