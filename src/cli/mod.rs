@@ -1,6 +1,7 @@
 //! The command line tools in the same binary: `relay agent` (the laptop
-//! side: long-poll, run a command per prompt, post its output) and `relay
-//! health` (the container health check). They are blocking clients over `std::net`, sharing one
+//! side: long-poll, run a command per prompt, post its output), `relay send`
+//! (post a prompt, print its answers) and `relay health` (the container
+//! health check). They are blocking clients over `std::net`, sharing one
 //! small HTTP client ([`client`]); the server's own code is reused for
 //! validation (session ids, size limits) and settings (logging, address).
 
@@ -8,6 +9,7 @@ pub mod agent;
 pub mod client;
 mod command;
 pub mod health;
+pub mod send;
 
 use std::time::Duration;
 
@@ -16,6 +18,8 @@ pub const SUMMARY: &str = "
 commands (each has --help):
   relay agent --session ID [--url URL] [--token T] -- CMD [ARGS...]
       run CMD once per prompt of the session, post its output as the answer
+  relay send --session ID [--url URL] [--token T] TEXT...
+      post a prompt and print the answers to it
   relay health [--url URL]
       GET /healthz: exit 0 on 200, 1 otherwise (the container health check)
 ";
@@ -30,6 +34,7 @@ pub fn dispatch(args: &[String], env: &[(String, String)]) -> Option<u8> {
     let (name, rest) = args.split_first()?;
     match name.as_str() {
         "agent" => Some(agent::main(rest, env)),
+        "send" => Some(send::main(rest, env)),
         "health" => Some(health::main(rest, env)),
         _ => None,
     }
@@ -52,6 +57,10 @@ impl Parsed {
             .rev()
             .find(|(f, _)| *f == flag)
             .map(|(_, v)| v.as_str())
+    }
+
+    fn switch(&self, flag: &str) -> bool {
+        self.switches.contains(&flag)
     }
 }
 
@@ -197,9 +206,9 @@ mod tests {
             (Some("s"), Some("u"))
         );
         assert_eq!(p.rest, args(&["cat", "--all"]));
-        assert!(!p.switches.contains(&"--all"));
+        assert!(!p.switch("--all"));
         let p = parse_flags(&args(&["--all", "--", "--url", "x"]), &SPEC).unwrap();
-        assert!(p.switches.contains(&"--all"));
+        assert!(p.switch("--all"));
         assert_eq!(p.rest, args(&["--url", "x"]));
     }
 
@@ -210,7 +219,7 @@ mod tests {
             ..SPEC
         };
         let p = parse_flags(&args(&["hello", "--all", "world"]), &spec).unwrap();
-        assert!(p.switches.contains(&"--all"));
+        assert!(p.switch("--all"));
         assert_eq!(p.rest, args(&["hello", "world"]));
     }
 
