@@ -317,6 +317,11 @@ impl Agent {
         let prompts = self.poll()?;
         // Idle: check the epoch before the next poll (cheap, once per poll timeout).
         self.synced = !prompts.is_empty();
+        if prompts.iter().all(|p| p.seq <= self.after) && !prompts.is_empty() {
+            // Only prompts already handled: never from a correct server, but
+            // answering at once again would spin.
+            return Err(retry("the server sent only prompts already handled"));
+        }
         for prompt in prompts {
             if self.stopping() {
                 break;
