@@ -16,11 +16,15 @@
 //! - [`net`]: one mio loop that owns every socket in a slab, drives the
 //!   cores, applies effects, and writes before it sleeps.
 //!
+//! - [`cli`]: `relay agent`, `relay send` and `relay health`, blocking
+//!   clients of the server in the same binary.
+//!
 //! The three data paths: a prompt wakes every parked poll of its session in
 //! the same loop turn; a parked poll costs nothing until its deadline or a
 //! wake; a response is framed once and the same bytes are queued for every
 //! subscriber.
 
+pub mod cli;
 pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;

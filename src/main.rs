@@ -1,6 +1,8 @@
-//! Process entry: configuration from the environment and flags, logging,
-//! bind, run. Exit codes: 0 after a clean shutdown, 2 for a bad setting,
-//! 1 when the server cannot start or fails.
+//! Process entry: a subcommand (`agent`, `send`, `health`) runs the
+//! matching client tool; anything else runs the server: configuration from
+//! the environment and flags, logging, bind, run. The server's exit codes:
+//! 0 after a clean shutdown, 2 for a bad setting, 1 when it cannot start or
+//! fails.
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
@@ -10,10 +12,15 @@ use relay::config::{self, Command, Config};
 use relay::net::Server;
 
 fn main() -> ExitCode {
-    let (cfg, warnings) = match config::parse(std::env::vars(), std::env::args().skip(1)) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    if let Some(code) = relay::cli::dispatch(&args, &env) {
+        return ExitCode::from(code);
+    }
+    let (cfg, warnings) = match config::parse(env, args) {
         Ok(Command::Run { cfg, warnings }) => (*cfg, warnings),
         Ok(Command::Help) => {
-            print!("{}", config::help());
+            print!("{}{}", config::help(), relay::cli::SUMMARY);
             return ExitCode::SUCCESS;
         }
         Ok(Command::Version) => {

@@ -1,0 +1,542 @@
+//! `relay agent`: long-polls one session and runs a command once per prompt,
+//! in `seq` order, posting its stdout as the answer.
+//!
+//! Exactly-once answers come from the server, not from local state: the
+//! `assistant_msg_id` is a name-based UUID of the session and the
+//! `client_msg_id`, so a second run of the same prompt (an agent restarted
+//! mid-prompt, a retried post, two agents woken by one prompt) is refused as
+//! a duplicate (same text) or a conflict (different text), and both mean
+//! "already answered".
+//!
+//! The agent's cursor (`after`) is only valid for one incarnation of the
+//! session: it learns the session's `epoch` from `PUT /sessions` whenever it
+//! (re)connects or finds the queue empty, and starts over from `after=0`
+//! when the epoch changed (a restarted in-memory server, a deleted session).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::client::{self, Client, Limit, Response};
+use super::command::{self, Exit, Outcome};
+use super::{Parsed, Spec};
+
+/// The first retry delay; it doubles on each failure in a row.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// The longest retry delay.
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The longest `Retry-After` honoured.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
+/// Every request but the long-poll.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much longer than its `timeout` a long-poll may take to be answered.
+const POLL_MARGIN: Duration = Duration::from_secs(15);
+/// Below nginx's 60 s default read timeout.
+const DEFAULT_POLL: Duration = Duration::from_secs(50);
+/// After a stop signal, how long posting the answer in hand is retried.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Larger metadata is not put in the command's environment: Linux refuses
+/// to start a program with a variable above 128 KiB.
+const MAX_METADATA_ENV: usize = 64 * 1024;
+/// The namespace of the agent's name-based answer ids.
+const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
+
+const HELP: &str =
+    "usage: relay agent --session ID [--url URL] [--token T] [--poll-timeout S] -- CMD [ARGS...]
+
+Long-polls the session and runs CMD once per prompt, in order: the prompt on
+stdin; RELAY_SESSION_ID, RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's
+metadata as JSON, {} when it has none) in its environment. Its stdout,
+trailing newlines removed, is posted as the answer; a non-zero exit adds
+{\"exit_code\":N} to the answer's metadata (128+N and \"signal\":N when killed
+by signal N). Network errors and 5xx are retried with backoff (0.1 s doubling
+to 5 s); the session is created when missing. SIGTERM or SIGINT lets the
+command in hand finish and its answer be posted, then exits 0; a second
+signal exits at once.
+
+  --session ID        the session to serve (required)
+  --url URL           the server (default RELAY_URL, else http://127.0.0.1:8000)
+  --token T           agent token (default RELAY_AGENT_TOKEN)
+  --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
+
+exit codes: 0 stopped by a signal, 1 a fatal error (token refused, CMD cannot
+start), 2 bad usage
+";
+
+const SPEC: Spec = Spec {
+    valued: &["--url", "--session", "--token", "--poll-timeout"],
+    switches: &[],
+    interleaved: false,
+};
+
+/// What `relay agent` was asked to do.
+pub struct Options {
+    pub client: Client,
+    pub session: String,
+    pub poll_timeout: Duration,
+    pub command: Vec<String>,
+}
+
+fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
+    let url = super::url_of(parsed, env)?;
+    let token = super::token_of(parsed, env, "RELAY_AGENT_TOKEN")?;
+    let session = super::session_of(parsed)?;
+    let poll_timeout = super::seconds_of(parsed, "--poll-timeout", DEFAULT_POLL)?;
+    if parsed.rest.is_empty() {
+        return Err("a command to run is required after --".into());
+    }
+    Ok(Options {
+        client: Client::new(url, token),
+        session,
+        poll_timeout,
+        command: parsed.rest.clone(),
+    })
+}
+
+/// `relay agent ARGS`: parses, sets up logging and signals, serves until
+/// stopped. Returns the exit code.
+pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
+    let parsed = match super::parse_flags(args, &SPEC) {
+        Ok(p) if p.help => {
+            print!("{HELP}");
+            return 0;
+        }
+        Ok(p) => p,
+        Err(e) => return super::usage_error("agent", &e),
+    };
+    let opts = match options(&parsed, env) {
+        Ok(o) => o,
+        Err(e) => return super::usage_error("agent", &e),
+    };
+    if let Err(e) = init_logging(env) {
+        return super::usage_error("agent", &e);
+    }
+    let stop = match stop_on_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("relay agent: cannot handle signals: {e}");
+            return 1;
+        }
+    };
+    match Agent::new(opts, stop).run() {
+        Ok(()) => 0,
+        Err(e) => {
+            log::error!(error = e.as_str(); "agent failed");
+            1
+        }
+    }
+}
+
+/// The server's `RELAY_LOG` and `RELAY_LOG_FORMAT` apply to the agent too.
+fn init_logging(env: &[(String, String)]) -> Result<(), String> {
+    let logging = env
+        .iter()
+        .filter(|(k, _)| k == "RELAY_LOG" || k == "RELAY_LOG_FORMAT")
+        .cloned();
+    let cfg = match crate::config::parse(logging, std::iter::empty())? {
+        crate::config::Command::Run { cfg, .. } => cfg,
+        _ => return Err("unexpected logging settings".into()),
+    };
+    crate::logging::init(cfg.log_level, cfg.log_format)
+}
+
+/// A flag raised by the first SIGTERM or SIGINT; a second one exits at once
+/// (status 128 + signal), for a command that does not finish.
+fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGTERM, SIGINT] {
+        // Registered first, so it sees the flag as the earlier signal left it.
+        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&stop))?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    Ok(stop)
+}
+
+/// The answer id for a prompt: the same for every run of the agent, 36
+/// bytes whatever the length of the `client_msg_id`.
+pub fn answer_id(session: &str, client_msg_id: &str) -> String {
+    use sha1::{Digest, Sha1};
+    let mut hash = Sha1::new();
+    hash.update(ANSWER_NAMESPACE.as_bytes());
+    hash.update(session.as_bytes());
+    hash.update(b"\n");
+    hash.update(client_msg_id.as_bytes());
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_sha1_bytes(bytes)
+        .into_uuid()
+        .hyphenated()
+        .to_string()
+}
+
+/// `RELAY_METADATA`: the prompt's metadata as JSON, `{}` when it has none,
+/// `null` when it is too large for the environment.
+fn metadata_env(metadata: Option<&serde_json::Value>) -> String {
+    match metadata {
+        Some(m @ serde_json::Value::Object(_)) => {
+            let json = m.to_string();
+            if json.len() <= MAX_METADATA_ENV {
+                json
+            } else {
+                "null".to_string()
+            }
+        }
+        _ => "{}".to_string(),
+    }
+}
+
+/// One pending prompt as `GET /prompts` returns it.
+#[derive(Debug, Deserialize)]
+struct Prompt {
+    client_msg_id: String,
+    prompt: String,
+    #[serde(default)]
+    metadata: Option<serde_json::Value>,
+    seq: u64,
+}
+
+/// Why a step did not complete.
+#[derive(Debug)]
+enum Fail {
+    /// Worth retrying after a delay (at least `wait` when the server said).
+    Retry { why: String, wait: Option<Duration> },
+    /// Retrying cannot help: the agent exits 1.
+    Fatal(String),
+    /// A stop signal ended the wait.
+    Stopped,
+}
+
+fn retry(why: impl Into<String>) -> Fail {
+    Fail::Retry {
+        why: why.into(),
+        wait: None,
+    }
+}
+
+/// Sorts a request's result into an answer to look at and failures.
+fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
+    match result {
+        Err(client::Error::Cancelled) => Err(Fail::Stopped),
+        Err(e) => Err(retry(e.to_string())),
+        Ok(r) if r.status >= 500 || r.status == 429 || r.status == 408 => Err(Fail::Retry {
+            why: r.describe(),
+            wait: r.retry_after.map(Duration::from_secs),
+        }),
+        Ok(r) if r.status == 401 || r.status == 403 => Err(Fail::Fatal(format!(
+            "{}: check --token or RELAY_AGENT_TOKEN",
+            r.describe()
+        ))),
+        Ok(r) => Ok(r),
+    }
+}
+
+/// Capped exponential backoff.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            next: BACKOFF_FIRST,
+        }
+    }
+
+    /// The delay before the next attempt, at least the server's `wait`.
+    fn delay(&mut self, wait: Option<Duration>) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(BACKOFF_MAX);
+        d.max(wait.unwrap_or_default().min(RETRY_AFTER_MAX))
+    }
+}
+
+struct Agent {
+    client: Client,
+    session: String,
+    poll_timeout: Duration,
+    command: Vec<String>,
+    stop: Arc<AtomicBool>,
+    /// The `seq` of the last prompt handled in this epoch.
+    after: u64,
+    epoch: Option<String>,
+    /// Whether `epoch` was checked since the last connection problem or idle poll.
+    synced: bool,
+    backoff: Backoff,
+}
+
+impl Agent {
+    fn new(opts: Options, stop: Arc<AtomicBool>) -> Agent {
+        Agent {
+            client: opts.client,
+            session: opts.session,
+            poll_timeout: opts.poll_timeout,
+            command: opts.command,
+            stop,
+            after: 0,
+            epoch: None,
+            synced: false,
+            backoff: Backoff::new(),
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Serves until a stop signal (`Ok`) or a fatal error.
+    fn run(&mut self) -> Result<(), String> {
+        log::info!(session_id = self.session.as_str(), command = self.command.join(" ").as_str(); "agent started");
+        while !self.stopping() {
+            match self.turn() {
+                Ok(()) => self.backoff = Backoff::new(),
+                Err(Fail::Retry { why, wait }) => {
+                    let delay = self.backoff.delay(wait);
+                    log::warn!(error = why.as_str(), retry_ms = delay.as_millis() as u64; "request failed");
+                    self.synced = false;
+                    self.pause(delay);
+                }
+                Err(Fail::Fatal(why)) => return Err(why),
+                Err(Fail::Stopped) => break,
+            }
+        }
+        log::info!(session_id = self.session.as_str(); "agent stopped");
+        Ok(())
+    }
+
+    /// One long-poll and the prompts it brought.
+    fn turn(&mut self) -> Result<(), Fail> {
+        if !self.synced {
+            self.sync()?;
+        }
+        let prompts = self.poll()?;
+        // Idle: check the epoch before the next poll (cheap, once per poll timeout).
+        self.synced = !prompts.is_empty();
+        if prompts.iter().all(|p| p.seq <= self.after) && !prompts.is_empty() {
+            // Only prompts already handled: never from a correct server, but
+            // answering at once again would spin.
+            return Err(retry("the server sent only prompts already handled"));
+        }
+        for prompt in prompts {
+            if self.stopping() {
+                break;
+            }
+            if prompt.seq > self.after {
+                self.answer(&prompt)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `PUT /sessions/{id}`: creates the session if needed and learns its epoch.
+    fn sync(&mut self) -> Result<(), Fail> {
+        let path = format!("/sessions/{}", self.session);
+        let resp =
+            classify(
+                self.client
+                    .request("PUT", &path, None, Limit::within(REQUEST_TIMEOUT)),
+            )?;
+        if resp.status != 200 {
+            return Err(Fail::Fatal(format!("PUT {path}: {}", resp.describe())));
+        }
+        let epoch = resp
+            .json()
+            .and_then(|v| v["epoch"].as_str().map(str::to_string));
+        if epoch != self.epoch {
+            if self.epoch.is_some() {
+                log::info!(session_id = self.session.as_str(); "the session is new on the server: reading its prompts from the start");
+            }
+            self.after = 0;
+            self.epoch = epoch;
+        }
+        self.synced = true;
+        Ok(())
+    }
+
+    /// `GET /prompts/{id}`, parked until a prompt, the timeout or a signal.
+    fn poll(&mut self) -> Result<Vec<Prompt>, Fail> {
+        let path = format!(
+            "/prompts/{}?timeout={}&after={}",
+            self.session,
+            self.poll_timeout.as_secs_f64(),
+            self.after
+        );
+        let limit = Limit {
+            timeout: self.poll_timeout + POLL_MARGIN,
+            cancel: Some(&*self.stop),
+        };
+        let resp = classify(self.client.request("GET", &path, None, limit))?;
+        match resp.status {
+            200 => serde_json::from_slice(&resp.body)
+                .map_err(|e| retry(format!("unreadable prompt list: {e}"))),
+            404 => Err(retry(format!("{}: creating the session", resp.describe()))),
+            _ => Err(Fail::Fatal(format!("GET /prompts: {}", resp.describe()))),
+        }
+    }
+
+    /// Runs the command for one prompt and posts its answer.
+    fn answer(&mut self, prompt: &Prompt) -> Result<(), Fail> {
+        let metadata = metadata_env(prompt.metadata.as_ref());
+        if metadata == "null" {
+            log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "metadata too large for the environment: RELAY_METADATA is null");
+        }
+        let env = [
+            ("RELAY_SESSION_ID", self.session.as_str()),
+            ("RELAY_CLIENT_MSG_ID", prompt.client_msg_id.as_str()),
+            ("RELAY_METADATA", metadata.as_str()),
+        ];
+        let outcome = command::run(&self.command, &env, prompt.prompt.as_bytes())
+            .map_err(|e| Fail::Fatal(format!("cannot run {}: {e}", self.command[0])))?;
+        if self.stopping() && matches!(outcome.exit, Exit::Signal(_)) {
+            // Most likely the same Ctrl-C reached the command: its output is
+            // not an answer. The prompt stays pending for the next run.
+            log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "command killed while stopping: prompt left unanswered");
+            return Err(Fail::Stopped);
+        }
+        self.post(prompt, &outcome)?;
+        self.after = prompt.seq;
+        Ok(())
+    }
+
+    /// `POST /response`, retried until the server has it (or a stop signal's
+    /// grace ends). Resending is safe: the id makes it a duplicate.
+    fn post(&mut self, prompt: &Prompt, outcome: &Outcome) -> Result<(), Fail> {
+        let mut body = json!({
+            "session_id": self.session,
+            "client_msg_id": prompt.client_msg_id,
+            "assistant_msg_id": answer_id(&self.session, &prompt.client_msg_id),
+            "text": outcome.text,
+        });
+        if let Some(meta) = outcome.metadata() {
+            body["metadata"] = meta;
+        }
+        let body = body.to_string().into_bytes();
+        let mut backoff = Backoff::new();
+        let mut give_up: Option<Instant> = None;
+        loop {
+            let result = self.client.request(
+                "POST",
+                "/response",
+                Some(&body),
+                Limit::within(REQUEST_TIMEOUT),
+            );
+            match classify(result) {
+                Ok(resp) => return self.posted(prompt, outcome, &resp),
+                Err(Fail::Retry { why, wait }) => {
+                    let now = Instant::now();
+                    if self.stopping() && now >= *give_up.get_or_insert(now + STOP_GRACE) {
+                        log::warn!(client_msg_id = prompt.client_msg_id.as_str(), error = why.as_str(); "answer not posted before stopping: the prompt stays pending");
+                        return Err(Fail::Stopped);
+                    }
+                    let delay = backoff.delay(wait);
+                    log::warn!(error = why.as_str(), retry_ms = delay.as_millis() as u64; "posting the answer failed");
+                    std::thread::sleep(delay);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    /// What the server said to an answer; every outcome but a fatal one
+    /// moves on to the next prompt.
+    fn posted(&self, prompt: &Prompt, outcome: &Outcome, resp: &Response) -> Result<(), Fail> {
+        let id = prompt.client_msg_id.as_str();
+        let exit_code = match outcome.exit {
+            Exit::Code(c) => i64::from(c),
+            Exit::Signal(s) => 128 + i64::from(s),
+        };
+        match resp.status {
+            200 => {
+                let duplicate = resp.json().is_some_and(|v| v["duplicate"] == true);
+                log::info!(client_msg_id = id, exit_code = exit_code, duplicate = duplicate; "prompt answered");
+            }
+            409 => {
+                log::info!(client_msg_id = id; "prompt already answered with a different text");
+            }
+            404 => {
+                log::warn!(client_msg_id = id, error = resp.describe().as_str(); "prompt gone before its answer");
+            }
+            _ => {
+                log::error!(client_msg_id = id, error = resp.describe().as_str(); "answer refused");
+            }
+        }
+        Ok(())
+    }
+
+    /// Sleeps `delay`, waking early for a stop signal.
+    fn pause(&self, delay: Duration) {
+        let end = Instant::now() + delay;
+        while !self.stopping() {
+            let Some(left) = end.checked_duration_since(Instant::now()) else {
+                return;
+            };
+            std::thread::sleep(left.min(Duration::from_millis(100)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answer_ids_are_stable_short_and_distinct() {
+        let long = "x".repeat(256);
+        let a = answer_id("s", &long);
+        assert_eq!(a, answer_id("s", &long));
+        assert_eq!(a.len(), 36);
+        assert_eq!(a.as_bytes()[14], b'5', "a name-based (v5) UUID: {a}");
+        assert_ne!(a, answer_id("s", "x"));
+        assert_ne!(answer_id("s1", "m"), answer_id("s", "1\nm"));
+    }
+
+    #[test]
+    fn metadata_reaches_the_environment_when_it_fits() {
+        assert_eq!(metadata_env(None), "{}");
+        let m = json!({"model": "x", "n": [1, 2]});
+        assert_eq!(metadata_env(Some(&m)), r#"{"model":"x","n":[1,2]}"#);
+        let big = json!({ "k": "x".repeat(MAX_METADATA_ENV) });
+        assert_eq!(metadata_env(Some(&big)), "null");
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_honours_retry_after() {
+        let mut b = Backoff::new();
+        let delays: Vec<u128> = (0..8).map(|_| b.delay(None).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        let mut b = Backoff::new();
+        assert_eq!(
+            b.delay(Some(Duration::from_secs(2))),
+            Duration::from_secs(2)
+        );
+        assert_eq!(b.delay(Some(Duration::from_secs(600))), RETRY_AFTER_MAX);
+    }
+
+    #[test]
+    fn failures_are_sorted_by_what_retrying_can_do() {
+        let resp = |status| {
+            Ok(Response {
+                status,
+                body: br#"{"error":"x"}"#.to_vec(),
+                retry_after: None,
+            })
+        };
+        assert!(matches!(classify(resp(503)), Err(Fail::Retry { .. })));
+        assert!(matches!(classify(resp(429)), Err(Fail::Retry { .. })));
+        assert!(matches!(classify(resp(401)), Err(Fail::Fatal(_))));
+        assert!(classify(resp(409)).is_ok());
+        assert!(matches!(
+            classify(Err(client::Error::Cancelled)),
+            Err(Fail::Stopped)
+        ));
+        assert!(matches!(
+            classify(Err(client::Error::TimedOut)),
+            Err(Fail::Retry { .. })
+        ));
+    }
+}

@@ -1,0 +1,592 @@
+//! The blocking HTTP/1.1 client shared by `relay agent`, `relay send` and
+//! `relay health`: one keep-alive connection, `Content-Length` and chunked
+//! bodies, a read timeout on every read, errors as values.
+//!
+//! Every request the tools send is idempotent (ids are chosen by the
+//! client), so a reused keep-alive connection that turns out to be closed is
+//! retried once on a fresh one. A request can also be cancelled: reads
+//! wait in short slices and check the caller's flag between them, which is
+//! how an idle long-poll notices SIGTERM without a busy loop.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Largest response head accepted.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Largest response body accepted (a long-poll answer holds at most 4 MiB
+/// of prompts, plus metadata).
+const MAX_BODY_BYTES: usize = 16 << 20;
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a cancellable read looks at its flag.
+const CANCEL_SLICE: Duration = Duration::from_millis(200);
+
+/// A parsed `http://host[:port][/prefix]` base address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Url {
+    /// `host:port` as sent in `Host` (IPv6 literals keep their brackets).
+    authority: String,
+    /// The host to resolve, without brackets.
+    host: String,
+    port: u16,
+    /// A path prefix without a trailing slash (`""` for none).
+    prefix: String,
+}
+
+impl Url {
+    /// Parses the `--url` value. Only `http://` is spoken.
+    pub fn parse(s: &str) -> Result<Url, String> {
+        let rest = match s.split_once("://") {
+            Some(("http", rest)) => rest,
+            Some((scheme, _)) => {
+                return Err(format!(
+                    "'{s}': only http:// URLs are supported, not {scheme}://"
+                ));
+            }
+            None => s,
+        };
+        let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        if path.contains(['?', '#']) || hostport.contains('@') {
+            return Err(format!(
+                "'{s}': expected http://host[:port][/prefix] (no query, fragment or user)"
+            ));
+        }
+        let (host, port) = split_host_port(hostport).ok_or_else(|| format!("'{s}': bad host"))?;
+        Ok(Url {
+            authority: hostport.to_string(),
+            host,
+            port,
+            prefix: path.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// The request target for an endpoint path (`/healthz`).
+    pub fn target(&self, path: &str) -> String {
+        format!("{}{path}", self.prefix)
+    }
+
+    /// The `http://` address of an endpoint path, for messages.
+    pub fn http(&self, path: &str) -> String {
+        format!("http://{}{}{path}", self.authority, self.prefix)
+    }
+
+    /// The `ws://` address of an endpoint path.
+    pub fn ws(&self, path: &str) -> String {
+        format!("ws://{}{}{path}", self.authority, self.prefix)
+    }
+
+    /// Opens a TCP connection to the first address that answers.
+    pub fn connect(&self, timeout: Duration) -> io::Result<TcpStream> {
+        let mut last = io::Error::new(ErrorKind::NotFound, "host has no address");
+        for addr in (self.host.as_str(), self.port).to_socket_addrs()? {
+            match TcpStream::connect_timeout(&addr, timeout) {
+                Ok(stream) => {
+                    stream.set_nodelay(true)?;
+                    return Ok(stream);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+}
+
+/// `host`, `host:port`, `[v6]` or `[v6]:port`; port 80 when absent.
+fn split_host_port(s: &str) -> Option<(String, u16)> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match s.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    if host.is_empty() || host.contains([' ', '[', ']']) {
+        return None;
+    }
+    let port = match port {
+        Some(p) => p.parse().ok().filter(|p| *p != 0)?,
+        None => 80,
+    };
+    Some((host.to_string(), port))
+}
+
+/// Why a request got no HTTP answer.
+#[derive(Debug)]
+pub enum Error {
+    /// No connection (refused, unreachable, name not resolved).
+    Connect(io::Error),
+    /// The connection failed or closed mid-exchange.
+    Io(io::Error),
+    /// No complete answer before the deadline.
+    TimedOut,
+    /// The caller's cancel flag was raised while waiting.
+    Cancelled,
+    /// The peer did not speak HTTP/1.1 as expected.
+    Protocol(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Connect(e) => write!(f, "cannot connect: {e}"),
+            Error::Io(e) => write!(f, "connection failed: {e}"),
+            Error::TimedOut => write!(f, "timed out"),
+            Error::Cancelled => write!(f, "cancelled"),
+            Error::Protocol(why) => write!(f, "bad answer: {why}"),
+        }
+    }
+}
+
+/// One HTTP answer.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub body: Vec<u8>,
+    /// `Retry-After` in seconds, when given as a number.
+    pub retry_after: Option<u64>,
+}
+
+impl Response {
+    /// The body as JSON, if it is.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
+    /// `status error-text` for messages: the contract's `error` field when
+    /// the body carries one, else the status alone.
+    pub fn describe(&self) -> String {
+        match self.json().as_ref().and_then(|v| v["error"].as_str()) {
+            Some(e) => format!("{} {e}", self.status),
+            None => format!("HTTP {}", self.status),
+        }
+    }
+}
+
+/// How long a request may take and what may cancel it.
+#[derive(Clone, Copy)]
+pub struct Limit<'a> {
+    pub timeout: Duration,
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+impl Limit<'_> {
+    /// A plain request: a deadline, no cancellation.
+    pub fn within(timeout: Duration) -> Limit<'static> {
+        Limit {
+            timeout,
+            cancel: None,
+        }
+    }
+}
+
+/// A keep-alive HTTP/1.1 client for one server. Created once per command.
+pub struct Client {
+    url: Url,
+    token: Option<String>,
+    conn: Option<TcpStream>,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// A client that sends `Authorization: Bearer token` when given one.
+    pub fn new(url: Url, token: Option<String>) -> Client {
+        Client {
+            url,
+            token,
+            conn: None,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The server's base address.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// The bearer token, for a connection made outside this client.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// Sends one request (`body` is JSON) and reads its answer. A reused
+    /// connection the server had closed is replaced once, transparently.
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        limit: Limit<'_>,
+    ) -> Result<Response, Error> {
+        let deadline = Instant::now() + limit.timeout;
+        let reused = self.conn.is_some();
+        match self.exchange(method, path, body, deadline, limit.cancel) {
+            Err(Error::Io(_)) if reused && self.buf.is_empty() => {
+                self.conn = None;
+                self.exchange(method, path, body, deadline, limit.cancel)
+            }
+            other => other,
+        }
+    }
+
+    fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        deadline: Instant,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<Response, Error> {
+        self.buf.clear();
+        if self.conn.is_none() {
+            let left = remaining(deadline)?;
+            let stream = self
+                .url
+                .connect(left.min(CONNECT_TIMEOUT))
+                .map_err(Error::Connect)?;
+            self.conn = Some(stream);
+        }
+        let head = self.head(method, path, body);
+        let result = self.send_and_read(&head, body, method == "HEAD", deadline, cancel);
+        if !matches!(result, Ok((_, true))) {
+            self.conn = None;
+        }
+        result.map(|(resp, _)| resp)
+    }
+
+    fn head(&self, method: &str, path: &str, body: Option<&[u8]>) -> String {
+        let mut head = format!(
+            "{method} {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: relay/{}\r\nAccept: application/json\r\n",
+            self.url.target(path),
+            self.url.authority,
+            env!("CARGO_PKG_VERSION")
+        );
+        if let Some(token) = &self.token {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        match body {
+            Some(b) => head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            )),
+            None if method == "POST" || method == "PUT" => head.push_str("Content-Length: 0\r\n"),
+            None => {}
+        }
+        head.push_str("\r\n");
+        head
+    }
+
+    /// Writes the request and reads the answer; the flag says whether the
+    /// connection may be reused.
+    fn send_and_read(
+        &mut self,
+        head: &str,
+        body: Option<&[u8]>,
+        is_head: bool,
+        deadline: Instant,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<(Response, bool), Error> {
+        let Some(stream) = self.conn.as_mut() else {
+            return Err(Error::Protocol("no connection".into()));
+        };
+        stream
+            .set_write_timeout(Some(remaining(deadline)?))
+            .map_err(Error::Io)?;
+        let mut out = Vec::with_capacity(head.len() + body.map_or(0, <[u8]>::len));
+        out.extend_from_slice(head.as_bytes());
+        out.extend_from_slice(body.unwrap_or_default());
+        stream.write_all(&out).map_err(Error::Io)?;
+        let mut reader = Reader {
+            stream,
+            buf: &mut self.buf,
+            deadline,
+            cancel,
+        };
+        read_response(&mut reader, is_head)
+    }
+}
+
+/// A connection's input: reads with the deadline and cancel flag applied.
+struct Reader<'a> {
+    stream: &'a mut TcpStream,
+    buf: &'a mut Vec<u8>,
+    deadline: Instant,
+    cancel: Option<&'a AtomicBool>,
+}
+
+impl Reader<'_> {
+    /// Appends at least one byte to the buffer; `Ok(false)` at end of stream.
+    fn fill(&mut self) -> Result<bool, Error> {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            if self.cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
+                return Err(Error::Cancelled);
+            }
+            let mut wait = remaining(self.deadline)?;
+            if self.cancel.is_some() {
+                wait = wait.min(CANCEL_SLICE);
+            }
+            self.stream
+                .set_read_timeout(Some(wait))
+                .map_err(Error::Io)?;
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    return Ok(true);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(Error::Io(e)),
+            }
+        }
+    }
+
+    /// Reads until `need` bytes are buffered; end of stream is an error.
+    fn fill_to(&mut self, need: usize) -> Result<(), Error> {
+        while self.buf.len() < need {
+            if !self.fill()? {
+                return Err(Error::Io(ErrorKind::UnexpectedEof.into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the response head says about the body and the connection.
+struct Head {
+    status: u16,
+    len: usize,
+    content_length: Option<usize>,
+    chunked: bool,
+    keep_alive: bool,
+    retry_after: Option<u64>,
+}
+
+fn read_response(r: &mut Reader<'_>, is_head: bool) -> Result<(Response, bool), Error> {
+    let head = loop {
+        let head = read_head(r)?;
+        r.buf.drain(..head.len);
+        // An interim answer (100 Continue) precedes the real one.
+        if !(100..200).contains(&head.status) {
+            break head;
+        }
+    };
+    let no_body = is_head || head.status == 204 || head.status == 304;
+    let (body, reusable) = if no_body {
+        (Vec::new(), head.keep_alive)
+    } else if head.chunked {
+        (read_chunked(r)?, head.keep_alive)
+    } else if let Some(len) = head.content_length {
+        if len > MAX_BODY_BYTES {
+            return Err(Error::Protocol(format!("body of {len} bytes is too large")));
+        }
+        r.fill_to(len)?;
+        (r.buf.drain(..len).collect(), head.keep_alive)
+    } else {
+        (read_to_end(r)?, false)
+    };
+    // Bytes after the answer were never asked for: do not reuse.
+    let reusable = reusable && r.buf.is_empty();
+    let resp = Response {
+        status: head.status,
+        body,
+        retry_after: head.retry_after,
+    };
+    Ok((resp, reusable))
+}
+
+fn read_head(r: &mut Reader<'_>) -> Result<Head, Error> {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        match resp.parse(r.buf) {
+            Ok(httparse::Status::Complete(len)) => return Ok(head_of(&resp, len)),
+            Ok(httparse::Status::Partial) if r.buf.len() > MAX_HEAD_BYTES => {
+                return Err(Error::Protocol("response head too large".into()));
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(e) => return Err(Error::Protocol(e.to_string())),
+        }
+        if !r.fill()? {
+            return Err(Error::Io(ErrorKind::UnexpectedEof.into()));
+        }
+    }
+}
+
+fn head_of(resp: &httparse::Response<'_, '_>, len: usize) -> Head {
+    let value = |name: &str| {
+        resp.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .and_then(|h| std::str::from_utf8(h.value).ok())
+            .map(str::trim)
+    };
+    let connection = value("connection").unwrap_or("").to_ascii_lowercase();
+    let keep_alive = if resp.version == Some(0) {
+        connection.contains("keep-alive")
+    } else {
+        !connection.contains("close")
+    };
+    Head {
+        status: resp.code.unwrap_or(0),
+        len,
+        content_length: value("content-length").and_then(|v| v.parse().ok()),
+        chunked: value("transfer-encoding")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("chunked")),
+        keep_alive,
+        retry_after: value("retry-after").and_then(|v| v.parse().ok()),
+    }
+}
+
+/// A chunked body (a proxy in front of the server may send one).
+fn read_chunked(r: &mut Reader<'_>) -> Result<Vec<u8>, Error> {
+    let mut body = Vec::new();
+    loop {
+        let (line, size) = loop {
+            match httparse::parse_chunk_size(r.buf) {
+                Ok(httparse::Status::Complete((line, size))) => break (line, size),
+                Ok(httparse::Status::Partial) if r.buf.len() < 1024 => {
+                    r.fill_to(r.buf.len() + 1)?
+                }
+                _ => return Err(Error::Protocol("bad chunk size".into())),
+            }
+        };
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        if size > MAX_BODY_BYTES - body.len() {
+            return Err(Error::Protocol("chunked body too large".into()));
+        }
+        if size == 0 {
+            r.buf.drain(..line);
+            return skip_trailers(r).map(|()| body);
+        }
+        r.fill_to(line + size + 2)?;
+        body.extend_from_slice(&r.buf[line..line + size]);
+        r.buf.drain(..line + size + 2);
+    }
+}
+
+/// Consumes the trailer section after the last chunk, up to its empty line.
+fn skip_trailers(r: &mut Reader<'_>) -> Result<(), Error> {
+    loop {
+        if r.buf.starts_with(b"\r\n") {
+            r.buf.drain(..2);
+            return Ok(());
+        }
+        if let Some(end) = r.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            r.buf.drain(..end + 4);
+            return Ok(());
+        }
+        if r.buf.len() > MAX_HEAD_BYTES {
+            return Err(Error::Protocol("trailers too large".into()));
+        }
+        r.fill_to(r.buf.len() + 1)?;
+    }
+}
+
+/// A body delimited by the end of the connection.
+fn read_to_end(r: &mut Reader<'_>) -> Result<Vec<u8>, Error> {
+    while r.fill()? {
+        if r.buf.len() > MAX_BODY_BYTES {
+            return Err(Error::Protocol("body too large".into()));
+        }
+    }
+    Ok(std::mem::take(r.buf))
+}
+
+fn remaining(deadline: Instant) -> Result<Duration, Error> {
+    match deadline.checked_duration_since(Instant::now()) {
+        Some(d) if !d.is_zero() => Ok(d),
+        _ => Err(Error::TimedOut),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_defaults_and_prefixes() {
+        let u = Url::parse("http://127.0.0.1:9000").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.prefix.as_str()),
+            ("127.0.0.1", 9000, "")
+        );
+        assert_eq!(u.target("/healthz"), "/healthz");
+        let u = Url::parse("http://example.com/relay/").unwrap();
+        assert_eq!((u.authority.as_str(), u.port), ("example.com", 80));
+        assert_eq!(u.target("/prompt"), "/relay/prompt");
+        assert_eq!(u.ws("/ws/s"), "ws://example.com/relay/ws/s");
+        let u = Url::parse("http://h:09000").unwrap();
+        assert_eq!((u.authority.as_str(), u.port), ("h:09000", 9000));
+        let u = Url::parse("[::1]:8000").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.authority.as_str()),
+            ("::1", "[::1]:8000")
+        );
+    }
+
+    #[test]
+    fn urls_that_cannot_be_served_are_refused() {
+        for bad in [
+            "https://example.com",
+            "http://",
+            "http://host:0",
+            "http://host:x",
+            "http://host/?q",
+            "http://user@host",
+        ] {
+            assert!(Url::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A reader over bytes already received (the stream is never read).
+    fn decode(bytes: &[u8], is_head: bool) -> Result<(Response, bool), Error> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_peer, _) = listener.accept().unwrap();
+        let mut buf = bytes.to_vec();
+        let mut r = Reader {
+            stream: &mut stream,
+            buf: &mut buf,
+            deadline: Instant::now() + Duration::from_millis(100),
+            cancel: None,
+        };
+        read_response(&mut r, is_head)
+    }
+
+    #[test]
+    fn bodies_are_framed_by_length_or_chunks() {
+        let (r, reuse) = decode(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false).unwrap();
+        assert_eq!(
+            (r.status, r.body.as_slice(), reuse),
+            (200, &b"ok"[..], true)
+        );
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1;x=y\r\nc\r\n0\r\nT: v\r\n\r\n";
+        let (r, reuse) = decode(chunked, false).unwrap();
+        assert_eq!((r.body.as_slice(), reuse), (&b"abc"[..], true));
+        let interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 429 Too Many\r\nRetry-After: 3\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+        let (r, reuse) = decode(interim, false).unwrap();
+        assert_eq!((r.status, r.retry_after, reuse), (429, Some(3), false));
+        let (r, _) = decode(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true).unwrap();
+        assert!(r.body.is_empty());
+    }
+
+    #[test]
+    fn a_short_or_garbled_answer_is_an_error() {
+        assert!(matches!(
+            decode(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab", false),
+            Err(Error::TimedOut)
+        ));
+        assert!(matches!(
+            decode(b"\x16\x03\x01 not http\r\n\r\n", false),
+            Err(Error::Protocol(_))
+        ));
+    }
+}

@@ -1,0 +1,110 @@
+//! `relay health`: the container health check. A `FROM scratch` image has
+//! no shell or curl, so the binary checks itself: `GET /healthz`, exit 0 on
+//! `200`, 1 otherwise, one line of output either way.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::Spec;
+use super::client::{Client, Limit, Url};
+
+/// How long the whole check may take.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+const HELP: &str = "usage: relay health [--url URL]
+
+GET /healthz. Prints the body and exits 0 on 200; prints the reason to
+stderr and exits 1 otherwise (refused, timed out after 5 s, another status).
+The default URL is the server's own address from RELAY_HOST and RELAY_PORT
+(or PORT): http://127.0.0.1:$RELAY_PORT when it listens on every address.
+
+exit codes: 0 healthy, 1 not, 2 bad usage
+";
+
+const SPEC: Spec = Spec {
+    valued: &["--url"],
+    switches: &[],
+    interleaved: false,
+};
+
+/// `relay health ARGS`: returns the exit code.
+pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
+    let parsed = match super::parse_flags(args, &SPEC) {
+        Ok(p) if p.help => {
+            print!("{HELP}");
+            return 0;
+        }
+        Ok(p) if !p.rest.is_empty() => {
+            return super::usage_error("health", &format!("unexpected '{}'", p.rest[0]));
+        }
+        Ok(p) => p,
+        Err(e) => return super::usage_error("health", &e),
+    };
+    let url = match parsed.value("--url") {
+        Some(raw) => Url::parse(raw).map_err(|e| format!("invalid --url {e}")),
+        None => own_url(env),
+    };
+    let url = match url {
+        Ok(u) => u,
+        Err(e) => return super::usage_error("health", &e),
+    };
+    let target = url.http("/healthz");
+    let mut client = Client::new(url, None);
+    match client.request("GET", "/healthz", None, Limit::within(TIMEOUT)) {
+        Ok(resp) if resp.status == 200 => {
+            println!("{}", String::from_utf8_lossy(&resp.body).trim_end());
+            0
+        }
+        Ok(resp) => {
+            eprintln!("relay health: {target}: {}", resp.describe());
+            1
+        }
+        Err(e) => {
+            eprintln!("relay health: {target}: {e}");
+            1
+        }
+    }
+}
+
+/// The address the server itself would listen on, read with the server's
+/// own settings parser; an unspecified address means loopback.
+fn own_url(env: &[(String, String)]) -> Result<Url, String> {
+    let address = env
+        .iter()
+        .filter(|(k, _)| k == "RELAY_HOST" || k == "RELAY_PORT" || k == "PORT")
+        .cloned();
+    let cfg = match crate::config::parse(address, std::iter::empty())? {
+        crate::config::Command::Run { cfg, .. } => cfg,
+        _ => return Err("unexpected address settings".into()),
+    };
+    let host = match cfg.host {
+        IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_string(),
+        IpAddr::V6(ip) if ip.is_unspecified() => "[::1]".to_string(),
+        IpAddr::V4(ip) => ip.to_string(),
+        IpAddr::V6(ip) => format!("[{ip}]"),
+    };
+    Url::parse(&format!("http://{host}:{}", cfg.port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_default_url_is_the_servers_own_address() {
+        let u = own_url(&env(&[])).unwrap();
+        assert_eq!(u, Url::parse("http://127.0.0.1:8000").unwrap());
+        let u = own_url(&env(&[("PORT", "7000"), ("RELAY_HOST", "::")])).unwrap();
+        assert_eq!(u, Url::parse("http://[::1]:7000").unwrap());
+        let u = own_url(&env(&[("RELAY_PORT", "9001"), ("RELAY_HOST", "10.0.0.2")])).unwrap();
+        assert_eq!(u, Url::parse("http://10.0.0.2:9001").unwrap());
+        assert!(own_url(&env(&[("RELAY_PORT", "x")])).is_err());
+    }
+}

@@ -1,0 +1,248 @@
+//! The command line tools in the same binary: `relay agent` (the laptop
+//! side: long-poll, run a command per prompt, post its output), `relay send`
+//! (post a prompt, print its answers) and `relay health` (the container
+//! health check). They are blocking clients over `std::net`, sharing one
+//! small HTTP client ([`client`]); the server's own code is reused for
+//! validation (session ids, size limits) and settings (logging, address).
+
+pub mod agent;
+pub mod client;
+mod command;
+pub mod health;
+pub mod send;
+
+use std::time::Duration;
+
+/// The subcommand lines of `relay --help`.
+pub const SUMMARY: &str = "
+commands (each has --help):
+  relay agent --session ID [--url URL] [--token T] -- CMD [ARGS...]
+      run CMD once per prompt of the session, post its output as the answer
+  relay send --session ID [--url URL] [--token T] TEXT...
+      post a prompt and print the answers to it
+  relay health [--url URL]
+      GET /healthz: exit 0 on 200, 1 otherwise (the container health check)
+";
+
+/// The server the tools talk to when neither `--url` nor `RELAY_URL` says.
+const DEFAULT_URL: &str = "http://127.0.0.1:8000";
+
+/// Runs the subcommand `args[0]` names, returning its exit code; `None`
+/// when `args` does not start with a subcommand (the server runs then).
+/// Called once by `main`.
+pub fn dispatch(args: &[String], env: &[(String, String)]) -> Option<u8> {
+    let (name, rest) = args.split_first()?;
+    match name.as_str() {
+        "agent" => Some(agent::main(rest, env)),
+        "send" => Some(send::main(rest, env)),
+        "health" => Some(health::main(rest, env)),
+        _ => None,
+    }
+}
+
+/// A subcommand's flags and the arguments after them.
+#[derive(Debug, Default)]
+struct Parsed {
+    values: Vec<(&'static str, String)>,
+    switches: Vec<&'static str>,
+    /// The words after the flags (the command, or the text).
+    rest: Vec<String>,
+    help: bool,
+}
+
+impl Parsed {
+    fn value(&self, flag: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .rev()
+            .find(|(f, _)| *f == flag)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn switch(&self, flag: &str) -> bool {
+        self.switches.contains(&flag)
+    }
+}
+
+/// Which flags a subcommand takes.
+struct Spec {
+    valued: &'static [&'static str],
+    switches: &'static [&'static str],
+    /// Whether flags may follow the first plain word (`send TEXT --all`);
+    /// when not, the first plain word starts `rest` (the agent's command,
+    /// whose own flags must stay its own).
+    interleaved: bool,
+}
+
+/// Parses `--flag value`, `--flag=value` and switches; `--` ends the flags.
+fn parse_flags(args: &[String], spec: &Spec) -> Result<Parsed, String> {
+    let mut parsed = Parsed::default();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--" {
+            parsed.rest.extend(it.cloned());
+            break;
+        }
+        if arg == "-h" || arg == "--help" {
+            parsed.help = true;
+            continue;
+        }
+        if !arg.starts_with('-') || arg == "-" {
+            parsed.rest.push(arg.clone());
+            if !spec.interleaved {
+                parsed.rest.extend(it.cloned());
+                break;
+            }
+            continue;
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f, Some(v.to_string())),
+            None => (arg.as_str(), None),
+        };
+        if let Some(name) = spec.valued.iter().find(|f| **f == flag) {
+            let value = match inline {
+                Some(v) => v,
+                None => it.next().cloned().ok_or(format!("{flag} needs a value"))?,
+            };
+            parsed.values.push((name, value));
+        } else if let Some(name) = spec.switches.iter().find(|f| **f == flag) {
+            if inline.is_some() {
+                return Err(format!("{flag} takes no value"));
+            }
+            parsed.switches.push(name);
+        } else {
+            return Err(format!("unknown flag '{arg}'"));
+        }
+    }
+    Ok(parsed)
+}
+
+fn env_value<'a>(env: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    env.iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty())
+}
+
+/// `--url`, else `RELAY_URL`, else the local default.
+fn url_of(parsed: &Parsed, env: &[(String, String)]) -> Result<client::Url, String> {
+    let raw = parsed
+        .value("--url")
+        .or_else(|| env_value(env, "RELAY_URL"))
+        .unwrap_or(DEFAULT_URL);
+    client::Url::parse(raw).map_err(|e| format!("invalid --url {e}"))
+}
+
+/// `--token`, else the role's environment variable; printable ASCII only,
+/// since it travels in a header.
+fn token_of(
+    parsed: &Parsed,
+    env: &[(String, String)],
+    env_name: &str,
+) -> Result<Option<String>, String> {
+    let token = parsed.value("--token").or_else(|| env_value(env, env_name));
+    match token {
+        Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => Err(format!(
+            "the token (--token or {env_name}) must be printable ASCII without spaces"
+        )),
+        t => Ok(t.map(str::to_string)),
+    }
+}
+
+/// `--session`, checked with the server's own rule.
+fn session_of(parsed: &Parsed) -> Result<String, String> {
+    let sid = parsed
+        .value("--session")
+        .ok_or("--session ID is required")?;
+    if crate::relay::model::valid_session_id(sid) {
+        Ok(sid.to_string())
+    } else {
+        Err(format!(
+            "invalid --session '{sid}': 1 to 128 characters from A-Z a-z 0-9 . _ ~ -"
+        ))
+    }
+}
+
+/// A positive number of seconds (`--timeout 2.5`).
+fn seconds_of(parsed: &Parsed, flag: &str, default: Duration) -> Result<Duration, String> {
+    match parsed.value(flag) {
+        None => Ok(default),
+        Some(v) => match v.parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 && s <= 31_536_000.0 => {
+                Ok(Duration::from_secs_f64(s))
+            }
+            _ => Err(format!(
+                "invalid {flag} '{v}': expected seconds greater than 0"
+            )),
+        },
+    }
+}
+
+/// Prints a usage error the way the server does and returns exit code 2.
+fn usage_error(command: &str, why: &str) -> u8 {
+    eprintln!("relay {command}: {why} (see relay {command} --help)");
+    2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<String> {
+        words.iter().map(|s| s.to_string()).collect()
+    }
+
+    const SPEC: Spec = Spec {
+        valued: &["--url", "--session"],
+        switches: &["--all"],
+        interleaved: false,
+    };
+
+    #[test]
+    fn flags_stop_at_the_command() {
+        let p = parse_flags(&args(&["--session=s", "--url", "u", "cat", "--all"]), &SPEC).unwrap();
+        assert_eq!(
+            (p.value("--session"), p.value("--url")),
+            (Some("s"), Some("u"))
+        );
+        assert_eq!(p.rest, args(&["cat", "--all"]));
+        assert!(!p.switch("--all"));
+        let p = parse_flags(&args(&["--all", "--", "--url", "x"]), &SPEC).unwrap();
+        assert!(p.switch("--all"));
+        assert_eq!(p.rest, args(&["--url", "x"]));
+    }
+
+    #[test]
+    fn interleaved_flags_may_follow_words() {
+        let spec = Spec {
+            interleaved: true,
+            ..SPEC
+        };
+        let p = parse_flags(&args(&["hello", "--all", "world"]), &spec).unwrap();
+        assert!(p.switch("--all"));
+        assert_eq!(p.rest, args(&["hello", "world"]));
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let e = parse_flags(&args(&["--nope"]), &SPEC).unwrap_err();
+        assert!(e.contains("--nope"), "{e}");
+        let e = parse_flags(&args(&["--url"]), &SPEC).unwrap_err();
+        assert!(e.contains("--url"), "{e}");
+        let e = parse_flags(&args(&["--all=1"]), &SPEC).unwrap_err();
+        assert!(e.contains("--all"), "{e}");
+    }
+
+    #[test]
+    fn sessions_and_tokens_are_checked_before_any_request() {
+        let p = parse_flags(&args(&["--session", "a/b"]), &SPEC).unwrap();
+        assert!(session_of(&p).is_err());
+        let env = vec![("RELAY_AGENT_TOKEN".to_string(), "two words".to_string())];
+        assert!(token_of(&p, &env, "RELAY_AGENT_TOKEN").is_err());
+        let env = vec![("RELAY_URL".to_string(), "http://h:1".to_string())];
+        assert_eq!(
+            url_of(&p, &env).unwrap(),
+            client::Url::parse("h:1").unwrap()
+        );
+    }
+}

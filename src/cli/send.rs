@@ -1,0 +1,276 @@
+//! `relay send`: posts one prompt and prints the answers to it.
+//!
+//! The WebSocket is connected before the prompt is posted, so no answer can
+//! arrive unseen; answers to other prompts of the session are skipped.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tungstenite::client::IntoClientRequest;
+use tungstenite::protocol::WebSocketConfig;
+use tungstenite::{Message, WebSocket};
+
+use super::client::{Client, Limit};
+use super::{Parsed, Spec};
+use crate::relay::model::MAX_TEXT_BYTES;
+
+/// How long connecting and posting may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait for answers by default.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Largest WebSocket message accepted (an answer is at most 128 KiB of
+/// text plus its metadata).
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+const HELP: &str =
+    "usage: relay send --session ID [--url URL] [--token T] [--all] [--timeout S] TEXT...
+
+Posts TEXT (the words joined by spaces; - reads it from stdin) as a prompt
+of the session and prints each answer's text on its own line as it arrives.
+The WebSocket is connected first, so no answer is missed. The generated
+client_msg_id is printed to stderr.
+
+  --session ID     the session (required; created if missing)
+  --url URL        the server (default RELAY_URL, else http://127.0.0.1:8000)
+  --token T        client token (default RELAY_CLIENT_TOKEN)
+  --all            keep printing answer parts until the timeout, instead of
+                   exiting after the first answer
+  --timeout S      seconds to wait for answers (default 120)
+
+exit codes: 0 at least one answer printed, 1 no answer before the timeout or
+the prompt could not be posted, 2 bad usage
+";
+
+const SPEC: Spec = Spec {
+    valued: &["--url", "--session", "--token", "--timeout"],
+    switches: &["--all"],
+    interleaved: true,
+};
+
+struct Options {
+    client: Client,
+    session: String,
+    text: String,
+    all: bool,
+    timeout: Duration,
+}
+
+fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
+    let url = super::url_of(parsed, env)?;
+    let token = super::token_of(parsed, env, "RELAY_CLIENT_TOKEN")?;
+    let session = super::session_of(parsed)?;
+    let timeout = super::seconds_of(parsed, "--timeout", DEFAULT_TIMEOUT)?;
+    let text = match parsed.rest.as_slice() {
+        [] => return Err("TEXT is required".into()),
+        [dash] if dash == "-" => {
+            let mut text = String::new();
+            std::io::stdin()
+                .take(MAX_TEXT_BYTES as u64 + 1)
+                .read_to_string(&mut text)
+                .map_err(|e| format!("cannot read the prompt from stdin: {e}"))?;
+            text
+        }
+        words => words.join(" "),
+    };
+    if text.len() > MAX_TEXT_BYTES {
+        return Err(format!("the prompt exceeds {MAX_TEXT_BYTES} bytes"));
+    }
+    Ok(Options {
+        client: Client::new(url, token),
+        session,
+        text,
+        all: parsed.switch("--all"),
+        timeout,
+    })
+}
+
+/// `relay send ARGS`: returns the exit code.
+pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
+    let parsed = match super::parse_flags(args, &SPEC) {
+        Ok(p) if p.help => {
+            print!("{HELP}");
+            return 0;
+        }
+        Ok(p) => p,
+        Err(e) => return super::usage_error("send", &e),
+    };
+    let mut opts = match options(&parsed, env) {
+        Ok(o) => o,
+        Err(e) => return super::usage_error("send", &e),
+    };
+    match run(&mut opts) {
+        Ok(0) => {
+            eprintln!(
+                "relay send: no answer within {} s",
+                opts.timeout.as_secs_f64()
+            );
+            1
+        }
+        Ok(_) => 0,
+        Err(e) => {
+            eprintln!("relay send: {e}");
+            1
+        }
+    }
+}
+
+/// Subscribes, posts, prints answers; returns how many were printed.
+fn run(opts: &mut Options) -> Result<usize, String> {
+    let deadline = Instant::now() + opts.timeout;
+    let mut ws = subscribe(opts)?;
+    let client_msg_id = uuid::Uuid::new_v4().to_string();
+    eprintln!("relay send: client_msg_id {client_msg_id}");
+    post(opts, &client_msg_id)?;
+    let mut printed = 0;
+    let result = loop {
+        match next_answer(&mut ws, &client_msg_id, deadline) {
+            Ok(Some(text)) => {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{text}")
+                    .and_then(|()| out.flush())
+                    .map_err(|e| format!("cannot print the answer: {e}"))?;
+                printed += 1;
+                if !opts.all {
+                    break Ok(printed);
+                }
+            }
+            Ok(None) => break Ok(printed),
+            Err(e) if printed > 0 => {
+                eprintln!("relay send: {e}");
+                break Ok(printed);
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let _ = ws.close(None);
+    let _ = ws.flush();
+    result
+}
+
+/// Opens `/ws/{session}`. The token travels in the `Authorization` header
+/// (the server accepts it on upgrades too), which keeps it out of proxies'
+/// access logs where `?token=` would land.
+fn subscribe(opts: &Options) -> Result<WebSocket<TcpStream>, String> {
+    let url = opts.client.url();
+    let address = url.ws(&format!("/ws/{}", opts.session));
+    let mut request = address
+        .as_str()
+        .into_client_request()
+        .map_err(|e| format!("{address}: {e}"))?;
+    if let Some(token) = opts.client.token() {
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| "the token cannot be sent in a header".to_string())?;
+        request.headers_mut().insert("Authorization", value);
+    }
+    let stream = url
+        .connect(REQUEST_TIMEOUT)
+        .map_err(|e| format!("{address}: cannot connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(REQUEST_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(REQUEST_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE_BYTES))
+        .max_frame_size(Some(MAX_MESSAGE_BYTES));
+    match tungstenite::client::client_with_config(request, stream, Some(config)) {
+        Ok((ws, _)) => Ok(ws),
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(resp))) => {
+            let body = resp.body().as_deref().unwrap_or_default();
+            let why = serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            Err(format!("{address}: refused: {} {why}", resp.status()))
+        }
+        Err(tungstenite::HandshakeError::Failure(e)) => Err(format!("{address}: {e}")),
+        Err(tungstenite::HandshakeError::Interrupted(_)) => Err(format!("{address}: timed out")),
+    }
+}
+
+fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
+    let body = json!({
+        "session_id": opts.session,
+        "client_msg_id": client_msg_id,
+        "prompt": opts.text,
+    });
+    let resp = opts
+        .client
+        .request(
+            "POST",
+            "/prompt",
+            Some(body.to_string().as_bytes()),
+            Limit::within(REQUEST_TIMEOUT),
+        )
+        .map_err(|e| format!("POST /prompt: {e}"))?;
+    if resp.status == 200 {
+        Ok(())
+    } else {
+        Err(format!("POST /prompt: {}", resp.describe()))
+    }
+}
+
+/// The text of the next answer to `client_msg_id`, `None` at the deadline.
+fn next_answer(
+    ws: &mut WebSocket<TcpStream>,
+    client_msg_id: &str,
+    deadline: Instant,
+) -> Result<Option<String>, String> {
+    loop {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            return Ok(None);
+        };
+        if left.is_zero() {
+            return Ok(None);
+        }
+        ws.get_ref()
+            .set_read_timeout(Some(left))
+            .map_err(|e| e.to_string())?;
+        match ws.read() {
+            Ok(Message::Text(frame)) => {
+                if let Some(text) = answer_text(frame.as_str(), client_msg_id) {
+                    return Ok(Some(text));
+                }
+            }
+            Ok(Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed) => {
+                return Err("the server closed the connection".into());
+            }
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e))
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(format!("connection lost: {e}")),
+        }
+    }
+}
+
+/// The text of a `{"type":"message"}` frame answering `client_msg_id`.
+fn answer_text(frame: &str, client_msg_id: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(frame).ok()?;
+    let data = &v["data"];
+    if v["type"] == "message" && data["client_msg_id"] == client_msg_id {
+        data["text"].as_str().map(str::to_string)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_answers_to_our_prompt_are_printed() {
+        let frame = |cid: &str| {
+            json!({"type":"message","data":{"client_msg_id":cid,"text":"hi","seq":2}}).to_string()
+        };
+        assert_eq!(answer_text(&frame("m1"), "m1").as_deref(), Some("hi"));
+        assert_eq!(answer_text(&frame("m2"), "m1"), None);
+        assert_eq!(answer_text(r#"{"type":"ping","ts":1}"#, "m1"), None);
+        assert_eq!(answer_text("not json", "m1"), None);
+    }
+}

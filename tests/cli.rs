@@ -1,0 +1,580 @@
+//! The command line tools against the real server: `relay agent`, `relay
+//! send` and `relay health` run as the real binary, the server through the
+//! harness. Waits are readiness checks: a log line of the agent, a counter
+//! in `/healthz`, a marker file the command creates, a WebSocket frame.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Server, unique_session};
+use serde_json::{Value, json};
+
+/// How long a tool may take to show what a test waits for.
+const WAIT: Duration = Duration::from_secs(15);
+
+/// The binary with the caller's `RELAY_*` settings removed.
+fn relay() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("RELAY_") || key == "PORT" {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+fn url(srv: &Server) -> String {
+    format!("http://{}", srv.addr())
+}
+
+type Lines = Arc<(Mutex<(Vec<String>, bool)>, Condvar)>;
+
+/// A running `relay agent` whose JSON log lines are collected; killed on drop.
+struct Agent {
+    child: Child,
+    log: Lines,
+}
+
+impl Agent {
+    #[track_caller]
+    fn start(srv: &Server, sid: &str, env: &[(&str, &str)], command: &[&str]) -> Agent {
+        let mut cmd = relay();
+        cmd.args(["agent", "--url", &url(srv), "--session", sid, "--"])
+            .args(command)
+            .env("RELAY_LOG_FORMAT", "json")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn relay agent");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log: Lines = Arc::default();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.0.lock().unwrap().0.push(line);
+                sink.1.notify_all();
+            }
+            sink.0.lock().unwrap().1 = true;
+            sink.1.notify_all();
+        });
+        Agent { child, log }
+    }
+
+    /// Log lines whose `event` is `event`.
+    fn events(&self, event: &str) -> Vec<Value> {
+        events(&self.log.0.lock().unwrap().0, event)
+    }
+
+    /// Waits until `done` holds for the log lines so far; returns them.
+    #[track_caller]
+    fn wait_for(&self, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+        let deadline = Instant::now() + WAIT;
+        let mut state = self.log.0.lock().unwrap();
+        loop {
+            if done(&state.0) {
+                return state.0.clone();
+            }
+            let now = Instant::now();
+            if state.1 || now >= deadline {
+                panic!(
+                    "the agent never logged {what}; log:\n{}",
+                    state.0.join("\n")
+                );
+            }
+            state = self.log.1.wait_timeout(state, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Waits until `n` lines have the event `event`; returns them.
+    #[track_caller]
+    fn wait_events(&self, event: &str, n: usize) -> Vec<Value> {
+        let lines = self.wait_for(&format!("{n} x {event:?}"), |l| events(l, event).len() >= n);
+        events(&lines, event)
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([format!("-{name}"), self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    #[track_caller]
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the agent did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- agent log ---\n{}",
+                self.log.0.lock().unwrap().0.join("\n")
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The JSON log lines whose `event` is `event`.
+fn events(lines: &[String], event: &str) -> Vec<Value> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .collect()
+}
+
+/// Runs `relay send` to completion.
+fn send(srv: &Server, sid: &str, args: &[&str]) -> Output {
+    relay()
+        .args([
+            "send",
+            "--url",
+            &url(srv),
+            "--session",
+            sid,
+            "--timeout",
+            "20",
+        ])
+        .args(args)
+        .output()
+        .expect("run relay send")
+}
+
+/// A scratch directory for marker files, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir = std::env::temp_dir().join(format!("relay-cli-{}", unique_session()));
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits (bounded) until a command has created `path`.
+#[track_caller]
+fn wait_file(path: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !Path::new(path).exists() {
+        assert!(Instant::now() < deadline, "{path} was never created");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The assistant messages of a session, oldest first.
+fn answers(srv: &Server, sid: &str) -> Vec<Value> {
+    let body = srv.messages(sid, "?limit=1000");
+    body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["type"] == "assistant")
+        .map(|m| m["data"].clone())
+        .collect()
+}
+
+/// Posts a prompt with metadata.
+#[track_caller]
+fn prompt_with(srv: &Server, sid: &str, id: &str, text: &str, metadata: Value) {
+    let body =
+        json!({"session_id": sid, "client_msg_id": id, "prompt": text, "metadata": metadata});
+    let resp = srv.post_json("/prompt", &body);
+    assert_eq!(resp.status, 200, "{}", resp.text());
+}
+
+#[test]
+fn send_prints_the_answer_an_agent_computes() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let _agent = Agent::start(&srv, &sid, &[], &["tr", "a-z", "A-Z"]);
+    srv.wait_health("parked_polls", 1);
+    let out = send(&srv, &sid, &["hello"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO\n");
+    let id = answers(&srv, &sid)[0]["client_msg_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&id),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn tokens_come_from_flags_or_the_environment() {
+    let srv = Server::start_with(&[
+        ("RELAY_AGENT_TOKEN", "agent-secret"),
+        ("RELAY_CLIENT_TOKEN", "client-secret"),
+    ]);
+    let sid = unique_session();
+    let mut refused = Agent::start(&srv, &sid, &[("RELAY_AGENT_TOKEN", "wrong")], &["cat"]);
+    assert_eq!(refused.wait_exit().code(), Some(1));
+    let failure = &refused.events("agent failed")[0];
+    assert!(
+        failure["error"].as_str().unwrap().contains("401"),
+        "{failure}"
+    );
+    let _agent = Agent::start(
+        &srv,
+        &sid,
+        &[("RELAY_AGENT_TOKEN", "agent-secret")],
+        &["cat"],
+    );
+    let out = send(&srv, &sid, &["--token", "client-secret", "with a token"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "with a token\n");
+    let out = relay()
+        .args(["send", "--url", &url(&srv), "--session", &sid, "hi"])
+        .env("RELAY_CLIENT_TOKEN", "wrong")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn the_command_gets_the_prompts_identity_but_no_token() {
+    let srv = Server::start_with(&[("RELAY_AGENT_TOKEN", "agent-secret")]);
+    let sid = unique_session();
+    let script = r#"printf '%s|%s|%s|%s' "$RELAY_SESSION_ID" "$RELAY_CLIENT_MSG_ID" "$RELAY_METADATA" "${RELAY_AGENT_TOKEN-none}""#;
+    let mut ws = srv.ws(&format!("/ws/{sid}"));
+    prompt_with(&srv, &sid, "m1", "x", json!({"k": [1, "é"]}));
+    srv.prompt(&sid, "y", Some("m2"));
+    let _agent = Agent::start(
+        &srv,
+        &sid,
+        &[("RELAY_AGENT_TOKEN", "agent-secret")],
+        &["sh", "-c", script],
+    );
+    let first = ws.recv_json_skip_pings();
+    let second = ws.recv_json_skip_pings();
+    assert_eq!(
+        first["data"]["text"],
+        format!(r#"{sid}|m1|{{"k":[1,"é"]}}|none"#)
+    );
+    assert_eq!(second["data"]["text"], format!("{sid}|m2|{{}}|none"));
+}
+
+#[test]
+fn prompts_waiting_before_the_agent_starts_are_answered_in_order_once() {
+    let srv = Server::start();
+    let sid = unique_session();
+    for i in 1..=3 {
+        srv.prompt(&sid, &format!("p{i}"), Some(&format!("m{i}")));
+    }
+    let agent = Agent::start(&srv, &sid, &[], &["tr", "a-z", "A-Z"]);
+    agent.wait_events("prompt answered", 3);
+    // A later prompt is answered after them; nothing earlier comes again.
+    srv.prompt(&sid, "p4", Some("m4"));
+    agent.wait_events("prompt answered", 4);
+    let got: Vec<(String, String)> = answers(&srv, &sid)
+        .iter()
+        .map(|a| {
+            (
+                a["client_msg_id"].as_str().unwrap().to_string(),
+                a["text"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = (1..=4)
+        .map(|i| (format!("m{i}"), format!("P{i}")))
+        .collect();
+    assert_eq!(got, want);
+    assert!(srv.pending(&sid).is_empty());
+}
+
+#[test]
+fn an_agent_killed_mid_prompt_answers_it_once_after_a_restart() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let scratch = Scratch::new();
+    let marker = scratch.path("started");
+    // The first run hangs (and is killed with its agent); the rerun answers.
+    let script = r#"if [ -e "$MARKER" ]; then cat; else touch "$MARKER"; sleep 5; cat; fi"#;
+    let env = [("MARKER", marker.as_str())];
+    let mut first = Agent::start(&srv, &sid, &env, &["sh", "-c", script]);
+    srv.prompt(&sid, "once", Some("m1"));
+    wait_file(&marker);
+    first.child.kill().expect("SIGKILL the agent");
+    first.wait_exit();
+    let second = Agent::start(&srv, &sid, &env, &["sh", "-c", script]);
+    second.wait_events("prompt answered", 1);
+    srv.prompt(&sid, "next", Some("m2"));
+    second.wait_events("prompt answered", 2);
+    let ids: Vec<Value> = answers(&srv, &sid)
+        .iter()
+        .map(|a| a["client_msg_id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("m1"), json!("m2")]);
+}
+
+#[test]
+fn two_agents_woken_by_one_prompt_store_one_answer() {
+    let srv = Server::start();
+    let sid = unique_session();
+    // The same text from both (a duplicate), then a different one (a conflict).
+    let script = r#"read -r p; printf %s "$p"; [ "$p" != differ ] || printf ' %s' "$WHO""#;
+    let a = Agent::start(&srv, &sid, &[("WHO", "a")], &["sh", "-c", script]);
+    let b = Agent::start(&srv, &sid, &[("WHO", "b")], &["sh", "-c", script]);
+    srv.wait_health("parked_polls", 2);
+    srv.prompt(&sid, "same", Some("m1"));
+    a.wait_events("prompt answered", 1);
+    b.wait_events("prompt answered", 1);
+    let duplicates = [&a, &b]
+        .iter()
+        .filter(|x| x.events("prompt answered")[0]["duplicate"] == "true")
+        .count();
+    assert_eq!(duplicates, 1);
+    srv.wait_health("parked_polls", 2);
+    srv.prompt(&sid, "differ", Some("m2"));
+    const CONFLICT: &str = "prompt already answered with a different text";
+    let conflicts = [&a, &b].map(|x| {
+        let lines = x.wait_for("an outcome for m2", |l| {
+            events(l, "prompt answered").len() + events(l, CONFLICT).len() == 2
+        });
+        events(&lines, CONFLICT).len()
+    });
+    assert_eq!(conflicts.iter().sum::<usize>(), 1);
+    let ids: Vec<Value> = answers(&srv, &sid)
+        .iter()
+        .map(|a| a["client_msg_id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("m1"), json!("m2")]);
+}
+
+#[test]
+fn a_failing_command_answers_with_its_exit_code() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let script = r#"read -r p; [ "$p" != kill ] || kill -9 $$; echo oops; exit 3"#;
+    let _agent = Agent::start(&srv, &sid, &[], &["sh", "-c", script]);
+    let mut ws = srv.ws(&format!("/ws/{sid}"));
+    srv.prompt(&sid, "fail", Some("m1"));
+    let answer = ws.recv_json_skip_pings();
+    assert_eq!(answer["data"]["text"], "oops");
+    assert_eq!(answer["data"]["metadata"], json!({"exit_code": 3}));
+    srv.prompt(&sid, "kill", Some("m2"));
+    let answer = ws.recv_json_skip_pings();
+    assert_eq!(answer["data"]["text"], "");
+    assert_eq!(
+        answer["data"]["metadata"],
+        json!({"exit_code": 137, "signal": 9})
+    );
+}
+
+#[test]
+fn sigterm_lets_the_prompt_in_hand_finish_then_exits_zero() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let scratch = Scratch::new();
+    let (marker, go) = (scratch.path("started"), scratch.path("go"));
+    let script = r#"touch "$MARKER"; while [ ! -e "$GO" ]; do sleep 0.01; done; cat"#;
+    let env = [("MARKER", marker.as_str()), ("GO", go.as_str())];
+    let mut agent = Agent::start(&srv, &sid, &env, &["sh", "-c", script]);
+    srv.prompt(&sid, "finish me", Some("m1"));
+    wait_file(&marker);
+    agent.signal("TERM");
+    std::fs::write(&go, b"").expect("release the command");
+    let status = agent.wait_exit();
+    assert_eq!(status.code(), Some(0));
+    let texts: Vec<Value> = answers(&srv, &sid)
+        .iter()
+        .map(|a| a["text"].clone())
+        .collect();
+    assert_eq!(texts, [json!("finish me")]);
+}
+
+#[test]
+fn an_idle_agent_exits_promptly_on_sigint() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let mut agent = Agent::start(&srv, &sid, &[], &["cat"]);
+    srv.wait_health("parked_polls", 1);
+    let started = Instant::now();
+    agent.signal("INT");
+    assert_eq!(agent.wait_exit().code(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    agent.wait_events("agent stopped", 1);
+}
+
+#[test]
+fn the_agent_survives_a_server_restart() {
+    let mut first = Server::start();
+    let port = first.addr().port().to_string();
+    let sid = unique_session();
+    let agent = Agent::start(&first, &sid, &[], &["tr", "a-z", "A-Z"]);
+    first.prompt(&sid, "before", Some("m1"));
+    agent.wait_events("prompt answered", 1);
+    first.sigterm();
+    assert!(first.wait_exit(WAIT).is_some_and(|s| s.success()));
+    let second = Server::start_with(&[("RELAY_PORT", port.as_str())]);
+    // The new server's session restarts at seq 1, below the agent's cursor:
+    // the agent must notice the new epoch and read from the start.
+    let mut ws = second.ws(&format!("/ws/{sid}"));
+    second.prompt(&sid, "after", Some("m2"));
+    let answer = ws.recv_json_skip_pings();
+    assert_eq!(answer["data"]["client_msg_id"], "m2");
+    assert_eq!(answer["data"]["text"], "AFTER");
+    assert!(!agent.events("request failed").is_empty());
+}
+
+#[test]
+fn send_with_all_prints_every_part_until_its_timeout() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let sender = {
+        let url = url(&srv);
+        let sid = sid.clone();
+        std::thread::spawn(move || {
+            relay()
+                .args([
+                    "send",
+                    "--url",
+                    &url,
+                    "--session",
+                    &sid,
+                    "--all",
+                    "--timeout",
+                    "3",
+                ])
+                .args(["two", "parts"])
+                .output()
+                .expect("run relay send")
+        })
+    };
+    // The prompt is posted once send is subscribed; answer it in two parts,
+    // with an answer to another prompt in between.
+    let deadline = Instant::now() + WAIT;
+    let pending = loop {
+        // 404 until send's WebSocket creates the session.
+        let resp = srv.get(&format!("/prompts/{sid}?wait=false"));
+        if resp.status == 200 && resp.json() != json!([]) {
+            break resp.json();
+        }
+        assert!(Instant::now() < deadline, "send never posted its prompt");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(pending[0]["prompt"], "two parts");
+    let id = pending[0]["client_msg_id"].as_str().unwrap();
+    srv.prompt(&sid, "other", Some("other"));
+    for (cid, part) in [(id, "one"), ("other", "not mine"), (id, "two")] {
+        let body = json!({"session_id": sid, "client_msg_id": cid, "text": part, "assistant_msg_id": format!("{cid}-{part}")});
+        assert_eq!(srv.post_json("/response", &body).status, 200);
+    }
+    let out = sender.join().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "one\ntwo\n");
+}
+
+#[test]
+fn send_without_an_answer_exits_one_after_its_timeout() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let out = relay()
+        .args([
+            "send",
+            "--url",
+            &url(&srv),
+            "--session",
+            &sid,
+            "--timeout",
+            "0.3",
+            "hello",
+        ])
+        .output()
+        .expect("run relay send");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(srv.pending(&sid).len(), 1, "the prompt was posted");
+}
+
+#[test]
+fn health_exits_zero_for_a_live_server_and_one_for_a_closed_port() {
+    let srv = Server::start();
+    let out = relay()
+        .args(["health", "--url", &url(&srv)])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(r#""ok":true"#));
+    // Without --url: the server's own RELAY_HOST and RELAY_PORT.
+    let port = srv.addr().port().to_string();
+    let out = relay()
+        .args(["health"])
+        .env("RELAY_PORT", &port)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let out = relay()
+        .args(["health", "--url", &format!("http://{addr}")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}
+
+#[test]
+fn help_lists_the_commands_and_bad_usage_exits_two() {
+    let out = relay().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for command in ["relay agent", "relay send", "relay health", "--port"] {
+        assert!(help.contains(command), "{command} missing from:\n{help}");
+    }
+    for command in ["agent", "send", "health"] {
+        let out = relay().args([command, "--help"]).output().unwrap();
+        assert!(out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with(&format!("usage: relay {command}"))
+        );
+    }
+    for args in [
+        &["agent", "--session", "s"][..],
+        &["agent", "--session", "bad/id", "--", "cat"],
+        &["send", "--session", "s", "--nope", "x"],
+        &["send", "hello"],
+    ] {
+        let out = relay().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+}
