@@ -344,7 +344,7 @@ class Soak:
             self.stats.inc("slow connects")
             sent, k, acked = 0, 0, []
             t_end = time.monotonic() + 60
-            while time.monotonic() < t_end and sent < self.a.slow_max_bytes and not self.stop.is_set():
+            while time.monotonic() < t_end and sent < self.a.slow_max_bytes and self.running():
                 k += 1
                 cmid, aid = f"s{k}", f"sa{k}"
                 st, _ = h.request("POST", "/prompt", {"session_id": sid, "client_msg_id": cmid, "prompt": "hot"})
@@ -682,7 +682,7 @@ def main():
     p.add_argument("--slow-readers", type=int, default=2)
     p.add_argument("--hot-bytes", type=int, default=32768, help="answer size on slow readers' sessions")
     p.add_argument("--slow-rate", type=float, default=1.0e6, help="bytes/s posted to a slow reader's session")
-    p.add_argument("--slow-max-bytes", type=int, default=24 * MiB, help="bytes posted to a slow reader while it does not read")
+    p.add_argument("--slow-max-bytes", type=int, default=12 * MiB, help="bytes posted to a slow reader while it does not read")
     p.add_argument("--bad-interval", type=float, default=1.0)
     p.add_argument("--rss-interval", type=float, default=3.0)
     p.add_argument("--warmup", type=float, default=30.0)

@@ -42,6 +42,29 @@ fn configured_origin_is_echoed_in_allow_origin() {
 }
 
 #[test]
+fn a_woken_long_poll_carries_the_same_cors_headers_as_any_answer() {
+    let srv = Server::start_with(&[("RELAY_CORS_ORIGINS", "https://a.example")]);
+    let sid = unique_session();
+    srv.put(&format!("/sessions/{sid}"));
+    let mut agent = srv.conn();
+    agent.send(
+        "GET",
+        &format!("/prompts/{sid}?timeout=20"),
+        &[("Origin", "https://a.example")],
+        None,
+    );
+    srv.wait_health("parked_polls", 1);
+    srv.prompt(&sid, "wake up", Some("c1"));
+    let woken = agent.read_response();
+    assert_eq!(woken.status, 200, "{}", woken.text());
+    assert_eq!(
+        woken.header("access-control-allow-origin"),
+        Some("https://a.example")
+    );
+    assert_eq!(woken.header("vary"), Some("Origin"));
+}
+
+#[test]
 fn origin_outside_the_allow_list_is_not_allowed() {
     let srv = Server::start_with(&[("RELAY_CORS_ORIGINS", "https://a.example")]);
     let evil = [("Origin", "https://evil.example")];
