@@ -88,7 +88,15 @@ pub fn ws_client_bytes(leftover: &[u8], chunks: &[&[u8]], eof: bool) -> WsRun {
         let now = Millis(run.turns as u64);
         // The peer's FIN (mio's read-closed) is seen with the last chunk.
         let read_closed = sock.eof && sock.chunks.len() <= 1;
-        let outcome = ws::read_frames(&mut state, &mut sock, read_closed, &mut out, now);
+        let mut readable = true;
+        let outcome = ws::read_frames(
+            &mut state,
+            &mut sock,
+            &mut readable,
+            read_closed,
+            &mut out,
+            now,
+        );
         run.max_queued = run.max_queued.max(out.queued());
         let close = match outcome {
             ReadOutcome::Violation(code, reason) => Some((code, reason)),

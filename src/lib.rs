@@ -24,6 +24,7 @@
 //! wake; a response is framed once and the same bytes are queued for every
 //! subscriber.
 
+pub mod api;
 pub mod cli;
 pub mod config;
 #[doc(hidden)]

@@ -59,3 +59,21 @@ impl Default for Clock {
         Clock::new()
     }
 }
+
+/// The clock as read once at the start of a loop turn: every core call in
+/// the turn gets these, so one turn sees one time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Turn {
+    pub now: Millis,
+    pub unix_ms: UnixMillis,
+}
+
+impl Clock {
+    /// Reads both clocks for a new loop turn.
+    pub fn turn(&self) -> Turn {
+        Turn {
+            now: self.now(),
+            unix_ms: self.unix_now(),
+        }
+    }
+}

@@ -21,6 +21,19 @@ pub enum Method {
 }
 
 impl Method {
+    /// The method's name, for the request log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+            Method::Delete => "DELETE",
+            Method::Options => "OPTIONS",
+            Method::Other => "OTHER",
+        }
+    }
+
     fn parse(m: &str) -> Method {
         match m {
             "GET" => Method::Get,

@@ -1,11 +1,14 @@
 //! One connection: its socket, readiness flags, output queue, the deadline of
 //! its one timer, and its stage as an enum whose transitions move the data.
+//! The one place the loop reads a socket is [`read_once`].
 //!
 //! Invariants: a `Parked` connection has exactly one waiter entry in the
 //! relay and its deadline is the poll's; a `WebSocket` connection is in its
 //! session's subscriber list until it leaves that stage; `readable` and
-//! `writable` are set by events and cleared only by `WouldBlock`.
+//! `writable` are set by events and cleared only by `WouldBlock` (or a short
+//! read, which proves the socket drained).
 
+use std::io::{self, Read};
 use std::net::IpAddr;
 use std::rc::Rc;
 
@@ -16,20 +19,30 @@ use super::ws::WsState;
 use crate::http::parse::RequestReader;
 use crate::time::Millis;
 
-/// HTTP stage: the request reader and when the current request began.
+/// HTTP stage: the request reader and the times its deadlines count from.
 #[derive(Debug)]
 pub struct HttpState {
     pub reader: RequestReader,
-    /// When the first byte of the current, incomplete request arrived.
+    /// When the current, incomplete request became current: its first
+    /// byte arrived, or the request before it was answered (pipelining).
+    /// The request timeout counts from here, per request.
     pub request_started: Option<Millis>,
+    /// When the connection last had nothing to do: accepted, or its last
+    /// request answered. The idle timeout counts from here.
+    pub idle_since: Millis,
+    /// Requests answered: a connection that never sent a whole request is
+    /// held only for the request timeout, not the keep-alive one.
+    pub answered: u64,
 }
 
 impl HttpState {
-    /// A fresh HTTP stage with a body cap.
-    pub fn new(max_body: usize) -> HttpState {
+    /// A fresh HTTP stage with a body cap, idle since `now`.
+    pub fn new(max_body: usize, now: Millis) -> HttpState {
         HttpState {
             reader: RequestReader::new(max_body),
             request_started: None,
+            idle_since: now,
+            answered: 0,
         }
     }
 }
@@ -43,6 +56,8 @@ pub struct Parked {
     pub http10: bool,
     /// The request's `Origin`, for the CORS headers of the answer.
     pub origin: Option<Rc<str>>,
+    /// When it was parked, for the request log.
+    pub since: Millis,
 }
 
 /// The connection's stage.
@@ -66,7 +81,8 @@ pub struct Conn {
     pub peer: IpAddr,
     pub readable: bool,
     pub writable: bool,
-    /// The peer shut its write side (EPOLLRDHUP): reads go on to EOF.
+    /// The peer shut its write side or reset (EPOLLRDHUP/ERR): reads go on
+    /// to EOF, short reads prove nothing.
     pub read_closed: bool,
     /// A read returned EOF: no more requests will come, but the ones
     /// already buffered are still answered (a client may half-close and
@@ -74,8 +90,8 @@ pub struct Conn {
     pub eof: bool,
     /// Already on the pending-write list this turn.
     pub write_listed: bool,
-    /// Request handling stopped because unsent output passed the high-water
-    /// mark; it resumes when the output drains.
+    /// Reading stopped because unsent output passed the high-water mark; it
+    /// resumes when the output drains.
     pub out_paused: bool,
     pub out: OutQueue,
     pub phase: Phase,
@@ -86,8 +102,14 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// A new HTTP connection.
-    pub fn new(generation: u32, sock: TcpStream, peer: IpAddr, max_body: usize) -> Conn {
+    /// A new HTTP connection, accepted at `now`.
+    pub fn new(
+        generation: u32,
+        sock: TcpStream,
+        peer: IpAddr,
+        max_body: usize,
+        now: Millis,
+    ) -> Conn {
         Conn {
             generation,
             sock,
@@ -99,9 +121,62 @@ impl Conn {
             write_listed: false,
             out_paused: false,
             out: OutQueue::default(),
-            phase: Phase::Http(HttpState::new(max_body)),
+            phase: Phase::Http(HttpState::new(max_body, now)),
             deadline: None,
             timer_at: None,
         }
+    }
+}
+
+/// What the loop does with a connection after a stage ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Next {
+    /// Keep it.
+    Stay,
+    /// Drop it now (the peer is gone, or it is done).
+    Close,
+}
+
+/// What one read from a socket gave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Got {
+    /// This many bytes.
+    Bytes(usize),
+    /// Nothing now: the socket is drained (`readable` was cleared).
+    Blocked,
+    /// The peer closed its side.
+    Eof,
+    /// The connection failed (reset, or another error).
+    Failed,
+}
+
+/// Reads once into `buf`, retrying `Interrupted`. `WouldBlock` clears
+/// `readable`; so does a short read, which proves the socket drained (the
+/// next arrival raises a new edge, so the read that would only say EAGAIN
+/// is skipped, as nginx does), except after the peer's FIN, when no edge
+/// follows and only EOF ends the stream.
+pub fn read_once<S: Read>(
+    sock: &mut S,
+    buf: &mut [u8],
+    readable: &mut bool,
+    read_closed: bool,
+) -> Got {
+    loop {
+        return match sock.read(buf) {
+            Ok(0) if !buf.is_empty() => Got::Eof,
+            Ok(n) => {
+                if n < buf.len() && !read_closed {
+                    *readable = false;
+                }
+                Got::Bytes(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                *readable = false;
+                Got::Blocked
+            }
+            Err(_) => Got::Failed,
+        };
     }
 }

@@ -1,9 +1,14 @@
-//! The I/O shell: the mio loop, connections, buffers, the WebSocket stage.
-//! The only code that touches sockets or reads the clock (through `Clock`).
+//! The I/O shell: the mio loop, connections, buffers, and one module per
+//! connection stage (`http`, `parked`, `subscriber` with its WebSocket
+//! codec `ws`, `closing`), each working on one connection and the narrow
+//! context `ctx`. The only code that touches sockets or reads the clock
+//! (through `Clock`, once per loop turn).
 
 pub(crate) mod buffer;
+mod closing;
 mod conn;
-mod handler;
+mod ctx;
+mod http;
 mod parked;
 mod server;
 mod subscriber;

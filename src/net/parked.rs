@@ -1,63 +1,83 @@
 //! The parked stage: a `GET /prompts` waiting for a prompt. It costs nothing
 //! until its deadline or a wake; later pipelined requests stay buffered,
-//! unparsed, and are answered in order once it is. Invariant: a `Parked`
-//! connection has exactly one waiter entry in the relay.
+//! unparsed, and are answered in order once it is. It keeps reading (up to
+//! the reader's cap) only to notice a hang-up, which cancels the wait.
+//! Invariant: a `Parked` connection has exactly one waiter entry in the
+//! relay.
 
 use std::rc::Rc;
 
-use super::conn::{Parked, Phase};
-use super::server::Server;
-use crate::http::response;
+use super::closing;
+use super::conn::{Conn, Got, Next, Phase, read_once};
+use super::ctx::{Ctx, READ_BUDGET};
+use super::http;
+use crate::api::{Answer, Body};
 use crate::relay::ConnId;
-use crate::time::Millis;
 
-impl Server {
-    /// Parks a connection on a long-poll until `deadline`.
-    pub(super) fn park(&mut self, id: ConnId, parked: Parked, deadline: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
-        conn.phase = match phase {
-            Phase::Http(h) => Phase::Parked(h, parked),
-            other => other,
+/// Reads what a parked poll's client sent; a hang-up (EOF, reset) closes
+/// the connection, which cancels the wait. A reader that is full reads no
+/// more, so a hang-up is then told by the socket's read-closed state.
+pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
+    let mut read = 0;
+    while conn.readable {
+        let Phase::Parked(h, _) = &mut conn.phase else {
+            return Next::Stay;
         };
-        self.set_deadline(id, deadline);
-    }
-
-    /// A parked poll keeps reading (up to the head cap) only to notice a
-    /// hang-up; its buffered requests wait until it is answered.
-    pub(super) fn read_parked(&mut self, id: ConnId) {
-        let Some(conn) = self.conn(id) else { return };
-        let Phase::Parked(h, _) = &conn.phase else {
-            return;
-        };
-        let want = h.reader.want();
-        self.fill(id, want);
-    }
-
-    /// Answers a parked poll and returns it to reading requests; its
-    /// buffered pipelined requests are handled in this same turn. Its
-    /// headers come from the one place every answer's do (`meta`).
-    pub(super) fn answer_parked(&mut self, id: ConnId, status: u16, body: Rc<[u8]>, now: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
-        let Phase::Parked(http, parked) = phase else {
-            conn.phase = phase;
-            return;
-        };
-        conn.phase = Phase::Http(http);
-        self.relay.cancel_wait(id, &parked.sid, now);
-        let mut meta = self.meta(parked.origin.as_deref(), parked.keep_alive);
-        meta.http10 = parked.http10;
-        let keep_alive = meta.keep_alive;
-        let bytes = response::encode(status, &[], &body, &meta);
-        let Some(conn) = self.conn(id) else { return };
-        conn.out.push_owned(bytes);
-        if keep_alive {
-            self.set_deadline(id, now.after(self.cfg.keepalive_timeout));
-            self.reprocess.push(id);
-            self.mark_write(id);
-        } else {
-            self.begin_closing(id, now);
+        let want = h.reader.want().min(READ_BUDGET - read);
+        if want == 0 {
+            if read >= READ_BUDGET {
+                cx.reprocess.push(id);
+                return Next::Stay;
+            }
+            return if conn.read_closed {
+                Next::Close
+            } else {
+                Next::Stay
+            };
         }
+        let buf = &mut cx.scratch[..want];
+        match read_once(&mut conn.sock, buf, &mut conn.readable, conn.read_closed) {
+            Got::Bytes(n) => {
+                h.reader.push(&buf[..n]);
+                read += n;
+            }
+            Got::Blocked => break,
+            Got::Eof | Got::Failed => return Next::Close,
+        }
+    }
+    Next::Stay
+}
+
+/// Answers a parked poll and returns it to reading requests; its buffered
+/// pipelined requests are handled in this same turn. Called for a wake, a
+/// deadline, a deleted session or a shutdown. Its headers come from the one
+/// place every answer's do (`Ctx::meta`).
+pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[u8]>) {
+    let now = cx.now();
+    let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
+    let Phase::Parked(mut h, parked) = phase else {
+        conn.phase = phase;
+        return;
+    };
+    cx.relay.cancel_wait(id, &parked.sid, now);
+    http::resume(&mut h, now);
+    conn.phase = Phase::Http(h);
+    let mut meta = cx.meta(parked.origin.as_deref(), parked.keep_alive);
+    meta.http10 = parked.http10;
+    let keep_alive = meta.keep_alive;
+    let answer = Answer {
+        status,
+        body: Body::Shared(body),
+        ..Answer::ok(Vec::new())
+    };
+    let bytes = http::queue(conn, answer, &meta);
+    let path = format!("/prompts/{}", parked.sid);
+    http::log_line("GET", &path, status, bytes, now.since(parked.since), None);
+    if keep_alive {
+        http::rearm(id, conn, cx);
+        cx.reprocess.push(id);
+        cx.mark_write(id, conn);
+    } else {
+        closing::begin(id, conn, cx);
     }
 }

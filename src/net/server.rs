@@ -1,11 +1,13 @@
-//! The I/O shell: one mio `Poll` owning the listener, the signal pipe and
-//! every connection in a slab. Each loop turn: handle events (reading,
-//! parsing and answering), apply the relay's effects, re-run connections with
-//! buffered input, fire due timers, then write everything pending before
-//! sleeping until the next event or deadline. Nothing here blocks.
+//! The I/O shell's loop: one mio `Poll` owning the listener, the signal pipe
+//! and every connection in a slab. Each turn: read the clock once, handle
+//! events (each connection's stage reads, parses and answers within its
+//! budget), apply the relay's effects to other connections, re-run
+//! connections with buffered input, fire due timers, then write everything
+//! pending before sleeping until the next event or deadline. Nothing here
+//! blocks. The stages (`http`, `parked`, `subscriber`, `closing`) see one
+//! connection and the narrow [`Ctx`]; only this file holds the slab.
 
-use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
@@ -18,15 +20,15 @@ use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use super::buffer::WriteStatus;
-use super::conn::{Conn, Phase};
-use super::ws;
+use super::closing;
+use super::conn::{Conn, Next, Phase};
+use super::ctx::Ctx;
+use super::{http, parked, subscriber, ws};
+use crate::api::Answer;
 use crate::config::Config;
-use crate::http::response::{self, Meta};
 use crate::keepalive::Action;
-use crate::ratelimit::RateLimiter;
-use crate::relay::{ConnId, Effect, Limits, Relay};
+use crate::relay::{ApiError, ConnId, Effect, Limits, Relay};
 use crate::time::{Clock, Millis};
-use crate::timer::TimerWheel;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
@@ -38,11 +40,6 @@ const WRITE_BUDGET: usize = 256 * 1024;
 /// pass, and frames they broadcast join the queues not yet written (one
 /// `writev` then carries several frames).
 const FLUSH_SLICE: usize = 256;
-/// Unsent response bytes above which a connection's requests wait: a client
-/// that pipelines without reading cannot grow our output.
-pub const OUT_HIGH_WATER: usize = 256 * 1024;
-/// How long a closing connection may take to flush and hear the peer close.
-pub(super) const LINGER: Duration = Duration::from_secs(2);
 /// Extra slots for connections refused at the cap while their 503 drains.
 const REJECT_SLOTS: usize = 64;
 /// Grace period for a shutdown to flush its last answers.
@@ -50,23 +47,14 @@ const SHUTDOWN_GRACE: Duration = Duration::from_millis(1500);
 
 /// The server: bound, not yet running.
 pub struct Server {
-    pub(super) cfg: Config,
     poll: Poll,
     listener: Option<TcpListener>,
     signals: Option<Signals>,
-    pub(super) conns: Slab<Conn>,
+    conns: Slab<Conn>,
+    cx: Ctx,
     next_gen: u32,
-    pub(super) relay: Relay,
-    pub(super) limiter: RateLimiter,
-    timers: TimerWheel<ConnId>,
-    pub(super) pending_writes: VecDeque<ConnId>,
-    pub(super) reprocess: Vec<ConnId>,
     effects: Vec<Effect>,
-    scratch: Box<[u8]>,
-    /// Frames of one refill, reused.
-    pub(super) refill_scratch: Vec<Rc<[u8]>>,
-    pub(super) clock: Clock,
-    pub(super) shutdown_deadline: Option<Millis>,
+    clock: Clock,
     next_sweep: Millis,
     local_addr: SocketAddr,
     accept_retry: bool,
@@ -92,27 +80,19 @@ impl Server {
             None
         };
         let clock = Clock::new();
-        let now = clock.now();
+        let turn = clock.turn();
         let relay = Relay::new(Limits::from_config(&cfg));
         info!(addr = local_addr.to_string().as_str(); "listening");
         Ok(Server {
-            limiter: RateLimiter::new(cfg.rate_limit),
-            timers: TimerWheel::new(now),
-            next_sweep: now.after(sweep_interval(&cfg)),
-            cfg,
+            next_sweep: turn.now.after(sweep_interval(&cfg)),
+            cx: Ctx::new(cfg, relay, turn),
             poll,
             listener: Some(listener),
             signals,
             conns: Slab::new(),
             next_gen: 0,
-            relay,
-            pending_writes: VecDeque::new(),
-            reprocess: Vec::new(),
             effects: Vec::new(),
-            scratch: vec![0u8; 64 * 1024].into_boxed_slice(),
-            refill_scratch: Vec::new(),
             clock,
-            shutdown_deadline: None,
             local_addr,
             accept_retry: false,
         })
@@ -134,11 +114,11 @@ impl Server {
                 }
                 return Err(e);
             }
-            let now = self.clock.now();
+            self.cx.turn = self.clock.turn();
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept(now),
-                    SIGNALS => self.on_signal(now),
+                    LISTENER => self.accept(),
+                    SIGNALS => self.on_signal(),
                     Token(key) => {
                         let Some(conn) = self.conns.get_mut(key) else {
                             continue;
@@ -156,12 +136,13 @@ impl Server {
                             key: key as u32,
                             generation: conn.generation,
                         };
-                        self.drive(id, now);
+                        self.drive(id);
                     }
                 }
             }
-            self.turn_end(now);
-            if let Some(deadline) = self.shutdown_deadline
+            self.turn_end();
+            let now = self.cx.now();
+            if let Some(deadline) = self.cx.shutdown
                 && (self.conns.is_empty() || now >= deadline)
             {
                 info!(open = self.conns.len(); "shutdown complete");
@@ -172,44 +153,46 @@ impl Server {
 
     /// The work that closes every turn: re-run connections with buffered
     /// input, fire timers, sweep idle sessions, and write before sleeping.
-    fn turn_end(&mut self, now: Millis) {
+    fn turn_end(&mut self) {
+        let now = self.cx.now();
         if self.accept_retry {
             self.accept_retry = false;
-            self.accept(now);
+            self.accept();
         }
         for _ in 0..4 {
-            if self.reprocess.is_empty() {
+            if self.cx.reprocess.is_empty() {
                 break;
             }
-            for id in std::mem::take(&mut self.reprocess) {
-                self.drive(id, now);
+            for id in std::mem::take(&mut self.cx.reprocess) {
+                self.drive(id);
             }
         }
-        self.expire_timers(now);
+        self.expire_timers();
         if now >= self.next_sweep {
-            self.relay.collect_idle(now);
-            self.limiter.sweep(now);
-            self.next_sweep = now.after(sweep_interval(&self.cfg));
+            self.cx.relay.collect_idle(now);
+            self.cx.api.sweep(now);
+            self.next_sweep = now.after(sweep_interval(&self.cx.cfg));
         }
-        self.flush_pending(now);
+        self.flush_pending();
     }
 
     fn poll_timeout(&mut self, now: Millis) -> Option<Duration> {
-        if !self.reprocess.is_empty() || !self.pending_writes.is_empty() || self.accept_retry {
+        if !self.cx.reprocess.is_empty() || !self.cx.pending_writes.is_empty() || self.accept_retry
+        {
             return Some(Duration::ZERO);
         }
         let mut next = self.next_sweep;
-        if let Some(d) = self.timers.next_deadline() {
+        if let Some(d) = self.cx.timers.next_deadline() {
             next = next.min(d);
         }
-        if let Some(d) = self.shutdown_deadline {
+        if let Some(d) = self.cx.shutdown {
             next = next.min(d);
         }
         Some(Duration::from_millis(next.since(now)))
     }
 
     /// Accepts every waiting connection; over the cap each gets a 503.
-    fn accept(&mut self, now: Millis) {
+    fn accept(&mut self) {
         loop {
             let Some(listener) = &self.listener else {
                 return;
@@ -225,63 +208,52 @@ impl Server {
                     return;
                 }
             };
-            let full = self.conns.len() >= self.cfg.max_connections;
-            if full && self.conns.len() >= self.cfg.max_connections + REJECT_SLOTS {
+            let max = self.cx.cfg.max_connections;
+            let full = self.conns.len() >= max;
+            if full && self.conns.len() >= max + REJECT_SLOTS {
                 continue; // dropped: the cap and the reject slots are full
             }
-            let refusal = full.then(|| {
-                let err = crate::relay::ApiError::unavailable("connection limit reached");
-                response::encode(
-                    503,
-                    &[("Retry-After", "1")],
-                    &err.body(),
-                    &self.meta(None, false),
-                )
-            });
             let _ = sock.set_nodelay(true);
             let entry = self.conns.vacant_entry();
             let key = entry.key();
+            let interest = Interest::READABLE | Interest::WRITABLE;
             if self
                 .poll
                 .registry()
-                .register(
-                    &mut sock,
-                    Token(key),
-                    Interest::READABLE | Interest::WRITABLE,
-                )
+                .register(&mut sock, Token(key), interest)
                 .is_err()
             {
                 continue;
             }
             self.next_gen = self.next_gen.wrapping_add(1);
             let generation = self.next_gen;
-            let mut conn = Conn::new(generation, sock, addr.ip(), self.cfg.max_body_bytes);
+            let now = self.cx.now();
+            let max_body = self.cx.cfg.max_body_bytes;
+            let conn = entry.insert(Conn::new(generation, sock, addr.ip(), max_body, now));
             let id = ConnId {
                 key: key as u32,
                 generation,
             };
-            let deadline = if let Some(refusal) = refusal {
-                conn.out.push_owned(refusal);
-                conn.phase = Phase::Closing { shut: false };
-                now.after(LINGER)
-            } else {
-                now.after(self.cfg.request_timeout)
-            };
-            entry.insert(conn);
-            self.set_deadline(id, deadline);
+            self.cx.connections += 1;
             if full {
-                self.mark_write(id);
+                let err = ApiError::unavailable("connection limit reached");
+                let answer = Answer::from(err);
+                let meta = self.cx.meta(None, false);
+                http::queue(conn, answer, &meta);
+                closing::begin(id, conn, &mut self.cx);
+            } else {
+                let deadline = now.after(self.cx.cfg.request_timeout);
+                self.cx.set_deadline(id, conn, deadline);
             }
         }
     }
 
-    fn on_signal(&mut self, now: Millis) {
+    fn on_signal(&mut self) {
         let Some(signals) = &mut self.signals else {
             return;
         };
-        let got = signals.pending().next().is_some();
-        if got {
-            self.begin_shutdown(now);
+        if signals.pending().next().is_some() {
+            self.begin_shutdown();
         }
     }
 
@@ -289,14 +261,15 @@ impl Server {
     /// 1001 and idle connections at once, and lets in-flight requests finish
     /// with `Connection: close`. The loop exits when every connection is
     /// gone or the grace period ends.
-    pub fn begin_shutdown(&mut self, now: Millis) {
-        if self.shutdown_deadline.is_some() {
+    pub fn begin_shutdown(&mut self) {
+        let now = self.cx.now();
+        if self.cx.shutdown.is_some() {
             // A second signal: stop now.
-            self.shutdown_deadline = Some(now);
+            self.cx.shutdown = Some(now);
             return;
         }
         info!("shutting down");
-        self.shutdown_deadline = Some(now.after(SHUTDOWN_GRACE));
+        self.cx.shutdown = Some(now.after(SHUTDOWN_GRACE));
         if let Some(mut l) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut l);
         }
@@ -309,58 +282,43 @@ impl Server {
             })
             .collect();
         for id in ids {
-            let Some(conn) = self.conn(id) else { continue };
-            match &conn.phase {
-                Phase::Parked(..) => self.answer_parked(id, 200, Rc::from(&b"[]"[..]), now),
-                Phase::WebSocket(_) => self.close_ws(id, 1001, "server shutting down", now),
+            let Some(conn) = lookup(&mut self.conns, id) else {
+                continue;
+            };
+            let cx = &mut self.cx;
+            let idle = match &conn.phase {
+                Phase::Parked(..) => {
+                    parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..]));
+                    false
+                }
+                Phase::WebSocket(_) => {
+                    subscriber::close(id, conn, cx, 1001, "server shutting down");
+                    false
+                }
+                // An answer still going out is finished, then closed.
                 Phase::Http(h) if !h.reader.mid_request() => {
-                    if conn.out.is_empty() {
-                        self.close_now(id);
-                    } else {
-                        // An answer is still going out: finish it, then close.
-                        self.begin_closing(id, now);
+                    conn.out.is_empty() || {
+                        closing::begin(id, conn, cx);
+                        false
                     }
                 }
-                _ => {}
+                _ => false,
+            };
+            if idle {
+                self.close(id);
             }
         }
     }
 
-    /// The live connection `id` names, if it is still the same one.
-    pub(super) fn conn(&mut self, id: ConnId) -> Option<&mut Conn> {
-        lookup(&mut self.conns, id)
-    }
-
-    /// Sets the stage's deadline; the wheel gets an entry only when the new
-    /// deadline is earlier than the one already scheduled (lazy re-arming).
-    pub(super) fn set_deadline(&mut self, id: ConnId, deadline: Millis) {
-        let Some(conn) = lookup(&mut self.conns, id) else {
-            return;
-        };
-        conn.deadline = Some(deadline);
-        if conn.timer_at.is_none_or(|t| deadline < t) {
-            conn.timer_at = Some(deadline);
-            self.timers.insert(deadline, id);
-        }
-    }
-
-    /// Puts a connection on the pending-write list: bytes entered its queue
-    /// outside its own writable event, so no edge will come by itself.
-    pub(super) fn mark_write(&mut self, id: ConnId) {
-        if let Some(conn) = lookup(&mut self.conns, id)
-            && !conn.write_listed
-        {
-            conn.write_listed = true;
-            self.pending_writes.push_back(id);
-        }
-    }
-
-    fn expire_timers(&mut self, now: Millis) {
+    fn expire_timers(&mut self) {
+        let now = self.cx.now();
         let mut fired = Vec::new();
-        self.timers.expire(now, &mut fired);
+        self.cx.timers.expire(now, &mut fired);
         for entry in fired {
             let id = entry.key;
-            let Some(conn) = self.conn(id) else { continue };
+            let Some(conn) = lookup(&mut self.conns, id) else {
+                continue;
+            };
             if conn.timer_at != Some(entry.deadline) {
                 continue; // stale: an earlier entry replaced it
             }
@@ -371,153 +329,80 @@ impl Server {
             if deadline > now {
                 // Moved later since this entry was scheduled: re-arm.
                 conn.timer_at = Some(deadline);
-                self.timers.insert(deadline, id);
+                self.cx.timers.insert(deadline, id);
                 continue;
             }
             conn.deadline = None;
-            self.on_deadline(id, now);
+            self.on_deadline(id);
         }
     }
 
     /// A stage's deadline passed.
-    fn on_deadline(&mut self, id: ConnId, now: Millis) {
-        let unix_ms = self.clock.unix_now();
-        let Some(conn) = self.conn(id) else { return };
+    fn on_deadline(&mut self, id: ConnId) {
+        let Some(conn) = lookup(&mut self.conns, id) else {
+            return;
+        };
+        let cx = &mut self.cx;
+        let now = cx.now();
         match &mut conn.phase {
-            Phase::Http(h) => {
-                if h.reader.mid_request() {
-                    debug!(peer = conn.peer.to_string().as_str(); "request timeout");
-                    let err = crate::relay::ApiError::timeout();
-                    self.reply_error_and_close(id, &err, None);
-                } else {
-                    self.close_now(id);
-                }
+            Phase::Http(h) if h.reader.mid_request() => {
+                debug!(peer = conn.peer.to_string().as_str(); "request timeout");
+                closing::reply_error(id, conn, cx, &ApiError::timeout());
             }
-            Phase::Parked(..) => self.answer_parked(id, 200, Rc::from(&b"[]"[..]), now),
+            // Idle past its timeout, or done lingering.
+            Phase::Http(_) | Phase::Closing { .. } => self.close(id),
+            Phase::Parked(..) => parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..])),
             Phase::WebSocket(ws) => {
                 let action = ws.keepalive.on_timer(now);
                 let next = ws.keepalive.deadline();
                 match action {
                     Action::Close => {
                         debug!("subscriber silent for two ping intervals");
-                        self.close_ws(id, 1000, "ping timeout", now);
+                        subscriber::close(id, conn, cx, 1000, "ping timeout");
                     }
                     Action::SendPing => {
-                        let ping = format!("{{\"type\":\"ping\",\"ts\":{unix_ms}}}");
+                        let ping = format!("{{\"type\":\"ping\",\"ts\":{}}}", cx.turn.unix_ms);
                         conn.out.push_owned(ws::encode_text(&ping));
                         conn.out.push_owned(ws::encode_ping());
-                        self.set_deadline(id, next);
-                        self.mark_write(id);
+                        cx.set_deadline(id, conn, next);
+                        cx.mark_write(id, conn);
                     }
-                    Action::Nothing => self.set_deadline(id, next),
+                    Action::Nothing => cx.set_deadline(id, conn, next),
                 }
             }
-            Phase::Closing { .. } => self.close_now(id),
         }
     }
 
-    /// Reads and handles whatever a connection has; its output is written at
-    /// the end of the turn.
-    pub(super) fn drive(&mut self, id: ConnId, now: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        match conn.phase {
-            Phase::Http(_) => self.drive_http(id, now),
-            Phase::Parked(..) => self.read_parked(id),
-            Phase::WebSocket(_) => self.drive_ws(id, now),
-            Phase::Closing { .. } => self.drain_closing(id),
-        }
-        self.apply_effects(now);
-        // Written at the end of the turn, behind what this request queued
-        // for other connections: the parked agent or the subscribers are
-        // the critical path, the requester's own answer is not.
-        self.mark_write(id);
-    }
-
-    /// Reads into a connection's request buffer, at most `want` bytes.
-    /// Returns false when the peer is gone (the connection is then closed).
-    pub(super) fn fill(&mut self, id: ConnId, want: usize) -> bool {
-        let Some(conn) = lookup(&mut self.conns, id) else {
-            return false;
-        };
-        let max = want.min(self.scratch.len());
-        if !conn.readable || max == 0 {
-            return true;
-        }
-        let n = loop {
-            match conn.sock.read(&mut self.scratch[..max]) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    conn.readable = false;
-                    return true;
-                }
-                Err(_) => break 0,
-            }
-        };
-        if n == 0 {
-            if matches!(conn.phase, Phase::Http(_)) {
-                // Answer what is buffered first; drive_http closes after.
-                conn.eof = true;
-                conn.readable = false;
-                return true;
-            }
-            self.close_now(id);
-            return false;
-        }
-        if n < max && !conn.read_closed {
-            // A short read drained the socket: the next arrival raises a
-            // new edge, so skip the read that would only say EAGAIN (as
-            // nginx does). Not after the peer's FIN: no edge follows it.
-            conn.readable = false;
-        }
-        match &mut conn.phase {
-            Phase::Http(h) | Phase::Parked(h, _) => h.reader.push(&self.scratch[..n]),
-            _ => {}
-        }
-        true
-    }
-
-    /// A closing connection discards input until the peer closes.
-    fn drain_closing(&mut self, id: ConnId) {
+    /// Runs a connection's stage on whatever it has; applies the effects it
+    /// caused; its own output is written at the end of the turn, behind what
+    /// it queued for other connections (the parked agent or the subscribers
+    /// are the critical path, the requester's own answer is not).
+    fn drive(&mut self, id: ConnId) {
         let Some(conn) = lookup(&mut self.conns, id) else {
             return;
         };
-        if !conn.readable {
-            return;
+        let cx = &mut self.cx;
+        let next = match conn.phase {
+            Phase::Http(_) => http::drive(id, conn, cx),
+            Phase::Parked(..) => parked::read(id, conn, cx),
+            Phase::WebSocket(_) => subscriber::drive(id, conn, cx),
+            Phase::Closing { .. } => closing::drain(id, conn, cx),
+        };
+        if next == Next::Close {
+            self.close(id);
+        } else {
+            self.cx.mark_write(id, conn);
         }
-        for _ in 0..16 {
-            match conn.sock.read(&mut self.scratch) {
-                Ok(0) => {
-                    if matches!(conn.phase, Phase::Closing { shut: true }) {
-                        self.close_now(id);
-                    } else {
-                        // The peer is done sending; finish writing, then
-                        // close (after_drained sees `eof`).
-                        conn.eof = true;
-                        conn.readable = false;
-                    }
-                    return;
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    conn.readable = false;
-                    return;
-                }
-                Err(_) => {
-                    self.close_now(id);
-                    return;
-                }
-            }
-        }
-        self.reprocess.push(id);
+        self.apply_effects();
     }
 
     /// Writes what the connection has queued, within the turn's budget; a
     /// lagging subscriber is refilled from the log first.
-    pub(super) fn flush(&mut self, id: ConnId) {
-        self.top_up(id);
-        let Some(conn) = self.conn(id) else { return };
+    fn flush(&mut self, id: ConnId) {
+        let Some(conn) = lookup(&mut self.conns, id) else {
+            return;
+        };
+        subscriber::top_up(conn, &mut self.cx);
         if conn.out.is_empty() {
             self.after_drained(id);
             return;
@@ -528,56 +413,61 @@ impl Server {
         match conn.out.write_to(&mut conn.sock, WRITE_BUDGET) {
             WriteStatus::Drained => self.after_drained(id),
             WriteStatus::WouldBlock => conn.writable = false,
-            WriteStatus::Budget => self.mark_write(id),
-            WriteStatus::Failed => self.close_now(id),
+            WriteStatus::Budget => self.cx.mark_write(id, conn),
+            WriteStatus::Failed => self.close(id),
         }
     }
 
-    /// Output is empty: a closing connection shuts its write side; an HTTP
-    /// connection held back by unsent output may read requests again.
+    /// Output is empty: a closing connection shuts its write side; a
+    /// connection whose reading waited for its output reads again; a
+    /// lagging subscriber is refilled and written in the next slice.
     fn after_drained(&mut self, id: ConnId) {
-        let Some(conn) = self.conn(id) else { return };
+        let Some(conn) = lookup(&mut self.conns, id) else {
+            return;
+        };
+        let cx = &mut self.cx;
         match &mut conn.phase {
-            Phase::Closing { .. } if conn.eof => self.close_now(id),
+            Phase::Closing { .. } if conn.eof => {
+                self.close(id);
+            }
             Phase::Closing { shut } if !*shut => {
                 *shut = true;
                 let _ = conn.sock.shutdown(Shutdown::Write);
-                if !conn.readable {
-                    return;
+                if conn.readable {
+                    cx.reprocess.push(id);
                 }
-                self.reprocess.push(id);
             }
             // Only a connection whose requests waited for its output to
             // drain has anything to resume; one waiting for more bytes gets
             // its readable edge (re-listing it would spin the loop).
             Phase::Http(_) if conn.out_paused => {
                 conn.out_paused = false;
-                self.reprocess.push(id);
+                cx.reprocess.push(id);
             }
             Phase::WebSocket(ws) => {
                 let lagging = ws.lagging;
                 if conn.out_paused {
                     conn.out_paused = false;
-                    self.reprocess.push(id);
+                    cx.reprocess.push(id);
                 }
                 if lagging {
                     // More is waiting in the log: refill and write again in
                     // the next slice, after the others had their turn.
-                    self.mark_write(id);
+                    cx.mark_write(id, conn);
                 }
             }
             _ => {}
         }
     }
 
-    fn flush_pending(&mut self, _now: Millis) {
+    fn flush_pending(&mut self) {
         // Only those listed before this pass: one re-listed while it is
         // written (a subscriber refilled from the log) waits for the next.
-        for _ in 0..FLUSH_SLICE.min(self.pending_writes.len()) {
-            let Some(id) = self.pending_writes.pop_front() else {
+        for _ in 0..FLUSH_SLICE.min(self.cx.pending_writes.len()) {
+            let Some(id) = self.cx.pending_writes.pop_front() else {
                 break;
             };
-            if let Some(conn) = self.conn(id) {
+            if let Some(conn) = lookup(&mut self.conns, id) {
                 conn.write_listed = false;
             }
             self.flush(id);
@@ -585,94 +475,56 @@ impl Server {
     }
 
     /// Drops a connection now, unregistering it from the relay.
-    pub(super) fn close_now(&mut self, id: ConnId) {
-        let now = self.clock.now();
-        let Some(conn) = self.conn(id) else { return };
+    fn close(&mut self, id: ConnId) {
+        let Some(conn) = lookup(&mut self.conns, id) else {
+            return;
+        };
+        let cx = &mut self.cx;
         match &conn.phase {
-            Phase::Parked(_, p) => {
-                let sid = p.sid.clone();
-                self.relay.cancel_wait(id, &sid, now);
-            }
-            Phase::WebSocket(_) => self.leave_ws(id, now),
+            Phase::Parked(_, p) => cx.relay.cancel_wait(id, &p.sid, cx.turn.now),
+            Phase::WebSocket(_) => subscriber::leave(id, conn, cx),
             _ => {}
         }
         let mut conn = self.conns.remove(id.key as usize);
         let _ = self.poll.registry().deregister(&mut conn.sock);
+        self.cx.connections = self.conns.len();
     }
 
     /// Applies the relay's queued effects to other connections.
-    pub(super) fn apply_effects(&mut self, now: Millis) {
-        if self.effects.is_empty() {
-            self.relay.take_effects(&mut self.effects);
-        }
+    fn apply_effects(&mut self) {
+        self.cx.relay.take_effects(&mut self.effects);
         while !self.effects.is_empty() {
             for effect in std::mem::take(&mut self.effects) {
-                match effect {
-                    Effect::Respond { to, status, body } => {
-                        self.answer_parked(to, status, body, now)
-                    }
-                    Effect::Deliver {
-                        sid,
-                        seq,
-                        prev,
-                        frame,
-                    } => self.deliver(&sid, seq, prev, frame),
-                    Effect::CloseSubscriber { to, code } => {
-                        self.close_ws(to, code, "session deleted", now)
-                    }
+                self.apply(effect);
+            }
+            self.cx.relay.take_effects(&mut self.effects);
+        }
+    }
+
+    fn apply(&mut self, effect: Effect) {
+        match effect {
+            Effect::Deliver {
+                sid,
+                seq,
+                prev,
+                frame,
+            } => subscriber::deliver(&mut self.conns, &mut self.cx, &sid, seq, prev, frame),
+            Effect::Respond { to, status, body } => {
+                if let Some(conn) = lookup(&mut self.conns, to) {
+                    parked::answer(to, conn, &mut self.cx, status, body);
                 }
             }
-            self.relay.take_effects(&mut self.effects);
-        }
-    }
-
-    /// Sends an error answer and closes the connection after it.
-    pub(super) fn reply_error_and_close(
-        &mut self,
-        id: ConnId,
-        err: &crate::relay::ApiError,
-        origin: Option<&str>,
-    ) {
-        let now = self.clock.now();
-        let bytes = response::encode(err.status, &[], &err.body(), &self.meta(origin, false));
-        let Some(conn) = self.conn(id) else { return };
-        if matches!(conn.phase, Phase::WebSocket(_) | Phase::Parked(..)) {
-            return;
-        }
-        conn.out.push_owned(bytes);
-        self.begin_closing(id, now);
-    }
-
-    /// Moves a connection to the closing stage: its queued output is
-    /// written, then the write side shut, and the linger deadline bounds
-    /// how long that may take.
-    pub(super) fn begin_closing(&mut self, id: ConnId, now: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        conn.phase = Phase::Closing { shut: false };
-        self.set_deadline(id, now.after(LINGER));
-        self.mark_write(id);
-    }
-
-    /// Response headers for a request from `origin`.
-    pub(super) fn meta<'a>(&'a self, origin: Option<&'a str>, keep_alive: bool) -> Meta<'a> {
-        use crate::config::Origins;
-        let (allow_origin, vary_origin) = match &self.cfg.cors_origins {
-            Origins::Any => (Some("*"), false),
-            Origins::List(_) => (origin.filter(|o| self.cfg.cors_origins.allows(o)), true),
-        };
-        Meta {
-            keep_alive: keep_alive && self.shutdown_deadline.is_none(),
-            http10: false,
-            allow_origin,
-            vary_origin,
-            head_only: false,
+            Effect::CloseSubscriber { to, code } => {
+                if let Some(conn) = lookup(&mut self.conns, to) {
+                    subscriber::close(to, conn, &mut self.cx, code, "session deleted");
+                }
+            }
         }
     }
 }
 
 /// The connection `id` names, checked by generation: a slot reused by a
-/// newer connection is not it. A free function so callers can borrow other
-/// fields of the server at the same time.
+/// newer connection is not it.
 pub(super) fn lookup(conns: &mut Slab<Conn>, id: ConnId) -> Option<&mut Conn> {
     conns
         .get_mut(id.key as usize)

@@ -10,145 +10,146 @@
 use std::rc::Rc;
 
 use log::{debug, info};
+use slab::Slab;
 
-use super::conn::Phase;
-use super::server::{Server, lookup};
+use super::closing;
+use super::conn::{Conn, Next, Phase};
+use super::ctx::Ctx;
+use super::server::lookup;
 use super::ws::{self, ReadOutcome};
 use crate::relay::ConnId;
 use crate::store::Live;
-use crate::time::Millis;
 
-impl Server {
-    /// Reads a subscriber's frames (pongs, pings, closes, mistakes) and
-    /// re-arms its keep-alive deadline; called on its readable event. A
-    /// subscriber whose queue is over the cap (it sends without reading
-    /// our replies) is not read until the queue drains.
-    pub(super) fn drive_ws(&mut self, id: ConnId, now: Millis) {
-        let cap = self.cfg.subscriber_buffer_bytes;
-        let Some(conn) = self.conn(id) else { return };
-        if !conn.readable {
-            return;
-        }
-        // A peer that hung up is read all the same, so its close is seen.
-        if conn.out.queued() > cap && !conn.read_closed {
-            conn.out_paused = true; // resumed by after_drained
-            return;
-        }
-        let Phase::WebSocket(ws_state) = &mut conn.phase else {
-            return;
-        };
-        let outcome = ws::read_frames(
-            ws_state,
-            &mut conn.sock,
-            conn.read_closed,
-            &mut conn.out,
-            now,
-        );
-        let deadline = ws_state.keepalive.deadline();
-        match outcome {
-            ReadOutcome::Drained => conn.readable = false,
-            ReadOutcome::More => self.reprocess.push(id),
-            ReadOutcome::PeerClosed => {
-                self.leave_ws(id, now);
-                if let Some(conn) = self.conn(id) {
-                    // The peer is done: once the Close reply (if any) is
-                    // written, the server closes the TCP connection first,
-                    // as RFC 6455 asks, instead of lingering for an EOF.
-                    conn.eof = true;
-                }
-                self.begin_closing(id, now);
-                return;
-            }
-            ReadOutcome::Violation(code, reason) => {
-                debug!(code = code; "websocket protocol violation");
-                self.close_ws(id, code, reason, now);
-                return;
-            }
-        }
-        self.set_deadline(id, deadline);
+/// Reads a subscriber's frames (pongs, pings, closes, mistakes) and re-arms
+/// its keep-alive deadline; called on its readable event. A subscriber
+/// whose queue is over the cap (it sends without reading our replies) is
+/// not read until the queue drains, unless it hung up.
+pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
+    let now = cx.now();
+    if !conn.readable {
+        return Next::Stay;
     }
-
-    /// Unregisters a subscriber from its session and logs the disconnect.
-    pub(super) fn leave_ws(&mut self, id: ConnId, now: Millis) {
-        let Some(conn) = self.conn(id) else { return };
-        let Phase::WebSocket(ws) = &conn.phase else {
-            return;
-        };
-        let sid = ws.sid.clone();
-        self.relay.unsubscribe(id, &sid, now);
-        info!(session_id = &*sid; "client disconnected");
+    if conn.out.queued() > cx.cfg.subscriber_buffer_bytes && !conn.read_closed {
+        conn.out_paused = true; // resumed by after_drained
+        return Next::Stay;
     }
-
-    /// Starts a WebSocket close: queue a Close frame with `code`, leave the
-    /// session, flush, then shut down.
-    pub(super) fn close_ws(&mut self, id: ConnId, code: u16, reason: &'static str, now: Millis) {
-        self.leave_ws(id, now);
-        let Some(conn) = self.conn(id) else { return };
-        if !matches!(conn.phase, Phase::WebSocket(_)) {
-            return;
+    let Phase::WebSocket(ws_state) = &mut conn.phase else {
+        return Next::Stay;
+    };
+    let outcome = ws::read_frames(
+        ws_state,
+        &mut conn.sock,
+        &mut conn.readable,
+        conn.read_closed,
+        &mut conn.out,
+        now,
+    );
+    let deadline = ws_state.keepalive.deadline();
+    match outcome {
+        ReadOutcome::Drained => {}
+        ReadOutcome::More => cx.reprocess.push(id),
+        ReadOutcome::PeerClosed => {
+            leave(id, conn, cx);
+            // The peer is done: once the Close reply (if any) is written,
+            // the server closes the TCP connection first, as RFC 6455 asks,
+            // instead of lingering for an EOF.
+            conn.eof = true;
+            closing::begin(id, conn, cx);
+            return Next::Stay;
         }
-        conn.out.push_owned(ws::encode_close(code, reason));
-        self.begin_closing(id, now);
-    }
-
-    /// A new assistant message of `sid` (seq `seq`, the one before it at
-    /// `prev`): queued, as the same shared bytes, on every subscriber for
-    /// which it is the next message and whose queue has room. Any other
-    /// subscriber is left lagging and reads it from the log when it drains.
-    pub(super) fn deliver(&mut self, sid: &str, seq: u64, prev: u64, frame: Rc<[u8]>) {
-        let cap = self.cfg.subscriber_buffer_bytes;
-        for &sub in self.relay.subscribers(sid) {
-            let Some(conn) = lookup(&mut self.conns, sub) else {
-                continue;
-            };
-            let Phase::WebSocket(ws) = &mut conn.phase else {
-                continue;
-            };
-            if ws.lagging {
-                continue;
-            }
-            match ws.cursor.live(seq, prev) {
-                Live::Skip => continue,
-                Live::Next if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap => {
-                    conn.out.push_shared(frame.clone());
-                    ws.cursor.advance(seq);
-                }
-                Live::Next | Live::Behind => ws.lagging = true,
-            }
-            if !conn.write_listed {
-                conn.write_listed = true;
-                self.pending_writes.push_back(sub);
-            }
+        ReadOutcome::Violation(code, reason) => {
+            debug!(code = code; "websocket protocol violation");
+            close(id, conn, cx, code, reason);
+            return Next::Stay;
         }
     }
+    cx.set_deadline(id, conn, deadline);
+    Next::Stay
+}
 
-    /// Refills a lagging subscriber from the log once its queue is at or
-    /// below half the cap, up to the cap. Called before its output is
-    /// written, so a replay of any length is paced by the client's reading.
-    pub(super) fn top_up(&mut self, id: ConnId) {
-        let cap = self.cfg.subscriber_buffer_bytes;
-        let Some(conn) = lookup(&mut self.conns, id) else {
-            return;
+/// Unregisters a subscriber from its session and logs the disconnect.
+pub fn leave(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    let Phase::WebSocket(ws) = &conn.phase else {
+        return;
+    };
+    cx.relay.unsubscribe(id, &ws.sid, cx.turn.now);
+    info!(session_id = &*ws.sid; "client disconnected");
+}
+
+/// Starts a WebSocket close: queue a Close frame with `code`, leave the
+/// session, flush, then shut down.
+pub fn close(id: ConnId, conn: &mut Conn, cx: &mut Ctx, code: u16, reason: &'static str) {
+    if !matches!(conn.phase, Phase::WebSocket(_)) {
+        return;
+    }
+    leave(id, conn, cx);
+    conn.out.push_owned(ws::encode_close(code, reason));
+    closing::begin(id, conn, cx);
+}
+
+/// A new assistant message of `sid` (seq `seq`, the one before it at
+/// `prev`): queued, as the same shared bytes, on every subscriber for
+/// which it is the next message and whose queue has room. Any other
+/// subscriber is left lagging and reads it from the log when it drains.
+pub fn deliver(
+    conns: &mut Slab<Conn>,
+    cx: &mut Ctx,
+    sid: &str,
+    seq: u64,
+    prev: u64,
+    frame: Rc<[u8]>,
+) {
+    let cap = cx.cfg.subscriber_buffer_bytes;
+    let Ctx {
+        relay,
+        pending_writes,
+        ..
+    } = cx;
+    for &sub in relay.subscribers(sid) {
+        let Some(conn) = lookup(conns, sub) else {
+            continue;
         };
         let Phase::WebSocket(ws) = &mut conn.phase else {
-            return;
+            continue;
         };
-        let queued = conn.out.queued();
-        if !ws.lagging || queued > cap / 2 {
-            return;
+        if ws.lagging {
+            continue;
         }
-        let mut frames = std::mem::take(&mut self.refill_scratch);
-        let caught_up = self.relay.refill(
-            &ws.sid,
-            &mut ws.cursor,
-            cap.saturating_sub(queued),
-            queued == 0,
-            &mut frames,
-        );
-        ws.lagging = !caught_up;
-        for frame in frames.drain(..) {
-            conn.out.push_shared(frame);
+        match ws.cursor.live(seq, prev) {
+            Live::Skip => continue,
+            Live::Next if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap => {
+                conn.out.push_shared(frame.clone());
+                ws.cursor.advance(seq);
+            }
+            Live::Next | Live::Behind => ws.lagging = true,
         }
-        self.refill_scratch = frames;
+        if !conn.write_listed {
+            conn.write_listed = true;
+            pending_writes.push_back(sub);
+        }
     }
+}
+
+/// Refills a lagging subscriber from the log once its queue is at or below
+/// half the cap, up to the cap. Called before its output is written, so a
+/// replay of any length is paced by the client's reading.
+pub fn top_up(conn: &mut Conn, cx: &mut Ctx) {
+    let cap = cx.cfg.subscriber_buffer_bytes;
+    let Phase::WebSocket(ws) = &mut conn.phase else {
+        return;
+    };
+    let queued = conn.out.queued();
+    if !ws.lagging || queued > cap / 2 {
+        return;
+    }
+    let mut frames = std::mem::take(&mut cx.frames);
+    let room = cap.saturating_sub(queued);
+    let caught_up = cx
+        .relay
+        .refill(&ws.sid, &mut ws.cursor, room, queued == 0, &mut frames);
+    ws.lagging = !caught_up;
+    for frame in frames.drain(..) {
+        conn.out.push_shared(frame);
+    }
+    cx.frames = frames;
 }

@@ -14,6 +14,8 @@ use tungstenite::protocol::frame::{CloseFrame, Frame};
 use tungstenite::protocol::{Role, WebSocketConfig, WebSocketContext};
 
 use super::buffer::OutQueue;
+use super::conn::{Got, read_once};
+use super::ctx::READ_BUDGET;
 use crate::keepalive::Keepalive;
 use crate::store::Cursor;
 use crate::time::Millis;
@@ -23,8 +25,13 @@ use crate::time::Millis;
 pub const MAX_CLIENT_MESSAGE: usize = 64 * 1024;
 /// The context's read buffer: small, since idle subscribers are the many.
 const READ_BUFFER: usize = 512;
-/// Messages read per turn before yielding to other connections.
+/// Messages read per turn before yielding to other connections (bytes are
+/// budgeted too, by the turn's read budget).
 const MAX_MESSAGES_PER_TURN: usize = 64;
+/// Wire bytes one client message may take, frames and all: a message is at
+/// most 64 KiB, and even in one-byte fragments (7 bytes each on the wire)
+/// it stays below this.
+pub const MAX_WIRE_PER_MESSAGE: usize = 1 << 20;
 
 /// A subscriber's WebSocket state.
 pub struct WsState {
@@ -36,6 +43,8 @@ pub struct WsState {
     /// Not caught up: live messages are not queued on it; it is refilled
     /// from the log when its queue drains.
     pub lagging: bool,
+    /// Bytes read since the client's last complete message.
+    pub wire_since_message: usize,
 }
 
 impl std::fmt::Debug for WsState {
@@ -61,40 +70,51 @@ impl WsState {
             keepalive,
             cursor,
             lagging: true,
+            wire_since_message: 0,
         }
     }
 }
 
-/// Reads from the socket, writes into the output queue (never blocks).
+/// Reads from the socket within the turn's byte budget, writes into the
+/// output queue (never blocks).
 struct Io<'a, S> {
     sock: &'a mut S,
     out: &'a mut OutQueue,
-    would_block: bool,
+    readable: bool,
     /// The peer sent FIN: read on to EOF, short reads prove nothing.
     read_closed: bool,
+    /// Bytes read in this pass.
+    read: usize,
+    /// The pass stopped because the budget ran out, not the socket.
+    budget_hit: bool,
+    /// Bytes read since the last complete message.
+    since_message: usize,
 }
 
 impl<S: Read> Read for Io<'_, S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.would_block {
-            // An earlier short read drained the socket (see below).
+        if !self.readable {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        loop {
-            match self.sock.read(buf) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.would_block = true;
-                    return Err(e);
-                }
-                Ok(n) if n > 0 && n < buf.len() && !self.read_closed => {
-                    // Short read: the socket is drained and the next arrival
-                    // raises a new edge, so the EAGAIN read can be skipped.
-                    self.would_block = true;
-                    return Ok(n);
-                }
-                other => return other,
+        if self.read >= READ_BUDGET {
+            self.budget_hit = true;
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let max = buf.len().min(READ_BUDGET - self.read);
+        match read_once(
+            self.sock,
+            &mut buf[..max],
+            &mut self.readable,
+            self.read_closed,
+        ) {
+            Got::Bytes(n) => {
+                self.read += n;
+                self.since_message += n;
+                Ok(n)
             }
+            Got::Blocked => Err(io::ErrorKind::WouldBlock.into()),
+            Got::Eof => Ok(0),
+            Got::Failed => Err(io::ErrorKind::ConnectionReset.into()),
         }
     }
 }
@@ -194,12 +214,15 @@ fn on_text(text: &str, out: &mut OutQueue) {
     }
 }
 
-/// Reads and handles client frames until the socket would block, the budget
-/// runs out, or the connection must close. Control replies and error frames
-/// land in `out`.
+/// Reads and handles client frames until the socket would block, the
+/// turn's byte budget runs out, or the connection must close. Control
+/// replies and error frames land in `out`. A client whose message takes more
+/// than [`MAX_WIRE_PER_MESSAGE`] bytes on the wire (endless continuation
+/// frames, which never complete a message) is closed with 1009.
 pub fn read_frames<S: Read>(
     ws: &mut WsState,
     sock: &mut S,
+    readable: &mut bool,
     read_closed: bool,
     out: &mut OutQueue,
     now: Millis,
@@ -207,13 +230,17 @@ pub fn read_frames<S: Read>(
     let mut io = Io {
         sock,
         out,
-        would_block: false,
+        readable: *readable,
         read_closed,
+        read: 0,
+        budget_hit: false,
+        since_message: ws.wire_since_message,
     };
     let mut outcome = ReadOutcome::More;
     for _ in 0..MAX_MESSAGES_PER_TURN {
         match ws.ctx.read(&mut io) {
             Ok(msg) => {
+                io.since_message = 0;
                 ws.keepalive.on_receive(now);
                 match msg {
                     Message::Text(t) => on_text(t.as_str(), io.out),
@@ -229,7 +256,15 @@ pub fn read_frames<S: Read>(
                 }
             }
             Err(WsError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
-                outcome = ReadOutcome::Drained;
+                if io.since_message > 0 {
+                    // Part of a message arrived: the peer is alive.
+                    ws.keepalive.on_receive(now);
+                }
+                outcome = if io.budget_hit {
+                    ReadOutcome::More
+                } else {
+                    ReadOutcome::Drained
+                };
                 break;
             }
             Err(e) => {
@@ -237,7 +272,16 @@ pub fn read_frames<S: Read>(
                 break;
             }
         }
+        if io.since_message > MAX_WIRE_PER_MESSAGE {
+            outcome = ReadOutcome::Violation(1009, "message too big");
+            break;
+        }
     }
+    if io.since_message > MAX_WIRE_PER_MESSAGE {
+        outcome = ReadOutcome::Violation(1009, "message too big");
+    }
+    *readable = io.readable;
+    ws.wire_since_message = io.since_message;
     // Queue replies tungstenite holds (a Pong, the answer to a Close).
     match ws.ctx.flush(&mut io) {
         Ok(()) => outcome,

@@ -1,0 +1,450 @@
+//! The API's rules, pure: which token a route needs (compared in constant
+//! time), the rate limit, CORS headers, the `Content-Type` check, the
+//! `/healthz` and `/readyz` bodies, the web page, and the dispatch of a
+//! parsed request to the relay core. Sans-IO like the cores: a request and
+//! the facts of the moment in, an [`Outcome`] out; the I/O shell only
+//! encodes and queues it, parks the connection, or upgrades it.
+
+use std::net::IpAddr;
+use std::rc::Rc;
+
+use log::debug;
+
+use crate::config::{Config, Origins};
+use crate::http::response::{JSON, Meta};
+use crate::http::route::{Route, messages_query, prompts_query, query_param, route, uint_param};
+use crate::http::{Method, RequestHead, upgrade};
+use crate::ratelimit::{RateLimiter, client_addr};
+use crate::relay::{ApiError, ConnId, Fetch, Relay};
+use crate::store::Cursor;
+use crate::time::{Millis, Turn};
+use crate::web;
+
+/// An answer's body: its own bytes, bytes shared with other answers (a
+/// pending set several agents fetch), or bytes of the binary (the web
+/// page); the last two are queued without a copy.
+#[derive(Debug)]
+pub enum Body {
+    Owned(Vec<u8>),
+    Shared(Rc<[u8]>),
+    Static(&'static [u8]),
+}
+
+impl Body {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Body::Owned(b) => b.len(),
+            Body::Shared(b) => b.len(),
+            Body::Static(b) => b.len(),
+        }
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Body::Owned(b) => b,
+            Body::Shared(b) => b,
+            Body::Static(b) => b,
+        }
+    }
+}
+
+/// A request's answer, before encoding.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Body,
+    pub extra: Vec<(&'static str, String)>,
+    /// Why a 4xx or 5xx was given, for the debug request log.
+    pub reason: Option<String>,
+}
+
+impl Answer {
+    /// `200` with a JSON body of its own.
+    pub fn ok(body: Vec<u8>) -> Answer {
+        Answer {
+            status: 200,
+            content_type: JSON,
+            body: Body::Owned(body),
+            extra: Vec::new(),
+            reason: None,
+        }
+    }
+
+    /// `200` with a JSON body shared with other answers.
+    pub fn shared(body: Rc<[u8]>) -> Answer {
+        Answer {
+            body: Body::Shared(body),
+            ..Answer::ok(Vec::new())
+        }
+    }
+}
+
+impl From<ApiError> for Answer {
+    fn from(e: ApiError) -> Answer {
+        let mut extra = Vec::new();
+        match e.status {
+            401 => extra.push(("WWW-Authenticate", "Bearer".to_string())),
+            503 | 429 => extra.push(("Retry-After", "1".to_string())),
+            _ => {}
+        }
+        let reason = match &e.details {
+            Some(d) => format!("{}: {d}", e.error),
+            None => e.error.to_string(),
+        };
+        Answer {
+            status: e.status,
+            content_type: JSON,
+            body: Body::Owned(e.body()),
+            extra,
+            reason: Some(reason),
+        }
+    }
+}
+
+/// What the shell does with a request.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Encode and queue this answer.
+    Answer(Answer),
+    /// Park the connection on a long-poll of `sid` until `deadline`.
+    Park { sid: Rc<str>, deadline: Millis },
+    /// Answer `101` with `accept` and continue as a subscriber of `sid`
+    /// at `cursor` (already registered with the relay).
+    Upgrade {
+        accept: Vec<u8>,
+        sid: Rc<str>,
+        cursor: Cursor,
+        after: Option<u64>,
+    },
+}
+
+/// The shell's facts of the moment that some answers report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Facts {
+    /// Open connections.
+    pub connections: usize,
+    pub shutting_down: bool,
+}
+
+/// Which token a route needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Open,
+    Client,
+    Agent,
+    Either,
+}
+
+fn role(route: &Route) -> Role {
+    match route {
+        Route::GetPrompts(_) | Route::PostResponse => Role::Agent,
+        Route::PostPrompt | Route::WebSocket(_) | Route::Messages(_) | Route::DeleteSession(_) => {
+            Role::Client
+        }
+        Route::PutSession(_) => Role::Either,
+        Route::WebPage
+        | Route::Healthz
+        | Route::Readyz
+        | Route::Preflight { .. }
+        | Route::MethodNotAllowed { .. }
+        | Route::NotFound => Role::Open,
+    }
+}
+
+/// Compares in time that depends only on the lengths, not on where the
+/// first difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `Content-Type` is `application/json`, parameters allowed.
+fn is_json(content_type: Option<&str>) -> bool {
+    content_type
+        .and_then(|ct| ct.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The API's settings and its one piece of state, the rate limiter.
+pub struct Api {
+    client_token: Option<String>,
+    agent_token: Option<String>,
+    origins: Origins,
+    trusted_proxies: Vec<IpAddr>,
+    web: bool,
+    max_connections: usize,
+    limiter: RateLimiter,
+}
+
+impl Api {
+    /// The rules as configured.
+    pub fn new(cfg: &Config) -> Api {
+        Api {
+            client_token: cfg.client_token.clone(),
+            agent_token: cfg.agent_token.clone(),
+            origins: cfg.cors_origins.clone(),
+            trusted_proxies: cfg.trusted_proxies.clone(),
+            web: cfg.web,
+            max_connections: cfg.max_connections,
+            limiter: RateLimiter::new(cfg.rate_limit),
+        }
+    }
+
+    /// Forgets rate-limit buckets that refilled; called by the periodic sweep.
+    pub fn sweep(&mut self, now: Millis) {
+        self.limiter.sweep(now);
+    }
+
+    /// The headers an answer to a request from `origin` carries: the
+    /// allow-origin value (`*`, or the origin when it is on the list, with
+    /// `Vary: Origin`), and whether the connection stays open.
+    pub fn meta<'a>(&'a self, origin: Option<&'a str>, keep_alive: bool, facts: Facts) -> Meta<'a> {
+        let (allow_origin, vary_origin) = match &self.origins {
+            Origins::Any => (Some("*"), false),
+            Origins::List(_) => (origin.filter(|o| self.origins.allows(o)), true),
+        };
+        Meta {
+            keep_alive: keep_alive && !facts.shutting_down,
+            http10: false,
+            allow_origin,
+            vary_origin,
+            head_only: false,
+        }
+    }
+
+    /// Handles one parsed request from connection `conn` at `peer`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle(
+        &mut self,
+        relay: &mut Relay,
+        turn: Turn,
+        conn: ConnId,
+        peer: IpAddr,
+        head: &RequestHead,
+        body: Vec<u8>,
+        facts: Facts,
+    ) -> Outcome {
+        match self.dispatch(relay, turn, conn, peer, head, body, facts) {
+            Ok(outcome) => outcome,
+            Err(e) => Outcome::Answer(Answer::from(e)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &mut self,
+        relay: &mut Relay,
+        turn: Turn,
+        conn: ConnId,
+        peer: IpAddr,
+        head: &RequestHead,
+        body: Vec<u8>,
+        facts: Facts,
+    ) -> Result<Outcome, ApiError> {
+        let route = if head.path == "/" && !self.web {
+            Route::NotFound // the page is off: `/` is an unknown path
+        } else {
+            route(head.method(), &head.path)?
+        };
+        if head.method() == Method::Post && self.limiter.enabled() {
+            let client = client_addr(peer, head.forwarded_for.as_deref(), &self.trusted_proxies);
+            if let Err(wait_s) = self.limiter.check(client, turn.now) {
+                let mut a = Answer::from(ApiError::too_many_requests());
+                a.extra = vec![("Retry-After", wait_s.to_string())];
+                return Ok(Outcome::Answer(a));
+            }
+        }
+        self.authorize(&route, head)?;
+        let (now, unix_ms) = (turn.now, turn.unix_ms);
+        let answer = match route {
+            Route::WebPage => web_page(),
+            Route::Healthz => Answer::ok(healthz_body(relay, unix_ms, facts)),
+            Route::Readyz => self.readyz(relay, facts),
+            Route::PostPrompt => {
+                json_body(head)?;
+                Answer::ok(relay.post_prompt(now, unix_ms, &body)?)
+            }
+            Route::GetPrompts(sid) => {
+                let q = prompts_query(head.query.as_deref())?;
+                match relay.get_prompts(now, conn, &sid, q)? {
+                    Fetch::Ready(list) => Answer::shared(list),
+                    Fetch::Park { deadline } => {
+                        let sid = Rc::from(sid.as_str());
+                        return Ok(Outcome::Park { sid, deadline });
+                    }
+                }
+            }
+            Route::PostResponse => {
+                json_body(head)?;
+                Answer::ok(relay.post_response(now, unix_ms, &body)?)
+            }
+            Route::WebSocket(sid) => return self.upgrade(relay, now, conn, head, &sid),
+            Route::Messages(sid) => {
+                let q = messages_query(head.query.as_deref())?;
+                Answer::ok(relay.messages(now, &sid, q)?)
+            }
+            Route::PutSession(sid) => Answer::ok(relay.put_session(now, &sid)?),
+            Route::DeleteSession(sid) => Answer::ok(relay.delete_session(&sid)?),
+            Route::Preflight { allow } => preflight(allow),
+            Route::MethodNotAllowed { allow } => {
+                let mut a = Answer::from(ApiError::method_not_allowed());
+                a.extra.push(("Allow", allow.to_string()));
+                a
+            }
+            Route::NotFound => Answer::from(ApiError::not_found()),
+        };
+        Ok(Outcome::Answer(answer))
+    }
+
+    /// Checks a WebSocket upgrade and registers the subscriber.
+    fn upgrade(
+        &mut self,
+        relay: &mut Relay,
+        now: Millis,
+        conn: ConnId,
+        head: &RequestHead,
+        sid: &str,
+    ) -> Result<Outcome, ApiError> {
+        let accept = upgrade::check(head, &self.origins)?;
+        let query = head.query.as_deref();
+        let after = uint_param(query, "after")?;
+        let epoch = query_param(query, "epoch")?;
+        let cursor = relay.subscribe(now, conn, sid, after, epoch.as_deref())?;
+        Ok(Outcome::Upgrade {
+            accept,
+            sid: Rc::from(sid),
+            cursor,
+            after,
+        })
+    }
+
+    /// Checks the bearer token the route's role needs; a role whose token
+    /// is unset is open. A WebSocket may pass it as `?token=` (browsers
+    /// cannot set headers there); a header, when present, wins.
+    fn authorize(&self, route: &Route, head: &RequestHead) -> Result<(), ApiError> {
+        let client = self.client_token.as_deref();
+        let agent = self.agent_token.as_deref();
+        let wanted: Vec<&str> = match role(route) {
+            Role::Open => return Ok(()),
+            Role::Client => client.into_iter().collect(),
+            Role::Agent => agent.into_iter().collect(),
+            Role::Either => match (client, agent) {
+                (Some(c), Some(a)) => vec![c, a],
+                _ => Vec::new(),
+            },
+        };
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let bearer = head
+            .authorization
+            .as_deref()
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(|t| t.trim().to_string());
+        let presented = match (bearer, route) {
+            (Some(t), _) => Some(t),
+            (None, Route::WebSocket(_)) => {
+                query_param(head.query.as_deref(), "token").ok().flatten()
+            }
+            (None, _) => None,
+        };
+        let ok = presented.is_some_and(|p| {
+            wanted.iter().fold(false, |acc, w| {
+                acc | constant_time_eq(p.as_bytes(), w.as_bytes())
+            })
+        });
+        if ok {
+            Ok(())
+        } else {
+            debug!("unauthorized");
+            Err(ApiError::unauthorized())
+        }
+    }
+
+    /// `/readyz`: `503` with the reason while shutting down or a cap is full.
+    fn readyz(&self, relay: &Relay, facts: Facts) -> Answer {
+        let reason = if facts.shutting_down {
+            Some("shutting down")
+        } else if facts.connections >= self.max_connections {
+            Some("connection limit reached")
+        } else if relay.sessions_full() {
+            Some("session limit reached")
+        } else {
+            None
+        };
+        match reason {
+            None => Answer::ok(b"{\"ready\":true}".to_vec()),
+            Some(r) => Answer {
+                status: 503,
+                reason: Some(r.to_string()),
+                ..Answer::ok(format!("{{\"ready\":false,\"reason\":\"{r}\"}}").into_bytes())
+            },
+        }
+    }
+}
+
+/// `POST` bodies must be JSON: a foreign web page cannot send that without
+/// a CORS preflight.
+fn json_body(head: &RequestHead) -> Result<(), ApiError> {
+    if is_json(head.content_type.as_deref()) {
+        Ok(())
+    } else {
+        Err(ApiError::unsupported_media_type())
+    }
+}
+
+/// `/healthz`: liveness with the counters.
+fn healthz_body(relay: &Relay, unix_ms: u64, facts: Facts) -> Vec<u8> {
+    let c = relay.counts();
+    format!(
+        "{{\"ok\":true,\"timestamp\":{unix_ms},\"sessions\":{},\"connections\":{},\"subscribers\":{},\"parked_polls\":{}}}",
+        c.sessions, facts.connections, c.subscribers, c.parked_polls
+    )
+    .into_bytes()
+}
+
+/// The `204` answer to a CORS preflight.
+fn preflight(allow: &'static str) -> Answer {
+    Answer {
+        status: 204,
+        extra: vec![
+            ("Access-Control-Allow-Methods", allow.to_string()),
+            (
+                "Access-Control-Allow-Headers",
+                "Content-Type, Authorization".to_string(),
+            ),
+            ("Access-Control-Max-Age", "86400".to_string()),
+        ],
+        ..Answer::ok(Vec::new())
+    }
+}
+
+/// The chat page, from the binary.
+fn web_page() -> Answer {
+    Answer {
+        status: 200,
+        content_type: web::CONTENT_TYPE,
+        body: Body::Static(web::PAGE),
+        extra: web::headers()
+            .iter()
+            .map(|&(k, v)| (k, v.to_string()))
+            .collect(),
+        reason: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,64 @@
+//! The closing stage: the last answer is flushed, then the write side shut;
+//! input is discarded until the peer closes or the linger deadline passes.
+
+use std::time::Duration;
+
+use super::conn::{Conn, Got, Next, Phase, read_once};
+use super::ctx::{Ctx, READ_BUDGET};
+use crate::api::Answer;
+use crate::relay::{ApiError, ConnId};
+
+/// How long a closing connection may take to flush and hear the peer close.
+pub const LINGER: Duration = Duration::from_secs(2);
+
+/// Moves a connection to the closing stage: its queued output is written,
+/// then the write side shut, and the linger deadline bounds how long that
+/// may take. Every path into the closing stage goes through here.
+pub fn begin(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    conn.phase = Phase::Closing { shut: false };
+    let deadline = cx.now().after(LINGER);
+    cx.set_deadline(id, conn, deadline);
+    cx.mark_write(id, conn);
+}
+
+/// Sends an error answer and closes the connection after it (bad framing:
+/// the next request's start can no longer be trusted).
+pub fn reply_error(id: ConnId, conn: &mut Conn, cx: &mut Ctx, err: &ApiError) {
+    if !matches!(conn.phase, Phase::Http(_)) {
+        return;
+    }
+    let meta = cx.meta(None, false);
+    let answer = Answer::from(err.clone());
+    let bytes = crate::http::response::encode(answer.status, &[], answer.body.bytes(), &meta);
+    conn.out.push_owned(bytes);
+    begin(id, conn, cx);
+}
+
+/// Discards input until the peer closes, within the turn's read budget.
+pub fn drain(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
+    let mut read = 0;
+    while conn.readable {
+        if read >= READ_BUDGET {
+            cx.reprocess.push(id);
+            return Next::Stay;
+        }
+        match read_once(
+            &mut conn.sock,
+            &mut cx.scratch,
+            &mut conn.readable,
+            conn.read_closed,
+        ) {
+            Got::Bytes(n) => read += n,
+            Got::Blocked => break,
+            Got::Eof if matches!(conn.phase, Phase::Closing { shut: true }) => return Next::Close,
+            Got::Eof => {
+                // The peer is done sending; finish writing, then close
+                // (after_drained sees `eof`).
+                conn.eof = true;
+                conn.readable = false;
+            }
+            Got::Failed => return Next::Close,
+        }
+    }
+    Next::Stay
+}
