@@ -147,7 +147,9 @@ fn endless_chunk_extensions_neither_starve_others_nor_last() {
     let mut good = Good::new(&srv);
     good.round_trip();
     let stop = Arc::new(AtomicBool::new(false));
-    let chunk = format!("1;{}\r\nx\r\n", "e".repeat(200)).repeat(1000).into_bytes();
+    let chunk = format!("1;{}\r\nx\r\n", "e".repeat(200))
+        .repeat(1000)
+        .into_bytes();
     let attackers: Vec<_> = (0..3)
         .map(|_| {
             let mut s = raw(srv.addr());
@@ -240,7 +242,11 @@ fn a_socket_that_never_sends_a_byte_is_closed_at_the_request_timeout() {
     let mut kept = srv.conn();
     assert_eq!(kept.request("GET", "/healthz", &[], None).status, 200);
     let mut other = raw(srv.addr());
-    assert_eq!(other.read(&mut buf).unwrap(), 0, "the next idle one closes too");
+    assert_eq!(
+        other.read(&mut buf).unwrap(),
+        0,
+        "the next idle one closes too"
+    );
     assert_eq!(
         kept.request("GET", "/healthz", &[], None).status,
         200,
@@ -291,8 +297,12 @@ fn greedy(addr: SocketAddr, sid: &str) -> TcpStream {
     let mut s: TcpStream = sock.into();
     let mut reqs = String::new();
     for _ in 0..10 {
-        reqs.push_str(&format!("GET /prompts/{sid}?wait=false HTTP/1.1\r\nHost: t\r\n\r\n"));
-        reqs.push_str(&format!("GET /messages/{sid}?limit=1000 HTTP/1.1\r\nHost: t\r\n\r\n"));
+        reqs.push_str(&format!(
+            "GET /prompts/{sid}?wait=false HTTP/1.1\r\nHost: t\r\n\r\n"
+        ));
+        reqs.push_str(&format!(
+            "GET /messages/{sid}?limit=1000 HTTP/1.1\r\nHost: t\r\n\r\n"
+        ));
     }
     s.write_all(reqs.as_bytes()).unwrap();
     s
@@ -302,10 +312,7 @@ fn greedy(addr: SocketAddr, sid: &str) -> TcpStream {
 fn twenty_connections_that_never_read_hold_bounded_memory() {
     const PROMPTS: usize = 200;
     const TEXT: usize = 120 * 1024;
-    let srv = Server::start_with(&[
-        ("RELAY_MAX_PENDING", "1000"),
-        ("RELAY_LOG", "info"),
-    ]);
+    let srv = Server::start_with(&[("RELAY_MAX_PENDING", "1000"), ("RELAY_LOG", "info")]);
     let sid = unique_session();
     let mut c = srv.conn();
     let text = "p".repeat(TEXT);
@@ -343,7 +350,10 @@ fn twenty_connections_that_never_read_hold_bounded_memory() {
     let mib = 1024;
     let bound = 4 * mib + 20 * (4 * mib + 256) + 20 * mib;
     eprintln!("RSS {warm} -> {peak} KiB with 40 connections that never read (bound +{bound} KiB)");
-    assert!(peak <= warm + bound + bound / 2, "RSS {peak} KiB, warm {warm}, bound +{bound}");
+    assert!(
+        peak <= warm + bound + bound / 2,
+        "RSS {peak} KiB, warm {warm}, bound +{bound}"
+    );
     drop(greedy);
     drop(replays);
 }

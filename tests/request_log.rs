@@ -53,20 +53,32 @@ fn every_request_is_logged_at_debug_with_the_reason_of_each_error() {
     srv.wait_for_log("\"status\":401");
     let logged = requests(&srv);
     let bad_json = find(&logged, "POST", "/prompt", 400);
-    assert!(bad_json["reason"].as_str().is_some_and(|r| r.starts_with("Invalid JSON")), "{bad_json}");
+    assert!(
+        bad_json["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("Invalid JSON")),
+        "{bad_json}"
+    );
     for (status, reason) in [
         (415, "Content-Type must be application/json"),
         (401, "Unauthorized"),
         (429, "Too many requests"),
     ] {
         let v = find(&logged, "POST", "/prompt", status);
-        assert!(v["reason"].as_str().is_some_and(|r| r.starts_with(reason)), "{v}");
+        assert!(
+            v["reason"].as_str().is_some_and(|r| r.starts_with(reason)),
+            "{v}"
+        );
         assert!(v["bytes"].as_u64().is_some_and(|b| b > 0), "{v}");
         assert!(v["duration_ms"].is_u64(), "{v}");
     }
     find(&logged, "GET", "/nope", 404);
     let bad_id = find(&logged, "GET", "/messages/bad%20id", 400);
-    assert!(bad_id["reason"].as_str().is_some_and(|r| r.contains("Invalid session_id")));
+    assert!(
+        bad_id["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("Invalid session_id"))
+    );
     find(&logged, "GET", "/ws/s", 401);
     let all = srv.logs().join("\n");
     assert!(!all.contains("SECRET"), "a token reached the log");

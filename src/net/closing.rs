@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::conn::{Conn, Got, Next, Phase, read_once};
+use super::conn::{Closing, Conn, Got, LINGER_BYTES, Next, Phase, read_once};
 use super::ctx::{Ctx, READ_BUDGET};
 use crate::api::Answer;
 use crate::relay::{ApiError, ConnId};
@@ -15,7 +15,7 @@ pub const LINGER: Duration = Duration::from_secs(2);
 /// then the write side shut, and the linger deadline bounds how long that
 /// may take. Every path into the closing stage goes through here.
 pub fn begin(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
-    conn.phase = Phase::Closing { shut: false };
+    conn.phase = Phase::Closing(Closing::default());
     let deadline = cx.now().after(LINGER);
     cx.set_deadline(id, conn, deadline);
     cx.mark_write(id, conn);
@@ -34,10 +34,18 @@ pub fn reply_error(id: ConnId, conn: &mut Conn, cx: &mut Ctx, err: &ApiError) {
     begin(id, conn, cx);
 }
 
-/// Discards input until the peer closes, within the turn's read budget.
+/// Discards input until the peer closes, within the turn's read budget and
+/// at most [`LINGER_BYTES`] in all (an answer is not worth reading a flood
+/// for the whole linger time: past that the connection just closes).
 pub fn drain(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     let mut read = 0;
     while conn.readable {
+        let Phase::Closing(closing) = &mut conn.phase else {
+            return Next::Stay;
+        };
+        if closing.drained >= LINGER_BYTES {
+            return Next::Close;
+        }
         if read >= READ_BUDGET {
             cx.reprocess.push(id);
             return Next::Stay;
@@ -48,9 +56,12 @@ pub fn drain(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
             &mut conn.readable,
             conn.read_closed,
         ) {
-            Got::Bytes(n) => read += n,
+            Got::Bytes(n) => {
+                read += n;
+                closing.drained += n;
+            }
             Got::Blocked => break,
-            Got::Eof if matches!(conn.phase, Phase::Closing { shut: true }) => return Next::Close,
+            Got::Eof if closing.shut => return Next::Close,
             Got::Eof => {
                 // The peer is done sending; finish writing, then close
                 // (after_drained sees `eof`).

@@ -71,8 +71,21 @@ pub enum Phase {
     WebSocket(Box<WsState>),
     /// Flushing the last bytes; then the write side is shut and input is
     /// discarded until the peer closes or the linger deadline passes.
-    Closing { shut: bool },
+    Closing(Closing),
 }
+
+/// The closing stage's progress.
+#[derive(Debug, Default)]
+pub struct Closing {
+    /// The write side is shut.
+    pub shut: bool,
+    /// Input discarded so far: a peer that keeps sending is cut off at
+    /// [`LINGER_BYTES`] rather than read for the whole linger time.
+    pub drained: usize,
+}
+
+/// Input a closing connection discards before it is simply closed.
+pub const LINGER_BYTES: usize = 1 << 20;
 
 /// A connection owned by the loop's slab.
 pub struct Conn {

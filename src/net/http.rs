@@ -9,7 +9,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::closing;
-use super::conn::{Conn, Got, HttpState, Next, Parked, Phase, read_once};
+use super::conn::{Closing, Conn, Got, HttpState, Next, Parked, Phase, read_once};
 use super::ctx::{Ctx, READ_BUDGET};
 use super::ws::WsState;
 use crate::api::{Answer, Body, Outcome};
@@ -140,7 +140,7 @@ fn apply(
                 origin: head.origin.as_deref().map(Rc::from),
                 since: started,
             };
-            let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
+            let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
             conn.phase = match phase {
                 Phase::Http(h) => Phase::Parked(h, parked),
                 other => other,
@@ -154,11 +154,11 @@ fn apply(
             after,
         } => {
             conn.out.push_owned(accept);
-            let leftover = match std::mem::replace(&mut conn.phase, Phase::Closing { shut: false })
-            {
-                Phase::Http(mut h) => h.reader.take_rest(),
-                _ => Vec::new(),
-            };
+            let leftover =
+                match std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default())) {
+                    Phase::Http(mut h) => h.reader.take_rest(),
+                    _ => Vec::new(),
+                };
             let ping_ms = cx.cfg.ping_interval.as_millis() as u64;
             let keepalive = Keepalive::new(cx.now(), ping_ms);
             let deadline = keepalive.deadline();

@@ -8,7 +8,7 @@
 use std::rc::Rc;
 
 use super::closing;
-use super::conn::{Conn, Got, Next, Phase, read_once};
+use super::conn::{Closing, Conn, Got, Next, Phase, read_once};
 use super::ctx::{Ctx, READ_BUDGET};
 use super::http;
 use crate::api::{Answer, Body};
@@ -54,7 +54,7 @@ pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
 /// place every answer's do (`Ctx::meta`).
 pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[u8]>) {
     let now = cx.now();
-    let phase = std::mem::replace(&mut conn.phase, Phase::Closing { shut: false });
+    let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
     let Phase::Parked(mut h, parked) = phase else {
         conn.phase = phase;
         return;

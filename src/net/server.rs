@@ -350,7 +350,7 @@ impl Server {
                 closing::reply_error(id, conn, cx, &ApiError::timeout());
             }
             // Idle past its timeout, or done lingering.
-            Phase::Http(_) | Phase::Closing { .. } => self.close(id),
+            Phase::Http(_) | Phase::Closing(_) => self.close(id),
             Phase::Parked(..) => parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..])),
             Phase::WebSocket(ws) => {
                 let action = ws.keepalive.on_timer(now);
@@ -386,7 +386,7 @@ impl Server {
             Phase::Http(_) => http::drive(id, conn, cx),
             Phase::Parked(..) => parked::read(id, conn, cx),
             Phase::WebSocket(_) => subscriber::drive(id, conn, cx),
-            Phase::Closing { .. } => closing::drain(id, conn, cx),
+            Phase::Closing(_) => closing::drain(id, conn, cx),
         };
         if next == Next::Close {
             self.close(id);
@@ -427,11 +427,11 @@ impl Server {
         };
         let cx = &mut self.cx;
         match &mut conn.phase {
-            Phase::Closing { .. } if conn.eof => {
+            Phase::Closing(_) if conn.eof => {
                 self.close(id);
             }
-            Phase::Closing { shut } if !*shut => {
-                *shut = true;
+            Phase::Closing(c) if !c.shut => {
+                c.shut = true;
                 let _ = conn.sock.shutdown(Shutdown::Write);
                 if conn.readable {
                     cx.reprocess.push(id);
