@@ -76,7 +76,15 @@ for t in $TARGETS; do
 done
 
 cd "$root"
-echo "building relay ($RELAY_BUILD) and the load generator (release)..." >&2
+echo "building the load generator and relay ($RELAY_BUILD, release)..." >&2
+# The generator first: `cargo bench` also builds the relay binary, with the
+# bench profile (symbols kept), into target/release/, where it would replace
+# the release build measured with RELAY_BUILD=glibc.
+# Pick the bench artifact by name: cargo also reports the relay binary, and the
+# order of artifacts follows build completion.
+load_bin="$(cargo bench --bench load --no-run --message-format=json 2>/dev/null |
+  grep '"kind":\["bench"\],"crate_types":\["bin"\],"name":"load"' |
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
 case "$RELAY_BUILD" in
   musl)
     musl=x86_64-unknown-linux-musl
@@ -90,11 +98,6 @@ case "$RELAY_BUILD" in
     ;;
   *) echo "run.sh: RELAY_BUILD must be musl or glibc" >&2; exit 2 ;;
 esac
-# Pick the bench artifact by name: cargo also reports the relay binary, and the
-# order of artifacts follows build completion.
-load_bin="$(cargo bench --bench load --no-run --message-format=json 2>/dev/null |
-  grep '"kind":\["bench"\],"crate_types":\["bin"\],"name":"load"' |
-  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
 [ -x "$load_bin" ] && [ -x "$relay_bin" ] || { echo "run.sh: build failed" >&2; exit 1; }
 clk_tck="$(getconf CLK_TCK)"
 
