@@ -103,7 +103,7 @@ pub fn run(c: &Common, subscribers: usize, rate: Rate, publishers: usize) -> Res
     let last = run.last_delivery.unwrap_or(start);
     let secs = last.duration_since(start).as_secs_f64().max(1e-3);
     let expected = published * subscribers as u64;
-    let mut line = ResultLine::new(&c.figure, c.target.name());
+    let mut line = ResultLine::new(&c.figure, &c.name);
     line.num("subscribers", subscribers as f64)
         .num("published", published as f64)
         .num(

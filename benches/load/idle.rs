@@ -92,7 +92,7 @@ pub fn run(c: &Common, connections: usize, kind: Kind, hold: Duration) -> Result
     let secs = hold_start.elapsed().as_secs_f64();
     let growth = rss_after.saturating_sub(rss_before) as f64;
     let figure = &c.figure;
-    let mut line = ResultLine::new(figure, c.target.name());
+    let mut line = ResultLine::new(figure, &c.name);
     line.num("connections", connections as f64)
         .num("connect_per_s", connections as f64 / setup_secs)
         .num("rss_before_mib", rss_before as f64 / 1048576.0)

@@ -4,7 +4,8 @@
 --   TARGET=relay wrk -t1 -c64 -d10s -s benches/load/ingest.lua http://127.0.0.1:8000
 --   TARGET=nchan wrk -t1 -c64 -d10s -s benches/load/ingest.lua http://127.0.0.1:8001
 --
--- relay: POST /prompt with the JSON body; nchan: POST /pub/p/{sid} with the
+-- relay, base and nginx-static: POST /prompt with the JSON body (nginx-static
+-- answers it with a static {"stored":true}); nchan: POST /pub/p/{sid} with the
 -- same body (shared/peers/nchan/nginx.conf). RUN_ID keeps ids of repeated runs
 -- against one server apart (the relay dedupes by client_msg_id).
 

@@ -5,10 +5,14 @@
 //! ```text
 //! load roundtrip --sessions S            [common]
 //! load fanout    --subscribers N --rate R|max [--window W] [--publishers P] [common]
+//! load catchup   --subscribers N --answers M [--publishers P] [common]   (relay only)
 //! load idle      --connections N --kind ws|poll [--hold SECS] [common]
-//! common: --target relay|nchan --addr HOST:PORT [--server-pid PID] [--seconds T]
+//! common: --target relay|base|nchan --addr HOST:PORT [--server-pid PID] [--seconds T]
 //!         [--warmup SECS] [--size BYTES] [--figure NAME]
 //! ```
+//!
+//! `base` is a second relay binary measured beside `relay` (a before/after
+//! comparison): the same protocol, its own name in the result line.
 //!
 //! Each run prints one `RESULT figure=… target=… key=value …` line on stdout
 //! (benches/load/run.sh turns repeated runs into a table of medians) and its
@@ -16,6 +20,7 @@
 //! measured window is read from /proc (utime + stime), the generator's own
 //! from /proc/self/stat.
 
+mod catchup;
 mod fanout;
 mod idle;
 mod net;
@@ -32,7 +37,10 @@ use target::Target;
 
 /// Settings every figure takes.
 pub struct Common {
+    /// The protocol spoken.
     pub target: Target,
+    /// The `--target` name, for the result line.
+    pub name: String,
     pub addr: SocketAddr,
     pub host: String,
     pub server_pid: Option<String>,
@@ -107,11 +115,12 @@ impl Args {
     }
 
     fn common(&self, figure: String) -> Result<Common, String> {
-        let target = self.0.get("target").map(String::as_str).unwrap_or("relay");
-        let target = Target::parse(target).ok_or("--target must be relay or nchan")?;
+        let name = self.0.get("target").map(String::as_str).unwrap_or("relay");
+        let target = Target::parse(name).ok_or("--target must be relay, base or nchan")?;
         let addr: SocketAddr = self.get("addr", Some("127.0.0.1:8000".parse().map_err(|_| "")?))?;
         Ok(Common {
             target,
+            name: name.to_owned(),
             addr,
             host: addr.to_string(),
             server_pid: self.0.get("server-pid").cloned(),
@@ -127,7 +136,8 @@ fn run(words: &[String]) -> Result<(), String> {
     let Some((mode, rest)) = words.split_first() else {
         // `cargo bench` and `cargo test --all-targets` run every bench binary
         // without arguments: nothing to measure, say how to use it.
-        println!("usage: load roundtrip|fanout|idle [--key value …] (see benches/load/run.sh)");
+        println!("usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle");
+        println!("(see benches/load/main.rs and benches/load/run.sh)");
         return Ok(());
     };
     let args = Args::parse(rest)?;
@@ -137,23 +147,18 @@ fn run(words: &[String]) -> Result<(), String> {
             let sessions: usize = args.get("sessions", Some(1))?;
             roundtrip::run(&args.common(format!("roundtrip/S={sessions}"))?, sessions)
         }
-        "fanout" => {
+        "fanout" => fanout_mode(&args),
+        "catchup" => {
             let subscribers: usize = args.get("subscribers", Some(1000))?;
-            let rate_arg: String = args.get("rate", Some("max".to_owned()))?;
-            let (rate, publishers) = if rate_arg == "max" {
-                let window: u64 = args.get("window", Some(4))?;
-                (
-                    fanout::Rate::Max { window },
-                    args.get("publishers", Some(window.min(4) as usize))?,
-                )
-            } else {
-                let r: f64 = rate_arg
-                    .parse()
-                    .map_err(|_| "--rate must be a number or max")?;
-                (fanout::Rate::Fixed(r), args.get("publishers", Some(8))?)
-            };
-            let figure = format!("fanout/N={subscribers}/rate={rate_arg}");
-            fanout::run(&args.common(figure)?, subscribers, rate, publishers.max(1))
+            let answers: u64 = args.get("answers", Some(10_000))?;
+            let publishers: usize = args.get("publishers", Some(4))?;
+            let figure = format!("catchup/N={subscribers}/M={answers}");
+            catchup::run(
+                &args.common(figure)?,
+                subscribers,
+                answers,
+                publishers.max(1),
+            )
         }
         "idle" => {
             let connections: usize = args.get("connections", Some(1000))?;
@@ -163,8 +168,29 @@ fn run(words: &[String]) -> Result<(), String> {
             let figure = format!("idle/{kind_arg}/N={connections}");
             idle::run(&args.common(figure)?, connections, kind, hold)
         }
-        other => Err(format!("unknown mode {other}: roundtrip, fanout or idle")),
+        other => Err(format!(
+            "unknown mode {other}: roundtrip, fanout, catchup or idle"
+        )),
     }
+}
+
+fn fanout_mode(args: &Args) -> Result<(), String> {
+    let subscribers: usize = args.get("subscribers", Some(1000))?;
+    let rate_arg: String = args.get("rate", Some("max".to_owned()))?;
+    let (rate, publishers) = if rate_arg == "max" {
+        let window: u64 = args.get("window", Some(4))?;
+        (
+            fanout::Rate::Max { window },
+            args.get("publishers", Some(window.min(4) as usize))?,
+        )
+    } else {
+        let r: f64 = rate_arg
+            .parse()
+            .map_err(|_| "--rate must be a number or max")?;
+        (fanout::Rate::Fixed(r), args.get("publishers", Some(8))?)
+    };
+    let figure = format!("fanout/N={subscribers}/rate={rate_arg}");
+    fanout::run(&args.common(figure)?, subscribers, rate, publishers.max(1))
 }
 
 fn main() -> ExitCode {

@@ -106,7 +106,7 @@ pub fn run(c: &Common, sessions: usize) -> Result<(), String> {
         run.step(&mut ready)?;
     }
     let ops = run.done_in_window as f64;
-    let mut line = ResultLine::new(&c.figure, c.target.name());
+    let mut line = ResultLine::new(&c.figure, &c.name);
     line.num("sessions", sessions as f64)
         .num("secs", secs)
         .num("ops", ops)

@@ -3,26 +3,42 @@
 #
 #   benches/load/run.sh                      # every figure, REPEAT=3 runs each
 #   REPEAT=1 SECS=3 FIGURES="rt:100 fan:1000" benches/load/run.sh
+#   BASE_BIN=/tmp/relay-before TARGETS="relay base" benches/load/run.sh
+#
+# Targets (TARGETS, space-separated, default "relay nchan"):
+#   relay         the static musl build, target/x86_64-unknown-linux-musl/
+#                 release/relay (what users run); RELAY_BUILD=glibc measures
+#                 target/release/relay instead. Built by this script.
+#   base          the relay binary at BASE_BIN, started exactly like relay:
+#                 a before/after comparison in one interleaved run.
+#   nchan         nginx + nchan (NCHAN_DIR) mapped onto relay's data paths.
+#   nginx-static  nginx answering every request with a static
+#                 {"stored":true} (nginx-static/): the ingest figure only,
+#                 the floor for that HTTP exchange on this kernel.
 #
 # The server under test runs pinned to SERVER_CORE (default 0), the load (the
 # `load` bench binary, or wrk for ingest) to LOAD_CORE (default 1). Each run
-# gets a fresh server on a fresh port; relay and nchan runs are interleaved
+# gets a fresh server on a fresh port; the targets' runs are interleaved
 # (relay, nchan, relay, nchan, ...), and the table shows the median of the
-# REPEAT runs of every figure, with both sides' CPU so a reader can tell which
-# side was the limit. nchan's CPU and RSS are its one worker process's (the
-# master does no work). server_kernel_us_per_op is the system-time part of
-# server_us_per_op: loopback TCP send and receive, wake-ups and epoll, which
-# no change in the server's own code removes. Raw RESULT lines and logs go
-# to OUT (a temp dir).
+# REPEAT runs of every figure per target, and relay / each other target, with
+# both sides' CPU so a reader can tell which side was the limit. nginx's CPU
+# and RSS are its one worker process's (the master does no work).
+# server_kernel_us_per_op is the system-time part of server_us_per_op:
+# loopback TCP send and receive, wake-ups and epoll, which no change in the
+# server's own code removes. A figure a target cannot run shows "-". Raw
+# RESULT lines and logs go to OUT (a temp dir).
 #
 # Figures (FIGURES, space-separated):
 #   rt:S             round trip with S sessions
 #   fan:N            fan-out to N subscribers, as fast as all keep up
+#   catchup:N:M      N subscribers connect with ?after=0 to a session holding
+#                    M answers and each reads all M (relay and base only;
+#                    the server runs with RELAY_HISTORY_LIMIT=2*M)
 #   rate:N:R         fan-out to N subscribers at R messages/s
 #   idle:ws:N        N idle WebSocket subscribers: server RSS per connection
 #   idle:poll:N      N parked long-polls: server RSS per connection
 #   ingest           wrk -t1 -c64 -d${INGEST_SECS}s posting prompts (ingest.lua)
-# Needs: taskset, curl, wrk, nginx + libnginx-mod-nchan
+# Needs: taskset, curl, file, wrk, nginx + libnginx-mod-nchan
 #   (apt-get install -y nginx libnginx-mod-nchan wrk).
 set -euo pipefail
 
@@ -35,8 +51,10 @@ IDLE_N="${IDLE_N:-19000}"
 SERVER_CORE="${SERVER_CORE:-0}"
 LOAD_CORE="${LOAD_CORE:-1}"
 TARGETS="${TARGETS:-relay nchan}"
-FIGURES="${FIGURES:-rt:1 rt:100 rt:1000 fan:1000 fan:10000 rate:1000:50 rate:10000:5 idle:ws:$IDLE_N idle:poll:$IDLE_N ingest}"
+FIGURES="${FIGURES:-rt:1 rt:100 rt:1000 fan:1000 fan:10000 catchup:1000:10000 rate:1000:50 rate:10000:5 idle:ws:$IDLE_N idle:poll:$IDLE_N ingest}"
 NCHAN_DIR="${NCHAN_DIR:-$root/../shared/peers/nchan}"
+RELAY_BUILD="${RELAY_BUILD:-musl}"
+BASE_BIN="${BASE_BIN:-}"
 port="${BASE_PORT:-18100}"
 OUT="${OUT:-$(mktemp -d /tmp/relay-bench.XXXXXX)}"
 mkdir -p "$OUT"
@@ -46,19 +64,56 @@ results="$OUT/results.txt"
 # The generator and both servers hold one descriptor per connection.
 ulimit -n "$(ulimit -Hn)"
 
+for t in $TARGETS; do
+  case "$t" in
+    relay | nchan | nginx-static) ;;
+    base)
+      [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
+      BASE_BIN="$(realpath "$BASE_BIN")"
+      ;;
+    *) echo "run.sh: unknown target $t (relay, base, nchan, nginx-static)" >&2; exit 2 ;;
+  esac
+done
+
 cd "$root"
-echo "building relay and the load generator (release)..." >&2
-cargo build --release --bin relay >&2
+echo "building the load generator and relay ($RELAY_BUILD, release)..." >&2
+# The generator first: `cargo bench` also builds the relay binary, with the
+# bench profile (symbols kept), into target/release/, where it would replace
+# the release build measured with RELAY_BUILD=glibc.
 # Pick the bench artifact by name: cargo also reports the relay binary, and the
 # order of artifacts follows build completion.
 load_bin="$(cargo bench --bench load --no-run --message-format=json 2>/dev/null |
   grep '"kind":\["bench"\],"crate_types":\["bin"\],"name":"load"' |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
-relay_bin="${CARGO_TARGET_DIR:-$root/target}/release/relay"
+case "$RELAY_BUILD" in
+  musl)
+    musl=x86_64-unknown-linux-musl
+    rustup target list --installed | grep -qx "$musl" || rustup target add "$musl" >&2
+    cargo build --release --target "$musl" --bin relay >&2
+    relay_bin="${CARGO_TARGET_DIR:-$root/target}/$musl/release/relay"
+    ;;
+  glibc)
+    cargo build --release --bin relay >&2
+    relay_bin="${CARGO_TARGET_DIR:-$root/target}/release/relay"
+    ;;
+  *) echo "run.sh: RELAY_BUILD must be musl or glibc" >&2; exit 2 ;;
+esac
 [ -x "$load_bin" ] && [ -x "$relay_bin" ] || { echo "run.sh: build failed" >&2; exit 1; }
 clk_tck="$(getconf CLK_TCK)"
 
 server_pid="" stop_pid=""
+# Extra environment of relay-like servers for the current figure.
+relay_env=()
+
+# The binary a relay-like target runs.
+bin_of() { if [ "$1" = base ]; then echo "$BASE_BIN"; else echo "$relay_bin"; fi; }
+
+# "path (static-pie linked, N bytes)" for the header.
+describe_bin() {
+  local link
+  link="$(file -b "$1" | grep -o '\(static-pie\|statically\|dynamically\) linked' || echo "unknown linking")"
+  echo "${1#"$root"/} ($link, $(stat -c %s "$1") bytes)"
+}
 
 wait_healthy() {
   for _ in $(seq 1 100); do
@@ -73,16 +128,18 @@ wait_healthy() {
 start_server() {
   local log="$OUT/$1-$2.log"
   case "$1" in
-    relay)
-      RELAY_HOST=127.0.0.1 RELAY_PORT="$2" RELAY_LOG=warn \
+    relay | base)
+      env RELAY_HOST=127.0.0.1 RELAY_PORT="$2" RELAY_LOG=warn \
         RELAY_MAX_CONNECTIONS=25000 RELAY_MAX_SUBSCRIBERS=20000 RELAY_MAX_WAITERS=1000 RELAY_MAX_PENDING=100000 \
-        taskset -c "$SERVER_CORE" "$relay_bin" 2>"$log" &
+        "${relay_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log" &
       stop_pid=$!
       wait_healthy "$2"
       server_pid=$stop_pid
       ;;
-    nchan)
-      taskset -c "$SERVER_CORE" "$NCHAN_DIR/run.sh" "$2" 2>"$log" &
+    nchan | nginx-static)
+      local dir="$NCHAN_DIR"
+      [ "$1" = nginx-static ] && dir="$here/nginx-static"
+      taskset -c "$SERVER_CORE" "$dir/run.sh" "$2" 2>"$log" &
       stop_pid=$!
       wait_healthy "$2"
       server_pid="$(pgrep -P "$stop_pid" | head -1)"
@@ -130,13 +187,30 @@ run_ingest() {
       f, t, r, r / s, p50, p99, 100 * cpu / s, 1e6 * cpu / r, 1e6 * k / hz / r, 100 * g / s, n, e }'
 }
 
+# runs KIND TARGET: can this target run this kind of figure? nchan has no
+# replay by cursor; nginx-static answers the ingest requests only.
+runs() {
+  case "$2:$1" in
+    nchan:catchup) return 1 ;;
+    nginx-static:ingest) return 0 ;;
+    nginx-static:*) return 1 ;;
+  esac
+}
+
 # run_figure SPEC TARGET: one run of one figure against a fresh server.
 run_figure() {
   local spec="$1" t="$2" figure args=()
   IFS=: read -r kind a b <<<"$spec"
+  runs "$kind" "$t" || return 0
+  relay_env=()
   case "$kind" in
     rt) figure="roundtrip/S=$a"; args=(roundtrip --sessions "$a") ;;
     fan) figure="fanout/N=$a/rate=max"; args=(fanout --subscribers "$a" --rate max) ;;
+    catchup)
+      [ -n "$b" ] || { echo "run.sh: catchup needs catchup:N:M" >&2; exit 2; }
+      figure="catchup/N=$a/M=$b"; args=(catchup --subscribers "$a" --answers "$b")
+      relay_env=(RELAY_HISTORY_LIMIT=$((2 * b)))
+      ;;
     rate) figure="fanout/N=$a/rate=$b"; args=(fanout --subscribers "$a" --rate "$b") ;;
     idle) figure="idle/$a/N=$b"; args=(idle --kind "$a" --connections "$b") ;;
     ingest) figure="ingest" ;;
@@ -154,16 +228,26 @@ run_figure() {
       line="RESULT figure=$figure target=$t failed=1"
   fi
   echo "$line" | tee -a "$results" >&2
-  case "$line" in *failed=1*) echo "PROBLEM $t $figure: generator failed, see $OUT/gen.log" >>"$OUT/problems.txt" ;; esac
+  case "$line" in
+    *failed=1*) echo "PROBLEM $t $figure: generator failed, see $OUT/gen.log" >>"$OUT/problems.txt" ;;
+    *" missing="[1-9]* | *" out_of_order="[1-9]* | *" errors="[1-9]* | *" non_2xx="[1-9]* | *" socket_errors="[1-9]*)
+      echo "PROBLEM $t $figure: lost, reordered or failed messages, see $OUT/gen.log" >>"$OUT/problems.txt" ;;
+  esac
   stop_server "$t" "$figure"
 }
 
 {
-  echo "# relay vs nginx+nchan: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "# relay benchmark (${TARGETS// /, }): $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
   echo "relay $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "(not a git checkout)"), $(nginx -v 2>&1), $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)," \
     "$(nproc) cores, kernel $(uname -r); server on core $SERVER_CORE, load on core $LOAD_CORE;" \
-    "REPEAT=$REPEAT SECS=$SECS INGEST_SECS=$INGEST_SECS; median of the runs; ratio = relay / nchan."
+    "REPEAT=$REPEAT SECS=$SECS INGEST_SECS=$INGEST_SECS; median of the runs; ratios are relay / each other target."
+  echo
+  for t in $TARGETS; do
+    case "$t" in
+      relay | base) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
+    esac
+  done
 } >"$OUT/header.md"
 
 for spec in $FIGURES; do
@@ -174,14 +258,20 @@ for spec in $FIGURES; do
   done
 done
 
-# Medians per figure, target and key; one table row per key.
-awk '
+# Medians per figure, target and key; one table row per key, one column per
+# target, then relay / each other target.
+awk -v targets="$TARGETS" '
   function median(list,   n, a, i, j, v) {
     n = split(list, a, " ")
     for (i = 2; i <= n; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > v + 0; j--) a[j + 1] = a[j]; a[j + 1] = v }
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
   }
   function fmt(v) { return v == "" ? "-" : (v == int(v) ? sprintf("%d", v) : sprintf("%.2f", v)) }
+  BEGIN {
+    nt = split(targets, tg, " ")
+    for (i = 1; i <= nt; i++) if (tg[i] == "relay") has_relay = 1
+    for (i = 1; i <= nt; i++) if (has_relay && tg[i] != "relay") ratio_of[++nr] = tg[i]
+  }
   $1 == "RESULT" {
     fig = ""; tgt = ""
     for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "figure") fig = substr($i, 8); else if (kv[1] == "target") tgt = kv[2] }
@@ -190,20 +280,28 @@ awk '
       eq = index($i, "="); k = substr($i, 1, eq - 1); v = substr($i, eq + 1)
       if (k == "figure" || k == "target") continue
       if (!((fig, k) in haskey)) { haskey[fig, k] = 1; keys[fig, ++nk[fig]] = k }
-      vals[fig, tgt, k] = vals[fig, tgt, k] " " v; runs[fig, tgt, k]++
+      vals[fig, tgt, k] = vals[fig, tgt, k] " " v
     }
   }
   END {
-    print "| figure | metric | relay | nchan | ratio |"
-    print "|---|---|---:|---:|---:|"
+    head = "| figure | metric |"; rule = "|---|---|"
+    for (i = 1; i <= nt; i++) { head = head " " tg[i] " |"; rule = rule "---:|" }
+    for (i = 1; i <= nr; i++) { head = head " relay / " ratio_of[i] " |"; rule = rule "---:|" }
+    print head; print rule
     for (f = 1; f <= nf; f++) {
       fig = figs[f]
       for (j = 1; j <= nk[fig]; j++) {
         k = keys[fig, j]
-        r = ((fig, "relay", k) in vals) ? median(vals[fig, "relay", k]) : ""
-        n = ((fig, "nchan", k) in vals) ? median(vals[fig, "nchan", k]) : ""
-        ratio = (r != "" && n != "" && n + 0 != 0) ? sprintf("%.2f", r / n) : "-"
-        printf "| %s | %s | %s | %s | %s |\n", (j == 1 ? fig : ""), k, fmt(r), fmt(n), ratio
+        row = sprintf("| %s | %s |", (j == 1 ? fig : ""), k)
+        for (i = 1; i <= nt; i++) {
+          m[tg[i]] = ((fig, tg[i], k) in vals) ? median(vals[fig, tg[i], k]) : ""
+          row = row " " fmt(m[tg[i]]) " |"
+        }
+        for (i = 1; i <= nr; i++) {
+          r = m["relay"]; o = m[ratio_of[i]]
+          row = row " " ((r != "" && o != "" && o + 0 != 0) ? sprintf("%.2f", r / o) : "-") " |"
+        }
+        print row
       }
     }
   }' "$results" >"$OUT/table.md"

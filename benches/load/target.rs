@@ -1,6 +1,6 @@
-//! The two servers under test and how each spells the relay's data paths.
+//! The two protocols under test and how each spells the relay's data paths.
 //!
-//! relay: `POST /prompt`, `GET /prompts/{sid}` (long-poll), `POST /response`,
+//! relay (and `base`, a second relay binary measured beside it): `POST /prompt`, `GET /prompts/{sid}` (long-poll), `POST /response`,
 //! WebSocket `GET /ws/{sid}`.
 //! nchan (shared/peers/nchan/nginx.conf): `POST /pub/p/{sid}` with the prompt
 //! JSON, long-poll `GET /sub/p/{sid}` walking the queue with
@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-/// Which server the generator talks to.
+/// Which protocol the generator speaks to the server under test.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     Relay,
@@ -58,18 +58,13 @@ pub fn parse_marker(text: &[u8]) -> Option<u64> {
 }
 
 impl Target {
+    /// The protocol of a `--target` name: `base` is another relay binary
+    /// (a before/after comparison), so it speaks relay's.
     pub fn parse(s: &str) -> Option<Target> {
         match s {
-            "relay" => Some(Target::Relay),
+            "relay" | "base" => Some(Target::Relay),
             "nchan" => Some(Target::Nchan),
             _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Relay => "relay",
-            Target::Nchan => "nchan",
         }
     }
 
