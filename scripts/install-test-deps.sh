@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the browser test (tests/web_page.rs) needs, only what is
+# Installs what the browser test (tests/web_page.rs) and the metrics test
+# (tests/metrics.rs) need, only what is
 # missing: Chromium from Debian's packages (/usr/bin/chromium) and Python
 # Playwright from PyPI. Playwright's own browser download is never used: the
 # test launches the system Chromium. Idempotent and quiet (prints only what
@@ -32,4 +33,10 @@ fi
 if ! "$PYTHON" -c "import playwright.sync_api" >/dev/null 2>&1; then
   echo "install-test-deps: installing playwright==${PW_VERSION} (pip)" >&2
   quietly "$PYTHON" -m pip install --quiet --disable-pip-version-check "playwright==${PW_VERSION}"
+fi
+
+# The /metrics test checks the exposition with the reference parser.
+if ! "$PYTHON" -c "import prometheus_client.parser" >/dev/null 2>&1; then
+  echo "install-test-deps: installing prometheus_client (pip)" >&2
+  quietly "$PYTHON" -m pip install --quiet --disable-pip-version-check "prometheus_client==0.21.1"
 fi

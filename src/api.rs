@@ -124,6 +124,8 @@ pub enum Outcome {
         cursor: Cursor,
         after: Option<u64>,
     },
+    /// Answer with the shell's metrics (the token, if any, was checked).
+    Metrics,
 }
 
 /// The shell's facts of the moment that some answers report.
@@ -141,6 +143,8 @@ enum Role {
     Client,
     Agent,
     Either,
+    /// `/metrics`: its own token, when one is set.
+    Metrics,
 }
 
 fn role(route: &Route) -> Role {
@@ -150,6 +154,7 @@ fn role(route: &Route) -> Role {
             Role::Client
         }
         Route::PutSession(_) => Role::Either,
+        Route::Metrics => Role::Metrics,
         Route::WebPage
         | Route::Healthz
         | Route::Readyz
@@ -182,6 +187,7 @@ pub struct Api {
     origins: Origins,
     trusted_proxies: Vec<IpAddr>,
     web: bool,
+    metrics_token: Option<String>,
     max_connections: usize,
     limiter: RateLimiter,
 }
@@ -195,6 +201,7 @@ impl Api {
             origins: cfg.cors_origins.clone(),
             trusted_proxies: cfg.trusted_proxies.clone(),
             web: cfg.web,
+            metrics_token: cfg.metrics_token.clone(),
             max_connections: cfg.max_connections,
             limiter: RateLimiter::new(cfg.rate_limit),
         }
@@ -289,6 +296,7 @@ impl Api {
                 Answer::ok(relay.post_response(now, unix_ms, &body)?)
             }
             Route::WebSocket(sid) => return self.upgrade(relay, now, conn, head, &sid),
+            Route::Metrics => return Ok(Outcome::Metrics),
             Route::Messages(sid) => {
                 let q = messages_query(head.query.as_deref())?;
                 Answer::ok(relay.messages(now, &sid, q)?)
@@ -338,6 +346,7 @@ impl Api {
             Role::Open => return Ok(()),
             Role::Client => client.into_iter().collect(),
             Role::Agent => agent.into_iter().collect(),
+            Role::Metrics => self.metrics_token.as_deref().into_iter().collect(),
             Role::Either => match (client, agent) {
                 (Some(c), Some(a)) => vec![c, a],
                 _ => Vec::new(),

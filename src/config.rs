@@ -63,6 +63,8 @@ pub struct Config {
     pub keepalive_timeout: Duration,
     /// Whether `GET /` serves the chat page (else `404`).
     pub web: bool,
+    /// Bearer token `/metrics` needs; unset: open.
+    pub metrics_token: Option<String>,
 }
 
 impl Default for Config {
@@ -90,6 +92,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(75),
             web: true,
+            metrics_token: None,
         }
     }
 }
@@ -275,6 +278,14 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         };
         Ok(())
     }),
+    (
+        "RELAY_METRICS_TOKEN",
+        "bearer token for /metrics (default unset: open)",
+        |c, v| {
+            c.metrics_token = token(v)?;
+            Ok(())
+        },
+    ),
     (
         "RELAY_WEB",
         "serve the chat page at /: true or false (default true)",

@@ -32,6 +32,7 @@ pub mod fuzzing;
 pub mod http;
 pub mod keepalive;
 pub mod logging;
+pub mod metrics;
 pub mod net;
 pub mod ratelimit;
 pub mod relay;

@@ -45,6 +45,12 @@ impl Clock {
         Millis(self.start.elapsed().as_millis() as u64)
     }
 
+    /// The current monotonic time in microseconds, for measuring how long
+    /// a loop turn took.
+    pub fn micros(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
     /// The current wall-clock time; 0 if the system clock is before 1970.
     pub fn unix_now(&self) -> UnixMillis {
         SystemTime::now()

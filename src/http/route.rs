@@ -20,6 +20,8 @@ pub enum Route {
     /// `GET /`: the chat page (off with `RELAY_WEB=false`).
     WebPage,
     Healthz,
+    /// `GET /metrics`: Prometheus text.
+    Metrics,
     Readyz,
     PostPrompt,
     GetPrompts(String),
@@ -54,6 +56,10 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
         "/readyz" => (
             "GET, HEAD, OPTIONS",
             matches!(method, Get | Head).then_some(Route::Readyz),
+        ),
+        "/metrics" => (
+            "GET, HEAD, OPTIONS",
+            matches!(method, Get | Head).then_some(Route::Metrics),
         ),
         "/prompt" => (
             "POST, OPTIONS",

@@ -11,6 +11,7 @@ use super::conn::Conn;
 use crate::api::{Api, Facts};
 use crate::config::Config;
 use crate::http::response::Meta;
+use crate::metrics::{self, Metrics, Snapshot};
 use crate::relay::{ConnId, Relay};
 use crate::time::{Millis, Turn};
 use crate::timer::TimerWheel;
@@ -41,6 +42,10 @@ pub struct Ctx {
     pub scratch: Box<[u8]>,
     /// Frames of one refill, reused.
     pub frames: Vec<Rc<[u8]>>,
+    /// What the shell counts for `/metrics`.
+    pub metrics: Metrics,
+    /// Bytes queued for every connection, summed by the loop for a scrape.
+    pub bytes_queued: usize,
 }
 
 impl Ctx {
@@ -58,6 +63,8 @@ impl Ctx {
             connections: 0,
             scratch: vec![0u8; READ_BUDGET].into_boxed_slice(),
             frames: Vec::new(),
+            metrics: Metrics::default(),
+            bytes_queued: 0,
         }
     }
 
@@ -72,6 +79,18 @@ impl Ctx {
             connections: self.connections,
             shutting_down: self.shutdown.is_some(),
         }
+    }
+
+    /// The `/metrics` text: a snapshot of the shell's and the relay's
+    /// counters.
+    pub fn render_metrics(&self) -> Vec<u8> {
+        metrics::render(&Snapshot {
+            shell: &self.metrics,
+            stats: self.relay.stats(),
+            counts: self.relay.counts(),
+            connections: self.connections,
+            bytes_queued: self.bytes_queued,
+        })
     }
 
     /// Response headers for a request from `origin`.

@@ -17,6 +17,7 @@ use crate::http::RequestHead;
 use crate::http::parse::Step;
 use crate::http::response::{self, CONTINUE, Meta};
 use crate::keepalive::Keepalive;
+use crate::metrics;
 use crate::relay::ConnId;
 use crate::time::Millis;
 
@@ -132,6 +133,13 @@ fn apply(
 ) {
     match outcome {
         Outcome::Answer(answer) => respond(id, conn, cx, head, answer, started),
+        Outcome::Metrics => {
+            let answer = Answer {
+                content_type: metrics::CONTENT_TYPE,
+                ..Answer::ok(cx.render_metrics())
+            };
+            respond(id, conn, cx, head, answer, started);
+        }
         Outcome::Park { sid, deadline } => {
             let parked = Parked {
                 sid,
@@ -164,6 +172,7 @@ fn apply(
             let deadline = keepalive.deadline();
             info!(session_id = &*sid, after = after.unwrap_or(0), resume = after.is_some(); "client connected");
             log_request(head, 101, 0, cx.now().since(started), None);
+            cx.metrics.request(head.method(), &head.path, 101);
             conn.phase = Phase::WebSocket(Box::new(WsState::new(leftover, sid, keepalive, cursor)));
             // Frames may already be buffered behind the head: read them now.
             // The replay is the first refill, done when its output is written.
@@ -193,6 +202,7 @@ fn respond(
     let (status, reason) = (answer.status, answer.reason.take());
     let bytes = queue(conn, answer, &meta);
     log_request(head, status, bytes, now.since(started), reason.as_deref());
+    cx.metrics.request(head.method(), &head.path, status);
     if let Phase::Http(h) = &mut conn.phase {
         h.idle_since = now;
         h.answered += 1;

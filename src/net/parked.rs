@@ -73,6 +73,7 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
     let bytes = http::queue(conn, answer, &meta);
     let path = format!("/prompts/{}", parked.sid);
     http::log_line("GET", &path, status, bytes, now.since(parked.since), None);
+    cx.metrics.request(crate::http::Method::Get, &path, status);
     if keep_alive {
         http::rearm(id, conn, cx);
         cx.reprocess.push(id);

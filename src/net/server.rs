@@ -56,6 +56,8 @@ pub struct Server {
     effects: Vec<Effect>,
     clock: Clock,
     next_sweep: Millis,
+    /// When the queued-bytes gauge is summed next.
+    next_gauge: Millis,
     local_addr: SocketAddr,
     accept_retry: bool,
 }
@@ -85,6 +87,7 @@ impl Server {
         info!(addr = local_addr.to_string().as_str(); "listening");
         Ok(Server {
             next_sweep: turn.now.after(sweep_interval(&cfg)),
+            next_gauge: turn.now,
             cx: Ctx::new(cfg, relay, turn),
             poll,
             listener: Some(listener),
@@ -114,6 +117,7 @@ impl Server {
                 }
                 return Err(e);
             }
+            let woke_us = self.clock.micros();
             self.cx.turn = self.clock.turn();
             for ev in events.iter() {
                 match ev.token() {
@@ -141,6 +145,8 @@ impl Server {
                 }
             }
             self.turn_end();
+            let took = self.clock.micros().saturating_sub(woke_us);
+            self.cx.metrics.turns.observe_us(took);
             let now = self.cx.now();
             if let Some(deadline) = self.cx.shutdown
                 && (self.conns.is_empty() || now >= deadline)
@@ -172,6 +178,11 @@ impl Server {
             self.cx.relay.collect_idle(now);
             self.cx.api.sweep(now);
             self.next_sweep = now.after(sweep_interval(&self.cx.cfg));
+        }
+        if now >= self.next_gauge {
+            // The queued-bytes gauge of /metrics, sampled once a second.
+            self.cx.bytes_queued = self.conns.iter().map(|(_, c)| c.out.queued()).sum();
+            self.next_gauge = now.after(Duration::from_secs(1));
         }
         self.flush_pending();
     }
@@ -235,6 +246,7 @@ impl Server {
                 generation,
             };
             self.cx.connections += 1;
+            self.cx.metrics.accepted += 1;
             if full {
                 let err = ApiError::unavailable("connection limit reached");
                 let answer = Answer::from(err);

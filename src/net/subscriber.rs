@@ -103,6 +103,7 @@ pub fn deliver(
     let Ctx {
         relay,
         pending_writes,
+        metrics,
         ..
     } = cx;
     for &sub in relay.subscribers(sid) {
@@ -120,6 +121,7 @@ pub fn deliver(
             Live::Next if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap => {
                 conn.out.push_shared(frame.clone());
                 ws.cursor.advance(seq);
+                metrics.frames_sent += 1;
             }
             Live::Next | Live::Behind => ws.lagging = true,
         }
@@ -148,6 +150,7 @@ pub fn top_up(conn: &mut Conn, cx: &mut Ctx) {
         .relay
         .refill(&ws.sid, &mut ws.cursor, room, queued == 0, &mut frames);
     ws.lagging = !caught_up;
+    cx.metrics.frames_sent += frames.len() as u64;
     for frame in frames.drain(..) {
         conn.out.push_shared(frame);
     }

@@ -126,6 +126,17 @@ pub struct Counts {
     pub parked_polls: usize,
 }
 
+/// Totals since start, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub prompts_stored: u64,
+    pub responses_stored: u64,
+    pub prompt_duplicates: u64,
+    pub response_duplicates: u64,
+    /// `resync` frames sent to subscribers.
+    pub resyncs: u64,
+}
+
 /// The store, local presence and the effect outbox.
 pub struct Relay {
     limits: Limits,
@@ -133,6 +144,7 @@ pub struct Relay {
     presence: HashMap<Box<str>, Presence>,
     effects: Vec<Effect>,
     counts: Counts,
+    stats: Stats,
 }
 
 impl Relay {
@@ -144,6 +156,7 @@ impl Relay {
             presence: HashMap::new(),
             effects: Vec::new(),
             counts: Counts::default(),
+            stats: Stats::default(),
         }
     }
 
@@ -158,6 +171,11 @@ impl Relay {
             sessions: self.store.len(),
             ..self.counts
         }
+    }
+
+    /// Totals since start, for `/metrics`.
+    pub fn stats(&self) -> Stats {
+        self.stats
     }
 
     /// Whether the session cap is reached (`/readyz` reports it).
@@ -180,7 +198,10 @@ impl Relay {
         let p = NewPrompt::parse(body)?;
         let PromptStored { client_msg_id, seq } = self.store.post_prompt(now, unix_ms, &p)?;
         if seq.is_some() {
+            self.stats.prompts_stored += 1;
             self.wake_waiters(&p.session_id);
+        } else {
+            self.stats.prompt_duplicates += 1;
         }
         Ok(prompt_ack(&client_msg_id, seq.is_none()))
     }
@@ -280,6 +301,7 @@ impl Relay {
         let r = NewResponse::parse(body)?;
         match self.store.post_response(now, unix_ms, &r)? {
             ResponseStored::Duplicate { assistant_msg_id } => {
+                self.stats.response_duplicates += 1;
                 let mut ack = response_ack(&assistant_msg_id, false);
                 ack.pop();
                 ack.extend_from_slice(b",\"duplicate\":true}");
@@ -291,6 +313,7 @@ impl Relay {
                 prev,
                 frame,
             } => {
+                self.stats.responses_stored += 1;
                 // Contract: delivered when a subscriber was connected as the
                 // message was stored (it gets it unless it disconnects).
                 let delivered = !self.subscribers(&r.session_id).is_empty();
@@ -346,14 +369,16 @@ impl Relay {
     /// subscriber is new or its queue drained below the low-water mark.
     /// Returns true when it is caught up.
     pub fn refill(
-        &self,
+        &mut self,
         sid: &str,
         cursor: &mut Cursor,
         room: usize,
         empty: bool,
         out: &mut Vec<Rc<[u8]>>,
     ) -> bool {
-        self.store.refill(sid, cursor, room, empty, out)
+        let done = self.store.refill(sid, cursor, room, empty, out);
+        self.stats.resyncs += u64::from(done.resynced);
+        done.caught_up
     }
 
     /// Forgets a subscriber (closed for any reason).

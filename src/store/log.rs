@@ -62,6 +62,15 @@ pub struct Cursor {
     resync: bool,
 }
 
+/// What a refill did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refill {
+    /// Everything stored is sent: the next live message can go straight on.
+    pub caught_up: bool,
+    /// A `resync` frame went first.
+    pub resynced: bool,
+}
+
 /// Where a newly stored assistant message stands for one subscriber.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Live {
@@ -340,12 +349,13 @@ impl SessionLog {
         mut room: usize,
         empty: bool,
         out: &mut Vec<Rc<[u8]>>,
-    ) -> bool {
+    ) -> Refill {
         let first_seq = self.first_seq();
         if self.dropped_assistant > cursor.seq {
             cursor.resync = true;
         }
         let mut any = !empty;
+        let resynced = cursor.resync;
         if cursor.resync {
             let frame: Rc<[u8]> = Rc::from(self.resync_frame(first_seq));
             room = room.saturating_sub(frame.len());
@@ -359,7 +369,10 @@ impl SessionLog {
         for msg in self.history.iter().skip(skip) {
             let Some(frame) = msg.frame() else { continue };
             if any && frame.len() > room {
-                return false;
+                return Refill {
+                    caught_up: false,
+                    resynced,
+                };
             }
             room = room.saturating_sub(frame.len());
             out.push(frame.clone());
@@ -367,7 +380,10 @@ impl SessionLog {
             any = true;
         }
         cursor.seq = cursor.seq.max(self.next_seq - 1);
-        true
+        Refill {
+            caught_up: true,
+            resynced,
+        }
     }
 
     /// `GET /messages`: a page of history, oldest first, at most
@@ -507,15 +523,18 @@ mod tests {
         let frame_len = l.history().nth(1).and_then(|m| m.frame()).unwrap().len();
         let mut out = Vec::new();
         // Room for three frames and a bit: three go, and it is not caught up.
-        assert!(!l.refill(&mut cursor, 3 * frame_len + 10, false, &mut out));
+        assert!(
+            !l.refill(&mut cursor, 3 * frame_len + 10, false, &mut out)
+                .caught_up
+        );
         assert_eq!(seqs(&out), vec![2, 4, 6]);
         assert_eq!(cursor.seq, 6);
         out.clear();
         // No room, but an empty queue: one frame still goes.
-        assert!(!l.refill(&mut cursor, 0, true, &mut out));
+        assert!(!l.refill(&mut cursor, 0, true, &mut out).caught_up);
         assert_eq!(seqs(&out), vec![8]);
         out.clear();
-        assert!(l.refill(&mut cursor, usize::MAX, false, &mut out));
+        assert!(l.refill(&mut cursor, usize::MAX, false, &mut out).caught_up);
         assert_eq!(seqs(&out), vec![10, 12, 14, 16, 18, 20]);
         assert_eq!(cursor.seq, 20, "caught up at the end of the log");
     }
@@ -534,7 +553,7 @@ mod tests {
         assert_eq!(behind.live(b, a), Live::Behind);
         assert_eq!(ahead.live(b, a), Live::Skip);
         let mut out = Vec::new();
-        assert!(l.refill(&mut behind, usize::MAX, true, &mut out));
+        assert!(l.refill(&mut behind, usize::MAX, true, &mut out).caught_up);
         assert_eq!(seqs(&out), vec![a, b]);
         assert_eq!(live, behind, "both at the end of the log");
     }
@@ -550,7 +569,7 @@ mod tests {
         }
         assert!(l.first_seq() > a + 1);
         let mut out = Vec::new();
-        assert!(l.refill(&mut cursor, usize::MAX, true, &mut out));
+        assert!(l.refill(&mut cursor, usize::MAX, true, &mut out).caught_up);
         assert!(out.is_empty(), "no answer was missed, so no resync");
         let b = exchange(&mut l, 1, 10, 4);
         assert_eq!(cursor.live(b, a), Live::Next);
@@ -562,13 +581,16 @@ mod tests {
         exchange(&mut l, 0, 10, 6);
         let mut cursor = l.cursor(Some(0), None);
         let mut out = Vec::new();
-        assert!(!l.refill(&mut cursor, 0, false, &mut out), "no room yet");
+        assert!(
+            !l.refill(&mut cursor, 0, false, &mut out).caught_up,
+            "no room yet"
+        );
         for n in 1..10 {
             exchange(&mut l, n, 10, 6);
         }
         let first = l.first_seq();
         assert_eq!(first, 15, "six messages retained: 15 to 20");
-        assert!(l.refill(&mut cursor, usize::MAX, true, &mut out));
+        assert!(l.refill(&mut cursor, usize::MAX, true, &mut out).caught_up);
         let p = payloads(&out);
         assert_eq!(
             p[0],

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use log::debug;
 use uuid::Builder;
 
-use super::log::{Cursor, SessionLog};
+use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
 use crate::relay::model::{self, NewPrompt, NewResponse};
 use crate::relay::{ApiError, MessagesQuery};
@@ -247,10 +247,14 @@ impl MemStore {
         room: usize,
         empty: bool,
         out: &mut Vec<Rc<[u8]>>,
-    ) -> bool {
-        self.sessions
-            .get(sid)
-            .is_none_or(|s| s.refill(cursor, room, empty, out))
+    ) -> Refill {
+        match self.sessions.get(sid) {
+            Some(s) => s.refill(cursor, room, empty, out),
+            None => Refill {
+                caught_up: true,
+                resynced: false,
+            },
+        }
     }
 
     /// Drops the sessions for which `idle` says so. Called from the

@@ -13,6 +13,6 @@ pub mod log;
 pub mod mem;
 pub mod message;
 
-pub use log::{Cursor, Live, MAX_PAGE_BYTES, SessionLog};
+pub use log::{Cursor, Live, MAX_PAGE_BYTES, Refill, SessionLog};
 pub use mem::{MemStore, PromptStored, ResponseStored, StoreLimits};
 pub use message::{Kind, Message};

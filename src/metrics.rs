@@ -1,0 +1,281 @@
+//! `GET /metrics`: the Prometheus text exposition (format 0.0.4) of the
+//! server's counters. The shell counts what only it sees (requests by route
+//! and status, frames queued, accepted connections, loop turn durations);
+//! the relay counts what it stores; [`render`] writes a snapshot of both.
+//! Pure: no clock, no sockets. Every label set is bounded (routes and
+//! statuses are fixed sets), so the map of request counters is too.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::http::Method;
+use crate::relay::{Counts, Stats};
+
+/// `Content-Type` of the exposition.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Upper bounds of the loop turn histogram, in seconds.
+const TURN_BOUNDS: [f64; 9] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0];
+
+/// A histogram with fixed buckets.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram {
+    /// Observations at most each bound (not cumulative; rendered cumulative).
+    buckets: [u64; TURN_BOUNDS.len()],
+    count: u64,
+    sum_us: u64,
+}
+
+impl Histogram {
+    /// Records one observation of `us` microseconds.
+    pub fn observe_us(&mut self, us: u64) {
+        let secs = us as f64 / 1e6;
+        if let Some(i) = TURN_BOUNDS.iter().position(|b| secs <= *b) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+}
+
+/// What the shell counts.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Answers by (route, status).
+    requests: BTreeMap<(&'static str, u16), u64>,
+    /// WebSocket message frames queued on subscribers (live and refilled).
+    pub frames_sent: u64,
+    /// Connections accepted.
+    pub accepted: u64,
+    /// How long each loop turn took, from the wake-up to the next sleep.
+    pub turns: Histogram,
+}
+
+impl Metrics {
+    /// Counts one answer.
+    pub fn request(&mut self, method: Method, path: &str, status: u16) {
+        *self
+            .requests
+            .entry((route_label(method, path), status))
+            .or_insert(0) += 1;
+    }
+}
+
+/// The route a request was for, as a label: a fixed set, whatever the
+/// path (session ids are not labels).
+pub fn route_label(method: Method, path: &str) -> &'static str {
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    match (method, first) {
+        (Method::Options, _) => "preflight",
+        (_, "") => "page",
+        (_, "prompt") => "prompt",
+        (_, "response") => "response",
+        (_, "prompts") => "prompts",
+        (_, "ws") => "ws",
+        (_, "messages") => "messages",
+        (Method::Put, "sessions") => "session_put",
+        (Method::Delete, "sessions") => "session_delete",
+        (_, "sessions") => "sessions",
+        (_, "healthz") => "healthz",
+        (_, "readyz") => "readyz",
+        (_, "metrics") => "metrics",
+        _ => "other",
+    }
+}
+
+/// Everything one scrape reports.
+pub struct Snapshot<'a> {
+    pub shell: &'a Metrics,
+    pub stats: Stats,
+    pub counts: Counts,
+    pub connections: usize,
+    /// Bytes queued in the server for all connections.
+    pub bytes_queued: usize,
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn single(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+    family(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// The exposition text.
+pub fn render(s: &Snapshot) -> Vec<u8> {
+    let mut out = String::with_capacity(4096);
+    family(
+        &mut out,
+        "relay_requests_total",
+        "counter",
+        "HTTP answers by route and status.",
+    );
+    for ((route, status), n) in &s.shell.requests {
+        let _ = writeln!(
+            out,
+            "relay_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+        );
+    }
+    let st = s.stats;
+    single(
+        &mut out,
+        "relay_prompts_stored_total",
+        "counter",
+        "Prompts stored.",
+        st.prompts_stored,
+    );
+    single(
+        &mut out,
+        "relay_responses_stored_total",
+        "counter",
+        "Assistant messages stored.",
+        st.responses_stored,
+    );
+    family(
+        &mut out,
+        "relay_duplicates_total",
+        "counter",
+        "Resent messages answered as duplicates, by kind.",
+    );
+    let _ = writeln!(
+        out,
+        "relay_duplicates_total{{kind=\"prompt\"}} {}",
+        st.prompt_duplicates
+    );
+    let _ = writeln!(
+        out,
+        "relay_duplicates_total{{kind=\"response\"}} {}",
+        st.response_duplicates
+    );
+    single(
+        &mut out,
+        "relay_frames_sent_total",
+        "counter",
+        "WebSocket message frames queued on subscribers.",
+        s.shell.frames_sent,
+    );
+    single(
+        &mut out,
+        "relay_resyncs_total",
+        "counter",
+        "resync frames sent to subscribers.",
+        st.resyncs,
+    );
+    single(
+        &mut out,
+        "relay_connections_accepted_total",
+        "counter",
+        "Connections accepted.",
+        s.shell.accepted,
+    );
+    let c = s.counts;
+    single(
+        &mut out,
+        "relay_connections",
+        "gauge",
+        "Open connections.",
+        s.connections as u64,
+    );
+    single(
+        &mut out,
+        "relay_subscribers",
+        "gauge",
+        "WebSocket subscribers.",
+        c.subscribers as u64,
+    );
+    single(
+        &mut out,
+        "relay_parked_polls",
+        "gauge",
+        "Parked long-polls.",
+        c.parked_polls as u64,
+    );
+    single(
+        &mut out,
+        "relay_sessions",
+        "gauge",
+        "Sessions stored.",
+        c.sessions as u64,
+    );
+    single(
+        &mut out,
+        "relay_bytes_queued",
+        "gauge",
+        "Bytes queued in the server for all connections.",
+        s.bytes_queued as u64,
+    );
+    let h = &s.shell.turns;
+    family(
+        &mut out,
+        "relay_loop_turn_seconds",
+        "histogram",
+        "Time from a loop wake-up to the next sleep.",
+    );
+    let mut cumulative = 0;
+    for (bound, n) in TURN_BOUNDS.iter().zip(h.buckets) {
+        cumulative += n;
+        let _ = writeln!(
+            out,
+            "relay_loop_turn_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "relay_loop_turn_seconds_bucket{{le=\"+Inf\"}} {}",
+        h.count
+    );
+    let _ = writeln!(out, "relay_loop_turn_seconds_sum {}", h.sum_us as f64 / 1e6);
+    let _ = writeln!(out, "relay_loop_turn_seconds_count {}", h.count);
+    out.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_a_fixed_set_of_labels() {
+        assert_eq!(route_label(Method::Get, "/prompts/abc"), "prompts");
+        assert_eq!(route_label(Method::Put, "/sessions/x"), "session_put");
+        assert_eq!(route_label(Method::Get, "/"), "page");
+        assert_eq!(route_label(Method::Options, "/prompt"), "preflight");
+        assert_eq!(route_label(Method::Get, "/anything/else"), "other");
+    }
+
+    #[test]
+    fn the_histogram_is_cumulative_and_counts_everything() {
+        let mut m = Metrics::default();
+        m.turns.observe_us(50);
+        m.turns.observe_us(3_000);
+        m.turns.observe_us(5_000_000);
+        m.request(Method::Post, "/prompt", 200);
+        m.request(Method::Post, "/prompt", 200);
+        let text = String::from_utf8(render(&Snapshot {
+            shell: &m,
+            stats: Stats::default(),
+            counts: Counts::default(),
+            connections: 2,
+            bytes_queued: 10,
+        }))
+        .unwrap();
+        assert!(
+            text.contains("relay_loop_turn_seconds_bucket{le=\"0.0001\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("relay_loop_turn_seconds_bucket{le=\"0.005\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("relay_loop_turn_seconds_bucket{le=\"1\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("relay_loop_turn_seconds_bucket{le=\"+Inf\"} 3\n"),
+            "{text}"
+        );
+        assert!(text.contains("relay_requests_total{route=\"prompt\",status=\"200\"} 2\n"));
+        assert!(text.contains("relay_connections 2\n"));
+    }
+}
