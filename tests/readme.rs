@@ -20,10 +20,11 @@
 //!   each of its commands is started in the background and left running,
 //!   like a command that ends with `&`. The test goes on once the command
 //!   has connected (the server counts one more WebSocket subscriber or
-//!   parked long-poll) or has exited. Its `# -> ` is checked when terminal N
-//!   is used again, when a server starts, or at the end: by then (waiting up
-//!   to 10 s) some line of its output must match, and if the command exited
-//!   by itself it must have exited 0. It is then stopped with SIGTERM, the
+//!   parked long-poll) or has exited; one that exited is checked at once.
+//!   Otherwise its `# -> ` is checked when terminal N is used again, when a
+//!   server starts, or at the end: by then (waiting up to 10 s) some line of
+//!   its output must match, and if the command exited by itself it must
+//!   have exited 0. It is then stopped with SIGTERM, the
 //!   reader's Ctrl-C (a shell without job control has its background
 //!   commands ignore SIGINT).
 //! - The server is `relay` with no subcommand; it must run in the
@@ -251,13 +252,19 @@ impl Run {
             terminal: b.terminal,
             server,
         };
-        let ready = if server {
-            self.await_listening(&job)
+        if server {
+            self.await_listening(&job)?;
         } else {
-            self.await_connected(&job, before)
-        };
-        self.jobs.push(job);
-        ready
+            self.await_connected(&job, before)?;
+        }
+        if alive(job.pid) {
+            self.jobs.push(job);
+            Ok(())
+        } else {
+            // Done already (a long-poll that found prompts, or a failure):
+            // checked now, while its block is the one being run.
+            self.settle(&job)
+        }
     }
 
     /// Waits for the new server's `listening` line; its address is used
