@@ -231,7 +231,7 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
     ),
     (
         "RELAY_SUBSCRIBER_BUFFER",
-        "unsent bytes per subscriber before close 1008 (default 1048576)",
+        "bytes queued per subscriber; the rest waits in history (default 1048576)",
         |c, v| {
             c.subscriber_buffer_bytes = count(v)?;
             Ok(())

@@ -6,7 +6,7 @@
 --
 -- relay, base and nginx-static: POST /prompt with the JSON body (nginx-static
 -- answers it with a static {"stored":true}); nchan: POST /pub/p/{sid} with the
--- same body (shared/peers/nchan/nginx.conf). RUN_ID keeps ids of repeated runs
+-- same body (benches/load/nchan/nginx.conf). RUN_ID keeps ids of repeated runs
 -- against one server apart (the relay dedupes by client_msg_id).
 
 local target = os.getenv("TARGET") or "relay"

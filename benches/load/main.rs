@@ -1,5 +1,5 @@
 //! Load generator for the relay's real paths, and for nginx + nchan mapped onto
-//! the same paths (shared/peers/nchan). One thread, one mio poll, hand-rolled
+//! the same paths (benches/load/nchan). One thread, one mio poll, hand-rolled
 //! HTTP/1.1 keep-alive and WebSocket clients; run it on its own core.
 //!
 //! ```text

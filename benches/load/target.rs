@@ -2,7 +2,7 @@
 //!
 //! relay (and `base`, a second relay binary measured beside it): `POST /prompt`, `GET /prompts/{sid}` (long-poll), `POST /response`,
 //! WebSocket `GET /ws/{sid}`.
-//! nchan (shared/peers/nchan/nginx.conf): `POST /pub/p/{sid}` with the prompt
+//! nchan (benches/load/nchan/nginx.conf): `POST /pub/p/{sid}` with the prompt
 //! JSON, long-poll `GET /sub/p/{sid}` walking the queue with
 //! If-Modified-Since / If-None-Match, `POST /pub/r/{sid}` with the frame the
 //! relay would send (verbatim), WebSocket `GET /ws/r/{sid}`.
