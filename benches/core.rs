@@ -12,7 +12,7 @@ use std::time::Instant;
 use relay::http::parse::{RequestReader, Step};
 use relay::http::response::{self, Meta};
 use relay::http::route::{self, Route};
-use relay::relay::{ConnId, Effect, Fetch, Limits, PromptsQuery, Relay};
+use relay::relay::{ConnId, Effect, Fetch, Limits, PromptsQuery, Relay, Reply};
 use relay::time::Millis;
 
 const SESSIONS: usize = 1000;
@@ -56,6 +56,20 @@ fn meta() -> Meta<'static> {
     }
 }
 
+/// The client's connection.
+const CLIENT: ConnId = ConnId {
+    key: 3,
+    generation: 1,
+};
+
+/// An in-memory reply's body (empty for an error).
+fn now_body(r: Result<Reply, relay::relay::ApiError>) -> Vec<u8> {
+    match r {
+        Ok(Reply::Now(body)) => body,
+        _ => Vec::new(),
+    }
+}
+
 /// Request bytes built before measuring, so only the server's work counts.
 struct Inputs {
     prompts: Vec<Vec<u8>>,
@@ -96,12 +110,10 @@ fn measure_ingest(inp: &Inputs) -> usize {
     for (n, (p, r)) in inp.prompts.iter().zip(&inp.responses).enumerate() {
         let (route, body) = parse(&mut reader, p);
         assert_eq!(route, Route::PostPrompt);
-        let ack = relay
-            .post_prompt(Millis(n as u64), 1_700_000_000_000, &body)
-            .unwrap_or_default();
-        out += response::encode(200, &[], &ack, &meta()).len();
+        let ack = relay.post_prompt(Millis(n as u64), 1_700_000_000_000, CLIENT, &body);
+        out += response::encode(200, &[], &now_body(ack), &meta()).len();
         let (_, body) = parse(&mut reader, r);
-        let _ = relay.post_response(Millis(n as u64), 1_700_000_000_000, &body);
+        let _ = relay.post_response(Millis(n as u64), 1_700_000_000_000, CLIENT, &body);
     }
     out
 }
@@ -136,7 +148,7 @@ fn measure_roundtrip(inp: &Inputs) -> usize {
             wait: true,
             after: None,
         };
-        let _ = relay.put_session(now, &sid);
+        let _ = relay.put_session(now, agent, &sid);
         if n < SESSIONS {
             let _ = relay.subscribe(now, subscriber, &sid, None, None);
         }
@@ -145,10 +157,8 @@ fn measure_roundtrip(inp: &Inputs) -> usize {
             Ok(Fetch::Park { .. })
         ));
         let (_, body) = parse(&mut reader, &inp.prompts[n]);
-        let ack = relay
-            .post_prompt(now, 1_700_000_000_000, &body)
-            .unwrap_or_default();
-        out += response::encode(200, &[], &ack, &meta()).len();
+        let ack = relay.post_prompt(now, 1_700_000_000_000, CLIENT, &body);
+        out += response::encode(200, &[], &now_body(ack), &meta()).len();
         relay.take_effects(&mut effects);
         for e in effects.drain(..) {
             if let Effect::Respond { body, .. } = e {
@@ -156,9 +166,8 @@ fn measure_roundtrip(inp: &Inputs) -> usize {
             }
         }
         let (_, body) = parse(&mut reader, &inp.responses[n]);
-        if let Ok(ack) = relay.post_response(now, 1_700_000_000_000, &body) {
-            out += response::encode(200, &[], &ack, &meta()).len();
-        }
+        let ack = relay.post_response(now, 1_700_000_000_000, agent, &body);
+        out += response::encode(200, &[], &now_body(ack), &meta()).len();
         relay.take_effects(&mut effects);
         for e in effects.drain(..) {
             if let Effect::Deliver { frame, .. } = e {

@@ -15,7 +15,7 @@ use crate::http::response::{JSON, Meta};
 use crate::http::route::{Route, messages_query, prompts_query, query_param, route, uint_param};
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
-use crate::relay::{ApiError, ConnId, Fetch, Relay};
+use crate::relay::{ApiError, ConnId, Fetch, Relay, Reply};
 use crate::store::Cursor;
 use crate::time::{Millis, Turn};
 use crate::web;
@@ -126,6 +126,9 @@ pub enum Outcome {
     },
     /// Answer with the shell's metrics (the token, if any, was checked).
     Metrics,
+    /// The request waits for the storage thread: an `Effect::Reply` (its
+    /// answer) or `Effect::Retry` (run it again) follows.
+    Wait,
 }
 
 /// The shell's facts of the moment that some answers report.
@@ -279,7 +282,7 @@ impl Api {
             Route::Readyz => self.readyz(relay, facts),
             Route::PostPrompt => {
                 json_body(head)?;
-                Answer::ok(relay.post_prompt(now, unix_ms, &body)?)
+                return Ok(reply(relay.post_prompt(now, unix_ms, conn, &body)?));
             }
             Route::GetPrompts(sid) => {
                 let q = prompts_query(head.query.as_deref())?;
@@ -293,7 +296,7 @@ impl Api {
             }
             Route::PostResponse => {
                 json_body(head)?;
-                Answer::ok(relay.post_response(now, unix_ms, &body)?)
+                return Ok(reply(relay.post_response(now, unix_ms, conn, &body)?));
             }
             Route::WebSocket(sid) => return self.upgrade(relay, now, conn, head, &sid),
             Route::Metrics => return Ok(Outcome::Metrics),
@@ -301,8 +304,8 @@ impl Api {
                 let q = messages_query(head.query.as_deref())?;
                 Answer::ok(relay.messages(now, &sid, q)?)
             }
-            Route::PutSession(sid) => Answer::ok(relay.put_session(now, &sid)?),
-            Route::DeleteSession(sid) => Answer::ok(relay.delete_session(&sid)?),
+            Route::PutSession(sid) => return Ok(reply(relay.put_session(now, conn, &sid)?)),
+            Route::DeleteSession(sid) => return Ok(reply(relay.delete_session(conn, &sid)?)),
             Route::Preflight { allow } => preflight(allow),
             Route::MethodNotAllowed { allow } => {
                 let mut a = Answer::from(ApiError::method_not_allowed());
@@ -327,7 +330,10 @@ impl Api {
         let query = head.query.as_deref();
         let after = uint_param(query, "after")?;
         let epoch = query_param(query, "epoch")?;
-        let cursor = relay.subscribe(now, conn, sid, after, epoch.as_deref())?;
+        let Some(cursor) = relay.subscribe(now, conn, sid, after, epoch.as_deref())? else {
+            // The session is being created: the upgrade runs again then.
+            return Ok(Outcome::Wait);
+        };
         Ok(Outcome::Upgrade {
             accept,
             sid: Rc::from(sid),
@@ -391,6 +397,8 @@ impl Api {
             Some("connection limit reached")
         } else if relay.sessions_full() {
             Some("session limit reached")
+        } else if !relay.storage_ok() {
+            Some("storage")
         } else {
             None
         };
@@ -402,6 +410,14 @@ impl Api {
                 ..Answer::ok(format!("{{\"ready\":false,\"reason\":\"{r}\"}}").into_bytes())
             },
         }
+    }
+}
+
+/// A write's reply as an outcome.
+fn reply(r: Reply) -> Outcome {
+    match r {
+        Reply::Now(body) => Outcome::Answer(Answer::ok(body)),
+        Reply::Wait => Outcome::Wait,
     }
 }
 

@@ -63,6 +63,10 @@ pub struct Config {
     pub keepalive_timeout: Duration,
     /// Whether `GET /` serves the chat page (else `404`).
     pub web: bool,
+    /// Directory of the SQLite database; unset: state lives in memory.
+    pub data_dir: Option<std::path::PathBuf>,
+    /// How often persisted changes are fsynced.
+    pub sync: crate::store::sqlite::Sync,
     /// Bearer token `/metrics` needs; unset: open.
     pub metrics_token: Option<String>,
 }
@@ -93,6 +97,8 @@ impl Default for Config {
             keepalive_timeout: Duration::from_secs(75),
             web: true,
             metrics_token: None,
+            data_dir: None,
+            sync: crate::store::sqlite::Sync::Always,
         }
     }
 }
@@ -278,6 +284,30 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         };
         Ok(())
     }),
+    (
+        "RELAY_DATA_DIR",
+        "directory of the SQLite database (default unset: in memory)",
+        |c, v| {
+            c.data_dir = match v.trim() {
+                "" => None,
+                dir => Some(std::path::PathBuf::from(dir)),
+            };
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_SYNC",
+        "always (durable before any answer) or seconds between flushes (default always)",
+        |c, v| {
+            c.sync = match v.trim() {
+                "always" => crate::store::sqlite::Sync::Always,
+                s => crate::store::sqlite::Sync::Every(
+                    seconds(s).map_err(|_| "expected always or a number of seconds".to_string())?,
+                ),
+            };
+            Ok(())
+        },
+    ),
     (
         "RELAY_METRICS_TOKEN",
         "bearer token for /metrics (default unset: open)",

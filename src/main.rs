@@ -41,7 +41,20 @@ fn main() -> ExitCode {
     }
     warn_about_open_endpoints(&cfg);
     let addr = SocketAddr::new(cfg.host, cfg.port);
-    let mut server = match Server::bind(cfg, true) {
+    let opened = match &cfg.data_dir {
+        None => None,
+        Some(dir) => {
+            let limits = relay::relay::Limits::from_config(&cfg).store();
+            match relay::store::sqlite::open(dir, limits, cfg.sync, relay::time::Millis(0)) {
+                Ok(opened) => Some(opened),
+                Err(e) => {
+                    log::error!("cannot start: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    let mut server = match Server::bind(cfg, true, opened) {
         Ok(s) => s,
         Err(e) => {
             // One line, through the logger (stderr in both formats), naming

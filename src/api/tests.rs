@@ -278,7 +278,7 @@ fn readyz_says_why_it_is_not_ready() {
 fn healthz_reports_the_counters() {
     let mut api = Api::new(&Config::default());
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), CONN, "s").unwrap();
     let facts = Facts {
         connections: 3,
         shutting_down: false,

@@ -95,7 +95,7 @@ mod tests {
             ("RELAY_MAXBODY", "1"),
             ("relay_log_format", "json"),
             ("RELAY_PING", "5"),
-            ("RELAY_DATA_DIR", "/tmp"),
+            ("RELAY_QUEUE_DEPTH", "9"),
             ("RELAY_CORS", "*"),
             ("RELAY_LOG_FORMT", "json"),
             ("RELAY_HOSTNAME", "::"),
@@ -106,12 +106,12 @@ mod tests {
             w,
             [
                 "RELAY_CORS is not a setting and is ignored; did you mean RELAY_CORS_ORIGINS?",
-                "RELAY_DATA_DIR is not a setting and is ignored (relay --help lists them)",
                 "RELAY_HOSTNAME is not a setting and is ignored; did you mean RELAY_HOST?",
                 "RELAY_LOG_FORMT is not a setting and is ignored; did you mean RELAY_LOG_FORMAT?",
                 "RELAY_MAXBODY is not a setting and is ignored; did you mean RELAY_MAX_BODY?",
                 "RELAY_PING is not a setting and is ignored; did you mean RELAY_PING_INTERVAL?",
                 "RELAY_PROT is not a setting and is ignored; did you mean RELAY_PORT?",
+                "RELAY_QUEUE_DEPTH is not a setting and is ignored (relay --help lists them)",
                 "relay_log_format is not a setting and is ignored; did you mean RELAY_LOG_FORMAT?",
             ]
         );

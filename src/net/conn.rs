@@ -60,6 +60,14 @@ pub struct Parked {
     pub since: Millis,
 }
 
+/// A request waiting for its commit: what is needed to answer it then, or
+/// to run it again.
+#[derive(Debug)]
+pub struct Committing {
+    pub head: Box<crate::http::RequestHead>,
+    pub since: Millis,
+}
+
 /// The connection's stage.
 #[derive(Debug)]
 pub enum Phase {
@@ -67,6 +75,9 @@ pub enum Phase {
     Http(HttpState),
     /// A long-poll waits; later requests stay buffered, unparsed.
     Parked(HttpState, Parked),
+    /// A request waits for the storage thread to commit it; later
+    /// requests stay buffered, unparsed.
+    Committing(HttpState, Committing),
     /// An upgraded subscriber.
     WebSocket(Box<WsState>),
     /// Flushing the last bytes; then the write side is shut and input is

@@ -34,6 +34,9 @@ pub struct Ctx {
     pub reprocess: Vec<ConnId>,
     /// The clock, read once at the start of the turn.
     pub turn: Turn,
+    /// Connections that stopped taking requests while the queue to the
+    /// storage thread was full; re-run when it answers.
+    pub stalled: Vec<ConnId>,
     /// Set when a shutdown began: the loop exits by then.
     pub shutdown: Option<Millis>,
     /// Open connections, for `/healthz`, `/readyz` and the cap.
@@ -58,6 +61,7 @@ impl Ctx {
             timers: TimerWheel::new(turn.now),
             pending_writes: VecDeque::new(),
             reprocess: Vec::new(),
+            stalled: Vec::new(),
             turn,
             shutdown: None,
             connections: 0,

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::closing;
-use super::conn::{Closing, Conn, Got, HttpState, Next, Parked, Phase, read_once};
+use super::conn::{Closing, Committing, Conn, Got, HttpState, Next, Parked, Phase, read_once};
 use super::ctx::{Ctx, READ_BUDGET};
 use super::ws::WsState;
 use crate::api::{Answer, Body, Outcome};
@@ -26,6 +26,9 @@ const REQUESTS_PER_TURN: usize = 64;
 /// Unsent response bytes above which a connection's requests wait: a client
 /// that pipelines without reading cannot grow our output.
 pub const OUT_HIGH_WATER: usize = 256 * 1024;
+/// How long a request may wait for the storage thread before it is
+/// answered `503 Storage unavailable` (a disk that stopped answering).
+const STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Bodies up to this size are copied into the answer rather than queued apart.
 const SHARE_ABOVE: usize = 4096;
 
@@ -37,6 +40,10 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     loop {
         if conn.out.queued() > OUT_HIGH_WATER {
             conn.out_paused = true; // resumes once the output drains
+            break;
+        }
+        if cx.relay.store_saturated() {
+            cx.stalled.push(id); // resumes once the storage thread answers
             break;
         }
         let Phase::Http(h) = &mut conn.phase else {
@@ -123,7 +130,7 @@ pub fn rearm(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
 }
 
 /// Does what the API decided for one request.
-fn apply(
+pub fn apply(
     id: ConnId,
     conn: &mut Conn,
     cx: &mut Ctx,
@@ -132,6 +139,19 @@ fn apply(
     started: Millis,
 ) {
     match outcome {
+        Outcome::Wait => {
+            let waiting = Committing {
+                head: Box::new(head.clone()),
+                since: started,
+            };
+            let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
+            conn.phase = match phase {
+                Phase::Http(h) => Phase::Committing(h, waiting),
+                other => other,
+            };
+            let deadline = cx.now().after(STORE_TIMEOUT);
+            cx.set_deadline(id, conn, deadline);
+        }
         Outcome::Answer(answer) => respond(id, conn, cx, head, answer, started),
         Outcome::Metrics => {
             let answer = Answer {
@@ -186,7 +206,7 @@ fn apply(
 
 /// Queues an answer to `head`; a connection that does not stay open starts
 /// closing.
-fn respond(
+pub fn respond(
     id: ConnId,
     conn: &mut Conn,
     cx: &mut Ctx,

@@ -12,7 +12,10 @@ use super::conn::{Closing, Conn, Got, Next, Phase, read_once};
 use super::ctx::{Ctx, READ_BUDGET};
 use super::http;
 use crate::api::{Answer, Body};
+use crate::http::RequestHead;
+use crate::relay::ApiError;
 use crate::relay::ConnId;
+use crate::time::Millis;
 
 /// Reads what a parked poll's client sent; a hang-up (EOF, reset) closes
 /// the connection, which cancels the wait. A reader that is full reads no
@@ -20,7 +23,7 @@ use crate::relay::ConnId;
 pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     let mut read = 0;
     while conn.readable {
-        let Phase::Parked(h, _) = &mut conn.phase else {
+        let (Phase::Parked(h, _) | Phase::Committing(h, _)) = &mut conn.phase else {
             return Next::Stay;
         };
         let want = h.reader.want().min(READ_BUDGET - read);
@@ -81,4 +84,65 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
     } else {
         closing::begin(id, conn, cx);
     }
+}
+
+/// Answers a request that waited for the storage thread, and returns the
+/// connection to reading requests.
+pub fn committed(id: ConnId, conn: &mut Conn, cx: &mut Ctx, result: Result<Vec<u8>, ApiError>) {
+    let Some((head, since)) = resume_committing(conn, cx.now()) else {
+        return;
+    };
+    let answer = match result {
+        Ok(body) => Answer::ok(body),
+        Err(e) => Answer::from(e),
+    };
+    http::respond(id, conn, cx, &head, answer, since);
+    after_commit(id, conn, cx);
+}
+
+/// Runs a request that waited for the storage thread again (what it needed
+/// is committed now).
+pub fn retry(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    let Some((head, since)) = resume_committing(conn, cx.now()) else {
+        return;
+    };
+    let facts = cx.facts();
+    let outcome = cx.api.handle(
+        &mut cx.relay,
+        cx.turn,
+        id,
+        conn.peer,
+        &head,
+        Vec::new(),
+        facts,
+    );
+    http::apply(id, conn, cx, &head, outcome, since);
+    after_commit(id, conn, cx);
+}
+
+/// A commit that never came within the storage timeout.
+pub fn commit_timed_out(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    committed(id, conn, cx, Err(ApiError::storage_unavailable()));
+}
+
+/// Back to the HTTP stage; the request's head and when it began.
+fn resume_committing(conn: &mut Conn, now: Millis) -> Option<(Box<RequestHead>, Millis)> {
+    let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
+    let Phase::Committing(mut h, waiting) = phase else {
+        conn.phase = phase;
+        return None;
+    };
+    h.request_started = None;
+    let _ = now;
+    conn.phase = Phase::Http(h);
+    Some((waiting.head, waiting.since))
+}
+
+/// After the answer: buffered pipelined requests run this turn.
+fn after_commit(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    if matches!(conn.phase, Phase::Http(_)) {
+        http::rearm(id, conn, cx);
+        cx.reprocess.push(id);
+    }
+    cx.mark_write(id, conn);
 }

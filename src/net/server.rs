@@ -28,10 +28,14 @@ use crate::api::Answer;
 use crate::config::Config;
 use crate::keepalive::Action;
 use crate::relay::{ApiError, ConnId, Effect, Limits, Relay};
+use crate::store::sqlite::{Durable, Opened};
 use crate::time::{Clock, Millis};
+use std::sync::Arc;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
+/// The storage thread's wake-up: it committed something.
+const STORE: Token = Token(usize::MAX - 3);
 /// Bytes written to one connection per turn before others get their turn.
 const WRITE_BUDGET: usize = 256 * 1024;
 /// Connections written per turn. A broadcast to 10,000 subscribers is
@@ -63,10 +67,11 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the listener (and, if asked, the SIGINT/SIGTERM handler).
-    /// Logs `listening` with the real address, which tells `RELAY_PORT=0`
-    /// users which port was picked.
-    pub fn bind(cfg: Config, handle_signals: bool) -> io::Result<Server> {
+    /// Binds the listener (and, if asked, the SIGINT/SIGTERM handler), and
+    /// starts the storage thread on a database opened and restored before
+    /// (`None`: state in memory). Logs `listening` with the real address,
+    /// which tells `RELAY_PORT=0` users which port was picked.
+    pub fn bind(cfg: Config, handle_signals: bool, opened: Option<Opened>) -> io::Result<Server> {
         let poll = Poll::new()?;
         let addr = SocketAddr::new(cfg.host, cfg.port);
         let mut listener = listen(addr)?;
@@ -83,7 +88,15 @@ impl Server {
         };
         let clock = Clock::new();
         let turn = clock.turn();
-        let relay = Relay::new(Limits::from_config(&cfg));
+        let limits = Limits::from_config(&cfg);
+        let relay = match opened {
+            None => Relay::new(limits),
+            Some(opened) => {
+                let waker = Arc::new(mio::Waker::new(poll.registry(), STORE)?);
+                let (view, durable) = Durable::start(opened, limits.store(), cfg.sync, waker);
+                Relay::with_store(limits, view, Some(durable))
+            }
+        };
         info!(addr = local_addr.to_string().as_str(); "listening");
         Ok(Server {
             next_sweep: turn.now.after(sweep_interval(&cfg)),
@@ -123,6 +136,12 @@ impl Server {
                 match ev.token() {
                     LISTENER => self.accept(),
                     SIGNALS => self.on_signal(),
+                    STORE => {
+                        self.cx.relay.store_done(self.cx.turn.now);
+                        let stalled = std::mem::take(&mut self.cx.stalled);
+                        self.cx.reprocess.extend(stalled);
+                        self.apply_effects();
+                    }
                     Token(key) => {
                         let Some(conn) = self.conns.get_mut(key) else {
                             continue;
@@ -151,6 +170,7 @@ impl Server {
             if let Some(deadline) = self.cx.shutdown
                 && (self.conns.is_empty() || now >= deadline)
             {
+                self.cx.relay.stop_store();
                 info!(open = self.conns.len(); "shutdown complete");
                 return Ok(());
             }
@@ -185,6 +205,7 @@ impl Server {
             self.next_gauge = now.after(Duration::from_secs(1));
         }
         self.flush_pending();
+        self.cx.relay.flush_store();
     }
 
     fn poll_timeout(&mut self, now: Millis) -> Option<Duration> {
@@ -364,6 +385,7 @@ impl Server {
             // Idle past its timeout, or done lingering.
             Phase::Http(_) | Phase::Closing(_) => self.close(id),
             Phase::Parked(..) => parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..])),
+            Phase::Committing(..) => parked::commit_timed_out(id, conn, cx),
             Phase::WebSocket(ws) => {
                 let action = ws.keepalive.on_timer(now);
                 let next = ws.keepalive.deadline();
@@ -396,7 +418,7 @@ impl Server {
         let cx = &mut self.cx;
         let next = match conn.phase {
             Phase::Http(_) => http::drive(id, conn, cx),
-            Phase::Parked(..) => parked::read(id, conn, cx),
+            Phase::Parked(..) | Phase::Committing(..) => parked::read(id, conn, cx),
             Phase::WebSocket(_) => subscriber::drive(id, conn, cx),
             Phase::Closing(_) => closing::drain(id, conn, cx),
         };
@@ -529,6 +551,16 @@ impl Server {
             Effect::CloseSubscriber { to, code } => {
                 if let Some(conn) = lookup(&mut self.conns, to) {
                     subscriber::close(to, conn, &mut self.cx, code, "session deleted");
+                }
+            }
+            Effect::Reply { to, result } => {
+                if let Some(conn) = lookup(&mut self.conns, to) {
+                    parked::committed(to, conn, &mut self.cx, result);
+                }
+            }
+            Effect::Retry { to } => {
+                if let Some(conn) = lookup(&mut self.conns, to) {
+                    parked::retry(to, conn, &mut self.cx);
                 }
             }
         }

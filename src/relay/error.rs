@@ -87,6 +87,10 @@ impl ApiError {
     pub fn head_too_large() -> ApiError {
         ApiError::new(431, "Request header fields too large")
     }
+    /// A write the storage could not make durable (disk full, I/O error).
+    pub fn storage_unavailable() -> ApiError {
+        ApiError::new(503, "Storage unavailable")
+    }
     pub fn unavailable(reason: &'static str) -> ApiError {
         ApiError::new(503, "Service unavailable").with_details(reason)
     }

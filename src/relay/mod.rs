@@ -10,6 +10,7 @@
 //! caught up (the same framed bytes for all); a subscriber that is behind
 //! reads the log by its cursor when its socket drains ([`Relay::refill`]).
 
+mod durable;
 pub mod error;
 pub mod idmap;
 pub mod model;
@@ -25,6 +26,7 @@ pub use error::ApiError;
 use model::{NewPrompt, NewResponse, to_json};
 pub use presence::{Presence, Waiter};
 
+use crate::store::sqlite::Durable;
 use crate::store::{Cursor, MemStore, PromptStored, ResponseStored, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
@@ -56,6 +58,22 @@ pub enum Effect {
     },
     /// Close a WebSocket subscriber with this close code.
     CloseSubscriber { to: ConnId, code: u16 },
+    /// Answer a request that waited for the storage thread.
+    Reply {
+        to: ConnId,
+        result: Result<Vec<u8>, ApiError>,
+    },
+    /// Run a request that waited for the storage thread again: what it
+    /// needed (its session) is now committed.
+    Retry { to: ConnId },
+}
+
+/// A write's answer: now, or once the storage thread committed it (an
+/// [`Effect::Reply`] or [`Effect::Retry`] for the connection follows).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    Now(Vec<u8>),
+    Wait,
 }
 
 /// Limits the core enforces (a subset of `Config`).
@@ -82,7 +100,8 @@ impl Limits {
         }
     }
 
-    fn store(&self) -> StoreLimits {
+    /// The store's part of the limits.
+    pub fn store(&self) -> StoreLimits {
         StoreLimits {
             history_limit: self.history_limit,
             max_sessions: self.max_sessions,
@@ -140,7 +159,12 @@ pub struct Stats {
 /// The store, local presence and the effect outbox.
 pub struct Relay {
     limits: Limits,
+    /// Every session's committed log: the whole state in memory, or the
+    /// loop's copy of the database's.
     store: MemStore,
+    /// The storage thread, when state is persisted: writes go there and are
+    /// applied to `store` once committed.
+    durable: Option<Durable>,
     presence: HashMap<Box<str>, Presence>,
     effects: Vec<Effect>,
     counts: Counts,
@@ -150,8 +174,15 @@ pub struct Relay {
 impl Relay {
     /// An empty relay with these limits.
     pub fn new(limits: Limits) -> Relay {
+        let store = MemStore::new(limits.store());
+        Relay::with_store(limits, store, None)
+    }
+
+    /// A relay over restored state and, with persistence, its storage thread.
+    pub fn with_store(limits: Limits, store: MemStore, durable: Option<Durable>) -> Relay {
         Relay {
-            store: MemStore::new(limits.store()),
+            store,
+            durable,
             limits,
             presence: HashMap::new(),
             effects: Vec::new(),
@@ -193,9 +224,14 @@ impl Relay {
         &mut self,
         now: Millis,
         unix_ms: UnixMillis,
+        conn: ConnId,
         body: &[u8],
-    ) -> Result<Vec<u8>, ApiError> {
+    ) -> Result<Reply, ApiError> {
         let p = NewPrompt::parse(body)?;
+        if let Some(d) = &mut self.durable {
+            d.submit(durable::prompt(conn, &p, unix_ms));
+            return Ok(Reply::Wait);
+        }
         let PromptStored { client_msg_id, seq } = self.store.post_prompt(now, unix_ms, &p)?;
         if seq.is_some() {
             self.stats.prompts_stored += 1;
@@ -203,7 +239,7 @@ impl Relay {
         } else {
             self.stats.prompt_duplicates += 1;
         }
-        Ok(prompt_ack(&client_msg_id, seq.is_none()))
+        Ok(Reply::Now(prompt_ack(&client_msg_id, seq.is_none())))
     }
 
     /// Answers every waiter of `sid` whose pending set is now non-empty.
@@ -296,16 +332,18 @@ impl Relay {
         &mut self,
         now: Millis,
         unix_ms: UnixMillis,
+        conn: ConnId,
         body: &[u8],
-    ) -> Result<Vec<u8>, ApiError> {
+    ) -> Result<Reply, ApiError> {
         let r = NewResponse::parse(body)?;
+        if let Some(d) = &mut self.durable {
+            d.submit(durable::response(conn, &r, unix_ms));
+            return Ok(Reply::Wait);
+        }
         match self.store.post_response(now, unix_ms, &r)? {
             ResponseStored::Duplicate { assistant_msg_id } => {
                 self.stats.response_duplicates += 1;
-                let mut ack = response_ack(&assistant_msg_id, false);
-                ack.pop();
-                ack.extend_from_slice(b",\"duplicate\":true}");
-                Ok(ack)
+                Ok(Reply::Now(duplicate_ack(&assistant_msg_id)))
             }
             ResponseStored::New {
                 assistant_msg_id,
@@ -313,21 +351,28 @@ impl Relay {
                 prev,
                 frame,
             } => {
-                self.stats.responses_stored += 1;
-                // Contract: delivered when a subscriber was connected as the
-                // message was stored (it gets it unless it disconnects).
-                let delivered = !self.subscribers(&r.session_id).is_empty();
-                if delivered {
-                    self.effects.push(Effect::Deliver {
-                        sid: Rc::from(r.session_id.as_str()),
-                        seq,
-                        prev,
-                        frame,
-                    });
-                }
-                Ok(response_ack(&assistant_msg_id, delivered))
+                let delivered = self.stored_response(&r.session_id, seq, prev, frame);
+                Ok(Reply::Now(response_ack(&assistant_msg_id, delivered)))
             }
         }
+    }
+
+    /// A new answer is stored (and committed): counted, and delivered to
+    /// the session's subscribers. Returns `delivered`: a subscriber was
+    /// connected as the message was stored (it gets it unless it
+    /// disconnects first).
+    fn stored_response(&mut self, sid: &str, seq: u64, prev: u64, frame: Rc<[u8]>) -> bool {
+        self.stats.responses_stored += 1;
+        let delivered = !self.subscribers(sid).is_empty();
+        if delivered {
+            self.effects.push(Effect::Deliver {
+                sid: Rc::from(sid),
+                seq,
+                prev,
+                frame,
+            });
+        }
+        delivered
     }
 
     /// The subscribers of `sid` on this server, for a delivery.
@@ -346,8 +391,16 @@ impl Relay {
         sid: &str,
         after: Option<u64>,
         epoch: Option<&str>,
-    ) -> Result<Cursor, ApiError> {
+    ) -> Result<Option<Cursor>, ApiError> {
         let full = self.subscribers(sid).len() >= self.limits.max_subscribers;
+        if let Some(d) = &mut self.durable
+            && !self.store.contains(sid)
+        {
+            // The session is created and committed first; the upgrade is
+            // then run again.
+            d.submit(durable::create(conn, sid, false));
+            return Ok(None);
+        }
         let (log, _) = self.store.get_or_create(now, sid)?;
         if full {
             return Err(ApiError::unavailable(
@@ -361,7 +414,7 @@ impl Relay {
             .subscribers
             .push(conn);
         self.counts.subscribers += 1;
-        Ok(cursor)
+        Ok(Some(cursor))
     }
 
     /// Pulls into `out` what a subscriber of `sid` at `cursor` needs next,
@@ -406,24 +459,34 @@ impl Relay {
     }
 
     /// `PUT /sessions/{sid}`: create if needed.
-    pub fn put_session(&mut self, now: Millis, sid: &str) -> Result<Vec<u8>, ApiError> {
-        let (log, created) = self.store.get_or_create(now, sid)?;
-        #[derive(Serialize)]
-        struct Put<'a> {
-            session_id: &'a str,
-            epoch: &'a str,
-            created: bool,
+    pub fn put_session(&mut self, now: Millis, conn: ConnId, sid: &str) -> Result<Reply, ApiError> {
+        if let Some(d) = &mut self.durable
+            && !self.store.contains(sid)
+        {
+            d.submit(durable::create(conn, sid, true));
+            return Ok(Reply::Wait);
         }
-        Ok(to_json(&Put {
-            session_id: sid,
-            epoch: log.epoch(),
-            created,
-        }))
+        let (log, created) = self.store.get_or_create(now, sid)?;
+        Ok(Reply::Now(put_ack(sid, log.epoch(), created)))
     }
 
     /// `DELETE /sessions/{sid}`: parked polls get 404, subscribers close 1000.
-    pub fn delete_session(&mut self, sid: &str) -> Result<Vec<u8>, ApiError> {
+    pub fn delete_session(&mut self, conn: ConnId, sid: &str) -> Result<Reply, ApiError> {
+        if let Some(d) = &mut self.durable {
+            if !self.store.contains(sid) {
+                return Err(ApiError::session_not_found());
+            }
+            d.submit(durable::delete(conn, sid));
+            return Ok(Reply::Wait);
+        }
         self.store.delete(sid)?;
+        self.session_gone(sid);
+        Ok(Reply::Now(b"{\"deleted\":true}".to_vec()))
+    }
+
+    /// A session is deleted: its parked polls get 404, its subscribers
+    /// close with 1000.
+    fn session_gone(&mut self, sid: &str) {
         if let Some(here) = self.presence.remove(sid) {
             let not_found: Rc<[u8]> = ApiError::session_not_found().body().into();
             for w in &here.waiters {
@@ -441,13 +504,15 @@ impl Relay {
             self.counts.subscribers -= here.subscribers.len();
         }
         info!(session_id = sid; "session deleted");
-        Ok(b"{\"deleted\":true}".to_vec())
     }
 
     /// Drops sessions nobody here is connected to and nobody touched for the
     /// TTL. Called from the shell's periodic sweep.
     pub fn collect_idle(&mut self, now: Millis) -> usize {
         let ttl = self.limits.session_ttl_ms;
+        if self.durable.is_some() {
+            return self.collect_durable(now, ttl);
+        }
         let presence = &self.presence;
         let collected = self
             .store
@@ -472,6 +537,29 @@ fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
         ok: true,
         assistant_msg_id,
         delivered,
+    })
+}
+
+/// The answer to a resent `POST /response`.
+fn duplicate_ack(assistant_msg_id: &str) -> Vec<u8> {
+    let mut ack = response_ack(assistant_msg_id, false);
+    ack.pop();
+    ack.extend_from_slice(b",\"duplicate\":true}");
+    ack
+}
+
+/// `{"session_id":…,"epoch":…,"created":…}`, the answer to `PUT /sessions`.
+fn put_ack(sid: &str, epoch: &str, created: bool) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Put<'a> {
+        session_id: &'a str,
+        epoch: &'a str,
+        created: bool,
+    }
+    to_json(&Put {
+        session_id: sid,
+        epoch,
+        created,
     })
 }
 

@@ -30,6 +30,15 @@ fn relay_with(f: impl FnOnce(&mut Limits)) -> Relay {
     Relay::new(l)
 }
 
+/// A reply that the in-memory engine gives at once.
+#[track_caller]
+fn now(reply: Reply) -> Vec<u8> {
+    match reply {
+        Reply::Now(body) => body,
+        Reply::Wait => panic!("the in-memory engine answers at once"),
+    }
+}
+
 fn conn(key: u32) -> ConnId {
     ConnId { key, generation: 0 }
 }
@@ -45,8 +54,10 @@ fn post_prompt(r: &mut Relay, now: u64, body: Value) -> Result<Value, ApiError> 
     r.post_prompt(
         Millis(now),
         1_700_000_000_000 + now,
+        conn(0),
         body.to_string().as_bytes(),
     )
+    .map(self::now)
     .map(|b| parse(&b))
 }
 
@@ -66,8 +77,10 @@ fn post_response(r: &mut Relay, now: u64, body: Value) -> Result<Value, ApiError
     r.post_response(
         Millis(now),
         1_700_000_000_000 + now,
+        conn(0),
         body.to_string().as_bytes(),
     )
+    .map(self::now)
     .map(|b| parse(&b))
 }
 
@@ -99,7 +112,9 @@ fn subscribe_frames(
     after: Option<u64>,
     epoch: Option<&str>,
 ) -> Result<Vec<String>, ApiError> {
-    let mut cursor = r.subscribe(Millis(0), c, sid, after, epoch)?;
+    let mut cursor = r
+        .subscribe(Millis(0), c, sid, after, epoch)?
+        .expect("in memory, a subscriber is registered at once");
     let mut frames = Vec::new();
     assert!(r.refill(sid, &mut cursor, usize::MAX, true, &mut frames));
     Ok(frames.iter().map(|f| payload_text(f)).collect())
@@ -206,7 +221,11 @@ fn frame_seqs(frames: &[String]) -> Vec<u64> {
 }
 
 fn epoch_of(r: &mut Relay, sid: &str) -> String {
-    let body = parse(&r.put_session(Millis(0), sid).expect("put"));
+    let body = parse(
+        &r.put_session(Millis(0), conn(0), sid)
+            .map(now)
+            .expect("put"),
+    );
     body["epoch"].as_str().expect("epoch").to_string()
 }
 
@@ -363,7 +382,13 @@ fn session_cap_answers_503_for_new_sessions_only() {
     assert!(r.sessions_full());
     let e = post_prompt(&mut r, 0, json!({"session_id": "c", "prompt": "x"})).unwrap_err();
     assert_eq!(e.status, 503);
-    assert_eq!(r.put_session(Millis(0), "c").unwrap_err().status, 503);
+    assert_eq!(
+        r.put_session(Millis(0), conn(0), "c")
+            .map(now)
+            .unwrap_err()
+            .status,
+        503
+    );
     assert_eq!(
         r.subscribe(Millis(0), conn(1), "c", None, None)
             .unwrap_err()
@@ -380,7 +405,7 @@ fn session_cap_answers_503_for_new_sessions_only() {
 fn deleting_a_session_makes_room_under_the_session_cap() {
     let mut r = relay_with(|l| l.max_sessions = 1);
     prompt(&mut r, 0, "a", "1", "x");
-    r.delete_session("a").unwrap();
+    r.delete_session(conn(0), "a").map(now).unwrap();
     prompt(&mut r, 0, "b", "1", "x");
 }
 
@@ -431,7 +456,7 @@ fn get_prompts_after_returns_only_greater_seqs() {
 #[test]
 fn get_prompts_wait_false_answers_empty_at_once() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     let list = ready(r.get_prompts(Millis(0), conn(1), "s", no_wait(None)));
     assert_eq!(list, json!([]));
     assert_eq!(r.counts().parked_polls, 0);
@@ -440,7 +465,7 @@ fn get_prompts_wait_false_answers_empty_at_once() {
 #[test]
 fn get_prompts_parks_with_deadline_now_plus_timeout() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     let f = r
         .get_prompts(Millis(1_000), conn(1), "s", wait(2_500, None))
         .unwrap();
@@ -457,7 +482,7 @@ fn get_prompts_parks_with_deadline_now_plus_timeout() {
 #[test]
 fn get_prompts_with_zero_timeout_answers_empty_without_parking() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     let list = ready(r.get_prompts(Millis(0), conn(1), "s", wait(0, None)));
     assert_eq!(list, json!([]));
     assert_eq!(r.counts().parked_polls, 0);
@@ -481,7 +506,7 @@ fn get_prompts_parks_when_after_excludes_every_pending_prompt() {
 #[test]
 fn a_prompt_wakes_every_waiter_with_200_and_the_pending_set() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     for k in 1..=3 {
         r.get_prompts(Millis(0), conn(k), "s", wait(30_000, None))
             .unwrap();
@@ -545,7 +570,7 @@ fn a_prompt_wakes_each_waiter_with_its_own_after_and_leaves_excluded_ones_parked
 #[test]
 fn a_prompt_in_another_session_wakes_nobody() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
         .unwrap();
     prompt(&mut r, 0, "other", "p1", "x");
@@ -556,7 +581,7 @@ fn a_prompt_in_another_session_wakes_nobody() {
 #[test]
 fn waiter_cap_answers_503_but_wait_false_still_answers() {
     let mut r = relay(); // max_waiters 3
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     for k in 1..=3 {
         r.get_prompts(Millis(0), conn(k), "s", wait(30_000, None))
             .unwrap();
@@ -578,7 +603,7 @@ fn waiter_cap_answers_503_but_wait_false_still_answers() {
 #[test]
 fn cancel_wait_removes_the_waiter() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
         .unwrap();
     r.get_prompts(Millis(0), conn(2), "s", wait(30_000, None))
@@ -594,7 +619,7 @@ fn cancel_wait_removes_the_waiter() {
 #[test]
 fn cancel_wait_of_an_unknown_or_stale_conn_changes_nothing() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
         .unwrap();
     r.cancel_wait(
@@ -945,8 +970,8 @@ fn epochs_differ_between_sessions_and_survive_activity() {
 #[test]
 fn put_session_reports_created_only_the_first_time() {
     let mut r = relay();
-    let first = parse(&r.put_session(Millis(0), "s").unwrap());
-    let second = parse(&r.put_session(Millis(0), "s").unwrap());
+    let first = parse(&r.put_session(Millis(0), conn(0), "s").map(now).unwrap());
+    let second = parse(&r.put_session(Millis(0), conn(0), "s").map(now).unwrap());
     assert_eq!(first["created"], true);
     assert_eq!(second["created"], false);
     assert_eq!(first["session_id"], "s");
@@ -1117,13 +1142,13 @@ fn messages_since_and_after_combine() {
 #[test]
 fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
         .unwrap();
     r.get_prompts(Millis(0), conn(2), "s", wait(30_000, None))
         .unwrap();
     r.subscribe(Millis(0), conn(3), "s", None, None).unwrap();
-    let body = r.delete_session("s").unwrap();
+    let body = r.delete_session(conn(0), "s").map(now).unwrap();
     assert_eq!(parse(&body), json!({"deleted": true}));
     let fx = effects(&mut r);
     let mut not_found = Vec::new();
@@ -1147,7 +1172,10 @@ fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
     assert_eq!(closed, vec![3]);
     assert!(!r.has_session("s"));
     assert_eq!(r.counts(), Counts::default());
-    assert_eq!(r.delete_session("s").unwrap_err().status, 404);
+    assert_eq!(
+        r.delete_session(conn(0), "s").map(now).unwrap_err().status,
+        404
+    );
     assert_eq!(
         r.get_prompts(Millis(0), conn(1), "s", no_wait(None))
             .unwrap_err()
@@ -1159,12 +1187,12 @@ fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
 #[test]
 fn delete_session_leaves_other_sessions_alone() {
     let mut r = relay();
-    r.put_session(Millis(0), "a").unwrap();
+    r.put_session(Millis(0), conn(0), "a").map(now).unwrap();
     r.get_prompts(Millis(0), conn(1), "a", wait(30_000, None))
         .unwrap();
     r.subscribe(Millis(0), conn(2), "a", None, None).unwrap();
     prompt(&mut r, 0, "b", "p", "x");
-    r.delete_session("b").unwrap();
+    r.delete_session(conn(0), "b").map(now).unwrap();
     assert!(effects(&mut r).is_empty());
     assert_eq!(r.counts().parked_polls, 1);
     assert_eq!(r.counts().subscribers, 1);
@@ -1175,7 +1203,7 @@ fn delete_session_leaves_other_sessions_alone() {
 #[test]
 fn idle_session_is_collected_at_the_ttl_and_not_before() {
     let mut r = relay();
-    r.put_session(Millis(1_000), "s").unwrap();
+    r.put_session(Millis(1_000), conn(0), "s").map(now).unwrap();
     assert_eq!(r.collect_idle(Millis(1_000 + TTL - 1)), 0);
     assert!(r.has_session("s"));
     assert_eq!(r.collect_idle(Millis(1_000 + TTL)), 1);
@@ -1185,7 +1213,7 @@ fn idle_session_is_collected_at_the_ttl_and_not_before() {
 #[test]
 fn session_with_a_waiter_is_not_collected() {
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(10 * TTL, None))
         .unwrap();
     assert_eq!(r.collect_idle(Millis(5 * TTL)), 0);
@@ -1198,7 +1226,7 @@ fn a_long_poll_ending_counts_as_activity() {
     // The contract collects a session after "no connections and no activity"
     // for the TTL; a poll parked until 5*TTL was a connection until then.
     let mut r = relay();
-    r.put_session(Millis(0), "s").unwrap();
+    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(5 * TTL, None))
         .unwrap();
     r.cancel_wait(conn(1), "s", Millis(5 * TTL)); // the shell calls this at the deadline
@@ -1233,7 +1261,7 @@ fn each_kind_of_request_postpones_collection() {
             r.messages(Millis(t), "s", all()).unwrap();
         }),
         ("put_session", |r, t| {
-            r.put_session(Millis(t), "s").unwrap();
+            r.put_session(Millis(t), conn(0), "s").map(now).unwrap();
         }),
     ];
     for (name, touch) in touches {
@@ -1249,8 +1277,10 @@ fn each_kind_of_request_postpones_collection() {
 #[test]
 fn collection_only_takes_the_idle_sessions() {
     let mut r = relay();
-    r.put_session(Millis(0), "old").unwrap();
-    r.put_session(Millis(TTL / 2), "new").unwrap();
+    r.put_session(Millis(0), conn(0), "old").map(now).unwrap();
+    r.put_session(Millis(TTL / 2), conn(0), "new")
+        .map(now)
+        .unwrap();
     assert_eq!(r.collect_idle(Millis(TTL)), 1);
     assert!(r.has_session("new"));
     assert_eq!(r.counts().sessions, 1);

@@ -148,6 +148,55 @@ impl SessionLog {
         &self.epoch
     }
 
+    /// A log restored from the database: its counters as stored, its
+    /// messages to follow through [`restore`](Self::restore).
+    pub fn restored(
+        now: Millis,
+        epoch: Rc<str>,
+        next_seq: u64,
+        last_assistant: u64,
+        dropped_assistant: u64,
+    ) -> SessionLog {
+        SessionLog {
+            next_seq,
+            last_assistant,
+            dropped_assistant,
+            ..SessionLog::new(now, epoch)
+        }
+    }
+
+    /// Puts back one stored message, oldest first: a prompt with whether it
+    /// is answered and still in history (a pending prompt outlives its
+    /// place in history), an answer (always in history).
+    pub fn restore(&mut self, msg: Message, answered: bool, in_history: bool) {
+        let msg = Rc::new(msg);
+        match msg.kind {
+            Kind::Prompt => {
+                let entry = PromptEntry {
+                    seq: msg.seq,
+                    answered,
+                    in_history,
+                };
+                self.prompts.insert(msg.client_msg_id.clone(), entry);
+                if !answered {
+                    self.pending.insert(msg.seq, msg.clone());
+                }
+            }
+            Kind::Assistant => {
+                if let Some(id) = &msg.assistant_msg_id {
+                    let entry = ResponseEntry {
+                        client_msg_id: msg.client_msg_id.clone(),
+                        msg: msg.clone(),
+                    };
+                    self.responses.insert(id.clone(), entry);
+                }
+            }
+        }
+        if in_history {
+            self.history.push_back(msg);
+        }
+    }
+
     /// Takes the next sequence number for a message about to be appended.
     pub fn take_seq(&mut self) -> u64 {
         let seq = self.next_seq;
@@ -218,6 +267,8 @@ impl SessionLog {
     /// Appends to history, dropping the oldest messages past `limit` and the
     /// dedupe entries that only history kept alive.
     fn push_history(&mut self, msg: Rc<Message>, limit: usize) {
+        // A message committed by the storage thread comes with its seq.
+        self.next_seq = self.next_seq.max(msg.seq + 1);
         self.history.push_back(msg);
         while self.history.len() > limit {
             let Some(old) = self.history.pop_front() else {

@@ -12,6 +12,7 @@ use uuid::Builder;
 
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
+use super::record::Record;
 use crate::relay::model::{self, NewPrompt, NewResponse};
 use crate::relay::{ApiError, MessagesQuery};
 use crate::time::{Millis, UnixMillis};
@@ -22,6 +23,22 @@ pub struct StoreLimits {
     pub history_limit: usize,
     pub max_sessions: usize,
     pub max_pending: usize,
+}
+
+/// What applying a committed change means for the relay.
+#[derive(Debug)]
+pub enum Applied {
+    Nothing,
+    /// A prompt was stored: wake the session's parked polls.
+    Prompt,
+    /// An answer was stored: deliver its frame.
+    Response {
+        seq: u64,
+        prev: u64,
+        frame: Rc<[u8]>,
+    },
+    /// The session is gone: answer its polls 404, close its subscribers.
+    Deleted,
 }
 
 /// What `POST /prompt` did.
@@ -219,6 +236,78 @@ impl MemStore {
         })
     }
 
+    /// Puts a restored or committed session in place (its epoch chosen by
+    /// the storage thread).
+    pub fn insert(&mut self, sid: &str, log: SessionLog) {
+        self.sessions.insert(sid.into(), log);
+    }
+
+    /// Applies a change the storage thread committed; returns what the
+    /// relay must do about it (wake polls, deliver an answer).
+    pub fn apply(&mut self, now: Millis, record: &Record) -> Applied {
+        let limit = self.limits.history_limit;
+        match record {
+            Record::Created { sid, epoch } => {
+                self.insert(sid, SessionLog::new(now, Rc::from(epoch.as_str())));
+                Applied::Nothing
+            }
+            Record::Prompt {
+                sid,
+                seq,
+                ts,
+                client_msg_id,
+                data,
+            } => {
+                let Some(log) = self.sessions.get_mut(sid.as_str()) else {
+                    return Applied::Nothing;
+                };
+                log.last_active = now;
+                let msg = Message::prompt_with(
+                    Rc::from(client_msg_id.as_str()),
+                    *seq,
+                    *ts,
+                    data.as_bytes().to_vec(),
+                );
+                log.append_prompt(msg, limit);
+                Applied::Prompt
+            }
+            Record::Response {
+                sid,
+                seq,
+                ts,
+                client_msg_id,
+                assistant_msg_id,
+                data,
+            } => {
+                let Some(log) = self.sessions.get_mut(sid.as_str()) else {
+                    return Applied::Nothing;
+                };
+                log.last_active = now;
+                let cid = log
+                    .prompt_id(client_msg_id)
+                    .unwrap_or_else(|| Rc::from(client_msg_id.as_str()));
+                let msg = Message::assistant_with(
+                    cid,
+                    Rc::from(assistant_msg_id.as_str()),
+                    *seq,
+                    *ts,
+                    data.as_bytes(),
+                );
+                let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
+                let prev = log.append_response(msg, limit);
+                Applied::Response {
+                    seq: *seq,
+                    prev,
+                    frame,
+                }
+            }
+            Record::Deleted { sid } => {
+                self.sessions.remove(sid.as_str());
+                Applied::Deleted
+            }
+        }
+    }
+
     /// `DELETE /sessions/{sid}`: drops the log; 404 if there is none.
     pub fn delete(&mut self, sid: &str) -> Result<(), ApiError> {
         self.sessions
@@ -255,6 +344,15 @@ impl MemStore {
                 resynced: false,
             },
         }
+    }
+
+    /// The sessions `idle` picks, by id.
+    pub fn idle(&self, mut idle: impl FnMut(&str, &SessionLog) -> bool) -> Vec<String> {
+        self.sessions
+            .iter()
+            .filter(|(sid, log)| idle(sid, log))
+            .map(|(sid, _)| sid.to_string())
+            .collect()
     }
 
     /// Drops the sessions for which `idle` says so. Called from the

@@ -63,7 +63,7 @@ pub struct Parts<'a> {
 
 impl Parts<'_> {
     /// Writes `{"session_id",<id>,("client_msg_id",)<text>,"metadata"?,"ts","seq"}`.
-    fn write(&self, out: &mut Vec<u8>) {
+    pub fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"session_id\":\"");
         out.extend_from_slice(self.session_id.as_bytes()); // unreserved characters only
         match self.prompt_id {
@@ -117,15 +117,44 @@ impl Message {
     pub fn prompt(client_msg_id: Rc<str>, parts: &Parts) -> Message {
         let mut data = Vec::with_capacity(parts.len_hint());
         parts.write(&mut data);
+        Message::prompt_with(client_msg_id, parts.seq, parts.ts, data)
+    }
+
+    /// A prompt whose `data` object is already serialized (restored, or
+    /// committed by the storage thread).
+    pub fn prompt_with(client_msg_id: Rc<str>, seq: u64, ts: UnixMillis, data: Vec<u8>) -> Message {
         Message {
-            seq: parts.seq,
-            ts: parts.ts,
+            seq,
+            ts,
             kind: Kind::Prompt,
             client_msg_id,
             assistant_msg_id: None,
             data_at: 0,
             data_len: data.len() as u32,
             bytes: Bytes::Data(data.into_boxed_slice()),
+        }
+    }
+
+    /// An assistant message whose `data` object is already serialized,
+    /// framed here.
+    pub fn assistant_with(
+        client_msg_id: Rc<str>,
+        assistant_msg_id: Rc<str>,
+        seq: u64,
+        ts: UnixMillis,
+        data: &[u8],
+    ) -> Message {
+        let frame = wsframe::text_frame(&[FRAME_PREFIX, data, b"}"]);
+        let data_at = frame.len() - 1 - data.len();
+        Message {
+            seq,
+            ts,
+            kind: Kind::Assistant,
+            client_msg_id,
+            assistant_msg_id: Some(assistant_msg_id),
+            data_at: data_at as u32,
+            data_len: data.len() as u32,
+            bytes: Bytes::Frame(Rc::from(frame)),
         }
     }
 

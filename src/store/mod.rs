@@ -7,12 +7,18 @@
 //!   ids, epoch) and the cursor every consumer reads it by.
 //! - [`message`]: a stored message, serialized once (an assistant message
 //!   as its WebSocket frame).
-//! - [`mem`]: the in-memory engine, which decides and commits at once.
+//! - [`mem`]: the in-memory engine, which decides and commits at once; with
+//!   persistence, the loop's copy of the committed state.
+//! - [`record`]: the commands and committed changes that cross to and from
+//!   the storage thread.
+//! - [`sqlite`]: persistence on one machine (the storage thread).
 
 pub mod log;
 pub mod mem;
 pub mod message;
+pub mod record;
+pub mod sqlite;
 
 pub use log::{Cursor, Live, MAX_PAGE_BYTES, Refill, SessionLog};
-pub use mem::{MemStore, PromptStored, ResponseStored, StoreLimits};
+pub use mem::{Applied, IdGen, MemStore, PromptStored, ResponseStored, StoreLimits};
 pub use message::{Kind, Message};

@@ -1,0 +1,205 @@
+//! The relay with persistence: writes go to the storage thread as owned
+//! commands, and what it committed comes back through [`Relay::store_done`]
+//! and is applied on the same path a local change takes (the log, then the
+//! parked polls and the subscribers), before the requests that waited are
+//! answered. Nothing here reads the disk: the storage thread does.
+
+use log::debug;
+
+use super::model::{NewPrompt, NewResponse};
+use super::{ApiError, ConnId, Effect, Relay, duplicate_ack, prompt_ack, put_ack, response_ack};
+use crate::store::mem::Applied;
+use crate::store::record::{Command, Done, Op, Outcome, Record};
+use crate::time::Millis;
+
+/// The connection a command for nobody (the idle sweep) is from.
+const NOBODY: ConnId = ConnId {
+    key: u32::MAX,
+    generation: 0,
+};
+
+/// `POST /prompt` as a command.
+pub fn prompt(conn: ConnId, p: &NewPrompt, unix_ms: u64) -> Command {
+    Command {
+        conn,
+        op: Op::Prompt {
+            sid: p.session_id.clone(),
+            id: p
+                .client_msg_id
+                .as_ref()
+                .map(|(id, raw)| (id.clone(), raw.get().to_string())),
+            prompt: p.prompt.get().to_string(),
+            metadata: p.metadata.map(|m| m.get().to_string()),
+            ts: p.ts.unwrap_or(unix_ms),
+        },
+    }
+}
+
+/// `POST /response` as a command.
+pub fn response(conn: ConnId, r: &NewResponse, unix_ms: u64) -> Command {
+    Command {
+        conn,
+        op: Op::Response {
+            sid: r.session_id.clone(),
+            client_msg_id: r.client_msg_id.clone(),
+            id: r
+                .assistant_msg_id
+                .as_ref()
+                .map(|(id, raw)| (id.clone(), raw.get().to_string())),
+            text: r.text.get().to_string(),
+            metadata: r.metadata.map(|m| m.get().to_string()),
+            ts: r.ts.unwrap_or(unix_ms),
+        },
+    }
+}
+
+/// A session to create (`PUT`, or a WebSocket connect).
+pub fn create(conn: ConnId, sid: &str, put: bool) -> Command {
+    Command {
+        conn,
+        op: Op::Create {
+            sid: sid.to_string(),
+            put,
+        },
+    }
+}
+
+/// `DELETE /sessions` as a command.
+pub fn delete(conn: ConnId, sid: &str) -> Command {
+    Command {
+        conn,
+        op: Op::Delete {
+            sid: sid.to_string(),
+        },
+    }
+}
+
+impl Relay {
+    /// Sends this turn's writes to the storage thread; called at the end of
+    /// every loop turn.
+    pub fn flush_store(&mut self) {
+        if let Some(d) = &mut self.durable {
+            d.flush();
+        }
+    }
+
+    /// Whether the queue to the storage thread is full: the shell takes no
+    /// new request until it drains.
+    pub fn store_saturated(&self) -> bool {
+        self.durable.as_ref().is_some_and(|d| d.saturated())
+    }
+
+    /// Whether writes succeed (`/readyz` answers `503 storage` otherwise).
+    pub fn storage_ok(&self) -> bool {
+        self.durable.as_ref().is_none_or(|d| d.healthy)
+    }
+
+    /// Stops the storage thread once it committed everything it was sent.
+    pub fn stop_store(&mut self) {
+        if let Some(d) = &mut self.durable {
+            d.flush();
+            d.stop();
+        }
+    }
+
+    /// Applies what the storage thread committed since the last call and
+    /// queues the answers of the requests that waited. Called when its
+    /// waker fires.
+    pub fn store_done(&mut self, now: Millis) {
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        let done = d.take_done();
+        if done.is_empty() {
+            return;
+        }
+        let failed = done
+            .iter()
+            .any(|d| d.result.as_ref().err() == Some(&ApiError::storage_unavailable()));
+        if let Some(d) = &mut self.durable {
+            d.healthy = !failed;
+        }
+        for d in done {
+            self.apply_done(now, d);
+        }
+    }
+
+    fn apply_done(&mut self, now: Millis, done: Done) {
+        let mut delivered = false;
+        for record in &done.records {
+            match self.store.apply(now, record) {
+                Applied::Nothing => {}
+                Applied::Prompt => {
+                    if let Record::Prompt { sid, .. } = record {
+                        self.stats.prompts_stored += 1;
+                        self.wake_waiters(sid);
+                    }
+                }
+                Applied::Response { seq, prev, frame } => {
+                    if let Record::Response { sid, .. } = record {
+                        delivered = self.stored_response(sid, seq, prev, frame);
+                    }
+                }
+                Applied::Deleted => {
+                    if let Record::Deleted { sid } = record {
+                        self.session_gone(sid);
+                    }
+                }
+            }
+        }
+        let to = done.conn;
+        let result = match done.result {
+            Err(e) => Err(e),
+            Ok(Outcome::Prompt { id, duplicate }) => {
+                if duplicate {
+                    self.stats.prompt_duplicates += 1;
+                }
+                Ok(prompt_ack(&id, duplicate))
+            }
+            Ok(Outcome::Response {
+                id,
+                duplicate: true,
+            }) => {
+                self.stats.response_duplicates += 1;
+                Ok(duplicate_ack(&id))
+            }
+            Ok(Outcome::Response { id, .. }) => Ok(response_ack(&id, delivered)),
+            Ok(Outcome::Session { put: false, .. }) => {
+                self.effects.push(Effect::Retry { to });
+                return;
+            }
+            Ok(Outcome::Session {
+                sid,
+                epoch,
+                created,
+                ..
+            }) => Ok(put_ack(&sid, &epoch, created)),
+            Ok(Outcome::Deleted) => Ok(b"{\"deleted\":true}".to_vec()),
+            Ok(Outcome::Collected) => return,
+        };
+        if to != NOBODY {
+            self.effects.push(Effect::Reply { to, result });
+        }
+    }
+
+    /// The idle sweep with persistence: the sessions nobody here is
+    /// connected to and nobody touched for the TTL are deleted by the
+    /// storage thread (and leave the loop's copy when that commits).
+    pub(super) fn collect_durable(&mut self, now: Millis, ttl: u64) -> usize {
+        let presence = &self.presence;
+        let sids = self
+            .store
+            .idle(|sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= ttl);
+        let n = sids.len();
+        if n > 0
+            && let Some(d) = &mut self.durable
+        {
+            debug!(count = n; "idle sessions to collect");
+            d.submit(Command {
+                conn: NOBODY,
+                op: Op::Collect { sids },
+            });
+        }
+        n
+    }
+}

@@ -1,0 +1,105 @@
+//! What crosses between the loop and the storage thread: owned, plain data
+//! (no `Rc`). The loop turns a validated request into a [`Command`]; the
+//! storage thread decides it inside its transaction and answers with a
+//! [`Done`]: the outcome for the requester and the committed changes
+//! ([`Record`]s) for the loop's copy of the log, applied in order.
+
+use crate::relay::{ApiError, ConnId};
+
+/// A write for the storage thread, from connection `conn`.
+#[derive(Debug)]
+pub struct Command {
+    pub conn: ConnId,
+    pub op: Op,
+}
+
+/// The writes. Text fields are the validated JSON literals, as sent.
+#[derive(Debug)]
+pub enum Op {
+    Prompt {
+        sid: String,
+        /// The client's id and its literal, if it gave one.
+        id: Option<(String, String)>,
+        prompt: String,
+        metadata: Option<String>,
+        ts: u64,
+    },
+    Response {
+        sid: String,
+        client_msg_id: String,
+        id: Option<(String, String)>,
+        text: String,
+        metadata: Option<String>,
+        ts: u64,
+    },
+    /// `PUT /sessions` (`put`), or a WebSocket connect to a session that
+    /// does not exist yet.
+    Create {
+        sid: String,
+        put: bool,
+    },
+    Delete {
+        sid: String,
+    },
+    /// Sessions the loop found idle past the TTL.
+    Collect {
+        sids: Vec<String>,
+    },
+}
+
+/// The outcome of one command, for its requester.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Prompt {
+        id: String,
+        duplicate: bool,
+    },
+    Response {
+        id: String,
+        duplicate: bool,
+    },
+    Session {
+        sid: String,
+        epoch: String,
+        created: bool,
+        put: bool,
+    },
+    Deleted,
+    Collected,
+}
+
+/// A committed change, to apply to the loop's copy of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Created {
+        sid: String,
+        epoch: String,
+    },
+    Prompt {
+        sid: String,
+        seq: u64,
+        ts: u64,
+        client_msg_id: String,
+        data: String,
+    },
+    Response {
+        sid: String,
+        seq: u64,
+        ts: u64,
+        client_msg_id: String,
+        assistant_msg_id: String,
+        data: String,
+    },
+    Deleted {
+        sid: String,
+    },
+}
+
+/// What the storage thread did with one command: committed (or refused
+/// with an API error, changing nothing), or lost with its transaction.
+#[derive(Debug)]
+pub struct Done {
+    pub conn: ConnId,
+    pub result: Result<Outcome, ApiError>,
+    pub records: Vec<Record>,
+}

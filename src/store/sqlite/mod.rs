@@ -1,0 +1,246 @@
+//! Persistence on one machine: every session in an SQLite database
+//! `relay.db` in `RELAY_DATA_DIR`, owned by one storage thread.
+//!
+//! The loop keeps the committed state in memory (a [`MemStore`] restored at
+//! start) and serves every read from it. A write becomes a [`Command`]; the
+//! commands of a loop turn go to the storage thread as one batch, and the
+//! thread takes every batch waiting for it into one transaction (group
+//! commit), decides each command there (dedupe, `seq`, caps, trimming: the
+//! database is the truth), commits (`synchronous=FULL` for
+//! `RELAY_SYNC=always`: one fsync per transaction), and sends back a
+//! [`Done`] per command, with the committed changes, before waking the loop
+//! through a `mio::Waker`. Only then does the loop apply the changes, wake
+//! parked polls, send frames and answer: nothing it sends reveals a change
+//! before it is durable, and the loop never waits for the disk (while one
+//! transaction commits, it reads and batches the next). A failed
+//! transaction rolls back whole: its commands are answered `503`.
+//!
+//! Not sans-IO: this is the shell's disk. `schema` holds the SQL and its
+//! migrations, `decide` the per-command logic inside a transaction.
+
+mod decide;
+mod schema;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+use log::{error, info};
+use rusqlite::{Connection, OpenFlags};
+
+use super::mem::{MemStore, StoreLimits};
+use super::record::{Command, Done};
+use crate::time::Millis;
+
+pub use decide::Writer;
+
+/// How often the storage thread makes its data durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sync {
+    /// Every commit is fsynced before anything it carries is answered.
+    Always,
+    /// Commits are answered at once; the log is fsynced at least this often.
+    Every(Duration),
+}
+
+/// A database opened, checked and restored, before the loop starts.
+pub struct Opened {
+    pub conn: Connection,
+    pub view: MemStore,
+    /// Held while the server runs: a second server on the directory fails
+    /// to take it.
+    pub lock: File,
+    pub path: PathBuf,
+}
+
+/// Why the database could not be used (the server exits 1 with this).
+#[derive(Debug)]
+pub struct OpenError(pub String);
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Opens `relay.db` in `dir` (created if missing), takes the directory's
+/// lock, checks and migrates the schema, and restores every session into
+/// memory. Called once at start, before listening. A file that is not a
+/// database, or one from a newer version, is refused and left untouched.
+pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<Opened, OpenError> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what}: {e}"));
+    std::fs::create_dir_all(dir)
+        .map_err(|e| fail(&format!("cannot create {}", dir.display()), &e))?;
+    let lock_path = dir.join("relay.lock");
+    let lock = File::create(&lock_path)
+        .map_err(|e| fail(&format!("cannot open {}", lock_path.display()), &e))?;
+    if lock.try_lock().is_err() {
+        return Err(OpenError(format!(
+            "another relay is using the data directory {}",
+            dir.display()
+        )));
+    }
+    let path = dir.join("relay.db");
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(&path, flags)
+        .map_err(|e| fail(&format!("cannot open {}", path.display()), &e))?;
+    let version =
+        schema::check(&conn).map_err(|e| OpenError(format!("{}: {e}", path.display())))?;
+    schema::prepare(&conn, sync, version)
+        .map_err(|e| fail(&format!("cannot prepare {}", path.display()), &e))?;
+    let view = schema::restore(&conn, limits, now)
+        .map_err(|e| fail(&format!("cannot read {}", path.display()), &e))?;
+    info!(path = path.display().to_string().as_str(), sessions = view.len(), schema = version; "database opened");
+    Ok(Opened {
+        conn,
+        view,
+        lock,
+        path,
+    })
+}
+
+/// The storage thread's side of the channels: takes batches until the loop
+/// hangs up, commits every batch waiting in one transaction, answers, and
+/// wakes the loop. With `Sync::Every`, checkpoints at least that often.
+pub fn run(
+    mut writer: Writer,
+    batches: Receiver<Vec<Command>>,
+    done: Sender<Vec<Done>>,
+    waker: Arc<mio::Waker>,
+    sync: Sync,
+) {
+    let tick = match sync {
+        Sync::Always => Duration::from_secs(3600),
+        Sync::Every(d) => d,
+    };
+    loop {
+        let first = match batches.recv_timeout(tick) {
+            Ok(b) => b,
+            Err(RecvTimeoutError::Timeout) => {
+                writer.checkpoint();
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let mut group = first;
+        // Group commit: everything that arrived while the last transaction
+        // committed goes into this one.
+        while group.len() < MAX_GROUP {
+            match batches.try_recv() {
+                Ok(more) => group.extend(more),
+                Err(_) => break,
+            }
+        }
+        let results = writer.commit(group);
+        if done.send(results).is_err() {
+            break;
+        }
+        if let Err(e) = waker.wake() {
+            error!(error = e.to_string().as_str(); "cannot wake the loop");
+        }
+    }
+    writer.checkpoint();
+}
+
+/// Commands taken into one transaction at most.
+const MAX_GROUP: usize = 8192;
+
+/// The loop's handle on the storage thread.
+pub struct Durable {
+    batches: Option<Sender<Vec<Command>>>,
+    done: Receiver<Vec<Done>>,
+    /// This turn's commands, sent at the end of the turn.
+    batch: Vec<Command>,
+    /// Commands sent and not answered yet.
+    inflight: usize,
+    /// The last transaction committed (readiness reports it).
+    pub healthy: bool,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _lock: File,
+}
+
+/// Commands in flight above which the loop takes no new request until some
+/// are answered: the queue to the storage thread stays bounded.
+pub const MAX_INFLIGHT: usize = 16_384;
+
+impl Durable {
+    /// Starts the storage thread on an opened database; returns the
+    /// restored state for the loop, and the handle.
+    pub fn start(
+        opened: Opened,
+        limits: StoreLimits,
+        sync: Sync,
+        waker: Arc<mio::Waker>,
+    ) -> (MemStore, Durable) {
+        let (batch_tx, batch_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let writer = Writer::new(opened.conn, limits);
+        let thread = std::thread::Builder::new()
+            .name("relay-storage".into())
+            .spawn(move || run(writer, batch_rx, done_tx, waker, sync))
+            .ok();
+        let durable = Durable {
+            batches: Some(batch_tx),
+            done: done_rx,
+            batch: Vec::new(),
+            inflight: 0,
+            healthy: true,
+            thread,
+            _lock: opened.lock,
+        };
+        (opened.view, durable)
+    }
+
+    /// Adds a command to this turn's batch.
+    pub fn submit(&mut self, cmd: Command) {
+        self.batch.push(cmd);
+    }
+
+    /// Whether the queue to the storage thread is full.
+    pub fn saturated(&self) -> bool {
+        self.inflight + self.batch.len() >= MAX_INFLIGHT
+    }
+
+    /// Sends this turn's batch; called once at the end of every loop turn.
+    pub fn flush(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        self.inflight += batch.len();
+        if let Some(tx) = &self.batches
+            && tx.send(batch).is_err()
+        {
+            error!("the storage thread is gone");
+            self.healthy = false;
+        }
+    }
+
+    /// What the storage thread answered since the last call.
+    pub fn take_done(&mut self) -> Vec<Done> {
+        let mut all = Vec::new();
+        while let Ok(done) = self.done.try_recv() {
+            self.inflight = self.inflight.saturating_sub(done.len());
+            all.extend(done);
+        }
+        all
+    }
+
+    /// Stops the storage thread after it committed what it was sent.
+    pub fn stop(&mut self) {
+        self.batches = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Durable {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
