@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 target="${TARGET:-x86_64-unknown-linux-musl}"
 runs="${RUNS:-20}"
-rustup target list --installed | grep -q "$target" || rustup target add "$target"
+scripts/static-toolchain.sh "$target"
 cargo build --release --target "$target" >&2
 bin="target/$target/release/relay"
 echo "binary: $bin"

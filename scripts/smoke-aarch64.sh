@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the static Raspberry Pi binary (aarch64-unknown-linux-musl, linked by
-# rust-lld), runs it under qemu-aarch64, and checks a prompt, a long-poll and a
-# WebSocket message against it with examples/smoke.rs.
-# Needs: rustup target aarch64-unknown-linux-musl, Debian's qemu-user.
+# rust-lld, SQLite's C by zig), runs it under qemu-aarch64, and checks a
+# prompt, a long-poll and a WebSocket message against it with
+# examples/smoke.rs, in memory and with a data directory.
+# Needs: rustup target aarch64-unknown-linux-musl, PyPI ziglang, Debian's
+# qemu-user (scripts/static-toolchain.sh and apt install what is missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-rustup target list --installed | grep -q aarch64-unknown-linux-musl || rustup target add aarch64-unknown-linux-musl
+scripts/static-toolchain.sh aarch64-unknown-linux-musl
 command -v qemu-aarch64 >/dev/null || { apt-get update -qq && apt-get install -y -qq qemu-user; }
 cargo build --release --target aarch64-unknown-linux-musl
 bin=target/aarch64-unknown-linux-musl/release/relay
@@ -24,4 +26,13 @@ echo "relay (aarch64, qemu) listening on $addr"
 target/debug/examples/smoke "$addr"
 kill -TERM $pid
 wait $pid
-echo "aarch64 smoke test passed (clean exit after SIGTERM)"
+echo "aarch64 smoke test passed in memory (clean exit after SIGTERM)"
+# With persistence: SQLite, compiled for aarch64, under qemu.
+data=$(mktemp -d)
+trap 'stop_relay; rm -f "$log"; rm -rf "$data"' EXIT
+RUNNER=qemu-aarch64 start_relay smoke-aarch64-data "$log" RELAY_DATA_DIR="$data"
+target/debug/examples/smoke "$ADDR"
+kill -TERM $SERVER_PID
+wait $SERVER_PID
+[[ -s "$data/relay.db" ]] || { echo "no database written in $data" >&2; exit 1; }
+echo "aarch64 smoke test passed with a data directory ($(stat -c %s "$data/relay.db") bytes of database)"

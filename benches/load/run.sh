@@ -88,7 +88,7 @@ load_bin="$(cargo bench --bench load --no-run --message-format=json 2>/dev/null 
 case "$RELAY_BUILD" in
   musl)
     musl=x86_64-unknown-linux-musl
-    rustup target list --installed | grep -qx "$musl" || rustup target add "$musl" >&2
+    "$root/scripts/static-toolchain.sh" "$musl"
     cargo build --release --target "$musl" --bin relay >&2
     relay_bin="${CARGO_TARGET_DIR:-$root/target}/$musl/release/relay"
     ;;

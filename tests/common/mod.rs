@@ -58,7 +58,23 @@ impl Server {
     /// harness defaults).
     #[track_caller]
     pub fn start_with(env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
+        Server::start_via(&[], env)
+    }
+
+    /// Starts the server through a wrapper command (`wrapper` then the
+    /// binary's path as its last argument), e.g. `prlimit` or a shell that
+    /// sets a signal disposition before `exec`.
+    #[track_caller]
+    pub fn start_via(wrapper: &[&str], env: &[(&str, &str)]) -> Server {
+        let bin = env!("CARGO_BIN_EXE_relay");
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(bin),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+        };
         for (key, _) in std::env::vars() {
             if key.starts_with("RELAY_") || key == "PORT" {
                 cmd.env_remove(key);
@@ -155,6 +171,12 @@ impl Server {
             }
             state = cvar.wait_timeout(state, deadline - now).unwrap().0;
         }
+    }
+
+    /// Kills the process (SIGKILL) and waits for it: a crash.
+    pub fn kill9(&mut self) {
+        self.signal("KILL");
+        self.wait_exit(LOG_TIMEOUT);
     }
 
     /// Sends SIGTERM.

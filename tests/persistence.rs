@@ -1,0 +1,422 @@
+//! Persistence on one machine (`RELAY_DATA_DIR`), against the real binary
+//! and real files: what was acknowledged survives `kill -9` (counted, with
+//! several clients writing while the server is killed at random moments),
+//! a resuming client gets no resync, a second server and a damaged or newer
+//! database are refused, a first-version database is migrated, and a disk
+//! that fails answers 503 without showing what failed.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// A fresh data directory under the target dir, removed at the end.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("relay-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        Dir(p)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("UTF-8 temp path")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn start(dir: &Dir) -> Server {
+    Server::start_with(&[("RELAY_DATA_DIR", dir.path())])
+}
+
+fn start_on(dir: &Dir, port: u16) -> Server {
+    let port = port.to_string();
+    Server::start_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_PORT", &port)])
+}
+
+#[track_caller]
+fn epoch(srv: &Server, sid: &str) -> String {
+    srv.put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .expect("epoch")
+        .to_string()
+}
+
+#[test]
+fn everything_acknowledged_survives_kill_9_with_its_epoch_and_seq() {
+    let dir = Dir::new("restart");
+    let mut srv = start(&dir);
+    let sid = unique_session();
+    for i in 0..5 {
+        srv.prompt(&sid, &format!("q{i}"), Some(&format!("c{i}")));
+    }
+    for i in 0..3 {
+        srv.respond(&sid, &format!("c{i}"), &format!("a{i}"));
+    }
+    let before = srv.messages(&sid, "?limit=1000");
+    let epoch_before = epoch(&srv, &sid);
+    srv.kill9();
+    let srv = start(&dir);
+    assert_eq!(
+        srv.messages(&sid, "?limit=1000"),
+        before,
+        "/messages is identical"
+    );
+    assert_eq!(epoch(&srv, &sid), epoch_before, "same epoch");
+    let pending: Vec<String> = srv
+        .pending(&sid)
+        .iter()
+        .map(|p| p["client_msg_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(pending, ["c3", "c4"], "pending prompts are still pending");
+    assert_eq!(srv.prompt(&sid, "again", Some("c1"))["duplicate"], true);
+    let next = srv.prompt(&sid, "next", Some("c9"));
+    assert_eq!(next["stored"], true);
+    let last = srv.messages(&sid, "?after=8");
+    assert_eq!(
+        last["messages"][0]["data"]["seq"], 9,
+        "seq continues: {last}"
+    );
+    // A subscriber resuming with after and epoch gets no resync.
+    let mut ws = srv.ws(&format!("/ws/{sid}?after=6&epoch={epoch_before}"));
+    let f = ws.recv_json_skip_pings();
+    assert_eq!(f["type"], "message", "{f}");
+    assert_eq!(f["data"]["seq"], 7, "the answers after seq 6: 7 and 8");
+}
+
+/// What the writers were told: every acknowledged prompt and answer.
+#[derive(Default)]
+struct Acked {
+    prompts: BTreeSet<String>,
+    answers: BTreeMap<String, String>, // assistant id -> prompt id
+}
+
+/// One `POST` on a fresh connection; the status, or `None` when the
+/// server is gone (killed) before answering.
+fn try_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).ok()?;
+    let head = String::from_utf8_lossy(got.get(..12)?).into_owned();
+    head.strip_prefix("HTTP/1.1 ")?.parse().ok()
+}
+
+/// A client that posts prompts and answers to `sid` until `stop`, counting
+/// only what got a 200; failures (the server was killed) are expected.
+fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicBool>) -> Acked {
+    let mut acked = Acked::default();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let cid = format!("w{tag}-{n}");
+        let p = json!({"session_id": sid, "prompt": "q", "client_msg_id": cid});
+        if try_post(addr, "/prompt", &p) != Some(200) {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        acked.prompts.insert(cid.clone());
+        if n % 2 == 0 {
+            let aid = format!("a-{cid}");
+            let a = json!({"session_id": sid, "client_msg_id": cid, "assistant_msg_id": aid, "text": "t"});
+            if try_post(addr, "/response", &a) == Some(200) {
+                acked.answers.insert(aid, cid);
+            }
+        }
+    }
+    acked
+}
+
+/// Every message of a session, page by page.
+fn all_messages(srv: &Server, sid: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        let page = srv.messages(sid, &format!("?limit=1000&offset={}", out.len()));
+        let msgs = page["messages"].as_array().expect("messages").clone();
+        if msgs.is_empty() {
+            return out;
+        }
+        out.extend(msgs);
+    }
+}
+
+/// Checks a session after a restart against what was acknowledged.
+#[track_caller]
+fn check(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str) {
+    let msgs = all_messages(srv, sid);
+    let msgs = &msgs;
+    let seqs: Vec<u64> = msgs
+        .iter()
+        .map(|m| m["data"]["seq"].as_u64().unwrap())
+        .collect();
+    let first = seqs.first().copied().unwrap_or(1);
+    let want: Vec<u64> = (first..first + seqs.len() as u64).collect();
+    assert_eq!(seqs, want, "seq has holes or repeats");
+    let prompts: BTreeSet<String> = msgs
+        .iter()
+        .filter(|m| m["type"] == "prompt")
+        .map(|m| m["data"]["client_msg_id"].as_str().unwrap().to_string())
+        .collect();
+    let answers: BTreeSet<String> = msgs
+        .iter()
+        .filter(|m| m["type"] == "assistant")
+        .map(|m| m["data"]["assistant_msg_id"].as_str().unwrap().to_string())
+        .collect();
+    for p in &acked.prompts {
+        assert!(prompts.contains(p), "acknowledged prompt {p} lost");
+    }
+    for a in acked.answers.keys() {
+        assert!(answers.contains(a), "acknowledged answer {a} lost");
+    }
+    let answered: BTreeSet<String> = msgs
+        .iter()
+        .filter(|m| m["type"] == "assistant")
+        .map(|m| m["data"]["client_msg_id"].as_str().unwrap().to_string())
+        .collect();
+    let pending: BTreeSet<String> = srv
+        .pending(sid)
+        .iter()
+        .map(|p| p["client_msg_id"].as_str().unwrap().to_string())
+        .collect();
+    let want_pending: BTreeSet<String> = prompts.difference(&answered).cloned().collect();
+    assert_eq!(pending, want_pending, "pending set");
+    assert_eq!(epoch(srv, sid), epoch_before, "epoch changed");
+    if let Some(p) = acked.prompts.iter().next() {
+        let again = srv.prompt(sid, "resent", Some(p));
+        assert_eq!(again["duplicate"], true, "resent {p} is not a duplicate");
+    }
+}
+
+/// Several clients write while the server is killed (SIGKILL) at random
+/// moments and restarted on the same directory, `rounds` times.
+fn crash_rounds(rounds: usize) {
+    let dir = Dir::new(&format!("crash{rounds}"));
+    let mut srv = start(&dir);
+    let port = srv.addr().port();
+    let sid = unique_session();
+    let epoch_before = epoch(&srv, &sid);
+    let mut all = Acked::default();
+    let mut rng = 0x9e37_79b9_u64 ^ std::process::id() as u64;
+    for round in 0..rounds {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let (sid, stop) = (sid.clone(), stop.clone());
+                let addr = srv.addr();
+                std::thread::spawn(move || writer(addr, sid, round * 10 + w, stop))
+            })
+            .collect();
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let kill_after = Duration::from_millis(50 + rng % 300);
+        let t = Instant::now();
+        while t.elapsed() < kill_after {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        srv.kill9();
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            let got = w.join().expect("writer");
+            all.prompts.extend(got.prompts);
+            all.answers.extend(got.answers);
+        }
+        srv = start_on(&dir, port);
+        check(&srv, &sid, &all, &epoch_before);
+    }
+    assert!(
+        all.prompts.len() > rounds,
+        "too little was written: {}",
+        all.prompts.len()
+    );
+    eprintln!(
+        "{rounds} kills: {} prompts and {} answers acknowledged, all present",
+        all.prompts.len(),
+        all.answers.len()
+    );
+}
+
+/// Five rounds in `cargo test`; `scripts/crash-test.sh` runs twenty
+/// (`CRASH_ROUNDS`).
+#[test]
+fn kill_9_in_the_middle_of_traffic_loses_nothing_acknowledged() {
+    let rounds = std::env::var("CRASH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5);
+    crash_rounds(rounds);
+}
+
+#[test]
+fn a_second_server_on_the_same_directory_refuses_to_start() {
+    let dir = Dir::new("second");
+    let _first = start(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .env("RELAY_DATA_DIR", dir.path())
+        .env("RELAY_PORT", "0")
+        .env("RELAY_HOST", "127.0.0.1")
+        .output()
+        .expect("run relay");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(dir.path()),
+        "the message names the directory: {err}"
+    );
+}
+
+/// Runs the binary on `dir` expecting it to stop at start; returns stderr.
+fn refused(dir: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .env("RELAY_DATA_DIR", dir)
+        .env("RELAY_PORT", "0")
+        .env("RELAY_HOST", "127.0.0.1")
+        .output()
+        .expect("run relay");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_damaged_database_stops_the_server_and_is_left_untouched() {
+    let dir = Dir::new("corrupt");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = dir.0.join("relay.db");
+    let junk: Vec<u8> = (0..10_000u32).map(|i| (i * 7919 % 251) as u8).collect();
+    std::fs::write(&db, &junk).unwrap();
+    let err = refused(&dir.0);
+    assert!(err.contains("relay.db"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), junk, "the file was changed");
+}
+
+#[test]
+fn a_database_from_a_newer_relay_is_refused() {
+    let dir = Dir::new("newer");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = dir.0.join("relay.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("CREATE TABLE sessions (id INTEGER); PRAGMA user_version = 99;")
+        .unwrap();
+    drop(conn);
+    let before = std::fs::read(&db).unwrap();
+    let err = refused(&dir.0);
+    assert!(err.contains("newer"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), before);
+}
+
+#[test]
+fn a_first_version_database_is_migrated() {
+    let dir = Dir::new("v1");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = dir.0.join("relay.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    // Schema version 1, as the first persistent relay wrote it.
+    conn.execute_batch(
+        "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+            epoch TEXT NOT NULL, next_seq INTEGER NOT NULL, first_seq INTEGER NOT NULL,
+            last_assistant INTEGER NOT NULL, pending INTEGER NOT NULL);
+         CREATE TABLE messages (session INTEGER NOT NULL, seq INTEGER NOT NULL,
+            kind INTEGER NOT NULL, client_msg_id TEXT NOT NULL, assistant_msg_id TEXT,
+            ts INTEGER NOT NULL, in_history INTEGER NOT NULL, answered INTEGER NOT NULL,
+            data TEXT NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
+         CREATE UNIQUE INDEX prompt_ids ON messages (session, client_msg_id) WHERE kind = 0;
+         CREATE UNIQUE INDEX answer_ids ON messages (session, assistant_msg_id) WHERE kind = 1;
+         INSERT INTO sessions VALUES (1, 'old', 'epoch-v1', 2, 1, 0, 1);
+         INSERT INTO messages VALUES (1, 1, 0, 'p1', NULL, 5, 1, 0,
+            '{\"session_id\":\"old\",\"client_msg_id\":\"p1\",\"prompt\":\"hi\",\"ts\":5,\"seq\":1}');
+         PRAGMA user_version = 1;",
+    )
+    .unwrap();
+    drop(conn);
+    let srv = start(&dir);
+    assert_eq!(epoch(&srv, "old"), "epoch-v1");
+    assert_eq!(srv.pending("old")[0]["prompt"], "hi");
+    srv.respond("old", "p1", "answered after the migration");
+    let version: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+}
+
+#[test]
+fn a_disk_that_fails_answers_503_shows_nothing_of_it_and_recovers() {
+    let dir = Dir::new("full");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    // File writes past 2 MB fail (EFBIG, with SIGXFSZ ignored), as a full
+    // disk would.
+    let srv = Server::start_via(
+        &[
+            "sh",
+            "-c",
+            "trap '' XFSZ; exec prlimit --fsize=2000000:unlimited \"$0\"",
+        ],
+        &[("RELAY_DATA_DIR", dir.path())],
+    );
+    let sid = unique_session();
+    srv.prompt(&sid, "before the fault", Some("ok-1"));
+    let text = "x".repeat(100_000);
+    let mut failed_id = None;
+    for i in 0..100 {
+        let id = format!("big-{i}");
+        let p = json!({"session_id": sid, "prompt": text, "client_msg_id": id});
+        let r = srv.post_json("/prompt", &p);
+        if r.status == 503 {
+            assert_eq!(r.json()["error"], "Storage unavailable");
+            failed_id = Some(id);
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let failed_id = failed_id.expect("the size limit was never reached");
+    let ready = srv.get("/readyz");
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.json()["reason"], "storage");
+    let msgs = srv.messages(&sid, "?limit=1000");
+    let ids: Vec<&str> = msgs["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["data"]["client_msg_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        !ids.contains(&failed_id.as_str()),
+        "a failed write is visible"
+    );
+    assert_eq!(ids[0], "ok-1", "reads still work");
+    // The disk has room again.
+    let status = Command::new("prlimit")
+        .args(["--pid", &srv.pid().to_string(), "--fsize=unlimited"])
+        .status()
+        .expect("prlimit");
+    assert!(status.success());
+    let again = srv.prompt(&sid, &text, Some(&failed_id));
+    assert_eq!(again["stored"], true);
+    assert_eq!(again.get("duplicate"), None, "it was never stored before");
+    assert_eq!(srv.get("/readyz").status, 200);
+    let _: Value = srv.health();
+}
