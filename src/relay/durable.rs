@@ -130,13 +130,27 @@ impl Relay {
             match self.store.apply(now, record) {
                 Applied::Nothing => {}
                 Applied::Prompt => {
-                    if let Record::Prompt { sid, .. } = record {
+                    if let Record::Prompt {
+                        sid,
+                        seq,
+                        client_msg_id,
+                        ..
+                    } = record
+                    {
+                        debug!(session_id = sid.as_str(), client_msg_id = client_msg_id.as_str(), seq = *seq; "prompt stored");
                         self.stats.prompts_stored += 1;
                         self.wake_waiters(sid);
                     }
                 }
                 Applied::Response { seq, prev, frame } => {
-                    if let Record::Response { sid, .. } = record {
+                    if let Record::Response {
+                        sid,
+                        client_msg_id,
+                        assistant_msg_id,
+                        ..
+                    } = record
+                    {
+                        debug!(session_id = sid.as_str(), client_msg_id = client_msg_id.as_str(), assistant_msg_id = assistant_msg_id.as_str(), seq = seq; "response posted");
                         delivered = self.stored_response(sid, seq, prev, frame);
                     }
                 }

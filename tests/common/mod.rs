@@ -45,6 +45,9 @@ pub struct Server {
     addr: SocketAddr,
     log: SharedLog,
     exited: Option<ExitStatus>,
+    /// A data directory the harness made (see `TEST_WITH_DATA_DIR`),
+    /// removed when the server is dropped.
+    own_data_dir: Option<std::path::PathBuf>,
 }
 
 impl Server {
@@ -87,6 +90,17 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        // `TEST_WITH_DATA_DIR=1 cargo test` runs every test once more with
+        // persistence: each server gets a fresh data directory.
+        let own_data_dir = (std::env::var_os("TEST_WITH_DATA_DIR").is_some()
+            && !env.iter().any(|(k, _)| *k == "RELAY_DATA_DIR"))
+        .then(|| {
+            let n = SESSION_COUNTER.fetch_add(1, Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!("relay-test-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            cmd.env("RELAY_DATA_DIR", &dir);
+            dir
+        });
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -111,6 +125,7 @@ impl Server {
             addr: "127.0.0.1:0".parse().unwrap(),
             log,
             exited: None,
+            own_data_dir,
         };
         let line = match server.find_log_line(is_listening_line, LOG_TIMEOUT) {
             Some(line) => line,
@@ -437,6 +452,9 @@ impl Drop for Server {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
+        if let Some(dir) = &self.own_data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
