@@ -82,7 +82,10 @@ check_image() {
   [[ "$(cd "$root" && echo *)" == "data relay" ]] || fail "image root holds $(cd "$root" && echo *)"
   [[ "$(stat -c %u:%g "$root/data")" == "65532:65532" ]] || fail "/data is owned by $(stat -c %u:%g "$root/data")"
   ok "image root is /relay and /data (owned by 65532:65532)"
-  file "$root/relay" 2>/dev/null | grep -q 'static' || fail "/relay is not static: $(file "$root/relay")"
+  # Static: no program interpreter (loader) and no shared library needed.
+  readelf -lW "$root/relay" >/dev/null 2>&1 || fail "/relay is not an ELF binary"
+  ! readelf -lW "$root/relay" | grep -q INTERP || fail "/relay needs a loader"
+  ! readelf -dW "$root/relay" | grep -q NEEDED || fail "/relay needs shared libraries"
   ok "/relay is a static binary"
   "${BUILDAH[@]}" umount "$CTR" >/dev/null
 }
