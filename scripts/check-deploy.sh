@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Checks the deployment files in deploy/ for real, with no network beyond
+# 127.0.0.1:
+#   relay.service  `systemd-analyze verify` in a scratch root holding the
+#                  unit, systemd's own units and the static binary at the
+#                  ExecStart path (any message fails the check, since verify
+#                  exits 0 on unknown keys and bad values), the directives
+#                  the sandbox relies on, and `systemd-analyze security`
+#                  (fails above MAX_EXPOSURE);
+#   relay.env      the unit's Environment= lines plus this file start the
+#                  server on 127.0.0.1 with no warning;
+#   nginx.conf     `nginx -t` with a self-signed certificate made on the fly
+#                  in a temporary prefix, then nginx run from it on free
+#                  loopback ports in front of that server: the plain port
+#                  redirects, and a WebSocket, a parked long-poll, a prompt
+#                  and a response go through TLS (scripts/proxy_roundtrip.py);
+#   fly.toml       parsed, and the settings that matter checked: the /data
+#                  volume, port 8000, the /healthz check, connection
+#                  concurrency below the server's cap, one machine always up.
+# Installs systemd, nginx and openssl (apt) when missing; builds the static
+# x86_64 binary when missing.
+#
+# Environment: MAX_EXPOSURE (default 1.5, systemd's 0-10 scale).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+. scripts/lib.sh
+
+MAX_EXPOSURE="${MAX_EXPOSURE:-1.5}"
+TARGET=x86_64-unknown-linux-musl
+RELAY_BIN="target/$TARGET/release/relay"
+tmp="$(mktemp -d)"
+NGINX_PID=""
+log="$tmp/relay.log"
+
+cleanup() {
+  if [[ -n "$NGINX_PID" ]] && kill -0 "$NGINX_PID" 2>/dev/null; then
+    kill -QUIT "$NGINX_PID" 2>/dev/null || true
+    wait "$NGINX_PID" 2>/dev/null || true
+  fi
+  stop_relay
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+fail() { echo "check-deploy: FAIL $*" >&2; exit 1; }
+ok() { echo "ok   $*"; }
+
+need() {
+  local cmd="$1" pkg="$2"
+  command -v "$cmd" >/dev/null && return
+  echo "check-deploy: installing $pkg (apt)" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >/dev/null
+}
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# The directives the unit's sandbox is made of; dropping one fails the check
+# even where the exposure score would barely move.
+REQUIRED=(
+  "DynamicUser=yes" "StateDirectory=relay" "ProtectSystem=strict" "ProtectHome=yes"
+  "NoNewPrivileges=yes" "PrivateTmp=yes" "PrivateDevices=yes"
+  "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX" "CapabilityBoundingSet="
+  "SystemCallFilter=@system-service" "MemoryDenyWriteExecute=yes" "LockPersonality=yes"
+  "RestrictNamespaces=yes" "Restart=on-failure" "EnvironmentFile=-/etc/relay.env"
+  "LimitNOFILE=65536" "ExecStart=/usr/local/bin/relay" "Environment=RELAY_HOST=127.0.0.1"
+)
+
+check_unit() {
+  local root="$tmp/root" out
+  for line in "${REQUIRED[@]}"; do
+    grep -qxF "$line" deploy/relay.service || fail "relay.service lacks the line $line"
+  done
+  ok "relay.service has every sandbox directive"
+  mkdir -p "$root/usr/local/bin" "$root/etc/systemd/system" "$root/usr/lib/systemd"
+  cp -r /usr/lib/systemd/system "$root/usr/lib/systemd/system"
+  install -m 0755 "$RELAY_BIN" "$root/usr/local/bin/relay"
+  install -m 0644 deploy/relay.service "$root/etc/systemd/system/relay.service"
+  out="$(systemd-analyze verify --root="$root" relay.service 2>&1)" || fail "systemd-analyze verify: $out"
+  [[ -z "$out" ]] || fail "systemd-analyze verify: $out"
+  ok "systemd-analyze verify relay.service: no message"
+  local threshold
+  threshold="$(awk -v x="$MAX_EXPOSURE" 'BEGIN { printf "%d", x * 10 + 0.5 }')"
+  out="$(systemd-analyze security --offline=true --root="$root" --threshold="$threshold" relay.service 2>&1)" ||
+    fail "systemd-analyze security above $MAX_EXPOSURE: $(grep -E '✗|Overall' <<<"$out")"
+  grep 'Overall exposure level' <<<"$out" | sed 's/^→ /ok   /'
+}
+
+check_environment() {
+  local env=()
+  mapfile -t env < <(sed -n 's/^Environment=//p' deploy/relay.service; grep -E '^[A-Z_]+=' deploy/relay.env)
+  start_relay check-deploy "$log" "${env[@]}" RELAY_PORT=0 RELAY_LOG_FORMAT=json
+  [[ "$ADDR" == 127.0.0.1:* ]] || fail "the unit's environment listens on $ADDR, not on loopback"
+  ! grep -q '"level":"\(warn\|error\)"' "$log" || fail "the unit's environment gives warnings: $(cat "$log")"
+  ok "the unit's environment and relay.env start the server on $ADDR with no warning"
+}
+
+nginx_main_conf() {
+  cat <<EOF
+pid $tmp/nginx/nginx.pid;
+error_log $tmp/nginx/error.log;
+events {}
+http {
+    access_log off;
+    client_body_temp_path $tmp/nginx/body;
+    proxy_temp_path $tmp/nginx/proxy;
+    fastcgi_temp_path $tmp/nginx/fastcgi;
+    uwsgi_temp_path $tmp/nginx/uwsgi;
+    scgi_temp_path $tmp/nginx/scgi;
+    include $tmp/nginx/site.conf;
+}
+EOF
+}
+
+check_nginx() {
+  local dir="$tmp/nginx" out https_port http_port
+  mkdir -p "$dir"
+  chmod 0755 "$tmp" "$dir"  # nginx's workers run as nobody
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=relay.example.com \
+    -addext "subjectAltName=DNS:relay.example.com,IP:127.0.0.1" \
+    -keyout "$dir/privkey.pem" -out "$dir/fullchain.pem" 2>/dev/null
+  sed "s|/etc/letsencrypt/live/relay.example.com/|$dir/|" deploy/nginx.conf >"$dir/site.conf"
+  nginx_main_conf >"$dir/nginx.conf"
+  out="$(nginx -t -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" 2>&1)" || fail "nginx -t: $out"
+  ! grep -q '\[warn\]\|\[emerg\]' <<<"$out" || fail "nginx -t: $out"
+  ok "nginx -t deploy/nginx.conf (self-signed certificate)"
+  https_port="$(free_port)"
+  http_port="$(free_port)"
+  sed -i -e "s|listen 443 ssl;|listen 127.0.0.1:$https_port ssl;|" -e "s|listen 80;|listen 127.0.0.1:$http_port;|" \
+    -e '/listen \[::\]/d' -e "s|server 127.0.0.1:8000;|server $ADDR;|" "$dir/site.conf"
+  nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" -g 'daemon off;' &
+  NGINX_PID=$!
+  for _ in $(seq 1 100); do
+    curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$http_port/" && break
+    kill -0 "$NGINX_PID" 2>/dev/null || fail "nginx exited: $(cat "$dir/error.log")"
+    sleep 0.1
+  done
+  timeout 60 python3 scripts/proxy_roundtrip.py "$https_port" "$http_port" "$dir/fullchain.pem" ||
+    fail "round trip through nginx; its log: $(cat "$dir/error.log")"
+}
+
+check_fly() {
+  python3 - deploy/fly.toml <<'EOF' || fail "deploy/fly.toml"
+import sys, tomllib
+fly = tomllib.load(open(sys.argv[1], "rb"))
+svc = fly["http_service"]
+checks = {
+    "a volume at /data": any(m.get("destination") == "/data" for m in fly["mounts"]),
+    "internal_port 8000": svc["internal_port"] == 8000,
+    "health check GET /healthz": any(c.get("path") == "/healthz" for c in svc["checks"]),
+    "concurrency by connections": svc["concurrency"]["type"] == "connections",
+    "hard_limit below RELAY_MAX_CONNECTIONS": svc["concurrency"]["hard_limit"] < 10000,
+    "one machine always up": svc["auto_stop_machines"] in ("off", False) and svc["min_machines_running"] >= 1,
+    "SIGTERM to stop": fly["kill_signal"] == "SIGTERM",
+}
+for what, good in checks.items():
+    print(("ok   fly.toml " if good else "FAIL fly.toml ") + what)
+sys.exit(0 if all(checks.values()) else 1)
+EOF
+}
+
+need systemd-analyze systemd
+need nginx nginx
+need openssl openssl
+rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
+cargo build --release --quiet --target "$TARGET"
+check_unit
+check_environment
+check_nginx
+check_fly
+echo "check-deploy: deploy/ passed"
