@@ -44,7 +44,7 @@ need_buildah() {
 # decides; a fresh build is a no-op).
 build_binary() {
   local target="$1"
-  rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+  scripts/static-toolchain.sh "$target"
   cargo build --release --quiet --target "$target"
 }
 
