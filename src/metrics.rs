@@ -10,6 +10,7 @@ use std::fmt::Write;
 
 use crate::http::Method;
 use crate::relay::{Counts, Stats};
+use crate::store::sqlite::StoreStats;
 
 /// `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -17,7 +18,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Upper bounds of the loop turn histogram, in seconds.
 const TURN_BOUNDS: [f64; 9] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0];
 
-/// A histogram with fixed buckets.
+/// A histogram of durations with fixed buckets (100 µs to 1 s).
 #[derive(Clone, Debug, Default)]
 pub struct Histogram {
     /// Observations at most each bound (not cumulative; rendered cumulative).
@@ -86,6 +87,8 @@ pub fn route_label(method: Method, path: &str) -> &'static str {
 /// Everything one scrape reports.
 pub struct Snapshot<'a> {
     pub shell: &'a Metrics,
+    /// The storage thread's totals, with persistence.
+    pub store: Option<&'a StoreStats>,
     pub stats: Stats,
     pub counts: Counts,
     pub connections: usize,
@@ -205,29 +208,54 @@ pub fn render(s: &Snapshot) -> Vec<u8> {
         "Bytes queued in the server for all connections.",
         s.bytes_queued as u64,
     );
-    let h = &s.shell.turns;
-    family(
+    histogram(
         &mut out,
         "relay_loop_turn_seconds",
-        "histogram",
         "Time from a loop wake-up to the next sleep.",
+        &s.shell.turns,
     );
+    if let Some(st) = s.store {
+        single(
+            &mut out,
+            "relay_storage_commits_total",
+            "counter",
+            "Transactions the storage thread ran (group commits).",
+            st.commits,
+        );
+        single(
+            &mut out,
+            "relay_storage_commands_total",
+            "counter",
+            "Writes those transactions carried (divided by the commits: the batch size).",
+            st.commands,
+        );
+        single(
+            &mut out,
+            "relay_storage_errors_total",
+            "counter",
+            "Transactions that failed and rolled back (their writes got 503).",
+            st.errors,
+        );
+        histogram(
+            &mut out,
+            "relay_storage_commit_seconds",
+            "Time to decide and commit one transaction, fsync included.",
+            &st.commit_time,
+        );
+    }
+    out.into_bytes()
+}
+
+fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
+    family(out, name, "histogram", help);
     let mut cumulative = 0;
     for (bound, n) in TURN_BOUNDS.iter().zip(h.buckets) {
         cumulative += n;
-        let _ = writeln!(
-            out,
-            "relay_loop_turn_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
-        );
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
     }
-    let _ = writeln!(
-        out,
-        "relay_loop_turn_seconds_bucket{{le=\"+Inf\"}} {}",
-        h.count
-    );
-    let _ = writeln!(out, "relay_loop_turn_seconds_sum {}", h.sum_us as f64 / 1e6);
-    let _ = writeln!(out, "relay_loop_turn_seconds_count {}", h.count);
-    out.into_bytes()
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum_us as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count {}", h.count);
 }
 
 #[cfg(test)]
@@ -257,6 +285,7 @@ mod tests {
             counts: Counts::default(),
             connections: 2,
             bytes_queued: 10,
+            store: None,
         }))
         .unwrap();
         assert!(

@@ -144,3 +144,29 @@ fn a_metrics_token_guards_the_endpoint_and_nothing_else() {
     assert_eq!(srv.get("/healthz").status, 200);
     srv.prompt(&unique_session(), "still open", None);
 }
+
+#[test]
+fn with_persistence_the_storage_thread_is_measured_too() {
+    let dir = std::env::temp_dir().join(format!("relay-metrics-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let srv = Server::start_with(&[("RELAY_DATA_DIR", dir.to_str().unwrap())]);
+    let sid = unique_session();
+    for i in 0..5 {
+        srv.prompt(&sid, "q", Some(&format!("c{i}")));
+    }
+    let samples = parse(&srv.get("/metrics").text());
+    let commits = value(&samples, "relay_storage_commits_total", Value::Null);
+    let commands = value(&samples, "relay_storage_commands_total", Value::Null);
+    assert!((1.0..=5.0).contains(&commits), "{commits} commits");
+    assert_eq!(commands, 5.0, "five writes committed");
+    assert_eq!(
+        value(&samples, "relay_storage_errors_total", Value::Null),
+        0.0
+    );
+    assert_eq!(
+        value(&samples, "relay_storage_commit_seconds_count", Value::Null),
+        commits
+    );
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -18,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use relay::relay::error::SIZE_LIMIT;
 use relay::relay::model::{NewPrompt, NewResponse};
 use relay::relay::{
-    ApiError, ConnId, Effect, Fetch, Limits, MessagesQuery, Posted, PromptsQuery, Relay,
+    ApiError, ConnId, Effect, Fetch, Limits, MessagesQuery, PromptsQuery, Relay, Reply,
 };
 use relay::time::Millis;
 
@@ -304,6 +304,21 @@ impl World {
                     self.relay.unsubscribe(to, sid, Millis(self.now));
                     self.conns[i] = ConnState::Idle;
                 }
+                Effect::Deliver { sid, frame, .. } => {
+                    // The shell hands the frame to the subscribers: the
+                    // subscriber list must match the model.
+                    check_json(payload(&frame));
+                    let subs = self.relay.subscribers(&sid).len();
+                    let model = self
+                        .conns
+                        .iter()
+                        .filter(|s| **s == ConnState::Subscribed(model_sid(&sid)))
+                        .count();
+                    assert_eq!(subs, model, "subscriber list vs model");
+                }
+                Effect::Reply { .. } | Effect::Retry { .. } => {
+                    panic!("the in-memory engine never defers a reply")
+                }
             }
         }
     }
@@ -337,11 +352,12 @@ impl World {
                 } else {
                     built_body(inp, false)
                 };
-                match self.relay.post_prompt(now, unix_ms, &body) {
-                    Ok(ack) => {
+                match self.relay.post_prompt(now, unix_ms, conn_id(0), &body) {
+                    Ok(Reply::Now(ack)) => {
                         let v = check_json(&ack);
                         assert_eq!(v["stored"], true);
                     }
+                    Ok(Reply::Wait) => panic!("the in-memory engine answers at once"),
                     Err(e) => check_err(&e),
                 }
             }
@@ -351,26 +367,11 @@ impl World {
                 } else {
                     built_body(inp, true)
                 };
-                match self.relay.post_response(now, unix_ms, &body) {
-                    Ok(Posted::Duplicate(ack)) => {
+                match self.relay.post_response(now, unix_ms, conn_id(0), &body) {
+                    Ok(Reply::Now(ack)) => {
                         check_json(&ack);
                     }
-                    Ok(Posted::Stored {
-                        session_id,
-                        payload,
-                        ..
-                    }) => {
-                        check_json(payload.as_bytes());
-                        // The shell broadcasts to every subscriber; the
-                        // subscriber list must match the model.
-                        let subs = self.relay.subscribers(&session_id).len();
-                        let model = self
-                            .conns
-                            .iter()
-                            .filter(|s| **s == ConnState::Subscribed(model_sid(&session_id)))
-                            .count();
-                        assert_eq!(subs, model, "subscriber list vs model");
-                    }
+                    Ok(Reply::Wait) => panic!("the in-memory engine answers at once"),
                     Err(e) => check_err(&e),
                 }
             }
@@ -415,12 +416,22 @@ impl World {
                     return;
                 }
                 match self.relay.subscribe(now, conn_id(i), sid, after, epoch) {
-                    Ok(frames) => {
-                        for f in frames {
-                            check_json(f.as_bytes());
+                    Ok(Some(mut cursor)) => {
+                        // The replay, as the shell pulls it: in slices of
+                        // room, every frame valid JSON.
+                        let mut frames = Vec::new();
+                        for _ in 0..64 {
+                            let done = self.relay.refill(sid, &mut cursor, 4096, true, &mut frames);
+                            for f in frames.drain(..) {
+                                check_json(payload(&f));
+                            }
+                            if done {
+                                break;
+                            }
                         }
                         self.conns[i] = ConnState::Subscribed(sid);
                     }
+                    Ok(None) => panic!("the in-memory engine subscribes at once"),
                     Err(e) => check_err(&e),
                 }
             }
@@ -451,19 +462,21 @@ impl World {
             }
             9 => {
                 let sid = inp.pick(SIDS);
-                match self.relay.put_session(now, sid) {
-                    Ok(body) => {
+                match self.relay.put_session(now, conn_id(0), sid) {
+                    Ok(Reply::Now(body)) => {
                         check_json(&body);
                     }
+                    Ok(Reply::Wait) => panic!("the in-memory engine answers at once"),
                     Err(e) => check_err(&e),
                 }
             }
             10 => {
                 let sid = inp.pick(SIDS);
-                match self.relay.delete_session(sid) {
-                    Ok(body) => {
+                match self.relay.delete_session(conn_id(0), sid) {
+                    Ok(Reply::Now(body)) => {
                         check_json(&body);
                     }
+                    Ok(Reply::Wait) => panic!("the in-memory engine answers at once"),
                     Err(e) => check_err(&e),
                 }
             }
@@ -474,6 +487,16 @@ impl World {
             }
         }
     }
+}
+
+/// The JSON payload of a server text frame.
+fn payload(frame: &[u8]) -> &[u8] {
+    let at = match frame.get(1) {
+        Some(126) => 4,
+        Some(127) => 10,
+        _ => 2,
+    };
+    &frame[at.min(frame.len())..]
 }
 
 /// The `&'static str` in `SIDS` equal to `sid`, for comparing with the model.

@@ -90,6 +90,7 @@ impl Ctx {
     pub fn render_metrics(&self) -> Vec<u8> {
         metrics::render(&Snapshot {
             shell: &self.metrics,
+            store: self.relay.store_stats(),
             stats: self.relay.stats(),
             counts: self.relay.counts(),
             connections: self.connections,

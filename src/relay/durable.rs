@@ -7,9 +7,10 @@
 use log::debug;
 
 use super::model::{NewPrompt, NewResponse};
-use super::{ApiError, ConnId, Effect, Relay, duplicate_ack, prompt_ack, put_ack, response_ack};
+use super::{ConnId, Effect, Relay, duplicate_ack, prompt_ack, put_ack, response_ack};
 use crate::store::mem::Applied;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
+use crate::store::sqlite::StoreStats;
 use crate::time::Millis;
 
 /// The connection a command for nobody (the idle sweep) is from.
@@ -94,6 +95,11 @@ impl Relay {
         self.durable.as_ref().is_none_or(|d| d.healthy)
     }
 
+    /// The storage thread's totals, with persistence.
+    pub fn store_stats(&self) -> Option<&StoreStats> {
+        self.durable.as_ref().map(|d| &d.stats)
+    }
+
     /// Stops the storage thread once it committed everything it was sent.
     pub fn stop_store(&mut self) {
         if let Some(d) = &mut self.durable {
@@ -110,15 +116,6 @@ impl Relay {
             return;
         };
         let done = d.take_done();
-        if done.is_empty() {
-            return;
-        }
-        let failed = done
-            .iter()
-            .any(|d| d.result.as_ref().err() == Some(&ApiError::storage_unavailable()));
-        if let Some(d) = &mut self.durable {
-            d.healthy = !failed;
-        }
         for d in done {
             self.apply_done(now, d);
         }

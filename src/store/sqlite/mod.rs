@@ -109,7 +109,7 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
 pub fn run(
     mut writer: Writer,
     batches: Receiver<Vec<Command>>,
-    done: Sender<Vec<Done>>,
+    done: Sender<Committed>,
     waker: Arc<mio::Waker>,
     sync: Sync,
 ) {
@@ -135,8 +135,18 @@ pub fn run(
                 Err(_) => break,
             }
         }
+        let commands = group.len();
+        let started = std::time::Instant::now();
         let results = writer.commit(group);
-        if done.send(results).is_err() {
+        let committed = Committed {
+            commands,
+            micros: started.elapsed().as_micros() as u64,
+            ok: !results.iter().any(|d| {
+                d.result.as_ref().err() == Some(&crate::relay::ApiError::storage_unavailable())
+            }),
+            done: results,
+        };
+        if done.send(committed).is_err() {
             break;
         }
         if let Err(e) = waker.wake() {
@@ -146,13 +156,35 @@ pub fn run(
     writer.checkpoint();
 }
 
+/// One transaction's outcome, as the storage thread sends it back.
+pub struct Committed {
+    pub done: Vec<Done>,
+    /// Commands it carried (the group commit's batch size).
+    pub commands: usize,
+    /// How long deciding and committing took, fsync included.
+    pub micros: u64,
+    /// It committed (else it rolled back and every command got 503).
+    pub ok: bool,
+}
+
+/// What the storage thread did since start, for `/metrics`.
+#[derive(Clone, Debug, Default)]
+pub struct StoreStats {
+    pub commits: u64,
+    pub commands: u64,
+    pub errors: u64,
+    pub commit_time: crate::metrics::Histogram,
+}
+
 /// Commands taken into one transaction at most.
 const MAX_GROUP: usize = 8192;
 
 /// The loop's handle on the storage thread.
 pub struct Durable {
     batches: Option<Sender<Vec<Command>>>,
-    done: Receiver<Vec<Done>>,
+    done: Receiver<Committed>,
+    /// Totals for `/metrics`.
+    pub stats: StoreStats,
     /// This turn's commands, sent at the end of the turn.
     batch: Vec<Command>,
     /// Commands sent and not answered yet.
@@ -186,6 +218,7 @@ impl Durable {
         let durable = Durable {
             batches: Some(batch_tx),
             done: done_rx,
+            stats: StoreStats::default(),
             batch: Vec::new(),
             inflight: 0,
             healthy: true,
@@ -223,9 +256,14 @@ impl Durable {
     /// What the storage thread answered since the last call.
     pub fn take_done(&mut self) -> Vec<Done> {
         let mut all = Vec::new();
-        while let Ok(done) = self.done.try_recv() {
-            self.inflight = self.inflight.saturating_sub(done.len());
-            all.extend(done);
+        while let Ok(c) = self.done.try_recv() {
+            self.inflight = self.inflight.saturating_sub(c.done.len());
+            self.stats.commits += 1;
+            self.stats.commands += c.commands as u64;
+            self.stats.errors += u64::from(!c.ok);
+            self.stats.commit_time.observe_us(c.micros);
+            self.healthy = c.ok;
+            all.extend(c.done);
         }
         all
     }
