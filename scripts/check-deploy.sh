@@ -91,7 +91,11 @@ check_unit() {
 
 check_environment() {
   local env=()
-  mapfile -t env < <(sed -n 's/^Environment=//p' deploy/relay.service; grep -E '^[A-Z_]+=' deploy/relay.env)
+  # systemd's %S (the state directory root, /var/lib) is a temporary
+  # directory here, so the data directory never lands in the repository.
+  mkdir -p "$tmp/state"
+  mapfile -t env < <(sed -n 's/^Environment=//p' deploy/relay.service | sed "s|%S|$tmp/state|g"
+    grep -E '^[A-Z_]+=' deploy/relay.env)
   start_relay check-deploy "$log" "${env[@]}" RELAY_PORT=0 RELAY_LOG_FORMAT=json
   [[ "$ADDR" == 127.0.0.1:* ]] || fail "the unit's environment listens on $ADDR, not on loopback"
   ! grep -q '"level":"\(warn\|error\)"' "$log" || fail "the unit's environment gives warnings: $(cat "$log")"
