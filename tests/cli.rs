@@ -578,3 +578,53 @@ fn help_lists_the_commands_and_bad_usage_exits_two() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
     }
 }
+
+#[test]
+fn the_agent_loses_nothing_when_a_persistent_server_crashes_under_it() {
+    let dir = std::env::temp_dir().join(format!("relay-cli-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.to_str().expect("UTF-8 temp path").to_string();
+    let mut first = Server::start_with(&[("RELAY_DATA_DIR", data.as_str())]);
+    let port = first.addr().port().to_string();
+    let sid = unique_session();
+    let epoch = first.put(&format!("/sessions/{sid}")).json()["epoch"].clone();
+    let scratch = Scratch::new();
+    let marker = scratch.path("started");
+    // The command is in hand when the server is killed; its answer is
+    // posted to the restarted server.
+    let script = r#"touch "$MARKER"; while [ ! -e "$MARKER.go" ]; do sleep 0.05; done; tr a-z A-Z"#;
+    let agent = Agent::start(
+        &first,
+        &sid,
+        &[("MARKER", marker.as_str())],
+        &["sh", "-c", script],
+    );
+    first.prompt(&sid, "before", Some("m1"));
+    wait_file(&marker);
+    first.kill9();
+    let second = Server::start_with(&[
+        ("RELAY_DATA_DIR", data.as_str()),
+        ("RELAY_PORT", port.as_str()),
+    ]);
+    std::fs::write(format!("{marker}.go"), b"").expect("release the command");
+    agent.wait_events("prompt answered", 1);
+    second.prompt(&sid, "after", Some("m2"));
+    agent.wait_events("prompt answered", 2);
+    let got: Vec<(Value, Value)> = answers(&second, &sid)
+        .iter()
+        .map(|a| (a["client_msg_id"].clone(), a["text"].clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (json!("m1"), json!("BEFORE")),
+            (json!("m2"), json!("AFTER"))
+        ]
+    );
+    assert_eq!(
+        second.put(&format!("/sessions/{sid}")).json()["epoch"],
+        epoch
+    );
+    drop(second);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,8 @@
 //! The chat page at `GET /`: how it is served, that it can be turned off,
 //! and, in headless Chromium driven by tests/web/page_test.py, that it
-//! works: prompts out, answers in live, a relay restart survived with a
-//! resync notice, every answer shown once, the client token asked for.
+//! works: prompts out, answers in live, a relay restart survived (with a
+//! resync notice in memory, without one with a data directory), every
+//! answer shown once, the client token asked for.
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -101,13 +102,37 @@ fn invalid_web_setting_stops_the_server() {
 
 #[test]
 fn browser_chat_survives_a_relay_restart() {
+    restart_scenario(None);
+}
+
+/// With a data directory the restarted relay keeps the session: the page
+/// resumes with no resync, and still shows every answer once.
+#[test]
+fn browser_chat_survives_a_restart_of_a_persistent_relay_without_a_resync() {
+    let dir = std::env::temp_dir().join(format!("relay-page-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    restart_scenario(Some(dir.to_str().expect("UTF-8 temp path")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The restart scenario; `data_dir` gives both relays the same data
+/// directory.
+fn restart_scenario(data_dir: Option<&str>) {
     let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     require_browser();
-    let first = Server::start_with(&[PING]);
+    let mut env = vec![PING];
+    if let Some(dir) = data_dir {
+        env.push(("RELAY_DATA_DIR", dir));
+    }
+    let first = Server::start_with(&env);
     let port = first.addr().port().to_string();
     let sid = unique_session();
     let url = format!("http://{}/", first.addr());
-    let mut browser = Browser::start(&["--scenario", "restart", "--url", &url, "--session", &sid]);
+    let mut args = vec!["--scenario", "restart", "--url", &url, "--session", &sid];
+    if data_dir.is_some() {
+        args.push("--persistent");
+    }
+    let mut browser = Browser::start(&args);
 
     // The agent long-polls before the page has even loaded: it parks until
     // the prompt typed in the page arrives.
@@ -130,7 +155,9 @@ fn browser_chat_survives_a_relay_restart() {
     let queued = browser.expect("QUEUED ");
     // ...the relay comes back on the same port (SO_REUSEADDR) with fresh
     // memory, so a new epoch for the session...
-    let second = Server::start_with(&[PING, ("RELAY_PORT", &port)]);
+    let mut env2 = env.clone();
+    env2.push(("RELAY_PORT", &port));
+    let second = Server::start_with(&env2);
     assert_eq!(second.addr().port().to_string(), port);
     second.put(&format!("/sessions/{sid}"));
     browser.send("RESTARTED");
