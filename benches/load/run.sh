@@ -11,6 +11,13 @@
 #                 target/release/relay instead. Built by this script.
 #   base          the relay binary at BASE_BIN, started exactly like relay:
 #                 a before/after comparison in one interleaved run.
+#   durable       the relay build with a fresh data directory on the disk and
+#                 RELAY_SYNC=always; its figures add fsyncs_per_s (storage
+#                 commits per second, from /metrics).
+#   redis         Redis (Debian redis-server) with appendonly yes and
+#                 appendfsync always: the ingest figure only, as SET of
+#                 256-byte values by redis-benchmark -c 64 -P 1, the anchor
+#                 of "acknowledged means on disk".
 #   nchan         nginx + nchan (NCHAN_DIR) mapped onto relay's data paths.
 #   nginx-static  nginx answering every request with a static
 #                 {"stored":true} (nginx-static/): the ingest figure only,
@@ -66,12 +73,12 @@ ulimit -n "$(ulimit -Hn)"
 
 for t in $TARGETS; do
   case "$t" in
-    relay | nchan | nginx-static) ;;
+    relay | nchan | nginx-static | durable | redis) ;;
     base)
       [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
       BASE_BIN="$(realpath "$BASE_BIN")"
       ;;
-    *) echo "run.sh: unknown target $t (relay, base, nchan, nginx-static)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown target $t (relay, base, durable, redis, nchan, nginx-static)" >&2; exit 2 ;;
   esac
 done
 
@@ -108,6 +115,14 @@ relay_env=()
 # The binary a relay-like target runs.
 bin_of() { if [ "$1" = base ]; then echo "$BASE_BIN"; else echo "$relay_bin"; fi; }
 
+# The protocol a target speaks to the load generator and wrk's script.
+proto_of() { case "$1" in durable) echo relay ;; *) echo "$1" ;; esac; }
+
+# The storage thread's commits so far (one fsync each with RELAY_SYNC=always).
+commits() {
+  curl -s "http://127.0.0.1:$1/metrics" | awk '$1 == "relay_storage_commits_total" { print $2 }'
+}
+
 # "path (static-pie linked, N bytes)" for the header.
 describe_bin() {
   local link
@@ -128,12 +143,26 @@ wait_healthy() {
 start_server() {
   local log="$OUT/$1-$2.log"
   case "$1" in
-    relay | base)
+    relay | base | durable)
+      local data=()
+      # durable: the relay with a fresh data directory on the disk,
+      # RELAY_SYNC=always (every answer waits for its fsync).
+      [ "$1" = durable ] && data=(RELAY_DATA_DIR="$OUT/data-$2" RELAY_SYNC=always)
       env RELAY_HOST=127.0.0.1 RELAY_PORT="$2" RELAY_LOG=warn \
         RELAY_MAX_CONNECTIONS=25000 RELAY_MAX_SUBSCRIBERS=20000 RELAY_MAX_WAITERS=1000 RELAY_MAX_PENDING=100000 \
-        "${relay_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log" &
+        "${data[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log" &
       stop_pid=$!
       wait_healthy "$2"
+      server_pid=$stop_pid
+      ;;
+    redis)
+      # Redis with "acknowledged means on disk": the AOF fsynced before
+      # every reply (appendfsync always), no snapshots.
+      mkdir -p "$OUT/redis-$2"
+      taskset -c "$SERVER_CORE" redis-server --port "$2" --bind 127.0.0.1 --dir "$OUT/redis-$2" \
+        --appendonly yes --appendfsync always --save '' --daemonize no >"$log" 2>&1 &
+      stop_pid=$!
+      for _ in $(seq 1 100); do redis-cli -p "$2" ping >/dev/null 2>&1 && break; sleep 0.1; done
       server_pid=$stop_pid
       ;;
     nchan | nginx-static)
@@ -165,11 +194,28 @@ wrk_us() {
     m = (u == "us") ? 1 : (u == "ms") ? 1000 : (u == "s") ? 1000000 : 60000000; printf "%.1f", v * m }' "$2"
 }
 
+# The Redis anchor of the durable ingest: SET of 256-byte values from 64
+# connections, one request in flight each, as wrk posts prompts.
+run_redis_ingest() {
+  local out="$OUT/redis-bench-$port.csv" t0 t1 k0 k1 n=$((INGEST_SECS * 8000))
+  read -r t0 k0 < <(ticks "$server_pid")
+  local w0 w1
+  w0="$(date +%s.%N)"
+  taskset -c "$LOAD_CORE" redis-benchmark -p "$port" -t set -d 256 -c 64 -P 1 -n "$n" -r 1000000 --csv >"$out" 2>/dev/null
+  w1="$(date +%s.%N)"
+  read -r t1 k1 < <(ticks "$server_pid")
+  awk -F, -v t="redis" -v n="$n" -v d="$((t1 - t0))" -v k="$((k1 - k0))" -v hz="$clk_tck" -v w0="$w0" -v w1="$w1" '
+    NR == 2 { gsub(/"/, ""); rps = $2; p50 = $5 * 1000; p99 = $7 * 1000 }
+    END { secs = w1 - w0; cpu = d / hz
+      printf "RESULT figure=ingest target=%s requests=%d req_per_s=%.0f p50_us=%.1f p99_us=%.1f server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f\n",
+        t, n, rps, p50, p99, 100 * cpu / secs, 1e6 * cpu / n, 1e6 * k / hz / n }' "$out"
+}
+
 run_ingest() {
   local t="$1" wrk_out="$OUT/wrk-$1-$port.txt" t0 t1 k0 k1
   read -r t0 k0 < <(ticks "$server_pid")
   (
-    TARGET="$t" RUN_ID="$port" taskset -c "$LOAD_CORE" \
+    TARGET="$(proto_of "$t")" RUN_ID="$port" taskset -c "$LOAD_CORE" \
       wrk -t1 -c64 -d"${INGEST_SECS}s" --latency -s "$here/ingest.lua" "http://127.0.0.1:$port" >"$wrk_out"
     times >"$wrk_out.times"
   )
@@ -192,6 +238,8 @@ run_ingest() {
 runs() {
   case "$2:$1" in
     nchan:catchup) return 1 ;;
+    redis:ingest) return 0 ;;
+    redis:*) return 1 ;;
     nginx-static:ingest) return 0 ;;
     nginx-static:*) return 1 ;;
   esac
@@ -219,13 +267,23 @@ run_figure() {
   port=$((port + 1))
   start_server "$t" "$port"
   echo "== $figure $t (port $port, server pid $server_pid)" >&2
-  local line
-  if [ "$kind" = ingest ]; then
+  local line c0="" c1=""
+  [ "$t" = durable ] && c0="$(commits "$port")"
+  if [ "$kind" = ingest ] && [ "$t" = redis ]; then
+    line="$(run_redis_ingest)"
+  elif [ "$kind" = ingest ]; then
     line="$(run_ingest "$t")"
   else
-    line="$(taskset -c "$LOAD_CORE" "$load_bin" "${args[@]}" --target "$t" --addr "127.0.0.1:$port" \
+    line="$(taskset -c "$LOAD_CORE" "$load_bin" "${args[@]}" --target "$(proto_of "$t")" --addr "127.0.0.1:$port" \
       --server-pid "$server_pid" --seconds "$SECS" --figure "$figure" 2>>"$OUT/gen.log" | grep '^RESULT')" ||
       line="RESULT figure=$figure target=$t failed=1"
+    line="${line/target=relay /target=$t }"
+  fi
+  if [ "$t" = durable ]; then
+    c1="$(commits "$port")"
+    local secs="$SECS"
+    [ "$kind" = ingest ] && secs="$INGEST_SECS"
+    line="$line fsyncs_per_s=$(awk -v a="${c0:-0}" -v b="${c1:-0}" -v s="$secs" 'BEGIN { printf "%.0f", (b - a) / s }')"
   fi
   echo "$line" | tee -a "$results" >&2
   case "$line" in
@@ -245,7 +303,8 @@ run_figure() {
   echo
   for t in $TARGETS; do
     case "$t" in
-      relay | base) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
+      relay | base | durable) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
+      redis) echo "- redis: $(redis-server --version | cut -d' ' -f1-3), appendonly yes, appendfsync always" ;;
     esac
   done
 } >"$OUT/header.md"

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Restart time with persistence: a data directory holding MESSAGES stored
+# messages (SESSIONS sessions, half prompts and half answers, answers of
+# TEXT bytes), written straight into relay.db with the server's schema;
+# then the time from exec until the server answers /healthz, i.e. until it
+# restored every session and listens (median of RUNS starts), the file's
+# size, and the server's RSS once up.
+#
+#   benches/restart.sh                         # 1,000,000 messages
+#   MESSAGES=100000 RUNS=3 benches/restart.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+MESSAGES="${MESSAGES:-1000000}"
+SESSIONS="${SESSIONS:-100}"
+TEXT="${TEXT:-200}"
+RUNS="${RUNS:-5}"
+cargo build --release --quiet
+bin=target/release/relay
+dir="$(mktemp -d /tmp/relay-restart.XXXXXX)"
+trap 'rm -rf "$dir"' EXIT
+# The schema, as the server writes it: let it create an empty database.
+RELAY_DATA_DIR="$dir" RELAY_HOST=127.0.0.1 RELAY_PORT=0 RELAY_LOG=error "$bin" &
+pid=$!
+for _ in $(seq 1 100); do [ -s "$dir/relay.db" ] && break; sleep 0.05; done
+kill -TERM "$pid"; wait "$pid" || true
+python3 - "$dir/relay.db" "$MESSAGES" "$SESSIONS" "$TEXT" <<'PY'
+import json, sqlite3, sys, uuid
+db, total, sessions, text = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+per = total // sessions
+con = sqlite3.connect(db)
+con.execute("PRAGMA journal_mode = WAL")
+con.execute("PRAGMA synchronous = OFF")
+body = "x" * text
+with con:
+    for s in range(sessions):
+        name = f"bench-{s}"
+        cur = con.execute(
+            "INSERT INTO sessions (name, epoch, next_seq, first_seq, last_assistant, dropped_assistant, pending)"
+            " VALUES (?, ?, ?, 1, ?, 0, 0)", (name, str(uuid.uuid4()), per + 1, per - per % 2))
+        sid = cur.lastrowid
+        rows = []
+        for seq in range(1, per + 1):
+            n = (seq + 1) // 2
+            cid = f"c{n}"
+            if seq % 2:
+                data = json.dumps({"session_id": name, "client_msg_id": cid, "prompt": "q", "ts": 1, "seq": seq}, separators=(",", ":"))
+                rows.append((sid, seq, 0, cid, None, 1, 1, 1, data))
+            else:
+                aid = f"a{n}"
+                data = json.dumps({"session_id": name, "assistant_msg_id": aid, "client_msg_id": cid, "text": body, "ts": 1, "seq": seq}, separators=(",", ":"))
+                rows.append((sid, seq, 1, cid, aid, 1, 1, 1, data))
+        con.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+con.close()
+PY
+echo "database: $(stat -c %s "$dir/relay.db") bytes for $MESSAGES messages in $SESSIONS sessions"
+python3 - "$bin" "$dir" "$RUNS" <<'PY'
+import os, socket, statistics, subprocess, sys, time
+binary, data, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ready, rss = [], []
+for _ in range(runs):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    env = dict(os.environ, RELAY_DATA_DIR=data, RELAY_HOST="127.0.0.1", RELAY_PORT=str(port), RELAY_LOG="error")
+    t0 = time.perf_counter()
+    p = subprocess.Popen([binary], env=env)
+    while True:
+        c = socket.socket()
+        try:
+            c.connect(("127.0.0.1", port))
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n")
+            if c.recv(64).startswith(b"HTTP/1.1 200"):
+                break
+        except OSError:
+            time.sleep(0.005)
+        finally:
+            c.close()
+    ready.append(time.perf_counter() - t0)
+    with open(f"/proc/{p.pid}/status") as f:
+        rss += [int(l.split()[1]) for l in f if l.startswith("VmRSS")]
+    p.terminate(); p.wait()
+print(f"restart (exec to first 200, {runs} starts): median {statistics.median(ready):.2f} s, "
+      f"min {min(ready):.2f} s, max {max(ready):.2f} s; RSS once up: median {statistics.median(rss) // 1024} MiB")
+PY
