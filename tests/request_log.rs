@@ -50,7 +50,9 @@ fn every_request_is_logged_at_debug_with_the_reason_of_each_error() {
     assert_eq!(srv.get("/messages/bad%20id").status, 400);
     let r = srv.get("/ws/s?token=SECRET-WRONG&after=0");
     assert_eq!(r.status, 401);
-    srv.wait_for_log("\"status\":401");
+    // The last request's line: the server logs it after it answers, and an
+    // earlier 401 (of POST /prompt) must not stand in for it.
+    srv.wait_for_log("\"/ws/s\"");
     let logged = requests(&srv);
     let bad_json = find(&logged, "POST", "/prompt", 400);
     assert!(
