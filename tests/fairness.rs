@@ -84,17 +84,7 @@ fn raw(addr: SocketAddr) -> TcpStream {
 /// A raw WebSocket client past its 101.
 fn raw_ws(addr: SocketAddr, sid: &str) -> TcpStream {
     let mut s = raw(addr);
-    let req = format!(
-        "GET /ws/{sid} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut b).unwrap(), 1);
-        head.push(b[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"));
+    raw_upgrade(&mut s, &format!("/ws/{sid}"));
     s
 }
 
@@ -329,10 +319,8 @@ fn twenty_connections_that_never_read_hold_bounded_memory() {
             sock.set_recv_buffer_size(4096).unwrap();
             sock.connect(&srv.addr().into()).unwrap();
             let mut s: TcpStream = sock.into();
-            let req = format!(
-                "GET /ws/{sid}?after=0 HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-            );
-            s.write_all(req.as_bytes()).unwrap();
+            s.write_all(ws_upgrade_request(&format!("/ws/{sid}?after=0")).as_bytes())
+                .unwrap();
             s
         })
         .collect();

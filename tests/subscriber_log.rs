@@ -10,7 +10,6 @@ mod common;
 
 use common::*;
 use serde_json::{Value, json};
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -177,21 +176,7 @@ fn stalled_subscriber(addr: SocketAddr, sid: &str) -> TcpStream {
     sock.connect(&addr.into()).expect("connect");
     let mut s: TcpStream = sock.into();
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    let req = format!(
-        "GET /ws/{sid} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).expect("send upgrade");
-    let mut head = Vec::new();
-    let mut byte = [0u8];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).expect("read 101"), 1, "closed before 101");
-        head.push(byte[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 101"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    raw_upgrade(&mut s, &format!("/ws/{sid}"));
     s
 }
 

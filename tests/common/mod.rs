@@ -13,7 +13,7 @@ mod ws;
 pub use http::{Http, Response};
 pub use ws::Ws;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -512,4 +512,32 @@ pub fn client_msg_ids(items: &[Value]) -> Vec<String> {
                 .to_string()
         })
         .collect()
+}
+
+/// The upgrade request of a raw WebSocket client for `path`, for tests that
+/// drive the socket themselves (a subscriber that never reads, or one with
+/// a tiny receive window).
+pub fn ws_upgrade_request(path: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+}
+
+/// Sends the upgrade for `path` on `s` and reads the `101`'s head, byte by
+/// byte so that nothing after it is consumed.
+#[track_caller]
+pub fn raw_upgrade(s: &mut TcpStream, path: &str) {
+    s.write_all(ws_upgrade_request(path).as_bytes())
+        .expect("send upgrade");
+    let mut head = Vec::new();
+    let mut byte = [0u8];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).expect("read 101"), 1, "closed before 101");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
 }
