@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,62 +43,6 @@ const KIB: u64 = 1024;
 /// queues took every flood frame they would hold 1024 x 32 KiB = 32 MiB at
 /// least, past the bound.
 const RSS_BOUND_KIB: u64 = 24 * KIB;
-
-/// A well-behaved client of one session: a keep-alive connection for the
-/// web client, one for the agent, and a reading WebSocket subscriber, all
-/// opened before the abuse (new connections get 503 while the cap is full).
-struct Good {
-    sid: String,
-    client: Http,
-    agent: Http,
-    ws: Ws,
-    rounds: u32,
-}
-
-impl Good {
-    #[track_caller]
-    fn new(srv: &Server) -> Good {
-        let sid = unique_session();
-        let ws = srv.ws(&format!("/ws/{sid}"));
-        Good {
-            sid,
-            client: srv.conn(),
-            agent: srv.conn(),
-            ws,
-            rounds: 0,
-        }
-    }
-
-    #[track_caller]
-    fn health(&mut self) -> Value {
-        let r = self.client.request("GET", "/healthz", &[], None);
-        assert_eq!(r.status, 200, "/healthz for the good client: {}", r.text());
-        r.json()
-    }
-
-    /// prompt -> long-poll -> response -> WebSocket, all on the kept connections.
-    #[track_caller]
-    fn round_trip(&mut self) {
-        self.rounds += 1;
-        let id = format!("good-{}", self.rounds);
-        let text = format!("answer {}", self.rounds);
-        let sid = self.sid.clone();
-        self.agent
-            .send("GET", &format!("/prompts/{sid}?timeout=20"), &[], None);
-        let p = json!({"session_id": sid, "prompt": "hello", "client_msg_id": id});
-        let r = self.client.post_json("/prompt", &p);
-        assert_eq!(r.status, 200, "good prompt: {}", r.text());
-        let polled = self.agent.read_response();
-        assert_eq!(polled.status, 200, "good long-poll: {}", polled.text());
-        assert_eq!(polled.json()[0]["client_msg_id"], id.as_str());
-        let a = json!({"session_id": sid, "client_msg_id": id, "text": text});
-        let r = self.agent.post_json("/response", &a);
-        assert_eq!(r.status, 200, "good response: {}", r.text());
-        assert_eq!(r.json()["delivered"], true);
-        let f = self.ws.recv_json_skip_pings();
-        assert_eq!(f["data"]["text"], text.as_str(), "{f}");
-    }
-}
 
 /// What the monitor saw while the abuse ran.
 #[derive(Default, Debug)]

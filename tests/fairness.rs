@@ -16,64 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// A well-behaved client of one session: the web client, the agent and a
-/// reading subscriber, each on its own kept connection.
-struct Good {
-    sid: String,
-    client: Http,
-    agent: Http,
-    ws: Ws,
-    rounds: u32,
-    slowest: Duration,
-}
-
-impl Good {
-    #[track_caller]
-    fn new(srv: &Server) -> Good {
-        let sid = unique_session();
-        let ws = srv.ws(&format!("/ws/{sid}"));
-        Good {
-            sid,
-            client: srv.conn(),
-            agent: srv.conn(),
-            ws,
-            rounds: 0,
-            slowest: Duration::ZERO,
-        }
-    }
-
-    /// prompt -> long-poll -> response -> WebSocket; each read is bounded
-    /// by the harness's 10 s timeout, so a starved loop fails the test.
-    #[track_caller]
-    fn round_trip(&mut self) {
-        let t = Instant::now();
-        self.rounds += 1;
-        let id = format!("good-{}", self.rounds);
-        let sid = self.sid.clone();
-        self.agent
-            .send("GET", &format!("/prompts/{sid}?timeout=20"), &[], None);
-        let p = json!({"session_id": sid, "prompt": "hello", "client_msg_id": id});
-        assert_eq!(self.client.post_json("/prompt", &p).status, 200);
-        let polled = self.agent.read_response();
-        assert_eq!(polled.status, 200, "{}", polled.text());
-        let a = json!({"session_id": sid, "client_msg_id": id, "text": "hi"});
-        assert_eq!(self.agent.post_json("/response", &a).status, 200);
-        let f = self.ws.recv_json_skip_pings();
-        assert_eq!(f["data"]["client_msg_id"], id.as_str(), "{f}");
-        self.slowest = self.slowest.max(t.elapsed());
-    }
-
-    /// Round trips for `span`, at least `min` of them.
-    #[track_caller]
-    fn keep_going(&mut self, span: Duration, min: u32) {
-        let until = Instant::now() + span;
-        let start = self.rounds;
-        while Instant::now() < until || self.rounds - start < min {
-            self.round_trip();
-        }
-    }
-}
-
 fn raw(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();

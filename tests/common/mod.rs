@@ -7,9 +7,12 @@
 //! timeout so a missing reply fails the test instead of hanging it.
 #![allow(dead_code)]
 
+mod good;
 mod http;
 mod ws;
 
+#[allow(unused_imports)] // only the tests of clients under abuse use it
+pub use good::Good;
 pub use http::{Http, Response};
 pub use ws::Ws;
 
