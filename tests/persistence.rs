@@ -360,7 +360,141 @@ fn a_first_version_database_is_migrated() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
+}
+
+#[test]
+fn a_second_version_database_is_migrated_to_the_same_log() {
+    let dir = Dir::new("v2");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = dir.0.join("relay.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let data = |seq: u32, body: &str| {
+        format!("'{{\"session_id\":\"two\",{body},\"ts\":5,\"seq\":{seq}}}'")
+    };
+    // Schema version 2 with a history limit of 3: p1 is pending and out of
+    // history, the answer at seq 2 (to a prompt answered and gone) was
+    // trimmed, p3 is answered by a3, p5 is pending.
+    conn.execute_batch(&format!(
+        "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+            epoch TEXT NOT NULL, next_seq INTEGER NOT NULL, first_seq INTEGER NOT NULL,
+            last_assistant INTEGER NOT NULL, pending INTEGER NOT NULL,
+            dropped_assistant INTEGER NOT NULL DEFAULT 0);
+         CREATE TABLE messages (session INTEGER NOT NULL, seq INTEGER NOT NULL,
+            kind INTEGER NOT NULL, client_msg_id TEXT NOT NULL, assistant_msg_id TEXT,
+            ts INTEGER NOT NULL, in_history INTEGER NOT NULL, answered INTEGER NOT NULL,
+            data TEXT NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
+         CREATE UNIQUE INDEX prompt_ids ON messages (session, client_msg_id) WHERE kind = 0;
+         CREATE UNIQUE INDEX answer_ids ON messages (session, assistant_msg_id) WHERE kind = 1;
+         INSERT INTO sessions VALUES (1, 'two', 'epoch-v2', 6, 3, 4, 2, 2);
+         INSERT INTO messages VALUES (1, 1, 0, 'p1', NULL, 5, 0, 0, {});
+         INSERT INTO messages VALUES (1, 3, 0, 'p3', NULL, 5, 1, 1, {});
+         INSERT INTO messages VALUES (1, 4, 1, 'p3', 'a3', 5, 1, 1, {});
+         INSERT INTO messages VALUES (1, 5, 0, 'p5', NULL, 5, 1, 0, {});
+         PRAGMA user_version = 2;",
+        data(1, r#""client_msg_id":"p1","prompt":"one""#),
+        data(3, r#""client_msg_id":"p3","prompt":"three""#),
+        data(
+            4,
+            r#""assistant_msg_id":"a3","client_msg_id":"p3","text":"four""#
+        ),
+        data(5, r#""client_msg_id":"p5","prompt":"five""#),
+    ))
+    .unwrap();
+    drop(conn);
+    let srv = Server::start_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_HISTORY_LIMIT", "3")]);
+    assert_eq!(epoch(&srv, "two"), "epoch-v2");
+    let seqs: Vec<u64> = srv.messages("two", "?limit=100")["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["data"]["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [3, 4, 5], "history as version 2 held it");
+    assert_eq!(client_msg_ids(&srv.pending("two")), ["p1", "p5"]);
+    // Known ids are still duplicates; the answer's resend too.
+    assert_eq!(srv.prompt("two", "again", Some("p3"))["duplicate"], true);
+    let resend = json!({"session_id": "two", "client_msg_id": "p3", "text": "four", "assistant_msg_id": "a3"});
+    assert_eq!(
+        srv.post_json("/response", &resend).json()["duplicate"],
+        true
+    );
+    // seq goes on where it stopped; p1 can still be answered.
+    srv.prompt("two", "six", Some("p6"));
+    srv.respond("two", "p1", "late");
+    let last = srv.messages("two", "?limit=100")["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["data"]["seq"].as_u64().unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(last, [5, 6, 7]);
+    let version: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 3);
+}
+
+/// Rows in the file's log.
+fn rows(dir: &Dir) -> i64 {
+    rusqlite::Connection::open(dir.0.join("relay.db"))
+        .unwrap()
+        .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn rows_history_dropped_leave_the_file_and_a_restart_restores_the_same_log() {
+    let dir = Dir::new("trim");
+    let env = [("RELAY_DATA_DIR", dir.path()), ("RELAY_HISTORY_LIMIT", "6")];
+    let mut srv = Server::start_with(&env);
+    let sid = unique_session();
+    let gone = unique_session();
+    // A prompt that stays pending while history moves far past it, and a
+    // session deleted while its dropped rows still wait for collection.
+    srv.prompt(&sid, "early", Some("early"));
+    for i in 0..400 {
+        srv.prompt(&sid, &format!("q{i}"), Some(&format!("c{i}")));
+        srv.respond(&sid, &format!("c{i}"), &format!("a{i}"));
+        if (380..390).contains(&i) {
+            srv.prompt(&gone, "x", Some(&format!("g{i}")));
+            srv.respond(&gone, &format!("g{i}"), "y");
+        }
+        if i == 395 {
+            assert_eq!(srv.delete(&format!("/sessions/{gone}")).status, 200);
+        }
+    }
+    let before = srv.messages(&sid, "?limit=1000");
+    let epoch_before = epoch(&srv, &sid);
+    srv.kill9();
+    // 801 messages were stored: the file keeps history, the pending prompt
+    // and at most one batch of rows waiting for collection.
+    let kept = rows(&dir);
+    assert!(kept <= 6 + 1 + 256 + 2, "{kept} rows in the file");
+    let srv = Server::start_with(&env);
+    assert_eq!(
+        srv.messages(&sid, "?limit=1000"),
+        before,
+        "/messages is identical"
+    );
+    assert_eq!(epoch(&srv, &sid), epoch_before);
+    assert_eq!(client_msg_ids(&srv.pending(&sid)), ["early"]);
+    assert_eq!(srv.get(&format!("/messages/{gone}")).status, 404);
+    assert_eq!(srv.prompt(&sid, "q399", Some("c399"))["duplicate"], true);
+    let resend = json!({"session_id": sid, "client_msg_id": "c399", "text": "a399"});
+    assert_eq!(srv.post_json("/response", &resend).status, 200);
+    let last = srv.messages(&sid, "?limit=1000")["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["data"]["seq"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(last, 802, "seq goes on after the 801 stored before");
+    // The deleted session's rows were not restored into anything.
+    srv.respond(&sid, "early", "at last");
+    assert!(srv.pending(&sid).is_empty());
 }
 
 #[test]

@@ -98,6 +98,11 @@ impl<V> IdMap<V> {
         }
     }
 
+    /// Every value, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.table.iter().map(|s| &s.value)
+    }
+
     pub fn remove(&mut self, key: &str) -> Option<V> {
         let hash = self.hash(key);
         match self

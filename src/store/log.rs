@@ -148,8 +148,10 @@ impl SessionLog {
         &self.epoch
     }
 
-    /// A log restored from the database: its counters as stored, its
-    /// messages to follow through [`restore`](Self::restore).
+    /// A log restored from the database: its counters as stored (a floor
+    /// the replayed messages raise), its messages to follow, oldest first,
+    /// through [`append_prompt`](Self::append_prompt) and
+    /// [`append_response`](Self::append_response).
     pub fn restored(
         now: Millis,
         epoch: Rc<str>,
@@ -162,38 +164,6 @@ impl SessionLog {
             last_assistant,
             dropped_assistant,
             ..SessionLog::new(now, epoch)
-        }
-    }
-
-    /// Puts back one stored message, oldest first: a prompt with whether it
-    /// is answered and still in history (a pending prompt outlives its
-    /// place in history), an answer (always in history).
-    pub fn restore(&mut self, msg: Message, answered: bool, in_history: bool) {
-        let msg = Rc::new(msg);
-        match msg.kind {
-            Kind::Prompt => {
-                let entry = PromptEntry {
-                    seq: msg.seq,
-                    answered,
-                    in_history,
-                };
-                self.prompts.insert(msg.client_msg_id.clone(), entry);
-                if !answered {
-                    self.pending.insert(msg.seq, msg.clone());
-                }
-            }
-            Kind::Assistant => {
-                if let Some(id) = &msg.assistant_msg_id {
-                    let entry = ResponseEntry {
-                        client_msg_id: msg.client_msg_id.clone(),
-                        msg: msg.clone(),
-                    };
-                    self.responses.insert(id.clone(), entry);
-                }
-            }
-        }
-        if in_history {
-            self.history.push_back(msg);
         }
     }
 
@@ -285,7 +255,7 @@ impl SessionLog {
                     }
                 }
                 Kind::Assistant => {
-                    self.dropped_assistant = old.seq;
+                    self.dropped_assistant = self.dropped_assistant.max(old.seq);
                     if let Some(id) = &old.assistant_msg_id {
                         self.responses.remove(id);
                     }

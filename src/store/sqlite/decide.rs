@@ -1,11 +1,16 @@
-//! The storage thread's writer: each command decided inside the group's
-//! transaction, with the same rules as the in-memory engine (dedupe window,
-//! `seq`, caps, trimming), so a transaction that rolls back leaves nothing
-//! behind, in the database or in the loop (which applies only what was
-//! committed).
+//! The storage thread's writer: each command of a group decided against the
+//! mirror of the database ([`Mirror`]), with the same rules as the
+//! in-memory engine (dedupe window, `seq`, caps, trimming), and written as
+//! one appended row; the group commits as one transaction. A transaction
+//! that rolls back leaves nothing behind: not in the file, not in the loop
+//! (which applies only what was committed), and not in the mirror, which is
+//! read back from the file.
 
 use log::{error, warn};
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, Transaction, TransactionBehavior, params};
+
+use super::mirror::{self, Mirror};
+use super::schema;
 
 use crate::relay::ApiError;
 use crate::relay::model::{decode, push_json_str};
@@ -34,89 +39,73 @@ impl From<ApiError> for Fail {
 
 type Decided = Result<(Outcome, Vec<Record>), Fail>;
 
-/// A session's row.
-struct Session {
-    id: i64,
-    epoch: String,
-    next_seq: i64,
-    first_seq: i64,
-    pending: i64,
-}
+/// Garbage rows (messages history dropped) deleted together, in the
+/// transaction that reaches this many: deleting each at once would dirty a
+/// page of its own in every commit, where these were written close together
+/// and share pages.
+const GARBAGE_BATCH: usize = 256;
 
-/// The storage thread's state: the connection, the limits, and the id
-/// generator for epochs and message ids it assigns.
+/// The storage thread's state: the connection, the limits, the id
+/// generator for epochs and message ids it assigns, and the mirror of what
+/// the database holds, from which every write is decided.
 pub struct Writer {
     conn: Connection,
     limits: StoreLimits,
     ids: IdGen,
-    /// Sessions in the database (the session cap), recounted after a
-    /// rollback.
-    sessions: usize,
+    /// `None` after a rebuild failed: rebuilt before the next transaction.
+    mirror: Option<Mirror>,
 }
 
 impl Writer {
-    /// A writer over an opened, migrated database.
+    /// A writer over an opened, migrated database; reads the whole log once
+    /// to build its mirror.
     pub fn new(conn: Connection, limits: StoreLimits) -> Writer {
-        let sessions = count_sessions(&conn);
-        Writer {
+        let mut w = Writer {
             conn,
             limits,
             ids: IdGen::new(),
-            sessions,
-        }
+            mirror: None,
+        };
+        w.rebuild();
+        w
+    }
+
+    /// Builds the mirror again from the file: at start, and after a
+    /// transaction rolled back (its decisions are then in the mirror and
+    /// not in the file).
+    fn rebuild(&mut self) {
+        self.mirror = match schema::mirror(&self.conn, self.limits.history_limit) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                error!(error = e.to_string().as_str(); "cannot read the database back");
+                None
+            }
+        };
     }
 
     /// Decides every command in one transaction and commits it. Refusals
     /// (404, 409, caps) are answers; a database failure rolls the whole
     /// transaction back and every command in it gets `503`.
     pub fn commit(&mut self, cmds: Vec<Command>) -> Vec<Done> {
+        if self.mirror.is_none() {
+            self.rebuild();
+        }
         let Writer {
             conn,
             limits,
             ids,
-            sessions,
+            mirror,
         } = self;
-        let before = *sessions;
-        let mut out = Vec::with_capacity(cmds.len());
-        let failure = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-            Err(e) => Some(e),
-            Ok(tx) => {
-                let mut ctx = Ctx {
-                    tx: &tx,
-                    limits: *limits,
-                    ids,
-                    sessions,
-                };
-                let mut failed = None;
-                for cmd in &cmds {
-                    match ctx.decide(&cmd.op) {
-                        Ok((outcome, records)) => out.push(Done {
-                            conn: cmd.conn,
-                            result: Ok(outcome),
-                            records,
-                        }),
-                        Err(Fail::Api(e)) => out.push(Done {
-                            conn: cmd.conn,
-                            result: Err(e),
-                            records: Vec::new(),
-                        }),
-                        Err(Fail::Db(e)) => {
-                            failed = Some(e);
-                            break;
-                        }
-                    }
-                }
-                match failed {
-                    Some(e) => Some(e), // dropping `tx` rolls back
-                    None => tx.commit().err(),
-                }
-            }
+        let result = match mirror {
+            Some(mirror) => transaction(conn, *limits, ids, mirror, &cmds),
+            None => Err(rusqlite::Error::InvalidQuery),
         };
-        let Some(e) = failure else {
-            return out;
+        let e = match result {
+            Ok(out) => return out,
+            Err(e) => e,
         };
         error!(error = e.to_string().as_str(), commands = cmds.len(); "storage write failed");
-        *sessions = before;
+        self.rebuild();
         cmds.iter()
             .map(|c| Done {
                 conn: c.conn,
@@ -135,9 +124,41 @@ impl Writer {
     }
 }
 
-fn count_sessions(conn: &Connection) -> usize {
-    conn.query_row("SELECT count(*) FROM sessions", [], |r| r.get::<_, i64>(0))
-        .map_or(0, |n| n as usize)
+/// One group commit: decides each command, deletes the garbage when there
+/// is enough of it, and commits. An error rolls everything back (dropping
+/// the transaction does) and leaves the mirror ahead of the file.
+fn transaction(
+    conn: &mut Connection,
+    limits: StoreLimits,
+    ids: &mut IdGen,
+    mirror: &mut Mirror,
+    cmds: &[Command],
+) -> rusqlite::Result<Vec<Done>> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut ctx = Ctx {
+        tx: &tx,
+        limits,
+        ids,
+        mirror,
+    };
+    let mut out = Vec::with_capacity(cmds.len());
+    for cmd in cmds {
+        let (result, records) = match ctx.decide(&cmd.op) {
+            Ok((outcome, records)) => (Ok(outcome), records),
+            Err(Fail::Api(e)) => (Err(e), Vec::new()),
+            Err(Fail::Db(e)) => return Err(e),
+        };
+        out.push(Done {
+            conn: cmd.conn,
+            result,
+            records,
+        });
+    }
+    if ctx.mirror.garbage() >= GARBAGE_BATCH {
+        ctx.collect_garbage()?;
+    }
+    tx.commit()?;
+    Ok(out)
 }
 
 /// One transaction's view of the writer.
@@ -145,7 +166,7 @@ struct Ctx<'a> {
     tx: &'a Transaction<'a>,
     limits: StoreLimits,
     ids: &'a mut IdGen,
-    sessions: &'a mut usize,
+    mirror: &'a mut Mirror,
 }
 
 impl Ctx<'_> {
@@ -174,26 +195,27 @@ impl Ctx<'_> {
                 *ts,
             ),
             Op::Create { sid, put } => {
-                let (s, created) = self.session_or_create(sid)?;
-                let records = created_record(sid, &s, created);
+                let created = self.session_or_create(sid)?;
+                let epoch = self.epoch(sid);
+                let records = created_record(sid, &epoch, created);
                 let outcome = Outcome::Session {
                     sid: sid.clone(),
-                    epoch: s.epoch,
+                    epoch,
                     created,
                     put: *put,
                 };
                 Ok((outcome, records))
             }
             Op::Delete { sid } => {
-                let s = self.session(sid)?.ok_or_else(ApiError::session_not_found)?;
-                self.delete(s.id)?;
+                if !self.delete(sid)? {
+                    return Err(ApiError::session_not_found().into());
+                }
                 Ok((Outcome::Deleted, vec![Record::Deleted { sid: sid.clone() }]))
             }
             Op::Collect { sids } => {
                 let mut records = Vec::new();
                 for sid in sids {
-                    if let Some(s) = self.session(sid)? {
-                        self.delete(s.id)?;
+                    if self.delete(sid)? {
                         records.push(Record::Deleted { sid: sid.clone() });
                     }
                 }
@@ -202,56 +224,107 @@ impl Ctx<'_> {
         }
     }
 
-    fn session(&self, name: &str) -> rusqlite::Result<Option<Session>> {
-        let mut st = self.tx.prepare_cached(
-            "SELECT id, epoch, next_seq, first_seq, pending FROM sessions WHERE name = ?1",
-        )?;
-        st.query_row([name], |r| {
-            Ok(Session {
-                id: r.get(0)?,
-                epoch: r.get(1)?,
-                next_seq: r.get(2)?,
-                first_seq: r.get(3)?,
-                pending: r.get(4)?,
-            })
-        })
-        .optional()
+    fn epoch(&self, sid: &str) -> String {
+        self.mirror
+            .get(sid)
+            .map_or_else(String::new, |s| s.epoch.clone())
     }
 
-    /// The session, created with a new epoch if needed (503 at the cap).
-    fn session_or_create(&mut self, name: &str) -> Result<(Session, bool), Fail> {
-        if let Some(s) = self.session(name)? {
-            return Ok((s, false));
+    /// Creates the session with a new epoch if needed (503 at the cap);
+    /// returns whether it did.
+    fn session_or_create(&mut self, name: &str) -> Result<bool, Fail> {
+        if self.mirror.get(name).is_some() {
+            return Ok(false);
         }
-        if *self.sessions >= self.limits.max_sessions {
+        if self.mirror.len() >= self.limits.max_sessions {
             return Err(ApiError::unavailable("session limit reached").into());
         }
         let epoch = self.ids.uuid();
-        let mut st = self.tx.prepare_cached(
-            "INSERT INTO sessions (name, epoch, next_seq, first_seq, last_assistant, dropped_assistant, pending)
-             VALUES (?1, ?2, 1, 1, 0, 0, 0)",
-        )?;
-        st.execute(params![name, epoch])?;
-        *self.sessions += 1;
-        let s = Session {
-            id: self.tx.last_insert_rowid(),
-            epoch,
-            next_seq: 1,
-            first_seq: 1,
-            pending: 0,
-        };
-        Ok((s, true))
+        self.tx
+            .prepare_cached(
+                "INSERT INTO sessions (name, epoch, next_seq, last_assistant, dropped_assistant)
+                 VALUES (?1, ?2, 1, 0, 0)",
+            )?
+            .execute(params![name, epoch])?;
+        let id = self.tx.last_insert_rowid();
+        self.mirror
+            .insert(name, mirror::Session::new(id, epoch, 1, 0, 0));
+        Ok(true)
     }
 
-    fn delete(&mut self, id: i64) -> rusqlite::Result<()> {
-        self.tx
-            .prepare_cached("DELETE FROM messages WHERE session = ?1")?
-            .execute([id])?;
+    /// Deletes a session and every row it still needs; false if there is
+    /// none. Its garbage rows go with the next collection.
+    fn delete(&mut self, name: &str) -> rusqlite::Result<bool> {
+        let Some(s) = self.mirror.get(name) else {
+            return Ok(false);
+        };
+        let mut st = self
+            .tx
+            .prepare_cached("DELETE FROM messages WHERE id = ?1")?;
+        for row in s.rows() {
+            st.execute([row])?;
+        }
         self.tx
             .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-            .execute([id])?;
-        *self.sessions = self.sessions.saturating_sub(1);
+            .execute([s.id])?;
+        self.mirror.remove(name);
+        Ok(true)
+    }
+
+    /// Deletes the rows history dropped, and writes the counters of their
+    /// sessions, which restore takes as its floor (`next_seq`, the newest
+    /// answer, the newest answer dropped) since the rows that set them are
+    /// gone.
+    fn collect_garbage(&mut self) -> rusqlite::Result<()> {
+        let (rows, dirty) = self.mirror.take_garbage();
+        let mut st = self.tx.prepare_cached(
+            "UPDATE sessions SET next_seq = ?2, last_assistant = ?3, dropped_assistant = ?4
+             WHERE id = ?1",
+        )?;
+        for s in dirty {
+            st.execute(params![
+                s.id,
+                s.next_seq as i64,
+                s.last_assistant as i64,
+                s.dropped_assistant as i64
+            ])?;
+        }
+        let mut st = self
+            .tx
+            .prepare_cached("DELETE FROM messages WHERE id = ?1")?;
+        for row in rows {
+            st.execute([row])?;
+        }
         Ok(())
+    }
+
+    /// Appends a message's row; returns its rowid.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &self,
+        session: i64,
+        seq: u64,
+        kind: i64,
+        client_msg_id: &str,
+        assistant_msg_id: Option<&str>,
+        ts: u64,
+        data: &str,
+    ) -> rusqlite::Result<i64> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO messages (session, seq, kind, client_msg_id, assistant_msg_id, ts, data)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                session,
+                seq as i64,
+                kind,
+                client_msg_id,
+                assistant_msg_id,
+                ts as i64,
+                data
+            ])?;
+        Ok(self.tx.last_insert_rowid())
     }
 
     fn prompt(
@@ -262,17 +335,13 @@ impl Ctx<'_> {
         metadata: Option<&str>,
         ts: u64,
     ) -> Decided {
-        let (s, created) = self.session_or_create(sid)?;
-        let mut records = created_record(sid, &s, created);
+        let created = self.session_or_create(sid)?;
+        let mut records = created_record(sid, &self.epoch(sid), created);
         let (id, literal) = self.id_and_literal(id);
-        let exists: Option<i64> = self
-            .tx
-            .prepare_cached(
-                "SELECT seq FROM messages WHERE session = ?1 AND kind = 0 AND client_msg_id = ?2",
-            )?
-            .query_row(params![s.id, id], |r| r.get(0))
-            .optional()?;
-        if exists.is_some() {
+        let Some(s) = self.mirror.get(sid) else {
+            return Err(ApiError::session_not_found().into());
+        };
+        if s.prompt(&id).is_some() {
             return Ok((
                 Outcome::Prompt {
                     id,
@@ -281,12 +350,12 @@ impl Ctx<'_> {
                 records,
             ));
         }
-        if s.pending as usize >= self.limits.max_pending {
+        if s.pending() >= self.limits.max_pending {
             return Err(
                 ApiError::unavailable("pending prompt limit reached for this session").into(),
             );
         }
-        let seq = s.next_seq as u64;
+        let (session, seq) = (s.id, s.next_seq);
         let data = data(&Parts {
             session_id: sid,
             id_literal: &literal,
@@ -296,18 +365,8 @@ impl Ctx<'_> {
             ts,
             seq,
         });
-        self.tx
-            .prepare_cached(
-                "INSERT INTO messages (session, seq, kind, client_msg_id, assistant_msg_id, ts, in_history, answered, data)
-                 VALUES (?1, ?2, 0, ?3, NULL, ?4, 1, 0, ?5)",
-            )?
-            .execute(params![s.id, seq as i64, id, ts as i64, data])?;
-        self.tx
-            .prepare_cached(
-                "UPDATE sessions SET next_seq = ?2, pending = pending + 1 WHERE id = ?1",
-            )?
-            .execute(params![s.id, seq as i64 + 1])?;
-        self.trim(&s, seq as i64 + 1)?;
+        let row = self.insert(session, seq, 0, &id, None, ts, &data)?;
+        self.mirror.append_prompt(sid, seq, row, &id);
         records.push(Record::Prompt {
             sid: sid.to_string(),
             seq,
@@ -334,22 +393,21 @@ impl Ctx<'_> {
         metadata: Option<&str>,
         ts: u64,
     ) -> Decided {
-        let s = self.session(sid)?.ok_or_else(ApiError::session_not_found)?;
         let given = id.is_some();
         let (id, literal) = self.id_and_literal(id);
-        if given {
-            let prev: Option<(String, String)> = self
-                .tx
-                .prepare_cached(
-                    "SELECT client_msg_id, data FROM messages
-                     WHERE session = ?1 AND kind = 1 AND assistant_msg_id = ?2",
-                )?
-                .query_row(params![s.id, id], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?;
-            if let Some((prev_prompt, prev_data)) = prev {
-                // A resend repeats the prompt and the text (compared
-                // decoded, so another escaping of the same text is the same).
-                if prev_prompt == client_msg_id && stored_text(&prev_data) == decode(text) {
+        let s = self
+            .mirror
+            .get(sid)
+            .ok_or_else(ApiError::session_not_found)?;
+        if given && let Some(prev) = s.answer(&id) {
+            // A resend repeats the prompt and the text (compared decoded,
+            // so another escaping of the same text is the same).
+            if *prev.client_msg_id == *client_msg_id {
+                let stored: String = self
+                    .tx
+                    .prepare_cached("SELECT data FROM messages WHERE id = ?1")?
+                    .query_row([prev.row], |r| r.get(0))?;
+                if stored_text(&stored) == decode(text) {
                     return Ok((
                         Outcome::Response {
                             id,
@@ -358,25 +416,13 @@ impl Ctx<'_> {
                         Vec::new(),
                     ));
                 }
-                return Err(ApiError::conflict().into());
             }
+            return Err(ApiError::conflict().into());
         }
-        let prompt: Option<(i64, bool, bool)> = self
-            .tx
-            .prepare_cached(
-                "SELECT seq, answered, in_history FROM messages
-                 WHERE session = ?1 AND kind = 0 AND client_msg_id = ?2",
-            )?
-            .query_row(params![s.id, client_msg_id], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get::<_, i64>(1)? != 0,
-                    r.get::<_, i64>(2)? != 0,
-                ))
-            })
-            .optional()?;
-        let (prompt_seq, answered, in_history) = prompt.ok_or_else(ApiError::prompt_not_found)?;
-        let seq = s.next_seq as u64;
+        if s.prompt(client_msg_id).is_none() {
+            return Err(ApiError::prompt_not_found().into());
+        }
+        let (session, seq) = (s.id, s.next_seq);
         let data = data(&Parts {
             session_id: sid,
             id_literal: &literal,
@@ -386,32 +432,8 @@ impl Ctx<'_> {
             ts,
             seq,
         });
-        self.tx
-            .prepare_cached(
-                "INSERT INTO messages (session, seq, kind, client_msg_id, assistant_msg_id, ts, in_history, answered, data)
-                 VALUES (?1, ?2, 1, ?3, ?4, ?5, 1, 1, ?6)",
-            )?
-            .execute(params![s.id, seq as i64, client_msg_id, id, ts as i64, data])?;
-        let pending = if answered {
-            s.pending
-        } else if in_history {
-            self.tx
-                .prepare_cached("UPDATE messages SET answered = 1 WHERE session = ?1 AND seq = ?2")?
-                .execute(params![s.id, prompt_seq])?;
-            s.pending - 1
-        } else {
-            // Answered and out of history: its dedupe entry goes too.
-            self.tx
-                .prepare_cached("DELETE FROM messages WHERE session = ?1 AND seq = ?2")?
-                .execute(params![s.id, prompt_seq])?;
-            s.pending - 1
-        };
-        self.tx
-            .prepare_cached(
-                "UPDATE sessions SET next_seq = ?2, last_assistant = ?3, pending = ?4 WHERE id = ?1",
-            )?
-            .execute(params![s.id, seq as i64 + 1, seq as i64, pending])?;
-        self.trim(&s, seq as i64 + 1)?;
+        let row = self.insert(session, seq, 1, client_msg_id, Some(&id), ts, &data)?;
+        self.mirror.append_answer(sid, seq, row, client_msg_id, &id);
         let record = Record::Response {
             sid: sid.to_string(),
             seq,
@@ -429,42 +451,6 @@ impl Ctx<'_> {
         ))
     }
 
-    /// Drops the oldest messages past the history limit, as the in-memory
-    /// log does: an answer, or an answered prompt, leaves the database; a
-    /// pending prompt stays, out of history, until it is answered.
-    fn trim(&mut self, s: &Session, next_seq: i64) -> rusqlite::Result<()> {
-        let limit = self.limits.history_limit as i64;
-        if next_seq - s.first_seq <= limit {
-            return Ok(());
-        }
-        let first = next_seq - limit;
-        let dropped: Option<i64> = self
-            .tx
-            .prepare_cached(
-                "SELECT max(seq) FROM messages
-                 WHERE session = ?1 AND seq < ?2 AND kind = 1 AND in_history = 1",
-            )?
-            .query_row(params![s.id, first], |r| r.get(0))?;
-        self.tx
-            .prepare_cached(
-                "DELETE FROM messages WHERE session = ?1 AND seq < ?2 AND in_history = 1
-                 AND (kind = 1 OR answered = 1)",
-            )?
-            .execute(params![s.id, first])?;
-        self.tx
-            .prepare_cached(
-                "UPDATE messages SET in_history = 0 WHERE session = ?1 AND seq < ?2 AND in_history = 1",
-            )?
-            .execute(params![s.id, first])?;
-        self.tx
-            .prepare_cached(
-                "UPDATE sessions SET first_seq = ?2,
-                 dropped_assistant = max(dropped_assistant, coalesce(?3, 0)) WHERE id = ?1",
-            )?
-            .execute(params![s.id, first, dropped])?;
-        Ok(())
-    }
-
     /// The client's id and its literal, or a new UUID and its literal.
     fn id_and_literal(&mut self, given: Option<&(String, String)>) -> (String, String) {
         match given {
@@ -479,11 +465,11 @@ impl Ctx<'_> {
     }
 }
 
-fn created_record(sid: &str, s: &Session, created: bool) -> Vec<Record> {
+fn created_record(sid: &str, epoch: &str, created: bool) -> Vec<Record> {
     if created {
         vec![Record::Created {
             sid: sid.to_string(),
-            epoch: s.epoch.clone(),
+            epoch: epoch.to_string(),
         }]
     } else {
         Vec::new()

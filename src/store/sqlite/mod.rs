@@ -5,8 +5,8 @@
 //! start) and serves every read from it. A write becomes a [`Command`]; the
 //! commands of a loop turn go to the storage thread as one batch, and the
 //! thread takes every batch waiting for it into one transaction (group
-//! commit), decides each command there (dedupe, `seq`, caps, trimming: the
-//! database is the truth), commits (`synchronous=FULL` for
+//! commit), decides each command there against its mirror of the file
+//! (dedupe, `seq`, caps, trimming), appends one row per message, commits (`synchronous=FULL` for
 //! `RELAY_SYNC=always`: one fsync per transaction), and sends back a
 //! [`Done`] per command, with the committed changes, before waking the loop
 //! through a `mio::Waker`. Only then does the loop apply the changes, wake
@@ -19,6 +19,7 @@
 //! migrations, `decide` the per-command logic inside a transaction.
 
 mod decide;
+mod mirror;
 mod schema;
 
 use std::fs::File;
@@ -210,10 +211,12 @@ impl Durable {
     ) -> (MemStore, Durable) {
         let (batch_tx, batch_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let writer = Writer::new(opened.conn, limits);
+        let conn = opened.conn;
+        // The writer reads its mirror of the log in the thread, while the
+        // loop starts serving what it restored.
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())
-            .spawn(move || run(writer, batch_rx, done_tx, waker, sync))
+            .spawn(move || run(Writer::new(conn, limits), batch_rx, done_tx, waker, sync))
             .ok();
         let durable = Durable {
             batches: Some(batch_tx),

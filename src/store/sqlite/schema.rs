@@ -1,22 +1,33 @@
 //! The database's schema, its versions and migrations, and the restore of
 //! every session at start.
 //!
-//! Schema version 2 (`PRAGMA user_version`):
+//! Schema version 3 (`PRAGMA user_version`):
 //!
-//! - `sessions(id, name, epoch, next_seq, first_seq, last_assistant,
-//!   dropped_assistant, pending)`: one row per session; `name` is the
-//!   session id, `next_seq` the next `seq` to assign, history holds
-//!   `first_seq .. next_seq`, `pending` counts unanswered prompts.
-//! - `messages(session, seq, kind, client_msg_id, assistant_msg_id, ts,
-//!   in_history, answered, data)`, keyed by `(session, seq)`: every message
-//!   in history, and the pending prompts history has dropped
-//!   (`in_history = 0`); `kind` 0 is a prompt, 1 an answer; `data` is the
-//!   message's JSON object exactly as the API serves it. Unique indexes on
-//!   the prompt ids and answer ids of a session are the dedupe.
+//! - `sessions(id, name, epoch, next_seq, last_assistant,
+//!   dropped_assistant)`: one row per session; `name` is the session id.
+//!   The counters are a floor, written when rows that set them are
+//!   deleted; the rows that remain raise them on restore. `id` is never
+//!   reused (`AUTOINCREMENT`): rows of a deleted session may wait for the
+//!   next garbage collection, and must not join a new one.
+//! - `messages(id, session, seq, kind, client_msg_id, assistant_msg_id, ts,
+//!   data)`: the log, one row per stored message in the order stored (`id`
+//!   is SQLite's rowid, so a commit appends to the table's last pages);
+//!   `kind` 0 is a prompt, 1 an answer; `data` is the message's JSON object
+//!   exactly as the API serves it. No index: the storage thread decides
+//!   writes from its mirror (`mirror.rs`), and restore reads the table in
+//!   order.
+//!
+//! Restore replays the rows oldest first through the same rules that built
+//! them (a prompt is answered when an answer to it follows; history keeps
+//! the newest `RELAY_HISTORY_LIMIT`), so nothing derived is stored. Rows
+//! history dropped are deleted in batches.
 //!
 //! Version 1 had no `dropped_assistant` column; it is added with 0 (no
 //! answer dropped yet is the safe reading: a subscriber far behind is then
-//! resynced by the `first_seq` rule on connect).
+//! resynced by the `first_seq` rule on connect). Version 2 kept the log
+//! keyed by `(session, seq)` with unique indexes on the ids and per-row
+//! `in_history` and `answered` flags: every write then touched pages all
+//! over the file. Its rows are copied in `seq` order into the new table.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -24,43 +35,69 @@ use std::rc::Rc;
 use rusqlite::Connection;
 
 use super::Sync;
+use super::mirror::{self, Mirror};
 use crate::store::log::SessionLog;
 use crate::store::mem::{MemStore, StoreLimits};
+use crate::store::message::Kind;
 use crate::store::message::Message;
 use crate::time::Millis;
 
 /// The schema this build writes.
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 3;
 
 const CREATE: &str = "
 CREATE TABLE sessions (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL UNIQUE,
     epoch TEXT NOT NULL,
     next_seq INTEGER NOT NULL,
-    first_seq INTEGER NOT NULL,
     last_assistant INTEGER NOT NULL,
-    dropped_assistant INTEGER NOT NULL,
-    pending INTEGER NOT NULL
+    dropped_assistant INTEGER NOT NULL
 );
 CREATE TABLE messages (
+    id INTEGER PRIMARY KEY,
     session INTEGER NOT NULL,
     seq INTEGER NOT NULL,
     kind INTEGER NOT NULL,
     client_msg_id TEXT NOT NULL,
     assistant_msg_id TEXT,
     ts INTEGER NOT NULL,
-    in_history INTEGER NOT NULL,
-    answered INTEGER NOT NULL,
-    data TEXT NOT NULL,
-    PRIMARY KEY (session, seq)
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX prompt_ids ON messages (session, client_msg_id) WHERE kind = 0;
-CREATE UNIQUE INDEX answer_ids ON messages (session, assistant_msg_id) WHERE kind = 1;
+    data TEXT NOT NULL
+);
 ";
 
 const V1_TO_V2: &str =
     "ALTER TABLE sessions ADD COLUMN dropped_assistant INTEGER NOT NULL DEFAULT 0;";
+
+const V2_TO_V3: &str = "
+ALTER TABLE messages RENAME TO messages_v2;
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY,
+    session INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    client_msg_id TEXT NOT NULL,
+    assistant_msg_id TEXT,
+    ts INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+INSERT INTO messages (session, seq, kind, client_msg_id, assistant_msg_id, ts, data)
+    SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data
+    FROM messages_v2 ORDER BY seq, session;
+DROP TABLE messages_v2;
+ALTER TABLE sessions RENAME TO sessions_v2;
+CREATE TABLE sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    epoch TEXT NOT NULL,
+    next_seq INTEGER NOT NULL,
+    last_assistant INTEGER NOT NULL,
+    dropped_assistant INTEGER NOT NULL
+);
+INSERT INTO sessions (id, name, epoch, next_seq, last_assistant, dropped_assistant)
+    SELECT id, name, epoch, next_seq, last_assistant, dropped_assistant FROM sessions_v2;
+DROP TABLE sessions_v2;
+";
 
 /// Reads the schema version without writing anything: a file that is not
 /// a database, or one a newer relay wrote, is refused here, untouched.
@@ -101,35 +138,60 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
             "BEGIN; {CREATE} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         1 => conn.execute_batch(&format!(
-            "BEGIN; {V1_TO_V2} PRAGMA user_version = {VERSION}; COMMIT;"
+            "BEGIN; {V1_TO_V2} {V2_TO_V3} PRAGMA user_version = {VERSION}; COMMIT;"
+        )),
+        2 => conn.execute_batch(&format!(
+            "BEGIN; {V2_TO_V3} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         _ => Ok(()),
     }
 }
 
-/// Every session and message, into the loop's in-memory copy.
-pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite::Result<MemStore> {
-    let mut logs: HashMap<i64, (String, SessionLog)> = HashMap::new();
+/// A session's row: its name, epoch and counters.
+struct SessionRow {
+    id: i64,
+    name: String,
+    epoch: String,
+    next_seq: u64,
+    last_assistant: u64,
+    dropped_assistant: u64,
+}
+
+fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
     let mut st = conn.prepare(
         "SELECT id, name, epoch, next_seq, last_assistant, dropped_assistant FROM sessions",
     )?;
-    let mut rows = st.query([])?;
-    while let Some(r) = rows.next()? {
-        let id: i64 = r.get(0)?;
-        let name: String = r.get(1)?;
-        let epoch: String = r.get(2)?;
+    let rows = st.query_map([], |r| {
+        Ok(SessionRow {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            epoch: r.get(2)?,
+            next_seq: r.get::<_, i64>(3)? as u64,
+            last_assistant: r.get::<_, i64>(4)? as u64,
+            dropped_assistant: r.get::<_, i64>(5)? as u64,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Every session and message, replayed oldest first into the loop's
+/// in-memory copy.
+pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite::Result<MemStore> {
+    let mut logs: HashMap<i64, (String, SessionLog)> = HashMap::new();
+    for s in sessions(conn)? {
         let log = SessionLog::restored(
             now,
-            Rc::from(epoch.as_str()),
-            r.get::<_, i64>(3)? as u64,
-            r.get::<_, i64>(4)? as u64,
-            r.get::<_, i64>(5)? as u64,
+            Rc::from(s.epoch.as_str()),
+            s.next_seq,
+            s.last_assistant,
+            s.dropped_assistant,
         );
-        logs.insert(id, (name, log));
+        logs.insert(s.id, (s.name, log));
     }
+    let limit = limits.history_limit;
     let mut st = conn.prepare(
-        "SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, in_history, answered, data
-         FROM messages ORDER BY session, seq",
+        "SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data
+         FROM messages ORDER BY id",
     )?;
     let mut rows = st.query([])?;
     while let Some(r) = rows.next()? {
@@ -138,22 +200,65 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
         };
         let seq = r.get::<_, i64>(1)? as u64;
         let kind: i64 = r.get(2)?;
-        let cid: Rc<str> = Rc::from(r.get_ref(3)?.as_str()?);
+        let cid = r.get_ref(3)?.as_str()?;
         let ts = r.get::<_, i64>(5)? as u64;
-        let in_history = r.get::<_, i64>(6)? != 0;
-        let answered = r.get::<_, i64>(7)? != 0;
-        let data = r.get_ref(8)?.as_bytes()?;
-        let msg = if kind == 0 {
-            Message::prompt_with(cid, seq, ts, data.to_vec())
+        let data = r.get_ref(6)?.as_bytes()?;
+        if kind == 0 {
+            let msg = Message::prompt_with(Rc::from(cid), seq, ts, data.to_vec());
+            log.append_prompt(msg, limit);
         } else {
             let aid: Rc<str> = Rc::from(r.get_ref(4)?.as_str_or_null()?.unwrap_or(""));
-            Message::assistant_with(cid, aid, seq, ts, data)
-        };
-        log.restore(msg, answered, in_history);
+            let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));
+            let msg = Message::assistant_with(cid, aid, seq, ts, data);
+            log.append_response(msg, limit);
+        }
     }
     let mut store = MemStore::new(limits);
     for (_, (name, log)) in logs {
         store.insert(&name, log);
     }
     Ok(store)
+}
+
+/// The storage thread's mirror, replayed from the same rows (without their
+/// `data`).
+pub fn mirror(conn: &Connection, history_limit: usize) -> rusqlite::Result<Mirror> {
+    let mut names: HashMap<i64, String> = HashMap::new();
+    let mut m = Mirror::new(history_limit);
+    for s in sessions(conn)? {
+        let session = mirror::Session::new(
+            s.id,
+            s.epoch,
+            s.next_seq,
+            s.last_assistant,
+            s.dropped_assistant,
+        );
+        m.insert(&s.name, session);
+        names.insert(s.id, s.name);
+    }
+    let mut st = conn.prepare(
+        "SELECT id, session, seq, kind, client_msg_id, assistant_msg_id FROM messages ORDER BY id",
+    )?;
+    let mut rows = st.query([])?;
+    while let Some(r) = rows.next()? {
+        let Some(name) = names.get(&r.get::<_, i64>(1)?) else {
+            // Garbage of a deleted session, not collected before a restart.
+            m.orphan(r.get(0)?);
+            continue;
+        };
+        let kind = if r.get::<_, i64>(3)? == 0 {
+            Kind::Prompt
+        } else {
+            Kind::Assistant
+        };
+        m.replay(
+            name,
+            r.get(0)?,
+            r.get::<_, i64>(2)? as u64,
+            kind,
+            r.get_ref(4)?.as_str()?,
+            r.get_ref(5)?.as_str_or_null()?.unwrap_or(""),
+        );
+    }
+    Ok(m)
 }

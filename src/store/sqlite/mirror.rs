@@ -1,0 +1,286 @@
+//! The storage thread's picture of what the database holds, kept in memory
+//! so that a write is decided without reading the database: which sessions
+//! exist, their next `seq`, the ids of the dedupe window, the pending count,
+//! and where each retained message's row is.
+//!
+//! It follows the in-memory log's rules exactly (`store::log`): a prompt
+//! stays known while pending or in history, an answer while in history;
+//! history keeps the newest `history_limit` messages. What history drops
+//! becomes garbage: rows the database still holds, deleted in bulk later
+//! ([`Mirror::take_garbage`]), because a row deleted at once would dirty a
+//! page of its own in every commit.
+//!
+//! It is built by replaying the rows in insertion order (the same replay
+//! that restores the loop's copy), and rebuilt that way after a transaction
+//! rolls back, so a failed commit never leaves it ahead of the file.
+
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+use crate::relay::idmap::IdMap;
+use crate::store::message::Kind;
+
+/// A retained message: its `seq`, its row, and its own id (a prompt's
+/// `client_msg_id`, an answer's `assistant_msg_id`).
+struct Entry {
+    seq: u64,
+    row: i64,
+    kind: Kind,
+    id: Rc<str>,
+}
+
+/// What the dedupe window knows about a prompt.
+pub struct Prompt {
+    row: i64,
+    answered: bool,
+    in_history: bool,
+}
+
+/// What the dedupe window knows about an answer.
+pub struct Answer {
+    pub client_msg_id: Rc<str>,
+    pub row: i64,
+}
+
+/// One session as the database holds it.
+pub struct Session {
+    /// The `sessions` row.
+    pub id: i64,
+    pub epoch: String,
+    pub next_seq: u64,
+    pub last_assistant: u64,
+    pub dropped_assistant: u64,
+    history: VecDeque<Entry>,
+    prompts: IdMap<Prompt>,
+    answers: IdMap<Answer>,
+    pending: usize,
+    /// Rows of this session went to the garbage since its counters were
+    /// last written: they are written when those rows are deleted.
+    dirty: bool,
+}
+
+impl Session {
+    /// A session with its stored counters, its messages to be replayed.
+    pub fn new(
+        id: i64,
+        epoch: String,
+        next_seq: u64,
+        last_assistant: u64,
+        dropped_assistant: u64,
+    ) -> Session {
+        Session {
+            id,
+            epoch,
+            next_seq,
+            last_assistant,
+            dropped_assistant,
+            history: VecDeque::new(),
+            prompts: IdMap::new(),
+            answers: IdMap::new(),
+            pending: 0,
+            dirty: false,
+        }
+    }
+
+    /// Unanswered prompts.
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// The prompt with this id, while pending or in history.
+    pub fn prompt(&self, client_msg_id: &str) -> Option<(&Rc<str>, &Prompt)> {
+        self.prompts.get_key_value(client_msg_id)
+    }
+
+    /// The answer with this id, while in history.
+    pub fn answer(&self, assistant_msg_id: &str) -> Option<&Answer> {
+        self.answers.get(assistant_msg_id)
+    }
+
+    /// Every row the session still needs (history and the pending prompts
+    /// history dropped): what deleting it deletes.
+    pub fn rows(&self) -> Vec<i64> {
+        let mut rows: Vec<i64> = self.history.iter().map(|e| e.row).collect();
+        rows.extend(
+            self.prompts
+                .values()
+                .filter(|p| !p.in_history)
+                .map(|p| p.row),
+        );
+        rows
+    }
+}
+
+/// Every session, by id, and the rows waiting to be deleted.
+pub struct Mirror {
+    history_limit: usize,
+    sessions: HashMap<Rc<str>, Session>,
+    garbage: Vec<i64>,
+}
+
+impl Mirror {
+    /// An empty mirror for this history limit.
+    pub fn new(history_limit: usize) -> Mirror {
+        Mirror {
+            history_limit,
+            sessions: HashMap::new(),
+            garbage: Vec::new(),
+        }
+    }
+
+    /// Sessions stored.
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn get(&self, sid: &str) -> Option<&Session> {
+        self.sessions.get(sid)
+    }
+
+    pub fn insert(&mut self, sid: &str, s: Session) {
+        self.sessions.insert(Rc::from(sid), s);
+    }
+
+    pub fn remove(&mut self, sid: &str) -> Option<Session> {
+        self.sessions.remove(sid)
+    }
+
+    /// Appends a stored prompt (row `row`) to its session.
+    pub fn append_prompt(&mut self, sid: &str, seq: u64, row: i64, id: &str) {
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let id: Rc<str> = Rc::from(id);
+        let p = Prompt {
+            row,
+            answered: false,
+            in_history: true,
+        };
+        s.prompts.insert(id.clone(), p);
+        s.pending += 1;
+        push(
+            s,
+            &mut self.garbage,
+            self.history_limit,
+            seq,
+            row,
+            Kind::Prompt,
+            id,
+        );
+    }
+
+    /// Appends a stored answer (row `row`) to `prompt`'s session and marks
+    /// the prompt answered.
+    pub fn append_answer(&mut self, sid: &str, seq: u64, row: i64, prompt: &str, id: &str) {
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        s.last_assistant = seq;
+        if let Some(p) = s.prompts.get_mut(prompt)
+            && !p.answered
+        {
+            p.answered = true;
+            s.pending -= 1;
+            if !p.in_history {
+                let row = p.row;
+                s.prompts.remove(prompt);
+                self.garbage.push(row);
+                s.dirty = true;
+            }
+        }
+        let id: Rc<str> = Rc::from(id);
+        let cid = s
+            .prompts
+            .get_key_value(prompt)
+            .map_or_else(|| Rc::from(prompt), |(k, _)| k.clone());
+        s.answers.insert(
+            id.clone(),
+            Answer {
+                client_msg_id: cid,
+                row,
+            },
+        );
+        push(
+            s,
+            &mut self.garbage,
+            self.history_limit,
+            seq,
+            row,
+            Kind::Assistant,
+            id,
+        );
+    }
+
+    /// Replays one stored row (insertion order).
+    pub fn replay(&mut self, sid: &str, row: i64, seq: u64, kind: Kind, cid: &str, aid: &str) {
+        match kind {
+            Kind::Prompt => self.append_prompt(sid, seq, row, cid),
+            Kind::Assistant => self.append_answer(sid, seq, row, cid, aid),
+        }
+    }
+
+    /// A row of no session (one deleted before its garbage was collected).
+    pub fn orphan(&mut self, row: i64) {
+        self.garbage.push(row);
+    }
+
+    /// Rows waiting to be deleted.
+    pub fn garbage(&self) -> usize {
+        self.garbage.len()
+    }
+
+    /// The rows to delete now, and the sessions whose counters must be
+    /// written with them (the counters then cover every deleted row).
+    pub fn take_garbage(&mut self) -> (Vec<i64>, Vec<&Session>) {
+        let rows = std::mem::take(&mut self.garbage);
+        let mut dirty = Vec::new();
+        for s in self.sessions.values_mut() {
+            if s.dirty {
+                s.dirty = false;
+                dirty.push(&*s);
+            }
+        }
+        (rows, dirty)
+    }
+}
+
+/// Appends to history and drops the oldest entries past `limit`, as
+/// `SessionLog::push_history` does; dropped rows nothing keeps go to the
+/// garbage.
+fn push(
+    s: &mut Session,
+    garbage: &mut Vec<i64>,
+    limit: usize,
+    seq: u64,
+    row: i64,
+    kind: Kind,
+    id: Rc<str>,
+) {
+    s.next_seq = s.next_seq.max(seq + 1);
+    s.history.push_back(Entry { seq, row, kind, id });
+    while s.history.len() > limit {
+        let Some(old) = s.history.pop_front() else {
+            break;
+        };
+        match old.kind {
+            Kind::Prompt => {
+                let answered = s.prompts.get_mut(&old.id).is_some_and(|p| {
+                    p.in_history = false;
+                    p.answered
+                });
+                if answered {
+                    s.prompts.remove(&old.id);
+                } else {
+                    // A pending prompt outlives its place in history.
+                    continue;
+                }
+            }
+            Kind::Assistant => {
+                s.dropped_assistant = s.dropped_assistant.max(old.seq);
+                s.answers.remove(&old.id);
+            }
+        }
+        garbage.push(old.row);
+        s.dirty = true;
+    }
+}
