@@ -16,7 +16,7 @@ use crate::http::route::{Route, messages_query, prompts_query, query_param, rout
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
 use crate::relay::{ApiError, ConnId, Fetch, Relay, Reply};
-use crate::store::Cursor;
+use crate::store::{Cursor, Seq};
 use crate::time::{Millis, Turn};
 use crate::web;
 
@@ -122,7 +122,7 @@ pub enum Outcome {
         accept: Vec<u8>,
         sid: Rc<str>,
         cursor: Cursor,
-        after: Option<u64>,
+        after: Option<Seq>,
     },
     /// Answer with the shell's metrics (the token, if any, was checked).
     Metrics,
@@ -328,7 +328,7 @@ impl Api {
     ) -> Result<Outcome, ApiError> {
         let accept = upgrade::check(head, &self.origins)?;
         let query = head.query.as_deref();
-        let after = uint_param(query, "after")?;
+        let after = uint_param(query, "after")?.map(Seq);
         let epoch = query_param(query, "epoch")?;
         let Some(cursor) = relay.subscribe(now, conn, sid, after, epoch.as_deref())? else {
             // The session is being created: the upgrade runs again then.

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use crate::keepalive::Keepalive;
 use crate::net::buffer::OutQueue;
 use crate::net::ws::{self, ReadOutcome, WsState};
-use crate::store::Cursor;
+use crate::store::{Cursor, Seq};
 use crate::time::Millis;
 
 /// The server's default unsent-output cap for a subscriber
@@ -75,7 +75,7 @@ pub fn ws_client_bytes(leftover: &[u8], chunks: &[&[u8]], eof: bool) -> WsRun {
         leftover.to_vec(),
         Rc::from("fuzz"),
         keepalive,
-        Cursor::at(0),
+        Cursor::at(Seq(0)),
     );
     let mut sock = Chunks {
         chunks: chunks.iter().copied().collect(),

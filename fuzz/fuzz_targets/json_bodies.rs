@@ -20,6 +20,7 @@ use relay::relay::model::{NewPrompt, NewResponse};
 use relay::relay::{
     ApiError, ConnId, Effect, Fetch, Limits, MessagesQuery, PromptsQuery, Relay, Reply,
 };
+use relay::store::Seq;
 use relay::time::Millis;
 
 /// Session ids a routed request can carry (all valid), plus invalid ones
@@ -382,7 +383,7 @@ impl World {
                 let q = PromptsQuery {
                     timeout_ms: if flags & 1 != 0 { 0 } else { 30_000 },
                     wait: flags & 2 == 0,
-                    after: (flags & 4 != 0).then(|| inp.small()),
+                    after: (flags & 4 != 0).then(|| Seq(inp.small())),
                 };
                 if self.conns[i] != ConnState::Idle {
                     return;
@@ -410,7 +411,7 @@ impl World {
                 let i = inp.byte() as usize % CONNS;
                 let sid = inp.pick(SIDS);
                 let flags = inp.byte();
-                let after = (flags & 1 != 0).then(|| inp.small());
+                let after = (flags & 1 != 0).then(|| Seq(inp.small()));
                 let epoch = (flags & 2 != 0).then_some("not-the-epoch");
                 if self.conns[i] != ConnState::Idle {
                     return;
@@ -449,7 +450,7 @@ impl World {
                     limit: inp.small() as usize,
                     offset: inp.small() as usize,
                     since: (flags & 1 != 0).then(|| 1_700_000_000_000 + inp.small() - 8),
-                    after: (flags & 2 != 0).then(|| inp.small()),
+                    after: (flags & 2 != 0).then(|| Seq(inp.small())),
                 };
                 match self.relay.messages(now, sid, q) {
                     Ok(body) => {

@@ -5,6 +5,7 @@
 use super::Method;
 use crate::relay::model::valid_session_id;
 use crate::relay::{ApiError, MessagesQuery, PromptsQuery};
+use crate::store::Seq;
 
 /// Longest long-poll, in milliseconds; longer `timeout`s are clamped.
 pub const MAX_POLL_MS: u64 = 300_000;
@@ -220,7 +221,7 @@ pub fn prompts_query(query: Option<&str>) -> Result<PromptsQuery, ApiError> {
     Ok(PromptsQuery {
         timeout_ms,
         wait,
-        after: uint_param(query, "after")?,
+        after: uint_param(query, "after")?.map(Seq),
     })
 }
 
@@ -235,7 +236,7 @@ pub fn messages_query(query: Option<&str>) -> Result<MessagesQuery, ApiError> {
         limit,
         offset,
         since: uint_param(query, "since")?,
-        after: uint_param(query, "after")?,
+        after: uint_param(query, "after")?.map(Seq),
     })
 }
 
@@ -288,7 +289,7 @@ mod tests {
         let q = prompts_query(Some("timeout=1000&wait=0&after=4")).unwrap();
         assert_eq!(
             (q.timeout_ms, q.wait, q.after),
-            (MAX_POLL_MS, false, Some(4))
+            (MAX_POLL_MS, false, Some(Seq(4)))
         );
         assert_eq!(prompts_query(Some("timeout=0.0011")).unwrap().timeout_ms, 2);
         assert_eq!(prompts_query(None).unwrap().timeout_ms, DEFAULT_POLL_MS);
@@ -318,7 +319,7 @@ mod tests {
         .unwrap();
         assert_eq!(q.limit, MAX_LIMIT);
         assert_eq!(q.offset, usize::MAX);
-        assert_eq!((q.since, q.after), (Some(u64::MAX), Some(u64::MAX)));
+        assert_eq!((q.since, q.after), (Some(u64::MAX), Some(Seq(u64::MAX))));
         let q = messages_query(Some("limit=10000000000000000000")).unwrap();
         assert_eq!(q.limit, MAX_LIMIT);
         assert_eq!(messages_query(Some("limit=1001")).unwrap().limit, MAX_LIMIT);
@@ -339,7 +340,7 @@ mod tests {
             assert!(messages_query(Some(bad)).is_err(), "{bad}");
         }
         let q = prompts_query(Some(&format!("after={huge}"))).unwrap();
-        assert_eq!(q.after, Some(u64::MAX));
+        assert_eq!(q.after, Some(Seq(u64::MAX)));
         assert_eq!(
             uint_param(Some("after=99999999999999999999"), "after").unwrap(),
             Some(u64::MAX)

@@ -19,6 +19,7 @@ use crate::http::response::{self, CONTINUE, Meta};
 use crate::keepalive::Keepalive;
 use crate::metrics;
 use crate::relay::ConnId;
+use crate::store::Seq;
 use crate::time::Millis;
 
 /// Requests answered on one connection per turn before others get a turn.
@@ -190,7 +191,7 @@ pub fn apply(
             let ping_ms = cx.cfg.ping_interval.as_millis() as u64;
             let keepalive = Keepalive::new(cx.now(), ping_ms);
             let deadline = keepalive.deadline();
-            info!(session_id = &*sid, after = after.unwrap_or(0), resume = after.is_some(); "client connected");
+            info!(session_id = &*sid, after = after.map_or(0, Seq::get), resume = after.is_some(); "client connected");
             log_request(head, 101, 0, cx.now().since(started), None);
             cx.metrics.request(head.method(), &head.path, 101);
             conn.phase = Phase::WebSocket(Box::new(WsState::new(leftover, sid, keepalive, cursor)));

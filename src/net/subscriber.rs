@@ -18,7 +18,7 @@ use super::ctx::Ctx;
 use super::server::lookup;
 use super::ws::{self, ReadOutcome};
 use crate::relay::ConnId;
-use crate::store::Live;
+use crate::store::{Live, Seq};
 
 /// Reads a subscriber's frames (pongs, pings, closes, mistakes) and re-arms
 /// its keep-alive deadline; called on its readable event. A subscriber
@@ -95,8 +95,8 @@ pub fn deliver(
     conns: &mut Slab<Conn>,
     cx: &mut Ctx,
     sid: &str,
-    seq: u64,
-    prev: u64,
+    seq: Seq,
+    prev: Seq,
     frame: Rc<[u8]>,
 ) {
     let cap = cx.cfg.subscriber_buffer_bytes;

@@ -134,7 +134,7 @@ impl Relay {
                         ..
                     } = record
                     {
-                        debug!(session_id = sid.as_str(), client_msg_id = client_msg_id.as_str(), seq = *seq; "prompt stored");
+                        debug!(session_id = sid.as_str(), client_msg_id = client_msg_id.as_str(), seq = seq.get(); "prompt stored");
                         self.stats.prompts_stored += 1;
                         self.wake_waiters(sid);
                     }
@@ -147,7 +147,7 @@ impl Relay {
                         ..
                     } = record
                     {
-                        debug!(session_id = sid.as_str(), client_msg_id = client_msg_id.as_str(), assistant_msg_id = assistant_msg_id.as_str(), seq = seq; "response posted");
+                        debug!(session_id = sid.as_str(), client_msg_id = client_msg_id.as_str(), assistant_msg_id = assistant_msg_id.as_str(), seq = seq.get(); "response posted");
                         delivered = self.stored_response(sid, seq, prev, frame);
                     }
                 }

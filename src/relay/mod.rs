@@ -27,7 +27,7 @@ use model::{NewPrompt, NewResponse, to_json};
 pub use presence::{Presence, Waiter};
 
 use crate::store::sqlite::Durable;
-use crate::store::{Cursor, MemStore, PromptStored, ResponseStored, StoreLimits};
+use crate::store::{Cursor, MemStore, PromptStored, ResponseStored, Seq, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
 /// A connection's identity: slab key plus a generation, so a stale reference
@@ -51,9 +51,9 @@ pub enum Effect {
     /// subscriber whose cursor says it is the next one it needs.
     Deliver {
         sid: Rc<str>,
-        seq: u64,
+        seq: Seq,
         /// The `seq` of the assistant message before it (0 if none).
-        prev: u64,
+        prev: Seq,
         frame: Rc<[u8]>,
     },
     /// Close a WebSocket subscriber with this close code.
@@ -115,7 +115,7 @@ impl Limits {
 pub struct PromptsQuery {
     pub timeout_ms: u64,
     pub wait: bool,
-    pub after: Option<u64>,
+    pub after: Option<Seq>,
 }
 
 /// `GET /messages` parameters, already validated and clamped.
@@ -124,7 +124,7 @@ pub struct MessagesQuery {
     pub limit: usize,
     pub offset: usize,
     pub since: Option<u64>,
-    pub after: Option<u64>,
+    pub after: Option<Seq>,
 }
 
 /// What `GET /prompts` does now.
@@ -361,7 +361,7 @@ impl Relay {
     /// the session's subscribers. Returns `delivered`: a subscriber was
     /// connected as the message was stored (it gets it unless it
     /// disconnects first).
-    fn stored_response(&mut self, sid: &str, seq: u64, prev: u64, frame: Rc<[u8]>) -> bool {
+    fn stored_response(&mut self, sid: &str, seq: Seq, prev: Seq, frame: Rc<[u8]>) -> bool {
         self.stats.responses_stored += 1;
         let delivered = !self.subscribers(sid).is_empty();
         if delivered {
@@ -389,7 +389,7 @@ impl Relay {
         now: Millis,
         conn: ConnId,
         sid: &str,
-        after: Option<u64>,
+        after: Option<Seq>,
         epoch: Option<&str>,
     ) -> Result<Option<Cursor>, ApiError> {
         let full = self.subscribers(sid).len() >= self.limits.max_subscribers;

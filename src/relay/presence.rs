@@ -3,12 +3,13 @@
 //! connections do. Invariant: a connection appears at most once in each list.
 
 use super::ConnId;
+use crate::store::Seq;
 
 /// A parked `GET /prompts`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Waiter {
     pub conn: ConnId,
-    pub after: Option<u64>,
+    pub after: Option<Seq>,
 }
 
 /// Who waits on one session here.

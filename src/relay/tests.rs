@@ -113,7 +113,7 @@ fn subscribe_frames(
     epoch: Option<&str>,
 ) -> Result<Vec<String>, ApiError> {
     let mut cursor = r
-        .subscribe(Millis(0), c, sid, after, epoch)?
+        .subscribe(Millis(0), c, sid, after.map(Seq), epoch)?
         .expect("in memory, a subscriber is registered at once");
     let mut frames = Vec::new();
     assert!(r.refill(sid, &mut cursor, usize::MAX, true, &mut frames));
@@ -141,7 +141,7 @@ fn wait(timeout_ms: u64, after: Option<u64>) -> PromptsQuery {
     PromptsQuery {
         timeout_ms,
         wait: true,
-        after,
+        after: after.map(Seq),
     }
 }
 
@@ -149,7 +149,7 @@ fn no_wait(after: Option<u64>) -> PromptsQuery {
     PromptsQuery {
         timeout_ms: 30_000,
         wait: false,
-        after,
+        after: after.map(Seq),
     }
 }
 
@@ -718,7 +718,7 @@ fn post_response_to_a_watched_session_is_delivered_as_one_framed_effect() {
     else {
         panic!("expected one Deliver, got {fx:?}");
     };
-    assert_eq!((&**sid, *seq, *prev), ("s", 2, 0));
+    assert_eq!((&**sid, *seq, *prev), ("s", Seq(2), Seq(0)));
     let payload = parse(payload_text(frame).as_bytes());
     assert_eq!(payload["type"], "message");
     assert_eq!(payload["data"]["text"], "answer");
@@ -728,7 +728,11 @@ fn post_response_to_a_watched_session_is_delivered_as_one_framed_effect() {
     let [Effect::Deliver { seq, prev, .. }] = &fx[..] else {
         panic!("expected one Deliver, got {fx:?}");
     };
-    assert_eq!((*seq, *prev), (4, 2), "prev is the answer before it");
+    assert_eq!(
+        (*seq, *prev),
+        (Seq(4), Seq(2)),
+        "prev is the answer before it"
+    );
 }
 
 #[test]
@@ -1111,7 +1115,7 @@ fn messages_after_filters_by_seq_before_paging() {
         limit: 1,
         offset: 1,
         since: None,
-        after: Some(2),
+        after: Some(Seq(2)),
     };
     let body = messages(&mut r, 0, "s", q);
     assert_eq!(seqs(&body), vec![4]);
@@ -1131,7 +1135,7 @@ fn messages_since_and_after_combine() {
     }
     let q = MessagesQuery {
         since: Some(200),
-        after: Some(1),
+        after: Some(Seq(1)),
         ..all()
     };
     assert_eq!(seqs(&messages(&mut r, 0, "s", q)), vec![3]);

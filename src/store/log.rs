@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
 use super::message::{Kind, Message};
+use super::types::Seq;
 use crate::http::wsframe;
 use crate::relay::MessagesQuery;
 use crate::relay::idmap::IdMap;
@@ -27,7 +28,7 @@ pub const MAX_PAGE_BYTES: usize = 4 << 20;
 /// What the dedupe map knows about a prompt.
 #[derive(Debug)]
 struct PromptEntry {
-    seq: u64,
+    seq: Seq,
     answered: bool,
     in_history: bool,
 }
@@ -57,7 +58,7 @@ impl ResponseEntry {
 /// delivery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cursor {
-    pub seq: u64,
+    pub seq: Seq,
     /// A `resync` frame is owed before anything else.
     resync: bool,
 }
@@ -85,13 +86,13 @@ pub enum Live {
 
 impl Cursor {
     /// A cursor after `seq`, with no resync owed.
-    pub fn at(seq: u64) -> Cursor {
+    pub fn at(seq: Seq) -> Cursor {
         Cursor { seq, resync: false }
     }
 
     /// Where a message at `seq`, whose previous assistant message is at
     /// `prev`, stands for this subscriber.
-    pub fn live(&self, seq: u64, prev: u64) -> Live {
+    pub fn live(&self, seq: Seq, prev: Seq) -> Live {
         if self.resync || self.seq < prev {
             Live::Behind
         } else if self.seq >= seq {
@@ -102,7 +103,7 @@ impl Cursor {
     }
 
     /// The subscriber was sent the message at `seq`.
-    pub fn advance(&mut self, seq: u64) {
+    pub fn advance(&mut self, seq: Seq) {
         self.seq = self.seq.max(seq);
     }
 }
@@ -111,18 +112,18 @@ impl Cursor {
 #[derive(Debug)]
 pub struct SessionLog {
     epoch: Rc<str>,
-    next_seq: u64,
+    next_seq: Seq,
     history: VecDeque<Rc<Message>>,
     prompts: IdMap<PromptEntry>,
-    pending: BTreeMap<u64, Rc<Message>>,
+    pending: BTreeMap<Seq, Rc<Message>>,
     responses: IdMap<ResponseEntry>,
     /// The newest assistant message's `seq`, 0 before the first.
-    last_assistant: u64,
+    last_assistant: Seq,
     /// The newest assistant message trimmed from history, 0 if none was.
-    dropped_assistant: u64,
+    dropped_assistant: Seq,
     /// The last `GET /prompts` answer rendered, by its `after`: agents
     /// polling the same set share these bytes. Dropped on every change.
-    page: Option<(Option<u64>, Rc<[u8]>)>,
+    page: Option<(Option<Seq>, Rc<[u8]>)>,
     pub last_active: Millis,
 }
 
@@ -131,13 +132,13 @@ impl SessionLog {
     pub fn new(now: Millis, epoch: Rc<str>) -> SessionLog {
         SessionLog {
             epoch,
-            next_seq: 1,
+            next_seq: Seq::FIRST,
             history: VecDeque::new(),
             prompts: IdMap::new(),
             pending: BTreeMap::new(),
             responses: IdMap::new(),
-            last_assistant: 0,
-            dropped_assistant: 0,
+            last_assistant: Seq(0),
+            dropped_assistant: Seq(0),
             page: None,
             last_active: now,
         }
@@ -155,9 +156,9 @@ impl SessionLog {
     pub fn restored(
         now: Millis,
         epoch: Rc<str>,
-        next_seq: u64,
-        last_assistant: u64,
-        dropped_assistant: u64,
+        next_seq: Seq,
+        last_assistant: Seq,
+        dropped_assistant: Seq,
     ) -> SessionLog {
         SessionLog {
             next_seq,
@@ -168,14 +169,14 @@ impl SessionLog {
     }
 
     /// Takes the next sequence number for a message about to be appended.
-    pub fn take_seq(&mut self) -> u64 {
+    pub fn take_seq(&mut self) -> Seq {
         let seq = self.next_seq;
-        self.next_seq += 1;
+        self.next_seq = seq.next();
         seq
     }
 
     /// The oldest retained `seq`, or the next one when nothing is retained.
-    pub fn first_seq(&self) -> u64 {
+    pub fn first_seq(&self) -> Seq {
         self.history.front().map_or(self.next_seq, |m| m.seq)
     }
 
@@ -218,7 +219,7 @@ impl SessionLog {
     /// Appends an assistant message and marks its prompt answered. Returns
     /// the `seq` of the assistant message before it (0 if none), which tells
     /// a live subscriber whether it has everything before this one.
-    pub fn append_response(&mut self, msg: Message, history_limit: usize) -> u64 {
+    pub fn append_response(&mut self, msg: Message, history_limit: usize) -> Seq {
         let msg = Rc::new(msg);
         let prev = self.last_assistant;
         self.last_assistant = msg.seq;
@@ -238,7 +239,7 @@ impl SessionLog {
     /// dedupe entries that only history kept alive.
     fn push_history(&mut self, msg: Rc<Message>, limit: usize) {
         // A message committed by the storage thread comes with its seq.
-        self.next_seq = self.next_seq.max(msg.seq + 1);
+        self.next_seq = self.next_seq.max(msg.seq.next());
         self.history.push_back(msg);
         while self.history.len() > limit {
             let Some(old) = self.history.pop_front() else {
@@ -282,8 +283,8 @@ impl SessionLog {
     }
 
     /// Whether any pending prompt has `seq > after`.
-    pub fn has_pending_after(&self, after: Option<u64>) -> bool {
-        let from = after.map_or(0, |a| a.saturating_add(1));
+    pub fn has_pending_after(&self, after: Option<Seq>) -> bool {
+        let from = after.map_or(Seq(0), Seq::next);
         self.pending.range(from..).next().is_some()
     }
 
@@ -291,13 +292,13 @@ impl SessionLog {
     /// most [`MAX_PAGE_BYTES`] (always at least one prompt): the agent asks
     /// for the rest with `after` set to the last `seq` it got. The bytes are
     /// shared with every other agent asking the same while nothing changes.
-    pub fn pending_page(&mut self, after: Option<u64>) -> Rc<[u8]> {
+    pub fn pending_page(&mut self, after: Option<Seq>) -> Rc<[u8]> {
         if let Some((a, body)) = &self.page
             && *a == after
         {
             return body.clone();
         }
-        let from = after.map_or(0, |a| a.saturating_add(1));
+        let from = after.map_or(Seq(0), Seq::next);
         let mut out = Vec::with_capacity(64);
         out.push(b'[');
         for msg in self.pending.range(from..).map(|(_, m)| m) {
@@ -337,13 +338,13 @@ impl SessionLog {
     /// (contract, "Continuity"): a resync first when its epoch differs or
     /// messages after its cursor were dropped (`after + 1 < first_seq`);
     /// without `after`, it starts at the end of the log (live only).
-    pub fn cursor(&self, after: Option<u64>, epoch: Option<&str>) -> Cursor {
+    pub fn cursor(&self, after: Option<Seq>, epoch: Option<&str>) -> Cursor {
         let first_seq = self.first_seq();
         let epoch_changed = epoch.is_some_and(|e| e != &*self.epoch);
-        let trimmed = after.is_some_and(|a| a.saturating_add(1) < first_seq);
+        let trimmed = after.is_some_and(|a| a.next() < first_seq);
         match after {
             _ if epoch_changed || trimmed => Cursor {
-                seq: first_seq - 1,
+                seq: first_seq.before(),
                 resync: true,
             },
             Some(a) => Cursor {
@@ -351,7 +352,7 @@ impl SessionLog {
                 resync: false,
             },
             None => Cursor {
-                seq: self.next_seq - 1,
+                seq: self.next_seq.before(),
                 resync: false,
             },
         }
@@ -382,11 +383,11 @@ impl SessionLog {
             room = room.saturating_sub(frame.len());
             out.push(frame);
             cursor.resync = false;
-            cursor.seq = first_seq - 1;
+            cursor.seq = first_seq.before();
             any = true;
         }
-        let start = cursor.seq.saturating_add(1).max(first_seq);
-        let skip = (start - first_seq) as usize;
+        let start = cursor.seq.next().max(first_seq);
+        let skip = (start.get() - first_seq.get()) as usize;
         for msg in self.history.iter().skip(skip) {
             let Some(frame) = msg.frame() else { continue };
             if any && frame.len() > room {
@@ -400,7 +401,7 @@ impl SessionLog {
             cursor.seq = msg.seq;
             any = true;
         }
-        cursor.seq = cursor.seq.max(self.next_seq - 1);
+        cursor.seq = cursor.seq.max(self.next_seq.before());
         Refill {
             caught_up: true,
             resynced,
@@ -451,7 +452,7 @@ impl SessionLog {
         out
     }
 
-    fn resync_frame(&self, first_seq: u64) -> Vec<u8> {
+    fn resync_frame(&self, first_seq: Seq) -> Vec<u8> {
         #[derive(serde::Serialize)]
         struct Resync<'a> {
             r#type: &'static str,
@@ -461,7 +462,7 @@ impl SessionLog {
         let payload = to_json(&Resync {
             r#type: "resync",
             epoch: &self.epoch,
-            first_seq,
+            first_seq: first_seq.get(),
         });
         wsframe::text_frame(&[&payload])
     }
@@ -478,7 +479,7 @@ mod tests {
         SessionLog::new(Millis(0), Rc::from("epoch-1"))
     }
 
-    fn parts(text: &str, seq: u64) -> Parts<'_> {
+    fn parts(text: &str, seq: Seq) -> Parts<'_> {
         Parts {
             session_id: "s",
             id_literal: "\"id\"",
@@ -501,7 +502,7 @@ mod tests {
     }
 
     /// A prompt and its answer of `text_len` bytes; returns the answer's seq.
-    fn exchange(l: &mut SessionLog, n: usize, text_len: usize, limit: usize) -> u64 {
+    fn exchange(l: &mut SessionLog, n: usize, text_len: usize, limit: usize) -> Seq {
         let id: Rc<str> = Rc::from(format!("c{n}"));
         prompt(l, &id, "\"q\"", limit);
         let seq = l.take_seq();
@@ -540,7 +541,7 @@ mod tests {
         for n in 0..10 {
             exchange(&mut l, n, 100, LIMIT);
         }
-        let mut cursor = l.cursor(Some(0), None);
+        let mut cursor = l.cursor(Some(Seq(0)), None);
         let frame_len = l.history().nth(1).and_then(|m| m.frame()).unwrap().len();
         let mut out = Vec::new();
         // Room for three frames and a bit: three go, and it is not caught up.
@@ -549,7 +550,7 @@ mod tests {
                 .caught_up
         );
         assert_eq!(seqs(&out), vec![2, 4, 6]);
-        assert_eq!(cursor.seq, 6);
+        assert_eq!(cursor.seq, Seq(6));
         out.clear();
         // No room, but an empty queue: one frame still goes.
         assert!(!l.refill(&mut cursor, 0, true, &mut out).caught_up);
@@ -557,7 +558,7 @@ mod tests {
         out.clear();
         assert!(l.refill(&mut cursor, usize::MAX, false, &mut out).caught_up);
         assert_eq!(seqs(&out), vec![10, 12, 14, 16, 18, 20]);
-        assert_eq!(cursor.seq, 20, "caught up at the end of the log");
+        assert_eq!(cursor.seq, Seq(20), "caught up at the end of the log");
     }
 
     #[test]
@@ -566,8 +567,8 @@ mod tests {
         let a = exchange(&mut l, 0, 10, LIMIT);
         let mut live = l.cursor(None, None);
         assert_eq!(live.seq, a, "without after: the end of the log");
-        let mut behind = l.cursor(Some(0), None);
-        let ahead = l.cursor(Some(100), None);
+        let mut behind = l.cursor(Some(Seq(0)), None);
+        let ahead = l.cursor(Some(Seq(100)), None);
         let b = exchange(&mut l, 1, 10, LIMIT);
         assert_eq!(live.live(b, a), Live::Next);
         live.advance(b);
@@ -575,7 +576,7 @@ mod tests {
         assert_eq!(ahead.live(b, a), Live::Skip);
         let mut out = Vec::new();
         assert!(l.refill(&mut behind, usize::MAX, true, &mut out).caught_up);
-        assert_eq!(seqs(&out), vec![a, b]);
+        assert_eq!(seqs(&out), vec![a.get(), b.get()]);
         assert_eq!(live, behind, "both at the end of the log");
     }
 
@@ -588,7 +589,7 @@ mod tests {
         for n in 0..10 {
             prompt(&mut l, &format!("p{n}"), "\"q\"", 4);
         }
-        assert!(l.first_seq() > a + 1);
+        assert!(l.first_seq() > a.next());
         let mut out = Vec::new();
         assert!(l.refill(&mut cursor, usize::MAX, true, &mut out).caught_up);
         assert!(out.is_empty(), "no answer was missed, so no resync");
@@ -600,7 +601,7 @@ mod tests {
     fn history_trimmed_past_a_lagging_cursor_resyncs_from_first_seq() {
         let mut l = log();
         exchange(&mut l, 0, 10, 6);
-        let mut cursor = l.cursor(Some(0), None);
+        let mut cursor = l.cursor(Some(Seq(0)), None);
         let mut out = Vec::new();
         assert!(
             !l.refill(&mut cursor, 0, false, &mut out).caught_up,
@@ -610,7 +611,7 @@ mod tests {
             exchange(&mut l, n, 10, 6);
         }
         let first = l.first_seq();
-        assert_eq!(first, 15, "six messages retained: 15 to 20");
+        assert_eq!(first, Seq(15), "six messages retained: 15 to 20");
         assert!(l.refill(&mut cursor, usize::MAX, true, &mut out).caught_up);
         let p = payloads(&out);
         assert_eq!(
@@ -626,7 +627,7 @@ mod tests {
         for n in 0..5 {
             exchange(&mut l, n, 10, 4);
         }
-        assert_eq!(l.first_seq(), 7);
+        assert_eq!(l.first_seq(), Seq(7));
         for (after, epoch, resync) in [
             (Some(5), None, true),
             (Some(6), None, false),
@@ -634,7 +635,7 @@ mod tests {
             (Some(8), Some("epoch-0"), true),
             (None, Some("epoch-0"), true),
         ] {
-            let mut c = l.cursor(after, epoch);
+            let mut c = l.cursor(after.map(Seq), epoch);
             let mut out = Vec::new();
             l.refill(&mut c, usize::MAX, true, &mut out);
             let first = payloads(&out).first().map(|p| p["type"].clone());

@@ -13,6 +13,7 @@ use uuid::Builder;
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
 use super::record::Record;
+use super::types::Seq;
 use crate::relay::model::{self, NewPrompt, NewResponse};
 use crate::relay::{ApiError, MessagesQuery};
 use crate::time::{Millis, UnixMillis};
@@ -33,8 +34,8 @@ pub enum Applied {
     Prompt,
     /// An answer was stored: deliver its frame.
     Response {
-        seq: u64,
-        prev: u64,
+        seq: Seq,
+        prev: Seq,
         frame: Rc<[u8]>,
     },
     /// The session is gone: answer its polls 404, close its subscribers.
@@ -46,7 +47,7 @@ pub enum Applied {
 pub struct PromptStored {
     pub client_msg_id: Rc<str>,
     /// The new prompt's `seq`; `None` for a resend (nothing stored).
-    pub seq: Option<u64>,
+    pub seq: Option<Seq>,
 }
 
 /// What `POST /response` did.
@@ -57,9 +58,9 @@ pub enum ResponseStored {
     /// A new assistant message, to be delivered to the subscribers.
     New {
         assistant_msg_id: Rc<str>,
-        seq: u64,
+        seq: Seq,
         /// The previous assistant message's `seq` (0 if none).
-        prev: u64,
+        prev: Seq,
         frame: Rc<[u8]>,
     },
 }
@@ -180,7 +181,7 @@ impl MemStore {
             seq,
         };
         s.append_prompt(Message::prompt(id.clone(), &parts), history_limit);
-        debug!(session_id = p.session_id.as_str(), client_msg_id = &*id, seq = seq; "prompt stored");
+        debug!(session_id = p.session_id.as_str(), client_msg_id = &*id, seq = seq.get(); "prompt stored");
         Ok(PromptStored {
             client_msg_id: id,
             seq: Some(seq),
@@ -227,7 +228,7 @@ impl MemStore {
         let msg = Message::assistant(prompt_id.clone(), id.clone(), &parts);
         let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
         let prev = s.append_response(msg, history_limit);
-        debug!(session_id = r.session_id.as_str(), client_msg_id = &*prompt_id, assistant_msg_id = &*id, seq = seq; "response posted");
+        debug!(session_id = r.session_id.as_str(), client_msg_id = &*prompt_id, assistant_msg_id = &*id, seq = seq.get(); "response posted");
         Ok(ResponseStored::New {
             assistant_msg_id: id,
             seq,

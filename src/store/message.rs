@@ -6,6 +6,7 @@
 
 use std::rc::Rc;
 
+use super::types::Seq;
 use crate::http::response::push_decimal;
 use crate::http::wsframe;
 use crate::time::UnixMillis;
@@ -33,7 +34,7 @@ enum Bytes {
 /// One stored message: its keys and its serialized bytes.
 #[derive(Debug)]
 pub struct Message {
-    pub seq: u64,
+    pub seq: Seq,
     pub ts: UnixMillis,
     pub kind: Kind,
     /// For a prompt its own id; for an assistant message the prompt it answers.
@@ -58,7 +59,7 @@ pub struct Parts<'a> {
     pub text: &'a str,
     pub metadata: Option<&'a str>,
     pub ts: UnixMillis,
-    pub seq: u64,
+    pub seq: Seq,
 }
 
 impl Parts<'_> {
@@ -88,7 +89,7 @@ impl Parts<'_> {
         out.extend_from_slice(b",\"ts\":");
         push_decimal(out, self.ts);
         out.extend_from_slice(b",\"seq\":");
-        push_decimal(out, self.seq);
+        push_decimal(out, self.seq.get());
         out.push(b'}');
     }
 
@@ -122,7 +123,7 @@ impl Message {
 
     /// A prompt whose `data` object is already serialized (restored, or
     /// committed by the storage thread).
-    pub fn prompt_with(client_msg_id: Rc<str>, seq: u64, ts: UnixMillis, data: Vec<u8>) -> Message {
+    pub fn prompt_with(client_msg_id: Rc<str>, seq: Seq, ts: UnixMillis, data: Vec<u8>) -> Message {
         Message {
             seq,
             ts,
@@ -140,7 +141,7 @@ impl Message {
     pub fn assistant_with(
         client_msg_id: Rc<str>,
         assistant_msg_id: Rc<str>,
-        seq: u64,
+        seq: Seq,
         ts: UnixMillis,
         data: &[u8],
     ) -> Message {
@@ -229,7 +230,7 @@ mod tests {
             text: Box::leak(text.to_string().into_boxed_str()),
             metadata: Some("{\"k\":1}"),
             ts: 7,
-            seq: 3,
+            seq: Seq(3),
         }
     }
 

@@ -4,6 +4,7 @@
 //! [`Done`]: the outcome for the requester and the committed changes
 //! ([`Record`]s) for the loop's copy of the log, applied in order.
 
+use super::types::Seq;
 use crate::relay::{ApiError, ConnId};
 
 /// A write for the storage thread, from connection `conn`.
@@ -77,14 +78,14 @@ pub enum Record {
     },
     Prompt {
         sid: String,
-        seq: u64,
+        seq: Seq,
         ts: u64,
         client_msg_id: String,
         data: String,
     },
     Response {
         sid: String,
-        seq: u64,
+        seq: Seq,
         ts: u64,
         client_msg_id: String,
         assistant_msg_id: String,

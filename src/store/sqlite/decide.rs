@@ -17,6 +17,7 @@ use crate::relay::model::{decode, push_json_str};
 use crate::store::mem::{IdGen, StoreLimits};
 use crate::store::message::Parts;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
+use crate::store::types::Seq;
 
 /// A command's refusal (an API error, nothing written) or a database
 /// failure (the whole transaction rolls back).
@@ -363,13 +364,13 @@ impl Ctx<'_> {
             text: prompt,
             metadata,
             ts,
-            seq,
+            seq: Seq(seq),
         });
         let row = self.insert(session, seq, 0, &id, None, ts, &data)?;
         self.mirror.append_prompt(sid, seq, row, &id);
         records.push(Record::Prompt {
             sid: sid.to_string(),
-            seq,
+            seq: Seq(seq),
             ts,
             client_msg_id: id.clone(),
             data,
@@ -430,13 +431,13 @@ impl Ctx<'_> {
             text,
             metadata,
             ts,
-            seq,
+            seq: Seq(seq),
         });
         let row = self.insert(session, seq, 1, client_msg_id, Some(&id), ts, &data)?;
         self.mirror.append_answer(sid, seq, row, client_msg_id, &id);
         let record = Record::Response {
             sid: sid.to_string(),
-            seq,
+            seq: Seq(seq),
             ts,
             client_msg_id: client_msg_id.to_string(),
             assistant_msg_id: id.clone(),

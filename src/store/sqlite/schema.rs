@@ -40,6 +40,7 @@ use crate::store::log::SessionLog;
 use crate::store::mem::{MemStore, StoreLimits};
 use crate::store::message::Kind;
 use crate::store::message::Message;
+use crate::store::types::Seq;
 use crate::time::Millis;
 
 /// The schema this build writes.
@@ -182,9 +183,9 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
         let log = SessionLog::restored(
             now,
             Rc::from(s.epoch.as_str()),
-            s.next_seq,
-            s.last_assistant,
-            s.dropped_assistant,
+            Seq(s.next_seq),
+            Seq(s.last_assistant),
+            Seq(s.dropped_assistant),
         );
         logs.insert(s.id, (s.name, log));
     }
@@ -198,7 +199,7 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
         let Some((_, log)) = logs.get_mut(&r.get::<_, i64>(0)?) else {
             continue;
         };
-        let seq = r.get::<_, i64>(1)? as u64;
+        let seq = Seq(r.get::<_, i64>(1)? as u64);
         let kind: i64 = r.get(2)?;
         let cid = r.get_ref(3)?.as_str()?;
         let ts = r.get::<_, i64>(5)? as u64;
