@@ -16,7 +16,7 @@ use crate::http::route::{Route, messages_query, prompts_query, query_param, rout
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
 use crate::relay::{ApiError, ConnId, Fetch, Relay, Reply};
-use crate::store::{Cursor, Seq};
+use crate::store::{Cursor, Seq, SessionId};
 use crate::time::{Millis, Turn};
 use crate::web;
 
@@ -115,12 +115,12 @@ pub enum Outcome {
     /// Encode and queue this answer.
     Answer(Answer),
     /// Park the connection on a long-poll of `sid` until `deadline`.
-    Park { sid: Rc<str>, deadline: Millis },
+    Park { sid: SessionId, deadline: Millis },
     /// Answer `101` with `accept` and continue as a subscriber of `sid`
     /// at `cursor` (already registered with the relay).
     Upgrade {
         accept: Vec<u8>,
-        sid: Rc<str>,
+        sid: SessionId,
         cursor: Cursor,
         after: Option<Seq>,
     },
@@ -288,17 +288,14 @@ impl Api {
                 let q = prompts_query(head.query.as_deref())?;
                 match relay.get_prompts(now, conn, &sid, q)? {
                     Fetch::Ready(list) => Answer::shared(list),
-                    Fetch::Park { deadline } => {
-                        let sid = Rc::from(sid.as_str());
-                        return Ok(Outcome::Park { sid, deadline });
-                    }
+                    Fetch::Park { deadline } => return Ok(Outcome::Park { sid, deadline }),
                 }
             }
             Route::PostResponse => {
                 json_body(head)?;
                 return Ok(reply(relay.post_response(now, unix_ms, conn, &body)?));
             }
-            Route::WebSocket(sid) => return self.upgrade(relay, now, conn, head, &sid),
+            Route::WebSocket(sid) => return self.upgrade(relay, now, conn, head, sid),
             Route::Metrics => return Ok(Outcome::Metrics),
             Route::Messages(sid) => {
                 let q = messages_query(head.query.as_deref())?;
@@ -324,19 +321,19 @@ impl Api {
         now: Millis,
         conn: ConnId,
         head: &RequestHead,
-        sid: &str,
+        sid: SessionId,
     ) -> Result<Outcome, ApiError> {
         let accept = upgrade::check(head, &self.origins)?;
         let query = head.query.as_deref();
         let after = uint_param(query, "after")?.map(Seq);
         let epoch = query_param(query, "epoch")?;
-        let Some(cursor) = relay.subscribe(now, conn, sid, after, epoch.as_deref())? else {
+        let Some(cursor) = relay.subscribe(now, conn, &sid, after, epoch.as_deref())? else {
             // The session is being created: the upgrade runs again then.
             return Ok(Outcome::Wait);
         };
         Ok(Outcome::Upgrade {
             accept,
-            sid: Rc::from(sid),
+            sid,
             cursor,
             after,
         })

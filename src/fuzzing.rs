@@ -5,12 +5,11 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read};
-use std::rc::Rc;
 
 use crate::keepalive::Keepalive;
 use crate::net::buffer::OutQueue;
 use crate::net::ws::{self, ReadOutcome, WsState};
-use crate::store::{Cursor, Seq};
+use crate::store::{Cursor, Seq, SessionId};
 use crate::time::Millis;
 
 /// The server's default unsent-output cap for a subscriber
@@ -73,7 +72,7 @@ pub fn ws_client_bytes(leftover: &[u8], chunks: &[&[u8]], eof: bool) -> WsRun {
     let keepalive = Keepalive::new(Millis(0), 30_000);
     let mut state = WsState::new(
         leftover.to_vec(),
-        Rc::from("fuzz"),
+        SessionId::new("fuzz").expect("a valid session id"),
         keepalive,
         Cursor::at(Seq(0)),
     );

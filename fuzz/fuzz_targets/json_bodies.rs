@@ -20,13 +20,18 @@ use relay::relay::model::{NewPrompt, NewResponse};
 use relay::relay::{
     ApiError, ConnId, Effect, Fetch, Limits, MessagesQuery, PromptsQuery, Relay, Reply,
 };
-use relay::store::Seq;
+use relay::store::{Seq, SessionId};
 use relay::time::Millis;
 
 /// Session ids a routed request can carry (all valid), plus invalid ones
 /// that only bodies can carry.
 const SIDS: &[&str] = &["a", "b", "Zz0.-_~", "c"];
 const BAD_SIDS: &[&str] = &["", "a b", "a/b", "é"];
+
+/// One of `SIDS` as the id a route hands the relay.
+fn session(sid: &str) -> SessionId {
+    SessionId::new(sid).expect("SIDS are valid")
+}
 const IDS: &[&str] = &["m1", "m2", "m3", "m\"4", "\u{1F600}"];
 /// Texts; inserted raw (unquoted) when the fuzzer says so, so the last two
 /// are raw JSON literals: an escaped emoji and a lone surrogate escape.
@@ -416,7 +421,10 @@ impl World {
                 if self.conns[i] != ConnState::Idle {
                     return;
                 }
-                match self.relay.subscribe(now, conn_id(i), sid, after, epoch) {
+                match self
+                    .relay
+                    .subscribe(now, conn_id(i), &session(sid), after, epoch)
+                {
                     Ok(Some(mut cursor)) => {
                         // The replay, as the shell pulls it: in slices of
                         // room, every frame valid JSON.
@@ -463,7 +471,7 @@ impl World {
             }
             9 => {
                 let sid = inp.pick(SIDS);
-                match self.relay.put_session(now, conn_id(0), sid) {
+                match self.relay.put_session(now, conn_id(0), &session(sid)) {
                     Ok(Reply::Now(body)) => {
                         check_json(&body);
                     }

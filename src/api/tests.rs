@@ -145,7 +145,7 @@ fn each_role_needs_its_own_token_and_put_takes_either() {
 #[test]
 fn a_websocket_may_pass_its_token_in_the_query_but_a_header_wins() {
     let api = Api::new(&cfg(|c| c.client_token = Some("secret".into())));
-    let route = Route::WebSocket("s".into());
+    let route = Route::WebSocket(SessionId::new("s").unwrap());
     let ok = head("GET", "/ws/s?token=secret", &[]);
     assert!(api.authorize(&route, &ok).is_ok());
     let wrong_header = head(
@@ -158,7 +158,7 @@ fn a_websocket_may_pass_its_token_in_the_query_but_a_header_wins() {
         401
     );
     let not_ws = head("GET", "/messages/s?token=secret", &[]);
-    let route = Route::Messages("s".into());
+    let route = Route::Messages(SessionId::new("s").unwrap());
     assert_eq!(api.authorize(&route, &not_ws).unwrap_err().status, 401);
 }
 
@@ -278,7 +278,8 @@ fn readyz_says_why_it_is_not_ready() {
 fn healthz_reports_the_counters() {
     let mut api = Api::new(&Config::default());
     let mut r = relay();
-    r.put_session(Millis(0), CONN, "s").unwrap();
+    r.put_session(Millis(0), CONN, &SessionId::new("s").unwrap())
+        .unwrap();
     let facts = Facts {
         connections: 3,
         shutting_down: false,

@@ -3,9 +3,8 @@
 //! `Allow`; an unknown path is 404.
 
 use super::Method;
-use crate::relay::model::valid_session_id;
 use crate::relay::{ApiError, MessagesQuery, PromptsQuery};
-use crate::store::Seq;
+use crate::store::{Seq, SessionId};
 
 /// Longest long-poll, in milliseconds; longer `timeout`s are clamped.
 pub const MAX_POLL_MS: u64 = 300_000;
@@ -25,12 +24,12 @@ pub enum Route {
     Metrics,
     Readyz,
     PostPrompt,
-    GetPrompts(String),
+    GetPrompts(SessionId),
     PostResponse,
-    WebSocket(String),
-    Messages(String),
-    PutSession(String),
-    DeleteSession(String),
+    WebSocket(SessionId),
+    Messages(SessionId),
+    PutSession(SessionId),
+    DeleteSession(SessionId),
     /// `OPTIONS` on a known path: a CORS preflight.
     Preflight {
         allow: &'static str,
@@ -74,32 +73,29 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
             let Some((prefix, sid)) = split_session_path(path) else {
                 return Ok(Route::NotFound);
             };
-            let (allow, route) = match prefix {
-                "prompts" => (
-                    "GET, OPTIONS",
-                    (method == Get).then(|| Route::GetPrompts(sid.to_string())),
-                ),
-                "ws" => (
-                    "GET, OPTIONS",
-                    (method == Get).then(|| Route::WebSocket(sid.to_string())),
-                ),
-                "messages" => (
-                    "GET, OPTIONS",
-                    (method == Get).then(|| Route::Messages(sid.to_string())),
-                ),
+            type Make = fn(SessionId) -> Route;
+            let (allow, make): (&'static str, Option<Make>) = match prefix {
+                "prompts" => ("GET, OPTIONS", (method == Get).then_some(Route::GetPrompts)),
+                "ws" => ("GET, OPTIONS", (method == Get).then_some(Route::WebSocket)),
+                "messages" => ("GET, OPTIONS", (method == Get).then_some(Route::Messages)),
                 "sessions" => (
                     "PUT, DELETE, OPTIONS",
                     match method {
-                        Put => Some(Route::PutSession(sid.to_string())),
-                        Delete => Some(Route::DeleteSession(sid.to_string())),
+                        Put => Some(Route::PutSession),
+                        Delete => Some(Route::DeleteSession),
                         _ => None,
                     },
                 ),
                 _ => return Ok(Route::NotFound),
             };
-            if route.is_some() && !valid_session_id(sid) {
-                return Err(ApiError::invalid_session_id());
-            }
+            // The id is checked only on a route that takes it: a wrong
+            // method is 405 whatever the id.
+            let route = match make {
+                Some(make) => Some(make(
+                    SessionId::new(sid).ok_or_else(ApiError::invalid_session_id)?,
+                )),
+                None => None,
+            };
             (allow, route)
         }
     };
@@ -256,7 +252,7 @@ mod tests {
         );
         assert_eq!(
             route(Method::Get, "/prompts/abc").unwrap(),
-            Route::GetPrompts("abc".into())
+            Route::GetPrompts(SessionId::new("abc").unwrap())
         );
         assert_eq!(
             route(Method::Post, "/prompts/abc").unwrap(),

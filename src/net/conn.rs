@@ -17,6 +17,7 @@ use mio::net::TcpStream;
 use super::buffer::OutQueue;
 use super::ws::WsState;
 use crate::http::parse::RequestReader;
+use crate::store::SessionId;
 use crate::time::Millis;
 
 /// HTTP stage: the request reader and the times its deadlines count from.
@@ -50,7 +51,7 @@ impl HttpState {
 /// A parked `GET /prompts`: what is needed to answer it later.
 #[derive(Debug)]
 pub struct Parked {
-    pub sid: Rc<str>,
+    pub sid: SessionId,
     /// The request asked to keep the connection open.
     pub keep_alive: bool,
     pub http10: bool,

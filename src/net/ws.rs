@@ -5,7 +5,6 @@
 //! here and the same bytes are queued for every subscriber.
 
 use std::io::{self, Read, Write};
-use std::rc::Rc;
 
 use tungstenite::Message;
 use tungstenite::error::{Error as WsError, ProtocolError};
@@ -17,7 +16,7 @@ use super::buffer::OutQueue;
 use super::conn::{Got, read_once};
 use super::ctx::READ_BUDGET;
 use crate::keepalive::Keepalive;
-use crate::store::Cursor;
+use crate::store::{Cursor, SessionId};
 use crate::time::Millis;
 
 /// Largest client message or frame; client traffic is pongs and the odd
@@ -36,7 +35,7 @@ pub const MAX_WIRE_PER_MESSAGE: usize = 1 << 20;
 /// A subscriber's WebSocket state.
 pub struct WsState {
     pub ctx: WebSocketContext,
-    pub sid: Rc<str>,
+    pub sid: SessionId,
     pub keepalive: Keepalive,
     /// Its position in the session's log.
     pub cursor: Cursor,
@@ -57,7 +56,7 @@ impl WsState {
     /// The state right after the 101, with bytes that followed the request
     /// head already in `leftover`.
     /// It starts lagging: the first refill sends its replay.
-    pub fn new(leftover: Vec<u8>, sid: Rc<str>, keepalive: Keepalive, cursor: Cursor) -> WsState {
+    pub fn new(leftover: Vec<u8>, sid: SessionId, keepalive: Keepalive, cursor: Cursor) -> WsState {
         let config = WebSocketConfig::default()
             .read_buffer_size(READ_BUFFER)
             .write_buffer_size(0)

@@ -8,6 +8,7 @@ use log::debug;
 
 use super::model::{NewPrompt, NewResponse};
 use super::{ConnId, Effect, Relay, duplicate_ack, prompt_ack, put_ack, response_ack};
+use crate::store::SessionId;
 use crate::store::mem::Applied;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::store::sqlite::StoreStats;
@@ -55,23 +56,21 @@ pub fn response(conn: ConnId, r: &NewResponse, unix_ms: u64) -> Command {
 }
 
 /// A session to create (`PUT`, or a WebSocket connect).
-pub fn create(conn: ConnId, sid: &str, put: bool) -> Command {
+pub fn create(conn: ConnId, sid: &SessionId, put: bool) -> Command {
     Command {
         conn,
         op: Op::Create {
-            sid: sid.to_string(),
+            sid: sid.clone(),
             put,
         },
     }
 }
 
 /// `DELETE /sessions` as a command.
-pub fn delete(conn: ConnId, sid: &str) -> Command {
+pub fn delete(conn: ConnId, sid: SessionId) -> Command {
     Command {
         conn,
-        op: Op::Delete {
-            sid: sid.to_string(),
-        },
+        op: Op::Delete { sid },
     }
 }
 

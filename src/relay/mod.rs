@@ -9,6 +9,11 @@
 //! one [`Effect::Deliver`], which the shell hands to every subscriber that is
 //! caught up (the same framed bytes for all); a subscriber that is behind
 //! reads the log by its cursor when its socket drains ([`Relay::refill`]).
+//!
+//! Session ids: a call that may create a session, or keep its id, takes a
+//! [`SessionId`] (checked where it was parsed); the others look the session
+//! up by `&str` (a `SessionId` derefs to one), and an id that is not valid
+//! is simply not found.
 
 mod durable;
 pub mod error;
@@ -27,7 +32,7 @@ use model::{NewPrompt, NewResponse, to_json};
 pub use presence::{Presence, Waiter};
 
 use crate::store::sqlite::Durable;
-use crate::store::{Cursor, MemStore, PromptStored, ResponseStored, Seq, StoreLimits};
+use crate::store::{Cursor, MemStore, PromptStored, ResponseStored, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
 /// A connection's identity: slab key plus a generation, so a stale reference
@@ -50,7 +55,7 @@ pub enum Effect {
     /// A new assistant message of `sid` is stored: hand `frame` to every
     /// subscriber whose cursor says it is the next one it needs.
     Deliver {
-        sid: Rc<str>,
+        sid: SessionId,
         seq: Seq,
         /// The `seq` of the assistant message before it (0 if none).
         prev: Seq,
@@ -165,7 +170,7 @@ pub struct Relay {
     /// The storage thread, when state is persisted: writes go there and are
     /// applied to `store` once committed.
     durable: Option<Durable>,
-    presence: HashMap<Box<str>, Presence>,
+    presence: HashMap<SessionId, Presence>,
     effects: Vec<Effect>,
     counts: Counts,
     stats: Stats,
@@ -292,7 +297,13 @@ impl Relay {
         if q.timeout_ms == 0 {
             return Ok(Fetch::Ready(Rc::from(&b"[]"[..])));
         }
-        let here = self.presence.entry(sid.into()).or_default();
+        // The session exists (checked above): its stored id keys the
+        // presence entry, shared rather than copied.
+        let key = self
+            .store
+            .key(sid)
+            .ok_or_else(ApiError::session_not_found)?;
+        let here = self.presence.entry(key.clone()).or_default();
         if here.waiters.len() >= self.limits.max_waiters {
             if here.is_empty() {
                 self.presence.remove(sid);
@@ -361,12 +372,12 @@ impl Relay {
     /// the session's subscribers. Returns `delivered`: a subscriber was
     /// connected as the message was stored (it gets it unless it
     /// disconnects first).
-    fn stored_response(&mut self, sid: &str, seq: Seq, prev: Seq, frame: Rc<[u8]>) -> bool {
+    fn stored_response(&mut self, sid: &SessionId, seq: Seq, prev: Seq, frame: Rc<[u8]>) -> bool {
         self.stats.responses_stored += 1;
         let delivered = !self.subscribers(sid).is_empty();
         if delivered {
             self.effects.push(Effect::Deliver {
-                sid: Rc::from(sid),
+                sid: sid.clone(),
                 seq,
                 prev,
                 frame,
@@ -388,7 +399,7 @@ impl Relay {
         &mut self,
         now: Millis,
         conn: ConnId,
-        sid: &str,
+        sid: &SessionId,
         after: Option<Seq>,
         epoch: Option<&str>,
     ) -> Result<Option<Cursor>, ApiError> {
@@ -409,7 +420,7 @@ impl Relay {
         }
         let cursor = log.cursor(after, epoch);
         self.presence
-            .entry(sid.into())
+            .entry(sid.clone())
             .or_default()
             .subscribers
             .push(conn);
@@ -459,7 +470,12 @@ impl Relay {
     }
 
     /// `PUT /sessions/{sid}`: create if needed.
-    pub fn put_session(&mut self, now: Millis, conn: ConnId, sid: &str) -> Result<Reply, ApiError> {
+    pub fn put_session(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        sid: &SessionId,
+    ) -> Result<Reply, ApiError> {
         if let Some(d) = &mut self.durable
             && !self.store.contains(sid)
         {
@@ -473,10 +489,11 @@ impl Relay {
     /// `DELETE /sessions/{sid}`: parked polls get 404, subscribers close 1000.
     pub fn delete_session(&mut self, conn: ConnId, sid: &str) -> Result<Reply, ApiError> {
         if let Some(d) = &mut self.durable {
-            if !self.store.contains(sid) {
-                return Err(ApiError::session_not_found());
-            }
-            d.submit(durable::delete(conn, sid));
+            let sid = self
+                .store
+                .key(sid)
+                .ok_or_else(ApiError::session_not_found)?;
+            d.submit(durable::delete(conn, sid.clone()));
             return Ok(Reply::Wait);
         }
         self.store.delete(sid)?;

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::error::ApiError;
+use crate::store::SessionId;
 use crate::time::UnixMillis;
 
 mod metadata_check;
@@ -64,7 +65,7 @@ struct RawResponse<'a> {
 /// message is assembled from them without decoding and re-escaping.
 #[derive(Debug)]
 pub struct NewPrompt<'a> {
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The `prompt` string literal, quotes and escapes included.
     pub prompt: &'a RawValue,
     pub client_msg_id: Option<(String, &'a RawValue)>,
@@ -75,7 +76,7 @@ pub struct NewPrompt<'a> {
 /// A validated `POST /response` body, raw like [`NewPrompt`].
 #[derive(Debug)]
 pub struct NewResponse<'a> {
-    pub session_id: String,
+    pub session_id: SessionId,
     pub client_msg_id: String,
     /// The `text` string literal, quotes and escapes included.
     pub text: &'a RawValue,
@@ -112,13 +113,19 @@ fn string(raw: &RawValue, name: &str) -> Result<String, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("Invalid {name}: must be a string")))
 }
 
-fn session_id(raw: Option<&RawValue>) -> Result<String, ApiError> {
-    let sid = string(required(raw, "session_id")?, "session_id")?;
-    if valid_session_id(&sid) {
-        Ok(sid)
-    } else {
-        Err(ApiError::invalid_session_id())
-    }
+fn session_id(raw: Option<&RawValue>) -> Result<SessionId, ApiError> {
+    let raw = required(raw, "session_id")?;
+    // A literal without escapes is its text in quotes: the id is built from
+    // it with no decoded copy first (a valid id never needs escapes).
+    let plain = raw
+        .get()
+        .strip_prefix('"')
+        .and_then(|l| l.strip_suffix('"'));
+    let sid = match plain {
+        Some(text) if !text.contains('\\') => SessionId::new(text),
+        _ => SessionId::new(&string(raw, "session_id")?),
+    };
+    sid.ok_or_else(ApiError::invalid_session_id)
 }
 
 /// A string of at most 128 KiB once decoded, kept as its raw literal.
@@ -376,6 +383,19 @@ mod tests {
             e.details.as_deref(),
             Some("1 to 128 characters from A-Z a-z 0-9 . _ ~ -")
         );
+    }
+
+    #[test]
+    fn a_session_id_is_checked_as_decoded_whether_escaped_or_not() {
+        let p = NewPrompt::parse(br#"{"session_id":"a\u0062","prompt":"x"}"#).unwrap();
+        assert_eq!(p.session_id.as_str(), "ab");
+        let p = NewPrompt::parse(br#"{"session_id":"Ab0.-_~","prompt":"x"}"#).unwrap();
+        assert_eq!(p.session_id.as_str(), "Ab0.-_~");
+        for bad in [r#""a\u0020b""#, r#""a b""#, r#""""#, "5"] {
+            let e = prompt_err(&format!(r#"{{"session_id":{bad},"prompt":"x"}}"#));
+            assert_eq!(e.status, 400, "{bad}");
+            assert!(e.error.contains("session_id"), "{bad}: {e:?}");
+        }
     }
 
     #[test]

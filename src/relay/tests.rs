@@ -39,6 +39,12 @@ fn now(reply: Reply) -> Vec<u8> {
     }
 }
 
+/// A session id the tests know to be valid.
+#[track_caller]
+fn session(sid: &str) -> SessionId {
+    SessionId::new(sid).expect("a valid session id")
+}
+
 fn conn(key: u32) -> ConnId {
     ConnId { key, generation: 0 }
 }
@@ -113,7 +119,7 @@ fn subscribe_frames(
     epoch: Option<&str>,
 ) -> Result<Vec<String>, ApiError> {
     let mut cursor = r
-        .subscribe(Millis(0), c, sid, after.map(Seq), epoch)?
+        .subscribe(Millis(0), c, &session(sid), after.map(Seq), epoch)?
         .expect("in memory, a subscriber is registered at once");
     let mut frames = Vec::new();
     assert!(r.refill(sid, &mut cursor, usize::MAX, true, &mut frames));
@@ -222,7 +228,7 @@ fn frame_seqs(frames: &[String]) -> Vec<u64> {
 
 fn epoch_of(r: &mut Relay, sid: &str) -> String {
     let body = parse(
-        &r.put_session(Millis(0), conn(0), sid)
+        &r.put_session(Millis(0), conn(0), &session(sid))
             .map(now)
             .expect("put"),
     );
@@ -383,14 +389,14 @@ fn session_cap_answers_503_for_new_sessions_only() {
     let e = post_prompt(&mut r, 0, json!({"session_id": "c", "prompt": "x"})).unwrap_err();
     assert_eq!(e.status, 503);
     assert_eq!(
-        r.put_session(Millis(0), conn(0), "c")
+        r.put_session(Millis(0), conn(0), &session("c"))
             .map(now)
             .unwrap_err()
             .status,
         503
     );
     assert_eq!(
-        r.subscribe(Millis(0), conn(1), "c", None, None)
+        r.subscribe(Millis(0), conn(1), &session("c"), None, None)
             .unwrap_err()
             .status,
         503
@@ -398,7 +404,8 @@ fn session_cap_answers_503_for_new_sessions_only() {
     assert!(!r.has_session("c"));
     // Existing sessions keep working at the cap.
     prompt(&mut r, 0, "a", "2", "x");
-    r.subscribe(Millis(0), conn(1), "b", None, None).unwrap();
+    r.subscribe(Millis(0), conn(1), &session("b"), None, None)
+        .unwrap();
 }
 
 #[test]
@@ -456,7 +463,9 @@ fn get_prompts_after_returns_only_greater_seqs() {
 #[test]
 fn get_prompts_wait_false_answers_empty_at_once() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     let list = ready(r.get_prompts(Millis(0), conn(1), "s", no_wait(None)));
     assert_eq!(list, json!([]));
     assert_eq!(r.counts().parked_polls, 0);
@@ -465,7 +474,9 @@ fn get_prompts_wait_false_answers_empty_at_once() {
 #[test]
 fn get_prompts_parks_with_deadline_now_plus_timeout() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     let f = r
         .get_prompts(Millis(1_000), conn(1), "s", wait(2_500, None))
         .unwrap();
@@ -482,7 +493,9 @@ fn get_prompts_parks_with_deadline_now_plus_timeout() {
 #[test]
 fn get_prompts_with_zero_timeout_answers_empty_without_parking() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     let list = ready(r.get_prompts(Millis(0), conn(1), "s", wait(0, None)));
     assert_eq!(list, json!([]));
     assert_eq!(r.counts().parked_polls, 0);
@@ -506,7 +519,9 @@ fn get_prompts_parks_when_after_excludes_every_pending_prompt() {
 #[test]
 fn a_prompt_wakes_every_waiter_with_200_and_the_pending_set() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     for k in 1..=3 {
         r.get_prompts(Millis(0), conn(k), "s", wait(30_000, None))
             .unwrap();
@@ -570,7 +585,9 @@ fn a_prompt_wakes_each_waiter_with_its_own_after_and_leaves_excluded_ones_parked
 #[test]
 fn a_prompt_in_another_session_wakes_nobody() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
         .unwrap();
     prompt(&mut r, 0, "other", "p1", "x");
@@ -581,7 +598,9 @@ fn a_prompt_in_another_session_wakes_nobody() {
 #[test]
 fn waiter_cap_answers_503_but_wait_false_still_answers() {
     let mut r = relay(); // max_waiters 3
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     for k in 1..=3 {
         r.get_prompts(Millis(0), conn(k), "s", wait(30_000, None))
             .unwrap();
@@ -603,7 +622,9 @@ fn waiter_cap_answers_503_but_wait_false_still_answers() {
 #[test]
 fn cancel_wait_removes_the_waiter() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
         .unwrap();
     r.get_prompts(Millis(0), conn(2), "s", wait(30_000, None))
@@ -619,7 +640,9 @@ fn cancel_wait_removes_the_waiter() {
 #[test]
 fn cancel_wait_of_an_unknown_or_stale_conn_changes_nothing() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
         .unwrap();
     r.cancel_wait(
@@ -698,7 +721,8 @@ fn post_response_stores_with_seq_and_returns_the_broadcast_payload() {
 fn post_response_to_a_watched_session_is_delivered_as_one_framed_effect() {
     let mut r = relay();
     prompt(&mut r, 0, "s", "c1", "x");
-    r.subscribe(Millis(0), conn(5), "s", None, None).unwrap();
+    r.subscribe(Millis(0), conn(5), &session("s"), None, None)
+        .unwrap();
     let ack = post_response(
         &mut r,
         7,
@@ -947,15 +971,17 @@ fn subscribe_with_matching_epoch_and_untrimmed_cursor_sends_no_resync() {
 #[test]
 fn subscriber_cap_answers_503() {
     let mut r = relay(); // max_subscribers 2
-    r.subscribe(Millis(0), conn(1), "s", None, None).unwrap();
-    r.subscribe(Millis(0), conn(2), "s", None, None).unwrap();
+    r.subscribe(Millis(0), conn(1), &session("s"), None, None)
+        .unwrap();
+    r.subscribe(Millis(0), conn(2), &session("s"), None, None)
+        .unwrap();
     let e = r
-        .subscribe(Millis(0), conn(3), "s", None, None)
+        .subscribe(Millis(0), conn(3), &session("s"), None, None)
         .unwrap_err();
     assert_eq!(e.status, 503);
     assert_eq!(r.subscribers("s").len(), 2);
     assert_eq!(r.counts().subscribers, 2);
-    r.subscribe(Millis(0), conn(3), "other", None, None)
+    r.subscribe(Millis(0), conn(3), &session("other"), None, None)
         .unwrap();
 }
 
@@ -974,8 +1000,16 @@ fn epochs_differ_between_sessions_and_survive_activity() {
 #[test]
 fn put_session_reports_created_only_the_first_time() {
     let mut r = relay();
-    let first = parse(&r.put_session(Millis(0), conn(0), "s").map(now).unwrap());
-    let second = parse(&r.put_session(Millis(0), conn(0), "s").map(now).unwrap());
+    let first = parse(
+        &r.put_session(Millis(0), conn(0), &session("s"))
+            .map(now)
+            .unwrap(),
+    );
+    let second = parse(
+        &r.put_session(Millis(0), conn(0), &session("s"))
+            .map(now)
+            .unwrap(),
+    );
     assert_eq!(first["created"], true);
     assert_eq!(second["created"], false);
     assert_eq!(first["session_id"], "s");
@@ -1146,12 +1180,15 @@ fn messages_since_and_after_combine() {
 #[test]
 fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
         .unwrap();
     r.get_prompts(Millis(0), conn(2), "s", wait(30_000, None))
         .unwrap();
-    r.subscribe(Millis(0), conn(3), "s", None, None).unwrap();
+    r.subscribe(Millis(0), conn(3), &session("s"), None, None)
+        .unwrap();
     let body = r.delete_session(conn(0), "s").map(now).unwrap();
     assert_eq!(parse(&body), json!({"deleted": true}));
     let fx = effects(&mut r);
@@ -1191,10 +1228,13 @@ fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
 #[test]
 fn delete_session_leaves_other_sessions_alone() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "a").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("a"))
+        .map(now)
+        .unwrap();
     r.get_prompts(Millis(0), conn(1), "a", wait(30_000, None))
         .unwrap();
-    r.subscribe(Millis(0), conn(2), "a", None, None).unwrap();
+    r.subscribe(Millis(0), conn(2), &session("a"), None, None)
+        .unwrap();
     prompt(&mut r, 0, "b", "p", "x");
     r.delete_session(conn(0), "b").map(now).unwrap();
     assert!(effects(&mut r).is_empty());
@@ -1207,7 +1247,9 @@ fn delete_session_leaves_other_sessions_alone() {
 #[test]
 fn idle_session_is_collected_at_the_ttl_and_not_before() {
     let mut r = relay();
-    r.put_session(Millis(1_000), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(1_000), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     assert_eq!(r.collect_idle(Millis(1_000 + TTL - 1)), 0);
     assert!(r.has_session("s"));
     assert_eq!(r.collect_idle(Millis(1_000 + TTL)), 1);
@@ -1217,7 +1259,9 @@ fn idle_session_is_collected_at_the_ttl_and_not_before() {
 #[test]
 fn session_with_a_waiter_is_not_collected() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(10 * TTL, None))
         .unwrap();
     assert_eq!(r.collect_idle(Millis(5 * TTL)), 0);
@@ -1230,7 +1274,9 @@ fn a_long_poll_ending_counts_as_activity() {
     // The contract collects a session after "no connections and no activity"
     // for the TTL; a poll parked until 5*TTL was a connection until then.
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "s").map(now).unwrap();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
     r.get_prompts(Millis(0), conn(1), "s", wait(5 * TTL, None))
         .unwrap();
     r.cancel_wait(conn(1), "s", Millis(5 * TTL)); // the shell calls this at the deadline
@@ -1240,7 +1286,8 @@ fn a_long_poll_ending_counts_as_activity() {
 #[test]
 fn session_with_a_subscriber_is_not_collected_and_unsubscribe_counts_as_activity() {
     let mut r = relay();
-    r.subscribe(Millis(0), conn(1), "s", None, None).unwrap();
+    r.subscribe(Millis(0), conn(1), &session("s"), None, None)
+        .unwrap();
     assert_eq!(r.collect_idle(Millis(5 * TTL)), 0);
     r.unsubscribe(conn(1), "s", Millis(5 * TTL));
     assert_eq!(r.collect_idle(Millis(6 * TTL - 1)), 0);
@@ -1265,7 +1312,9 @@ fn each_kind_of_request_postpones_collection() {
             r.messages(Millis(t), "s", all()).unwrap();
         }),
         ("put_session", |r, t| {
-            r.put_session(Millis(t), conn(0), "s").map(now).unwrap();
+            r.put_session(Millis(t), conn(0), &session("s"))
+                .map(now)
+                .unwrap();
         }),
     ];
     for (name, touch) in touches {
@@ -1281,8 +1330,10 @@ fn each_kind_of_request_postpones_collection() {
 #[test]
 fn collection_only_takes_the_idle_sessions() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), "old").map(now).unwrap();
-    r.put_session(Millis(TTL / 2), conn(0), "new")
+    r.put_session(Millis(0), conn(0), &session("old"))
+        .map(now)
+        .unwrap();
+    r.put_session(Millis(TTL / 2), conn(0), &session("new"))
         .map(now)
         .unwrap();
     assert_eq!(r.collect_idle(Millis(TTL)), 1);

@@ -13,7 +13,7 @@ use uuid::Builder;
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
 use super::record::Record;
-use super::types::Seq;
+use super::types::{Seq, SessionId};
 use crate::relay::model::{self, NewPrompt, NewResponse};
 use crate::relay::{ApiError, MessagesQuery};
 use crate::time::{Millis, UnixMillis};
@@ -68,7 +68,7 @@ pub enum ResponseStored {
 /// Every session's log.
 pub struct MemStore {
     limits: StoreLimits,
-    sessions: HashMap<Box<str>, SessionLog>,
+    sessions: HashMap<SessionId, SessionLog>,
     ids: IdGen,
 }
 
@@ -112,6 +112,11 @@ impl MemStore {
         Ok(s)
     }
 
+    /// The id as stored, shared, if the session exists.
+    pub fn key(&self, sid: &str) -> Option<&SessionId> {
+        self.sessions.get_key_value(sid).map(|(k, _)| k)
+    }
+
     /// The session, without touching it, if it exists.
     pub fn get(&self, sid: &str) -> Option<&SessionLog> {
         self.sessions.get(sid)
@@ -127,7 +132,7 @@ impl MemStore {
     pub fn get_or_create(
         &mut self,
         now: Millis,
-        sid: &str,
+        sid: &SessionId,
     ) -> Result<(&mut SessionLog, bool), ApiError> {
         let created = if self.sessions.contains_key(sid) {
             false
@@ -136,7 +141,7 @@ impl MemStore {
         } else {
             let epoch: Rc<str> = self.ids.uuid().into();
             self.sessions
-                .insert(sid.into(), SessionLog::new(now, epoch));
+                .insert(sid.clone(), SessionLog::new(now, epoch));
             true
         };
         let s = self.existing(now, sid)?;
@@ -239,8 +244,8 @@ impl MemStore {
 
     /// Puts a restored or committed session in place (its epoch chosen by
     /// the storage thread).
-    pub fn insert(&mut self, sid: &str, log: SessionLog) {
-        self.sessions.insert(sid.into(), log);
+    pub fn insert(&mut self, sid: SessionId, log: SessionLog) {
+        self.sessions.insert(sid, log);
     }
 
     /// Applies a change the storage thread committed; returns what the
@@ -249,7 +254,7 @@ impl MemStore {
         let limit = self.limits.history_limit;
         match record {
             Record::Created { sid, epoch } => {
-                self.insert(sid, SessionLog::new(now, Rc::from(epoch.as_str())));
+                self.insert(sid.clone(), SessionLog::new(now, Rc::from(epoch.as_str())));
                 Applied::Nothing
             }
             Record::Prompt {
@@ -259,7 +264,7 @@ impl MemStore {
                 client_msg_id,
                 data,
             } => {
-                let Some(log) = self.sessions.get_mut(sid.as_str()) else {
+                let Some(log) = self.sessions.get_mut(sid) else {
                     return Applied::Nothing;
                 };
                 log.last_active = now;
@@ -280,7 +285,7 @@ impl MemStore {
                 assistant_msg_id,
                 data,
             } => {
-                let Some(log) = self.sessions.get_mut(sid.as_str()) else {
+                let Some(log) = self.sessions.get_mut(sid) else {
                     return Applied::Nothing;
                 };
                 log.last_active = now;
@@ -303,7 +308,7 @@ impl MemStore {
                 }
             }
             Record::Deleted { sid } => {
-                self.sessions.remove(sid.as_str());
+                self.sessions.remove(sid);
                 Applied::Deleted
             }
         }
@@ -348,11 +353,11 @@ impl MemStore {
     }
 
     /// The sessions `idle` picks, by id.
-    pub fn idle(&self, mut idle: impl FnMut(&str, &SessionLog) -> bool) -> Vec<String> {
+    pub fn idle(&self, mut idle: impl FnMut(&str, &SessionLog) -> bool) -> Vec<SessionId> {
         self.sessions
             .iter()
             .filter(|(sid, log)| idle(sid, log))
-            .map(|(sid, _)| sid.to_string())
+            .map(|(sid, _)| sid.clone())
             .collect()
     }
 

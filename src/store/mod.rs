@@ -12,7 +12,7 @@
 //! - [`record`]: the commands and committed changes that cross to and from
 //!   the storage thread.
 //! - [`sqlite`]: persistence on one machine (the storage thread).
-//! - [`types`]: the keys of the log ([`Seq`]).
+//! - [`types`]: the keys of the log ([`SessionId`], [`Seq`]).
 
 pub mod log;
 pub mod mem;
@@ -24,4 +24,4 @@ pub mod types;
 pub use log::{Cursor, Live, MAX_PAGE_BYTES, Refill, SessionLog};
 pub use mem::{Applied, IdGen, MemStore, PromptStored, ResponseStored, StoreLimits};
 pub use message::{Kind, Message};
-pub use types::Seq;
+pub use types::{Seq, SessionId};

@@ -2,9 +2,11 @@
 //! (no `Rc`). The loop turns a validated request into a [`Command`]; the
 //! storage thread decides it inside its transaction and answers with a
 //! [`Done`]: the outcome for the requester and the committed changes
-//! ([`Record`]s) for the loop's copy of the log, applied in order.
+//! ([`Record`]s) for the loop's copy of the log, applied in order. A
+//! [`SessionId`] is `Send` (its text is shared by an `Arc`), so the same id
+//! the loop holds crosses without a copy.
 
-use super::types::Seq;
+use super::types::{Seq, SessionId};
 use crate::relay::{ApiError, ConnId};
 
 /// A write for the storage thread, from connection `conn`.
@@ -18,7 +20,7 @@ pub struct Command {
 #[derive(Debug)]
 pub enum Op {
     Prompt {
-        sid: String,
+        sid: SessionId,
         /// The client's id and its literal, if it gave one.
         id: Option<(String, String)>,
         prompt: String,
@@ -26,7 +28,7 @@ pub enum Op {
         ts: u64,
     },
     Response {
-        sid: String,
+        sid: SessionId,
         client_msg_id: String,
         id: Option<(String, String)>,
         text: String,
@@ -36,15 +38,15 @@ pub enum Op {
     /// `PUT /sessions` (`put`), or a WebSocket connect to a session that
     /// does not exist yet.
     Create {
-        sid: String,
+        sid: SessionId,
         put: bool,
     },
     Delete {
-        sid: String,
+        sid: SessionId,
     },
     /// Sessions the loop found idle past the TTL.
     Collect {
-        sids: Vec<String>,
+        sids: Vec<SessionId>,
     },
 }
 
@@ -60,7 +62,7 @@ pub enum Outcome {
         duplicate: bool,
     },
     Session {
-        sid: String,
+        sid: SessionId,
         epoch: String,
         created: bool,
         put: bool,
@@ -73,18 +75,18 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     Created {
-        sid: String,
+        sid: SessionId,
         epoch: String,
     },
     Prompt {
-        sid: String,
+        sid: SessionId,
         seq: Seq,
         ts: u64,
         client_msg_id: String,
         data: String,
     },
     Response {
-        sid: String,
+        sid: SessionId,
         seq: Seq,
         ts: u64,
         client_msg_id: String,
@@ -92,7 +94,7 @@ pub enum Record {
         data: String,
     },
     Deleted {
-        sid: String,
+        sid: SessionId,
     },
 }
 

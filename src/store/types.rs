@@ -1,5 +1,73 @@
-//! The keys of the log: [`Seq`], a message's place in its session's
-//! history.
+//! The keys of the log: [`SessionId`], which session, and [`Seq`], a
+//! message's place in its session's history.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use crate::relay::model::valid_session_id;
+
+/// A session id that passed the contract's rule (1 to 128 characters from
+/// `A-Z a-z 0-9 . _ ~ -`, see [`valid_session_id`]): the one way the server
+/// holds a session id. Built only by [`SessionId::new`], where a route's
+/// path or a body's `session_id` is checked, so every map key, record,
+/// effect and connection holding one holds a valid id.
+///
+/// Inside is an `Arc<str>`. The same id is the key of the log and of local
+/// presence, travels in effects, parked polls and subscribers, and crosses
+/// to the storage thread in commands and records: a clone must not
+/// allocate (`Box<str>` or `String` would copy the text each time) and the
+/// value must be `Send` for the storage thread (which rules out `Rc`). An
+/// uncontended atomic increment per clone is the price. It borrows as `str`
+/// (hashing and comparing as its text), so maps keyed by it are looked up by
+/// `&str`, and it derefs to `str` wherever text is wanted.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(Arc<str>);
+
+impl SessionId {
+    /// The id, if `sid` is a valid one.
+    pub fn new(sid: &str) -> Option<SessionId> {
+        valid_session_id(sid).then(|| SessionId(Arc::from(sid)))
+    }
+
+    /// The id's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Deref for SessionId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for SessionId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for SessionId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
 
 /// A message's place in its session's history: 1, 2, 3, … in the order the
 /// session's messages were stored, never reused. `Seq(0)` stands before the
@@ -30,5 +98,29 @@ impl Seq {
     /// to read from `self` on.
     pub fn before(self) -> Seq {
         Seq(self.0.saturating_sub(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn a_session_id_is_built_only_from_a_valid_id() {
+        assert_eq!(SessionId::new("Ab0.-_~").as_deref(), Some("Ab0.-_~"));
+        for bad in ["", "a b", "a/b", "é", &"a".repeat(129)] {
+            assert!(SessionId::new(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_map_keyed_by_session_id_is_looked_up_by_str() {
+        let sid = SessionId::new("s").unwrap();
+        let mut m = HashMap::new();
+        m.insert(sid.clone(), 1);
+        assert_eq!(m.get("s"), Some(&1));
+        assert_eq!(format!("{sid} {sid:?}"), "s \"s\"");
     }
 }

@@ -17,7 +17,7 @@ use crate::relay::model::{decode, push_json_str};
 use crate::store::mem::{IdGen, StoreLimits};
 use crate::store::message::Parts;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
-use crate::store::types::Seq;
+use crate::store::types::{Seq, SessionId};
 
 /// A command's refusal (an API error, nothing written) or a database
 /// failure (the whole transaction rolls back).
@@ -330,7 +330,7 @@ impl Ctx<'_> {
 
     fn prompt(
         &mut self,
-        sid: &str,
+        sid: &SessionId,
         id: Option<&(String, String)>,
         prompt: &str,
         metadata: Option<&str>,
@@ -369,7 +369,7 @@ impl Ctx<'_> {
         let row = self.insert(session, seq, 0, &id, None, ts, &data)?;
         self.mirror.append_prompt(sid, seq, row, &id);
         records.push(Record::Prompt {
-            sid: sid.to_string(),
+            sid: sid.clone(),
             seq: Seq(seq),
             ts,
             client_msg_id: id.clone(),
@@ -387,7 +387,7 @@ impl Ctx<'_> {
     #[allow(clippy::too_many_arguments)]
     fn response(
         &mut self,
-        sid: &str,
+        sid: &SessionId,
         client_msg_id: &str,
         id: Option<&(String, String)>,
         text: &str,
@@ -436,7 +436,7 @@ impl Ctx<'_> {
         let row = self.insert(session, seq, 1, client_msg_id, Some(&id), ts, &data)?;
         self.mirror.append_answer(sid, seq, row, client_msg_id, &id);
         let record = Record::Response {
-            sid: sid.to_string(),
+            sid: sid.clone(),
             seq: Seq(seq),
             ts,
             client_msg_id: client_msg_id.to_string(),
@@ -466,10 +466,10 @@ impl Ctx<'_> {
     }
 }
 
-fn created_record(sid: &str, epoch: &str, created: bool) -> Vec<Record> {
+fn created_record(sid: &SessionId, epoch: &str, created: bool) -> Vec<Record> {
     if created {
         vec![Record::Created {
-            sid: sid.to_string(),
+            sid: sid.clone(),
             epoch: epoch.to_string(),
         }]
     } else {

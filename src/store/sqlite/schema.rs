@@ -32,6 +32,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use log::warn;
 use rusqlite::Connection;
 
 use super::Sync;
@@ -40,7 +41,7 @@ use crate::store::log::SessionLog;
 use crate::store::mem::{MemStore, StoreLimits};
 use crate::store::message::Kind;
 use crate::store::message::Message;
-use crate::store::types::Seq;
+use crate::store::types::{Seq, SessionId};
 use crate::time::Millis;
 
 /// The schema this build writes.
@@ -216,7 +217,11 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
     }
     let mut store = MemStore::new(limits);
     for (_, (name, log)) in logs {
-        store.insert(&name, log);
+        // Every name was a valid id when it was written.
+        match SessionId::new(&name) {
+            Some(sid) => store.insert(sid, log),
+            None => warn!(session_id = name.as_str(); "stored session with an invalid id skipped"),
+        }
     }
     Ok(store)
 }
