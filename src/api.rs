@@ -302,7 +302,7 @@ impl Api {
                 Answer::ok(relay.messages(now, &sid, q)?)
             }
             Route::PutSession(sid) => return Ok(reply(relay.put_session(now, conn, &sid)?)),
-            Route::DeleteSession(sid) => return Ok(reply(relay.delete_session(conn, &sid)?)),
+            Route::DeleteSession(sid) => return Ok(reply(relay.delete_session(now, conn, &sid)?)),
             Route::Preflight { allow } => preflight(allow),
             Route::MethodNotAllowed { allow } => {
                 let mut a = Answer::from(ApiError::method_not_allowed());

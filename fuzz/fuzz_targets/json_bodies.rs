@@ -481,7 +481,7 @@ impl World {
             }
             10 => {
                 let sid = inp.pick(SIDS);
-                match self.relay.delete_session(conn_id(0), sid) {
+                match self.relay.delete_session(now, conn_id(0), sid) {
                     Ok(Reply::Now(body)) => {
                         check_json(&body);
                     }

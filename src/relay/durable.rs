@@ -4,12 +4,11 @@
 //! parked polls and the subscribers), before the requests that waited are
 //! answered. Nothing here reads the disk: the storage thread does.
 
-use log::debug;
+use log::{debug, info};
 
 use super::model::{NewPrompt, NewResponse};
-use super::{ConnId, Effect, Relay, duplicate_ack, prompt_ack, put_ack, response_ack};
+use super::{ConnId, Effect, Relay};
 use crate::store::SessionId;
-use crate::store::mem::Applied;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::store::sqlite::StoreStats;
 use crate::time::Millis;
@@ -120,72 +119,26 @@ impl Relay {
         }
     }
 
+    /// One command's committed records, applied on the path every
+    /// engine's changes take, then its requester answered: a session
+    /// created for a WebSocket connect runs the upgrade again, a sweep has
+    /// no requester.
     fn apply_done(&mut self, now: Millis, done: Done) {
-        let mut delivered = false;
         for record in &done.records {
-            match self.store.apply(now, record) {
-                Applied::Nothing => {}
-                Applied::Prompt => {
-                    if let Record::Prompt {
-                        sid,
-                        seq,
-                        client_msg_id,
-                        ..
-                    } = record
-                    {
-                        debug!(session_id = sid.as_str(), client_msg_id = client_msg_id.as_str(), seq = seq.get(); "prompt stored");
-                        self.stats.prompts_stored += 1;
-                        self.wake_waiters(sid);
-                    }
-                }
-                Applied::Response { seq, prev, frame } => {
-                    if let Record::Response {
-                        sid,
-                        client_msg_id,
-                        assistant_msg_id,
-                        ..
-                    } = record
-                    {
-                        debug!(session_id = sid.as_str(), client_msg_id = client_msg_id.as_str(), assistant_msg_id = assistant_msg_id.as_str(), seq = seq.get(); "response posted");
-                        delivered = self.stored_response(sid, seq, prev, frame);
-                    }
-                }
-                Applied::Deleted => {
-                    if let Record::Deleted { sid } = record {
-                        self.session_gone(sid);
-                    }
-                }
+            if let Record::Deleted { sid } = record {
+                info!(session_id = sid.as_str(); "session deleted");
             }
         }
+        let delivered = self.apply(now, done.records);
         let to = done.conn;
         let result = match done.result {
             Err(e) => Err(e),
-            Ok(Outcome::Prompt { id, duplicate }) => {
-                if duplicate {
-                    self.stats.prompt_duplicates += 1;
-                }
-                Ok(prompt_ack(&id, duplicate))
-            }
-            Ok(Outcome::Response {
-                id,
-                duplicate: true,
-            }) => {
-                self.stats.response_duplicates += 1;
-                Ok(duplicate_ack(&id))
-            }
-            Ok(Outcome::Response { id, .. }) => Ok(response_ack(&id, delivered)),
             Ok(Outcome::Session { put: false, .. }) => {
                 self.effects.push(Effect::Retry { to });
                 return;
             }
-            Ok(Outcome::Session {
-                sid,
-                epoch,
-                created,
-                ..
-            }) => Ok(put_ack(&sid, &epoch, created)),
-            Ok(Outcome::Deleted) => Ok(b"{\"deleted\":true}".to_vec()),
             Ok(Outcome::Collected) => return,
+            Ok(outcome) => Ok(self.ack(outcome, delivered)),
         };
         if to != NOBODY {
             self.effects.push(Effect::Reply { to, result });

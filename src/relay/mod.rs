@@ -15,6 +15,7 @@
 //! up by `&str` (a `SessionId` derefs to one), and an id that is not valid
 //! is simply not found.
 
+mod commit;
 mod durable;
 pub mod error;
 pub mod idmap;
@@ -25,14 +26,14 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use log::{debug, info};
-use serde::Serialize;
 
 pub use error::ApiError;
-use model::{NewPrompt, NewResponse, to_json};
+use model::{NewPrompt, NewResponse};
 pub use presence::{Presence, Waiter};
 
+use crate::store::record::Record;
 use crate::store::sqlite::Durable;
-use crate::store::{Cursor, MemStore, PromptStored, ResponseStored, Seq, SessionId, StoreLimits};
+use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
 /// A connection's identity: slab key plus a generation, so a stale reference
@@ -174,6 +175,8 @@ pub struct Relay {
     effects: Vec<Effect>,
     counts: Counts,
     stats: Stats,
+    /// The in-memory engine's records for the write at hand, reused.
+    records: Vec<Record>,
 }
 
 impl Relay {
@@ -193,6 +196,7 @@ impl Relay {
             effects: Vec::new(),
             counts: Counts::default(),
             stats: Stats::default(),
+            records: Vec::new(),
         }
     }
 
@@ -237,47 +241,7 @@ impl Relay {
             d.submit(durable::prompt(conn, &p, unix_ms));
             return Ok(Reply::Wait);
         }
-        let PromptStored { client_msg_id, seq } = self.store.post_prompt(now, unix_ms, &p)?;
-        if seq.is_some() {
-            self.stats.prompts_stored += 1;
-            self.wake_waiters(&p.session_id);
-        } else {
-            self.stats.prompt_duplicates += 1;
-        }
-        Ok(Reply::Now(prompt_ack(&client_msg_id, seq.is_none())))
-    }
-
-    /// Answers every waiter of `sid` whose pending set is now non-empty.
-    fn wake_waiters(&mut self, sid: &str) {
-        let Some(here) = self.presence.get_mut(sid) else {
-            return;
-        };
-        let Some(log) = self.store.get_mut(sid) else {
-            return;
-        };
-        let waiting = here.waiters.len();
-        let mut woken = 0;
-        here.waiters.retain(|w| {
-            if !log.has_pending_after(w.after) {
-                return true;
-            }
-            // Rendered once per distinct `after`, shared by the waiters
-            // asking the same (the log keeps the last page).
-            self.effects.push(Effect::Respond {
-                to: w.conn,
-                status: 200,
-                body: log.pending_page(w.after),
-            });
-            woken += 1;
-            false
-        });
-        self.counts.parked_polls -= woken;
-        if here.is_empty() {
-            self.presence.remove(sid);
-        }
-        if woken > 0 {
-            debug!(session_id = sid, woken = woken, waiting = waiting; "prompts fetched");
-        }
+        self.commit_now(now, |store, out| store.prompt(now, unix_ms, p, out))
     }
 
     /// `GET /prompts/{sid}`: the pending set now, or park `conn` until a
@@ -351,39 +315,7 @@ impl Relay {
             d.submit(durable::response(conn, &r, unix_ms));
             return Ok(Reply::Wait);
         }
-        match self.store.post_response(now, unix_ms, &r)? {
-            ResponseStored::Duplicate { assistant_msg_id } => {
-                self.stats.response_duplicates += 1;
-                Ok(Reply::Now(duplicate_ack(&assistant_msg_id)))
-            }
-            ResponseStored::New {
-                assistant_msg_id,
-                seq,
-                prev,
-                frame,
-            } => {
-                let delivered = self.stored_response(&r.session_id, seq, prev, frame);
-                Ok(Reply::Now(response_ack(&assistant_msg_id, delivered)))
-            }
-        }
-    }
-
-    /// A new answer is stored (and committed): counted, and delivered to
-    /// the session's subscribers. Returns `delivered`: a subscriber was
-    /// connected as the message was stored (it gets it unless it
-    /// disconnects first).
-    fn stored_response(&mut self, sid: &SessionId, seq: Seq, prev: Seq, frame: Rc<[u8]>) -> bool {
-        self.stats.responses_stored += 1;
-        let delivered = !self.subscribers(sid).is_empty();
-        if delivered {
-            self.effects.push(Effect::Deliver {
-                sid: sid.clone(),
-                seq,
-                prev,
-                frame,
-            });
-        }
-        delivered
+        self.commit_now(now, |store, out| store.response(now, unix_ms, r, out))
     }
 
     /// The subscribers of `sid` on this server, for a delivery.
@@ -404,15 +336,16 @@ impl Relay {
         epoch: Option<&str>,
     ) -> Result<Option<Cursor>, ApiError> {
         let full = self.subscribers(sid).len() >= self.limits.max_subscribers;
-        if let Some(d) = &mut self.durable
-            && !self.store.contains(sid)
-        {
-            // The session is created and committed first; the upgrade is
-            // then run again.
-            d.submit(durable::create(conn, sid, false));
-            return Ok(None);
+        if !self.store.contains(sid) {
+            if let Some(d) = &mut self.durable {
+                // The session is created and committed first; the upgrade
+                // is then run again.
+                d.submit(durable::create(conn, sid, false));
+                return Ok(None);
+            }
+            self.decide_now(now, |store, out| store.create(now, sid, false, out))?;
         }
-        let (log, _) = self.store.get_or_create(now, sid)?;
+        let log = self.store.existing(now, sid)?;
         if full {
             return Err(ApiError::unavailable(
                 "subscriber limit reached for this session",
@@ -482,12 +415,16 @@ impl Relay {
             d.submit(durable::create(conn, sid, true));
             return Ok(Reply::Wait);
         }
-        let (log, created) = self.store.get_or_create(now, sid)?;
-        Ok(Reply::Now(put_ack(sid, log.epoch(), created)))
+        self.commit_now(now, |store, out| store.create(now, sid, true, out))
     }
 
     /// `DELETE /sessions/{sid}`: parked polls get 404, subscribers close 1000.
-    pub fn delete_session(&mut self, conn: ConnId, sid: &str) -> Result<Reply, ApiError> {
+    pub fn delete_session(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        sid: &str,
+    ) -> Result<Reply, ApiError> {
         if let Some(d) = &mut self.durable {
             let sid = self
                 .store
@@ -496,31 +433,9 @@ impl Relay {
             d.submit(durable::delete(conn, sid.clone()));
             return Ok(Reply::Wait);
         }
-        self.store.delete(sid)?;
-        self.session_gone(sid);
-        Ok(Reply::Now(b"{\"deleted\":true}".to_vec()))
-    }
-
-    /// A session is deleted: its parked polls get 404, its subscribers
-    /// close with 1000.
-    fn session_gone(&mut self, sid: &str) {
-        if let Some(here) = self.presence.remove(sid) {
-            let not_found: Rc<[u8]> = ApiError::session_not_found().body().into();
-            for w in &here.waiters {
-                self.effects.push(Effect::Respond {
-                    to: w.conn,
-                    status: 404,
-                    body: not_found.clone(),
-                });
-            }
-            for &c in &here.subscribers {
-                self.effects
-                    .push(Effect::CloseSubscriber { to: c, code: 1000 });
-            }
-            self.counts.parked_polls -= here.waiters.len();
-            self.counts.subscribers -= here.subscribers.len();
-        }
+        let reply = self.commit_now(now, |store, out| store.delete(sid, out))?;
         info!(session_id = sid; "session deleted");
+        Ok(reply)
     }
 
     /// Drops sessions nobody here is connected to and nobody touched for the
@@ -531,69 +446,18 @@ impl Relay {
             return self.collect_durable(now, ttl);
         }
         let presence = &self.presence;
-        let collected = self
-            .store
-            .retain(|sid, log| presence.contains_key(sid) || now.since(log.last_active) < ttl);
+        let mut records = std::mem::take(&mut self.records);
+        let collected = self.store.collect(
+            |sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= ttl,
+            &mut records,
+        );
+        self.apply(now, records.drain(..));
+        self.records = records;
         if collected > 0 {
             debug!(count = collected; "idle sessions collected");
         }
         collected
     }
-}
-
-/// `{"ok":true,"assistant_msg_id":…,"delivered":…}`, the answer to a stored
-/// `POST /response`.
-fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Ack<'a> {
-        ok: bool,
-        assistant_msg_id: &'a str,
-        delivered: bool,
-    }
-    to_json(&Ack {
-        ok: true,
-        assistant_msg_id,
-        delivered,
-    })
-}
-
-/// The answer to a resent `POST /response`.
-fn duplicate_ack(assistant_msg_id: &str) -> Vec<u8> {
-    let mut ack = response_ack(assistant_msg_id, false);
-    ack.pop();
-    ack.extend_from_slice(b",\"duplicate\":true}");
-    ack
-}
-
-/// `{"session_id":…,"epoch":…,"created":…}`, the answer to `PUT /sessions`.
-fn put_ack(sid: &str, epoch: &str, created: bool) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Put<'a> {
-        session_id: &'a str,
-        epoch: &'a str,
-        created: bool,
-    }
-    to_json(&Put {
-        session_id: sid,
-        epoch,
-        created,
-    })
-}
-
-/// `{"stored":true,"client_msg_id":…}`, plus `"duplicate":true` for a resend.
-fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Ack<'a> {
-        stored: bool,
-        client_msg_id: &'a str,
-        #[serde(skip_serializing_if = "std::ops::Not::not")]
-        duplicate: bool,
-    }
-    to_json(&Ack {
-        stored: true,
-        client_msg_id: id,
-        duplicate,
-    })
 }
 
 #[cfg(test)]

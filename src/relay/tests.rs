@@ -412,7 +412,7 @@ fn session_cap_answers_503_for_new_sessions_only() {
 fn deleting_a_session_makes_room_under_the_session_cap() {
     let mut r = relay_with(|l| l.max_sessions = 1);
     prompt(&mut r, 0, "a", "1", "x");
-    r.delete_session(conn(0), "a").map(now).unwrap();
+    r.delete_session(Millis(0), conn(0), "a").map(now).unwrap();
     prompt(&mut r, 0, "b", "1", "x");
 }
 
@@ -1189,7 +1189,7 @@ fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
         .unwrap();
     r.subscribe(Millis(0), conn(3), &session("s"), None, None)
         .unwrap();
-    let body = r.delete_session(conn(0), "s").map(now).unwrap();
+    let body = r.delete_session(Millis(0), conn(0), "s").map(now).unwrap();
     assert_eq!(parse(&body), json!({"deleted": true}));
     let fx = effects(&mut r);
     let mut not_found = Vec::new();
@@ -1214,7 +1214,10 @@ fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
     assert!(!r.has_session("s"));
     assert_eq!(r.counts(), Counts::default());
     assert_eq!(
-        r.delete_session(conn(0), "s").map(now).unwrap_err().status,
+        r.delete_session(Millis(0), conn(0), "s")
+            .map(now)
+            .unwrap_err()
+            .status,
         404
     );
     assert_eq!(
@@ -1236,7 +1239,7 @@ fn delete_session_leaves_other_sessions_alone() {
     r.subscribe(Millis(0), conn(2), &session("a"), None, None)
         .unwrap();
     prompt(&mut r, 0, "b", "p", "x");
-    r.delete_session(conn(0), "b").map(now).unwrap();
+    r.delete_session(Millis(0), conn(0), "b").map(now).unwrap();
     assert!(effects(&mut r).is_empty());
     assert_eq!(r.counts().parked_polls, 1);
     assert_eq!(r.counts().subscribers, 1);
@@ -1416,4 +1419,62 @@ fn a_messages_page_stops_before_max_page_bytes_and_reports_the_limit_applied() {
         .collect();
     assert_eq!(seqs_second.first(), Some(&(got as u64 + 1)));
     assert_eq!(got + seqs_second.len(), 40);
+}
+
+// ---- committed records ----
+
+#[test]
+fn records_committed_elsewhere_wake_deliver_and_count_like_a_local_write() {
+    let mut r = relay();
+    r.put_session(Millis(0), conn(0), &session("s"))
+        .map(now)
+        .unwrap();
+    r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
+        .unwrap();
+    r.subscribe(Millis(0), conn(2), &session("s"), None, None)
+        .unwrap();
+    let prompt = Record::Prompt {
+        sid: session("s"),
+        seq: Seq(1),
+        ts: 5,
+        client_msg_id: "p1".into(),
+        data: r#"{"session_id":"s","client_msg_id":"p1","prompt":"hi","ts":5,"seq":1}"#.into(),
+    };
+    assert!(!r.apply(Millis(1), [prompt]), "a prompt delivers nothing");
+    let fx = effects(&mut r);
+    let [Effect::Respond { to, status, body }] = &fx[..] else {
+        panic!("expected the parked poll answered, got {fx:?}");
+    };
+    assert_eq!((*to, *status), (conn(1), 200));
+    assert_eq!(ids(&parse(body)), vec!["p1"]);
+    let answer = Record::Response {
+        sid: session("s"),
+        seq: Seq(2),
+        ts: 6,
+        client_msg_id: "p1".into(),
+        assistant_msg_id: "a1".into(),
+        data: r#"{"session_id":"s","assistant_msg_id":"a1","client_msg_id":"p1","text":"yo","ts":6,"seq":2}"#.into(),
+    };
+    assert!(r.apply(Millis(2), [answer]), "a subscriber is connected");
+    let fx = effects(&mut r);
+    let [Effect::Deliver { seq, prev, .. }] = &fx[..] else {
+        panic!("expected one Deliver, got {fx:?}");
+    };
+    assert_eq!((*seq, *prev), (Seq(2), Seq(0)));
+    assert!(
+        pending_ids(&mut r, 3, "s").is_empty(),
+        "the prompt is answered"
+    );
+    let s = r.stats();
+    assert_eq!((s.prompts_stored, s.responses_stored), (1, 1));
+    r.apply(Millis(4), [Record::Deleted { sid: session("s") }]);
+    assert!(!r.has_session("s"));
+    assert_eq!(
+        effects(&mut r),
+        vec![Effect::CloseSubscriber {
+            to: conn(2),
+            code: 1000
+        }]
+    );
+    assert_eq!(r.counts().subscribers, 0);
 }

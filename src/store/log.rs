@@ -168,11 +168,9 @@ impl SessionLog {
         }
     }
 
-    /// Takes the next sequence number for a message about to be appended.
-    pub fn take_seq(&mut self) -> Seq {
-        let seq = self.next_seq;
-        self.next_seq = seq.next();
-        seq
+    /// The `seq` the next message gets; appending it moves this on.
+    pub fn next_seq(&self) -> Seq {
+        self.next_seq
     }
 
     /// The oldest retained `seq`, or the next one when nothing is retained.
@@ -202,7 +200,7 @@ impl SessionLog {
         self.responses.get(assistant_msg_id)
     }
 
-    /// Appends a new prompt (its `seq` from [`take_seq`](Self::take_seq)).
+    /// Appends a new prompt (its `seq` from [`next_seq`](Self::next_seq)).
     pub fn append_prompt(&mut self, msg: Message, history_limit: usize) {
         let msg = Rc::new(msg);
         let entry = PromptEntry {
@@ -493,7 +491,7 @@ mod tests {
 
     /// Appends a prompt with id `id`.
     fn prompt(l: &mut SessionLog, id: &str, text: &str, limit: usize) {
-        let seq = l.take_seq();
+        let seq = l.next_seq();
         let p = Parts {
             prompt_id: None,
             ..parts(text, seq)
@@ -505,7 +503,7 @@ mod tests {
     fn exchange(l: &mut SessionLog, n: usize, text_len: usize, limit: usize) -> Seq {
         let id: Rc<str> = Rc::from(format!("c{n}"));
         prompt(l, &id, "\"q\"", limit);
-        let seq = l.take_seq();
+        let seq = l.next_seq();
         let text = format!("\"{}\"", "x".repeat(text_len));
         let msg = Message::assistant(id, Rc::from(format!("a{n}")), &parts(&text, seq));
         l.append_response(msg, limit);

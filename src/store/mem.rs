@@ -1,6 +1,10 @@
-//! The in-memory engine: every session's log in one map. It decides and
-//! commits in the same call (dedupe, `seq`, caps, trimming), so what it
-//! returns is already visible to every reader.
+//! The in-memory engine: every session's log in one map. It decides each
+//! write against the log (dedupe, `seq`, caps, epochs, conflicts) and
+//! answers with its outcome and the [`Record`]s that carry it out, changing
+//! nothing yet; the relay then applies those records through
+//! [`MemStore::apply`], the same path the storage thread's committed records
+//! take. With persistence the map is the loop's copy of the database, and
+//! only reads and `apply` touch it.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
@@ -12,7 +16,7 @@ use uuid::Builder;
 
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
-use super::record::Record;
+use super::record::{Outcome, Record};
 use super::types::{Seq, SessionId};
 use crate::relay::model::{self, NewPrompt, NewResponse};
 use crate::relay::{ApiError, MessagesQuery};
@@ -26,42 +30,30 @@ pub struct StoreLimits {
     pub max_pending: usize,
 }
 
-/// What applying a committed change means for the relay.
+/// What applying a committed change means for the relay. The ids are the
+/// stored message's own, shared.
 #[derive(Debug)]
 pub enum Applied {
     Nothing,
     /// A prompt was stored: wake the session's parked polls.
-    Prompt,
+    Prompt {
+        sid: SessionId,
+        seq: Seq,
+        client_msg_id: Rc<str>,
+    },
     /// An answer was stored: deliver its frame.
     Response {
-        seq: Seq,
-        prev: Seq,
-        frame: Rc<[u8]>,
-    },
-    /// The session is gone: answer its polls 404, close its subscribers.
-    Deleted,
-}
-
-/// What `POST /prompt` did.
-#[derive(Debug, PartialEq, Eq)]
-pub struct PromptStored {
-    pub client_msg_id: Rc<str>,
-    /// The new prompt's `seq`; `None` for a resend (nothing stored).
-    pub seq: Option<Seq>,
-}
-
-/// What `POST /response` did.
-#[derive(Debug)]
-pub enum ResponseStored {
-    /// A resend of a stored answer: nothing stored.
-    Duplicate { assistant_msg_id: Rc<str> },
-    /// A new assistant message, to be delivered to the subscribers.
-    New {
-        assistant_msg_id: Rc<str>,
+        sid: SessionId,
         seq: Seq,
         /// The previous assistant message's `seq` (0 if none).
         prev: Seq,
         frame: Rc<[u8]>,
+        client_msg_id: Rc<str>,
+        assistant_msg_id: Rc<str>,
+    },
+    /// The session is gone: answer its polls 404, close its subscribers.
+    Deleted {
+        sid: SessionId,
     },
 }
 
@@ -127,56 +119,51 @@ impl MemStore {
         self.sessions.get_mut(sid)
     }
 
-    /// The session, created if needed (503 at the session cap), touched as
-    /// active; and whether it was created.
-    pub fn get_or_create(
-        &mut self,
-        now: Millis,
-        sid: &SessionId,
-    ) -> Result<(&mut SessionLog, bool), ApiError> {
-        let created = if self.sessions.contains_key(sid) {
-            false
-        } else if self.full() {
-            return Err(ApiError::unavailable("session limit reached"));
-        } else {
-            let epoch: Rc<str> = self.ids.uuid().into();
-            self.sessions
-                .insert(sid.clone(), SessionLog::new(now, epoch));
-            true
-        };
-        let s = self.existing(now, sid)?;
-        Ok((s, created))
-    }
-
-    /// `POST /prompt`: dedupe, assign `seq`, append.
-    pub fn post_prompt(
+    /// `POST /prompt`, decided: the session created if needed (503 at the
+    /// session cap), a resend of a stored id answered as a duplicate, 503 at
+    /// the pending cap, else the next `seq`. Pushes onto `out` the records
+    /// that carry it out (nothing when it is refused) and touches the
+    /// session as active; changes nothing else.
+    pub fn prompt(
         &mut self,
         now: Millis,
         unix_ms: UnixMillis,
-        p: &NewPrompt,
-    ) -> Result<PromptStored, ApiError> {
-        let StoreLimits {
-            history_limit,
-            max_pending,
-            ..
-        } = self.limits;
-        let (id, id_literal) = id_and_literal(&p.client_msg_id, &mut self.ids);
-        let (s, _) = self.get_or_create(now, &p.session_id)?;
-        if s.has_prompt(&id) {
-            debug!(session_id = p.session_id.as_str(), client_msg_id = &*id; "duplicate prompt");
-            return Ok(PromptStored {
-                client_msg_id: id,
-                seq: None,
-            });
-        }
-        if s.pending_len() >= max_pending {
-            return Err(ApiError::unavailable(
-                "pending prompt limit reached for this session",
-            ));
-        }
-        let seq = s.take_seq();
+        p: NewPrompt,
+        out: &mut Vec<Record>,
+    ) -> Result<Outcome, ApiError> {
+        let max_pending = self.limits.max_pending;
+        let full = self.full();
+        let (id, id_literal) = id_and_literal(p.client_msg_id, &mut self.ids);
+        let seq = match self.sessions.get_mut(&*p.session_id) {
+            Some(s) => {
+                s.last_active = now;
+                if s.has_prompt(&id) {
+                    debug!(session_id = p.session_id.as_str(), client_msg_id = id.as_str(); "duplicate prompt");
+                    return Ok(Outcome::Prompt {
+                        id,
+                        duplicate: true,
+                    });
+                }
+                if s.pending_len() >= max_pending {
+                    return Err(ApiError::unavailable(
+                        "pending prompt limit reached for this session",
+                    ));
+                }
+                s.next_seq()
+            }
+            // A new session has no prompts, and the pending cap is at
+            // least 1.
+            None if full => return Err(ApiError::unavailable("session limit reached")),
+            None => {
+                out.push(Record::Created {
+                    sid: p.session_id.clone(),
+                    epoch: self.ids.uuid(),
+                });
+                Seq::FIRST
+            }
+        };
         let ts = p.ts.unwrap_or(unix_ms);
-        let parts = Parts {
+        let data = Parts {
             session_id: &p.session_id,
             id_literal: &id_literal,
             prompt_id: None,
@@ -184,77 +171,148 @@ impl MemStore {
             metadata: p.metadata.map(|m| m.get()),
             ts,
             seq,
-        };
-        s.append_prompt(Message::prompt(id.clone(), &parts), history_limit);
-        debug!(session_id = p.session_id.as_str(), client_msg_id = &*id, seq = seq.get(); "prompt stored");
-        Ok(PromptStored {
-            client_msg_id: id,
-            seq: Some(seq),
+        }
+        .data();
+        out.push(Record::Prompt {
+            sid: p.session_id,
+            seq,
+            ts,
+            client_msg_id: id.clone(),
+            data,
+        });
+        Ok(Outcome::Prompt {
+            id,
+            duplicate: false,
         })
     }
 
-    /// `POST /response`: 404s, dedupe or conflict, assign `seq`, append.
-    pub fn post_response(
+    /// `POST /response`, decided: 404 for the session, a resend of a stored
+    /// answer (same prompt, same text) answered as a duplicate and any other
+    /// reuse of its id refused 409, 404 for the prompt, else the next `seq`.
+    /// Pushes onto `out` the record that carries it out (nothing when it is
+    /// refused or a resend) and touches the session as active.
+    pub fn response(
         &mut self,
         now: Millis,
         unix_ms: UnixMillis,
-        r: &NewResponse,
-    ) -> Result<ResponseStored, ApiError> {
-        let history_limit = self.limits.history_limit;
-        let (id, id_literal) = id_and_literal(&r.assistant_msg_id, &mut self.ids);
+        r: NewResponse,
+        out: &mut Vec<Record>,
+    ) -> Result<Outcome, ApiError> {
+        let given = r.assistant_msg_id.is_some();
+        let (id, id_literal) = id_and_literal(r.assistant_msg_id, &mut self.ids);
         let s = self.existing(now, &r.session_id)?;
-        if r.assistant_msg_id.is_some()
-            && let Some(prev) = s.response(&id)
-        {
+        if given && let Some(prev) = s.response(&id) {
             // A resend repeats the prompt and the text (compared decoded, so
             // a different escaping of the same text is the same text).
             if *prev.client_msg_id == *r.client_msg_id && prev.text() == model::decode(r.text.get())
             {
-                return Ok(ResponseStored::Duplicate {
-                    assistant_msg_id: id,
+                return Ok(Outcome::Response {
+                    id,
+                    duplicate: true,
                 });
             }
             return Err(ApiError::conflict());
         }
-        let prompt_id = s
-            .prompt_id(&r.client_msg_id)
-            .ok_or_else(ApiError::prompt_not_found)?;
-        let seq = s.take_seq();
+        if !s.has_prompt(&r.client_msg_id) {
+            return Err(ApiError::prompt_not_found());
+        }
+        let seq = s.next_seq();
         let ts = r.ts.unwrap_or(unix_ms);
-        let parts = Parts {
+        let data = Parts {
             session_id: &r.session_id,
             id_literal: &id_literal,
-            prompt_id: Some(&prompt_id),
+            prompt_id: Some(&r.client_msg_id),
             text: r.text.get(),
             metadata: r.metadata.map(|m| m.get()),
             ts,
             seq,
-        };
-        let msg = Message::assistant(prompt_id.clone(), id.clone(), &parts);
-        let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
-        let prev = s.append_response(msg, history_limit);
-        debug!(session_id = r.session_id.as_str(), client_msg_id = &*prompt_id, assistant_msg_id = &*id, seq = seq.get(); "response posted");
-        Ok(ResponseStored::New {
-            assistant_msg_id: id,
+        }
+        .data();
+        out.push(Record::Response {
+            sid: r.session_id,
             seq,
-            prev,
-            frame,
+            ts,
+            client_msg_id: r.client_msg_id,
+            assistant_msg_id: id.clone(),
+            data,
+        });
+        Ok(Outcome::Response {
+            id,
+            duplicate: false,
         })
     }
 
-    /// Puts a restored or committed session in place (its epoch chosen by
-    /// the storage thread).
+    /// A session to create if needed (`PUT /sessions`, `put`, or a
+    /// WebSocket connect), decided: an existing one is touched as active,
+    /// a new one gets a fresh epoch (503 at the session cap).
+    pub fn create(
+        &mut self,
+        now: Millis,
+        sid: &SessionId,
+        put: bool,
+        out: &mut Vec<Record>,
+    ) -> Result<Outcome, ApiError> {
+        let full = self.full();
+        let (epoch, created) = match self.sessions.get_mut(&**sid) {
+            Some(s) => {
+                s.last_active = now;
+                (s.epoch().to_string(), false)
+            }
+            None if full => return Err(ApiError::unavailable("session limit reached")),
+            None => {
+                let epoch = self.ids.uuid();
+                out.push(Record::Created {
+                    sid: sid.clone(),
+                    epoch: epoch.clone(),
+                });
+                (epoch, true)
+            }
+        };
+        Ok(Outcome::Session {
+            sid: sid.clone(),
+            epoch,
+            created,
+            put,
+        })
+    }
+
+    /// `DELETE /sessions/{sid}`, decided: 404 if there is none.
+    pub fn delete(&self, sid: &str, out: &mut Vec<Record>) -> Result<Outcome, ApiError> {
+        let sid = self.key(sid).ok_or_else(ApiError::session_not_found)?;
+        out.push(Record::Deleted { sid: sid.clone() });
+        Ok(Outcome::Deleted)
+    }
+
+    /// The periodic sweep, decided: a deletion for every session `idle`
+    /// picks. Returns how many.
+    pub fn collect(
+        &self,
+        idle: impl FnMut(&str, &SessionLog) -> bool,
+        out: &mut Vec<Record>,
+    ) -> usize {
+        let before = out.len();
+        out.extend(
+            self.idle(idle)
+                .into_iter()
+                .map(|sid| Record::Deleted { sid }),
+        );
+        out.len() - before
+    }
+
+    /// Puts a restored session in place (its epoch as stored).
     pub fn insert(&mut self, sid: SessionId, log: SessionLog) {
         self.sessions.insert(sid, log);
     }
 
-    /// Applies a change the storage thread committed; returns what the
-    /// relay must do about it (wake polls, deliver an answer).
-    pub fn apply(&mut self, now: Millis, record: &Record) -> Applied {
+    /// Applies a committed change (decided here or by the storage thread);
+    /// returns what the relay must do about it (wake polls, deliver an
+    /// answer, drop presence). Takes the record by value: its `data` moves
+    /// into the stored message, or is copied once into an answer's frame.
+    pub fn apply(&mut self, now: Millis, record: Record) -> Applied {
         let limit = self.limits.history_limit;
         match record {
             Record::Created { sid, epoch } => {
-                self.insert(sid.clone(), SessionLog::new(now, Rc::from(epoch.as_str())));
+                self.insert(sid, SessionLog::new(now, Rc::from(epoch)));
                 Applied::Nothing
             }
             Record::Prompt {
@@ -264,18 +322,18 @@ impl MemStore {
                 client_msg_id,
                 data,
             } => {
-                let Some(log) = self.sessions.get_mut(sid) else {
+                let Some(log) = self.sessions.get_mut(&*sid) else {
                     return Applied::Nothing;
                 };
                 log.last_active = now;
-                let msg = Message::prompt_with(
-                    Rc::from(client_msg_id.as_str()),
-                    *seq,
-                    *ts,
-                    data.as_bytes().to_vec(),
-                );
+                let client_msg_id: Rc<str> = Rc::from(client_msg_id);
+                let msg = Message::prompt_with(client_msg_id.clone(), seq, ts, data.into_bytes());
                 log.append_prompt(msg, limit);
-                Applied::Prompt
+                Applied::Prompt {
+                    sid,
+                    seq,
+                    client_msg_id,
+                }
             }
             Record::Response {
                 sid,
@@ -285,41 +343,32 @@ impl MemStore {
                 assistant_msg_id,
                 data,
             } => {
-                let Some(log) = self.sessions.get_mut(sid) else {
+                let Some(log) = self.sessions.get_mut(&*sid) else {
                     return Applied::Nothing;
                 };
                 log.last_active = now;
                 let cid = log
-                    .prompt_id(client_msg_id)
-                    .unwrap_or_else(|| Rc::from(client_msg_id.as_str()));
-                let msg = Message::assistant_with(
-                    cid,
-                    Rc::from(assistant_msg_id.as_str()),
-                    *seq,
-                    *ts,
-                    data.as_bytes(),
-                );
+                    .prompt_id(&client_msg_id)
+                    .unwrap_or_else(|| Rc::from(client_msg_id));
+                let aid: Rc<str> = Rc::from(assistant_msg_id);
+                let msg =
+                    Message::assistant_with(cid.clone(), aid.clone(), seq, ts, data.as_bytes());
                 let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
                 let prev = log.append_response(msg, limit);
                 Applied::Response {
-                    seq: *seq,
+                    sid,
+                    seq,
                     prev,
                     frame,
+                    client_msg_id: cid,
+                    assistant_msg_id: aid,
                 }
             }
             Record::Deleted { sid } => {
-                self.sessions.remove(sid);
-                Applied::Deleted
+                self.sessions.remove(&*sid);
+                Applied::Deleted { sid }
             }
         }
-    }
-
-    /// `DELETE /sessions/{sid}`: drops the log; 404 if there is none.
-    pub fn delete(&mut self, sid: &str) -> Result<(), ApiError> {
-        self.sessions
-            .remove(sid)
-            .map(|_| ())
-            .ok_or_else(ApiError::session_not_found)
     }
 
     /// `GET /messages/{sid}`: a page of history.
@@ -359,14 +408,6 @@ impl MemStore {
             .filter(|(sid, log)| idle(sid, log))
             .map(|(sid, _)| sid.clone())
             .collect()
-    }
-
-    /// Drops the sessions for which `idle` says so. Called from the
-    /// periodic sweep.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str, &SessionLog) -> bool) -> usize {
-        let before = self.sessions.len();
-        self.sessions.retain(|sid, s| keep(sid, s));
-        before - self.sessions.len()
     }
 }
 
@@ -411,16 +452,90 @@ impl Default for IdGen {
 /// A message id as the client sent it, with its JSON literal spelled as
 /// sent, or else a new UUID and its literal.
 fn id_and_literal(
-    given: &Option<(String, &serde_json::value::RawValue)>,
+    given: Option<(String, &serde_json::value::RawValue)>,
     ids: &mut IdGen,
-) -> (Rc<str>, String) {
+) -> (String, String) {
     match given {
-        Some((id, raw)) => (Rc::from(id.as_str()), raw.get().to_string()),
+        Some((id, raw)) => (id, raw.get().to_string()),
         None => {
             let uuid = ids.uuid();
             let mut lit = String::with_capacity(uuid.len() + 2);
             model::push_json_str(&mut lit, &uuid);
-            (Rc::from(uuid), lit)
+            (uuid, lit)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> MemStore {
+        MemStore::new(StoreLimits {
+            history_limit: 10,
+            max_sessions: 1,
+            max_pending: 2,
+        })
+    }
+
+    #[track_caller]
+    fn prompt(body: &str) -> NewPrompt<'_> {
+        NewPrompt::parse(body.as_bytes()).expect("a valid body")
+    }
+
+    #[test]
+    fn a_decision_changes_nothing_until_its_records_are_applied() {
+        let mut m = store();
+        let mut out = Vec::new();
+        let body = r#"{"session_id":"s","client_msg_id":"p1","prompt":"hi"}"#;
+        let outcome = m.prompt(Millis(0), 7, prompt(body), &mut out).unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Prompt {
+                id: "p1".into(),
+                duplicate: false
+            }
+        );
+        assert!(m.is_empty(), "decided, not applied");
+        assert!(matches!(
+            &out[..],
+            [Record::Created { .. }, Record::Prompt { seq: Seq(1), .. }]
+        ));
+        for record in out.drain(..) {
+            m.apply(Millis(0), record);
+        }
+        assert!(m.get("s").is_some_and(|s| s.has_prompt("p1")));
+        // The same id again: a resend, with nothing to apply.
+        let again = m.prompt(Millis(1), 8, prompt(body), &mut out).unwrap();
+        assert_eq!(
+            again,
+            Outcome::Prompt {
+                id: "p1".into(),
+                duplicate: true
+            }
+        );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_refused_write_has_no_records() {
+        let mut m = store();
+        let mut out = Vec::new();
+        let sid = SessionId::new("s").unwrap();
+        m.create(Millis(0), &sid, true, &mut out).unwrap();
+        for record in out.drain(..) {
+            m.apply(Millis(0), record);
+        }
+        let other = r#"{"session_id":"t","prompt":"hi"}"#;
+        let e = m.prompt(Millis(0), 7, prompt(other), &mut out).unwrap_err();
+        assert_eq!(e.status, 503, "session cap");
+        let no_prompt = r#"{"session_id":"s","client_msg_id":"x","text":"t"}"#;
+        let r = NewResponse::parse(no_prompt.as_bytes()).unwrap();
+        assert_eq!(
+            m.response(Millis(0), 7, r, &mut out).unwrap_err().status,
+            404
+        );
+        assert!(m.delete("t", &mut out).is_err());
+        assert!(out.is_empty());
     }
 }

@@ -7,8 +7,8 @@
 use std::rc::Rc;
 
 use super::types::Seq;
-use crate::http::response::push_decimal;
 use crate::http::wsframe;
+use crate::relay::model::push_json_str;
 use crate::time::UnixMillis;
 
 /// Which kind of message a history entry is.
@@ -20,8 +20,6 @@ pub enum Kind {
 
 /// The payload of a frame before the `data` object.
 const FRAME_PREFIX: &[u8] = b"{\"type\":\"message\",\"data\":";
-/// Room kept in front of a frame's payload for its header (at most 10 bytes).
-const HEAD_ROOM: usize = 10;
 
 /// A message's bytes: a prompt's `data` alone, an assistant message's whole
 /// frame (shared with the subscribers' queues).
@@ -63,34 +61,38 @@ pub struct Parts<'a> {
 }
 
 impl Parts<'_> {
-    /// Writes `{"session_id",<id>,("client_msg_id",)<text>,"metadata"?,"ts","seq"}`.
-    pub fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"{\"session_id\":\"");
-        out.extend_from_slice(self.session_id.as_bytes()); // unreserved characters only
+    /// `{"session_id",<id>,("client_msg_id",)<text>,"metadata"?,"ts","seq"}`:
+    /// the `data` object as a committed record carries it. Every part is
+    /// text already, so it is assembled as text, without a UTF-8 check.
+    pub fn data(&self) -> String {
+        let mut out = String::with_capacity(self.len_hint());
+        out.push_str("{\"session_id\":\"");
+        out.push_str(self.session_id); // unreserved characters only
         match self.prompt_id {
             None => {
-                out.extend_from_slice(b"\",\"client_msg_id\":");
-                out.extend_from_slice(self.id_literal.as_bytes());
-                out.extend_from_slice(b",\"prompt\":");
+                out.push_str("\",\"client_msg_id\":");
+                out.push_str(self.id_literal);
+                out.push_str(",\"prompt\":");
             }
             Some(prompt_id) => {
-                out.extend_from_slice(b"\",\"assistant_msg_id\":");
-                out.extend_from_slice(self.id_literal.as_bytes());
-                out.extend_from_slice(b",\"client_msg_id\":");
-                push_json_str(out, prompt_id);
-                out.extend_from_slice(b",\"text\":");
+                out.push_str("\",\"assistant_msg_id\":");
+                out.push_str(self.id_literal);
+                out.push_str(",\"client_msg_id\":");
+                push_json_str(&mut out, prompt_id);
+                out.push_str(",\"text\":");
             }
         }
-        out.extend_from_slice(self.text.as_bytes());
+        out.push_str(self.text);
         if let Some(m) = self.metadata {
-            out.extend_from_slice(b",\"metadata\":");
-            out.extend_from_slice(m.as_bytes());
+            out.push_str(",\"metadata\":");
+            out.push_str(m);
         }
-        out.extend_from_slice(b",\"ts\":");
-        push_decimal(out, self.ts);
-        out.extend_from_slice(b",\"seq\":");
-        push_decimal(out, self.seq.get());
-        out.push(b'}');
+        out.push_str(",\"ts\":");
+        push_decimal(&mut out, self.ts);
+        out.push_str(",\"seq\":");
+        push_decimal(&mut out, self.seq.get());
+        out.push('}');
+        out
     }
 
     fn len_hint(&self) -> usize {
@@ -102,27 +104,35 @@ impl Parts<'_> {
     }
 }
 
-/// Appends `s` as a JSON string literal.
-fn push_json_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        out.extend_from_slice(&crate::relay::model::to_json(&s));
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
     }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 impl Message {
-    /// A prompt, its `data` assembled from `parts`.
+    /// A prompt, its `data` assembled from `parts` (tests build logs so).
+    #[cfg(test)]
     pub fn prompt(client_msg_id: Rc<str>, parts: &Parts) -> Message {
-        let mut data = Vec::with_capacity(parts.len_hint());
-        parts.write(&mut data);
-        Message::prompt_with(client_msg_id, parts.seq, parts.ts, data)
+        Message::prompt_with(
+            client_msg_id,
+            parts.seq,
+            parts.ts,
+            parts.data().into_bytes(),
+        )
     }
 
     /// A prompt whose `data` object is already serialized (restored, or
-    /// committed by the storage thread).
+    /// committed).
     pub fn prompt_with(client_msg_id: Rc<str>, seq: Seq, ts: UnixMillis, data: Vec<u8>) -> Message {
         Message {
             seq,
@@ -136,8 +146,9 @@ impl Message {
         }
     }
 
-    /// An assistant message whose `data` object is already serialized,
-    /// framed here.
+    /// An assistant message whose `data` object is already serialized
+    /// (restored, or committed), framed here: `data` is copied into the
+    /// frame, whose bytes every subscriber then shares.
     pub fn assistant_with(
         client_msg_id: Rc<str>,
         assistant_msg_id: Rc<str>,
@@ -159,31 +170,18 @@ impl Message {
         }
     }
 
-    /// An assistant message, framed once: the `data` object is written
-    /// behind room for the frame header, which goes in front once the
-    /// length is known, so the bytes are copied only into their shared home.
+    /// An assistant message, its `data` assembled from `parts` (tests build
+    /// logs so).
+    #[cfg(test)]
     pub fn assistant(client_msg_id: Rc<str>, assistant_msg_id: Rc<str>, parts: &Parts) -> Message {
-        let mut buf = Vec::with_capacity(HEAD_ROOM + FRAME_PREFIX.len() + parts.len_hint());
-        buf.resize(HEAD_ROOM, 0);
-        buf.extend_from_slice(FRAME_PREFIX);
-        let data_start = buf.len();
-        parts.write(&mut buf);
-        let data_len = buf.len() - data_start;
-        buf.push(b'}');
-        let mut head = Vec::with_capacity(HEAD_ROOM);
-        wsframe::text_header(buf.len() - HEAD_ROOM, &mut head);
-        let start = HEAD_ROOM - head.len();
-        buf[start..HEAD_ROOM].copy_from_slice(&head);
-        Message {
-            seq: parts.seq,
-            ts: parts.ts,
-            kind: Kind::Assistant,
+        let data = parts.data();
+        Message::assistant_with(
             client_msg_id,
-            assistant_msg_id: Some(assistant_msg_id),
-            data_at: (data_start - start) as u32,
-            data_len: data_len as u32,
-            bytes: Bytes::Frame(Rc::from(&buf[start..])),
-        }
+            assistant_msg_id,
+            parts.seq,
+            parts.ts,
+            data.as_bytes(),
+        )
     }
 
     fn bytes(&self) -> &[u8] {
@@ -257,6 +255,19 @@ mod tests {
             let v: serde_json::Value = serde_json::from_slice(&frame[at..]).unwrap();
             assert_eq!(v["type"], "message");
             assert_eq!(v["data"], data);
+        }
+    }
+
+    #[test]
+    fn data_writes_every_digit_of_ts_and_seq() {
+        for n in [0, 9, 10, 1_700_000_000_000, u64::MAX] {
+            let p = Parts {
+                ts: n,
+                seq: Seq(n),
+                ..parts("\"x\"", None)
+            };
+            let v: serde_json::Value = serde_json::from_str(&p.data()).unwrap();
+            assert_eq!((v["ts"].as_u64(), v["seq"].as_u64()), (Some(n), Some(n)));
         }
     }
 

@@ -7,10 +7,11 @@
 //!   ids, epoch) and the cursor every consumer reads it by.
 //! - [`message`]: a stored message, serialized once (an assistant message
 //!   as its WebSocket frame).
-//! - [`mem`]: the in-memory engine, which decides and commits at once; with
+//! - [`mem`]: the in-memory engine, which decides at once and applies
+//!   committed records (its own, or the storage thread's); with
 //!   persistence, the loop's copy of the committed state.
-//! - [`record`]: the commands and committed changes that cross to and from
-//!   the storage thread.
+//! - [`record`]: the commands that cross to the storage thread, and the
+//!   outcomes and committed changes every engine answers with.
 //! - [`sqlite`]: persistence on one machine (the storage thread).
 //! - [`types`]: the keys of the log ([`SessionId`], [`Seq`]).
 
@@ -22,6 +23,6 @@ pub mod sqlite;
 pub mod types;
 
 pub use log::{Cursor, Live, MAX_PAGE_BYTES, Refill, SessionLog};
-pub use mem::{Applied, IdGen, MemStore, PromptStored, ResponseStored, StoreLimits};
+pub use mem::{Applied, IdGen, MemStore, StoreLimits};
 pub use message::{Kind, Message};
 pub use types::{Seq, SessionId};

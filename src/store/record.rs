@@ -2,9 +2,11 @@
 //! (no `Rc`). The loop turns a validated request into a [`Command`]; the
 //! storage thread decides it inside its transaction and answers with a
 //! [`Done`]: the outcome for the requester and the committed changes
-//! ([`Record`]s) for the loop's copy of the log, applied in order. A
-//! [`SessionId`] is `Send` (its text is shared by an `Arc`), so the same id
-//! the loop holds crosses without a copy.
+//! ([`Record`]s) for the loop's copy of the log, applied in order. The
+//! in-memory engine decides in the same terms ([`Outcome`] and records), so
+//! every engine's changes reach the log and the waiting connections on one
+//! path. A [`SessionId`] is `Send` (its text is shared by an `Arc`), so the
+//! same id the loop holds crosses without a copy.
 
 use super::types::{Seq, SessionId};
 use crate::relay::{ApiError, ConnId};
@@ -50,7 +52,7 @@ pub enum Op {
     },
 }
 
-/// The outcome of one command, for its requester.
+/// The outcome of one write, for its requester.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
     Prompt {

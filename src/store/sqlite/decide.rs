@@ -479,10 +479,7 @@ fn created_record(sid: &SessionId, epoch: &str, created: bool) -> Vec<Record> {
 
 /// A message's `data` object as text.
 fn data(parts: &Parts) -> String {
-    let mut out = Vec::with_capacity(256);
-    parts.write(&mut out);
-    // The parts are valid JSON literals and ASCII framing: UTF-8 in, UTF-8 out.
-    String::from_utf8(out).unwrap_or_default()
+    parts.data()
 }
 
 /// The decoded `text` of a stored answer's `data`.

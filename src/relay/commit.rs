@@ -1,0 +1,243 @@
+//! Committed changes, applied on one path. Every engine answers a write with
+//! an [`Outcome`] and the [`Record`]s that carry it out: the in-memory
+//! engine at once, the storage thread when its transaction commits, and
+//! (later) other instances for changes they made. [`Relay::apply`] applies
+//! records to the log and to what waits on it here, in order: parked polls
+//! woken, answers delivered to caught-up subscribers, a deleted session's
+//! polls answered 404 and its subscribers closed; [`Relay::ack`] then
+//! renders the requester's answer.
+
+use std::rc::Rc;
+
+use log::debug;
+use serde::Serialize;
+
+use super::model::to_json;
+use super::{ApiError, Effect, Relay, Reply};
+use crate::store::mem::{Applied, MemStore};
+use crate::store::record::{Outcome, Record};
+use crate::store::{Seq, SessionId};
+use crate::time::Millis;
+
+impl Relay {
+    /// Applies committed records, in order: to the log, then to the parked
+    /// polls and subscribers of their sessions, and to the totals. Returns
+    /// whether an answer went to a subscriber connected here (the
+    /// `delivered` of its acknowledgement). Called for every change, whatever
+    /// engine committed it.
+    pub(super) fn apply(&mut self, now: Millis, records: impl IntoIterator<Item = Record>) -> bool {
+        let mut delivered = false;
+        for record in records {
+            match self.store.apply(now, record) {
+                Applied::Nothing => {}
+                Applied::Prompt {
+                    sid,
+                    seq,
+                    client_msg_id,
+                } => {
+                    debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, seq = seq.get(); "prompt stored");
+                    self.stats.prompts_stored += 1;
+                    self.wake_waiters(&sid);
+                }
+                Applied::Response {
+                    sid,
+                    seq,
+                    prev,
+                    frame,
+                    client_msg_id,
+                    assistant_msg_id,
+                } => {
+                    debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, assistant_msg_id = &*assistant_msg_id, seq = seq.get(); "response posted");
+                    delivered |= self.stored_response(&sid, seq, prev, frame);
+                }
+                Applied::Deleted { sid } => self.session_gone(&sid),
+            }
+        }
+        delivered
+    }
+
+    /// The requester's answer to a write whose records are applied
+    /// (`delivered` as [`apply`](Self::apply) reported it); counts resends.
+    /// A sweep has no requester: its body is empty and never sent.
+    pub(super) fn ack(&mut self, outcome: Outcome, delivered: bool) -> Vec<u8> {
+        match outcome {
+            Outcome::Prompt { id, duplicate } => {
+                if duplicate {
+                    self.stats.prompt_duplicates += 1;
+                }
+                prompt_ack(&id, duplicate)
+            }
+            Outcome::Response {
+                id,
+                duplicate: true,
+            } => {
+                self.stats.response_duplicates += 1;
+                duplicate_ack(&id)
+            }
+            Outcome::Response { id, .. } => response_ack(&id, delivered),
+            Outcome::Session {
+                sid,
+                epoch,
+                created,
+                ..
+            } => put_ack(&sid, &epoch, created),
+            Outcome::Deleted => b"{\"deleted\":true}".to_vec(),
+            Outcome::Collected => Vec::new(),
+        }
+    }
+
+    /// A write the in-memory engine decides (`decide` pushes its records):
+    /// its records applied at once, on the path every engine's take.
+    /// Returns its outcome and `delivered`.
+    pub(super) fn decide_now(
+        &mut self,
+        now: Millis,
+        decide: impl FnOnce(&mut MemStore, &mut Vec<Record>) -> Result<Outcome, ApiError>,
+    ) -> Result<(Outcome, bool), ApiError> {
+        // One buffer for every write, so a write allocates no list of its own.
+        let mut records = std::mem::take(&mut self.records);
+        let decided = decide(&mut self.store, &mut records);
+        let delivered = self.apply(now, records.drain(..));
+        self.records = records;
+        Ok((decided?, delivered))
+    }
+
+    /// A write the in-memory engine decides, applied and answered at once.
+    pub(super) fn commit_now(
+        &mut self,
+        now: Millis,
+        decide: impl FnOnce(&mut MemStore, &mut Vec<Record>) -> Result<Outcome, ApiError>,
+    ) -> Result<Reply, ApiError> {
+        let (outcome, delivered) = self.decide_now(now, decide)?;
+        Ok(Reply::Now(self.ack(outcome, delivered)))
+    }
+
+    /// Answers every waiter of `sid` whose pending set is now non-empty.
+    fn wake_waiters(&mut self, sid: &str) {
+        let Some(here) = self.presence.get_mut(sid) else {
+            return;
+        };
+        let Some(log) = self.store.get_mut(sid) else {
+            return;
+        };
+        let waiting = here.waiters.len();
+        let mut woken = 0;
+        here.waiters.retain(|w| {
+            if !log.has_pending_after(w.after) {
+                return true;
+            }
+            // Rendered once per distinct `after`, shared by the waiters
+            // asking the same (the log keeps the last page).
+            self.effects.push(Effect::Respond {
+                to: w.conn,
+                status: 200,
+                body: log.pending_page(w.after),
+            });
+            woken += 1;
+            false
+        });
+        self.counts.parked_polls -= woken;
+        if here.is_empty() {
+            self.presence.remove(sid);
+        }
+        if woken > 0 {
+            debug!(session_id = sid, woken = woken, waiting = waiting; "prompts fetched");
+        }
+    }
+
+    /// A new answer is stored (and committed): counted, and delivered to
+    /// the session's subscribers. Returns `delivered`: a subscriber was
+    /// connected as the message was stored (it gets it unless it
+    /// disconnects first).
+    fn stored_response(&mut self, sid: &SessionId, seq: Seq, prev: Seq, frame: Rc<[u8]>) -> bool {
+        self.stats.responses_stored += 1;
+        let delivered = !self.subscribers(sid).is_empty();
+        if delivered {
+            self.effects.push(Effect::Deliver {
+                sid: sid.clone(),
+                seq,
+                prev,
+                frame,
+            });
+        }
+        delivered
+    }
+
+    /// A session is deleted: its parked polls get 404, its subscribers
+    /// close with 1000. The deletion is logged by whoever asked for it
+    /// (`DELETE`, the storage thread's sweep), not here.
+    fn session_gone(&mut self, sid: &str) {
+        let Some(here) = self.presence.remove(sid) else {
+            return;
+        };
+        let not_found: Rc<[u8]> = ApiError::session_not_found().body().into();
+        for w in &here.waiters {
+            self.effects.push(Effect::Respond {
+                to: w.conn,
+                status: 404,
+                body: not_found.clone(),
+            });
+        }
+        for &c in &here.subscribers {
+            self.effects
+                .push(Effect::CloseSubscriber { to: c, code: 1000 });
+        }
+        self.counts.parked_polls -= here.waiters.len();
+        self.counts.subscribers -= here.subscribers.len();
+    }
+}
+
+/// `{"ok":true,"assistant_msg_id":…,"delivered":…}`, the answer to a stored
+/// `POST /response`.
+fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Ack<'a> {
+        ok: bool,
+        assistant_msg_id: &'a str,
+        delivered: bool,
+    }
+    to_json(&Ack {
+        ok: true,
+        assistant_msg_id,
+        delivered,
+    })
+}
+
+/// The answer to a resent `POST /response`.
+fn duplicate_ack(assistant_msg_id: &str) -> Vec<u8> {
+    let mut ack = response_ack(assistant_msg_id, false);
+    ack.pop();
+    ack.extend_from_slice(b",\"duplicate\":true}");
+    ack
+}
+
+/// `{"session_id":…,"epoch":…,"created":…}`, the answer to `PUT /sessions`.
+fn put_ack(sid: &str, epoch: &str, created: bool) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Put<'a> {
+        session_id: &'a str,
+        epoch: &'a str,
+        created: bool,
+    }
+    to_json(&Put {
+        session_id: sid,
+        epoch,
+        created,
+    })
+}
+
+/// `{"stored":true,"client_msg_id":…}`, plus `"duplicate":true` for a resend.
+fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Ack<'a> {
+        stored: bool,
+        client_msg_id: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        duplicate: bool,
+    }
+    to_json(&Ack {
+        stored: true,
+        client_msg_id: id,
+        duplicate,
+    })
+}
