@@ -227,7 +227,7 @@ impl MemStore {
             ts,
             seq,
         }
-        .data();
+        .framed();
         out.push(Record::Response {
             sid: r.session_id,
             seq,
@@ -351,8 +351,7 @@ impl MemStore {
                     .prompt_id(&client_msg_id)
                     .unwrap_or_else(|| Rc::from(client_msg_id));
                 let aid: Rc<str> = Rc::from(assistant_msg_id);
-                let msg =
-                    Message::assistant_with(cid.clone(), aid.clone(), seq, ts, data.as_bytes());
+                let msg = Message::assistant_framed(cid.clone(), aid.clone(), seq, ts, data);
                 let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
                 let prev = log.append_response(msg, limit);
                 Applied::Response {

@@ -19,7 +19,44 @@ pub enum Kind {
 }
 
 /// The payload of a frame before the `data` object.
-const FRAME_PREFIX: &[u8] = b"{\"type\":\"message\",\"data\":";
+const FRAME_PREFIX: &str = "{\"type\":\"message\",\"data\":";
+/// Room kept in front of a frame's payload for its header (at most 10 bytes).
+const HEAD_ROOM: &str = "\0\0\0\0\0\0\0\0\0\0";
+/// Where a [`Framed`] answer's `data` object starts.
+const FRAMED_DATA_AT: usize = HEAD_ROOM.len() + FRAME_PREFIX.len();
+
+/// An answer's `data` object, written where its WebSocket frame will hold
+/// it: after room for the frame's header and its `{"type":"message","data":`
+/// prefix, so framing it ([`Message::assistant_framed`]) writes the header
+/// in place instead of copying the object once more. Plain owned text: a
+/// committed record carries it from the storage thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Framed {
+    buf: String,
+}
+
+impl Framed {
+    fn with_capacity(data_len: usize) -> Framed {
+        let mut buf = String::with_capacity(FRAMED_DATA_AT + data_len + 1);
+        buf.push_str(HEAD_ROOM);
+        buf.push_str(FRAME_PREFIX);
+        Framed { buf }
+    }
+
+    /// The `data` object.
+    pub fn data(&self) -> &str {
+        &self.buf[FRAMED_DATA_AT..]
+    }
+}
+
+impl From<&str> for Framed {
+    /// An answer's `data` object as given (restored, or built in a test).
+    fn from(data: &str) -> Framed {
+        let mut f = Framed::with_capacity(data.len());
+        f.buf.push_str(data);
+        f
+    }
+}
 
 /// A message's bytes: a prompt's `data` alone, an assistant message's whole
 /// frame (shared with the subscribers' queues).
@@ -66,6 +103,18 @@ impl Parts<'_> {
     /// text already, so it is assembled as text, without a UTF-8 check.
     pub fn data(&self) -> String {
         let mut out = String::with_capacity(self.len_hint());
+        self.write(&mut out);
+        out
+    }
+
+    /// The same object, written where an answer's frame holds it.
+    pub fn framed(&self) -> Framed {
+        let mut f = Framed::with_capacity(self.len_hint());
+        self.write(&mut f.buf);
+        f
+    }
+
+    fn write(&self, out: &mut String) {
         out.push_str("{\"session_id\":\"");
         out.push_str(self.session_id); // unreserved characters only
         match self.prompt_id {
@@ -78,7 +127,7 @@ impl Parts<'_> {
                 out.push_str("\",\"assistant_msg_id\":");
                 out.push_str(self.id_literal);
                 out.push_str(",\"client_msg_id\":");
-                push_json_str(&mut out, prompt_id);
+                push_json_str(out, prompt_id);
                 out.push_str(",\"text\":");
             }
         }
@@ -88,11 +137,10 @@ impl Parts<'_> {
             out.push_str(m);
         }
         out.push_str(",\"ts\":");
-        push_decimal(&mut out, self.ts);
+        push_decimal(out, self.ts);
         out.push_str(",\"seq\":");
-        push_decimal(&mut out, self.seq.get());
+        push_decimal(out, self.seq.get());
         out.push('}');
-        out
     }
 
     fn len_hint(&self) -> usize {
@@ -116,7 +164,10 @@ fn push_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+    // ASCII digits: always UTF-8.
+    if let Ok(digits) = std::str::from_utf8(&digits[at..]) {
+        out.push_str(digits);
+    }
 }
 
 impl Message {
@@ -156,7 +207,7 @@ impl Message {
         ts: UnixMillis,
         data: &[u8],
     ) -> Message {
-        let frame = wsframe::text_frame(&[FRAME_PREFIX, data, b"}"]);
+        let frame = wsframe::text_frame(&[FRAME_PREFIX.as_bytes(), data, b"}"]);
         let data_at = frame.len() - 1 - data.len();
         Message {
             seq,
@@ -167,6 +218,35 @@ impl Message {
             data_at: data_at as u32,
             data_len: data.len() as u32,
             bytes: Bytes::Frame(Rc::from(frame)),
+        }
+    }
+
+    /// An assistant message from its `data` object written in frame
+    /// layout: the header goes into the room left for it, and the frame is
+    /// copied once, into the bytes every subscriber then shares.
+    pub fn assistant_framed(
+        client_msg_id: Rc<str>,
+        assistant_msg_id: Rc<str>,
+        seq: Seq,
+        ts: UnixMillis,
+        data: Framed,
+    ) -> Message {
+        let data_len = data.buf.len() - FRAMED_DATA_AT;
+        let mut buf = data.buf.into_bytes();
+        buf.push(b'}');
+        let mut head = Vec::with_capacity(HEAD_ROOM.len());
+        wsframe::text_header(buf.len() - HEAD_ROOM.len(), &mut head);
+        let start = HEAD_ROOM.len() - head.len();
+        buf[start..HEAD_ROOM.len()].copy_from_slice(&head);
+        Message {
+            seq,
+            ts,
+            kind: Kind::Assistant,
+            client_msg_id,
+            assistant_msg_id: Some(assistant_msg_id),
+            data_at: (FRAMED_DATA_AT - start) as u32,
+            data_len: data_len as u32,
+            bytes: Bytes::Frame(Rc::from(&buf[start..])),
         }
     }
 

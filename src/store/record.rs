@@ -8,6 +8,7 @@
 //! path. A [`SessionId`] is `Send` (its text is shared by an `Arc`), so the
 //! same id the loop holds crosses without a copy.
 
+use super::message::Framed;
 use super::types::{Seq, SessionId};
 use crate::relay::{ApiError, ConnId};
 
@@ -93,7 +94,8 @@ pub enum Record {
         ts: u64,
         client_msg_id: String,
         assistant_msg_id: String,
-        data: String,
+        /// Written in frame layout, so the loop frames it without a copy.
+        data: Framed,
     },
     Deleted {
         sid: SessionId,

@@ -424,7 +424,7 @@ impl Ctx<'_> {
             return Err(ApiError::prompt_not_found().into());
         }
         let (session, seq) = (s.id, s.next_seq);
-        let data = data(&Parts {
+        let data = Parts {
             session_id: sid,
             id_literal: &literal,
             prompt_id: Some(client_msg_id),
@@ -432,8 +432,9 @@ impl Ctx<'_> {
             metadata,
             ts,
             seq: Seq(seq),
-        });
-        let row = self.insert(session, seq, 1, client_msg_id, Some(&id), ts, &data)?;
+        }
+        .framed();
+        let row = self.insert(session, seq, 1, client_msg_id, Some(&id), ts, data.data())?;
         self.mirror.append_answer(sid, seq, row, client_msg_id, &id);
         let record = Record::Response {
             sid: sid.clone(),
