@@ -54,6 +54,38 @@ fn epoch(srv: &Server, sid: &str) -> String {
         .to_string()
 }
 
+/// `relay.db` in a fresh `dir`, written by `sql` (a database as an older
+/// or newer relay left it); returns its path.
+fn database(dir: &Dir, sql: &str) -> PathBuf {
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = dir.0.join("relay.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(sql)
+        .unwrap();
+    db
+}
+
+fn user_version(db: &Path) -> i64 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// The tables of schema version 1, as the first persistent relay wrote
+/// them (version 2 added `sessions.dropped_assistant`).
+const V1_TABLES: &str = "
+    CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+        epoch TEXT NOT NULL, next_seq INTEGER NOT NULL, first_seq INTEGER NOT NULL,
+        last_assistant INTEGER NOT NULL, pending INTEGER NOT NULL);
+    CREATE TABLE messages (session INTEGER NOT NULL, seq INTEGER NOT NULL,
+        kind INTEGER NOT NULL, client_msg_id TEXT NOT NULL, assistant_msg_id TEXT,
+        ts INTEGER NOT NULL, in_history INTEGER NOT NULL, answered INTEGER NOT NULL,
+        data TEXT NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
+    CREATE UNIQUE INDEX prompt_ids ON messages (session, client_msg_id) WHERE kind = 0;
+    CREATE UNIQUE INDEX answer_ids ON messages (session, assistant_msg_id) WHERE kind = 1;";
+
 #[test]
 fn everything_acknowledged_survives_kill_9_with_its_epoch_and_seq() {
     let dir = Dir::new("restart");
@@ -316,12 +348,10 @@ fn a_damaged_database_stops_the_server_and_is_left_untouched() {
 #[test]
 fn a_database_from_a_newer_relay_is_refused() {
     let dir = Dir::new("newer");
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let db = dir.0.join("relay.db");
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute_batch("CREATE TABLE sessions (id INTEGER); PRAGMA user_version = 99;")
-        .unwrap();
-    drop(conn);
+    let db = database(
+        &dir,
+        "CREATE TABLE sessions (id INTEGER); PRAGMA user_version = 99;",
+    );
     let before = std::fs::read(&db).unwrap();
     let err = refused(&dir.0);
     assert!(err.contains("newer"), "{err}");
@@ -331,77 +361,52 @@ fn a_database_from_a_newer_relay_is_refused() {
 #[test]
 fn a_first_version_database_is_migrated() {
     let dir = Dir::new("v1");
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let db = dir.0.join("relay.db");
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    // Schema version 1, as the first persistent relay wrote it.
-    conn.execute_batch(
-        "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
-            epoch TEXT NOT NULL, next_seq INTEGER NOT NULL, first_seq INTEGER NOT NULL,
-            last_assistant INTEGER NOT NULL, pending INTEGER NOT NULL);
-         CREATE TABLE messages (session INTEGER NOT NULL, seq INTEGER NOT NULL,
-            kind INTEGER NOT NULL, client_msg_id TEXT NOT NULL, assistant_msg_id TEXT,
-            ts INTEGER NOT NULL, in_history INTEGER NOT NULL, answered INTEGER NOT NULL,
-            data TEXT NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
-         CREATE UNIQUE INDEX prompt_ids ON messages (session, client_msg_id) WHERE kind = 0;
-         CREATE UNIQUE INDEX answer_ids ON messages (session, assistant_msg_id) WHERE kind = 1;
-         INSERT INTO sessions VALUES (1, 'old', 'epoch-v1', 2, 1, 0, 1);
-         INSERT INTO messages VALUES (1, 1, 0, 'p1', NULL, 5, 1, 0,
-            '{\"session_id\":\"old\",\"client_msg_id\":\"p1\",\"prompt\":\"hi\",\"ts\":5,\"seq\":1}');
-         PRAGMA user_version = 1;",
-    )
-    .unwrap();
-    drop(conn);
+    let db = database(
+        &dir,
+        &format!(
+            "{V1_TABLES}
+            INSERT INTO sessions VALUES (1, 'old', 'epoch-v1', 2, 1, 0, 1);
+            INSERT INTO messages VALUES (1, 1, 0, 'p1', NULL, 5, 1, 0,
+                '{{\"session_id\":\"old\",\"client_msg_id\":\"p1\",\"prompt\":\"hi\",\"ts\":5,\"seq\":1}}');
+            PRAGMA user_version = 1;"
+        ),
+    );
     let srv = start(&dir);
     assert_eq!(epoch(&srv, "old"), "epoch-v1");
     assert_eq!(srv.pending("old")[0]["prompt"], "hi");
     srv.respond("old", "p1", "answered after the migration");
-    let version: i64 = rusqlite::Connection::open(&db)
-        .unwrap()
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(user_version(&db), 3);
 }
 
 #[test]
 fn a_second_version_database_is_migrated_to_the_same_log() {
     let dir = Dir::new("v2");
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let db = dir.0.join("relay.db");
-    let conn = rusqlite::Connection::open(&db).unwrap();
     let data = |seq: u32, body: &str| {
         format!("'{{\"session_id\":\"two\",{body},\"ts\":5,\"seq\":{seq}}}'")
     };
     // Schema version 2 with a history limit of 3: p1 is pending and out of
     // history, the answer at seq 2 (to a prompt answered and gone) was
     // trimmed, p3 is answered by a3, p5 is pending.
-    conn.execute_batch(&format!(
-        "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
-            epoch TEXT NOT NULL, next_seq INTEGER NOT NULL, first_seq INTEGER NOT NULL,
-            last_assistant INTEGER NOT NULL, pending INTEGER NOT NULL,
-            dropped_assistant INTEGER NOT NULL DEFAULT 0);
-         CREATE TABLE messages (session INTEGER NOT NULL, seq INTEGER NOT NULL,
-            kind INTEGER NOT NULL, client_msg_id TEXT NOT NULL, assistant_msg_id TEXT,
-            ts INTEGER NOT NULL, in_history INTEGER NOT NULL, answered INTEGER NOT NULL,
-            data TEXT NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
-         CREATE UNIQUE INDEX prompt_ids ON messages (session, client_msg_id) WHERE kind = 0;
-         CREATE UNIQUE INDEX answer_ids ON messages (session, assistant_msg_id) WHERE kind = 1;
-         INSERT INTO sessions VALUES (1, 'two', 'epoch-v2', 6, 3, 4, 2, 2);
-         INSERT INTO messages VALUES (1, 1, 0, 'p1', NULL, 5, 0, 0, {});
-         INSERT INTO messages VALUES (1, 3, 0, 'p3', NULL, 5, 1, 1, {});
-         INSERT INTO messages VALUES (1, 4, 1, 'p3', 'a3', 5, 1, 1, {});
-         INSERT INTO messages VALUES (1, 5, 0, 'p5', NULL, 5, 1, 0, {});
-         PRAGMA user_version = 2;",
-        data(1, r#""client_msg_id":"p1","prompt":"one""#),
-        data(3, r#""client_msg_id":"p3","prompt":"three""#),
-        data(
-            4,
-            r#""assistant_msg_id":"a3","client_msg_id":"p3","text":"four""#
+    let db = database(
+        &dir,
+        &format!(
+            "{V1_TABLES}
+            ALTER TABLE sessions ADD COLUMN dropped_assistant INTEGER NOT NULL DEFAULT 0;
+            INSERT INTO sessions VALUES (1, 'two', 'epoch-v2', 6, 3, 4, 2, 2);
+            INSERT INTO messages VALUES (1, 1, 0, 'p1', NULL, 5, 0, 0, {});
+            INSERT INTO messages VALUES (1, 3, 0, 'p3', NULL, 5, 1, 1, {});
+            INSERT INTO messages VALUES (1, 4, 1, 'p3', 'a3', 5, 1, 1, {});
+            INSERT INTO messages VALUES (1, 5, 0, 'p5', NULL, 5, 1, 0, {});
+            PRAGMA user_version = 2;",
+            data(1, r#""client_msg_id":"p1","prompt":"one""#),
+            data(3, r#""client_msg_id":"p3","prompt":"three""#),
+            data(
+                4,
+                r#""assistant_msg_id":"a3","client_msg_id":"p3","text":"four""#
+            ),
+            data(5, r#""client_msg_id":"p5","prompt":"five""#),
         ),
-        data(5, r#""client_msg_id":"p5","prompt":"five""#),
-    ))
-    .unwrap();
-    drop(conn);
+    );
     let srv = Server::start_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_HISTORY_LIMIT", "3")]);
     assert_eq!(epoch(&srv, "two"), "epoch-v2");
     let seqs: Vec<u64> = srv.messages("two", "?limit=100")["messages"]
@@ -429,11 +434,7 @@ fn a_second_version_database_is_migrated_to_the_same_log() {
         .map(|m| m["data"]["seq"].as_u64().unwrap())
         .collect::<Vec<_>>();
     assert_eq!(last, [5, 6, 7]);
-    let version: i64 = rusqlite::Connection::open(&db)
-        .unwrap()
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(user_version(&db), 3);
 }
 
 /// Rows in the file's log.

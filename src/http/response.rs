@@ -141,9 +141,8 @@ pub fn switching_protocols(accept_key: &str) -> Vec<u8> {
     out
 }
 
-/// Appends the decimal digits of `n`, without `fmt` or an allocation.
-pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut buf = [0u8; 20];
+/// The decimal digits of `n`, in `buf`, without `fmt` or an allocation.
+fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -153,7 +152,20 @@ pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
             break;
         }
     }
-    out.extend_from_slice(&buf[i..]);
+    &buf[i..]
+}
+
+/// Appends the decimal digits of `n`.
+pub fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(digits(n, &mut [0; 20]));
+}
+
+/// Appends the decimal digits of `n` to text.
+pub fn push_decimal_str(out: &mut String, n: u64) {
+    // ASCII digits: always UTF-8.
+    if let Ok(d) = std::str::from_utf8(digits(n, &mut [0; 20])) {
+        out.push_str(d);
+    }
 }
 
 #[cfg(test)]

@@ -1231,13 +1231,7 @@ fn delete_session_answers_waiters_404_closes_subscribers_1000_and_removes_it() {
 #[test]
 fn delete_session_leaves_other_sessions_alone() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), &session("a"))
-        .map(now)
-        .unwrap();
-    r.get_prompts(Millis(0), conn(1), "a", wait(30_000, None))
-        .unwrap();
-    r.subscribe(Millis(0), conn(2), &session("a"), None, None)
-        .unwrap();
+    parked_and_subscribed(&mut r, "a");
     prompt(&mut r, 0, "b", "p", "x");
     r.delete_session(Millis(0), conn(0), "b").map(now).unwrap();
     assert!(effects(&mut r).is_empty());
@@ -1421,18 +1415,25 @@ fn a_messages_page_stops_before_max_page_bytes_and_reports_the_limit_applied() {
     assert_eq!(got + seqs_second.len(), 40);
 }
 
+/// Session `sid` with a poll parked on `conn(1)` and a subscriber on
+/// `conn(2)`.
+#[track_caller]
+fn parked_and_subscribed(r: &mut Relay, sid: &str) {
+    r.put_session(Millis(0), conn(0), &session(sid))
+        .map(now)
+        .unwrap();
+    r.get_prompts(Millis(0), conn(1), sid, wait(30_000, None))
+        .unwrap();
+    r.subscribe(Millis(0), conn(2), &session(sid), None, None)
+        .unwrap();
+}
+
 // ---- committed records ----
 
 #[test]
 fn records_committed_elsewhere_wake_deliver_and_count_like_a_local_write() {
     let mut r = relay();
-    r.put_session(Millis(0), conn(0), &session("s"))
-        .map(now)
-        .unwrap();
-    r.get_prompts(Millis(0), conn(1), "s", wait(30_000, None))
-        .unwrap();
-    r.subscribe(Millis(0), conn(2), &session("s"), None, None)
-        .unwrap();
+    parked_and_subscribed(&mut r, "s");
     let prompt = Record::Prompt {
         sid: session("s"),
         seq: Seq(1),

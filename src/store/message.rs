@@ -7,6 +7,7 @@
 use std::rc::Rc;
 
 use super::types::Seq;
+use crate::http::response::push_decimal_str;
 use crate::http::wsframe;
 use crate::relay::model::push_json_str;
 use crate::time::UnixMillis;
@@ -137,9 +138,9 @@ impl Parts<'_> {
             out.push_str(m);
         }
         out.push_str(",\"ts\":");
-        push_decimal(out, self.ts);
+        push_decimal_str(out, self.ts);
         out.push_str(",\"seq\":");
-        push_decimal(out, self.seq.get());
+        push_decimal_str(out, self.seq.get());
         out.push('}');
     }
 
@@ -149,24 +150,6 @@ impl Parts<'_> {
             + self.prompt_id.map_or(0, str::len)
             + self.text.len()
             + self.metadata.map_or(0, str::len)
-    }
-}
-
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // ASCII digits: always UTF-8.
-    if let Ok(digits) = std::str::from_utf8(&digits[at..]) {
-        out.push_str(digits);
     }
 }
 

@@ -47,7 +47,7 @@ use crate::time::Millis;
 /// The schema this build writes.
 pub const VERSION: i64 = 3;
 
-const CREATE: &str = "
+const SESSIONS: &str = "
 CREATE TABLE sessions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL UNIQUE,
@@ -56,6 +56,9 @@ CREATE TABLE sessions (
     last_assistant INTEGER NOT NULL,
     dropped_assistant INTEGER NOT NULL
 );
+";
+
+const MESSAGES: &str = "
 CREATE TABLE messages (
     id INTEGER PRIMARY KEY,
     session INTEGER NOT NULL,
@@ -71,35 +74,23 @@ CREATE TABLE messages (
 const V1_TO_V2: &str =
     "ALTER TABLE sessions ADD COLUMN dropped_assistant INTEGER NOT NULL DEFAULT 0;";
 
-const V2_TO_V3: &str = "
-ALTER TABLE messages RENAME TO messages_v2;
-CREATE TABLE messages (
-    id INTEGER PRIMARY KEY,
-    session INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    kind INTEGER NOT NULL,
-    client_msg_id TEXT NOT NULL,
-    assistant_msg_id TEXT,
-    ts INTEGER NOT NULL,
-    data TEXT NOT NULL
-);
-INSERT INTO messages (session, seq, kind, client_msg_id, assistant_msg_id, ts, data)
-    SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data
-    FROM messages_v2 ORDER BY seq, session;
-DROP TABLE messages_v2;
-ALTER TABLE sessions RENAME TO sessions_v2;
-CREATE TABLE sessions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT NOT NULL UNIQUE,
-    epoch TEXT NOT NULL,
-    next_seq INTEGER NOT NULL,
-    last_assistant INTEGER NOT NULL,
-    dropped_assistant INTEGER NOT NULL
-);
-INSERT INTO sessions (id, name, epoch, next_seq, last_assistant, dropped_assistant)
-    SELECT id, name, epoch, next_seq, last_assistant, dropped_assistant FROM sessions_v2;
-DROP TABLE sessions_v2;
-";
+/// Version 2 to 3: both tables rebuilt (the log in `seq` order, so each
+/// session's rows come in the order they were stored).
+fn v2_to_v3() -> String {
+    format!(
+        "ALTER TABLE messages RENAME TO messages_v2;
+        {MESSAGES}
+        INSERT INTO messages (session, seq, kind, client_msg_id, assistant_msg_id, ts, data)
+            SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data
+            FROM messages_v2 ORDER BY seq, session;
+        DROP TABLE messages_v2;
+        ALTER TABLE sessions RENAME TO sessions_v2;
+        {SESSIONS}
+        INSERT INTO sessions (id, name, epoch, next_seq, last_assistant, dropped_assistant)
+            SELECT id, name, epoch, next_seq, last_assistant, dropped_assistant FROM sessions_v2;
+        DROP TABLE sessions_v2;"
+    )
+}
 
 /// Reads the schema version without writing anything: a file that is not
 /// a database, or one a newer relay wrote, is refused here, untouched.
@@ -137,13 +128,15 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
     conn.execute_batch("PRAGMA foreign_keys = OFF; PRAGMA wal_autocheckpoint = 4096;")?;
     match version {
         0 => conn.execute_batch(&format!(
-            "BEGIN; {CREATE} PRAGMA user_version = {VERSION}; COMMIT;"
+            "BEGIN; {SESSIONS} {MESSAGES} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         1 => conn.execute_batch(&format!(
-            "BEGIN; {V1_TO_V2} {V2_TO_V3} PRAGMA user_version = {VERSION}; COMMIT;"
+            "BEGIN; {V1_TO_V2} {} PRAGMA user_version = {VERSION}; COMMIT;",
+            v2_to_v3()
         )),
         2 => conn.execute_batch(&format!(
-            "BEGIN; {V2_TO_V3} PRAGMA user_version = {VERSION}; COMMIT;"
+            "BEGIN; {} PRAGMA user_version = {VERSION}; COMMIT;",
+            v2_to_v3()
         )),
         _ => Ok(()),
     }
