@@ -41,11 +41,6 @@ fn start(dir: &Dir) -> Server {
     Server::start_with(&[("RELAY_DATA_DIR", dir.path())])
 }
 
-fn start_on(dir: &Dir, port: u16) -> Server {
-    let port = port.to_string();
-    Server::start_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_PORT", &port)])
-}
-
 #[track_caller]
 fn epoch(srv: &Server, sid: &str) -> String {
     srv.put(&format!("/sessions/{sid}")).json()["epoch"]
@@ -133,6 +128,9 @@ fn everything_acknowledged_survives_kill_9_with_its_epoch_and_seq() {
 struct Acked {
     prompts: BTreeSet<String>,
     answers: BTreeMap<String, String>, // assistant id -> prompt id
+    /// Acknowledged prompts no answer was ever posted for: pending for
+    /// good, however far history moves past them.
+    unanswered: BTreeSet<String>,
 }
 
 /// One `POST` on a fresh connection; the status, or `None` when the
@@ -167,7 +165,9 @@ fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicB
             continue;
         }
         acked.prompts.insert(cid.clone());
-        if n % 2 == 0 {
+        if n % 2 == 1 {
+            acked.unanswered.insert(cid.clone());
+        } else {
             let aid = format!("a-{cid}");
             let a = json!({"session_id": sid, "client_msg_id": cid, "assistant_msg_id": aid, "text": "t"});
             if try_post(addr, "/response", &a) == Some(200) {
@@ -238,12 +238,72 @@ fn check(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str) {
     }
 }
 
+/// The crash test's server settings.
+fn crash_env<'a>(
+    dir: &'a Dir,
+    history: Option<&'a str>,
+    port: Option<&'a str>,
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![("RELAY_DATA_DIR", dir.path())];
+    if let Some(limit) = history {
+        env.push(("RELAY_HISTORY_LIMIT", limit));
+    }
+    if let Some(port) = port {
+        env.push(("RELAY_PORT", port));
+    }
+    env
+}
+
+/// Checks a session whose history is limited after a restart: history is
+/// the newest `limit` messages with no hole in `seq`, every acknowledged
+/// message took a `seq` of its own, every acknowledged prompt never
+/// answered is still pending (history drops no pending prompt) and still a
+/// duplicate, no prompt with an acknowledged answer is, and the epoch holds.
+#[track_caller]
+fn check_trimmed(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str, limit: &str) {
+    let limit: usize = limit.parse().unwrap();
+    let msgs = all_messages(srv, sid);
+    let seqs: Vec<u64> = msgs
+        .iter()
+        .map(|m| m["data"]["seq"].as_u64().unwrap())
+        .collect();
+    let first = seqs.first().copied().unwrap_or(1);
+    let want: Vec<u64> = (first..first + seqs.len() as u64).collect();
+    assert_eq!(seqs, want, "seq has holes or repeats");
+    let last = seqs.last().copied().unwrap_or(0);
+    assert!(
+        seqs.len() == limit || (first == 1 && seqs.len() < limit),
+        "history holds {} messages from seq {first}, limit {limit}",
+        seqs.len()
+    );
+    let stored = (acked.prompts.len() + acked.answers.len()) as u64;
+    assert!(last >= stored, "{stored} acknowledged, last seq {last}");
+    let pending: BTreeSet<String> = srv
+        .pending(sid)
+        .iter()
+        .map(|p| p["client_msg_id"].as_str().unwrap().to_string())
+        .collect();
+    for p in &acked.unanswered {
+        assert!(pending.contains(p), "acknowledged pending prompt {p} lost");
+    }
+    for p in acked.answers.values() {
+        assert!(!pending.contains(p), "answered prompt {p} is pending");
+    }
+    assert_eq!(epoch(srv, sid), epoch_before, "epoch changed");
+    if let Some(p) = acked.unanswered.iter().next() {
+        let again = srv.prompt(sid, "resent", Some(p));
+        assert_eq!(again["duplicate"], true, "resent {p} is not a duplicate");
+    }
+}
+
 /// Several clients write while the server is killed (SIGKILL) at random
-/// moments and restarted on the same directory, `rounds` times.
-fn crash_rounds(rounds: usize) {
-    let dir = Dir::new(&format!("crash{rounds}"));
-    let mut srv = start(&dir);
-    let port = srv.addr().port();
+/// moments and restarted on the same directory, `rounds` times; with a
+/// `history` limit, history moves on and dropped rows are collected while
+/// the kills land.
+fn crash_rounds(rounds: usize, history: Option<&str>) {
+    let dir = Dir::new(&format!("crash{rounds}-{}", history.unwrap_or("all")));
+    let mut srv = Server::start_with(&crash_env(&dir, history, None));
+    let port_env = srv.addr().port().to_string();
     let sid = unique_session();
     let epoch_before = epoch(&srv, &sid);
     let mut all = Acked::default();
@@ -271,17 +331,28 @@ fn crash_rounds(rounds: usize) {
             let got = w.join().expect("writer");
             all.prompts.extend(got.prompts);
             all.answers.extend(got.answers);
+            all.unanswered.extend(got.unanswered);
         }
-        srv = start_on(&dir, port);
-        check(&srv, &sid, &all, &epoch_before);
+        srv = Server::start_with(&crash_env(&dir, history, Some(&port_env)));
+        match history {
+            None => check(&srv, &sid, &all, &epoch_before),
+            Some(limit) => check_trimmed(&srv, &sid, &all, &epoch_before, limit),
+        }
     }
     assert!(
         all.prompts.len() > rounds,
         "too little was written: {}",
         all.prompts.len()
     );
+    let kept = match history {
+        None => "all present".to_string(),
+        Some(limit) => format!(
+            "history of {limit}, the {} never answered all pending",
+            all.unanswered.len()
+        ),
+    };
     eprintln!(
-        "{rounds} kills: {} prompts and {} answers acknowledged, all present",
+        "{rounds} kills: {} prompts and {} answers acknowledged, {kept}",
         all.prompts.len(),
         all.answers.len()
     );
@@ -295,7 +366,18 @@ fn kill_9_in_the_middle_of_traffic_loses_nothing_acknowledged() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(5);
-    crash_rounds(rounds);
+    crash_rounds(rounds, None);
+}
+
+/// The same with a history of 50 messages: the kills land while history
+/// is trimmed and dropped rows are deleted in batches.
+#[test]
+fn kill_9_with_a_short_history_loses_no_pending_prompt_and_no_seq() {
+    let rounds = std::env::var("CRASH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5);
+    crash_rounds(rounds, Some("50"));
 }
 
 #[test]
