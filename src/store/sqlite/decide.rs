@@ -97,16 +97,17 @@ impl Writer {
             ids,
             mirror,
         } = self;
-        let result = match mirror {
-            Some(mirror) => transaction(conn, *limits, ids, mirror, &cmds),
-            None => Err(rusqlite::Error::InvalidQuery),
-        };
-        let e = match result {
-            Ok(out) => return out,
-            Err(e) => e,
-        };
-        error!(error = e.to_string().as_str(), commands = cmds.len(); "storage write failed");
-        self.rebuild();
+        // Without a mirror (the file could not be read back) nothing can
+        // be decided; `rebuild` logged why.
+        if let Some(mirror) = mirror {
+            match transaction(conn, *limits, ids, mirror, &cmds) {
+                Ok(out) => return out,
+                Err(e) => {
+                    error!(error = e.to_string().as_str(), commands = cmds.len(); "storage write failed");
+                    self.rebuild();
+                }
+            }
+        }
         cmds.iter()
             .map(|c| Done {
                 conn: c.conn,
