@@ -198,15 +198,17 @@ impl Ctx<'_> {
             ),
             Op::Create { sid, put } => {
                 let created = self.session_or_create(sid)?;
-                let epoch = self.epoch(sid);
-                let records = created_record(sid, &epoch, created);
+                let epoch = self
+                    .mirror
+                    .get(sid)
+                    .map_or_else(String::new, |s| s.epoch.clone());
                 let outcome = Outcome::Session {
                     sid: sid.clone(),
                     epoch,
-                    created,
+                    created: created.is_some(),
                     put: *put,
                 };
-                Ok((outcome, records))
+                Ok((outcome, created.into_iter().collect()))
             }
             Op::Delete { sid } => {
                 if !self.delete(sid)? {
@@ -226,17 +228,11 @@ impl Ctx<'_> {
         }
     }
 
-    fn epoch(&self, sid: &str) -> String {
-        self.mirror
-            .get(sid)
-            .map_or_else(String::new, |s| s.epoch.clone())
-    }
-
     /// Creates the session with a new epoch if needed (503 at the cap);
-    /// returns whether it did.
-    fn session_or_create(&mut self, name: &str) -> Result<bool, Fail> {
+    /// returns the record of its creation if it did.
+    fn session_or_create(&mut self, name: &SessionId) -> Result<Option<Record>, Fail> {
         if self.mirror.get(name).is_some() {
-            return Ok(false);
+            return Ok(None);
         }
         if self.mirror.len() >= self.limits.max_sessions {
             return Err(ApiError::unavailable("session limit reached").into());
@@ -247,11 +243,15 @@ impl Ctx<'_> {
                 "INSERT INTO sessions (name, epoch, next_seq, last_assistant, dropped_assistant)
                  VALUES (?1, ?2, 1, 0, 0)",
             )?
-            .execute(params![name, epoch])?;
+            .execute(params![&**name, epoch])?;
         let id = self.tx.last_insert_rowid();
+        let record = Record::Created {
+            sid: name.clone(),
+            epoch: epoch.clone(),
+        };
         self.mirror
             .insert(name, mirror::Session::new(id, epoch, 1, 0, 0));
-        Ok(true)
+        Ok(Some(record))
     }
 
     /// Deletes a session and every row it still needs; false if there is
@@ -337,8 +337,8 @@ impl Ctx<'_> {
         metadata: Option<&str>,
         ts: u64,
     ) -> Decided {
-        let created = self.session_or_create(sid)?;
-        let mut records = created_record(sid, &self.epoch(sid), created);
+        // No allocation unless the session is new.
+        let mut records: Vec<Record> = self.session_or_create(sid)?.into_iter().collect();
         let (id, literal) = self.id_and_literal(id);
         let Some(s) = self.mirror.get(sid) else {
             return Err(ApiError::session_not_found().into());
@@ -465,17 +465,6 @@ impl Ctx<'_> {
                 (uuid, lit)
             }
         }
-    }
-}
-
-fn created_record(sid: &SessionId, epoch: &str, created: bool) -> Vec<Record> {
-    if created {
-        vec![Record::Created {
-            sid: sid.clone(),
-            epoch: epoch.to_string(),
-        }]
-    } else {
-        Vec::new()
     }
 }
 
