@@ -191,11 +191,10 @@ fn all_messages(srv: &Server, sid: &str) -> Vec<Value> {
     }
 }
 
-/// Checks a session after a restart against what was acknowledged.
+/// The `seq` of every message, asserting they run without a hole or a
+/// repeat.
 #[track_caller]
-fn check(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str) {
-    let msgs = all_messages(srv, sid);
-    let msgs = &msgs;
+fn contiguous_seqs(msgs: &[Value]) -> Vec<u64> {
     let seqs: Vec<u64> = msgs
         .iter()
         .map(|m| m["data"]["seq"].as_u64().unwrap())
@@ -203,39 +202,51 @@ fn check(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str) {
     let first = seqs.first().copied().unwrap_or(1);
     let want: Vec<u64> = (first..first + seqs.len() as u64).collect();
     assert_eq!(seqs, want, "seq has holes or repeats");
-    let prompts: BTreeSet<String> = msgs
-        .iter()
-        .filter(|m| m["type"] == "prompt")
-        .map(|m| m["data"]["client_msg_id"].as_str().unwrap().to_string())
-        .collect();
-    let answers: BTreeSet<String> = msgs
-        .iter()
-        .filter(|m| m["type"] == "assistant")
-        .map(|m| m["data"]["assistant_msg_id"].as_str().unwrap().to_string())
-        .collect();
+    seqs
+}
+
+/// The `field` of every message of type `kind`.
+fn field_of(msgs: &[Value], kind: &str, field: &str) -> BTreeSet<String> {
+    msgs.iter()
+        .filter(|m| m["type"] == kind)
+        .map(|m| m["data"][field].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The ids of the session's pending prompts.
+#[track_caller]
+fn pending_set(srv: &Server, sid: &str) -> BTreeSet<String> {
+    client_msg_ids(&srv.pending(sid)).into_iter().collect()
+}
+
+/// The epoch is the one from before, and `resend` (an acknowledged prompt
+/// still in the dedupe window) is a duplicate.
+#[track_caller]
+fn check_epoch_and_resend(srv: &Server, sid: &str, epoch_before: &str, resend: Option<&String>) {
+    assert_eq!(epoch(srv, sid), epoch_before, "epoch changed");
+    if let Some(p) = resend {
+        let again = srv.prompt(sid, "resent", Some(p));
+        assert_eq!(again["duplicate"], true, "resent {p} is not a duplicate");
+    }
+}
+
+/// Checks a session after a restart against what was acknowledged.
+#[track_caller]
+fn check(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str) {
+    let msgs = all_messages(srv, sid);
+    contiguous_seqs(&msgs);
+    let prompts = field_of(&msgs, "prompt", "client_msg_id");
+    let answers = field_of(&msgs, "assistant", "assistant_msg_id");
     for p in &acked.prompts {
         assert!(prompts.contains(p), "acknowledged prompt {p} lost");
     }
     for a in acked.answers.keys() {
         assert!(answers.contains(a), "acknowledged answer {a} lost");
     }
-    let answered: BTreeSet<String> = msgs
-        .iter()
-        .filter(|m| m["type"] == "assistant")
-        .map(|m| m["data"]["client_msg_id"].as_str().unwrap().to_string())
-        .collect();
-    let pending: BTreeSet<String> = srv
-        .pending(sid)
-        .iter()
-        .map(|p| p["client_msg_id"].as_str().unwrap().to_string())
-        .collect();
+    let answered = field_of(&msgs, "assistant", "client_msg_id");
     let want_pending: BTreeSet<String> = prompts.difference(&answered).cloned().collect();
-    assert_eq!(pending, want_pending, "pending set");
-    assert_eq!(epoch(srv, sid), epoch_before, "epoch changed");
-    if let Some(p) = acked.prompts.iter().next() {
-        let again = srv.prompt(sid, "resent", Some(p));
-        assert_eq!(again["duplicate"], true, "resent {p} is not a duplicate");
-    }
+    assert_eq!(pending_set(srv, sid), want_pending, "pending set");
+    check_epoch_and_resend(srv, sid, epoch_before, acked.prompts.iter().next());
 }
 
 /// The crash test's server settings.
@@ -262,14 +273,8 @@ fn crash_env<'a>(
 #[track_caller]
 fn check_trimmed(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str, limit: &str) {
     let limit: usize = limit.parse().unwrap();
-    let msgs = all_messages(srv, sid);
-    let seqs: Vec<u64> = msgs
-        .iter()
-        .map(|m| m["data"]["seq"].as_u64().unwrap())
-        .collect();
+    let seqs = contiguous_seqs(&all_messages(srv, sid));
     let first = seqs.first().copied().unwrap_or(1);
-    let want: Vec<u64> = (first..first + seqs.len() as u64).collect();
-    assert_eq!(seqs, want, "seq has holes or repeats");
     let last = seqs.last().copied().unwrap_or(0);
     assert!(
         seqs.len() == limit || (first == 1 && seqs.len() < limit),
@@ -278,22 +283,14 @@ fn check_trimmed(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str, lim
     );
     let stored = (acked.prompts.len() + acked.answers.len()) as u64;
     assert!(last >= stored, "{stored} acknowledged, last seq {last}");
-    let pending: BTreeSet<String> = srv
-        .pending(sid)
-        .iter()
-        .map(|p| p["client_msg_id"].as_str().unwrap().to_string())
-        .collect();
+    let pending = pending_set(srv, sid);
     for p in &acked.unanswered {
         assert!(pending.contains(p), "acknowledged pending prompt {p} lost");
     }
     for p in acked.answers.values() {
         assert!(!pending.contains(p), "answered prompt {p} is pending");
     }
-    assert_eq!(epoch(srv, sid), epoch_before, "epoch changed");
-    if let Some(p) = acked.unanswered.iter().next() {
-        let again = srv.prompt(sid, "resent", Some(p));
-        assert_eq!(again["duplicate"], true, "resent {p} is not a duplicate");
-    }
+    check_epoch_and_resend(srv, sid, epoch_before, acked.unanswered.iter().next());
 }
 
 /// Several clients write while the server is killed (SIGKILL) at random
