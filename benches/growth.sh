@@ -9,31 +9,21 @@
 #   benches/growth.sh
 #   SECONDS_=120 LIMIT=1000 benches/growth.sh
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+. scripts/lib.sh
 DURATION="${SECONDS_:-60}"
 STEP="${STEP:-5}"
 LIMIT="${LIMIT:-500}"
 SESSIONS="${SESSIONS:-20}"
 CONNS="${CONNS:-8}"
-cargo build --release --quiet
-bin=target/release/relay
+relay_binary
 dir="$(mktemp -d /tmp/relay-growth.XXXXXX)"
-port_file="$dir/port"
-RELAY_DATA_DIR="$dir" RELAY_HISTORY_LIMIT="$LIMIT" RELAY_HOST=127.0.0.1 RELAY_PORT=0 \
-  RELAY_LOG=info "$bin" 2>"$dir/log" &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-python3 - "$dir" "$DURATION" "$STEP" "$SESSIONS" "$CONNS" "$LIMIT" <<'PY'
-import http.client, json, os, re, sys, threading, time
-data, duration, step, sessions, conns, limit = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-port = None
-for _ in range(200):
-    m = re.search(r"addr=127\.0\.0\.1:(\d+)", open(os.path.join(data, "log")).read())
-    if m:
-        port = int(m.group(1)); break
-    time.sleep(0.05)
-if port is None:
-    sys.exit("server did not start: " + open(os.path.join(data, "log")).read())
+trap 'stop_relay; rm -rf "$dir"' EXIT
+start_relay growth "$dir/log" RELAY_DATA_DIR="$dir" RELAY_HISTORY_LIMIT="$LIMIT"
+python3 - "$dir" "${ADDR##*:}" "$DURATION" "$STEP" "$SESSIONS" "$CONNS" "$LIMIT" <<'PY'
+import http.client, json, os, sys, threading, time
+data, port, duration, step, sessions, conns, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 stop = time.monotonic() + duration
 written = [0] * conns
 text = "y" * 200

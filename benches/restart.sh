@@ -10,20 +10,19 @@
 #   benches/restart.sh                         # 1,000,000 messages
 #   MESSAGES=100000 RUNS=3 benches/restart.sh
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+. scripts/lib.sh
 MESSAGES="${MESSAGES:-1000000}"
 SESSIONS="${SESSIONS:-100}"
 TEXT="${TEXT:-200}"
 RUNS="${RUNS:-5}"
-cargo build --release --quiet
-bin=target/release/relay
+relay_binary
 dir="$(mktemp -d /tmp/relay-restart.XXXXXX)"
-trap 'rm -rf "$dir"' EXIT
+trap 'stop_relay; rm -rf "$dir"' EXIT
 # The schema, as the server writes it: let it create an empty database.
-RELAY_DATA_DIR="$dir" RELAY_HOST=127.0.0.1 RELAY_PORT=0 RELAY_LOG=error "$bin" &
-pid=$!
-for _ in $(seq 1 100); do [ -s "$dir/relay.db" ] && break; sleep 0.05; done
-kill -TERM "$pid"; wait "$pid" || true
+start_relay restart "$dir/log" RELAY_DATA_DIR="$dir"
+stop_relay
 python3 - "$dir/relay.db" "$MESSAGES" "$SESSIONS" "$TEXT" <<'PY'
 import json, sqlite3, sys, uuid
 db, total, sessions, text = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -56,27 +55,16 @@ con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 con.close()
 PY
 echo "database: $(stat -c %s "$dir/relay.db") bytes for $MESSAGES messages in $SESSIONS sessions"
-python3 - "$bin" "$dir" "$RUNS" <<'PY'
-import os, socket, statistics, subprocess, sys, time
+python3 - "$RELAY_BIN" "$dir" "$RUNS" <<'PY'
+import socket, statistics, sys, time
+sys.path.insert(0, "benches")
+from ready import rss_kib, start_until_ready
 binary, data, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ready, written, rss = [], [], []
 for _ in range(runs):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    env = dict(os.environ, RELAY_DATA_DIR=data, RELAY_HOST="127.0.0.1", RELAY_PORT=str(port), RELAY_LOG="error")
     t0 = time.perf_counter()
-    p = subprocess.Popen([binary], env=env)
-    while True:
-        c = socket.socket()
-        try:
-            c.connect(("127.0.0.1", port))
-            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n")
-            if c.recv(64).startswith(b"HTTP/1.1 200"):
-                break
-        except OSError:
-            time.sleep(0.005)
-        finally:
-            c.close()
-    ready.append(time.perf_counter() - t0)
+    p, port, secs = start_until_ready([binary], {"RELAY_DATA_DIR": data, "RELAY_LOG": "error"}, pause=0.005)
+    ready.append(secs)
     body = b'{"session_id":"after-restart","prompt":"hi"}'
     c = socket.create_connection(("127.0.0.1", port))
     c.sendall(b"POST /prompt HTTP/1.1\r\nHost: r\r\nConnection: close\r\nContent-Type: application/json\r\n"
@@ -84,8 +72,7 @@ for _ in range(runs):
     assert c.recv(64).startswith(b"HTTP/1.1 200")
     c.close()
     written.append(time.perf_counter() - t0)
-    with open(f"/proc/{p.pid}/status") as f:
-        rss += [int(l.split()[1]) for l in f if l.startswith("VmRSS")]
+    rss.append(rss_kib(p.pid))
     p.terminate(); p.wait()
 print(f"restart (exec to first 200, {runs} starts): median {statistics.median(ready):.2f} s, "
       f"min {min(ready):.2f} s, max {max(ready):.2f} s; first write acknowledged: median "
