@@ -552,6 +552,19 @@ fn rows_history_dropped_leave_the_file_and_a_restart_restores_the_same_log() {
     // and at most one batch of rows waiting for collection.
     let kept = rows(&dir);
     assert!(kept <= 6 + 1 + 256 + 2, "{kept} rows in the file");
+    // Deleting dropped rows wrote the counters they had set.
+    let (next_seq, dropped): (i64, i64) = rusqlite::Connection::open(dir.0.join("relay.db"))
+        .unwrap()
+        .query_row(
+            "SELECT next_seq, dropped_assistant FROM sessions WHERE name = ?1",
+            [&sid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(
+        next_seq > 1 && dropped > 0,
+        "counters {next_seq}, {dropped}"
+    );
     let srv = Server::start_with(&env);
     assert_eq!(
         srv.messages(&sid, "?limit=1000"),

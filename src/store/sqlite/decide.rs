@@ -250,7 +250,7 @@ impl Ctx<'_> {
             epoch: epoch.clone(),
         };
         self.mirror
-            .insert(name, mirror::Session::new(id, epoch, 1, 0, 0));
+            .insert(mirror::Session::new(name, id, epoch, 1, 0, 0));
         Ok(Some(record))
     }
 

@@ -44,6 +44,8 @@ pub struct Answer {
 
 /// One session as the database holds it.
 pub struct Session {
+    /// The session id (the map's key, shared).
+    name: Rc<str>,
     /// The `sessions` row.
     pub id: i64,
     pub epoch: String,
@@ -55,13 +57,15 @@ pub struct Session {
     answers: IdMap<Answer>,
     pending: usize,
     /// Rows of this session went to the garbage since its counters were
-    /// last written: they are written when those rows are deleted.
+    /// last written (it is then in `Garbage::sessions`): they are written
+    /// when those rows are deleted.
     dirty: bool,
 }
 
 impl Session {
     /// A session with its stored counters, its messages to be replayed.
     pub fn new(
+        name: &str,
         id: i64,
         epoch: String,
         next_seq: u64,
@@ -69,6 +73,7 @@ impl Session {
         dropped_assistant: u64,
     ) -> Session {
         Session {
+            name: Rc::from(name),
             id,
             epoch,
             next_seq,
@@ -111,11 +116,30 @@ impl Session {
     }
 }
 
+/// Rows waiting to be deleted, and the sessions that dropped them since
+/// the last collection (their counters are written with the deletion).
+#[derive(Default)]
+struct Garbage {
+    rows: Vec<i64>,
+    sessions: Vec<Rc<str>>,
+}
+
+impl Garbage {
+    /// A row `s` no longer needs.
+    fn drop_row(&mut self, s: &mut Session, row: i64) {
+        self.rows.push(row);
+        if !s.dirty {
+            s.dirty = true;
+            self.sessions.push(s.name.clone());
+        }
+    }
+}
+
 /// Every session, by id, and the rows waiting to be deleted.
 pub struct Mirror {
     history_limit: usize,
     sessions: HashMap<Rc<str>, Session>,
-    garbage: Vec<i64>,
+    garbage: Garbage,
 }
 
 impl Mirror {
@@ -124,7 +148,7 @@ impl Mirror {
         Mirror {
             history_limit,
             sessions: HashMap::new(),
-            garbage: Vec::new(),
+            garbage: Garbage::default(),
         }
     }
 
@@ -137,8 +161,8 @@ impl Mirror {
         self.sessions.get(sid)
     }
 
-    pub fn insert(&mut self, sid: &str, s: Session) {
-        self.sessions.insert(Rc::from(sid), s);
+    pub fn insert(&mut self, s: Session) {
+        self.sessions.insert(s.name.clone(), s);
     }
 
     pub fn remove(&mut self, sid: &str) -> Option<Session> {
@@ -184,8 +208,7 @@ impl Mirror {
             if !p.in_history {
                 let row = p.row;
                 s.prompts.remove(prompt);
-                self.garbage.push(row);
-                s.dirty = true;
+                self.garbage.drop_row(s, row);
             }
         }
         let id: Rc<str> = Rc::from(id);
@@ -221,25 +244,28 @@ impl Mirror {
 
     /// A row of no session (one deleted before its garbage was collected).
     pub fn orphan(&mut self, row: i64) {
-        self.garbage.push(row);
+        self.garbage.rows.push(row);
     }
 
     /// Rows waiting to be deleted.
     pub fn garbage(&self) -> usize {
-        self.garbage.len()
+        self.garbage.rows.len()
     }
 
     /// The rows to delete now, and the sessions whose counters must be
     /// written with them (the counters then cover every deleted row).
     pub fn take_garbage(&mut self) -> (Vec<i64>, Vec<&Session>) {
-        let rows = std::mem::take(&mut self.garbage);
-        let mut dirty = Vec::new();
-        for s in self.sessions.values_mut() {
-            if s.dirty {
+        let Garbage { rows, sessions } = std::mem::take(&mut self.garbage);
+        for name in &sessions {
+            if let Some(s) = self.sessions.get_mut(name) {
                 s.dirty = false;
-                dirty.push(&*s);
             }
         }
+        // A session deleted since is gone, and needs no counters.
+        let dirty = sessions
+            .iter()
+            .filter_map(|name| self.sessions.get(name))
+            .collect();
         (rows, dirty)
     }
 }
@@ -249,7 +275,7 @@ impl Mirror {
 /// garbage.
 fn push(
     s: &mut Session,
-    garbage: &mut Vec<i64>,
+    garbage: &mut Garbage,
     limit: usize,
     seq: u64,
     row: i64,
@@ -280,7 +306,6 @@ fn push(
                 s.answers.remove(&old.id);
             }
         }
-        garbage.push(old.row);
-        s.dirty = true;
+        garbage.drop_row(s, old.row);
     }
 }

@@ -225,14 +225,14 @@ pub fn mirror(conn: &Connection, history_limit: usize) -> rusqlite::Result<Mirro
     let mut names: HashMap<i64, String> = HashMap::new();
     let mut m = Mirror::new(history_limit);
     for s in sessions(conn)? {
-        let session = mirror::Session::new(
+        m.insert(mirror::Session::new(
+            &s.name,
             s.id,
             s.epoch,
             s.next_seq,
             s.last_assistant,
             s.dropped_assistant,
-        );
-        m.insert(&s.name, session);
+        ));
         names.insert(s.id, s.name);
     }
     let mut st = conn.prepare(
