@@ -424,10 +424,15 @@ impl Server {
         };
         if next == Next::Close {
             self.close(id);
-        } else {
+            self.apply_effects();
+            return;
+        }
+        // The effects first: the subscribers and parked polls they list
+        // are written before the requester's own answer.
+        self.apply_effects();
+        if let Some(conn) = lookup(&mut self.conns, id) {
             self.cx.mark_write(id, conn);
         }
-        self.apply_effects();
     }
 
     /// Writes what the connection has queued, within the turn's budget; a
