@@ -647,3 +647,51 @@ fn a_disk_that_fails_answers_503_shows_nothing_of_it_and_recovers() {
     assert_eq!(srv.get("/readyz").status, 200);
     let _: Value = srv.health();
 }
+
+/// The size of a file in the data directory (0 while it does not exist).
+fn file_len(dir: &Dir, name: &str) -> u64 {
+    std::fs::metadata(dir.0.join(name)).map_or(0, |m| m.len())
+}
+
+#[test]
+fn the_log_is_copied_into_the_database_and_reused_while_traffic_goes_on() {
+    let dir = Dir::new("wal");
+    let srv = start(&dir);
+    let addr = srv.addr();
+    let text = "x".repeat(2000);
+    const ROUNDS: u64 = 8;
+    const ROUND_BYTES: u64 = 4 * 256 * 2000;
+    // Each round, four clients post 2 MB of prompts; then the database
+    // file must grow by that much (the checkpointer copied the log in the
+    // background) before the next round.
+    for round in 1..=ROUNDS {
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                let (sid, text) = (format!("wal{c}-{}", unique_session()), text.clone());
+                std::thread::spawn(move || {
+                    for i in 0..256 {
+                        let cid = format!("r{round}-{i}");
+                        let p = json!({"session_id": sid, "prompt": text, "client_msg_id": cid});
+                        assert_eq!(try_post(addr, "/prompt", &p), Some(200));
+                    }
+                })
+            })
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while file_len(&dir, "relay.db") < round * ROUND_BYTES {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: relay.db is {} B, the log was not copied into it",
+                file_len(&dir, "relay.db")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // 16 MB of prompts went through the log, which was started over from
+    // its beginning after the copies: it holds about a round's worth.
+    let wal = file_len(&dir, "relay.db-wal");
+    assert!(wal < ROUNDS * ROUND_BYTES / 2, "relay.db-wal is {wal} B");
+}

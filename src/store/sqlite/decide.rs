@@ -117,6 +117,33 @@ impl Writer {
             .collect()
     }
 
+    /// The database file.
+    pub fn db_path(&self) -> std::path::PathBuf {
+        self.conn.path().unwrap_or_default().into()
+    }
+
+    /// Off: checkpoints are left to the checkpointer thread, and no commit
+    /// copies the log into the database. On: a commit does once the log
+    /// holds [`schema::AUTOCHECKPOINT_PAGES`] (SQLite's own way).
+    pub fn automatic_checkpoints(&mut self, on: bool) {
+        let pages = if on { schema::AUTOCHECKPOINT_PAGES } else { 0 };
+        let sql = format!("PRAGMA wal_autocheckpoint = {pages};");
+        if let Err(e) = self.conn.execute_batch(&sql) {
+            warn!(error = e.to_string().as_str(); "cannot set automatic checkpoints");
+        }
+    }
+
+    /// Copies what the checkpointer has not copied yet into the database,
+    /// between two transactions, so that the next one starts the log over.
+    pub fn catch_up(&mut self) {
+        if let Err(e) = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        {
+            warn!(error = e.to_string().as_str(); "checkpoint failed");
+        }
+    }
+
     /// Copies the log into the database file and syncs it: the interval
     /// flush of `RELAY_SYNC=<seconds>`, and the last act before exit.
     pub fn checkpoint(&mut self) {

@@ -25,10 +25,10 @@ mod schema;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::Duration;
 
-use log::{error, info};
+use log::{error, info, warn};
 use rusqlite::{Connection, OpenFlags};
 
 use super::mem::{MemStore, StoreLimits};
@@ -106,7 +106,9 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
 
 /// The storage thread's side of the channels: takes batches until the loop
 /// hangs up, commits every batch waiting in one transaction, answers, and
-/// wakes the loop. With `Sync::Every`, checkpoints at least that often.
+/// wakes the loop. With `Sync::Always`, a checkpointer thread copies the
+/// log into the database beside it; with `Sync::Every`, the writer
+/// checkpoints at least that often.
 pub fn run(
     mut writer: Writer,
     batches: Receiver<Vec<Command>>,
@@ -114,9 +116,15 @@ pub fn run(
     waker: Arc<mio::Waker>,
     sync: Sync,
 ) {
-    let tick = match sync {
-        Sync::Always => Duration::from_secs(3600),
-        Sync::Every(d) => d,
+    let (tick, mut checkpoints) = match sync {
+        Sync::Always => {
+            // No commit waits for a checkpoint's copy (it was the p99).
+            writer.automatic_checkpoints(false);
+            let (catch_up, caught_up) = std::sync::mpsc::channel();
+            let checkpointer = Checkpointer::start(writer.db_path(), catch_up);
+            (Duration::from_secs(3600), Some((checkpointer, caught_up)))
+        }
+        Sync::Every(d) => (d, None),
     };
     loop {
         let first = match batches.recv_timeout(tick) {
@@ -134,6 +142,21 @@ pub fn run(
             match batches.try_recv() {
                 Ok(more) => group.extend(more),
                 Err(_) => break,
+            }
+        }
+        if let Some((_, caught_up)) = &checkpoints {
+            match caught_up.try_recv() {
+                Ok(()) => {
+                    while caught_up.try_recv().is_ok() {}
+                    writer.catch_up();
+                }
+                Err(TryRecvError::Empty) => {}
+                // The checkpointer could not start (it logged why): SQLite
+                // checkpoints in the writer's commits again.
+                Err(TryRecvError::Disconnected) => {
+                    writer.automatic_checkpoints(true);
+                    checkpoints = None;
+                }
             }
         }
         let commands = group.len();
@@ -154,7 +177,79 @@ pub fn run(
             error!(error = e.to_string().as_str(); "cannot wake the loop");
         }
     }
+    drop(checkpoints);
     writer.checkpoint();
+}
+
+/// How often the checkpointer copies the log into the database with
+/// `RELAY_SYNC=always`: small copies, each of the pages written since the
+/// last, and a log that stays short and is reused from its start.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+
+/// A thread with a second connection that checkpoints (`PASSIVE`: it never
+/// blocks the writer, and the writer never waits for it) while the writer
+/// goes on committing. SQLite's NORMAL mode fsyncs the log before each
+/// checkpoint and the database after it, so a checkpoint never puts
+/// anything in the database that the log does not hold durably. Stops
+/// when dropped.
+struct Checkpointer {
+    stop: Option<Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn start(db: PathBuf, catch_up: Sender<()>) -> Checkpointer {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("relay-checkpoint".into())
+            .spawn(move || {
+                let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let conn = Connection::open_with_flags(&db, flags).and_then(|c| {
+                    c.execute_batch("PRAGMA synchronous = NORMAL;")?;
+                    Ok(c)
+                });
+                let conn = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        error!(error = e.to_string().as_str(); "cannot open the database to checkpoint it");
+                        return;
+                    }
+                };
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY) {
+                    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                        Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+                    }) {
+                        // The writer appended while this copied, and the
+                        // log starts over only once a checkpoint has caught
+                        // up with it: the writer does that between two
+                        // transactions (a short copy, of what came
+                        // meanwhile), and its next transaction starts the
+                        // log from the beginning.
+                        Ok((log, _)) if log > 0 => {
+                            if catch_up.send(()).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => warn!(error = e.to_string().as_str(); "checkpoint failed"),
+                    }
+                }
+            })
+            .ok();
+        Checkpointer {
+            stop: Some(stop),
+            thread,
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.stop = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// One transaction's outcome, as the storage thread sends it back.

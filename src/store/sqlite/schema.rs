@@ -116,6 +116,10 @@ pub fn check(conn: &Connection) -> Result<i64, String> {
     Ok(version)
 }
 
+/// Pages in the log at which a commit checkpoints, where the writer does
+/// (`RELAY_SYNC=<seconds>`, or without the checkpointer thread).
+pub const AUTOCHECKPOINT_PAGES: u32 = 4096;
+
 /// Sets the journal and sync modes and migrates the schema forward.
 pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<()> {
     let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
@@ -125,7 +129,9 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
         Sync::Always => "PRAGMA synchronous = FULL;",
         Sync::Every(_) => "PRAGMA synchronous = NORMAL;",
     })?;
-    conn.execute_batch("PRAGMA foreign_keys = OFF; PRAGMA wal_autocheckpoint = 4096;")?;
+    conn.execute_batch(&format!(
+        "PRAGMA foreign_keys = OFF; PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES};"
+    ))?;
     match version {
         0 => conn.execute_batch(&format!(
             "BEGIN; {SESSIONS} {MESSAGES} PRAGMA user_version = {VERSION}; COMMIT;"
