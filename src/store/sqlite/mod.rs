@@ -25,7 +25,8 @@ mod schema;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use log::{error, info, warn};
@@ -116,13 +117,12 @@ pub fn run(
     waker: Arc<mio::Waker>,
     sync: Sync,
 ) {
-    let (tick, mut checkpoints) = match sync {
+    let (tick, mut checkpointer) = match sync {
         Sync::Always => {
             // No commit waits for a checkpoint's copy (it was the p99).
             writer.automatic_checkpoints(false);
-            let (catch_up, caught_up) = std::sync::mpsc::channel();
-            let checkpointer = Checkpointer::start(writer.db_path(), catch_up);
-            (Duration::from_secs(3600), Some((checkpointer, caught_up)))
+            let checkpointer = Checkpointer::start(writer.db_path());
+            (Duration::from_secs(3600), Some(checkpointer))
         }
         Sync::Every(d) => (d, None),
     };
@@ -144,19 +144,14 @@ pub fn run(
                 Err(_) => break,
             }
         }
-        if let Some((_, caught_up)) = &checkpoints {
-            match caught_up.try_recv() {
-                Ok(()) => {
-                    while caught_up.try_recv().is_ok() {}
-                    writer.catch_up();
-                }
-                Err(TryRecvError::Empty) => {}
+        if let Some(c) = &checkpointer {
+            if c.shared.gone.load(Ordering::Acquire) {
                 // The checkpointer could not start (it logged why): SQLite
                 // checkpoints in the writer's commits again.
-                Err(TryRecvError::Disconnected) => {
-                    writer.automatic_checkpoints(true);
-                    checkpoints = None;
-                }
+                writer.automatic_checkpoints(true);
+                checkpointer = None;
+            } else if c.shared.catch_up.swap(false, Ordering::AcqRel) {
+                writer.catch_up();
             }
         }
         let commands = group.len();
@@ -177,7 +172,7 @@ pub fn run(
             error!(error = e.to_string().as_str(); "cannot wake the loop");
         }
     }
-    drop(checkpoints);
+    drop(checkpointer);
     writer.checkpoint();
 }
 
@@ -191,20 +186,33 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 /// goes on committing. SQLite's NORMAL mode fsyncs the log before each
 /// checkpoint and the database after it, so a checkpoint never puts
 /// anything in the database that the log does not hold durably. Stops
-/// when dropped.
+/// when dropped. (Flags rather than channels: a channel of a new type
+/// costs the static binary about 20 KB.)
 struct Checkpointer {
-    stop: Option<Sender<()>>,
+    shared: Arc<Flags>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// What the checkpointer and the writer tell each other.
+#[derive(Default)]
+struct Flags {
+    /// The writer should copy what came during the last checkpoint.
+    catch_up: AtomicBool,
+    /// The checkpointer could not open the database and has ended.
+    gone: AtomicBool,
+    /// The writer is done: the checkpointer ends.
+    stop: AtomicBool,
+}
+
 impl Checkpointer {
-    fn start(db: PathBuf, catch_up: Sender<()>) -> Checkpointer {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    fn start(db: PathBuf) -> Checkpointer {
+        let shared = Arc::new(Flags::default());
+        let flags = shared.clone();
         let thread = std::thread::Builder::new()
             .name("relay-checkpoint".into())
             .spawn(move || {
-                let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-                let conn = Connection::open_with_flags(&db, flags).and_then(|c| {
+                let open = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let conn = Connection::open_with_flags(&db, open).and_then(|c| {
                     c.execute_batch("PRAGMA synchronous = NORMAL;")?;
                     Ok(c)
                 });
@@ -212,41 +220,47 @@ impl Checkpointer {
                     Ok(c) => c,
                     Err(e) => {
                         error!(error = e.to_string().as_str(); "cannot open the database to checkpoint it");
+                        flags.gone.store(true, Ordering::Release);
                         return;
                     }
                 };
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY) {
-                    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                        Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-                    }) {
+                loop {
+                    // Woken early only to stop (or spuriously: one more
+                    // checkpoint, which is harmless).
+                    std::thread::park_timeout(CHECKPOINT_EVERY);
+                    if flags.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1)) {
                         // The writer appended while this copied, and the
                         // log starts over only once a checkpoint has caught
                         // up with it: the writer does that between two
                         // transactions (a short copy, of what came
                         // meanwhile), and its next transaction starts the
                         // log from the beginning.
-                        Ok((log, _)) if log > 0 => {
-                            if catch_up.send(()).is_err() {
-                                break;
-                            }
-                        }
+                        Ok(log) if log > 0 => flags.catch_up.store(true, Ordering::Release),
                         Ok(_) => {}
                         Err(e) => warn!(error = e.to_string().as_str(); "checkpoint failed"),
                     }
                 }
-            })
-            .ok();
-        Checkpointer {
-            stop: Some(stop),
-            thread,
-        }
+            });
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                error!(error = e.to_string().as_str(); "cannot start the checkpointer");
+                shared.gone.store(true, Ordering::Release);
+                None
+            }
+        };
+        Checkpointer { shared, thread }
     }
 }
 
 impl Drop for Checkpointer {
     fn drop(&mut self) {
-        self.stop = None;
+        self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
