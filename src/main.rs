@@ -20,43 +20,62 @@ use relay::net::Server;
 #[global_allocator]
 static ALLOC: Alloc = Alloc;
 
-/// Forwards to `dlmalloc::GlobalDlmalloc`, out of line: inlined at every
-/// allocation site (as link-time optimization does with the allocator
-/// itself) it took 60 KB, past the 2 MiB the static binary may take.
+/// One dlmalloc heap for every thread, behind std's mutex, called out of
+/// line: inlined at every allocation site (as link-time optimization does
+/// with the allocator itself) it took 60 KB, past the 2 MiB the static
+/// binary may take. std's mutex takes one atomic exchange each way when
+/// nobody holds it (the loop's case nearly always); the crate's own global
+/// wrapper locks a pthread mutex, two calls into musl per allocation.
 #[cfg(target_env = "musl")]
 struct Alloc;
 
-// SAFETY: every method passes its arguments unchanged to the same method of
-// `dlmalloc::GlobalDlmalloc`, a `GlobalAlloc` (it serializes calls from
-// several threads with its own lock), and returns its result unchanged, so
-// each caller's obligations (a non-zero-size layout; a pointer from this
-// allocator with the layout it was allocated with) are exactly that
-// implementation's, and its guarantees are this one's.
+#[cfg(target_env = "musl")]
+static HEAP: std::sync::Mutex<dlmalloc::Dlmalloc> =
+    std::sync::Mutex::new(dlmalloc::Dlmalloc::new());
+
+/// The heap, locked. A poisoned lock cannot happen (the release profile
+/// aborts on panic), and the heap's state is whole between calls anyway.
+#[cfg(target_env = "musl")]
+fn heap() -> std::sync::MutexGuard<'static, dlmalloc::Dlmalloc> {
+    HEAP.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+// SAFETY: every method holds the mutex while it calls the heap, so one
+// thread at a time uses it (`Dlmalloc` is `Send` and not `Sync`; the mutex
+// is what makes sharing it sound), and neither the mutex nor dlmalloc
+// allocates through this allocator (dlmalloc gets its memory from `mmap`),
+// so nothing re-enters it. `malloc`, `calloc`, `free` and `realloc` take a
+// size and alignment and follow `GlobalAlloc`'s contracts
+// (dlmalloc's documentation); each method passes the caller's layout and
+// pointer unchanged, so the caller's obligations (a non-zero-size layout;
+// a pointer from this allocator with the layout it was allocated with) are
+// exactly theirs, and a null pointer on failure is returned as is.
 #[cfg(target_env = "musl")]
 unsafe impl std::alloc::GlobalAlloc for Alloc {
     #[inline(never)]
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
         // SAFETY: the caller's contract is forwarded unchanged.
-        unsafe { dlmalloc::GlobalDlmalloc.alloc(layout) }
+        unsafe { heap().malloc(layout.size(), layout.align()) }
     }
 
     #[inline(never)]
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
         // SAFETY: the caller's contract is forwarded unchanged.
-        unsafe { dlmalloc::GlobalDlmalloc.alloc_zeroed(layout) }
+        unsafe { heap().calloc(layout.size(), layout.align()) }
     }
 
     #[inline(never)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: `ptr` came from `alloc` above, i.e. from dlmalloc, with
-        // this layout; the caller's contract is forwarded unchanged.
-        unsafe { dlmalloc::GlobalDlmalloc.dealloc(ptr, layout) }
+        // SAFETY: `ptr` came from this heap with this layout; the caller's
+        // contract is forwarded unchanged.
+        unsafe { heap().free(ptr, layout.size(), layout.align()) }
     }
 
     #[inline(never)]
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
         // SAFETY: as for `dealloc`; `size` is the caller's, unchanged.
-        unsafe { dlmalloc::GlobalDlmalloc.realloc(ptr, layout, size) }
+        unsafe { heap().realloc(ptr, layout.size(), layout.align(), size) }
     }
 }
 
