@@ -695,3 +695,37 @@ fn the_log_is_copied_into_the_database_and_reused_while_traffic_goes_on() {
     let wal = file_len(&dir, "relay.db-wal");
     assert!(wal < ROUNDS * ROUND_BYTES / 2, "relay.db-wal is {wal} B");
 }
+
+#[test]
+fn a_client_that_half_closes_while_its_prompts_commit_gets_its_answers() {
+    // `printf … | nc`: two prompts and a health check, then the FIN, while
+    // the prompts wait for their commits. The FIN must not cost the client
+    // the answers it is owed. When the FIN is read is a race, so it runs
+    // often.
+    let dir = Dir::new("halfclose");
+    let srv = Server::start_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_SYNC", "always")]);
+    let sid = unique_session();
+    let prompt = |id: &str| {
+        let body = json!({"session_id": sid, "prompt": "q", "client_msg_id": id}).to_string();
+        format!(
+            "POST /prompt HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    for i in 0..100 {
+        let (a, b) = (format!("a{i}"), format!("b{i}"));
+        let batch = prompt(&a) + &prompt(&b) + "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
+        let mut http = srv.conn();
+        http.send_raw(batch.as_bytes());
+        http.shutdown_write();
+        for id in [a, b] {
+            let r = http.read_response();
+            assert_eq!(r.status, 200, "round {i}: {}", r.text());
+            assert_eq!(r.json()["client_msg_id"], id);
+        }
+        assert_eq!(http.read_response().json()["ok"], true, "round {i}");
+        assert!(http.is_closed_by_peer(), "round {i}");
+    }
+    assert_eq!(all_messages(&srv, &sid).len(), 200);
+}

@@ -20,9 +20,14 @@ use crate::time::Millis;
 /// Reads what a parked poll's client sent; a hang-up (EOF, reset) closes
 /// the connection, which cancels the wait. A reader that is full reads no
 /// more, so a hang-up is then told by the socket's read-closed state.
+/// A request waiting for its commit is different: its client may have sent
+/// everything and shut its write side (`printf … | nc`), and the answers it
+/// waits for are owed, so an EOF there only marks the connection to close
+/// once they are written.
 pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     let mut read = 0;
     while conn.readable {
+        let committing = matches!(conn.phase, Phase::Committing(..));
         let (Phase::Parked(h, _) | Phase::Committing(h, _)) = &mut conn.phase else {
             return Next::Stay;
         };
@@ -32,7 +37,7 @@ pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
                 cx.reprocess.push(id);
                 return Next::Stay;
             }
-            return if conn.read_closed {
+            return if conn.read_closed && !committing {
                 Next::Close
             } else {
                 Next::Stay
@@ -45,6 +50,10 @@ pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
                 read += n;
             }
             Got::Blocked => break,
+            Got::Eof if committing => {
+                conn.eof = true;
+                conn.readable = false;
+            }
             Got::Eof | Got::Failed => return Next::Close,
         }
     }
