@@ -13,6 +13,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::http::upgrade::{accept_key, base64};
+
 /// Largest response head accepted.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Largest response body accepted (a long-poll answer holds at most 4 MiB
@@ -166,6 +168,13 @@ impl Response {
     }
 }
 
+/// The outcome of a WebSocket upgrade: the open connection with any bytes
+/// the server sent after its `101`, or the other answer it gave.
+pub enum Upgraded {
+    Open(TcpStream, Vec<u8>),
+    Refused(Response),
+}
+
 /// How long a request may take and what may cancel it.
 #[derive(Clone, Copy)]
 pub struct Limit<'a> {
@@ -210,6 +219,49 @@ impl Client {
     /// The bearer token, for a connection made outside this client.
     pub fn token(&self) -> Option<&str> {
         self.token.as_deref()
+    }
+
+    /// Opens a WebSocket on `path` over a connection of its own (RFC 6455
+    /// section 4.1): the upgrade request, with the token, and the `101`
+    /// checked against the key it sent. Any other answer is read whole and
+    /// returned.
+    pub fn upgrade(&self, path: &str, timeout: Duration) -> Result<Upgraded, Error> {
+        let deadline = Instant::now() + timeout;
+        let left = remaining(deadline)?;
+        let mut stream = self
+            .url
+            .connect(left.min(CONNECT_TIMEOUT))
+            .map_err(Error::Connect)?;
+        let key = base64(uuid::Uuid::new_v4().as_bytes());
+        let mut head = self.head("GET", path, None);
+        // The upgrade's headers go before the blank line that ends the head.
+        head.truncate(head.len() - 2);
+        head.push_str(&format!(
+            "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n\r\n"
+        ));
+        stream
+            .set_write_timeout(Some(remaining(deadline)?))
+            .map_err(Error::Io)?;
+        stream.write_all(head.as_bytes()).map_err(Error::Io)?;
+        let mut buf = Vec::new();
+        let mut reader = Reader {
+            stream: &mut stream,
+            buf: &mut buf,
+            deadline,
+            cancel: None,
+        };
+        let answer = read_head(&mut reader)?;
+        if answer.status != 101 {
+            let (resp, _) = read_response(&mut reader, false)?;
+            return Ok(Upgraded::Refused(resp));
+        }
+        if answer.accept.as_deref() != Some(accept_key(key.as_bytes()).as_str()) {
+            return Err(Error::Protocol(
+                "Sec-WebSocket-Accept does not match the key sent".into(),
+            ));
+        }
+        buf.drain(..answer.len);
+        Ok(Upgraded::Open(stream, buf))
     }
 
     /// Sends one request (`body` is JSON) and reads its answer. A reused
@@ -367,6 +419,8 @@ struct Head {
     chunked: bool,
     keep_alive: bool,
     retry_after: Option<u64>,
+    /// `Sec-WebSocket-Accept`, in a `101`.
+    accept: Option<String>,
 }
 
 fn read_response(r: &mut Reader<'_>, is_head: bool) -> Result<(Response, bool), Error> {
@@ -442,6 +496,7 @@ fn head_of(resp: &httparse::Response<'_, '_>, len: usize) -> Head {
             .is_some_and(|v| v.to_ascii_lowercase().contains("chunked")),
         keep_alive,
         retry_after: value("retry-after").and_then(|v| v.parse().ok()),
+        accept: value("sec-websocket-accept").map(str::to_string),
     }
 }
 
@@ -544,6 +599,64 @@ mod tests {
         ] {
             assert!(Url::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Runs `upgrade` against a one-shot server that answers `reply(key)`
+    /// to the request's `Sec-WebSocket-Key`.
+    fn upgrade_against(
+        reply: impl FnOnce(&str) -> Vec<u8> + Send + 'static,
+    ) -> Result<Upgraded, Error> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut peer, _) = listener.accept().unwrap();
+            let mut got = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !got.ends_with(b"\r\n\r\n") {
+                let n = peer.read(&mut chunk).unwrap();
+                got.extend_from_slice(&chunk[..n]);
+            }
+            let head = String::from_utf8(got).unwrap();
+            let key = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+                .unwrap()
+                .to_string();
+            assert!(head.starts_with("GET /ws/s HTTP/1.1\r\n"), "{head}");
+            assert!(head.contains("Authorization: Bearer t\r\n"), "{head}");
+            peer.write_all(&reply(&key)).unwrap();
+        });
+        let client = Client::new(url, Some("t".into()));
+        let out = client.upgrade("/ws/s", Duration::from_secs(5));
+        server.join().unwrap();
+        out
+    }
+
+    #[test]
+    fn an_upgrade_checks_the_accept_key_and_keeps_what_follows_the_101() {
+        let out = upgrade_against(|key| {
+            let accept = accept_key(key.as_bytes());
+            format!("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n\u{81}\u{2}hi").into_bytes()
+        });
+        let Ok(Upgraded::Open(_, read)) = out else {
+            panic!("not upgraded");
+        };
+        assert_eq!(read, "\u{81}\u{2}hi".as_bytes());
+        let out = upgrade_against(|_| {
+            b"HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n".to_vec()
+        });
+        assert!(
+            matches!(out, Err(Error::Protocol(_))),
+            "a wrong key is refused"
+        );
+        let out = upgrade_against(|_| {
+            b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 24\r\n\r\n{\"error\":\"Unauthorized\"}"
+                .to_vec()
+        });
+        let Ok(Upgraded::Refused(resp)) = out else {
+            panic!("not refused");
+        };
+        assert_eq!(resp.describe(), "401 Unauthorized");
     }
 
     /// A reader over bytes already received (the stream is never read).

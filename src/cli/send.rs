@@ -8,11 +8,10 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tungstenite::client::IntoClientRequest;
-use tungstenite::protocol::WebSocketConfig;
+use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
-use super::client::{Client, Limit};
+use super::client::{Client, Limit, Upgraded};
 use super::{Parsed, Spec};
 use crate::relay::model::MAX_TEXT_BYTES;
 
@@ -153,21 +152,15 @@ fn run(opts: &mut Options) -> Result<usize, String> {
 /// (the server accepts it on upgrades too), which keeps it out of proxies'
 /// access logs where `?token=` would land.
 fn subscribe(opts: &Options) -> Result<WebSocket<TcpStream>, String> {
-    let url = opts.client.url();
-    let address = url.ws(&format!("/ws/{}", opts.session));
-    let mut request = address
-        .as_str()
-        .into_client_request()
-        .map_err(|e| format!("{address}: {e}"))?;
-    if let Some(token) = opts.client.token() {
-        let value = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| "the token cannot be sent in a header".to_string())?;
-        request.headers_mut().insert("Authorization", value);
-    }
-    let stream = url
-        .connect(REQUEST_TIMEOUT)
-        .map_err(|e| format!("{address}: cannot connect: {e}"))?;
+    let path = format!("/ws/{}", opts.session);
+    let address = opts.client.url().ws(&path);
+    let (stream, read) = match opts.client.upgrade(&path, REQUEST_TIMEOUT) {
+        Ok(Upgraded::Open(stream, read)) => (stream, read),
+        Ok(Upgraded::Refused(resp)) => {
+            return Err(format!("{address}: refused: {}", resp.describe()));
+        }
+        Err(e) => return Err(format!("{address}: {e}")),
+    };
     stream
         .set_read_timeout(Some(REQUEST_TIMEOUT))
         .and_then(|()| stream.set_write_timeout(Some(REQUEST_TIMEOUT)))
@@ -175,19 +168,12 @@ fn subscribe(opts: &Options) -> Result<WebSocket<TcpStream>, String> {
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_MESSAGE_BYTES));
-    match tungstenite::client::client_with_config(request, stream, Some(config)) {
-        Ok((ws, _)) => Ok(ws),
-        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(resp))) => {
-            let body = resp.body().as_deref().unwrap_or_default();
-            let why = serde_json::from_slice::<Value>(body)
-                .ok()
-                .and_then(|v| v["error"].as_str().map(str::to_string))
-                .unwrap_or_default();
-            Err(format!("{address}: refused: {} {why}", resp.status()))
-        }
-        Err(tungstenite::HandshakeError::Failure(e)) => Err(format!("{address}: {e}")),
-        Err(tungstenite::HandshakeError::Interrupted(_)) => Err(format!("{address}: timed out")),
-    }
+    Ok(WebSocket::from_partially_read(
+        stream,
+        read,
+        Role::Client,
+        Some(config),
+    ))
 }
 
 fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {

@@ -1,7 +1,8 @@
 //! The WebSocket upgrade check (RFC 6455 section 4.2.1), done by hand so the
 //! bytes that follow the request head stay ours: GET over HTTP/1.1,
 //! `Upgrade: websocket`, `Connection: upgrade`, version 13, a 16-byte key, and
-//! an allowed `Origin`. The 101 uses tungstenite's `derive_accept_key`.
+//! an allowed `Origin`. The 101's accept key is computed here too (SHA-1
+//! and base64), and `relay send` checks a server's with the same function.
 
 use super::RequestHead;
 use super::response::switching_protocols;
@@ -28,8 +29,42 @@ pub fn check(head: &RequestHead, origins: &Origins) -> Result<Vec<u8>, ApiError>
     {
         return Err(ApiError::forbidden_origin());
     }
-    let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let accept = accept_key(key.as_bytes());
     Ok(switching_protocols(&accept))
+}
+
+/// The `Sec-WebSocket-Accept` value for a `Sec-WebSocket-Key` (RFC 6455
+/// section 4.2.2): base64 of the SHA-1 of the key followed by the
+/// protocol's GUID.
+pub fn accept_key(key: &[u8]) -> String {
+    use sha1::{Digest, Sha1};
+    let mut hash = Sha1::new();
+    hash.update(key);
+    hash.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    base64(&hash.finalize())
+}
+
+/// Standard base64 with padding (RFC 4648 section 4): WebSocket keys and
+/// the page's CSP hashes.
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// A base64 encoding of 16 bytes: 22 base64 characters and `==`.

@@ -7,6 +7,7 @@
 //! run) and connections to its own origin only; the hashes are computed from
 //! the embedded page once, so editing the page never leaves a stale policy.
 
+use crate::http::upgrade::base64;
 use std::sync::OnceLock;
 
 /// The page, as served.
@@ -65,28 +66,6 @@ fn hash_sources(page: &[u8], open: &[u8], close: &[u8]) -> String {
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Standard base64 with padding (RFC 4648 section 4), as CSP hashes use.
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// SHA-256 (FIPS 180-4). Only the page is hashed, once per process, so a
