@@ -1,7 +1,8 @@
-//! The log backend. `text` goes through simple_logger, with each event's
-//! fields appended as `key=value`; `json` writes one object per line:
-//! `{"ts":…,"level":"info","event":"prompt stored","session_id":…}`. Both
-//! write to stderr.
+//! The log backend. `text` writes `2026-11-24T04:03:32.445Z INFO  [target]
+//! message key=value…` (the layout simple_logger used, whose date
+//! formatting cost the static binary 25 KB); `json` writes one object per
+//! line: `{"ts":…,"level":"info","event":"prompt stored","session_id":…}`.
+//! Both write to stderr.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -13,7 +14,7 @@ use crate::config::LogFormat;
 
 struct Logger {
     level: LevelFilter,
-    text: Option<simple_logger::SimpleLogger>,
+    text: bool,
 }
 
 /// Collects an event's fields as ` key=value` text.
@@ -57,23 +58,25 @@ impl Log for Logger {
         if !self.enabled(record.metadata()) {
             return;
         }
-        match &self.text {
-            Some(inner) => {
-                let mut fields = TextFields(String::new());
-                let _ = record.key_values().visit(&mut fields);
-                inner.log(
-                    &Record::builder()
-                        .args(format_args!("{}{}", record.args(), fields.0))
-                        .level(record.level())
-                        .target(record.target())
-                        .module_path(record.module_path())
-                        .build(),
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        match self.text {
+            true => {
+                let mut line = utc_timestamp(ts);
+                let _ = write!(
+                    line,
+                    " {:<5} [{}] {}",
+                    record.level(),
+                    record.target(),
+                    record.args()
                 );
+                let mut fields = TextFields(line);
+                let _ = record.key_values().visit(&mut fields);
+                fields.0.push('\n');
+                let _ = std::io::stderr().lock().write_all(fields.0.as_bytes());
             }
-            None => {
-                let ts = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis());
+            false => {
                 let mut line = format!(
                     "{{\"ts\":{ts},\"level\":\"{}\",\"event\":{}",
                     record.level().as_str().to_ascii_lowercase(),
@@ -95,15 +98,46 @@ impl Log for Logger {
 
 /// Installs the logger once at start.
 pub fn init(level: LevelFilter, format: LogFormat) -> Result<(), String> {
-    let text = match format {
-        LogFormat::Text => Some(
-            simple_logger::SimpleLogger::new()
-                .with_level(level)
-                .with_utc_timestamps(),
-        ),
-        LogFormat::Json => None,
-    };
-    log::set_boxed_logger(Box::new(Logger { level, text })).map_err(|e| e.to_string())?;
+    let text = format == LogFormat::Text;
+    // Installed once for the life of the process.
+    let logger: &'static Logger = Box::leak(Box::new(Logger { level, text }));
+    log::set_logger(logger).map_err(|e| e.to_string())?;
     log::set_max_level(level);
     Ok(())
+}
+
+/// `2026-11-24T04:03:32.445Z` for a time in unix milliseconds (UTC).
+fn utc_timestamp(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (H. Hinnant's `civil_from_days`).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        unix_ms % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_timestamp;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc_with_milliseconds() {
+        assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc_timestamp(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(utc_timestamp(1_795_493_012_445), "2026-11-24T04:03:32.445Z");
+        assert_eq!(utc_timestamp(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
 }
