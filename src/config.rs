@@ -69,6 +69,10 @@ pub struct Config {
     pub sync: crate::store::sqlite::Sync,
     /// Bearer token `/metrics` needs; unset: open.
     pub metrics_token: Option<String>,
+    /// Redis shared by several instances; unset: one instance.
+    pub redis: Option<crate::store::redis::RedisUrl>,
+    /// What every key relay writes in Redis starts with.
+    pub redis_prefix: String,
 }
 
 impl Default for Config {
@@ -99,6 +103,8 @@ impl Default for Config {
             metrics_token: None,
             data_dir: None,
             sync: crate::store::sqlite::Sync::Always,
+            redis: None,
+            redis_prefix: "relay:".to_string(),
         }
     }
 }
@@ -309,6 +315,28 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         },
     ),
     (
+        "RELAY_REDIS_URL",
+        "Redis shared by several instances, redis://[:password@]host[:port][/db] (default unset)",
+        |c, v| {
+            c.redis = match v.trim() {
+                "" => None,
+                url => Some(crate::store::redis::RedisUrl::parse(url)?),
+            };
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_REDIS_PREFIX",
+        "what relay's Redis keys start with (default relay:)",
+        |c, v| {
+            if v.is_empty() || v.len() > 64 || v.chars().any(|ch| ch.is_control() || ch == ' ') {
+                return Err("expected 1 to 64 characters, no spaces".into());
+            }
+            c.redis_prefix = v.to_string();
+            Ok(())
+        },
+    ),
+    (
         "RELAY_METRICS_TOKEN",
         "bearer token for /metrics (default unset: open)",
         |c, v| {
@@ -483,6 +511,12 @@ where
                 .ok_or_else(|| format!("{flag} needs a value (see --help)"))?,
         };
         apply(&mut cfg, name, &value)?;
+    }
+    if cfg.data_dir.is_some() && cfg.redis.is_some() {
+        return Err(
+            "RELAY_DATA_DIR and RELAY_REDIS_URL cannot be used together: state lives in one of them"
+                .into(),
+        );
     }
     Ok(Command::Run {
         cfg: Box::new(cfg),

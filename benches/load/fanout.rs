@@ -136,7 +136,11 @@ impl Run<'_> {
         let mut up = 0;
         while up < subscribers {
             while self.subs.len() < subscribers && self.subs.len() - up < SETUP_BATCH {
-                let index = self.net.open().map_err(|e| format!("connect: {e}"))?;
+                let index = match self.c.addr2 {
+                    Some(a) if self.subs.len() % 2 == 1 => self.net.open_to(a),
+                    _ => self.net.open(),
+                }
+                .map_err(|e| format!("connect: {e}"))?;
                 self.net.conns[index].send(&handshake);
                 self.subs.push(Sub {
                     up: false,

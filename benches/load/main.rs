@@ -7,7 +7,8 @@
 //! load fanout    --subscribers N --rate R|max [--window W] [--publishers P] [common]
 //! load catchup   --subscribers N --answers M [--publishers P] [common]   (relay only)
 //! load idle      --connections N --kind ws|poll [--hold SECS] [common]
-//! common: --target relay|base|nchan --addr HOST:PORT [--server-pid PID] [--seconds T]
+//! common: --target relay|base|nchan --addr HOST:PORT [--server-pid PID[,PID]] [--seconds T]
+//!   [--redis-pid PID] (Redis's CPU apart) [--addr2 HOST:PORT] (fan-out: half the subscribers there)
 //!         [--warmup SECS] [--size BYTES] [--figure NAME]
 //! ```
 //!
@@ -42,6 +43,9 @@ pub struct Common {
     /// The `--target` name, for the result line.
     pub name: String,
     pub addr: SocketAddr,
+    /// A second instance (`--addr2`): fan-out puts every other subscriber
+    /// there.
+    pub addr2: Option<SocketAddr>,
     pub host: String,
     pub server_pid: Option<String>,
     pub duration: Duration,
@@ -115,6 +119,9 @@ impl Args {
     }
 
     fn common(&self, figure: String) -> Result<Common, String> {
+        if let Some(pid) = self.0.get("redis-pid") {
+            let _ = crate::stats::REDIS_PID.set(pid.clone());
+        }
         let name = self.0.get("target").map(String::as_str).unwrap_or("relay");
         let target = Target::parse(name).ok_or("--target must be relay, base or nchan")?;
         let addr: SocketAddr = self.get("addr", Some("127.0.0.1:8000".parse().map_err(|_| "")?))?;
@@ -122,6 +129,10 @@ impl Args {
             target,
             name: name.to_owned(),
             addr,
+            addr2: match self.0.get("addr2") {
+                Some(a) => Some(a.parse().map_err(|_| format!("--addr2: bad value {a}"))?),
+                None => None,
+            },
             host: addr.to_string(),
             server_pid: self.0.get("server-pid").cloned(),
             duration: Duration::from_secs_f64(self.get("seconds", Some(5.0))?),

@@ -115,8 +115,13 @@ impl Net {
     /// Starts a connection; returns its index. Bytes sent before the handshake
     /// finishes are queued.
     pub fn open(&mut self) -> io::Result<usize> {
+        self.open_to(self.addr)
+    }
+
+    /// [`open`](Self::open) to another server (a second instance).
+    pub fn open_to(&mut self, addr: SocketAddr) -> io::Result<usize> {
         let index = self.conns.len();
-        let mut sock = TcpStream::connect(self.addr)?;
+        let mut sock = TcpStream::connect(addr)?;
         self.poll.registry().register(
             &mut sock,
             Token(index),

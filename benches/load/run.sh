@@ -18,6 +18,12 @@
 #                 appendfsync always: the ingest figure only, as SET of
 #                 256-byte values by redis-benchmark -c 64 -P 1, the anchor
 #                 of "acknowledged means on disk".
+#   shared        the relay build with its sessions in Redis (RELAY_REDIS_URL;
+#                 Debian redis-server without persistence, pinned to the
+#                 server's core too): the engine's own cost. Fan-out puts
+#                 every other subscriber on a second instance on the same
+#                 Redis. Its figures add redis_cpu_pct and redis_us_per_op
+#                 (Redis's CPU, apart from the relays' server_* figures).
 #   nchan         nginx + nchan (NCHAN_DIR) mapped onto relay's data paths.
 #   nginx-static  nginx answering every request with a static
 #                 {"stored":true} (nginx-static/): the ingest figure only,
@@ -73,12 +79,12 @@ ulimit -n "$(ulimit -Hn)"
 
 for t in $TARGETS; do
   case "$t" in
-    relay | nchan | nginx-static | durable | redis) ;;
+    relay | nchan | nginx-static | durable | redis | shared) ;;
     base)
       [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
       BASE_BIN="$(realpath "$BASE_BIN")"
       ;;
-    *) echo "run.sh: unknown target $t (relay, base, durable, redis, nchan, nginx-static)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown target $t (relay, base, durable, redis, shared, nchan, nginx-static)" >&2; exit 2 ;;
   esac
 done
 
@@ -108,7 +114,7 @@ esac
 [ -x "$load_bin" ] && [ -x "$relay_bin" ] || { echo "run.sh: build failed" >&2; exit 1; }
 clk_tck="$(getconf CLK_TCK)"
 
-server_pid="" stop_pid=""
+server_pid="" stop_pid="" redis_pid="" second_pid=""
 # Extra environment of relay-like servers for the current figure.
 relay_env=()
 
@@ -116,7 +122,7 @@ relay_env=()
 bin_of() { if [ "$1" = base ]; then echo "$BASE_BIN"; else echo "$relay_bin"; fi; }
 
 # The protocol a target speaks to the load generator and wrk's script.
-proto_of() { case "$1" in durable) echo relay ;; *) echo "$1" ;; esac; }
+proto_of() { case "$1" in durable | shared) echo relay ;; *) echo "$1" ;; esac; }
 
 # The storage thread's commits so far (one fsync each with RELAY_SYNC=always).
 commits() {
@@ -139,6 +145,16 @@ wait_healthy() {
   return 1
 }
 
+# wait_ready PORT: /readyz answers 200 (a shared relay reached Redis).
+wait_ready() {
+  for _ in $(seq 1 100); do
+    curl -sf -o /dev/null "http://127.0.0.1:$1/readyz" && return 0
+    sleep 0.1
+  done
+  echo "run.sh: server on port $1 never became ready" >&2
+  return 1
+}
+
 # start_server TARGET PORT: sets server_pid (measured) and stop_pid (signalled).
 start_server() {
   local log="$OUT/$1-$2.log"
@@ -154,6 +170,28 @@ start_server() {
       stop_pid=$!
       wait_healthy "$2"
       server_pid=$stop_pid
+      ;;
+    shared)
+      # Redis first (no persistence: the engine's cost), then the relay
+      # on it, and for fan-out a second relay on the same Redis.
+      local rport=$(($2 + 20000))
+      mkdir -p "$OUT/shared-$2"
+      taskset -c "$SERVER_CORE" redis-server --port "$rport" --bind 127.0.0.1 --dir "$OUT/shared-$2" \
+        --save '' --appendonly no --daemonize no >"$OUT/shared-redis-$2.log" 2>&1 &
+      redis_pid=$!
+      for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+      local shared_env=(RELAY_HOST=127.0.0.1 RELAY_LOG=warn RELAY_REDIS_URL="redis://127.0.0.1:$rport"
+        RELAY_MAX_CONNECTIONS=25000 RELAY_MAX_SUBSCRIBERS=20000 RELAY_MAX_WAITERS=1000 RELAY_MAX_PENDING=100000)
+      env RELAY_PORT="$2" "${shared_env[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$relay_bin" 2>"$log" &
+      stop_pid=$!
+      wait_ready "$2"
+      server_pid=$stop_pid
+      if [ -n "${SECOND:-}" ]; then
+        env RELAY_PORT="$SECOND" "${shared_env[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$relay_bin" 2>"$log.2" &
+        second_pid=$!
+        wait_ready "$SECOND"
+        server_pid="$stop_pid,$second_pid"
+      fi
       ;;
     redis)
       # Redis with "acknowledged means on disk": the AOF fsynced before
@@ -183,6 +221,11 @@ stop_server() {
   fi
   kill -TERM "$stop_pid" 2>/dev/null || true
   wait "$stop_pid" 2>/dev/null || true
+  for p in $second_pid $redis_pid; do
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  second_pid="" redis_pid=""
 }
 
 # Prints user + system ticks and system (kernel) ticks alone, from one read.
@@ -212,14 +255,16 @@ run_redis_ingest() {
 }
 
 run_ingest() {
-  local t="$1" wrk_out="$OUT/wrk-$1-$port.txt" t0 t1 k0 k1
+  local t="$1" wrk_out="$OUT/wrk-$1-$port.txt" t0 t1 k0 k1 r0=0 r1=0 rk
   read -r t0 k0 < <(ticks "$server_pid")
+  [ -n "$redis_pid" ] && read -r r0 rk < <(ticks "$redis_pid")
   (
     TARGET="$(proto_of "$t")" RUN_ID="$port" taskset -c "$LOAD_CORE" \
       wrk -t1 -c64 -d"${INGEST_SECS}s" --latency -s "$here/ingest.lua" "http://127.0.0.1:$port" >"$wrk_out"
     times >"$wrk_out.times"
   )
   read -r t1 k1 < <(ticks "$server_pid")
+  [ -n "$redis_pid" ] && read -r r1 rk < <(ticks "$redis_pid")
   local reqs secs non2xx errs gen_s
   reqs="$(awk '/requests in/ { print $1 }' "$wrk_out")"
   secs="$(awk '/requests in/ { sub(/s,$/, "", $4); print $4 }' "$wrk_out")"
@@ -229,8 +274,11 @@ run_ingest() {
   gen_s="$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); n += a[1] * 60 + a[2] } print n }' "$wrk_out.times")"
   awk -v f=ingest -v t="$t" -v r="$reqs" -v s="$secs" -v d="$((t1 - t0))" -v k="$((k1 - k0))" -v hz="$clk_tck" -v g="$gen_s" \
     -v p50="$(wrk_us 50% "$wrk_out")" -v p99="$(wrk_us 99% "$wrk_out")" -v n="${non2xx:-0}" -v e="${errs:-0}" \
-    'BEGIN { cpu = d / hz; printf "RESULT figure=%s target=%s requests=%d req_per_s=%.0f p50_us=%s p99_us=%s server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f gen_cpu_pct=%.1f non_2xx=%d socket_errors=%d\n",
-      f, t, r, r / s, p50, p99, 100 * cpu / s, 1e6 * cpu / r, 1e6 * k / hz / r, 100 * g / s, n, e }'
+    -v rd="$((r1 - r0))" -v hasr="${redis_pid:+1}" \
+    'BEGIN { cpu = d / hz; printf "RESULT figure=%s target=%s requests=%d req_per_s=%.0f p50_us=%s p99_us=%s server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f gen_cpu_pct=%.1f non_2xx=%d socket_errors=%d",
+      f, t, r, r / s, p50, p99, 100 * cpu / s, 1e6 * cpu / r, 1e6 * k / hz / r, 100 * g / s, n, e
+      if (hasr) printf " redis_cpu_pct=%.1f redis_us_per_op=%.2f", 100 * rd / hz / s, 1e6 * rd / hz / r
+      printf "\n" }'
 }
 
 # runs KIND TARGET: can this target run this kind of figure? nchan has no
@@ -265,7 +313,12 @@ run_figure() {
     *) echo "run.sh: unknown figure $spec" >&2; exit 2 ;;
   esac
   port=$((port + 1))
+  SECOND=""
+  [ "$t:$kind" = shared:fan ] && SECOND=$((port + 30000))
   start_server "$t" "$port"
+  local extra=()
+  [ -n "$redis_pid" ] && extra+=(--redis-pid "$redis_pid")
+  [ -n "$SECOND" ] && extra+=(--addr2 "127.0.0.1:$SECOND")
   echo "== $figure $t (port $port, server pid $server_pid)" >&2
   local line c0="" c1=""
   [ "$t" = durable ] && c0="$(commits "$port")"
@@ -275,7 +328,7 @@ run_figure() {
     line="$(run_ingest "$t")"
   else
     line="$(taskset -c "$LOAD_CORE" "$load_bin" "${args[@]}" --target "$(proto_of "$t")" --addr "127.0.0.1:$port" \
-      --server-pid "$server_pid" --seconds "$SECS" --figure "$figure" 2>>"$OUT/gen.log" | grep '^RESULT')" ||
+      --server-pid "$server_pid" "${extra[@]}" --seconds "$SECS" --figure "$figure" 2>>"$OUT/gen.log" | grep '^RESULT')" ||
       line="RESULT figure=$figure target=$t failed=1"
     line="${line/target=relay /target=$t }"
   fi
@@ -300,6 +353,7 @@ run_figure() {
   case "$t" in
     durable) rm -rf "$OUT/data-$port"; sync ;;
     redis) rm -rf "$OUT/redis-$port"; sync ;;
+    shared) rm -rf "$OUT/shared-$port" ;;
   esac
 }
 
@@ -313,6 +367,7 @@ run_figure() {
   for t in $TARGETS; do
     case "$t" in
       relay | base | durable) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
+      shared) echo "- shared: $(describe_bin "$relay_bin") on $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
       redis) echo "- redis: $(redis-server --version | cut -d' ' -f1-3), appendonly yes, appendfsync always" ;;
     esac
   done

@@ -111,7 +111,18 @@ pub fn cpu_secs(pid: &str) -> Option<f64> {
 }
 
 /// User and system (kernel) CPU seconds of a process.
-pub fn cpu_split(pid: &str) -> Option<(f64, f64)> {
+/// User and system CPU seconds of a process, or summed over a
+/// comma-separated list of processes (two relay instances).
+pub fn cpu_split(pids: &str) -> Option<(f64, f64)> {
+    let mut sum = (0.0, 0.0);
+    for pid in pids.split(',') {
+        let (u, s) = cpu_split_one(pid)?;
+        sum = (sum.0 + u, sum.1 + s);
+    }
+    Some(sum)
+}
+
+fn cpu_split_one(pid: &str) -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name: state is field 3; utime 14, stime 15.
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -136,7 +147,12 @@ pub struct CpuWindow {
     server_pid: Option<String>,
     server_start: Option<(f64, f64)>,
     gen_start: f64,
+    /// Redis behind the relays (`--redis-pid`): measured apart.
+    redis_start: Option<(String, f64)>,
 }
+
+/// `--redis-pid`, set once by `main`.
+pub static REDIS_PID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// CPU seconds used by both sides in a window.
 pub struct CpuUse {
@@ -144,6 +160,8 @@ pub struct CpuUse {
     /// The part of `server_s` spent in the kernel (system time).
     pub server_sys_s: Option<f64>,
     pub generator_s: f64,
+    /// Redis's CPU seconds, with `--redis-pid`.
+    pub redis_s: Option<f64>,
 }
 
 impl CpuWindow {
@@ -152,6 +170,9 @@ impl CpuWindow {
             server_pid: server_pid.map(str::to_owned),
             server_start: server_pid.and_then(cpu_split),
             gen_start: cpu_secs("self").unwrap_or(0.0),
+            redis_start: REDIS_PID
+                .get()
+                .and_then(|p| cpu_split(p).map(|(u, s)| (p.clone(), u + s))),
         }
     }
 
@@ -166,6 +187,10 @@ impl CpuWindow {
             server_s: server.map(|(user, sys)| user + sys),
             server_sys_s: server.map(|(_, sys)| sys),
             generator_s: cpu_secs("self").unwrap_or(0.0) - self.gen_start,
+            redis_s: self
+                .redis_start
+                .as_ref()
+                .and_then(|(p, t0)| cpu_split(p).map(|(u, s)| u + s - t0)),
         }
     }
 }
@@ -206,6 +231,12 @@ impl ResultLine {
                 if let Some(sys) = cpu.server_sys_s {
                     self.num("server_kernel_us_per_op", 1e6 * sys / ops);
                 }
+            }
+        }
+        if let Some(redis) = cpu.redis_s {
+            self.num("redis_cpu_pct", 100.0 * redis / secs);
+            if ops > 0.0 {
+                self.num("redis_us_per_op", 1e6 * redis / ops);
             }
         }
         self.num("gen_cpu_pct", 100.0 * cpu.generator_s / secs)

@@ -254,6 +254,7 @@ fn readyz_says_why_it_is_not_ready() {
             Facts {
                 connections: 10,
                 shutting_down: false,
+                synced: false,
             },
             "connection limit reached",
         ),
@@ -261,6 +262,7 @@ fn readyz_says_why_it_is_not_ready() {
             Facts {
                 connections: 0,
                 shutting_down: true,
+                synced: false,
             },
             "shutting down",
         ),
@@ -283,6 +285,7 @@ fn healthz_reports_the_counters() {
     let facts = Facts {
         connections: 3,
         shutting_down: false,
+        synced: false,
     };
     let turn = Turn {
         now: Millis(0),

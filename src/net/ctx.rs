@@ -82,6 +82,7 @@ impl Ctx {
         Facts {
             connections: self.connections,
             shutting_down: self.shutdown.is_some(),
+            synced: false,
         }
     }
 

@@ -10,6 +10,7 @@ mod conn;
 mod ctx;
 mod http;
 mod parked;
+mod redis;
 mod server;
 mod subscriber;
 pub(crate) mod ws;

@@ -115,7 +115,10 @@ pub fn retry(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
     let Some((head, since)) = resume_committing(conn, cx.now()) else {
         return;
     };
-    let facts = cx.facts();
+    let facts = crate::api::Facts {
+        synced: true,
+        ..cx.facts()
+    };
     let outcome = cx.api.handle(
         &mut cx.relay,
         cx.turn,

@@ -23,11 +23,13 @@ use super::buffer::WriteStatus;
 use super::closing;
 use super::conn::{Conn, Next, Phase};
 use super::ctx::Ctx;
+use super::redis::{self, RedisLinks};
 use super::{http, parked, subscriber, ws};
 use crate::api::Answer;
 use crate::config::Config;
 use crate::keepalive::Action;
 use crate::relay::{ApiError, ConnId, Effect, Limits, Relay};
+use crate::store::redis::RedisStore;
 use crate::store::sqlite::{Durable, Opened};
 use crate::time::{Clock, Millis};
 use std::sync::Arc;
@@ -64,6 +66,8 @@ pub struct Server {
     next_gauge: Millis,
     local_addr: SocketAddr,
     accept_retry: bool,
+    /// The sockets to Redis, when sessions are shared.
+    redis: Option<RedisLinks>,
 }
 
 impl Server {
@@ -89,7 +93,22 @@ impl Server {
         let clock = Clock::new();
         let turn = clock.turn();
         let limits = Limits::from_config(&cfg);
+        let mut redis = None;
         let relay = match opened {
+            None if cfg.redis.is_some() => {
+                let url = cfg.redis.clone().unwrap_or_else(|| unreachable!());
+                let addrs = url.resolve().map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot resolve {}: {e}", url.display()))
+                })?;
+                info!(url = url.display().as_str(), prefix = cfg.redis_prefix.as_str(); "sessions shared through Redis");
+                let mut links = RedisLinks::new(addrs);
+                links.tick(poll.registry(), turn.now);
+                redis = Some(links);
+                Relay::with_redis(
+                    limits.clone(),
+                    RedisStore::new(url, &cfg.redis_prefix, limits.store()),
+                )
+            }
             None => Relay::new(limits),
             Some(opened) => {
                 let waker = Arc::new(mio::Waker::new(poll.registry(), STORE)?);
@@ -111,6 +130,7 @@ impl Server {
             clock,
             local_addr,
             accept_retry: false,
+            redis,
         })
     }
 
@@ -132,9 +152,13 @@ impl Server {
             }
             let woke_us = self.clock.micros();
             self.cx.turn = self.clock.turn();
+            if let Some(r) = self.cx.relay.redis() {
+                r.unix_ms = self.cx.turn.unix_ms;
+            }
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(),
+                    redis::COMMAND | redis::EVENTS => self.on_redis(ev),
                     SIGNALS => self.on_signal(),
                     STORE => {
                         self.cx.relay.store_done(self.cx.turn.now);
@@ -206,14 +230,45 @@ impl Server {
         }
         self.flush_pending();
         self.cx.relay.flush_store();
+        if let (Some(links), Some(store)) = (&mut self.redis, self.cx.relay.redis()) {
+            links.tick(self.poll.registry(), now);
+            links.flush(store, self.poll.registry(), now);
+        }
+    }
+
+    /// Bytes from Redis: replies and published changes are applied, and
+    /// the requests that waited for them answered.
+    fn on_redis(&mut self, ev: &mio::event::Event) {
+        let now = self.cx.now();
+        let cx = &mut self.cx;
+        if let (Some(links), Some(store)) = (&mut self.redis, cx.relay.redis()) {
+            links.on_event(
+                ev.token(),
+                ev,
+                store,
+                self.poll.registry(),
+                now,
+                &mut cx.scratch,
+            );
+        }
+        self.cx.relay.redis_done(now);
+        let stalled = std::mem::take(&mut self.cx.stalled);
+        self.cx.reprocess.extend(stalled);
+        self.apply_effects();
     }
 
     fn poll_timeout(&mut self, now: Millis) -> Option<Duration> {
-        if !self.cx.reprocess.is_empty() || !self.cx.pending_writes.is_empty() || self.accept_retry
+        if !self.cx.reprocess.is_empty()
+            || !self.cx.pending_writes.is_empty()
+            || self.accept_retry
+            || self.redis.as_ref().is_some_and(|r| r.busy())
         {
             return Some(Duration::ZERO);
         }
         let mut next = self.next_sweep;
+        if let Some(d) = self.redis.as_ref().and_then(|r| r.next_deadline()) {
+            next = next.min(d);
+        }
         if let Some(d) = self.cx.timers.next_deadline() {
             next = next.min(d);
         }
@@ -563,6 +618,7 @@ impl Server {
                     parked::committed(to, conn, &mut self.cx, result);
                 }
             }
+            Effect::Refill { sid } => subscriber::refill_all(&mut self.conns, &mut self.cx, &sid),
             Effect::Retry { to } => {
                 if let Some(conn) = lookup(&mut self.conns, to) {
                     parked::retry(to, conn, &mut self.cx);

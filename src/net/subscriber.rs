@@ -132,6 +132,24 @@ pub fn deliver(
     }
 }
 
+/// The log of `sid` was read again whole: every subscriber reads it from
+/// its cursor when its socket drains.
+pub fn refill_all(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str) {
+    for &sub in cx.relay.subscribers(sid) {
+        let Some(conn) = lookup(conns, sub) else {
+            continue;
+        };
+        let Phase::WebSocket(ws) = &mut conn.phase else {
+            continue;
+        };
+        ws.lagging = true;
+        if !conn.write_listed {
+            conn.write_listed = true;
+            cx.pending_writes.push_back(sub);
+        }
+    }
+}
+
 /// Refills a lagging subscriber from the log once its queue is at or below
 /// half the cap, up to the cap. Called before its output is written, so a
 /// replay of any length is paced by the client's reading.

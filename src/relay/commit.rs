@@ -113,7 +113,7 @@ impl Relay {
     }
 
     /// Answers every waiter of `sid` whose pending set is now non-empty.
-    fn wake_waiters(&mut self, sid: &str) {
+    pub(super) fn wake_waiters(&mut self, sid: &str) {
         let Some(here) = self.presence.get_mut(sid) else {
             return;
         };

@@ -86,16 +86,22 @@ impl Relay {
     /// new request until it drains.
     pub fn store_saturated(&self) -> bool {
         self.durable.as_ref().is_some_and(|d| d.saturated())
+            || self.shared.as_ref().is_some_and(|r| r.saturated())
     }
 
     /// Whether writes succeed (`/readyz` answers `503 storage` otherwise).
     pub fn storage_ok(&self) -> bool {
         self.durable.as_ref().is_none_or(|d| d.healthy)
+            && self.shared.as_ref().is_none_or(|r| r.healthy())
     }
 
     /// The storage thread's totals, with persistence.
     pub fn store_stats(&self) -> Option<&StoreStats> {
-        self.durable.as_ref().map(|d| &d.stats)
+        match (&self.durable, &self.shared) {
+            (Some(d), _) => Some(&d.stats),
+            (None, Some(r)) => Some(&r.stats),
+            (None, None) => None,
+        }
     }
 
     /// Stops the storage thread once it committed everything it was sent.

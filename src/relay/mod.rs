@@ -21,6 +21,7 @@ pub mod error;
 pub mod idmap;
 pub mod model;
 pub mod presence;
+mod shared;
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -72,6 +73,9 @@ pub enum Effect {
     /// Run a request that waited for the storage thread again: what it
     /// needed (its session) is now committed.
     Retry { to: ConnId },
+    /// The log of `sid` was read again whole: its subscribers here refill
+    /// from their cursors.
+    Refill { sid: SessionId },
 }
 
 /// A write's answer: now, or once the storage thread committed it (an
@@ -171,6 +175,10 @@ pub struct Relay {
     /// The storage thread, when state is persisted: writes go there and are
     /// applied to `store` once committed.
     durable: Option<Durable>,
+    /// Redis, when sessions are shared by several instances: writes are
+    /// decided there, and `store` holds this instance's copy of the
+    /// sessions it serves.
+    shared: Option<crate::store::redis::RedisStore>,
     presence: HashMap<SessionId, Presence>,
     effects: Vec<Effect>,
     counts: Counts,
@@ -191,12 +199,22 @@ impl Relay {
         Relay {
             store,
             durable,
+            shared: None,
             limits,
             presence: HashMap::new(),
             effects: Vec::new(),
             counts: Counts::default(),
             stats: Stats::default(),
             records: Vec::new(),
+        }
+    }
+
+    /// A relay whose sessions live in Redis.
+    pub fn with_redis(limits: Limits, redis: crate::store::redis::RedisStore) -> Relay {
+        let store = MemStore::new(limits.store());
+        Relay {
+            shared: Some(redis),
+            ..Relay::with_store(limits, store, None)
         }
     }
 
@@ -237,6 +255,9 @@ impl Relay {
         body: &[u8],
     ) -> Result<Reply, ApiError> {
         let p = NewPrompt::parse(body)?;
+        if self.shared_prompt(conn, &p, unix_ms)? {
+            return Ok(Reply::Wait);
+        }
         if let Some(d) = &mut self.durable {
             d.submit(durable::prompt(conn, &p, unix_ms));
             return Ok(Reply::Wait);
@@ -311,6 +332,9 @@ impl Relay {
         body: &[u8],
     ) -> Result<Reply, ApiError> {
         let r = NewResponse::parse(body)?;
+        if self.shared_response(conn, &r, unix_ms)? {
+            return Ok(Reply::Wait);
+        }
         if let Some(d) = &mut self.durable {
             d.submit(durable::response(conn, &r, unix_ms));
             return Ok(Reply::Wait);
@@ -337,6 +361,9 @@ impl Relay {
     ) -> Result<Option<Cursor>, ApiError> {
         let full = self.subscribers(sid).len() >= self.limits.max_subscribers;
         if !self.store.contains(sid) {
+            if self.shared_create(conn, sid, false)? {
+                return Ok(None);
+            }
             if let Some(d) = &mut self.durable {
                 // The session is created and committed first; the upgrade
                 // is then run again.
@@ -352,11 +379,11 @@ impl Relay {
             ));
         }
         let cursor = log.cursor(after, epoch);
-        self.presence
-            .entry(sid.clone())
-            .or_default()
-            .subscribers
-            .push(conn);
+        let subscribers = &mut self.presence.entry(sid.clone()).or_default().subscribers;
+        subscribers.push(conn);
+        if subscribers.len() == 1 {
+            self.watching(sid, true);
+        }
         self.counts.subscribers += 1;
         Ok(Some(cursor))
     }
@@ -383,12 +410,17 @@ impl Relay {
         let Some(here) = self.presence.get_mut(sid) else {
             return;
         };
+        let mut last = false;
         if here.remove_subscriber(conn) {
             self.counts.subscribers -= 1;
             let _ = self.store.existing(now, sid);
+            last = here.subscribers.is_empty();
         }
         if here.is_empty() {
             self.presence.remove(sid);
+        }
+        if last {
+            self.watching(sid, false);
         }
     }
 
@@ -409,6 +441,9 @@ impl Relay {
         conn: ConnId,
         sid: &SessionId,
     ) -> Result<Reply, ApiError> {
+        if self.shared_create(conn, sid, true)? {
+            return Ok(Reply::Wait);
+        }
         if let Some(d) = &mut self.durable
             && !self.store.contains(sid)
         {
@@ -425,6 +460,9 @@ impl Relay {
         conn: ConnId,
         sid: &str,
     ) -> Result<Reply, ApiError> {
+        if let Some(reply) = self.shared_delete(conn, sid)? {
+            return Ok(reply);
+        }
         if let Some(d) = &mut self.durable {
             let sid = self
                 .store
@@ -442,6 +480,9 @@ impl Relay {
     /// TTL. Called from the shell's periodic sweep.
     pub fn collect_idle(&mut self, now: Millis) -> usize {
         let ttl = self.limits.session_ttl_ms;
+        if self.shared.is_some() {
+            return self.sweep_shared(now, ttl);
+        }
         if self.durable.is_some() {
             return self.collect_durable(now, ttl);
         }

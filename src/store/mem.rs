@@ -299,6 +299,11 @@ impl MemStore {
         out.len() - before
     }
 
+    /// Drops the copy of a session (Redis keeps it): no effect on anyone.
+    pub fn forget(&mut self, sid: &str) {
+        self.sessions.remove(sid);
+    }
+
     /// Puts a restored session in place (its epoch as stored).
     pub fn insert(&mut self, sid: SessionId, log: SessionLog) {
         self.sessions.insert(sid, log);

@@ -19,6 +19,7 @@ pub mod log;
 pub mod mem;
 pub mod message;
 pub mod record;
+pub mod redis;
 pub mod sqlite;
 pub mod types;
 

@@ -1,0 +1,255 @@
+//! The two sockets to Redis, owned by the loop like any other: one carries
+//! the script calls (each turn's calls go out in one write, and replies
+//! come back in order), the other listens to the channel of changes. A
+//! lost socket is connected again with capped backoff; nothing waits for
+//! it (requests that need Redis meanwhile get `503`).
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use log::{info, warn};
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
+
+use crate::store::redis::{Link, RedisStore};
+use crate::time::Millis;
+
+pub const COMMAND: Token = Token(usize::MAX - 4);
+pub const EVENTS: Token = Token(usize::MAX - 5);
+
+/// The first wait before connecting again, doubled up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Bytes written per link and turn before the loop moves on.
+const WRITE_BUDGET: usize = 1 << 20;
+
+struct Sock {
+    link: Link,
+    token: Token,
+    sock: Option<TcpStream>,
+    /// Connected (the first writable edge came without an error).
+    open: bool,
+    out: Vec<u8>,
+    written: usize,
+    writable: bool,
+    retry_at: Millis,
+    backoff: Duration,
+}
+
+impl Sock {
+    fn new(link: Link, token: Token) -> Sock {
+        Sock {
+            link,
+            token,
+            sock: None,
+            open: false,
+            out: Vec::new(),
+            written: 0,
+            writable: false,
+            retry_at: Millis(0),
+            backoff: MIN_BACKOFF,
+        }
+    }
+}
+
+/// Both links, and where Redis is.
+pub struct RedisLinks {
+    addrs: Vec<SocketAddr>,
+    socks: [Sock; 2],
+    /// Which address the next connect tries.
+    next_addr: usize,
+}
+
+impl RedisLinks {
+    pub fn new(addrs: Vec<SocketAddr>) -> RedisLinks {
+        RedisLinks {
+            addrs,
+            socks: [
+                Sock::new(Link::Command, COMMAND),
+                Sock::new(Link::Events, EVENTS),
+            ],
+            next_addr: 0,
+        }
+    }
+
+    /// Connects the links that are down and due.
+    pub fn tick(&mut self, registry: &Registry, now: Millis) {
+        for i in 0..2 {
+            let s = &mut self.socks[i];
+            if s.sock.is_some() || now < s.retry_at || self.addrs.is_empty() {
+                continue;
+            }
+            let addr = self.addrs[self.next_addr % self.addrs.len()];
+            match TcpStream::connect(addr) {
+                Ok(mut sock) => {
+                    let interest = Interest::READABLE | Interest::WRITABLE;
+                    if registry.register(&mut sock, s.token, interest).is_ok() {
+                        s.sock = Some(sock);
+                        s.open = false;
+                        s.writable = false;
+                    } else {
+                        self.next_addr += 1;
+                        s.retry_at = now.after(s.backoff);
+                        s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+                    }
+                }
+                Err(e) => {
+                    warn!(error = e.to_string().as_str(); "cannot connect to Redis");
+                    self.next_addr += 1;
+                    s.retry_at = now.after(s.backoff);
+                    s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// When a link is due to connect again, if one is down.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.socks
+            .iter()
+            .filter(|s| s.sock.is_none())
+            .map(|s| s.retry_at)
+            .min()
+    }
+
+    /// An event on one of the links: connects, reads every reply into the
+    /// engine, writes what is queued. A failure drops the link.
+    pub fn on_event(
+        &mut self,
+        token: Token,
+        ev: &mio::event::Event,
+        store: &mut RedisStore,
+        registry: &Registry,
+        now: Millis,
+        scratch: &mut [u8],
+    ) {
+        let i = usize::from(token == EVENTS);
+        let s = &mut self.socks[i];
+        let Some(sock) = &mut s.sock else {
+            return;
+        };
+        if !s.open {
+            let failed = ev.is_error()
+                || matches!(sock.take_error(), Ok(Some(_)) | Err(_))
+                || sock.peer_addr().is_err();
+            if failed {
+                if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
+                    self.drop_link(i, store, registry, now);
+                }
+                return;
+            }
+            s.open = true;
+            let _ = sock.set_nodelay(true);
+            store.connected(s.link);
+        }
+        if ev.is_writable() {
+            s.writable = true;
+        }
+        let mut gone = false;
+        loop {
+            match sock.read(scratch) {
+                Ok(0) => {
+                    gone = true;
+                    break;
+                }
+                Ok(n) => {
+                    if let Err(e) = store.input(s.link, &scratch[..n]) {
+                        warn!(error = e.as_str(); "Redis broke the protocol");
+                        gone = true;
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    gone = true;
+                    break;
+                }
+            }
+        }
+        if gone {
+            self.drop_link(i, store, registry, now);
+            return;
+        }
+        self.flush_one(i, store, registry, now);
+    }
+
+    /// Writes what the engine queued on both links; called at the end of
+    /// every turn, so a turn's calls go out together.
+    pub fn flush(&mut self, store: &mut RedisStore, registry: &Registry, now: Millis) {
+        for i in 0..2 {
+            self.flush_one(i, store, registry, now);
+        }
+    }
+
+    fn flush_one(&mut self, i: usize, store: &mut RedisStore, registry: &Registry, now: Millis) {
+        let s = &mut self.socks[i];
+        if !s.open {
+            return;
+        }
+        let more = store.take_output(s.link);
+        if !more.is_empty() {
+            if s.out.is_empty() {
+                s.out = more;
+                s.written = 0;
+            } else {
+                s.out.extend_from_slice(&more);
+            }
+        }
+        let Some(sock) = &mut s.sock else {
+            return;
+        };
+        let mut budget = WRITE_BUDGET;
+        while s.writable && s.written < s.out.len() && budget > 0 {
+            let end = s.out.len().min(s.written + budget);
+            match sock.write(&s.out[s.written..end]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    s.written += n;
+                    budget -= n.min(budget);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.writable = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.drop_link(i, store, registry, now);
+                    return;
+                }
+            }
+        }
+        if s.written == s.out.len() {
+            s.out.clear();
+            s.written = 0;
+        }
+        if store.healthy() {
+            for s in &mut self.socks {
+                s.backoff = MIN_BACKOFF;
+            }
+        }
+    }
+
+    /// Whether output is left to write (the loop polls again at once).
+    pub fn busy(&self) -> bool {
+        self.socks
+            .iter()
+            .any(|s| s.writable && s.written < s.out.len())
+    }
+
+    fn drop_link(&mut self, i: usize, store: &mut RedisStore, registry: &Registry, now: Millis) {
+        let s = &mut self.socks[i];
+        if let Some(mut sock) = s.sock.take() {
+            let _ = registry.deregister(&mut sock);
+        }
+        if s.open {
+            info!(link = format!("{:?}", s.link).as_str(); "Redis link closed; connecting again");
+        }
+        s.open = false;
+        s.out.clear();
+        s.written = 0;
+        s.retry_at = now.after(s.backoff);
+        s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+        store.lost(s.link);
+        self.next_addr += 1;
+    }
+}

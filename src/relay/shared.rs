@@ -1,0 +1,407 @@
+//! The relay with sessions shared through Redis: writes are decided by the
+//! script in Redis; every reply brings this instance's copy of the session
+//! up to date, and so does every change published by any instance, on the
+//! path every engine's changes take (the log, then the parked polls and
+//! subscribers here). A read first asks Redis what the copy lacks (one
+//! round trip), then runs on the copy: what any instance acknowledged
+//! before the read began is in its answer.
+//!
+//! The copy holds the sessions this instance serves: the sweep forgets the
+//! ones nobody here waits on or used lately (Redis keeps them).
+
+use std::rc::Rc;
+
+use log::{debug, info};
+
+use super::model::{NewPrompt, NewResponse};
+use super::{ApiError, ConnId, Effect, Relay, Reply};
+use crate::store::message::{Framed, Message, Parts};
+use crate::store::record::{Outcome, Record};
+use crate::store::redis::{Answered, Event, Head, Known, Msg, RedisStore, Snapshot, Then};
+use crate::store::{MemStore, Seq, SessionId, SessionLog};
+use crate::time::Millis;
+
+/// What the copy holds of `sid`.
+fn known<'a>(store: &'a MemStore, sid: &str) -> Known<'a> {
+    store.get(sid).map_or(Known::default(), |l| Known {
+        epoch: l.epoch(),
+        next: l.next_seq().get(),
+    })
+}
+
+/// A new message's `data` up to its `seq`, which the script appends.
+fn head_of(parts: &Parts) -> String {
+    let mut d = parts.data(); // ends in `"seq":0}`
+    d.truncate(d.len() - 2);
+    d
+}
+
+impl Relay {
+    /// The Redis engine, when sessions are shared.
+    pub fn redis(&mut self) -> Option<&mut RedisStore> {
+        self.shared.as_mut()
+    }
+
+    /// The Redis engine, if it can take a request now; `503` otherwise.
+    fn redis_up(&mut self) -> Result<Option<&mut RedisStore>, ApiError> {
+        match &mut self.shared {
+            None => Ok(None),
+            Some(r) if r.up() => Ok(Some(r)),
+            Some(_) => Err(ApiError::storage_unavailable()),
+        }
+    }
+
+    pub(super) fn shared_prompt(
+        &mut self,
+        conn: ConnId,
+        p: &NewPrompt,
+        unix_ms: u64,
+    ) -> Result<bool, ApiError> {
+        let Some(r) = self.shared.as_mut() else {
+            return Ok(false);
+        };
+        if !r.up() {
+            return Err(ApiError::storage_unavailable());
+        }
+        let given = p
+            .client_msg_id
+            .as_ref()
+            .map(|(id, raw)| (id.clone(), raw.get().to_string()));
+        let (id, literal) = r.id_and_literal(given.as_ref());
+        let ts = p.ts.unwrap_or(unix_ms);
+        let head = head_of(&Parts {
+            session_id: &p.session_id,
+            id_literal: &literal,
+            prompt_id: None,
+            text: p.prompt.get(),
+            metadata: p.metadata.map(|m| m.get()),
+            ts,
+            seq: Seq(0),
+        });
+        let known = known(&self.store, &p.session_id);
+        r.prompt(conn, &p.session_id, id, &head, ts, known);
+        Ok(true)
+    }
+
+    pub(super) fn shared_response(
+        &mut self,
+        conn: ConnId,
+        p: &NewResponse,
+        unix_ms: u64,
+    ) -> Result<bool, ApiError> {
+        let Some(r) = self.shared.as_mut() else {
+            return Ok(false);
+        };
+        if !r.up() {
+            return Err(ApiError::storage_unavailable());
+        }
+        let given = p
+            .assistant_msg_id
+            .as_ref()
+            .map(|(id, raw)| (id.clone(), raw.get().to_string()));
+        let (id, literal) = r.id_and_literal(given.as_ref());
+        let ts = p.ts.unwrap_or(unix_ms);
+        let text = p.text.get();
+        let head = head_of(&Parts {
+            session_id: &p.session_id,
+            id_literal: &literal,
+            prompt_id: Some(&p.client_msg_id),
+            text,
+            metadata: p.metadata.map(|m| m.get()),
+            ts,
+            seq: Seq(0),
+        });
+        let known = known(&self.store, &p.session_id);
+        let write = crate::store::redis::ResponseWrite {
+            client_msg_id: &p.client_msg_id,
+            id: &id,
+            given: given.is_some(),
+            text,
+            head: &head,
+            ts,
+        };
+        r.response(conn, &p.session_id, write, known);
+        Ok(true)
+    }
+
+    /// `PUT /sessions` and a WebSocket connect to a session this copy does
+    /// not hold: created (or found) in Redis.
+    pub(super) fn shared_create(
+        &mut self,
+        conn: ConnId,
+        sid: &SessionId,
+        put: bool,
+    ) -> Result<bool, ApiError> {
+        let store = &self.store;
+        let Some(r) = self.shared.as_mut() else {
+            return Ok(false);
+        };
+        if !r.up() {
+            return Err(ApiError::storage_unavailable());
+        }
+        r.create(conn, sid, put, known(store, sid));
+        Ok(true)
+    }
+
+    pub(super) fn shared_delete(
+        &mut self,
+        conn: ConnId,
+        sid: &str,
+    ) -> Result<Option<Reply>, ApiError> {
+        let Some(r) = self.redis_up()? else {
+            return Ok(None);
+        };
+        let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
+        r.delete(conn, &sid);
+        Ok(Some(Reply::Wait))
+    }
+
+    /// Before a read of `sid`: with Redis, asks what the copy lacks and
+    /// returns true (the request runs again once that is applied). While
+    /// Redis is unreachable, a session this copy holds is read as it is.
+    pub fn sync_first(&mut self, conn: ConnId, sid: &SessionId) -> Result<bool, ApiError> {
+        let store = &self.store;
+        let Some(r) = self.shared.as_mut() else {
+            return Ok(false);
+        };
+        if !r.up() {
+            return if store.contains(sid) {
+                Ok(false)
+            } else {
+                Err(ApiError::storage_unavailable())
+            };
+        }
+        r.sync(Some(conn), sid, known(store, sid));
+        Ok(true)
+    }
+
+    /// Applies what Redis answered and published since the last call, and
+    /// queues the answers of the requests that waited. Called after the
+    /// shell handed Redis's bytes to the engine.
+    pub fn redis_done(&mut self, now: Millis) {
+        let Some(r) = &mut self.shared else {
+            return;
+        };
+        let events = r.take_events();
+        let answered = r.take_answered();
+        for e in events {
+            self.published(now, e);
+        }
+        for a in answered {
+            self.answered(now, a);
+        }
+    }
+
+    fn answered(&mut self, now: Millis, a: Answered) {
+        let delivered = match a.snapshot {
+            Some(s) => self.catch_up(now, s),
+            None => false,
+        } || a.delivered;
+        let Some(to) = a.conn else {
+            return;
+        };
+        match a.then {
+            Then::Nothing => {}
+            Then::Retry => self.effects.push(Effect::Retry { to }),
+            Then::Reply(result) => {
+                if let Ok(Outcome::Deleted) = &result {
+                    info!("session deleted");
+                }
+                let result = result.map(|o| self.ack(o, delivered));
+                self.effects.push(Effect::Reply { to, result });
+            }
+        }
+    }
+
+    /// Brings the copy of a session to what Redis answered. Returns
+    /// whether a new answer went to a subscriber here.
+    fn catch_up(&mut self, now: Millis, s: Snapshot) -> bool {
+        let Snapshot { sid, head, msgs } = s;
+        let local = self
+            .store
+            .get(&sid)
+            .map(|l| (l.epoch().clone(), l.next_seq()));
+        let Some(head) = head else {
+            if local.is_some() {
+                info!(session_id = sid.as_str(); "session deleted");
+                self.apply(now, [Record::Deleted { sid }]);
+            }
+            return false;
+        };
+        match local {
+            Some((epoch, mut next)) if *epoch == *head.epoch && !head.full => {
+                let mut records = Vec::with_capacity(msgs.len());
+                for m in msgs {
+                    if m.seq == next {
+                        next = next.next();
+                        records.push(record(&sid, m));
+                    }
+                }
+                self.apply(now, records)
+            }
+            Some((epoch, next)) if *epoch == *head.epoch && next == head.next => false,
+            // Lacking the base an increment follows (forgotten meanwhile):
+            // the next read takes the whole session.
+            None if !head.full => false,
+            _ => {
+                let same = local.as_ref().is_some_and(|(e, _)| **e == *head.epoch);
+                if local.is_some() && !same {
+                    self.apply(now, [Record::Deleted { sid: sid.clone() }]);
+                }
+                let log = rebuild(now, &head, msgs, self.limits.history_limit);
+                self.store.insert(sid.clone(), log);
+                if same {
+                    // More than history holds went by: what waits here
+                    // reads the log again.
+                    self.wake_waiters(&sid);
+                    self.effects.push(Effect::Refill { sid });
+                }
+                false
+            }
+        }
+    }
+
+    /// A change published by an instance: applied when it follows the
+    /// copy; a gap or another epoch makes the copy read again.
+    fn published(&mut self, now: Millis, e: Event) {
+        let (sid, epoch) = match &e {
+            Event::Resubscribed => {
+                let sids: Vec<SessionId> = self.presence.keys().cloned().collect();
+                debug!(sessions = sids.len(); "reading the sessions waited on here again");
+                for sid in sids {
+                    self.resync(&sid);
+                }
+                return;
+            }
+            Event::Created { sid, epoch }
+            | Event::Deleted { sid, epoch }
+            | Event::Message { sid, epoch, .. } => (sid, epoch),
+        };
+        let Some(log) = self.store.get(sid) else {
+            return; // not served here: the next read takes it whole
+        };
+        let same = **log.epoch() == **epoch;
+        let next = log.next_seq();
+        match e {
+            Event::Deleted { sid, .. } if same => {
+                info!(session_id = sid.as_str(); "session deleted");
+                self.apply(now, [Record::Deleted { sid }]);
+            }
+            Event::Message { sid, msg, .. } if same => {
+                if msg.seq == next {
+                    self.apply(now, [record(&sid, msg)]);
+                } else if msg.seq > next {
+                    self.resync(&sid);
+                }
+            }
+            Event::Created { .. } | Event::Deleted { .. } if same => {}
+            Event::Created { sid, .. }
+            | Event::Deleted { sid, .. }
+            | Event::Message { sid, .. } => self.resync(&sid),
+            Event::Resubscribed => {}
+        }
+    }
+
+    /// Reads a session again, for nobody in particular.
+    fn resync(&mut self, sid: &SessionId) {
+        let store = &self.store;
+        if let Some(r) = self.shared.as_mut()
+            && r.up()
+        {
+            r.sync(None, sid, known(store, sid));
+        }
+    }
+
+    /// The sweep with Redis: the sessions someone here waits on are marked
+    /// active, the ones idle for the TTL are deleted (by whichever instance
+    /// sweeps first), and copies nobody here used for `forget_ms` are
+    /// forgotten.
+    pub(super) fn sweep_shared(&mut self, now: Millis, ttl_ms: u64) -> usize {
+        let forget_ms = ttl_ms.min(60_000);
+        let presence = &self.presence;
+        let idle = self.store.idle(|sid, log| {
+            !presence.contains_key(sid) && now.since(log.last_active) >= forget_ms
+        });
+        for sid in &idle {
+            self.store.forget(sid);
+        }
+        let present: Vec<&str> = self.presence.keys().map(|s| s.as_str()).collect();
+        let grace = watch_grace(ttl_ms);
+        if let Some(r) = self.shared.as_mut() {
+            r.sweep(&present, ttl_ms);
+            let until = r.unix_ms + grace;
+            for (sid, here) in &self.presence {
+                if !here.subscribers.is_empty() {
+                    r.watch(sid, until);
+                }
+            }
+        }
+        idle.len()
+    }
+
+    /// The first subscriber of `sid` here came, or the last one left:
+    /// Redis is told, for the `delivered` of answers stored elsewhere.
+    pub(super) fn watching(&mut self, sid: &str, on: bool) {
+        let grace = watch_grace(self.limits.session_ttl_ms);
+        if let Some(r) = self.shared.as_mut() {
+            let until = if on { r.unix_ms + grace } else { 0 };
+            r.watch(sid, until);
+        }
+    }
+}
+
+/// How long Redis counts this instance's subscribers of a session without
+/// hearing again (three sweeps: an instance that died stops counting).
+fn watch_grace(ttl_ms: u64) -> u64 {
+    3 * (ttl_ms / 4).clamp(100, 60_000)
+}
+
+/// A stored message as a committed record.
+fn record(sid: &SessionId, m: Msg) -> Record {
+    if m.prompt {
+        Record::Prompt {
+            sid: sid.clone(),
+            seq: m.seq,
+            ts: m.ts,
+            client_msg_id: m.client_msg_id,
+            data: m.data,
+        }
+    } else {
+        Record::Response {
+            sid: sid.clone(),
+            seq: m.seq,
+            ts: m.ts,
+            client_msg_id: m.client_msg_id,
+            assistant_msg_id: m.assistant_msg_id,
+            data: Framed::from(m.data.as_str()),
+        }
+    }
+}
+
+/// A whole session, as restoring one from SQLite builds it.
+fn rebuild(now: Millis, head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
+    let mut log = SessionLog::restored(
+        now,
+        Rc::from(head.epoch.as_str()),
+        head.next,
+        head.last_assistant,
+        head.dropped_assistant,
+    );
+    for m in msgs {
+        if m.prompt {
+            let cid: Rc<str> = Rc::from(m.client_msg_id);
+            log.append_prompt(
+                Message::prompt_with(cid, m.seq, m.ts, m.data.into_bytes()),
+                limit,
+            );
+        } else {
+            let cid = log
+                .prompt_id(&m.client_msg_id)
+                .unwrap_or_else(|| Rc::from(m.client_msg_id.as_str()));
+            let aid: Rc<str> = Rc::from(m.assistant_msg_id);
+            let msg = Message::assistant_with(cid, aid, m.seq, m.ts, m.data.as_bytes());
+            log.append_response(msg, limit);
+        }
+    }
+    log
+}

@@ -1,0 +1,790 @@
+//! Several instances: every session's log lives in Redis, and each write
+//! or read of a session is one call of one Lua script (`relay.lua`), which
+//! Redis runs alone: dedupe, `seq`, caps, trimming and publishing happen in
+//! one step, so concurrent instances never store an id twice or hand out
+//! one `seq` twice.
+//!
+//! Each instance keeps a copy of the sessions it serves (the loop's
+//! [`MemStore`](super::MemStore)) and serves reads from it once it is up to
+//! date: every reply of the script carries what the caller's copy lacks
+//! (it sends the epoch and next `seq` it holds), and every change is also
+//! published on one channel, which each instance's second connection
+//! listens to, so parked polls and subscribers here hear of changes made
+//! elsewhere. Published records are hints: one that does not follow the
+//! copy (a gap, another epoch) makes the instance read the session again.
+//!
+//! Sans-IO like the relay core: the shell owns the two sockets, hands
+//! their bytes to [`RedisStore::input`] and writes what
+//! [`RedisStore::take_output`] gives. Replies are decoded with
+//! `redis-protocol`; commands are RESP arrays of bulk strings.
+
+mod url;
+
+use std::collections::VecDeque;
+
+use log::{error, info, warn};
+use redis_protocol::resp2::decode::decode;
+use redis_protocol::resp2::types::OwnedFrame;
+
+pub use url::RedisUrl;
+
+use super::mem::{IdGen, StoreLimits};
+use super::record::Outcome;
+use super::sqlite::StoreStats;
+use super::types::{Seq, SessionId};
+use crate::relay::model::push_json_str;
+use crate::relay::{ApiError, ConnId};
+
+/// The script every instance loads (`SCRIPT LOAD`) and calls by its SHA-1.
+pub const SCRIPT: &str = include_str!("relay.lua");
+
+/// Requests sent and not answered above which the loop takes no new
+/// request until some are answered (the pipeline stays bounded).
+pub const MAX_INFLIGHT: usize = 16_384;
+
+/// Bytes of replies buffered without a whole frame before the link is
+/// dropped: a reply carries at most one session, and a session at most
+/// `history_limit + max_pending` messages of at most the body cap each, so
+/// this only stops a peer that is not Redis.
+const MAX_INPUT: usize = 1 << 30;
+
+/// One of the two connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// Script calls, pipelined; replies in order.
+    Command,
+    /// `SUBSCRIBE` to the channel of changes.
+    Events,
+}
+
+/// A session as Redis holds it after a call: what the caller's copy lacks.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub sid: SessionId,
+    /// `None`: the session does not exist.
+    pub head: Option<Head>,
+    /// Oldest first: the whole session when `head.full`, else what
+    /// follows the `seq` the caller holds.
+    pub msgs: Vec<Msg>,
+}
+
+/// A session's counters.
+#[derive(Debug)]
+pub struct Head {
+    pub epoch: String,
+    pub next: Seq,
+    pub last_assistant: Seq,
+    pub dropped_assistant: Seq,
+    pub full: bool,
+}
+
+/// A stored message.
+#[derive(Debug)]
+pub struct Msg {
+    pub seq: Seq,
+    pub prompt: bool,
+    pub client_msg_id: String,
+    pub assistant_msg_id: String,
+    pub ts: u64,
+    pub data: String,
+}
+
+/// A change another instance (or this one) published.
+#[derive(Debug)]
+pub enum Event {
+    Created {
+        sid: SessionId,
+        epoch: String,
+    },
+    Message {
+        sid: SessionId,
+        epoch: String,
+        msg: Msg,
+    },
+    Deleted {
+        sid: SessionId,
+        epoch: String,
+    },
+    /// The channel is listened to again after a loss: what was published
+    /// meanwhile is unknown, so every session with someone waiting here is
+    /// read again.
+    Resubscribed,
+}
+
+/// What to do for the requester once the copy is up to date.
+#[derive(Debug)]
+pub enum Then {
+    Reply(Result<Outcome, ApiError>),
+    /// Run the request again (a read that waited for its session, or a
+    /// WebSocket connect whose session was created).
+    Retry,
+    Nothing,
+}
+
+/// One reply, for the relay.
+#[derive(Debug)]
+pub struct Answered {
+    pub conn: Option<ConnId>,
+    pub snapshot: Option<Snapshot>,
+    pub then: Then,
+    /// A new answer: another instance has subscribers of its session.
+    pub delivered: bool,
+}
+
+/// What the caller's copy of a session holds: its epoch and next `seq`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Known<'a> {
+    pub epoch: &'a str,
+    pub next: u64,
+}
+
+#[derive(Debug)]
+enum Write {
+    Prompt { id: String },
+    Response { id: String },
+    Create { put: bool },
+    Delete,
+}
+
+/// A reply the command link waits for, in order.
+#[derive(Debug)]
+enum Expect {
+    /// `AUTH`, `SELECT`, `SCRIPT LOAD`.
+    Setup,
+    Write {
+        conn: ConnId,
+        sid: SessionId,
+        write: Write,
+    },
+    Sync {
+        conn: Option<ConnId>,
+        sid: SessionId,
+    },
+    /// The sweep's calls: nobody waits.
+    Quiet,
+}
+
+#[derive(Default)]
+struct Side {
+    /// The socket is connected: requests may be queued.
+    up: bool,
+    /// Setup answered: scripts loaded, or the channel subscribed.
+    ready: bool,
+    out: Vec<u8>,
+    input: Vec<u8>,
+}
+
+/// The Redis engine's state.
+pub struct RedisStore {
+    url: RedisUrl,
+    prefix: String,
+    channel: String,
+    sessions_key: String,
+    limits: StoreLimits,
+    sha: String,
+    ids: IdGen,
+    cmd: Side,
+    ev: Side,
+    expect: VecDeque<Expect>,
+    answered: Vec<Answered>,
+    events: Vec<Event>,
+    /// Totals for `/metrics` (commands sent, errors).
+    pub stats: StoreStats,
+    /// The wall clock of the loop turn (unix ms): activity and the TTL.
+    pub unix_ms: u64,
+    /// This instance's name in Redis (a UUID chosen at start).
+    instance: String,
+}
+
+/// `POST /response` for the script.
+pub struct ResponseWrite<'a> {
+    pub client_msg_id: &'a str,
+    pub id: &'a str,
+    /// The client named the answer (a resend is then a duplicate).
+    pub given: bool,
+    /// The `text` literal as sent.
+    pub text: &'a str,
+    pub head: &'a str,
+    pub ts: u64,
+}
+
+impl RedisStore {
+    pub fn new(url: RedisUrl, prefix: &str, limits: StoreLimits) -> RedisStore {
+        use sha1::{Digest, Sha1};
+        let sha: String = Sha1::digest(SCRIPT.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        RedisStore {
+            url,
+            prefix: prefix.to_string(),
+            channel: format!("{prefix}events"),
+            sessions_key: format!("{prefix}sessions"),
+            limits,
+            sha,
+            ids: IdGen::new(),
+            cmd: Side::default(),
+            ev: Side::default(),
+            expect: VecDeque::new(),
+            answered: Vec::new(),
+            events: Vec::new(),
+            stats: StoreStats::default(),
+            unix_ms: 0,
+            instance: IdGen::new().uuid(),
+        }
+    }
+
+    /// Where Redis is.
+    pub fn url(&self) -> &RedisUrl {
+        &self.url
+    }
+
+    /// Writes succeed: the scripts are loaded and the channel listened to.
+    pub fn healthy(&self) -> bool {
+        self.cmd.ready && self.ev.ready
+    }
+
+    /// Whether requests can be sent now.
+    pub fn up(&self) -> bool {
+        self.cmd.up
+    }
+
+    /// Whether the pipeline is full: the shell takes no new request.
+    pub fn saturated(&self) -> bool {
+        self.expect.len() >= MAX_INFLIGHT
+    }
+
+    fn side(&mut self, link: Link) -> &mut Side {
+        match link {
+            Link::Command => &mut self.cmd,
+            Link::Events => &mut self.ev,
+        }
+    }
+
+    /// The socket connected: log in, select the database, and load the
+    /// script or subscribe. Requests may follow at once (Redis answers in
+    /// order).
+    pub fn connected(&mut self, link: Link) {
+        let mut setup = Vec::new();
+        match (&self.url.user, &self.url.password) {
+            (Some(u), Some(p)) => push_command(&mut setup, &[b"AUTH", u.as_bytes(), p.as_bytes()]),
+            (None, Some(p)) => push_command(&mut setup, &[b"AUTH", p.as_bytes()]),
+            _ => {}
+        }
+        let mut replies = usize::from(self.url.password.is_some());
+        if self.url.db != 0 {
+            push_command(&mut setup, &[b"SELECT", self.url.db.to_string().as_bytes()]);
+            replies += 1;
+        }
+        match link {
+            Link::Command => {
+                push_command(&mut setup, &[b"SCRIPT", b"LOAD", SCRIPT.as_bytes()]);
+                for _ in 0..=replies {
+                    self.expect.push_back(Expect::Setup);
+                }
+            }
+            Link::Events => {
+                push_command(&mut setup, &[b"SUBSCRIBE", self.channel.as_bytes()]);
+            }
+        }
+        let side = self.side(link);
+        side.up = true;
+        side.ready = false;
+        side.input.clear();
+        side.out = setup;
+    }
+
+    /// The socket is gone: every request waiting on it is answered `503`.
+    pub fn lost(&mut self, link: Link) {
+        let side = self.side(link);
+        let was = side.up;
+        *side = Side::default();
+        if link == Link::Command {
+            for e in std::mem::take(&mut self.expect) {
+                self.fail(e, ApiError::storage_unavailable());
+            }
+        }
+        if was {
+            warn!(link = format!("{link:?}").as_str(); "lost the connection to Redis");
+        }
+    }
+
+    /// Bytes to write on `link` (appended by the caller to what it has not
+    /// written yet).
+    pub fn take_output(&mut self, link: Link) -> Vec<u8> {
+        std::mem::take(&mut self.side(link).out)
+    }
+
+    /// Bytes read from `link`: every whole reply is handled. An error means
+    /// the peer broke the protocol: the caller drops the link.
+    pub fn input(&mut self, link: Link, bytes: &[u8]) -> Result<(), String> {
+        let side = self.side(link);
+        side.input.extend_from_slice(bytes);
+        if side.input.len() > MAX_INPUT {
+            return Err("reply too large".into());
+        }
+        let mut at = 0;
+        loop {
+            let side = self.side(link);
+            let (frame, used) = match decode(&side.input[at..]) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => return Err(format!("bad reply: {e:?}")),
+            };
+            at += used;
+            match link {
+                Link::Command => self.on_reply(frame)?,
+                Link::Events => self.on_event(frame)?,
+            }
+        }
+        self.side(link).input.drain(..at);
+        Ok(())
+    }
+
+    /// What Redis answered since the last call.
+    pub fn take_answered(&mut self) -> Vec<Answered> {
+        std::mem::take(&mut self.answered)
+    }
+
+    /// What was published since the last call.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn on_reply(&mut self, frame: OwnedFrame) -> Result<(), String> {
+        let Some(expect) = self.expect.pop_front() else {
+            return Err("a reply nobody asked for".into());
+        };
+        if let OwnedFrame::Error(e) = &frame {
+            self.stats.errors += 1;
+            if e.starts_with("NOSCRIPT") {
+                // Redis lost its scripts (SCRIPT FLUSH): load it again.
+                push_command(&mut self.cmd.out, &[b"SCRIPT", b"LOAD", SCRIPT.as_bytes()]);
+                self.expect.push_back(Expect::Setup);
+            }
+            if matches!(expect, Expect::Setup) {
+                error!(error = e.as_str(); "Redis refused the connection's setup");
+                return Err(e.clone());
+            }
+            warn!(error = e.as_str(); "Redis refused a call");
+            self.fail(expect, ApiError::storage_unavailable());
+            return Ok(());
+        }
+        match expect {
+            Expect::Setup => {
+                if let OwnedFrame::BulkString(sha) = &frame {
+                    if sha.as_slice() != self.sha.as_bytes() {
+                        return Err("SCRIPT LOAD answered another SHA-1".into());
+                    }
+                    self.cmd.ready = true;
+                    info!(url = self.url.display().as_str(); "connected to Redis");
+                }
+            }
+            Expect::Quiet => {}
+            Expect::Sync { conn, sid } => {
+                let snapshot = match parse_snapshot(sid.clone(), frame) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.fail(Expect::Sync { conn, sid }, ApiError::storage_unavailable());
+                        return Err(e);
+                    }
+                };
+                self.answered.push(Answered {
+                    conn,
+                    snapshot: Some(snapshot.1),
+                    then: if conn.is_some() {
+                        Then::Retry
+                    } else {
+                        Then::Nothing
+                    },
+                    delivered: false,
+                });
+            }
+            Expect::Write { conn, sid, write } => {
+                let ((status, extra), snapshot) = match parse_snapshot(sid.clone(), frame) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let expect = Expect::Write { conn, sid, write };
+                        self.fail(expect, ApiError::storage_unavailable());
+                        return Err(e);
+                    }
+                };
+                let dup = status == "dup";
+                let then = match status.as_str() {
+                    "ok" | "dup" => match write {
+                        Write::Prompt { id } => {
+                            Then::Reply(Ok(Outcome::Prompt { id, duplicate: dup }))
+                        }
+                        Write::Response { id } => {
+                            Then::Reply(Ok(Outcome::Response { id, duplicate: dup }))
+                        }
+                        Write::Create { put: false } => Then::Retry,
+                        Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {
+                            epoch: snapshot
+                                .head
+                                .as_ref()
+                                .map_or_else(String::new, |h| h.epoch.clone()),
+                            sid,
+                            created: extra == "1",
+                            put: true,
+                        })),
+                        Write::Delete => Then::Reply(Ok(Outcome::Deleted)),
+                    },
+                    "e404s" => Then::Reply(Err(ApiError::session_not_found())),
+                    "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
+                    "e409" => Then::Reply(Err(ApiError::conflict())),
+                    "e503s" => Then::Reply(Err(ApiError::unavailable("session limit reached"))),
+                    "e503p" => Then::Reply(Err(ApiError::unavailable(
+                        "pending prompt limit reached for this session",
+                    ))),
+                    other => {
+                        self.answered.push(Answered {
+                            conn: Some(conn),
+                            snapshot: None,
+                            then: Then::Reply(Err(ApiError::storage_unavailable())),
+                            delivered: false,
+                        });
+                        return Err(format!("unknown status {other}"));
+                    }
+                };
+                self.answered.push(Answered {
+                    conn: Some(conn),
+                    snapshot: Some(snapshot),
+                    then,
+                    delivered: extra == "1",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn on_event(&mut self, frame: OwnedFrame) -> Result<(), String> {
+        let parts = match frame {
+            OwnedFrame::Array(parts) => parts,
+            OwnedFrame::Error(e) => return Err(e),
+            _ => return Ok(()), // AUTH, SELECT
+        };
+        let kind = parts.first().map(bytes_of);
+        match kind {
+            Some(b"subscribe") => {
+                self.ev.ready = true;
+                self.events.push(Event::Resubscribed);
+            }
+            Some(b"message") => {
+                if let Some(e) = parts.get(2).and_then(|p| parse_event(bytes_of(p))) {
+                    self.events.push(e);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A request that cannot be answered by Redis: `503`.
+    fn fail(&mut self, expect: Expect, e: ApiError) {
+        match expect {
+            Expect::Write { conn, .. }
+            | Expect::Sync {
+                conn: Some(conn), ..
+            } => self.answered.push(Answered {
+                conn: Some(conn),
+                snapshot: None,
+                then: Then::Reply(Err(e)),
+                delivered: false,
+            }),
+            _ => {}
+        }
+    }
+
+    /// One script call: the session's keys, the common arguments, then
+    /// `extra`. Without a connection the requester is answered `503` now.
+    fn call(&mut self, sid: &str, op: &str, known: Known, extra: &[&[u8]], expect: Expect) {
+        if !self.cmd.up {
+            self.fail(expect, ApiError::storage_unavailable());
+            return;
+        }
+        let p = &self.prefix;
+        let keys = [
+            format!("{p}s:{sid}"),
+            format!("{p}m:{sid}"),
+            format!("{p}p:{sid}"),
+            format!("{p}a:{sid}"),
+        ];
+        let watchers = format!("{p}w:{sid}");
+        let epoch = self.ids.uuid();
+        let nums = [
+            self.unix_ms.to_string(),
+            known.next.to_string(),
+            self.limits.history_limit.to_string(),
+            self.limits.max_sessions.to_string(),
+            self.limits.max_pending.to_string(),
+        ];
+        let mut args: Vec<&[u8]> = Vec::with_capacity(20 + extra.len());
+        args.extend_from_slice(&[b"EVALSHA", self.sha.as_bytes(), b"6"]);
+        args.extend(keys.iter().map(|k| k.as_bytes()));
+        args.push(self.sessions_key.as_bytes());
+        args.push(watchers.as_bytes());
+        args.extend_from_slice(&[op.as_bytes(), sid.as_bytes(), nums[0].as_bytes()]);
+        args.extend_from_slice(&[known.epoch.as_bytes(), nums[1].as_bytes()]);
+        args.extend(nums[2..].iter().map(|n| n.as_bytes()));
+        args.extend_from_slice(&[epoch.as_bytes(), self.channel.as_bytes(), p.as_bytes()]);
+        args.extend_from_slice(extra);
+        push_command(&mut self.cmd.out, &args);
+        self.stats.commands += 1;
+        self.expect.push_back(expect);
+    }
+
+    /// `POST /prompt`: `head` is the message's `data` up to its `seq`.
+    pub fn prompt(
+        &mut self,
+        conn: ConnId,
+        sid: &SessionId,
+        id: String,
+        head: &str,
+        ts: u64,
+        known: Known,
+    ) {
+        let ts = ts.to_string();
+        let extra: [&[u8]; 3] = [id.as_bytes(), head.as_bytes(), ts.as_bytes()];
+        let expect = Expect::Write {
+            conn,
+            sid: sid.clone(),
+            write: Write::Prompt { id: id.clone() },
+        };
+        self.call(sid, "prompt", known, &extra, expect);
+    }
+
+    /// `POST /response`.
+    pub fn response(&mut self, conn: ConnId, sid: &SessionId, w: ResponseWrite, known: Known) {
+        let ts = w.ts.to_string();
+        let given: &[u8] = if w.given { b"1" } else { b"0" };
+        let extra: [&[u8]; 6] = [
+            w.client_msg_id.as_bytes(),
+            w.id.as_bytes(),
+            given,
+            w.text.as_bytes(),
+            w.head.as_bytes(),
+            ts.as_bytes(),
+        ];
+        let expect = Expect::Write {
+            conn,
+            sid: sid.clone(),
+            write: Write::Response {
+                id: w.id.to_string(),
+            },
+        };
+        self.call(sid, "response", known, &extra, expect);
+    }
+
+    /// `PUT /sessions` (`put`) or a WebSocket connect.
+    pub fn create(&mut self, conn: ConnId, sid: &SessionId, put: bool, known: Known) {
+        let expect = Expect::Write {
+            conn,
+            sid: sid.clone(),
+            write: Write::Create { put },
+        };
+        self.call(sid, "create", known, &[], expect);
+    }
+
+    /// `DELETE /sessions`.
+    pub fn delete(&mut self, conn: ConnId, sid: &SessionId) {
+        let expect = Expect::Write {
+            conn,
+            sid: sid.clone(),
+            write: Write::Delete,
+        };
+        self.call(sid, "delete", Known::default(), &[], expect);
+    }
+
+    /// Reads what the copy of `sid` lacks; `conn`'s request runs again
+    /// once it is applied.
+    pub fn sync(&mut self, conn: Option<ConnId>, sid: &SessionId, known: Known) {
+        let expect = Expect::Sync {
+            conn,
+            sid: sid.clone(),
+        };
+        self.call(sid, "sync", known, &[], expect);
+    }
+
+    /// The sweep: marks the sessions someone here waits on as active, then
+    /// deletes every session idle for `ttl_ms` (each deletion is published).
+    pub fn sweep(&mut self, present: &[&str], ttl_ms: u64) {
+        if !self.cmd.up {
+            return;
+        }
+        for chunk in present.chunks(256) {
+            let extra: Vec<&[u8]> = chunk.iter().map(|s| s.as_bytes()).collect();
+            self.call("", "touch", Known::default(), &extra, Expect::Quiet);
+        }
+        let ttl = ttl_ms.to_string();
+        self.call(
+            "",
+            "collect",
+            Known::default(),
+            &[ttl.as_bytes()],
+            Expect::Quiet,
+        );
+    }
+
+    /// This instance has subscribers of `sid` until `until_ms` (unix ms;
+    /// 0: no longer): answers stored elsewhere then say `delivered`.
+    pub fn watch(&mut self, sid: &str, until_ms: u64) {
+        if !self.cmd.up {
+            return;
+        }
+        let until = until_ms.to_string();
+        let instance = self.instance.clone();
+        let extra: [&[u8]; 2] = [instance.as_bytes(), until.as_bytes()];
+        self.call(sid, "watch", Known::default(), &extra, Expect::Quiet);
+    }
+
+    /// The client's id and its literal, or a new UUID and its literal.
+    pub fn id_and_literal(&mut self, given: Option<&(String, String)>) -> (String, String) {
+        match given {
+            Some((id, lit)) => (id.clone(), lit.clone()),
+            None => {
+                let uuid = self.ids.uuid();
+                let mut lit = String::with_capacity(uuid.len() + 2);
+                push_json_str(&mut lit, &uuid);
+                (uuid, lit)
+            }
+        }
+    }
+}
+
+/// Appends one command: a RESP array of bulk strings.
+fn push_command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn bytes_of(f: &OwnedFrame) -> &[u8] {
+    match f {
+        OwnedFrame::BulkString(b) | OwnedFrame::SimpleString(b) => b,
+        _ => b"",
+    }
+}
+
+fn text_of(f: &OwnedFrame) -> Result<std::borrow::Cow<'_, str>, String> {
+    if let OwnedFrame::Integer(i) = f {
+        return Ok(i.to_string().into());
+    }
+    std::str::from_utf8(bytes_of(f))
+        .map(Into::into)
+        .map_err(|_| "reply is not UTF-8".to_string())
+}
+
+/// The script's answer: `(status, extra)` and the session.
+fn parse_snapshot(
+    sid: SessionId,
+    frame: OwnedFrame,
+) -> Result<((String, String), Snapshot), String> {
+    let OwnedFrame::Array(parts) = frame else {
+        return Err("the script answered something else than an array".into());
+    };
+    let field = |i: usize| parts.get(i).map_or(Ok("".into()), text_of);
+    let num = |i: usize| -> Result<u64, String> {
+        field(i)?
+            .parse()
+            .map_err(|_| format!("field {i} is not a number"))
+    };
+    let status = (field(0)?.to_string(), field(1)?.to_string());
+    let epoch = field(2)?.into_owned();
+    if epoch.is_empty() {
+        return Ok((
+            status,
+            Snapshot {
+                sid,
+                head: None,
+                msgs: Vec::new(),
+            },
+        ));
+    }
+    let head = Head {
+        epoch,
+        next: Seq(num(3)?),
+        last_assistant: Seq(num(4)?),
+        dropped_assistant: Seq(num(5)?),
+        full: field(6)? == "1",
+    };
+    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(7));
+    for p in parts.iter().skip(7) {
+        msgs.push(parse_msg(&text_of(p)?).ok_or("a stored message is malformed")?);
+    }
+    Ok((
+        status,
+        Snapshot {
+            sid,
+            head: Some(head),
+            msgs,
+        },
+    ))
+}
+
+/// `seq\nkind\nclient_msg_id\nassistant_msg_id\nts\ndata`.
+fn parse_msg(s: &str) -> Option<Msg> {
+    let mut it = s.splitn(6, '\n');
+    let seq = it.next()?.parse().ok()?;
+    let prompt = match it.next()? {
+        "p" => true,
+        "a" => false,
+        _ => return None,
+    };
+    Some(Msg {
+        seq: Seq(seq),
+        prompt,
+        client_msg_id: it.next()?.to_string(),
+        assistant_msg_id: it.next()?.to_string(),
+        ts: it.next()?.parse().ok()?,
+        data: it.next()?.to_string(),
+    })
+}
+
+/// `C\nsid\nepoch`, `D\nsid\nepoch`, `M\nsid\nepoch\n<message>`.
+fn parse_event(payload: &[u8]) -> Option<Event> {
+    let s = std::str::from_utf8(payload).ok()?;
+    let mut it = s.splitn(4, '\n');
+    let kind = it.next()?;
+    let sid = SessionId::new(it.next()?)?;
+    let epoch = it.next()?.to_string();
+    Some(match kind {
+        "C" => Event::Created { sid, epoch },
+        "D" => Event::Deleted { sid, epoch },
+        "M" => Event::Message {
+            sid,
+            epoch,
+            msg: parse_msg(it.next()?)?,
+        },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        push_command(&mut out, &[b"SET", b"k", b""]);
+        assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
+    }
+
+    #[test]
+    fn messages_and_events_parse() {
+        let m = parse_msg("7\na\nc1\na1\n12\n{\"x\":\"a\nb\"}").unwrap();
+        assert_eq!((m.seq, m.prompt, m.ts), (Seq(7), false, 12));
+        assert_eq!(m.data, "{\"x\":\"a\nb\"}");
+        assert!(parse_msg("7\nq\nc\n\n1\n{}").is_none());
+        match parse_event(b"D\ns1\nE") {
+            Some(Event::Deleted { sid, epoch }) => assert_eq!((&*sid, &*epoch), ("s1", "E")),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse_event(b"M\ns1\nE\nnot a message").is_none());
+        assert!(parse_event(b"C\nbad id!\nE").is_none());
+    }
+}

@@ -1,0 +1,244 @@
+-- relay's session log in Redis: every write and every read of a session is
+-- one call of this script, which Redis runs alone, so two instances can
+-- never store one id twice or hand out one seq twice. The rules are the
+-- in-memory log's (src/store/log.rs): history keeps the newest `limit`
+-- messages; a prompt is known (deduplicated) while pending or in history,
+-- an answer while in history.
+--
+-- Keys of a session (prefix P):
+--   P s:<sid>  hash   e epoch, n next seq, la newest answer's seq,
+--                     da newest answer history dropped, pc pending count
+--   P m:<sid>  hash   seq -> "kind\ncid\naid\nts\ndata" (kind p or a):
+--                     history, and the pending prompts it dropped
+--   P p:<sid>  hash   client_msg_id -> seq (negative once answered)
+--   P a:<sid>  hash   assistant_msg_id -> seq
+--   P w:<sid>  hash   instance -> unix ms until which it has subscribers
+--                     of the session (an answer's `delivered`)
+--   P sessions zset   sid -> last activity (unix ms): the TTL and the cap
+-- Every change is published on the channel as a record (see `record`).
+--
+-- Answer: {status, extra, epoch, n, la, da, full, records...}: the
+-- session as it is after the call, as the records the caller lacks (it
+-- says what it holds in known_epoch and known_next); `full` says they are
+-- the whole session rather than what follows known_next. An empty epoch:
+-- the session does not exist.
+
+local s, m, p, a, all, w = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local op, sid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local known_epoch, known_next = ARGV[4], tonumber(ARGV[5])
+local limit, max_sessions, max_pending = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local new_epoch, channel, prefix = ARGV[9], ARGV[10], ARGV[11]
+
+local function session()
+  local v = redis.call('HMGET', s, 'e', 'n', 'la', 'da', 'pc')
+  if not v[1] then
+    return nil
+  end
+  return { e = v[1], n = tonumber(v[2]), la = tonumber(v[3]), da = tonumber(v[4]), pc = tonumber(v[5]) }
+end
+
+local function save(S)
+  redis.call('HSET', s, 'n', S.n, 'la', S.la, 'da', S.da, 'pc', S.pc)
+  redis.call('ZADD', all, now, sid)
+end
+
+local function create()
+  if redis.call('ZCARD', all) >= max_sessions then
+    return nil
+  end
+  redis.call('HSET', s, 'e', new_epoch, 'n', 1, 'la', 0, 'da', 0, 'pc', 0)
+  redis.call('ZADD', all, now, sid)
+  redis.call('PUBLISH', channel, 'C\n' .. sid .. '\n' .. new_epoch)
+  return { e = new_epoch, n = 1, la = 0, da = 0, pc = 0 }
+end
+
+local function answer(status, S, extra)
+  local out = { status, extra or '', S.e, S.n, S.la, S.da, '0' }
+  if S.e == known_epoch and known_next >= S.n - limit and known_next <= S.n then
+    for q = known_next, S.n - 1 do
+      local r = redis.call('HGET', m, q)
+      if r then
+        out[#out + 1] = q .. '\n' .. r
+      end
+    end
+  else
+    out[7] = '1'
+    local kv = redis.call('HGETALL', m)
+    local seqs = {}
+    for i = 1, #kv, 2 do
+      seqs[#seqs + 1] = tonumber(kv[i])
+    end
+    table.sort(seqs)
+    local byseq = {}
+    for i = 1, #kv, 2 do
+      byseq[tonumber(kv[i])] = kv[i + 1]
+    end
+    for _, q in ipairs(seqs) do
+      out[#out + 1] = q .. '\n' .. byseq[q]
+    end
+  end
+  return out
+end
+
+local function gone(status)
+  return { status, '', '' }
+end
+
+-- Appends a message; drops what history no longer keeps.
+local function append(S, body)
+  local seq = S.n
+  S.n = seq + 1
+  redis.call('HSET', m, seq, body)
+  redis.call('PUBLISH', channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. seq .. '\n' .. body)
+  local d = seq - limit
+  if d >= 1 then
+    local old = redis.call('HGET', m, d)
+    if old then
+      local kind, cid, aid = string.match(old, '^(%a)\n([^\n]*)\n([^\n]*)\n')
+      if kind == 'p' then
+        if tonumber(redis.call('HGET', p, cid) or '0') < 0 then
+          redis.call('HDEL', m, d)
+          redis.call('HDEL', p, cid)
+        end
+      else
+        redis.call('HDEL', m, d)
+        if tonumber(redis.call('HGET', a, aid) or '0') == d then
+          redis.call('HDEL', a, aid)
+        end
+        S.da = d
+      end
+    end
+  end
+  return seq
+end
+
+local function text_of(data)
+  local ok, v = pcall(cjson.decode, data)
+  if ok and type(v) == 'table' then
+    return v.text
+  end
+  return nil
+end
+
+if op == 'prompt' then
+  local cid, head, ts = ARGV[12], ARGV[13], ARGV[14]
+  local S = session()
+  local extra = '0'
+  if not S then
+    S = create()
+    if not S then
+      return gone('e503s')
+    end
+    extra = '1'
+  end
+  if redis.call('HEXISTS', p, cid) == 1 then
+    return answer('dup', S, extra)
+  end
+  if S.pc >= max_pending then
+    return answer('e503p', S, extra)
+  end
+  local seq = append(S, 'p\n' .. cid .. '\n\n' .. ts .. '\n' .. head .. S.n .. '}')
+  redis.call('HSET', p, cid, seq)
+  S.pc = S.pc + 1
+  save(S)
+  return answer('ok', S, extra)
+elseif op == 'response' then
+  local cid, aid, given, text, head, ts = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
+  local S = session()
+  if not S then
+    return gone('e404s')
+  end
+  if given == '1' then
+    local prev = redis.call('HGET', a, aid)
+    if prev then
+      local r = redis.call('HGET', m, prev) or ''
+      local pcid, data = string.match(r, '^a\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
+      local sent_ok, sent = pcall(cjson.decode, text)
+      if pcid == cid and sent_ok and data and text_of(data) == sent then
+        return answer('dup', S)
+      end
+      return answer('e409', S)
+    end
+  end
+  local pv = redis.call('HGET', p, cid)
+  if not pv then
+    return answer('e404p', S)
+  end
+  local seq = append(S, 'a\n' .. cid .. '\n' .. aid .. '\n' .. ts .. '\n' .. head .. S.n .. '}')
+  redis.call('HSET', a, aid, seq)
+  S.la = seq
+  local pseq = tonumber(pv)
+  if pseq > 0 then
+    S.pc = S.pc - 1
+    if pseq <= S.n - 1 - limit then
+      redis.call('HDEL', m, pseq)
+      redis.call('HDEL', p, cid)
+    else
+      redis.call('HSET', p, cid, -pseq)
+    end
+  end
+  save(S)
+  local watching = redis.call('HGETALL', w)
+  local delivered = '0'
+  for i = 2, #watching, 2 do
+    if tonumber(watching[i]) > now then
+      delivered = '1'
+      break
+    end
+  end
+  return answer('ok', S, delivered)
+elseif op == 'create' then
+  local S = session()
+  local extra = '0'
+  if not S then
+    S = create()
+    if not S then
+      return gone('e503s')
+    end
+    extra = '1'
+  else
+    redis.call('ZADD', all, now, sid)
+  end
+  return answer('ok', S, extra)
+elseif op == 'delete' then
+  local S = session()
+  if not S then
+    return gone('e404s')
+  end
+  redis.call('DEL', s, m, p, a, w)
+  redis.call('ZREM', all, sid)
+  redis.call('PUBLISH', channel, 'D\n' .. sid .. '\n' .. S.e)
+  return gone('ok')
+elseif op == 'sync' then
+  local S = session()
+  if not S then
+    return gone('ok')
+  end
+  return answer('ok', S)
+elseif op == 'collect' then
+  local ttl = tonumber(ARGV[12])
+  local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
+  for _, id in ipairs(idle) do
+    local sk = prefix .. 's:' .. id
+    local e = redis.call('HGET', sk, 'e')
+    redis.call('DEL', sk, prefix .. 'm:' .. id, prefix .. 'p:' .. id, prefix .. 'a:' .. id, prefix .. 'w:' .. id)
+    redis.call('ZREM', all, id)
+    if e then
+      redis.call('PUBLISH', channel, 'D\n' .. id .. '\n' .. e)
+    end
+  end
+  return { 'ok', tostring(#idle) }
+elseif op == 'watch' then
+  if ARGV[13] == '0' then
+    redis.call('HDEL', w, ARGV[12])
+  elseif redis.call('EXISTS', s) == 1 then
+    redis.call('HSET', w, ARGV[12], ARGV[13])
+  end
+  return { 'ok', '' }
+elseif op == 'touch' then
+  for i = 12, #ARGV do
+    redis.call('ZADD', all, 'XX', now, ARGV[i])
+  end
+  return { 'ok', '' }
+end
+return redis.error_reply('relay: unknown op ' .. tostring(op))
