@@ -1,0 +1,739 @@
+//! Several instances sharing sessions through Redis (`RELAY_REDIS_URL`),
+//! against real relay processes and a real `redis-server` (Debian's,
+//! installed by `scripts/install-test-deps.sh`) started on a free port in
+//! a temporary directory: every flow of the seed across instances, one id
+//! posted concurrently to three instances stored once, Redis killed and
+//! restarted in the middle of traffic with nothing acknowledged lost and
+//! every subscriber caught up without reconnecting, an instance killed
+//! whose clients resume on another without a resync.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of this test alone: its own port and directory, killed
+/// and its directory removed on drop.
+struct Redis {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl Redis {
+    /// No persistence: what the flows need.
+    fn start() -> Redis {
+        Redis::start_with(&["--save", "", "--appendonly", "no"])
+    }
+
+    /// `appendonly yes` with `appendfsync always`: what a deployment that
+    /// must not lose an acknowledged message runs.
+    fn start_durable() -> Redis {
+        Redis::start_with(&[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ])
+    }
+
+    fn start_with(args: &[&str]) -> Redis {
+        let dir = std::env::temp_dir().join(format!(
+            "relay-redis-{}-{}",
+            std::process::id(),
+            unique_session()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let mut redis = Redis {
+            child: None,
+            port: free_port(),
+            dir,
+            args: args.iter().map(|s| s.to_string()).collect(),
+        };
+        redis.run();
+        redis
+    }
+
+    /// Starts (or starts again) the server on the same port and directory,
+    /// and returns once it answers `PING` (it answers `-LOADING` while it
+    /// reads its append-only file back).
+    fn run(&mut self) {
+        let bin = "/usr/bin/redis-server";
+        assert!(
+            std::path::Path::new(bin).exists(),
+            "{bin} is missing: run scripts/install-test-deps.sh"
+        );
+        let child = Command::new(bin)
+            .arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.pong() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn pong(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 64];
+        matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// A relay instance on `redis`, with a prefix of this test's own.
+fn instance(redis: &Redis, prefix: &str) -> Server {
+    Server::start_with(&[
+        ("RELAY_REDIS_URL", &redis.url()),
+        ("RELAY_REDIS_PREFIX", prefix),
+    ])
+}
+
+fn instances(redis: &Redis, n: usize) -> Vec<Server> {
+    let prefix = format!("{}:", unique_session());
+    (0..n).map(|_| instance(redis, &prefix)).collect()
+}
+
+/// Polls `path` on `srv` (bounded, 10 s) until it answers `status`.
+#[track_caller]
+fn wait_status(srv: &Server, path: &str, status: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = srv.get(path).status;
+        if got == status {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never answered {status} (last {got})"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn answer(srv: &Server, sid: &str, cid: &str, aid: &str, text: &str) -> Response {
+    srv.post_json(
+        "/response",
+        &json!({"session_id": sid, "client_msg_id": cid, "assistant_msg_id": aid, "text": text}),
+    )
+}
+
+/// Every message of a session, as one instance reads it.
+#[track_caller]
+fn all_messages(srv: &Server, sid: &str) -> Value {
+    srv.messages(sid, "?limit=1000")
+}
+
+#[test]
+fn every_flow_of_the_seed_works_across_instances() {
+    let redis = Redis::start();
+    let [a, b, c]: [Server; 3] = instances(&redis, 3).try_into().ok().unwrap();
+    let sid = unique_session();
+
+    // Flow 1: the web client's socket on A comes first and creates the session.
+    let mut ws = a.ws(&format!("/ws/{sid}"));
+    // The agent's long-poll parks on B; the prompt is posted to C.
+    let mut poll = b.conn();
+    poll.send("GET", &format!("/prompts/{sid}?timeout=10"), &[], None);
+    b.wait_health("parked_polls", 1);
+    let ack = c.prompt(&sid, "hello", Some("p1"));
+    assert_eq!(ack, json!({"stored": true, "client_msg_id": "p1"}));
+    let got = poll.read_response();
+    assert_eq!(got.status, 200, "{}", got.text());
+    let prompts = got.json();
+    assert_eq!(client_msg_ids(prompts.as_array().unwrap()), ["p1"]);
+    assert_eq!(prompts[0]["prompt"], "hello");
+    assert_eq!(prompts[0]["seq"], 1);
+
+    // The answer is posted to B and reaches the subscriber on A.
+    let ack = answer(&b, &sid, "p1", "a1", "hi there");
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    assert_eq!(ack.json()["delivered"], true, "a subscriber on A counts");
+    let frame = ws.recv_json_skip_pings();
+    assert_eq!(frame["type"], "message");
+    assert_eq!(frame["data"]["assistant_msg_id"], "a1");
+    assert_eq!(frame["data"]["text"], "hi there");
+    assert_eq!(frame["data"]["seq"], 2);
+
+    // Every instance sees the same session: pending set, history, epoch.
+    for srv in [&a, &b, &c] {
+        assert!(srv.pending(&sid).is_empty());
+    }
+    let history = all_messages(&a, &sid);
+    assert_eq!(history["total"], 2);
+    assert_eq!(all_messages(&b, &sid), history);
+    assert_eq!(all_messages(&c, &sid), history);
+    let epoch = history["epoch"].as_str().unwrap().to_string();
+    let put = c.put(&format!("/sessions/{sid}")).json();
+    assert_eq!(put["epoch"], epoch.as_str());
+    assert_eq!(put["created"], false);
+
+    // Flow 2: the agent polls with `after`, without waiting; prompts
+    // posted to two instances are both pending, once each, in seq order.
+    a.prompt(&sid, "second", Some("p2"));
+    b.prompt(&sid, "third", Some("p3"));
+    let dup = c.prompt(&sid, "second again", Some("p2"));
+    assert_eq!(dup["duplicate"], true);
+    let resp = c.get(&format!("/prompts/{sid}?wait=false&after=3"));
+    assert_eq!(client_msg_ids(resp.json().as_array().unwrap()), ["p3"]);
+    assert_eq!(client_msg_ids(&a.pending(&sid)), ["p2", "p3"]);
+
+    // A second subscriber on C replays from its cursor and then goes live
+    // with the first one.
+    let mut ws_c = c.ws(&format!("/ws/{sid}?after=0&epoch={epoch}"));
+    let replay = ws_c.recv_json_skip_pings();
+    assert_eq!(replay["data"]["assistant_msg_id"], "a1");
+    let ack = answer(&a, &sid, "p2", "a2", "two");
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    for ws in [&mut ws, &mut ws_c] {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["data"]["assistant_msg_id"], "a2");
+        assert_eq!(frame["data"]["seq"], 5);
+    }
+    // An answer to a prompt no instance knows is refused everywhere.
+    let resp = answer(&c, &sid, "nope", "a3", "x");
+    assert_error(&resp, 404, "Prompt not found");
+
+    // A delete on B closes the subscribers of A and C, and the session is
+    // gone on every instance.
+    assert_eq!(b.delete(&format!("/sessions/{sid}")).status, 200);
+    assert_eq!(ws.expect_close(), 1000);
+    assert_eq!(ws_c.expect_close(), 1000);
+    for srv in [&a, &b, &c] {
+        assert_error(
+            &srv.get(&format!("/messages/{sid}")),
+            404,
+            "Session not found",
+        );
+    }
+    // Created again, it is a new session with a new epoch.
+    let again = a.put(&format!("/sessions/{sid}")).json();
+    assert_eq!(again["created"], true);
+    assert_ne!(again["epoch"], epoch.as_str());
+}
+
+#[test]
+fn a_long_poll_parked_on_one_instance_is_woken_by_a_prompt_on_another() {
+    let redis = Redis::start();
+    let [a, b]: [Server; 2] = instances(&redis, 2).try_into().ok().unwrap();
+    let sid = unique_session();
+    a.put(&format!("/sessions/{sid}"));
+    for round in 0..20 {
+        let mut poll = a.conn();
+        poll.send(
+            "GET",
+            &format!("/prompts/{sid}?timeout=10&after={}", round * 2),
+            &[],
+            None,
+        );
+        a.wait_health("parked_polls", 1);
+        let cid = format!("p{round}");
+        b.prompt(&sid, "wake", Some(&cid));
+        let got = poll.read_response().json();
+        assert_eq!(client_msg_ids(got.as_array().unwrap()), [cid.as_str()]);
+        assert_eq!(
+            answer(&b, &sid, &cid, &format!("a{round}"), "ok").status,
+            200
+        );
+    }
+}
+
+/// One `POST` with `Connection: close` on `conn`, from a thread of the
+/// test's own: the status and the JSON body.
+fn post_on(conn: TcpStream, path: &str, body: &[u8]) -> (u16, Value) {
+    try_post_on(conn, path, body).expect("an answer")
+}
+
+/// `post_on`, or `None` when the connection fails before a whole answer.
+fn try_post_on(mut conn: TcpStream, path: &str, body: &[u8]) -> Option<(u16, Value)> {
+    conn.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).ok()?;
+    conn.write_all(body).ok()?;
+    let mut out = Vec::new();
+    conn.read_to_end(&mut out).ok()?;
+    if out.is_empty() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out);
+    let status = text
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text}"));
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"));
+    Some((status, json))
+}
+
+/// Posts `body` to `path` on every instance in turn from `threads` threads
+/// released together; returns the bodies of the answers.
+fn race(servers: &[Server], threads: usize, path: &str, body: Value) -> Vec<Value> {
+    let barrier = Arc::new(Barrier::new(threads));
+    let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            let addr = addrs[i % addrs.len()];
+            let body = serde_json::to_vec(&body).unwrap();
+            let path = path.to_string();
+            std::thread::spawn(move || {
+                let conn = TcpStream::connect(addr).expect("connect");
+                barrier.wait();
+                let (status, body) = post_on(conn, &path, &body);
+                assert_eq!(status, 200, "{body}");
+                body
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn one_id_posted_fifty_times_over_three_instances_is_stored_once() {
+    let redis = Redis::start();
+    let servers = instances(&redis, 3);
+    let sid = unique_session();
+
+    let acks = race(
+        &servers,
+        50,
+        "/prompt",
+        json!({"session_id": sid, "prompt": "once", "client_msg_id": "same"}),
+    );
+    let stored = acks.iter().filter(|a| a.get("duplicate").is_none()).count();
+    let dups = acks.iter().filter(|a| a["duplicate"] == true).count();
+    assert_eq!((stored, dups), (1, 49), "{acks:?}");
+
+    let acks = race(
+        &servers,
+        50,
+        "/response",
+        json!({"session_id": sid, "client_msg_id": "same",
+               "assistant_msg_id": "answer", "text": "once"}),
+    );
+    let stored = acks.iter().filter(|a| a.get("duplicate").is_none()).count();
+    let dups = acks.iter().filter(|a| a["duplicate"] == true).count();
+    assert_eq!((stored, dups), (1, 49), "{acks:?}");
+
+    for srv in &servers {
+        let history = all_messages(srv, &sid);
+        assert_eq!(history["total"], 2, "{history}");
+        let seqs: Vec<u64> = history["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["data"]["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, [1, 2]);
+    }
+}
+
+/// What the writers of a test got acknowledged, and how many `503`s.
+#[derive(Default)]
+struct Acked {
+    prompts: BTreeSet<String>,
+    answers: BTreeSet<String>,
+    unavailable: u64,
+}
+
+/// A writer: prompt then answer, alternating instances, until `stop`;
+/// a prompt that got no `200` is never answered.
+fn writer(
+    addrs: Vec<std::net::SocketAddr>,
+    sid: String,
+    name: String,
+    stop: Arc<AtomicBool>,
+    progress: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<Acked> {
+    std::thread::spawn(move || {
+        let mut acked = Acked::default();
+        let mut turn = 0usize;
+        let mut post = |path: &str, body: Value, acked: &mut Acked| -> bool {
+            turn += 1;
+            // An instance that was killed refuses the connection or drops
+            // it: not acknowledged, the next turn goes to another.
+            let Ok(conn) = TcpStream::connect(addrs[turn % addrs.len()]) else {
+                return false;
+            };
+            let Some((status, resp)) = try_post_on(conn, path, &serde_json::to_vec(&body).unwrap())
+            else {
+                return false;
+            };
+            match status {
+                200 => true,
+                503 => {
+                    assert_eq!(resp["error"], "Storage unavailable");
+                    acked.unavailable += 1;
+                    false
+                }
+                other => panic!("{path}: {other} {resp}"),
+            }
+        };
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let cid = format!("{name}-p{n}");
+            let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
+            if !post("/prompt", body, &mut acked) {
+                continue;
+            }
+            acked.prompts.insert(cid.clone());
+            // The answer is resent until it is acknowledged: an agent does that.
+            let aid = format!("{name}-a{n}");
+            let body = json!({"session_id": sid, "client_msg_id": cid,
+                              "assistant_msg_id": aid, "text": "done"});
+            while !post("/response", body.clone(), &mut acked) {}
+            acked.answers.insert(aid);
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+        acked
+    })
+}
+
+/// Reads a subscriber until it has seen every id of `want`; returns the
+/// `seq`s of the frames it got, in order. Fails on a `resync` frame.
+#[track_caller]
+fn read_all(ws: &mut Ws, want: &BTreeSet<String>) -> Vec<u64> {
+    let mut seen = BTreeSet::new();
+    let mut seqs = Vec::new();
+    while !want.is_subset(&seen) {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "message", "{frame}");
+        seen.insert(
+            frame["data"]["assistant_msg_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+        seqs.push(frame["data"]["seq"].as_u64().unwrap());
+    }
+    seqs
+}
+
+#[test]
+fn redis_restarted_in_the_middle_of_traffic_loses_nothing_acknowledged() {
+    let mut redis = Redis::start_durable();
+    let servers = instances(&redis, 2);
+    let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
+    let sid = unique_session();
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A subscriber on each instance, and a long-poll parked on B for a
+    // session that gets its prompt only after the outage.
+    let mut subscribers: Vec<Ws> = servers
+        .iter()
+        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
+        .collect();
+    let quiet = unique_session();
+    servers[0].put(&format!("/sessions/{quiet}"));
+    let mut parked = servers[1].conn();
+    parked.send("GET", &format!("/prompts/{quiet}?timeout=60"), &[], None);
+    servers[1].wait_health("parked_polls", 1);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..3)
+        .map(|i| {
+            writer(
+                addrs.clone(),
+                sid.clone(),
+                format!("w{i}"),
+                Arc::clone(&stop),
+                Arc::clone(&progress),
+            )
+        })
+        .collect();
+    let wait_progress = |n: u64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while progress.load(Ordering::Relaxed) < n {
+            assert!(Instant::now() < deadline, "writers stuck");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // Three outages, each in the middle of the writers' traffic.
+    for _ in 0..3 {
+        let before = progress.load(Ordering::Relaxed);
+        wait_progress(before + 30);
+        redis.kill9();
+        // During the outage: not ready, writes refused, liveness and the
+        // connections kept.
+        for srv in &servers {
+            wait_status(srv, "/readyz", 503);
+            assert_eq!(srv.get("/healthz").status, 200);
+        }
+        let resp = servers[0].post_json(
+            "/prompt",
+            &json!({"session_id": sid, "prompt": "x", "client_msg_id": "during"}),
+        );
+        assert_error(&resp, 503, "Storage unavailable");
+        redis.run();
+        for srv in &servers {
+            wait_status(srv, "/readyz", 200);
+        }
+    }
+    let before = progress.load(Ordering::Relaxed);
+    wait_progress(before + 30);
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = Acked::default();
+    for w in writers {
+        let got = w.join().unwrap();
+        acked.prompts.extend(got.prompts);
+        acked.answers.extend(got.answers);
+        acked.unavailable += got.unavailable;
+    }
+    assert!(acked.unavailable > 0, "the writers saw the outage");
+
+    // Everything acknowledged is in the log, seq without holes, the epoch
+    // unchanged, and the same on both instances.
+    for srv in &servers {
+        let history = all_messages(srv, &sid);
+        assert_eq!(history["epoch"], epoch.as_str());
+        let messages = history["messages"].as_array().unwrap();
+        let seqs: Vec<u64> = messages
+            .iter()
+            .map(|m| m["data"]["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+        let ids = |kind: &str, field: &str| -> BTreeSet<String> {
+            messages
+                .iter()
+                .filter(|m| m["type"] == kind)
+                .map(|m| m["data"][field].as_str().unwrap().to_string())
+                .collect()
+        };
+        let prompts = ids("prompt", "client_msg_id");
+        let answers = ids("assistant", "assistant_msg_id");
+        assert!(acked.prompts.is_subset(&prompts), "a prompt was lost");
+        assert!(acked.answers.is_subset(&answers), "an answer was lost");
+        // No acknowledged prompt is pending: they were all answered.
+        let pending: BTreeSet<String> = client_msg_ids(&srv.pending(&sid)).into_iter().collect();
+        assert!(pending.is_disjoint(&acked.prompts), "{pending:?}");
+    }
+    // Both subscribers, on their first connection, hold every answer in
+    // order, without a resync.
+    for ws in &mut subscribers {
+        let seqs = read_all(ws, &acked.answers);
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+    // The long-poll parked through the outage is woken by a prompt after it.
+    servers[0].prompt(&quiet, "after the outage", Some("late"));
+    let got = parked.read_response();
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(client_msg_ids(got.json().as_array().unwrap()), ["late"]);
+}
+
+#[test]
+fn the_clients_of_a_killed_instance_resume_on_another_without_resync() {
+    let redis = Redis::start();
+    let mut servers = instances(&redis, 2);
+    let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
+    let sid = unique_session();
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut ws = servers[0].ws(&format!("/ws/{sid}?after=0&epoch={epoch}"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..3)
+        .map(|i| {
+            writer(
+                addrs.clone(),
+                sid.clone(),
+                format!("w{i}"),
+                Arc::clone(&stop),
+                Arc::clone(&progress),
+            )
+        })
+        .collect();
+    // The web client reads on A while the writers write to A and B.
+    let mut seen = Vec::new();
+    while seen.len() < 30 {
+        let f = ws.recv_json_skip_pings();
+        seen.push(f["data"].clone());
+    }
+    servers[0].kill9();
+    // What A had sent before it died, then the close.
+    while let Ok(tungstenite::Message::Text(t)) = ws.inner().read() {
+        let f: Value = serde_json::from_str(t.as_str()).unwrap();
+        if f["type"] == "message" {
+            seen.push(f["data"].clone());
+        }
+    }
+    let before = progress.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while progress.load(Ordering::Relaxed) < before + 30 {
+        assert!(Instant::now() < deadline, "writers stuck on B");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = BTreeSet::new();
+    let mut prompts = BTreeSet::new();
+    for w in writers {
+        let got = w.join().unwrap();
+        acked.extend(got.answers);
+        prompts.extend(got.prompts);
+    }
+
+    // The web client reconnects to B with its cursor and epoch: no resync,
+    // and it then holds every acknowledged answer, in order.
+    let last = seen.last().unwrap()["seq"].as_u64().unwrap();
+    let b = &servers[1];
+    let mut ws = b.ws(&format!("/ws/{sid}?after={last}&epoch={epoch}"));
+    let mut ids: BTreeSet<String> = seen
+        .iter()
+        .map(|d| d["assistant_msg_id"].as_str().unwrap().to_string())
+        .collect();
+    let mut seqs: Vec<u64> = seen.iter().map(|d| d["seq"].as_u64().unwrap()).collect();
+    while !acked.is_subset(&ids) {
+        let f = ws.recv_json_skip_pings();
+        assert_eq!(f["type"], "message", "no resync: {f}");
+        ids.insert(f["data"]["assistant_msg_id"].as_str().unwrap().to_string());
+        seqs.push(f["data"]["seq"].as_u64().unwrap());
+    }
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let history = all_messages(b, &sid);
+    assert_eq!(history["epoch"], epoch.as_str());
+    // Every acknowledged prompt is stored and, answered, no longer pending.
+    let stored: BTreeSet<String> = history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["type"] == "prompt")
+        .map(|m| m["data"]["client_msg_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(prompts.is_subset(&stored), "a prompt was lost");
+    let pending: BTreeSet<String> = client_msg_ids(&b.pending(&sid)).into_iter().collect();
+    assert!(pending.is_disjoint(&prompts), "{pending:?}");
+}
+
+#[test]
+fn redis_unreachable_at_start_is_waited_for() {
+    let port = free_port();
+    let srv = Server::start_with(&[
+        ("RELAY_REDIS_URL", &format!("redis://127.0.0.1:{port}")),
+        ("RELAY_REDIS_PREFIX", "late:"),
+    ]);
+    assert_eq!(srv.get("/healthz").status, 200);
+    let ready = srv.get("/readyz");
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    let resp = srv.post_json(
+        "/prompt",
+        &json!({"session_id": "s", "prompt": "x", "client_msg_id": "c"}),
+    );
+    assert_error(&resp, 503, "Storage unavailable");
+    // Redis comes up on that port: the server connects on its own.
+    let mut redis = Redis {
+        child: None,
+        port,
+        dir: std::env::temp_dir().join(format!("relay-redis-late-{}", std::process::id())),
+        args: vec![
+            "--save".into(),
+            "".into(),
+            "--appendonly".into(),
+            "no".into(),
+        ],
+    };
+    std::fs::create_dir_all(&redis.dir).unwrap();
+    redis.run();
+    wait_status(&srv, "/readyz", 200);
+    let ack = srv.prompt("s", "x", Some("c"));
+    assert_eq!(ack["stored"], true);
+    assert!(ack.get("duplicate").is_none(), "the 503 stored nothing");
+}
+
+#[test]
+fn a_data_dir_and_a_redis_url_together_are_refused_at_start() {
+    let dir = std::env::temp_dir().join(format!("relay-redis-dd-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .env_clear()
+        .env("RELAY_PORT", "0")
+        .env("RELAY_DATA_DIR", &dir)
+        .env("RELAY_REDIS_URL", "redis://127.0.0.1:6379")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run relay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("RELAY_DATA_DIR"), "{stderr}");
+    assert!(stderr.contains("RELAY_REDIS_URL"), "{stderr}");
+    assert!(!dir.exists(), "nothing created");
+}
+
+#[test]
+fn a_bad_redis_url_or_prefix_is_refused_at_start() {
+    for (key, value, says) in [
+        ("RELAY_REDIS_URL", "http://127.0.0.1:6379", "redis://"),
+        ("RELAY_REDIS_URL", "rediss://127.0.0.1:6379", "TLS"),
+        ("RELAY_REDIS_PREFIX", "has space", "RELAY_REDIS_PREFIX"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_relay"))
+            .env_clear()
+            .env("RELAY_PORT", "0")
+            .env("RELAY_REDIS_URL", "redis://127.0.0.1:6379")
+            .env(key, value)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run relay");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}={value}: {stderr}");
+        assert!(stderr.contains(says), "{key}={value}: {stderr}");
+    }
+}
