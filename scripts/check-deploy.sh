@@ -14,10 +14,12 @@
 #                  loopback ports in front of that server: the plain port
 #                  redirects, and a WebSocket, a parked long-poll, a prompt
 #                  and a response go through TLS (scripts/proxy_roundtrip.py);
+#                  then the same with two relays on one Redis behind it
+#                  (the upstream's second line), each answering some;
 #   fly.toml       parsed, and the settings that matter checked: the /data
 #                  volume, port 8000, the /healthz check, connection
 #                  concurrency below the server's cap, one machine always up.
-# Installs systemd, nginx and openssl (apt) when missing; builds the static
+# Installs systemd, nginx, openssl and redis-server (apt) when missing; builds the static
 # x86_64 binary when missing.
 #
 # Environment: MAX_EXPOSURE (default 1.5, systemd's 0-10 scale).
@@ -33,12 +35,17 @@ tmp="$(mktemp -d)"
 NGINX_PID=""
 log="$tmp/relay.log"
 
+OTHER_PID=""
+REDIS_PORT=""
+
 cleanup() {
-  if [[ -n "$NGINX_PID" ]] && kill -0 "$NGINX_PID" 2>/dev/null; then
-    kill -QUIT "$NGINX_PID" 2>/dev/null || true
-    wait "$NGINX_PID" 2>/dev/null || true
-  fi
+  stop_nginx
   stop_relay
+  if [[ -n "$OTHER_PID" ]]; then
+    kill -TERM "$OTHER_PID" 2>/dev/null
+    wait "$OTHER_PID" 2>/dev/null
+  fi
+  [[ -n "$REDIS_PORT" ]] && redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -119,8 +126,11 @@ http {
 EOF
 }
 
+# check_nginx ADDR [ADDR2]: deploy/nginx.conf in front of the relay at
+# ADDR (and, with ADDR2, of a second one: the upstream's commented line).
 check_nginx() {
-  local dir="$tmp/nginx" out https_port http_port
+  local dir="$tmp/nginx" out https_port http_port second=""
+  rm -rf "$dir"
   mkdir -p "$dir"
   chmod 0755 "$tmp" "$dir"  # nginx's workers run as nobody
   openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=relay.example.com \
@@ -130,11 +140,14 @@ check_nginx() {
   nginx_main_conf >"$dir/nginx.conf"
   out="$(nginx -t -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" 2>&1)" || fail "nginx -t: $out"
   ! grep -q '\[warn\]\|\[emerg\]' <<<"$out" || fail "nginx -t: $out"
-  ok "nginx -t deploy/nginx.conf (self-signed certificate)"
   https_port="$(free_port)"
   http_port="$(free_port)"
+  [[ -n "${2:-}" ]] && second="s|# server 127.0.0.1:8001;|server $2;|"
   sed -i -e "s|listen 443 ssl;|listen 127.0.0.1:$https_port ssl;|" -e "s|listen 80;|listen 127.0.0.1:$http_port;|" \
-    -e '/listen \[::\]/d' -e "s|server 127.0.0.1:8000;|server $ADDR;|" "$dir/site.conf"
+    -e '/listen \[::\]/d' -e "s|server 127.0.0.1:8000;|server $1;|" ${second:+-e "$second"} "$dir/site.conf"
+  [[ -z "${2:-}" ]] || grep -q "server $2;" "$dir/site.conf" || fail "deploy/nginx.conf has no line for a second relay"
+  out="$(nginx -t -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" 2>&1)" || fail "nginx -t: $out"
+  ok "nginx -t deploy/nginx.conf (self-signed certificate, upstream ${*})"
   nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" -g 'daemon off;' &
   NGINX_PID=$!
   for _ in $(seq 1 100); do
@@ -144,8 +157,38 @@ check_nginx() {
   done
   timeout 60 python3 scripts/proxy_roundtrip.py "$https_port" "$http_port" "$dir/fullchain.pem" ||
     fail "round trip through nginx; its log: $(cat "$dir/error.log")"
+  stop_nginx
 }
 
+stop_nginx() {
+  if [[ -n "$NGINX_PID" ]] && kill -0 "$NGINX_PID" 2>/dev/null; then
+    kill -QUIT "$NGINX_PID" 2>/dev/null || true
+    wait "$NGINX_PID" 2>/dev/null || true
+  fi
+  NGINX_PID=""
+}
+
+# Two relays on one Redis behind deploy/nginx.conf: the round trip again,
+# its requests spread over both (each must have answered some).
+check_nginx_instances() {
+  local rport first_pid first_addr
+  rport="$(free_port)"
+  mkdir -p "$tmp/redis"
+  redis-server --port "$rport" --bind 127.0.0.1 --dir "$tmp/redis" --save '' --appendonly no \
+    --daemonize yes --pidfile "$tmp/redis/pid" >/dev/null
+  REDIS_PORT="$rport"
+  for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  local shared=(RELAY_REDIS_URL="redis://127.0.0.1:$rport" RELAY_LOG=debug)
+  start_relay check-deploy "$tmp/a.log" "${shared[@]}"
+  first_pid="$SERVER_PID" first_addr="$ADDR"
+  start_relay check-deploy "$tmp/b.log" "${shared[@]}"
+  OTHER_PID="$first_pid"
+  check_nginx "$first_addr" "$ADDR"
+  for l in a b; do
+    grep -q '"event":"request"' "$tmp/$l.log" || fail "relay $l answered no request through nginx"
+  done
+  ok "both relays on one Redis answered requests of the round trip"
+}
 check_fly() {
   python3 - deploy/fly.toml <<'EOF' || fail "deploy/fly.toml"
 import sys, tomllib
@@ -169,10 +212,13 @@ EOF
 need systemd-analyze systemd
 need nginx nginx
 need openssl openssl
+need redis-server redis-server
 rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
 cargo build --release --quiet --target "$TARGET"
 check_unit
 check_environment
-check_nginx
+check_nginx "$ADDR"
+stop_relay
+check_nginx_instances
 check_fly
 echo "check-deploy: deploy/ passed"

@@ -24,6 +24,12 @@
 #                 every other subscriber on a second instance on the same
 #                 Redis. Its figures add redis_cpu_pct and redis_us_per_op
 #                 (Redis's CPU, apart from the relays' server_* figures).
+#   script        the floor of shared: redis-benchmark -c 64 -P 1 calling the
+#                 engine's script (src/store/redis/relay.lua) directly with
+#                 the prompt of the ingest figure, no relay: the ingest
+#                 figure only; its server_* figures are Redis's. One line
+#                 in front of the script fills in the caller's cursor (the
+#                 relay sends it; redis-benchmark cannot), one HGET.
 #   nchan         nginx + nchan (NCHAN_DIR) mapped onto relay's data paths.
 #   nginx-static  nginx answering every request with a static
 #                 {"stored":true} (nginx-static/): the ingest figure only,
@@ -79,12 +85,12 @@ ulimit -n "$(ulimit -Hn)"
 
 for t in $TARGETS; do
   case "$t" in
-    relay | nchan | nginx-static | durable | redis | shared) ;;
+    relay | nchan | nginx-static | durable | redis | shared | script) ;;
     base)
       [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
       BASE_BIN="$(realpath "$BASE_BIN")"
       ;;
-    *) echo "run.sh: unknown target $t (relay, base, durable, redis, shared, nchan, nginx-static)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown target $t (relay, base, durable, redis, shared, script, nchan, nginx-static)" >&2; exit 2 ;;
   esac
 done
 
@@ -193,6 +199,14 @@ start_server() {
         server_pid="$stop_pid,$second_pid"
       fi
       ;;
+    script)
+      mkdir -p "$OUT/script-$2"
+      taskset -c "$SERVER_CORE" redis-server --port "$2" --bind 127.0.0.1 --dir "$OUT/script-$2" \
+        --save '' --appendonly no --daemonize no >"$log" 2>&1 &
+      stop_pid=$!
+      for _ in $(seq 1 100); do redis-cli -p "$2" ping >/dev/null 2>&1 && break; sleep 0.1; done
+      server_pid=$stop_pid
+      ;;
     redis)
       # Redis with "acknowledged means on disk": the AOF fsynced before
       # every reply (appendfsync always), no snapshots.
@@ -240,15 +254,38 @@ wrk_us() {
 # The Redis anchor of the durable ingest: SET of 256-byte values from 64
 # connections, one request in flight each, as wrk posts prompts.
 run_redis_ingest() {
-  local out="$OUT/redis-bench-$port.csv" t0 t1 k0 k1 n=$((INGEST_SECS * 8000))
+  run_benchmark_ingest redis -t set -d 256 -r 1000000
+}
+
+# The floor of the shared ingest: the engine's script, called as the relay
+# calls it for a prompt of the ingest figure (a 256-byte prompt, a fresh
+# client_msg_id each time), into one session.
+run_script_ingest() {
+  local sha now head
+  sha="$({ echo "if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end"
+    cat "$root/src/store/redis/relay.lua"; } | redis-cli -p "$port" -x script load)"
+  now="$(date +%s%3N)"
+  local keys=(6 b:s:x b:m:x b:p:x b:a:x b:sessions b:w:x)
+  local limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:events b:)
+  redis-cli -p "$port" evalsha "$sha" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
+  head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
+  run_benchmark_ingest script -r 1000000000 evalsha "$sha" "${keys[@]}" prompt x "$now" \
+    00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now"
+}
+
+# run_benchmark_ingest TARGET ARGS...: redis-benchmark -c 64 -P 1 with ARGS
+# against the Redis on $port, as an ingest RESULT line.
+run_benchmark_ingest() {
+  local t="$1" out="$OUT/redis-bench-$port.csv" t0 t1 k0 k1 n=$((INGEST_SECS * 8000))
+  shift
   read -r t0 k0 < <(ticks "$server_pid")
   local w0 w1
   w0="$(date +%s.%N)"
-  taskset -c "$LOAD_CORE" redis-benchmark -p "$port" -t set -d 256 -c 64 -P 1 -n "$n" -r 1000000 --csv >"$out" 2>/dev/null
+  taskset -c "$LOAD_CORE" redis-benchmark -p "$port" -c 64 -P 1 -n "$n" --csv "$@" >"$out" 2>/dev/null
   w1="$(date +%s.%N)"
   read -r t1 k1 < <(ticks "$server_pid")
-  awk -F, -v t="redis" -v n="$n" -v d="$((t1 - t0))" -v k="$((k1 - k0))" -v hz="$clk_tck" -v w0="$w0" -v w1="$w1" '
-    NR == 2 { gsub(/"/, ""); rps = $2; p50 = $5 * 1000; p99 = $7 * 1000 }
+  awk -F, -v t="$t" -v n="$n" -v d="$((t1 - t0))" -v k="$((k1 - k0))" -v hz="$clk_tck" -v w0="$w0" -v w1="$w1" '
+    NR == 2 { gsub(/"/, ""); rps = $(NF - 6); p50 = $(NF - 3) * 1000; p99 = $(NF - 1) * 1000 }
     END { secs = w1 - w0; cpu = d / hz
       printf "RESULT figure=ingest target=%s requests=%d req_per_s=%.0f p50_us=%.1f p99_us=%.1f server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f\n",
         t, n, rps, p50, p99, 100 * cpu / secs, 1e6 * cpu / n, 1e6 * k / hz / n }' "$out"
@@ -286,8 +323,8 @@ run_ingest() {
 runs() {
   case "$2:$1" in
     nchan:catchup) return 1 ;;
-    redis:ingest) return 0 ;;
-    redis:*) return 1 ;;
+    redis:ingest | script:ingest) return 0 ;;
+    redis:* | script:*) return 1 ;;
     nginx-static:ingest) return 0 ;;
     nginx-static:*) return 1 ;;
   esac
@@ -324,6 +361,8 @@ run_figure() {
   [ "$t" = durable ] && c0="$(commits "$port")"
   if [ "$kind" = ingest ] && [ "$t" = redis ]; then
     line="$(run_redis_ingest)"
+  elif [ "$kind" = ingest ] && [ "$t" = script ]; then
+    line="$(run_script_ingest)"
   elif [ "$kind" = ingest ]; then
     line="$(run_ingest "$t")"
   else
@@ -354,6 +393,7 @@ run_figure() {
     durable) rm -rf "$OUT/data-$port"; sync ;;
     redis) rm -rf "$OUT/redis-$port"; sync ;;
     shared) rm -rf "$OUT/shared-$port" ;;
+    script) rm -rf "$OUT/script-$port" ;;
   esac
 }
 
@@ -369,6 +409,7 @@ run_figure() {
       relay | base | durable) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
       shared) echo "- shared: $(describe_bin "$relay_bin") on $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
       redis) echo "- redis: $(redis-server --version | cut -d' ' -f1-3), appendonly yes, appendfsync always" ;;
+      script) echo "- script: $(redis-server --version | cut -d' ' -f1-3), no persistence, src/store/redis/relay.lua by redis-benchmark" ;;
     esac
   done
 } >"$OUT/header.md"
