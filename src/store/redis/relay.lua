@@ -7,14 +7,17 @@
 --
 -- Keys of a session (prefix P):
 --   P s:<sid>  hash   e epoch, n next seq, la newest answer's seq,
---                     da newest answer history dropped, pc pending count
+--                     da newest answer history dropped, pc pending count,
+--                     t when the session's score in `sessions` was set
 --   P m:<sid>  hash   seq -> "kind\ncid\naid\nts\ndata" (kind p or a):
 --                     history, and the pending prompts it dropped
 --   P p:<sid>  hash   client_msg_id -> seq (negative once answered)
 --   P a:<sid>  hash   assistant_msg_id -> seq
 --   P w:<sid>  hash   instance -> unix ms until which it has subscribers
 --                     of the session (an answer's `delivered`)
---   P sessions zset   sid -> last activity (unix ms): the TTL and the cap
+--   P sessions zset   sid -> last activity (unix ms, to the second: a
+--                     write moves it once a second at most): the TTL and
+--                     the cap
 -- Every change is published on the channel as a record (see `record`).
 --
 -- Answer: {status, extra, epoch, n, la, da, full, records...}: the
@@ -29,36 +32,59 @@ local known_epoch, known_next = ARGV[4], tonumber(ARGV[5])
 local limit, max_sessions, max_pending = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local new_epoch, channel, prefix = ARGV[9], ARGV[10], ARGV[11]
 
+-- A number as Redis takes it. Lua's own conversion (`..`, or a number
+-- passed to redis.call) prints a double with "%.14g", which costs more
+-- than the redis.call it feeds; "%d" is an integer's.
+local function str(n)
+  return string.format('%d', n)
+end
+
 local function session()
-  local v = redis.call('HMGET', s, 'e', 'n', 'la', 'da', 'pc')
+  local v = redis.call('HMGET', s, 'e', 'n', 'la', 'da', 'pc', 't')
   if not v[1] then
     return nil
   end
-  return { e = v[1], n = tonumber(v[2]), la = tonumber(v[3]), da = tonumber(v[4]), pc = tonumber(v[5]) }
+  return { e = v[1], n = tonumber(v[2]), la = tonumber(v[3]), da = tonumber(v[4]), pc = tonumber(v[5]),
+    t = tonumber(v[6] or '0') }
 end
 
+-- A redis.call costs about as much as the Lua around it, so a write makes
+-- as few as it can: the activity score moves once a second.
 local function save(S)
-  redis.call('HSET', s, 'n', S.n, 'la', S.la, 'da', S.da, 'pc', S.pc)
-  redis.call('ZADD', all, now, sid)
+  if now - S.t >= 1000 then
+    redis.call('ZADD', all, ARGV[3], sid)
+    redis.call('HSET', s, 'n', str(S.n), 'la', str(S.la), 'da', str(S.da), 'pc', str(S.pc), 't', ARGV[3])
+  else
+    redis.call('HSET', s, 'n', str(S.n), 'la', str(S.la), 'da', str(S.da), 'pc', str(S.pc))
+  end
 end
 
 local function create()
   if redis.call('ZCARD', all) >= max_sessions then
     return nil
   end
-  redis.call('HSET', s, 'e', new_epoch, 'n', 1, 'la', 0, 'da', 0, 'pc', 0)
+  redis.call('HSET', s, 'e', new_epoch, 'n', 1, 'la', 0, 'da', 0, 'pc', 0, 't', now)
   redis.call('ZADD', all, now, sid)
   redis.call('PUBLISH', channel, 'C\n' .. sid .. '\n' .. new_epoch)
-  return { e = new_epoch, n = 1, la = 0, da = 0, pc = 0 }
+  return { e = new_epoch, n = 1, la = 0, da = 0, pc = 0, t = now }
 end
+
+-- The records this call wrote ("seq\nrecord"), by seq: the answer
+-- carries them without reading them back.
+local written = {}
 
 local function answer(status, S, extra)
   local out = { status, extra or '', S.e, S.n, S.la, S.da, '0' }
   if S.e == known_epoch and known_next >= S.n - limit and known_next <= S.n then
     for q = known_next, S.n - 1 do
-      local r = redis.call('HGET', m, q)
-      if r then
-        out[#out + 1] = q .. '\n' .. r
+      local w = written[q]
+      if w then
+        out[#out + 1] = w
+      else
+        local r = redis.call('HGET', m, q)
+        if r then
+          out[#out + 1] = str(q) .. '\n' .. r
+        end
       end
     end
   else
@@ -74,7 +100,7 @@ local function answer(status, S, extra)
       byseq[tonumber(kv[i])] = kv[i + 1]
     end
     for _, q in ipairs(seqs) do
-      out[#out + 1] = q .. '\n' .. byseq[q]
+      out[#out + 1] = str(q) .. '\n' .. byseq[q]
     end
   end
   return out
@@ -84,24 +110,30 @@ local function gone(status)
   return { status, '', '' }
 end
 
--- Appends a message; drops what history no longer keeps.
-local function append(S, body)
+-- Appends a message, `fields` then `head` then its seq, and drops what
+-- history no longer keeps.
+local function append(S, fields, head)
   local seq = S.n
+  local q = str(seq)
   S.n = seq + 1
-  redis.call('HSET', m, seq, body)
-  redis.call('PUBLISH', channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. seq .. '\n' .. body)
+  local body = fields .. head .. q .. '}'
+  redis.call('HSET', m, q, body)
+  local record = q .. '\n' .. body
+  written[seq] = record
+  redis.call('PUBLISH', channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. record)
   local d = seq - limit
   if d >= 1 then
-    local old = redis.call('HGET', m, d)
+    local ds = str(d)
+    local old = redis.call('HGET', m, ds)
     if old then
       local kind, cid, aid = string.match(old, '^(%a)\n([^\n]*)\n([^\n]*)\n')
       if kind == 'p' then
         if tonumber(redis.call('HGET', p, cid) or '0') < 0 then
-          redis.call('HDEL', m, d)
+          redis.call('HDEL', m, ds)
           redis.call('HDEL', p, cid)
         end
       else
-        redis.call('HDEL', m, d)
+        redis.call('HDEL', m, ds)
         if tonumber(redis.call('HGET', a, aid) or '0') == d then
           redis.call('HDEL', a, aid)
         end
@@ -131,14 +163,17 @@ if op == 'prompt' then
     end
     extra = '1'
   end
-  if redis.call('HEXISTS', p, cid) == 1 then
-    return answer('dup', S, extra)
-  end
   if S.pc >= max_pending then
+    if redis.call('HEXISTS', p, cid) == 1 then
+      return answer('dup', S, extra)
+    end
     return answer('e503p', S, extra)
   end
-  local seq = append(S, 'p\n' .. cid .. '\n\n' .. ts .. '\n' .. head .. S.n .. '}')
-  redis.call('HSET', p, cid, seq)
+  -- Dedupe and the id's entry in one call: the prompt takes seq S.n.
+  if redis.call('HSETNX', p, cid, str(S.n)) == 0 then
+    return answer('dup', S, extra)
+  end
+  append(S, 'p\n' .. cid .. '\n\n' .. ts .. '\n', head)
   S.pc = S.pc + 1
   save(S)
   return answer('ok', S, extra)
@@ -164,17 +199,17 @@ elseif op == 'response' then
   if not pv then
     return answer('e404p', S)
   end
-  local seq = append(S, 'a\n' .. cid .. '\n' .. aid .. '\n' .. ts .. '\n' .. head .. S.n .. '}')
-  redis.call('HSET', a, aid, seq)
+  local seq = append(S, 'a\n' .. cid .. '\n' .. aid .. '\n' .. ts .. '\n', head)
+  redis.call('HSET', a, aid, str(seq))
   S.la = seq
   local pseq = tonumber(pv)
   if pseq > 0 then
     S.pc = S.pc - 1
     if pseq <= S.n - 1 - limit then
-      redis.call('HDEL', m, pseq)
+      redis.call('HDEL', m, pv)
       redis.call('HDEL', p, cid)
     else
-      redis.call('HSET', p, cid, -pseq)
+      redis.call('HSET', p, cid, '-' .. pv)
     end
   end
   save(S)
