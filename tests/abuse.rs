@@ -184,7 +184,8 @@ fn combined_abuse_leaves_a_well_behaved_client_served_and_memory_bounded() {
         MAX_BODY.to_string(),
     );
     let history = HISTORY.to_string();
-    let srv = Server::start_with(&[
+    // One relay: its connection cap, its memory, its counters.
+    let srv = Server::start_single_with(&[
         ("RELAY_MAX_CONNECTIONS", &cap),
         ("RELAY_SUBSCRIBER_BUFFER", &sub_buffer),
         ("RELAY_MAX_BODY", &max_body),

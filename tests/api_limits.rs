@@ -157,7 +157,8 @@ fn resent_prompt_is_a_duplicate_even_when_the_pending_cap_is_full() {
 
 #[test]
 fn new_session_beyond_the_session_cap_is_503() {
-    let srv = Server::start_with(&[("RELAY_MAX_SESSIONS", "2")]);
+    // One relay: the cap counts its own sessions.
+    let srv = Server::start_single_with(&[("RELAY_MAX_SESSIONS", "2")]);
     let (a, b, c) = (unique_session(), unique_session(), unique_session());
     srv.prompt(&a, "p", None);
     assert_eq!(srv.put(&format!("/sessions/{b}")).status, 200);
@@ -176,7 +177,8 @@ fn new_session_beyond_the_session_cap_is_503() {
 
 #[test]
 fn readyz_is_503_while_the_session_cap_is_full() {
-    let srv = Server::start_with(&[("RELAY_MAX_SESSIONS", "1")]);
+    // One relay: the cap counts its own sessions.
+    let srv = Server::start_single_with(&[("RELAY_MAX_SESSIONS", "1")]);
     let sid = unique_session();
     assert_eq!(srv.get("/readyz").status, 200);
     srv.prompt(&sid, "p", None);

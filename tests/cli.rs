@@ -436,7 +436,9 @@ fn an_idle_agent_exits_promptly_on_sigint() {
 
 #[test]
 fn the_agent_survives_a_server_restart() {
-    let mut first = Server::start();
+    // One relay, restarted: a process's own life (with `TEST_WITH_REDIS`
+    // each start has a fresh key prefix, so fresh state as in memory).
+    let mut first = Server::start_single();
     let port = first.addr().port().to_string();
     let sid = unique_session();
     let agent = Agent::start(&first, &sid, &[], &["tr", "a-z", "A-Z"]);
@@ -444,7 +446,7 @@ fn the_agent_survives_a_server_restart() {
     agent.wait_events("prompt answered", 1);
     first.sigterm();
     assert!(first.wait_exit(WAIT).is_some_and(|s| s.success()));
-    let second = Server::start_with(&[("RELAY_PORT", port.as_str())]);
+    let second = Server::start_single_with(&[("RELAY_PORT", port.as_str())]);
     // The new server's session restarts at seq 1, below the agent's cursor:
     // the agent must notice the new epoch and read from the start.
     let mut ws = second.ws(&format!("/ws/{sid}"));

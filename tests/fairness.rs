@@ -188,7 +188,8 @@ fn a_socket_that_never_sends_a_byte_is_closed_at_the_request_timeout() {
 
 #[test]
 fn hung_up_parked_polls_with_full_buffers_free_their_waiters() {
-    let srv = Server::start_with(&[("RELAY_MAX_WAITERS", "3")]);
+    // One relay: the cap counts its own parked polls.
+    let srv = Server::start_single_with(&[("RELAY_MAX_WAITERS", "3")]);
     let sid = unique_session();
     srv.put(&format!("/sessions/{sid}"));
     let polls: Vec<TcpStream> = (0..3)
@@ -244,7 +245,8 @@ fn greedy(addr: SocketAddr, sid: &str) -> TcpStream {
 fn twenty_connections_that_never_read_hold_bounded_memory() {
     const PROMPTS: usize = 200;
     const TEXT: usize = 120 * 1024;
-    let srv = Server::start_with(&[("RELAY_MAX_PENDING", "1000"), ("RELAY_LOG", "info")]);
+    // One relay: every connection on the process whose memory is measured.
+    let srv = Server::start_single_with(&[("RELAY_MAX_PENDING", "1000"), ("RELAY_LOG", "info")]);
     let sid = unique_session();
     let mut c = srv.conn();
     let text = "p".repeat(TEXT);

@@ -199,7 +199,8 @@ fn scenario_7_invalid_requests_are_rejected_and_store_nothing() {
 
 #[test]
 fn scenario_8_sessions_are_created_on_use_and_cleaned_up() {
-    let srv = Server::start();
+    // One relay: its `sessions` counter is its own local copies.
+    let srv = Server::start_single();
     let (by_prompt, by_ws, by_put) = (unique_session(), unique_session(), unique_session());
     srv.prompt(&by_prompt, "p", None);
     let mut ws = srv.ws(&format!("/ws/{by_ws}"));

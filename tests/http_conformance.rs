@@ -260,7 +260,8 @@ fn idle_keep_alive_connection_is_closed_quietly() {
 
 #[test]
 fn connection_cap_answers_503_to_the_next_connection() {
-    let srv = Server::start_with(&[("RELAY_MAX_CONNECTIONS", "3")]);
+    // One relay: the cap is its own.
+    let srv = Server::start_single_with(&[("RELAY_MAX_CONNECTIONS", "3")]);
     let mut held: Vec<Http> = (0..3)
         .map(|_| {
             let mut c = srv.conn();

@@ -254,7 +254,8 @@ fn hanging_up_frees_the_parked_poll() {
 
 #[test]
 fn waiter_beyond_the_cap_is_503() {
-    let srv = Server::start_with(&[("RELAY_MAX_WAITERS", "2")]);
+    // One relay: the cap counts its own parked polls.
+    let srv = Server::start_single_with(&[("RELAY_MAX_WAITERS", "2")]);
     let sid = created(&srv);
     let mut a = start_poll(&srv, &sid, "?timeout=60");
     let mut b = start_poll(&srv, &sid, "?timeout=60");

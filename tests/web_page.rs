@@ -124,7 +124,9 @@ fn restart_scenario(data_dir: Option<&str>) {
     if let Some(dir) = data_dir {
         env.push(("RELAY_DATA_DIR", dir));
     }
-    let first = Server::start_with(&env);
+    // One relay, restarted: a process's own life (with `TEST_WITH_REDIS`
+    // each start has a fresh key prefix, so fresh state as in memory).
+    let first = Server::start_single_with(&env);
     let port = first.addr().port().to_string();
     let sid = unique_session();
     let url = format!("http://{}/", first.addr());
@@ -157,7 +159,7 @@ fn restart_scenario(data_dir: Option<&str>) {
     // memory, so a new epoch for the session...
     let mut env2 = env.clone();
     env2.push(("RELAY_PORT", &port));
-    let second = Server::start_with(&env2);
+    let second = Server::start_single_with(&env2);
     assert_eq!(second.addr().port().to_string(), port);
     second.put(&format!("/sessions/{sid}"));
     browser.send("RESTARTED");

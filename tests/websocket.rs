@@ -487,7 +487,8 @@ fn deleting_the_session_closes_its_subscribers_with_1000() {
 
 #[test]
 fn subscriber_cap_answers_503_before_upgrade() {
-    let srv = Server::start_with(&[("RELAY_MAX_SUBSCRIBERS", "2")]);
+    // One relay: the cap counts its own subscribers.
+    let srv = Server::start_single_with(&[("RELAY_MAX_SUBSCRIBERS", "2")]);
     let sid = unique_session();
     let _a = srv.ws(&format!("/ws/{sid}"));
     let mut b = srv.ws(&format!("/ws/{sid}"));

@@ -5,6 +5,15 @@
 //! Readiness is observed, never slept for: `start` returns once the server's JSON log on
 //! stderr announces `"event":"listening"` with its address. Every socket has a 10 s read
 //! timeout so a missing reply fails the test instead of hanging it.
+//!
+//! Two modes run the whole suite again: `TEST_WITH_DATA_DIR=1` gives every server a fresh
+//! data directory; `TEST_WITH_REDIS=redis://HOST:PORT` makes every `Server` two relays on
+//! that Redis (a key prefix of their own), and every connection the test opens goes to the
+//! next of the two in turn (`addr()`, `conn()`, `ws()`, `get()`, ...), so each flow crosses
+//! instances; `logs()` and `wait_for_log` read both. Signals, the pid and `/proc` figures are
+//! the first relay's. A test of what one process owns by nature (its counters, caps, logs,
+//! signals) starts one relay on that Redis (`Server::start_single_with`); one that cannot
+//! run there at all returns early with `skip_with_redis("why")`.
 #![allow(dead_code)]
 
 mod good;
@@ -51,6 +60,10 @@ pub struct Server {
     /// A data directory the harness made (see `TEST_WITH_DATA_DIR`),
     /// removed when the server is dropped.
     own_data_dir: Option<std::path::PathBuf>,
+    /// The second relay on the same Redis (see `TEST_WITH_REDIS`).
+    twin: Option<Box<Server>>,
+    /// Connections opened so far: which of the two the next one goes to.
+    turn: AtomicUsize,
 }
 
 impl Server {
@@ -72,6 +85,77 @@ impl Server {
     /// sets a signal disposition before `exec`.
     #[track_caller]
     pub fn start_via(wrapper: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_relays(wrapper, env, 2)
+    }
+
+    /// `start`, but one relay whatever the mode (see `start_single_with`).
+    #[track_caller]
+    pub fn start_single() -> Server {
+        Server::start_single_with(&[])
+    }
+
+    /// `start_with`, but one relay whatever the mode (with `TEST_WITH_REDIS`
+    /// still on that Redis): for a test of what one process owns by nature,
+    /// its counters, caps, signals and logs.
+    #[track_caller]
+    pub fn start_single_with(env: &[(&str, &str)]) -> Server {
+        Server::start_relays(&[], env, 1)
+    }
+
+    /// `start_via`, one relay whatever the mode (see `start_single_with`).
+    #[track_caller]
+    pub fn start_single_via(wrapper: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_relays(wrapper, env, 1)
+    }
+
+    /// Starts `relays` (1 or 2) relays on the Redis of `TEST_WITH_REDIS`
+    /// with a key prefix of their own, unless the mode is off or the test
+    /// brings its own storage: then one relay as `env` says.
+    #[track_caller]
+    fn start_relays(wrapper: &[&str], env: &[(&str, &str)], relays: usize) -> Server {
+        let Some(url) = std::env::var("TEST_WITH_REDIS").ok().filter(|_| {
+            !env.iter()
+                .any(|(k, _)| matches!(*k, "RELAY_REDIS_URL" | "RELAY_DATA_DIR"))
+        }) else {
+            return Server::spawn(wrapper, env);
+        };
+        let n = SESSION_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("t{}-{n}:", std::process::id());
+        let mut shared: Vec<(&str, &str)> = env.to_vec();
+        shared.push(("RELAY_REDIS_URL", &url));
+        shared.push(("RELAY_REDIS_PREFIX", &prefix));
+        let mut first = Server::spawn(wrapper, &shared);
+        if relays > 1 {
+            first.twin = Some(Box::new(Server::spawn(wrapper, &shared)));
+        }
+        // Both reached Redis before the test's first request: `listening`
+        // comes before the link is up, `connected to Redis` once it is (a
+        // log line rather than `/readyz`, which would show in the request
+        // log, the metrics and the rate limits).
+        for srv in std::iter::once(&first).chain(first.twin.as_deref()) {
+            if srv
+                .find_log_line(|l| l.contains("connected to Redis"), LOG_TIMEOUT)
+                .is_none()
+            {
+                panic!(
+                    "relay never reached {url}; stderr:\n{}",
+                    srv.logs().join("\n")
+                );
+            }
+        }
+        first
+    }
+
+    /// This relay alone from now on (the second one, if any, is killed): for
+    /// a test whose server comes from a helper shared with tests that
+    /// alternate (see `start_single_with`).
+    pub fn single(mut self) -> Server {
+        self.twin = None;
+        self
+    }
+
+    #[track_caller]
+    fn spawn(wrapper: &[&str], env: &[(&str, &str)]) -> Server {
         let bin = env!("CARGO_BIN_EXE_relay");
         let mut cmd = match wrapper.split_first() {
             None => Command::new(bin),
@@ -96,7 +180,9 @@ impl Server {
         // `TEST_WITH_DATA_DIR=1 cargo test` runs every test once more with
         // persistence: each server gets a fresh data directory.
         let own_data_dir = (std::env::var_os("TEST_WITH_DATA_DIR").is_some()
-            && !env.iter().any(|(k, _)| *k == "RELAY_DATA_DIR"))
+            && !env
+                .iter()
+                .any(|(k, _)| matches!(*k, "RELAY_DATA_DIR" | "RELAY_REDIS_URL")))
         .then(|| {
             let n = SESSION_COUNTER.fetch_add(1, Ordering::Relaxed);
             let dir = std::env::temp_dir().join(format!("relay-test-{}-{n}", std::process::id()));
@@ -129,6 +215,8 @@ impl Server {
             log,
             exited: None,
             own_data_dir,
+            twin: None,
+            turn: AtomicUsize::new(0),
         };
         let line = match server.find_log_line(is_listening_line, LOG_TIMEOUT) {
             Some(line) => line,
@@ -150,8 +238,13 @@ impl Server {
         server
     }
 
+    /// The address of the relay the next connection goes to (with
+    /// `TEST_WITH_REDIS`, each call the other of the two).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        match &self.twin {
+            Some(twin) if self.turn.fetch_add(1, Ordering::Relaxed) % 2 == 1 => twin.addr,
+            _ => self.addr,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -160,7 +253,11 @@ impl Server {
 
     /// Every stderr line seen so far.
     pub fn logs(&self) -> Vec<String> {
-        self.log.0.lock().unwrap().lines.clone()
+        let mut lines = self.log.0.lock().unwrap().lines.clone();
+        if let Some(twin) = &self.twin {
+            lines.extend(twin.logs());
+        }
+        lines
     }
 
     /// Blocks (max 10 s) until a log line contains `needle`; returns that line.
@@ -183,11 +280,21 @@ impl Server {
             if let Some(line) = state.lines.iter().find(|l| pred(l)) {
                 return Some(line.clone());
             }
+            if let Some(twin) = &self.twin
+                && let Some(line) = twin.log.0.lock().unwrap().lines.iter().find(|l| pred(l))
+            {
+                return Some(line.clone());
+            }
             let now = Instant::now();
-            if state.eof || now >= deadline {
+            if (state.eof && self.twin.is_none()) || now >= deadline {
                 return None;
             }
-            state = cvar.wait_timeout(state, deadline - now).unwrap().0;
+            // With a twin, its lines are looked at again every 10 ms.
+            let wait = match self.twin {
+                Some(_) => (deadline - now).min(Duration::from_millis(10)),
+                None => deadline - now,
+            };
+            state = cvar.wait_timeout(state, wait).unwrap().0;
         }
     }
 
@@ -298,7 +405,7 @@ impl Server {
     /// A raw keep-alive connection.
     #[track_caller]
     pub fn conn(&self) -> Http {
-        Http::connect(self.addr)
+        Http::connect(self.addr())
     }
 
     /// A WebSocket client; panics if the upgrade does not succeed.
@@ -322,7 +429,7 @@ impl Server {
         let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
             .expect("socket");
         sock.set_recv_buffer_size(rcvbuf).expect("SO_RCVBUF");
-        sock.connect(&self.addr.into()).expect("connect to relay");
+        sock.connect(&self.addr().into()).expect("connect to relay");
         match self.ws_over(sock.into(), path, &[]) {
             Ok(ws) => ws,
             Err(resp) => panic!("WebSocket upgrade to {path} failed: {}", resp.status),
@@ -332,7 +439,8 @@ impl Server {
     /// A WebSocket client with extra request headers; `Err` carries a non-101 answer.
     #[track_caller]
     pub fn ws_with(&self, path: &str, headers: &[(&str, &str)]) -> Result<Ws, Response> {
-        let stream = TcpStream::connect(self.addr).expect("connect to relay");
+        let addr = self.addr();
+        let stream = TcpStream::connect(addr).expect("connect to relay");
         self.ws_over(stream, path, headers)
     }
 
@@ -346,7 +454,8 @@ impl Server {
         stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_nodelay(true).unwrap();
-        let mut req = format!("ws://{}{}", self.addr, path)
+        let addr = stream.peer_addr().expect("peer address");
+        let mut req = format!("ws://{}{}", addr, path)
             .into_client_request()
             .expect("valid ws request");
         for (name, value) in headers {
@@ -379,12 +488,22 @@ impl Server {
 
     // ---- extra helpers (not in notes/harness.md) used by api*.rs, long_poll.rs, flows.rs ----
 
-    /// `GET /healthz` parsed, asserting 200.
+    /// `GET /healthz` parsed, asserting 200. With two relays (`TEST_WITH_REDIS`):
+    /// the first one's body, with `subscribers` and `parked_polls` summed over
+    /// both, so that "every subscriber is registered" reads the same whichever
+    /// relay each one reached; the other counters stay the first relay's own.
     #[track_caller]
     pub fn health(&self) -> Value {
-        let resp = self.get("/healthz");
-        assert_eq!(resp.status, 200, "/healthz: {}", resp.text());
-        resp.json()
+        let Some(twin) = &self.twin else {
+            return health_at(self.addr);
+        };
+        let mut h = health_at(self.addr);
+        let other = health_at(twin.addr);
+        for field in ["subscribers", "parked_polls"] {
+            let sum = h[field].as_u64().unwrap_or(0) + other[field].as_u64().unwrap_or(0);
+            h[field] = Value::from(sum);
+        }
+        h
     }
 
     /// Polls `/healthz` (bounded, 10 s) until `field` equals `want`: a readiness check, not a
@@ -448,9 +567,12 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // The second relay prints its own stderr and is killed after this one.
+        let twin = self.twin.take();
         if std::thread::panicking() {
             eprintln!("--- relay stderr ---\n{}", self.logs().join("\n"));
         }
+        drop(twin);
         if self.exited.is_none() && matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();
         }
@@ -461,6 +583,14 @@ impl Drop for Server {
     }
 }
 
+/// `GET /healthz` of the relay at `addr`, parsed, asserting 200.
+#[track_caller]
+fn health_at(addr: SocketAddr) -> Value {
+    let resp = Http::connect(addr).request("GET", "/healthz", &[], None);
+    assert_eq!(resp.status, 200, "/healthz: {}", resp.text());
+    resp.json()
+}
+
 fn is_listening_line(line: &str) -> bool {
     serde_json::from_str::<Value>(line)
         .map(|v| v["event"] == "listening" && v["addr"].is_string())
@@ -468,6 +598,21 @@ fn is_listening_line(line: &str) -> bool {
 }
 
 static SESSION_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// True when the suite runs against two relays on one Redis (`TEST_WITH_REDIS`).
+pub fn redis_mode() -> bool {
+    std::env::var_os("TEST_WITH_REDIS").is_some()
+}
+
+/// In `TEST_WITH_REDIS` mode, prints why the test does not run there and
+/// returns true (the test then returns at once); otherwise false.
+pub fn skip_with_redis(reason: &str) -> bool {
+    let skip = redis_mode();
+    if skip {
+        eprintln!("skipped with TEST_WITH_REDIS: {reason}");
+    }
+    skip
+}
 
 /// A session id unique within this test run: `t-<counter>-<pid>`.
 pub fn unique_session() -> String {
