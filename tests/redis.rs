@@ -289,6 +289,39 @@ fn a_long_poll_parked_on_one_instance_is_woken_by_a_prompt_on_another() {
     }
 }
 
+/// A counter of `/metrics` (a line without labels).
+#[track_caller]
+fn counter(srv: &Server, name: &str) -> u64 {
+    let text = srv.get("/metrics").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[test]
+fn each_instance_counts_the_messages_stored_through_it() {
+    let redis = Redis::start();
+    let [a, b]: [Server; 2] = instances(&redis, 2).try_into().ok().unwrap();
+    let sid = unique_session();
+    // The first write of the session goes to A, which holds no copy of it.
+    a.prompt(&sid, "one", Some("p1"));
+    let mut ws = a.ws(&format!("/ws/{sid}"));
+    a.wait_health("subscribers", 1);
+    b.prompt(&sid, "two", Some("p2"));
+    b.prompt(&sid, "two", Some("p2")); // a duplicate stores nothing
+    assert_eq!(answer(&b, &sid, "p1", "a1", "hi").status, 200);
+    // A applied B's answer (its subscriber has it), yet did not store it.
+    assert_eq!(ws.recv_json_skip_pings()["data"]["assistant_msg_id"], "a1");
+    let stored = |srv: &Server| {
+        (
+            counter(srv, "relay_prompts_stored_total"),
+            counter(srv, "relay_responses_stored_total"),
+        )
+    };
+    assert_eq!(stored(&a), (1, 0));
+    assert_eq!(stored(&b), (1, 1));
+}
+
 /// One `POST` with `Connection: close` on `conn`, from a thread of the
 /// test's own: the status and the JSON body.
 fn post_on(conn: TcpStream, path: &str, body: &[u8]) -> (u16, Value) {

@@ -35,8 +35,12 @@ impl Relay {
                     seq,
                     client_msg_id,
                 } => {
-                    debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, seq = seq.get(); "prompt stored");
-                    self.stats.prompts_stored += 1;
+                    // Shared sessions: counted and logged by the instance
+                    // that stored it (see `Relay::answered`).
+                    if self.shared.is_none() {
+                        debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, seq = seq.get(); "prompt stored");
+                        self.stats.prompts_stored += 1;
+                    }
                     self.wake_waiters(&sid);
                 }
                 Applied::Response {
@@ -47,7 +51,10 @@ impl Relay {
                     client_msg_id,
                     assistant_msg_id,
                 } => {
-                    debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, assistant_msg_id = &*assistant_msg_id, seq = seq.get(); "response posted");
+                    if self.shared.is_none() {
+                        debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, assistant_msg_id = &*assistant_msg_id, seq = seq.get(); "response posted");
+                        self.stats.responses_stored += 1;
+                    }
                     delivered |= self.stored_response(&sid, seq, prev, frame);
                 }
                 Applied::Deleted { sid } => self.session_gone(&sid),
@@ -150,7 +157,6 @@ impl Relay {
     /// connected as the message was stored (it gets it unless it
     /// disconnects first).
     fn stored_response(&mut self, sid: &SessionId, seq: Seq, prev: Seq, frame: Rc<[u8]>) -> bool {
-        self.stats.responses_stored += 1;
         let delivered = !self.subscribers(sid).is_empty();
         if delivered {
             self.effects.push(Effect::Deliver {

@@ -193,6 +193,35 @@ impl Relay {
     }
 
     fn answered(&mut self, now: Millis, a: Answered) {
+        // A new message stored through this instance: counted and logged
+        // here, once, whichever instances' copies apply it. Redis ran the
+        // write alone, so its seq is the last the answer's session holds.
+        if let (
+            Then::Reply(Ok(o)),
+            Some(Snapshot {
+                sid, head: Some(h), ..
+            }),
+        ) = (&a.then, &a.snapshot)
+        {
+            let seq = h.next.get().saturating_sub(1);
+            match o {
+                Outcome::Prompt {
+                    id,
+                    duplicate: false,
+                } => {
+                    debug!(session_id = sid.as_str(), client_msg_id = id.as_str(), seq = seq; "prompt stored");
+                    self.stats.prompts_stored += 1;
+                }
+                Outcome::Response {
+                    id,
+                    duplicate: false,
+                } => {
+                    debug!(session_id = sid.as_str(), assistant_msg_id = id.as_str(), seq = seq; "response posted");
+                    self.stats.responses_stored += 1;
+                }
+                _ => {}
+            }
+        }
         let delivered = match a.snapshot {
             Some(s) => self.catch_up(now, s),
             None => false,
