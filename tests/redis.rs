@@ -322,6 +322,33 @@ fn each_instance_counts_the_messages_stored_through_it() {
     assert_eq!(stored(&b), (1, 1));
 }
 
+#[test]
+fn a_poll_parked_on_a_session_new_to_its_instance_is_woken_however_soon_the_prompt_follows() {
+    // An instance hears of another's writes only for the sessions someone
+    // waits on there: this poll's session gets listened to as it parks,
+    // and a prompt stored just before that must still wake it.
+    let redis = Redis::start();
+    let [a, b]: [Server; 2] = instances(&redis, 2).try_into().ok().unwrap();
+    for round in 0..40 {
+        let sid = unique_session();
+        b.put(&format!("/sessions/{sid}"));
+        let mut poll = a.conn();
+        poll.send("GET", &format!("/prompts/{sid}?timeout=5"), &[], None);
+        if round % 2 == 0 {
+            a.wait_health("parked_polls", 1);
+        }
+        b.prompt(&sid, "wake", Some("p"));
+        let got = poll.read_response();
+        assert_eq!(got.status, 200);
+        assert_eq!(
+            client_msg_ids(got.json().as_array().unwrap()),
+            ["p"],
+            "round {round}"
+        );
+        a.wait_health("parked_polls", 0);
+    }
+}
+
 /// One `POST` with `Connection: close` on `conn`, from a thread of the
 /// test's own: the status and the JSON body.
 fn post_on(conn: TcpStream, path: &str, body: &[u8]) -> (u16, Value) {

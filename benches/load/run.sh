@@ -24,6 +24,8 @@
 #                 every other subscriber on a second instance on the same
 #                 Redis. Its figures add redis_cpu_pct and redis_us_per_op
 #                 (Redis's CPU, apart from the relays' server_* figures).
+#   shared-base   shared with the relay binary at BASE_BIN: the engine's
+#                 before/after in one interleaved run.
 #   script        the floor of shared: redis-benchmark -c 64 -P 1 calling the
 #                 engine's script (src/store/redis/relay.lua) directly with
 #                 the prompt of the ingest figure, no relay: the ingest
@@ -86,11 +88,11 @@ ulimit -n "$(ulimit -Hn)"
 for t in $TARGETS; do
   case "$t" in
     relay | nchan | nginx-static | durable | redis | shared | script) ;;
-    base)
+    base | shared-base)
       [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
       BASE_BIN="$(realpath "$BASE_BIN")"
       ;;
-    *) echo "run.sh: unknown target $t (relay, base, durable, redis, shared, script, nchan, nginx-static)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown target $t (relay, base, durable, redis, shared, shared-base, script, nchan, nginx-static)" >&2; exit 2 ;;
   esac
 done
 
@@ -125,10 +127,10 @@ server_pid="" stop_pid="" redis_pid="" second_pid=""
 relay_env=()
 
 # The binary a relay-like target runs.
-bin_of() { if [ "$1" = base ]; then echo "$BASE_BIN"; else echo "$relay_bin"; fi; }
+bin_of() { case "$1" in base | shared-base) echo "$BASE_BIN" ;; *) echo "$relay_bin" ;; esac; }
 
 # The protocol a target speaks to the load generator and wrk's script.
-proto_of() { case "$1" in durable | shared) echo relay ;; *) echo "$1" ;; esac; }
+proto_of() { case "$1" in durable | shared | shared-base) echo relay ;; *) echo "$1" ;; esac; }
 
 # The storage thread's commits so far (one fsync each with RELAY_SYNC=always).
 commits() {
@@ -177,7 +179,7 @@ start_server() {
       wait_healthy "$2"
       server_pid=$stop_pid
       ;;
-    shared)
+    shared | shared-base)
       # Redis first (no persistence: the engine's cost), then the relay
       # on it, and for fan-out a second relay on the same Redis.
       local rport=$(($2 + 20000))
@@ -188,12 +190,12 @@ start_server() {
       for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
       local shared_env=(RELAY_HOST=127.0.0.1 RELAY_LOG=warn RELAY_REDIS_URL="redis://127.0.0.1:$rport"
         RELAY_MAX_CONNECTIONS=25000 RELAY_MAX_SUBSCRIBERS=20000 RELAY_MAX_WAITERS=1000 RELAY_MAX_PENDING=100000)
-      env RELAY_PORT="$2" "${shared_env[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$relay_bin" 2>"$log" &
+      env RELAY_PORT="$2" "${shared_env[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log" &
       stop_pid=$!
       wait_ready "$2"
       server_pid=$stop_pid
       if [ -n "${SECOND:-}" ]; then
-        env RELAY_PORT="$SECOND" "${shared_env[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$relay_bin" 2>"$log.2" &
+        env RELAY_PORT="$SECOND" "${shared_env[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log.2" &
         second_pid=$!
         wait_ready "$SECOND"
         server_pid="$stop_pid,$second_pid"
@@ -351,7 +353,7 @@ run_figure() {
   esac
   port=$((port + 1))
   SECOND=""
-  [ "$t:$kind" = shared:fan ] && SECOND=$((port + 30000))
+  case "$t:$kind" in shared:fan | shared-base:fan) SECOND=$((port + 30000)) ;; esac
   start_server "$t" "$port"
   local extra=()
   [ -n "$redis_pid" ] && extra+=(--redis-pid "$redis_pid")
@@ -392,7 +394,7 @@ run_figure() {
   case "$t" in
     durable) rm -rf "$OUT/data-$port"; sync ;;
     redis) rm -rf "$OUT/redis-$port"; sync ;;
-    shared) rm -rf "$OUT/shared-$port" ;;
+    shared | shared-base) rm -rf "$OUT/shared-$port" ;;
     script) rm -rf "$OUT/script-$port" ;;
   esac
 }
@@ -407,7 +409,7 @@ run_figure() {
   for t in $TARGETS; do
     case "$t" in
       relay | base | durable) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
-      shared) echo "- shared: $(describe_bin "$relay_bin") on $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
+      shared | shared-base) echo "- $t: $(describe_bin "$(bin_of "$t")") on $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
       redis) echo "- redis: $(redis-server --version | cut -d' ' -f1-3), appendonly yes, appendfsync always" ;;
       script) echo "- script: $(redis-server --version | cut -d' ' -f1-3), no persistence, src/store/redis/relay.lua by redis-benchmark" ;;
     esac

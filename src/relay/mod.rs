@@ -302,6 +302,11 @@ impl Relay {
             after: q.after,
         });
         self.counts.parked_polls += 1;
+        if self.shared.is_some()
+            && let Some(key) = self.store.key(sid).cloned()
+        {
+            self.listen(&key);
+        }
         Ok(Fetch::Park {
             deadline: Millis(now.0.saturating_add(q.timeout_ms)),
         })
@@ -383,6 +388,7 @@ impl Relay {
         subscribers.push(conn);
         if subscribers.len() == 1 {
             self.watching(sid, true);
+            self.listen(sid);
         }
         self.counts.subscribers += 1;
         Ok(Some(cursor))

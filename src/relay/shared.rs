@@ -294,11 +294,9 @@ impl Relay {
     /// copy; a gap or another epoch makes the copy read again.
     fn published(&mut self, now: Millis, e: Event) {
         let (sid, epoch) = match &e {
-            Event::Resubscribed => {
-                let sids: Vec<SessionId> = self.presence.keys().cloned().collect();
-                debug!(sessions = sids.len(); "reading the sessions waited on here again");
-                for sid in sids {
-                    self.resync(&sid);
+            Event::Listening { sid } => {
+                if self.presence.contains_key(sid) {
+                    self.resync(sid);
                 }
                 return;
             }
@@ -327,7 +325,7 @@ impl Relay {
             Event::Created { sid, .. }
             | Event::Deleted { sid, .. }
             | Event::Message { sid, .. } => self.resync(&sid),
-            Event::Resubscribed => {}
+            Event::Listening { .. } => {}
         }
     }
 
@@ -357,6 +355,7 @@ impl Relay {
         let present: Vec<&str> = self.presence.keys().map(|s| s.as_str()).collect();
         let grace = watch_grace(ttl_ms);
         if let Some(r) = self.shared.as_mut() {
+            r.unlisten_unless(|sid| presence.contains_key(sid));
             r.sweep(&present, ttl_ms);
             let until = r.unix_ms + grace;
             for (sid, here) in &self.presence {
@@ -366,6 +365,20 @@ impl Relay {
             }
         }
         idle.len()
+    }
+
+    /// Someone waits on `sid` here (a parked poll, a subscriber): its
+    /// changes made elsewhere must reach this instance. Channels stay
+    /// listened to until the sweep after the last one left (a poll parks
+    /// again soon), and at most about twice as many as are waited on.
+    pub(super) fn listen(&mut self, sid: &SessionId) {
+        let presence = &self.presence;
+        if let Some(r) = self.shared.as_mut() {
+            if r.listened() >= 2 * presence.len() + 1024 {
+                r.unlisten_unless(|sid| presence.contains_key(sid));
+            }
+            r.listen(sid);
+        }
     }
 
     /// The first subscriber of `sid` here came, or the last one left:

@@ -8,10 +8,14 @@
 //! [`MemStore`](super::MemStore)) and serves reads from it once it is up to
 //! date: every reply of the script carries what the caller's copy lacks
 //! (it sends the epoch and next `seq` it holds), and every change is also
-//! published on one channel, which each instance's second connection
-//! listens to, so parked polls and subscribers here hear of changes made
-//! elsewhere. Published records are hints: one that does not follow the
-//! copy (a gap, another epoch) makes the instance read the session again.
+//! published on the session's own channel. Each instance's second
+//! connection listens to the channels of the sessions someone waits on
+//! there (a parked poll, a subscriber), so they hear of changes made
+//! elsewhere, and to nothing else: a write nobody waits for costs no
+//! delivery. Once a channel is listened to, the session is read again, so
+//! nothing published before that is missed. Published records are hints:
+//! one that does not follow the copy (a gap, another epoch) makes the
+//! instance read the session again.
 //!
 //! Sans-IO like the relay core: the shell owns the two sockets, hands
 //! their bytes to [`RedisStore::input`] and writes what
@@ -20,7 +24,7 @@
 
 mod url;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use log::{error, info, warn};
 use redis_protocol::resp2::decode::decode;
@@ -105,10 +109,12 @@ pub enum Event {
         sid: SessionId,
         epoch: String,
     },
-    /// The channel is listened to again after a loss: what was published
-    /// meanwhile is unknown, so every session with someone waiting here is
+    /// The session's channel is listened to (first, or again after a
+    /// loss): what was published before is unknown, so the session is
     /// read again.
-    Resubscribed,
+    Listening {
+        sid: SessionId,
+    },
 }
 
 /// What to do for the requester once the copy is up to date.
@@ -178,7 +184,12 @@ struct Side {
 pub struct RedisStore {
     url: RedisUrl,
     prefix: String,
+    /// Listened to from the start: its confirmation says the link is set
+    /// up. Nothing is published on it.
     channel: String,
+    /// The sessions whose channel this instance listens to: true once
+    /// Redis confirmed it.
+    listening: HashMap<SessionId, bool>,
     sessions_key: String,
     limits: StoreLimits,
     sha: String,
@@ -219,6 +230,7 @@ impl RedisStore {
             url,
             prefix: prefix.to_string(),
             channel: format!("{prefix}events"),
+            listening: HashMap::new(),
             sessions_key: format!("{prefix}sessions"),
             limits,
             sha,
@@ -285,6 +297,17 @@ impl RedisStore {
             }
             Link::Events => {
                 push_command(&mut setup, &[b"SUBSCRIBE", self.channel.as_bytes()]);
+                let sids: Vec<SessionId> = self.listening.keys().cloned().collect();
+                for chunk in sids.chunks(1024) {
+                    let channels: Vec<String> =
+                        chunk.iter().map(|sid| self.session_channel(sid)).collect();
+                    let mut args: Vec<&[u8]> = vec![b"SUBSCRIBE"];
+                    args.extend(channels.iter().map(|c| c.as_bytes()));
+                    push_command(&mut setup, &args);
+                }
+                for confirmed in self.listening.values_mut() {
+                    *confirmed = false;
+                }
             }
         }
         let side = self.side(link);
@@ -467,8 +490,15 @@ impl RedisStore {
         let kind = parts.first().map(bytes_of);
         match kind {
             Some(b"subscribe") => {
-                self.ev.ready = true;
-                self.events.push(Event::Resubscribed);
+                let channel = parts.get(1).map_or(&b""[..], bytes_of);
+                if channel == self.channel.as_bytes() {
+                    self.ev.ready = true;
+                } else if let Some(sid) = self.sid_of_channel(channel)
+                    && let Some(confirmed) = self.listening.get_mut(&sid)
+                {
+                    *confirmed = true;
+                    self.events.push(Event::Listening { sid });
+                }
             }
             Some(b"message") => {
                 if let Some(e) = parts.get(2).and_then(|p| parse_event(bytes_of(p))) {
@@ -498,38 +528,43 @@ impl RedisStore {
 
     /// One script call: the session's keys, the common arguments, then
     /// `extra`. Without a connection the requester is answered `503` now.
+    /// Written straight into the link's buffer: a prompt's call is about
+    /// twenty arguments, and a turn may hold thousands of calls.
     fn call(&mut self, sid: &str, op: &str, known: Known, extra: &[&[u8]], expect: Expect) {
         if !self.cmd.up {
             self.fail(expect, ApiError::storage_unavailable());
             return;
         }
-        let p = &self.prefix;
-        let keys = [
-            format!("{p}s:{sid}"),
-            format!("{p}m:{sid}"),
-            format!("{p}p:{sid}"),
-            format!("{p}a:{sid}"),
-        ];
-        let watchers = format!("{p}w:{sid}");
-        let epoch = self.ids.uuid();
-        let nums = [
-            self.unix_ms.to_string(),
-            known.next.to_string(),
-            self.limits.history_limit.to_string(),
-            self.limits.max_sessions.to_string(),
-            self.limits.max_pending.to_string(),
-        ];
-        let mut args: Vec<&[u8]> = Vec::with_capacity(20 + extra.len());
-        args.extend_from_slice(&[b"EVALSHA", self.sha.as_bytes(), b"6"]);
-        args.extend(keys.iter().map(|k| k.as_bytes()));
-        args.push(self.sessions_key.as_bytes());
-        args.push(watchers.as_bytes());
-        args.extend_from_slice(&[op.as_bytes(), sid.as_bytes(), nums[0].as_bytes()]);
-        args.extend_from_slice(&[known.epoch.as_bytes(), nums[1].as_bytes()]);
-        args.extend(nums[2..].iter().map(|n| n.as_bytes()));
-        args.extend_from_slice(&[epoch.as_bytes(), self.channel.as_bytes(), p.as_bytes()]);
-        args.extend_from_slice(extra);
-        push_command(&mut self.cmd.out, &args);
+        // Only a write that may create the session needs a new epoch.
+        let epoch = match op {
+            "prompt" | "create" => self.ids.uuid(),
+            _ => String::new(),
+        };
+        let (p, sid) = (self.prefix.as_bytes(), sid.as_bytes());
+        let out = &mut self.cmd.out;
+        push_array(out, 20 + extra.len());
+        push_bulk(out, &[b"EVALSHA"]);
+        push_bulk(out, &[self.sha.as_bytes()]);
+        push_bulk(out, &[b"6"]);
+        for kind in [&b"s:"[..], b"m:", b"p:", b"a:"] {
+            push_bulk(out, &[p, kind, sid]);
+        }
+        push_bulk(out, &[self.sessions_key.as_bytes()]);
+        push_bulk(out, &[p, b"w:", sid]);
+        push_bulk(out, &[op.as_bytes()]);
+        push_bulk(out, &[sid]);
+        push_number(out, self.unix_ms);
+        push_bulk(out, &[known.epoch.as_bytes()]);
+        push_number(out, known.next);
+        push_number(out, self.limits.history_limit as u64);
+        push_number(out, self.limits.max_sessions as u64);
+        push_number(out, self.limits.max_pending as u64);
+        push_bulk(out, &[epoch.as_bytes()]);
+        push_bulk(out, &[p, b"e:", sid]);
+        push_bulk(out, &[p]);
+        for a in extra {
+            push_bulk(out, &[a]);
+        }
         self.stats.commands += 1;
         self.expect.push_back(expect);
     }
@@ -638,6 +673,56 @@ impl RedisStore {
         self.call(sid, "watch", Known::default(), &extra, Expect::Quiet);
     }
 
+    /// The channel a session's changes are published on.
+    fn session_channel(&self, sid: &str) -> String {
+        format!("{}e:{sid}", self.prefix)
+    }
+
+    fn sid_of_channel(&self, channel: &[u8]) -> Option<SessionId> {
+        let rest = channel.strip_prefix(self.prefix.as_bytes())?;
+        SessionId::new(std::str::from_utf8(rest.strip_prefix(b"e:")?).ok()?)
+    }
+
+    /// Someone waits on `sid` here: its channel is listened to, and once
+    /// Redis confirms that, [`Event::Listening`] asks for a read.
+    pub fn listen(&mut self, sid: &SessionId) {
+        if self.listening.contains_key(sid) {
+            return;
+        }
+        self.listening.insert(sid.clone(), false);
+        if self.ev.up {
+            let channel = self.session_channel(sid);
+            push_command(&mut self.ev.out, &[b"SUBSCRIBE", channel.as_bytes()]);
+        }
+    }
+
+    /// How many channels are listened to (or asked for).
+    pub fn listened(&self) -> usize {
+        self.listening.len()
+    }
+
+    /// Stops listening to the channels of the sessions nobody waits on
+    /// here any more.
+    pub fn unlisten_unless(&mut self, mut waited_on: impl FnMut(&str) -> bool) {
+        let gone: Vec<SessionId> = self
+            .listening
+            .keys()
+            .filter(|sid| !waited_on(sid))
+            .cloned()
+            .collect();
+        for chunk in gone.chunks(1024) {
+            let channels: Vec<String> = chunk.iter().map(|sid| self.session_channel(sid)).collect();
+            for sid in chunk {
+                self.listening.remove(sid);
+            }
+            if self.ev.up {
+                let mut args: Vec<&[u8]> = vec![b"UNSUBSCRIBE"];
+                args.extend(channels.iter().map(|c| c.as_bytes()));
+                push_command(&mut self.ev.out, &args);
+            }
+        }
+    }
+
     /// The client's id and its literal, or a new UUID and its literal.
     pub fn id_and_literal(&mut self, given: Option<&(String, String)>) -> (String, String) {
         match given {
@@ -654,11 +739,52 @@ impl RedisStore {
 
 /// Appends one command: a RESP array of bulk strings.
 fn push_command(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    push_array(out, args.len());
     for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
+        push_bulk(out, &[a]);
+    }
+}
+
+/// `*<n>\r\n`: an array of `n` elements follows.
+fn push_array(out: &mut Vec<u8>, n: usize) {
+    out.push(b'*');
+    push_digits(out, n as u64);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// One bulk string: the concatenation of `parts`.
+fn push_bulk(out: &mut Vec<u8>, parts: &[&[u8]]) {
+    out.push(b'$');
+    push_digits(out, parts.iter().map(|p| p.len() as u64).sum());
+    out.extend_from_slice(b"\r\n");
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A number as a bulk string.
+fn push_number(out: &mut Vec<u8>, n: u64) {
+    let mut buf = [0u8; 20];
+    let digits = digits(&mut buf, n);
+    push_bulk(out, &[digits]);
+}
+
+fn push_digits(out: &mut Vec<u8>, n: u64) {
+    let mut buf = [0u8; 20];
+    out.extend_from_slice(digits(&mut buf, n));
+}
+
+/// `n` in decimal, at the end of `buf`.
+fn digits(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
     }
 }
 
@@ -772,6 +898,14 @@ mod tests {
         let mut out = Vec::new();
         push_command(&mut out, &[b"SET", b"k", b""]);
         assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
+        out.clear();
+        push_bulk(&mut out, &[b"p:", b"s:", b"x"]);
+        push_number(&mut out, 0);
+        push_number(&mut out, u64::MAX);
+        assert_eq!(
+            out,
+            b"$5\r\np:s:x\r\n$1\r\n0\r\n$20\r\n18446744073709551615\r\n"
+        );
     }
 
     #[test]

@@ -18,7 +18,8 @@
 --   P sessions zset   sid -> last activity (unix ms, to the second: a
 --                     write moves it once a second at most): the TTL and
 --                     the cap
--- Every change is published on the channel as a record (see `record`).
+-- Every change is published on the session's channel (P e:<sid>), which
+-- the instances with someone waiting on the session listen to.
 --
 -- Answer: {status, extra, epoch, n, la, da, full, records...}: the
 -- session as it is after the call, as the records the caller lacks (it
@@ -259,7 +260,7 @@ elseif op == 'collect' then
     redis.call('DEL', sk, prefix .. 'm:' .. id, prefix .. 'p:' .. id, prefix .. 'a:' .. id, prefix .. 'w:' .. id)
     redis.call('ZREM', all, id)
     if e then
-      redis.call('PUBLISH', channel, 'D\n' .. id .. '\n' .. e)
+      redis.call('PUBLISH', prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
     end
   end
   return { 'ok', tostring(#idle) }
