@@ -349,6 +349,60 @@ fn a_poll_parked_on_a_session_new_to_its_instance_is_woken_however_soon_the_prom
     }
 }
 
+#[test]
+fn shared_sessions_follow_the_single_servers_rules_step_by_step() {
+    // The script in Redis re-states the in-memory log's rules (history,
+    // dedupe windows, the pending cap, answers to prompts out of history):
+    // the same random writes go to a single in-memory server and to two
+    // relays on Redis, and every answer and the final state must match.
+    let redis = Redis::start();
+    let limits = [("RELAY_HISTORY_LIMIT", "5"), ("RELAY_MAX_PENDING", "4")];
+    let single = Server::start_single_with(&limits);
+    let prefix = format!("{}:", unique_session());
+    let url = redis.url();
+    let mut env = limits.to_vec();
+    env.push(("RELAY_REDIS_URL", &url));
+    env.push(("RELAY_REDIS_PREFIX", &prefix));
+    let shared = [Server::start_with(&env), Server::start_with(&env)];
+    let sid = unique_session();
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for step in 0..400 {
+        let via = &shared[step % 2];
+        let (path, body) = if next(2) == 0 {
+            let cid = format!("c{}", next(12));
+            let body = json!({"session_id": sid, "client_msg_id": cid, "prompt": "q", "ts": step});
+            ("/prompt", body)
+        } else {
+            let (cid, aid) = (format!("c{}", next(12)), format!("a{}", next(10)));
+            let text = format!("t{}", next(2));
+            let body = json!({"session_id": sid, "client_msg_id": cid,
+                "assistant_msg_id": aid, "text": text, "ts": step});
+            ("/response", body)
+        };
+        let (want, got) = (single.post_json(path, &body), via.post_json(path, &body));
+        assert_eq!(
+            (got.status, got.text()),
+            (want.status, want.text()),
+            "step {step}: {path} {body}"
+        );
+    }
+    let strip = |mut v: Value| {
+        v.as_object_mut().map(|o| o.remove("epoch"));
+        v
+    };
+    let want = strip(single.messages(&sid, "?limit=1000"));
+    for srv in &shared {
+        assert_eq!(strip(srv.messages(&sid, "?limit=1000")), want);
+        assert_eq!(srv.pending(&sid), single.pending(&sid));
+    }
+}
+
 /// One `POST` with `Connection: close` on `conn`, from a thread of the
 /// test's own: the status and the JSON body.
 fn post_on(conn: TcpStream, path: &str, body: &[u8]) -> (u16, Value) {

@@ -182,7 +182,9 @@ start_server() {
     shared | shared-base)
       # Redis first (no persistence: the engine's cost), then the relay
       # on it, and for fan-out a second relay on the same Redis.
-      local rport=$(($2 + 20000))
+      # Below the kernel's ephemeral range (32768 up): a port there may be
+      # held by one of the load's own connections.
+      local rport=$(($2 + 2000))
       mkdir -p "$OUT/shared-$2"
       taskset -c "$SERVER_CORE" redis-server --port "$rport" --bind 127.0.0.1 --dir "$OUT/shared-$2" \
         --save '' --appendonly no --daemonize no >"$OUT/shared-redis-$2.log" 2>&1 &
@@ -267,8 +269,8 @@ run_script_ingest() {
   sha="$({ echo "if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end"
     cat "$root/src/store/redis/relay.lua"; } | redis-cli -p "$port" -x script load)"
   now="$(date +%s%3N)"
-  local keys=(6 b:s:x b:m:x b:p:x b:a:x b:sessions b:w:x)
-  local limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:events b:)
+  local keys=(3 b:s:x b:sessions b:w:x)
+  local limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
   redis-cli -p "$port" evalsha "$sha" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
   head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
   run_benchmark_ingest script -r 1000000000 evalsha "$sha" "${keys[@]}" prompt x "$now" \
@@ -353,7 +355,7 @@ run_figure() {
   esac
   port=$((port + 1))
   SECOND=""
-  case "$t:$kind" in shared:fan | shared-base:fan) SECOND=$((port + 30000)) ;; esac
+  case "$t:$kind" in shared:fan | shared-base:fan) SECOND=$((port + 4000)) ;; esac
   start_server "$t" "$port"
   local extra=()
   [ -n "$redis_pid" ] && extra+=(--redis-pid "$redis_pid")

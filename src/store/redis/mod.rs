@@ -542,13 +542,11 @@ impl RedisStore {
         };
         let (p, sid) = (self.prefix.as_bytes(), sid.as_bytes());
         let out = &mut self.cmd.out;
-        push_array(out, 20 + extra.len());
+        push_array(out, 17 + extra.len());
         push_bulk(out, &[b"EVALSHA"]);
         push_bulk(out, &[self.sha.as_bytes()]);
-        push_bulk(out, &[b"6"]);
-        for kind in [&b"s:"[..], b"m:", b"p:", b"a:"] {
-            push_bulk(out, &[p, kind, sid]);
-        }
+        push_bulk(out, &[b"3"]);
+        push_bulk(out, &[p, b"s:", sid]);
         push_bulk(out, &[self.sessions_key.as_bytes()]);
         push_bulk(out, &[p, b"w:", sid]);
         push_bulk(out, &[op.as_bytes()]);

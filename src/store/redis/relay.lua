@@ -6,13 +6,16 @@
 -- an answer while in history.
 --
 -- Keys of a session (prefix P):
---   P s:<sid>  hash   e epoch, n next seq, la newest answer's seq,
---                     da newest answer history dropped, pc pending count,
---                     t when the session's score in `sessions` was set
---   P m:<sid>  hash   seq -> "kind\ncid\naid\nts\ndata" (kind p or a):
---                     history, and the pending prompts it dropped
---   P p:<sid>  hash   client_msg_id -> seq (negative once answered)
---   P a:<sid>  hash   assistant_msg_id -> seq
+--   P s:<sid>  hash   the whole session, so that a write reads what it
+--                     needs in one call and writes it in another:
+--                       e epoch, n next seq, la newest answer's seq,
+--                       da newest answer history dropped, pc pending
+--                       count, t when the session's score in `sessions`
+--                       was set;
+--                       <seq> -> "kind\ncid\naid\nts\ndata" (kind p or a):
+--                       history, and the pending prompts it dropped;
+--                       c:<client_msg_id> -> seq (negative once answered);
+--                       a:<assistant_msg_id> -> seq
 --   P w:<sid>  hash   instance -> unix ms until which it has subscribers
 --                     of the session (an answer's `delivered`)
 --   P sessions zset   sid -> last activity (unix ms, to the second: a
@@ -27,7 +30,7 @@
 -- the whole session rather than what follows known_next. An empty epoch:
 -- the session does not exist.
 
-local s, m, p, a, all, w = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local s, all, w = KEYS[1], KEYS[2], KEYS[3]
 local op, sid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local known_epoch, known_next = ARGV[4], tonumber(ARGV[5])
 local limit, max_sessions, max_pending = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -40,24 +43,31 @@ local function str(n)
   return string.format('%d', n)
 end
 
-local function session()
-  local v = redis.call('HMGET', s, 'e', 'n', 'la', 'da', 'pc', 't')
+-- The session's counters, and the fields named after them (v[7] on):
+-- what a write needs to know, in one call.
+local function session(...)
+  local v = redis.call('HMGET', s, 'e', 'n', 'la', 'da', 'pc', 't', ...)
   if not v[1] then
-    return nil
+    return nil, v
   end
   return { e = v[1], n = tonumber(v[2]), la = tonumber(v[3]), da = tonumber(v[4]), pc = tonumber(v[5]),
-    t = tonumber(v[6] or '0') }
+    t = tonumber(v[6] or '0') }, v
 end
 
 -- A redis.call costs about as much as the Lua around it, so a write makes
--- as few as it can: the activity score moves once a second.
-local function save(S)
+-- as few as it can: one HSET of the counters and `fields` (field, value,
+-- ...), and the activity score moves once a second.
+local function save(S, fields)
+  local n = #fields
+  fields[n + 1], fields[n + 2] = 'n', str(S.n)
+  fields[n + 3], fields[n + 4] = 'la', str(S.la)
+  fields[n + 5], fields[n + 6] = 'da', str(S.da)
+  fields[n + 7], fields[n + 8] = 'pc', str(S.pc)
   if now - S.t >= 1000 then
     redis.call('ZADD', all, ARGV[3], sid)
-    redis.call('HSET', s, 'n', str(S.n), 'la', str(S.la), 'da', str(S.da), 'pc', str(S.pc), 't', ARGV[3])
-  else
-    redis.call('HSET', s, 'n', str(S.n), 'la', str(S.la), 'da', str(S.da), 'pc', str(S.pc))
+    fields[n + 9], fields[n + 10] = 't', ARGV[3]
   end
+  redis.call('HSET', s, unpack(fields))
 end
 
 local function create()
@@ -82,7 +92,7 @@ local function answer(status, S, extra)
       if w then
         out[#out + 1] = w
       else
-        local r = redis.call('HGET', m, q)
+        local r = redis.call('HGET', s, q)
         if r then
           out[#out + 1] = str(q) .. '\n' .. r
         end
@@ -90,16 +100,17 @@ local function answer(status, S, extra)
     end
   else
     out[7] = '1'
-    local kv = redis.call('HGETALL', m)
+    local kv = redis.call('HGETALL', s)
     local seqs = {}
-    for i = 1, #kv, 2 do
-      seqs[#seqs + 1] = tonumber(kv[i])
-    end
-    table.sort(seqs)
     local byseq = {}
     for i = 1, #kv, 2 do
-      byseq[tonumber(kv[i])] = kv[i + 1]
+      if string.find(kv[i], '^%d+$') then
+        local q = tonumber(kv[i])
+        seqs[#seqs + 1] = q
+        byseq[q] = kv[i + 1]
+      end
     end
+    table.sort(seqs)
     for _, q in ipairs(seqs) do
       out[#out + 1] = str(q) .. '\n' .. byseq[q]
     end
@@ -112,37 +123,37 @@ local function gone(status)
 end
 
 -- Appends a message, `fields` then `head` then its seq, and drops what
--- history no longer keeps.
+-- history no longer keeps. Returns the message's seq and the fields that
+-- store it, for `save`.
 local function append(S, fields, head)
   local seq = S.n
   local q = str(seq)
   S.n = seq + 1
   local body = fields .. head .. q .. '}'
-  redis.call('HSET', m, q, body)
   local record = q .. '\n' .. body
   written[seq] = record
   redis.call('PUBLISH', channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. record)
   local d = seq - limit
   if d >= 1 then
     local ds = str(d)
-    local old = redis.call('HGET', m, ds)
+    local old = redis.call('HGET', s, ds)
     if old then
       local kind, cid, aid = string.match(old, '^(%a)\n([^\n]*)\n([^\n]*)\n')
       if kind == 'p' then
-        if tonumber(redis.call('HGET', p, cid) or '0') < 0 then
-          redis.call('HDEL', m, ds)
-          redis.call('HDEL', p, cid)
+        if tonumber(redis.call('HGET', s, 'c:' .. cid) or '0') < 0 then
+          redis.call('HDEL', s, ds, 'c:' .. cid)
         end
       else
-        redis.call('HDEL', m, ds)
-        if tonumber(redis.call('HGET', a, aid) or '0') == d then
-          redis.call('HDEL', a, aid)
+        if tonumber(redis.call('HGET', s, 'a:' .. aid) or '0') == d then
+          redis.call('HDEL', s, ds, 'a:' .. aid)
+        else
+          redis.call('HDEL', s, ds)
         end
         S.da = d
       end
     end
   end
-  return seq
+  return seq, { q, body }
 end
 
 local function text_of(data)
@@ -155,7 +166,8 @@ end
 
 if op == 'prompt' then
   local cid, head, ts = ARGV[12], ARGV[13], ARGV[14]
-  local S = session()
+  -- The counters and the id's entry (dedupe) in one call.
+  local S, v = session('c:' .. cid)
   local extra = '0'
   if not S then
     S = create()
@@ -163,57 +175,51 @@ if op == 'prompt' then
       return gone('e503s')
     end
     extra = '1'
-  end
-  if S.pc >= max_pending then
-    if redis.call('HEXISTS', p, cid) == 1 then
-      return answer('dup', S, extra)
-    end
-    return answer('e503p', S, extra)
-  end
-  -- Dedupe and the id's entry in one call: the prompt takes seq S.n.
-  if redis.call('HSETNX', p, cid, str(S.n)) == 0 then
+  elseif v[7] then
     return answer('dup', S, extra)
   end
-  append(S, 'p\n' .. cid .. '\n\n' .. ts .. '\n', head)
+  if S.pc >= max_pending then
+    return answer('e503p', S, extra)
+  end
+  local seq, fields = append(S, 'p\n' .. cid .. '\n\n' .. ts .. '\n', head)
+  fields[3], fields[4] = 'c:' .. cid, str(seq)
   S.pc = S.pc + 1
-  save(S)
+  save(S, fields)
   return answer('ok', S, extra)
 elseif op == 'response' then
   local cid, aid, given, text, head, ts = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
-  local S = session()
+  -- The counters and both ids' entries in one call.
+  local S, v = session('c:' .. cid, 'a:' .. aid)
   if not S then
     return gone('e404s')
   end
-  if given == '1' then
-    local prev = redis.call('HGET', a, aid)
-    if prev then
-      local r = redis.call('HGET', m, prev) or ''
-      local pcid, data = string.match(r, '^a\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
-      local sent_ok, sent = pcall(cjson.decode, text)
-      if pcid == cid and sent_ok and data and text_of(data) == sent then
-        return answer('dup', S)
-      end
-      return answer('e409', S)
+  local pv, prev = v[7], v[8]
+  if given == '1' and prev then
+    local r = redis.call('HGET', s, prev) or ''
+    local pcid, data = string.match(r, '^a\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
+    local sent_ok, sent = pcall(cjson.decode, text)
+    if pcid == cid and sent_ok and data and text_of(data) == sent then
+      return answer('dup', S)
     end
+    return answer('e409', S)
   end
-  local pv = redis.call('HGET', p, cid)
   if not pv then
     return answer('e404p', S)
   end
-  local seq = append(S, 'a\n' .. cid .. '\n' .. aid .. '\n' .. ts .. '\n', head)
-  redis.call('HSET', a, aid, str(seq))
+  local seq, fields = append(S, 'a\n' .. cid .. '\n' .. aid .. '\n' .. ts .. '\n', head)
+  fields[3], fields[4] = 'a:' .. aid, str(seq)
   S.la = seq
   local pseq = tonumber(pv)
   if pseq > 0 then
     S.pc = S.pc - 1
     if pseq <= S.n - 1 - limit then
-      redis.call('HDEL', m, pv)
-      redis.call('HDEL', p, cid)
+      -- Out of history and now answered: the prompt is forgotten.
+      redis.call('HDEL', s, pv, 'c:' .. cid)
     else
-      redis.call('HSET', p, cid, '-' .. pv)
+      fields[5], fields[6] = 'c:' .. cid, '-' .. pv
     end
   end
-  save(S)
+  save(S, fields)
   local watching = redis.call('HGETALL', w)
   local delivered = '0'
   for i = 2, #watching, 2 do
@@ -241,7 +247,7 @@ elseif op == 'delete' then
   if not S then
     return gone('e404s')
   end
-  redis.call('DEL', s, m, p, a, w)
+  redis.call('DEL', s, w)
   redis.call('ZREM', all, sid)
   redis.call('PUBLISH', channel, 'D\n' .. sid .. '\n' .. S.e)
   return gone('ok')
@@ -257,7 +263,7 @@ elseif op == 'collect' then
   for _, id in ipairs(idle) do
     local sk = prefix .. 's:' .. id
     local e = redis.call('HGET', sk, 'e')
-    redis.call('DEL', sk, prefix .. 'm:' .. id, prefix .. 'p:' .. id, prefix .. 'a:' .. id, prefix .. 'w:' .. id)
+    redis.call('DEL', sk, prefix .. 'w:' .. id)
     redis.call('ZREM', all, id)
     if e then
       redis.call('PUBLISH', prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
