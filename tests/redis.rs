@@ -115,6 +115,22 @@ impl Redis {
         }
     }
 
+    /// How many times Redis ran `command` (`INFO commandstats`, read by
+    /// `redis-cli`, which comes with `redis-server`).
+    fn commands(&self, command: &str) -> u64 {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "info", "commandstats"])
+            .output()
+            .expect("redis-cli");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let key = format!("cmdstat_{command}:calls=");
+        text.split(&key)
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -401,6 +417,46 @@ fn shared_sessions_follow_the_single_servers_rules_step_by_step() {
         assert_eq!(strip(srv.messages(&sid, "?limit=1000")), want);
         assert_eq!(srv.pending(&sid), single.pending(&sid));
     }
+}
+
+#[test]
+fn a_write_acknowledged_by_one_instance_is_read_at_once_on_another() {
+    // A holds a subscriber, so it listens to the session's channel and
+    // its reads wait for one PING rather than a script call; B's writes
+    // must be in them all the same, however soon the read follows.
+    let redis = Redis::start();
+    let [a, b]: [Server; 2] = instances(&redis, 2).try_into().ok().unwrap();
+    let sid = unique_session();
+    let mut ws = a.ws(&format!("/ws/{sid}"));
+    a.wait_health("subscribers", 1);
+    let before = redis.commands("ping");
+    for i in 0..100 {
+        let cid = format!("p{i}");
+        b.prompt(&sid, "q", Some(&cid));
+        let pending = a.get(&format!("/prompts/{sid}?wait=false"));
+        assert_eq!(
+            client_msg_ids(pending.json().as_array().unwrap()),
+            [cid.as_str()]
+        );
+        assert_eq!(answer(&b, &sid, &cid, &format!("a{i}"), "x").status, 200);
+        let history = all_messages(&a, &sid);
+        let last = history["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned();
+        assert_eq!(
+            last.unwrap_or_default()["data"]["assistant_msg_id"],
+            format!("a{i}")
+        );
+        assert_eq!(
+            ws.recv_json_skip_pings()["data"]["assistant_msg_id"],
+            format!("a{i}")
+        );
+    }
+    assert!(
+        redis.commands("ping") >= before + 100,
+        "A's reads waited for PINGs"
+    );
 }
 
 /// One `POST` with `Connection: close` on `conn`, from a thread of the

@@ -156,9 +156,12 @@ impl Relay {
         Ok(Some(Reply::Wait))
     }
 
-    /// Before a read of `sid`: with Redis, asks what the copy lacks and
-    /// returns true (the request runs again once that is applied). While
-    /// Redis is unreachable, a session this copy holds is read as it is.
+    /// Before a read of `sid`: with Redis, makes sure the copy holds
+    /// what any instance acknowledged before now, and returns true (the
+    /// request runs again once it does). A copy that follows the session's
+    /// channel waits for the turn's `PING`; any other asks the script what
+    /// it lacks. While Redis is unreachable, a session this copy holds is
+    /// read as it is.
     pub fn sync_first(&mut self, conn: ConnId, sid: &SessionId) -> Result<bool, ApiError> {
         let store = &self.store;
         let Some(r) = self.shared.as_mut() else {
@@ -171,8 +174,32 @@ impl Relay {
                 Err(ApiError::storage_unavailable())
             };
         }
-        r.sync(Some(conn), sid, known(store, sid));
+        if store.contains(sid) && r.follows(sid) {
+            r.barrier(conn, sid);
+        } else {
+            r.sync(Some(conn), sid, known(store, sid));
+        }
         Ok(true)
+    }
+
+    /// A read's `PING` came back: every change published before it is
+    /// applied. If the copy still follows the channel (no gap was seen
+    /// meanwhile, the subscription held), the read runs on it; otherwise
+    /// the session is read through the script first.
+    fn barrier_passed(&mut self, to: ConnId, sid: &SessionId) {
+        let store = &self.store;
+        let held = store.contains(sid);
+        match self.shared.as_mut() {
+            Some(r) if r.up() && !(held && r.follows(sid)) => {
+                r.sync(Some(to), sid, known(store, sid));
+            }
+            // Redis unreachable: the copy is read as it is (as above).
+            Some(r) if !r.up() && !held => self.effects.push(Effect::Reply {
+                to,
+                result: Err(ApiError::storage_unavailable()),
+            }),
+            _ => self.effects.push(Effect::Retry { to }),
+        }
     }
 
     /// Applies what Redis answered and published since the last call, and
@@ -226,12 +253,18 @@ impl Relay {
             Some(s) => self.catch_up(now, s),
             None => false,
         } || a.delivered;
+        if let Then::Resynced(sid) = &a.then
+            && let Some(r) = self.shared.as_mut()
+        {
+            r.resynced(sid);
+        }
         let Some(to) = a.conn else {
             return;
         };
         match a.then {
-            Then::Nothing => {}
+            Then::Nothing | Then::Resynced(_) => {}
             Then::Retry => self.effects.push(Effect::Retry { to }),
+            Then::Barrier(sid) => self.barrier_passed(to, &sid),
             Then::Reply(result) => {
                 if let Ok(Outcome::Deleted) = &result {
                     info!("session deleted");

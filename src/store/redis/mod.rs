@@ -17,6 +17,15 @@
 //! one that does not follow the copy (a gap, another epoch) makes the
 //! instance read the session again.
 //!
+//! A read waits until the copy holds everything acknowledged before it
+//! began. For a session whose channel is listened to, whose copy follows
+//! it without a gap, that is one `PING` on the channel connection: Redis
+//! answers it after every message it published before it, and every write
+//! acknowledged before the read began was published before the `PING`
+//! (the script publishes before it returns, and Redis sends a client's
+//! messages and replies in order). The reads of one loop turn share one
+//! `PING`. Any other session is read through the script.
+//!
 //! Sans-IO like the relay core: the shell owns the two sockets, hands
 //! their bytes to [`RedisStore::input`] and writes what
 //! [`RedisStore::take_output`] gives. Replies are decoded with
@@ -124,6 +133,11 @@ pub enum Then {
     /// Run the request again (a read that waited for its session, or a
     /// WebSocket connect whose session was created).
     Retry,
+    /// A read's `PING` came back: the relay runs it again if the copy of
+    /// the session still follows its channel, else reads the session.
+    Barrier(SessionId),
+    /// A read the relay asked for on its own came back (or failed).
+    Resynced(SessionId),
     Nothing,
 }
 
@@ -190,6 +204,13 @@ pub struct RedisStore {
     /// The sessions whose channel this instance listens to: true once
     /// Redis confirmed it.
     listening: HashMap<SessionId, bool>,
+    /// Reads of sessions asked for on the relay's own (a gap, a new
+    /// subscription) not yet applied: their copies may lag their channel.
+    resyncing: HashMap<SessionId, u32>,
+    /// Reads waiting for the next `PING` to go out, then for each `PING`
+    /// sent, in order.
+    barrier_next: Vec<(ConnId, SessionId)>,
+    pings: VecDeque<Vec<(ConnId, SessionId)>>,
     sessions_key: String,
     limits: StoreLimits,
     sha: String,
@@ -231,6 +252,9 @@ impl RedisStore {
             prefix: prefix.to_string(),
             channel: format!("{prefix}events"),
             listening: HashMap::new(),
+            resyncing: HashMap::new(),
+            barrier_next: Vec::new(),
+            pings: VecDeque::new(),
             sessions_key: format!("{prefix}sessions"),
             limits,
             sha,
@@ -326,6 +350,18 @@ impl RedisStore {
             for e in std::mem::take(&mut self.expect) {
                 self.fail(e, ApiError::storage_unavailable());
             }
+        } else {
+            // The reads waiting for a `PING` go back to the relay, which
+            // finds their channels no longer listened to.
+            let waiting: Vec<_> = self.pings.drain(..).flatten().collect();
+            for (conn, sid) in waiting.into_iter().chain(self.barrier_next.drain(..)) {
+                self.answered.push(Answered {
+                    conn: Some(conn),
+                    snapshot: None,
+                    then: Then::Barrier(sid),
+                    delivered: false,
+                });
+            }
         }
         if was {
             warn!(link = format!("{link:?}").as_str(); "lost the connection to Redis");
@@ -335,6 +371,10 @@ impl RedisStore {
     /// Bytes to write on `link` (appended by the caller to what it has not
     /// written yet).
     pub fn take_output(&mut self, link: Link) -> Vec<u8> {
+        if link == Link::Events && !self.barrier_next.is_empty() && self.ev.up {
+            push_command(&mut self.ev.out, &[b"PING"]);
+            self.pings.push_back(std::mem::take(&mut self.barrier_next));
+        }
         std::mem::take(&mut self.side(link).out)
     }
 
@@ -412,14 +452,14 @@ impl RedisStore {
                         return Err(e);
                     }
                 };
+                let then = match conn {
+                    Some(_) => Then::Retry,
+                    None => Then::Resynced(sid),
+                };
                 self.answered.push(Answered {
                     conn,
                     snapshot: Some(snapshot.1),
-                    then: if conn.is_some() {
-                        Then::Retry
-                    } else {
-                        Then::Nothing
-                    },
+                    then,
                     delivered: false,
                 });
             }
@@ -500,6 +540,16 @@ impl RedisStore {
                     self.events.push(Event::Listening { sid });
                 }
             }
+            Some(b"pong") => {
+                for (conn, sid) in self.pings.pop_front().unwrap_or_default() {
+                    self.answered.push(Answered {
+                        conn: Some(conn),
+                        snapshot: None,
+                        then: Then::Barrier(sid),
+                        delivered: false,
+                    });
+                }
+            }
             Some(b"message") => {
                 if let Some(e) = parts.get(2).and_then(|p| parse_event(bytes_of(p))) {
                     self.events.push(e);
@@ -513,6 +563,12 @@ impl RedisStore {
     /// A request that cannot be answered by Redis: `503`.
     fn fail(&mut self, expect: Expect, e: ApiError) {
         match expect {
+            Expect::Sync { conn: None, sid } => self.answered.push(Answered {
+                conn: None,
+                snapshot: None,
+                then: Then::Resynced(sid),
+                delivered: false,
+            }),
             Expect::Write { conn, .. }
             | Expect::Sync {
                 conn: Some(conn), ..
@@ -632,6 +688,9 @@ impl RedisStore {
     /// Reads what the copy of `sid` lacks; `conn`'s request runs again
     /// once it is applied.
     pub fn sync(&mut self, conn: Option<ConnId>, sid: &SessionId, known: Known) {
+        if conn.is_none() {
+            *self.resyncing.entry(sid.clone()).or_default() += 1;
+        }
         let expect = Expect::Sync {
             conn,
             sid: sid.clone(),
@@ -691,6 +750,30 @@ impl RedisStore {
         if self.ev.up {
             let channel = self.session_channel(sid);
             push_command(&mut self.ev.out, &[b"SUBSCRIBE", channel.as_bytes()]);
+        }
+    }
+
+    /// Whether the copy of `sid` holds everything published on its
+    /// channel that this instance has read: the channel is listened to
+    /// (confirmed) and no read of the session the relay asked for on its
+    /// own (after a gap) is outstanding.
+    pub fn follows(&self, sid: &str) -> bool {
+        self.ev.ready && self.listening.get(sid) == Some(&true) && !self.resyncing.contains_key(sid)
+    }
+
+    /// A read of a session that [`follows`](Self::follows) its channel:
+    /// it runs again once Redis answers the turn's `PING`.
+    pub fn barrier(&mut self, conn: ConnId, sid: &SessionId) {
+        self.barrier_next.push((conn, sid.clone()));
+    }
+
+    /// The relay applied the answer to one of its own reads of `sid`.
+    pub fn resynced(&mut self, sid: &SessionId) {
+        if let Some(n) = self.resyncing.get_mut(sid) {
+            *n -= 1;
+            if *n == 0 {
+                self.resyncing.remove(sid);
+            }
         }
     }
 
