@@ -388,7 +388,7 @@ impl Relay {
         let present: Vec<&str> = self.presence.keys().map(|s| s.as_str()).collect();
         let grace = watch_grace(ttl_ms);
         if let Some(r) = self.shared.as_mut() {
-            r.unlisten_unless(|sid| presence.contains_key(sid));
+            r.unlisten_unless(&|sid| presence.contains_key(sid));
             r.sweep(&present, ttl_ms);
             let until = r.unix_ms + grace;
             for (sid, here) in &self.presence {
@@ -408,7 +408,7 @@ impl Relay {
         let presence = &self.presence;
         if let Some(r) = self.shared.as_mut() {
             if r.listened() >= 2 * presence.len() + 1024 {
-                r.unlisten_unless(|sid| presence.contains_key(sid));
+                r.unlisten_unless(&|sid| presence.contains_key(sid));
             }
             r.listen(sid);
         }

@@ -166,6 +166,16 @@ enum Write {
     Delete,
 }
 
+/// What this instance does about one session's channel.
+#[derive(Debug, Default)]
+struct Follow {
+    /// `Some` while listened to: true once Redis confirmed it.
+    listen: Option<bool>,
+    /// Reads of the session the relay asked for on its own (a gap, a new
+    /// subscription) not yet applied: the copy may lag the channel.
+    resyncs: u32,
+}
+
 /// A reply the command link waits for, in order.
 #[derive(Debug)]
 enum Expect {
@@ -201,12 +211,11 @@ pub struct RedisStore {
     /// Listened to from the start: its confirmation says the link is set
     /// up. Nothing is published on it.
     channel: String,
-    /// The sessions whose channel this instance listens to: true once
-    /// Redis confirmed it.
-    listening: HashMap<SessionId, bool>,
-    /// Reads of sessions asked for on the relay's own (a gap, a new
-    /// subscription) not yet applied: their copies may lag their channel.
-    resyncing: HashMap<SessionId, u32>,
+    /// The sessions whose channel this instance listens to, or that it
+    /// reads on its own (one map: the binary carries one of its kind).
+    follow: HashMap<SessionId, Follow>,
+    /// How many of them are listened to.
+    listened: usize,
     /// Reads waiting for the next `PING` to go out, then for each `PING`
     /// sent, in order.
     barrier_next: Vec<(ConnId, SessionId)>,
@@ -251,8 +260,8 @@ impl RedisStore {
             url,
             prefix: prefix.to_string(),
             channel: format!("{prefix}events"),
-            listening: HashMap::new(),
-            resyncing: HashMap::new(),
+            follow: HashMap::new(),
+            listened: 0,
             barrier_next: Vec::new(),
             pings: VecDeque::new(),
             sessions_key: format!("{prefix}sessions"),
@@ -321,16 +330,11 @@ impl RedisStore {
             }
             Link::Events => {
                 push_command(&mut setup, &[b"SUBSCRIBE", self.channel.as_bytes()]);
-                let sids: Vec<SessionId> = self.listening.keys().cloned().collect();
-                for chunk in sids.chunks(1024) {
-                    let channels: Vec<String> =
-                        chunk.iter().map(|sid| self.session_channel(sid)).collect();
-                    let mut args: Vec<&[u8]> = vec![b"SUBSCRIBE"];
-                    args.extend(channels.iter().map(|c| c.as_bytes()));
-                    push_command(&mut setup, &args);
-                }
-                for confirmed in self.listening.values_mut() {
-                    *confirmed = false;
+                for (sid, f) in &mut self.follow {
+                    if f.listen.is_some() {
+                        f.listen = Some(false);
+                        push_channel_command(&mut setup, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
+                    }
                 }
             }
         }
@@ -534,9 +538,10 @@ impl RedisStore {
                 if channel == self.channel.as_bytes() {
                     self.ev.ready = true;
                 } else if let Some(sid) = self.sid_of_channel(channel)
-                    && let Some(confirmed) = self.listening.get_mut(&sid)
+                    && let Some(f) = self.follow.get_mut(&sid)
+                    && f.listen.is_some()
                 {
-                    *confirmed = true;
+                    f.listen = Some(true);
                     self.events.push(Event::Listening { sid });
                 }
             }
@@ -689,7 +694,7 @@ impl RedisStore {
     /// once it is applied.
     pub fn sync(&mut self, conn: Option<ConnId>, sid: &SessionId, known: Known) {
         if conn.is_none() {
-            *self.resyncing.entry(sid.clone()).or_default() += 1;
+            self.follow.entry(sid.clone()).or_default().resyncs += 1;
         }
         let expect = Expect::Sync {
             conn,
@@ -730,11 +735,6 @@ impl RedisStore {
         self.call(sid, "watch", Known::default(), &extra, Expect::Quiet);
     }
 
-    /// The channel a session's changes are published on.
-    fn session_channel(&self, sid: &str) -> String {
-        format!("{}e:{sid}", self.prefix)
-    }
-
     fn sid_of_channel(&self, channel: &[u8]) -> Option<SessionId> {
         let rest = channel.strip_prefix(self.prefix.as_bytes())?;
         SessionId::new(std::str::from_utf8(rest.strip_prefix(b"e:")?).ok()?)
@@ -743,13 +743,14 @@ impl RedisStore {
     /// Someone waits on `sid` here: its channel is listened to, and once
     /// Redis confirms that, [`Event::Listening`] asks for a read.
     pub fn listen(&mut self, sid: &SessionId) {
-        if self.listening.contains_key(sid) {
+        let f = self.follow.entry(sid.clone()).or_default();
+        if f.listen.is_some() {
             return;
         }
-        self.listening.insert(sid.clone(), false);
+        f.listen = Some(false);
+        self.listened += 1;
         if self.ev.up {
-            let channel = self.session_channel(sid);
-            push_command(&mut self.ev.out, &[b"SUBSCRIBE", channel.as_bytes()]);
+            push_channel_command(&mut self.ev.out, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
         }
     }
 
@@ -758,7 +759,11 @@ impl RedisStore {
     /// (confirmed) and no read of the session the relay asked for on its
     /// own (after a gap) is outstanding.
     pub fn follows(&self, sid: &str) -> bool {
-        self.ev.ready && self.listening.get(sid) == Some(&true) && !self.resyncing.contains_key(sid)
+        self.ev.ready
+            && self
+                .follow
+                .get(sid)
+                .is_some_and(|f| f.listen == Some(true) && f.resyncs == 0)
     }
 
     /// A read of a session that [`follows`](Self::follows) its channel:
@@ -769,39 +774,36 @@ impl RedisStore {
 
     /// The relay applied the answer to one of its own reads of `sid`.
     pub fn resynced(&mut self, sid: &SessionId) {
-        if let Some(n) = self.resyncing.get_mut(sid) {
-            *n -= 1;
-            if *n == 0 {
-                self.resyncing.remove(sid);
+        if let Some(f) = self.follow.get_mut(sid) {
+            f.resyncs = f.resyncs.saturating_sub(1);
+            if f.resyncs == 0 && f.listen.is_none() {
+                self.follow.remove(sid);
             }
         }
     }
 
     /// How many channels are listened to (or asked for).
     pub fn listened(&self) -> usize {
-        self.listening.len()
+        self.listened
     }
 
     /// Stops listening to the channels of the sessions nobody waits on
     /// here any more.
-    pub fn unlisten_unless(&mut self, mut waited_on: impl FnMut(&str) -> bool) {
-        let gone: Vec<SessionId> = self
-            .listening
-            .keys()
-            .filter(|sid| !waited_on(sid))
-            .cloned()
-            .collect();
-        for chunk in gone.chunks(1024) {
-            let channels: Vec<String> = chunk.iter().map(|sid| self.session_channel(sid)).collect();
-            for sid in chunk {
-                self.listening.remove(sid);
+    pub fn unlisten_unless(&mut self, waited_on: &dyn Fn(&str) -> bool) {
+        let (up, prefix, out) = (self.ev.up, self.prefix.as_bytes(), &mut self.ev.out);
+        let mut dropped = 0;
+        self.follow.retain(|sid, f| {
+            if f.listen.is_none() || waited_on(sid) {
+                return true;
             }
-            if self.ev.up {
-                let mut args: Vec<&[u8]> = vec![b"UNSUBSCRIBE"];
-                args.extend(channels.iter().map(|c| c.as_bytes()));
-                push_command(&mut self.ev.out, &args);
+            f.listen = None;
+            dropped += 1;
+            if up {
+                push_channel_command(out, b"UNSUBSCRIBE", prefix, sid);
             }
-        }
+            f.resyncs > 0
+        });
+        self.listened -= dropped;
     }
 
     /// The client's id and its literal, or a new UUID and its literal.
@@ -824,6 +826,14 @@ fn push_command(out: &mut Vec<u8>, args: &[&[u8]]) {
     for a in args {
         push_bulk(out, &[a]);
     }
+}
+
+/// `SUBSCRIBE` or `UNSUBSCRIBE` of the channel a session's changes are
+/// published on (`<prefix>e:<sid>`).
+fn push_channel_command(out: &mut Vec<u8>, command: &[u8], prefix: &[u8], sid: &str) {
+    push_array(out, 2);
+    push_bulk(out, &[command]);
+    push_bulk(out, &[prefix, b"e:", sid.as_bytes()]);
 }
 
 /// `*<n>\r\n`: an array of `n` elements follows.
