@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# What one call of the engine's script (src/store/redis/relay.lua) costs
+# Redis, in instructions, under valgrind --tool=callgrind: repeatable where
+# CPU time is not. Redis (Debian's redis-server) runs under callgrind on a
+# free port; redis-benchmark calls the script's prompt into one session
+# (the call the relay makes for a prompt of the ingest figure: a 256-byte
+# prompt, a fresh client_msg_id each time), 1,000 calls to warm up, then
+# the counters are zeroed and 3,000 more are counted. The same for a
+# script that returns at once, with the same arguments: the cost of the
+# EVALSHA itself.
+#
+#   benches/script-callgrind.sh
+#
+# Needs valgrind, redis-server, redis-tools.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+work="$(mktemp -d)"
+port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+
+now="$(date +%s%3N)"
+keys=(3 b:s:x b:sessions b:w:x)
+limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
+head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
+# The relay sends the cursor its copy holds; redis-benchmark cannot, so
+# one line in front of the script reads it (one HGET, in both scripts).
+cursor="if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end"
+
+# measure SCRIPT_FILE: instructions per call.
+measure() {
+  local out="$work/out" sha
+  rm -f "$out".*
+  valgrind --tool=callgrind --callgrind-out-file="$out.%p" \
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no >"$work/log" 2>&1 &
+  for _ in $(seq 1 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  sha="$(redis-cli -p "$port" -x script load <"$1")"
+  redis-cli -p "$port" evalsha "$sha" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
+  call() {
+    redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 evalsha "$sha" "${keys[@]}" \
+      prompt x "$now" 00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now" >/dev/null 2>&1
+  }
+  call 1000
+  callgrind_control -z >/dev/null 2>&1
+  call 3000
+  callgrind_control -d >/dev/null 2>&1
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait
+  awk '/^summary:/ { printf "%.0f\n", $2 / 3000 }' "$(ls "$out".*.1)"
+}
+
+{ echo "$cursor"; cat "$root/src/store/redis/relay.lua"; } >"$work/script.lua"
+{ echo "$cursor"; echo "do return {'ok'} end"; cat "$root/src/store/redis/relay.lua"; } >"$work/empty.lua"
+echo "instructions per call ($(redis-server --version | cut -d' ' -f1-3)):"
+echo "  prompt call of relay.lua: $(measure "$work/script.lua")"
+echo "  the same call, script returning at once: $(measure "$work/empty.lua")"
