@@ -7,7 +7,8 @@
 # prompt, a fresh client_msg_id each time), 1,000 calls to warm up, then
 # the counters are zeroed and 3,000 more are counted. The same for a
 # script that returns at once, with the same arguments: the cost of the
-# EVALSHA itself.
+# EVALSHA itself; and for the `prompts` call carrying 8 prompts (what the
+# relay sends when a loop turn holds several), counted per prompt.
 #
 #   benches/script-callgrind.sh
 #
@@ -24,8 +25,10 @@ keys=(3 b:s:x b:sessions b:w:x)
 limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
 head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
 # The relay sends the cursor its copy holds; redis-benchmark cannot, so
-# one line in front of the script reads it (one HGET, in both scripts).
-cursor="if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end"
+# lines in front of the script read it (one HGET, in every script).
+cursor="if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end
+if ARGV[1] == 'prompts' then local n = redis.call('HGET', KEYS[4], 'n') or '1'
+for i = 14, #ARGV, 7 do ARGV[i] = n end end"
 
 # measure SCRIPT_FILE: instructions per call.
 measure() {
@@ -37,8 +40,20 @@ measure() {
   sha="$(redis-cli -p "$port" -x script load <"$1")"
   redis-cli -p "$port" evalsha "$sha" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
   call() {
-    redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 evalsha "$sha" "${keys[@]}" \
-      prompt x "$now" 00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now" >/dev/null 2>&1
+    if [ "${BATCH:-1}" = 1 ]; then
+      redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 evalsha "$sha" "${keys[@]}" \
+        prompt x "$now" 00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now" >/dev/null 2>&1
+    else
+      # The cursor each prompt sends is the one before the call (the
+      # answers carry what the later ones wrote), as the relay sends it.
+      local groups=() bkeys=() i
+      for i in $(seq 1 "$BATCH"); do
+        bkeys+=(b:s:x)
+        groups+=(x 00000000-0000-4000-8000-000000000000 next 00000000-0000-4000-8000-000000000000 "m${i}__rand_int__" "$head" "$now")
+      done
+      redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 evalsha "$sha" $((3 + BATCH)) "" b:sessions "" "${bkeys[@]}" \
+        prompts "" "$now" "" 0 10000 100000 1000000000 "" "" b: "${groups[@]}" >/dev/null 2>&1
+    fi
   }
   call 1000
   callgrind_control -z >/dev/null 2>&1
@@ -46,7 +61,7 @@ measure() {
   callgrind_control -d >/dev/null 2>&1
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait
-  awk '/^summary:/ { printf "%.0f\n", $2 / 3000 }' "$(ls "$out".*.1)"
+  awk -v b="${BATCH:-1}" '/^summary:/ { printf "%.0f\n", $2 / 3000 / b }' "$(ls "$out".*.1)"
 }
 
 { echo "$cursor"; cat "$root/src/store/redis/relay.lua"; } >"$work/script.lua"
@@ -54,3 +69,4 @@ measure() {
 echo "instructions per call ($(redis-server --version | cut -d' ' -f1-3)):"
 echo "  prompt call of relay.lua: $(measure "$work/script.lua")"
 echo "  the same call, script returning at once: $(measure "$work/empty.lua")"
+echo "  per prompt of a prompts call carrying 8: $(BATCH=8 measure "$work/script.lua")"

@@ -513,6 +513,62 @@ fn race(servers: &[Server], threads: usize, path: &str, body: Value) -> Vec<Valu
 }
 
 #[test]
+fn the_prompts_of_one_turn_are_stored_in_one_call_each_as_alone() {
+    // 64 prompts posted at once reach the relay in a few loop turns, and
+    // each turn's prompts go to Redis as one script call: 32 ids, each
+    // posted twice (sometimes in the same call), over 4 sessions.
+    let redis = Redis::start();
+    let srv = instance(&redis, &format!("{}:", unique_session()));
+    let sids: Vec<String> = (0..4).map(|_| unique_session()).collect();
+    let before = redis.commands("evalsha");
+    let barrier = Arc::new(Barrier::new(64));
+    let handles: Vec<_> = (0..64)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            let addr = srv.addr();
+            let body = json!({"session_id": sids[(i / 2) % 4], "client_msg_id": format!("c{}", i / 2),
+                "prompt": "q"});
+            std::thread::spawn(move || {
+                let conn = TcpStream::connect(addr).expect("connect");
+                barrier.wait();
+                post_on(conn, "/prompt", &serde_json::to_vec(&body).unwrap())
+            })
+        })
+        .collect();
+    let answers: Vec<(u16, Value)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(
+        answers.iter().all(|(status, _)| *status == 200),
+        "{answers:?}"
+    );
+    let duplicates = answers
+        .iter()
+        .filter(|(_, b)| b["duplicate"] == true)
+        .count();
+    assert_eq!(duplicates, 32, "{answers:?}");
+    let calls = redis.commands("evalsha") - before;
+    assert!(calls < 64, "64 prompts took {calls} script calls");
+    for sid in &sids {
+        let history = all_messages(&srv, sid);
+        assert_eq!(history["total"], 8);
+        let seqs: Vec<u64> = history["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["data"]["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (1..=8).collect::<Vec<u64>>());
+    }
+    // Posted again together, every one is a duplicate.
+    let again = race(
+        std::slice::from_ref(&srv),
+        8,
+        "/prompt",
+        json!({"session_id": sids[0], "client_msg_id": "c0", "prompt": "q"}),
+    );
+    assert!(again.iter().all(|b| b["duplicate"] == true), "{again:?}");
+}
+
+#[test]
 fn one_id_posted_fifty_times_over_three_instances_is_stored_once() {
     let redis = Redis::start();
     let servers = instances(&redis, 3);

@@ -79,7 +79,7 @@ impl Relay {
             seq: Seq(0),
         });
         let known = known(&self.store, &p.session_id);
-        r.prompt(conn, &p.session_id, id, &head, ts, known);
+        r.prompt(conn, &p.session_id, id, head, ts, known);
         Ok(true)
     }
 
@@ -219,6 +219,7 @@ impl Relay {
         }
     }
 
+    #[inline(never)]
     fn answered(&mut self, now: Millis, a: Answered) {
         // A new message stored through this instance: counted and logged
         // here, once, whichever instances' copies apply it. Redis ran the
@@ -277,6 +278,7 @@ impl Relay {
 
     /// Brings the copy of a session to what Redis answered. Returns
     /// whether a new answer went to a subscriber here.
+    #[inline(never)]
     fn catch_up(&mut self, now: Millis, s: Snapshot) -> bool {
         let Snapshot { sid, head, msgs } = s;
         let local = self
@@ -325,6 +327,7 @@ impl Relay {
 
     /// A change published by an instance: applied when it follows the
     /// copy; a gap or another epoch makes the copy read again.
+    #[inline(never)]
     fn published(&mut self, now: Millis, e: Event) {
         let (sid, epoch) = match &e {
             Event::Listening { sid } => {

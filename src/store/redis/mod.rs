@@ -48,6 +48,10 @@ use super::types::{Seq, SessionId};
 use crate::relay::model::push_json_str;
 use crate::relay::{ApiError, ConnId};
 
+// The engine's larger functions are marked `#[inline(never)]`: each runs
+// once per request or reply, and inlined into the poll loop they cost the
+// static binary about 9 KB, which it does not have under 2 MiB.
+
 /// The script every instance loads (`SCRIPT LOAD`) and calls by its SHA-1.
 pub const SCRIPT: &str = include_str!("relay.lua");
 
@@ -166,6 +170,18 @@ enum Write {
     Delete,
 }
 
+/// A prompt gathered for the turn's call.
+#[derive(Debug)]
+struct Gathered {
+    conn: ConnId,
+    sid: SessionId,
+    id: String,
+    head: String,
+    ts: u64,
+    known_epoch: String,
+    known_next: u64,
+}
+
 /// What this instance does about one session's channel.
 #[derive(Debug, Default)]
 struct Follow {
@@ -176,11 +192,17 @@ struct Follow {
     resyncs: u32,
 }
 
+/// Prompts one script call carries at most: Redis runs nothing else
+/// while it stores them.
+const MAX_BATCH: usize = 64;
+
 /// A reply the command link waits for, in order.
 #[derive(Debug)]
 enum Expect {
     /// `AUTH`, `SELECT`, `SCRIPT LOAD`.
     Setup,
+    /// The `prompts` call of one turn: one answer per prompt, in order.
+    Prompts(Vec<(ConnId, SessionId, String)>),
     Write {
         conn: ConnId,
         sid: SessionId,
@@ -220,6 +242,8 @@ pub struct RedisStore {
     /// sent, in order.
     barrier_next: Vec<(ConnId, SessionId)>,
     pings: VecDeque<Vec<(ConnId, SessionId)>>,
+    /// The prompts of this turn not sent yet.
+    batch: Vec<Gathered>,
     sessions_key: String,
     limits: StoreLimits,
     sha: String,
@@ -264,6 +288,7 @@ impl RedisStore {
             listened: 0,
             barrier_next: Vec::new(),
             pings: VecDeque::new(),
+            batch: Vec::new(),
             sessions_key: format!("{prefix}sessions"),
             limits,
             sha,
@@ -309,6 +334,7 @@ impl RedisStore {
     /// The socket connected: log in, select the database, and load the
     /// script or subscribe. Requests may follow at once (Redis answers in
     /// order).
+    #[inline(never)]
     pub fn connected(&mut self, link: Link) {
         let mut setup = Vec::new();
         match (&self.url.user, &self.url.password) {
@@ -346,6 +372,7 @@ impl RedisStore {
     }
 
     /// The socket is gone: every request waiting on it is answered `503`.
+    #[inline(never)]
     pub fn lost(&mut self, link: Link) {
         let side = self.side(link);
         let was = side.up;
@@ -354,6 +381,9 @@ impl RedisStore {
             for e in std::mem::take(&mut self.expect) {
                 self.fail(e, ApiError::storage_unavailable());
             }
+            let unsent = std::mem::take(&mut self.batch);
+            let waiting = unsent.into_iter().map(|g| (g.conn, g.sid, g.id)).collect();
+            self.fail(Expect::Prompts(waiting), ApiError::storage_unavailable());
         } else {
             // The reads waiting for a `PING` go back to the relay, which
             // finds their channels no longer listened to.
@@ -375,6 +405,9 @@ impl RedisStore {
     /// Bytes to write on `link` (appended by the caller to what it has not
     /// written yet).
     pub fn take_output(&mut self, link: Link) -> Vec<u8> {
+        if link == Link::Command {
+            self.send_batch();
+        }
         if link == Link::Events && !self.barrier_next.is_empty() && self.ev.up {
             push_command(&mut self.ev.out, &[b"PING"]);
             self.pings.push_back(std::mem::take(&mut self.barrier_next));
@@ -384,6 +417,7 @@ impl RedisStore {
 
     /// Bytes read from `link`: every whole reply is handled. An error means
     /// the peer broke the protocol: the caller drops the link.
+    #[inline(never)]
     pub fn input(&mut self, link: Link, bytes: &[u8]) -> Result<(), String> {
         let side = self.side(link);
         side.input.extend_from_slice(bytes);
@@ -418,6 +452,7 @@ impl RedisStore {
         std::mem::take(&mut self.events)
     }
 
+    #[inline(never)]
     fn on_reply(&mut self, frame: OwnedFrame) -> Result<(), String> {
         let Some(expect) = self.expect.pop_front() else {
             return Err("a reply nobody asked for".into());
@@ -438,6 +473,24 @@ impl RedisStore {
             return Ok(());
         }
         match expect {
+            Expect::Prompts(waiting) => {
+                let OwnedFrame::Array(answers) = frame else {
+                    self.fail(Expect::Prompts(waiting), ApiError::storage_unavailable());
+                    return Err("the script answered something else than an array".into());
+                };
+                if answers.len() != waiting.len() {
+                    self.fail(Expect::Prompts(waiting), ApiError::storage_unavailable());
+                    return Err("the script answered another number of prompts".into());
+                }
+                let mut broken = Ok(());
+                for ((conn, sid, id), answer) in waiting.into_iter().zip(answers) {
+                    let write = Write::Prompt { id };
+                    if let Err(e) = self.written(conn, sid, write, answer) {
+                        broken = Err(e);
+                    }
+                }
+                return broken;
+            }
             Expect::Setup => {
                 if let OwnedFrame::BulkString(sha) = &frame {
                     if sha.as_slice() != self.sha.as_bytes() {
@@ -467,64 +520,72 @@ impl RedisStore {
                     delivered: false,
                 });
             }
-            Expect::Write { conn, sid, write } => {
-                let ((status, extra), snapshot) = match parse_snapshot(sid.clone(), frame) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let expect = Expect::Write { conn, sid, write };
-                        self.fail(expect, ApiError::storage_unavailable());
-                        return Err(e);
-                    }
-                };
-                let dup = status == "dup";
-                let then = match status.as_str() {
-                    "ok" | "dup" => match write {
-                        Write::Prompt { id } => {
-                            Then::Reply(Ok(Outcome::Prompt { id, duplicate: dup }))
-                        }
-                        Write::Response { id } => {
-                            Then::Reply(Ok(Outcome::Response { id, duplicate: dup }))
-                        }
-                        Write::Create { put: false } => Then::Retry,
-                        Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {
-                            epoch: snapshot
-                                .head
-                                .as_ref()
-                                .map_or_else(String::new, |h| h.epoch.clone()),
-                            sid,
-                            created: extra == "1",
-                            put: true,
-                        })),
-                        Write::Delete => Then::Reply(Ok(Outcome::Deleted)),
-                    },
-                    "e404s" => Then::Reply(Err(ApiError::session_not_found())),
-                    "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
-                    "e409" => Then::Reply(Err(ApiError::conflict())),
-                    "e503s" => Then::Reply(Err(ApiError::unavailable("session limit reached"))),
-                    "e503p" => Then::Reply(Err(ApiError::unavailable(
-                        "pending prompt limit reached for this session",
-                    ))),
-                    other => {
-                        self.answered.push(Answered {
-                            conn: Some(conn),
-                            snapshot: None,
-                            then: Then::Reply(Err(ApiError::storage_unavailable())),
-                            delivered: false,
-                        });
-                        return Err(format!("unknown status {other}"));
-                    }
-                };
-                self.answered.push(Answered {
-                    conn: Some(conn),
-                    snapshot: Some(snapshot),
-                    then,
-                    delivered: extra == "1",
-                });
-            }
+            Expect::Write { conn, sid, write } => return self.written(conn, sid, write, frame),
         }
         Ok(())
     }
 
+    /// The answer to a write: the requester's reply and the session.
+    #[inline(never)]
+    fn written(
+        &mut self,
+        conn: ConnId,
+        sid: SessionId,
+        write: Write,
+        frame: OwnedFrame,
+    ) -> Result<(), String> {
+        let ((status, extra), snapshot) = match parse_snapshot(sid.clone(), frame) {
+            Ok(s) => s,
+            Err(e) => {
+                let expect = Expect::Write { conn, sid, write };
+                self.fail(expect, ApiError::storage_unavailable());
+                return Err(e);
+            }
+        };
+        let dup = status == "dup";
+        let then = match status.as_str() {
+            "ok" | "dup" => match write {
+                Write::Prompt { id } => Then::Reply(Ok(Outcome::Prompt { id, duplicate: dup })),
+                Write::Response { id } => Then::Reply(Ok(Outcome::Response { id, duplicate: dup })),
+                Write::Create { put: false } => Then::Retry,
+                Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {
+                    epoch: snapshot
+                        .head
+                        .as_ref()
+                        .map_or_else(String::new, |h| h.epoch.clone()),
+                    sid,
+                    created: extra == "1",
+                    put: true,
+                })),
+                Write::Delete => Then::Reply(Ok(Outcome::Deleted)),
+            },
+            "e404s" => Then::Reply(Err(ApiError::session_not_found())),
+            "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
+            "e409" => Then::Reply(Err(ApiError::conflict())),
+            "e503s" => Then::Reply(Err(ApiError::unavailable("session limit reached"))),
+            "e503p" => Then::Reply(Err(ApiError::unavailable(
+                "pending prompt limit reached for this session",
+            ))),
+            other => {
+                self.answered.push(Answered {
+                    conn: Some(conn),
+                    snapshot: None,
+                    then: Then::Reply(Err(ApiError::storage_unavailable())),
+                    delivered: false,
+                });
+                return Err(format!("unknown status {other}"));
+            }
+        };
+        self.answered.push(Answered {
+            conn: Some(conn),
+            snapshot: Some(snapshot),
+            then,
+            delivered: extra == "1",
+        });
+        Ok(())
+    }
+
+    #[inline(never)]
     fn on_event(&mut self, frame: OwnedFrame) -> Result<(), String> {
         let parts = match frame {
             OwnedFrame::Array(parts) => parts,
@@ -566,8 +627,19 @@ impl RedisStore {
     }
 
     /// A request that cannot be answered by Redis: `503`.
+    #[inline(never)]
     fn fail(&mut self, expect: Expect, e: ApiError) {
         match expect {
+            Expect::Prompts(waiting) => {
+                for (conn, ..) in waiting {
+                    self.answered.push(Answered {
+                        conn: Some(conn),
+                        snapshot: None,
+                        then: Then::Reply(Err(e.clone())),
+                        delivered: false,
+                    });
+                }
+            }
             Expect::Sync { conn: None, sid } => self.answered.push(Answered {
                 conn: None,
                 snapshot: None,
@@ -591,11 +663,14 @@ impl RedisStore {
     /// `extra`. Without a connection the requester is answered `503` now.
     /// Written straight into the link's buffer: a prompt's call is about
     /// twenty arguments, and a turn may hold thousands of calls.
+    #[inline(never)]
     fn call(&mut self, sid: &str, op: &str, known: Known, extra: &[&[u8]], expect: Expect) {
         if !self.cmd.up {
             self.fail(expect, ApiError::storage_unavailable());
             return;
         }
+        // Calls run in the order they were asked for.
+        self.send_batch();
         // Only a write that may create the session needs a new epoch.
         let epoch = match op {
             "prompt" | "create" => self.ids.uuid(),
@@ -629,26 +704,104 @@ impl RedisStore {
     }
 
     /// `POST /prompt`: `head` is the message's `data` up to its `seq`.
+    /// Gathered with the turn's other prompts into one call, sent at the
+    /// end of the turn, before any other call, or when full.
+    #[inline(never)]
     pub fn prompt(
         &mut self,
         conn: ConnId,
         sid: &SessionId,
         id: String,
-        head: &str,
+        head: String,
         ts: u64,
         known: Known,
     ) {
-        let ts = ts.to_string();
-        let extra: [&[u8]; 3] = [id.as_bytes(), head.as_bytes(), ts.as_bytes()];
-        let expect = Expect::Write {
+        if !self.cmd.up {
+            let expect = Expect::Write {
+                conn,
+                sid: sid.clone(),
+                write: Write::Prompt { id },
+            };
+            self.fail(expect, ApiError::storage_unavailable());
+            return;
+        }
+        self.batch.push(Gathered {
             conn,
             sid: sid.clone(),
-            write: Write::Prompt { id: id.clone() },
-        };
-        self.call(sid, "prompt", known, &extra, expect);
+            id,
+            head,
+            ts,
+            known_epoch: known.epoch.to_string(),
+            known_next: known.next,
+        });
+        if self.batch.len() >= MAX_BATCH {
+            self.send_batch();
+        }
+    }
+
+    /// The gathered prompts: one `prompt` call, or one `prompts` call for
+    /// several.
+    #[inline(never)]
+    fn send_batch(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        if batch.len() <= 1 {
+            if let Some(g) = batch.pop() {
+                let ts = g.ts.to_string();
+                let extra: [&[u8]; 3] = [g.id.as_bytes(), g.head.as_bytes(), ts.as_bytes()];
+                let known = Known {
+                    epoch: &g.known_epoch,
+                    next: g.known_next,
+                };
+                let expect = Expect::Write {
+                    conn: g.conn,
+                    sid: g.sid.clone(),
+                    write: Write::Prompt { id: g.id.clone() },
+                };
+                self.call(&g.sid, "prompt", known, &extra, expect);
+            }
+            return;
+        }
+        let n = batch.len();
+        let p = self.prefix.as_bytes();
+        let out = &mut self.cmd.out;
+        push_array(out, 17 + n * 8);
+        push_bulk(out, &[b"EVALSHA"]);
+        push_bulk(out, &[self.sha.as_bytes()]);
+        push_number(out, 3 + n as u64);
+        push_bulk(out, &[]);
+        push_bulk(out, &[self.sessions_key.as_bytes()]);
+        push_bulk(out, &[]);
+        for g in &batch {
+            push_bulk(out, &[p, b"s:", g.sid.as_bytes()]);
+        }
+        push_bulk(out, &[b"prompts"]);
+        push_bulk(out, &[]);
+        push_number(out, self.unix_ms);
+        push_bulk(out, &[]);
+        push_number(out, 0);
+        push_number(out, self.limits.history_limit as u64);
+        push_number(out, self.limits.max_sessions as u64);
+        push_number(out, self.limits.max_pending as u64);
+        push_bulk(out, &[]);
+        push_bulk(out, &[]);
+        push_bulk(out, &[p]);
+        for g in &batch {
+            let epoch = self.ids.uuid();
+            push_bulk(out, &[g.sid.as_bytes()]);
+            push_bulk(out, &[g.known_epoch.as_bytes()]);
+            push_number(out, g.known_next);
+            push_bulk(out, &[epoch.as_bytes()]);
+            push_bulk(out, &[g.id.as_bytes()]);
+            push_bulk(out, &[g.head.as_bytes()]);
+            push_number(out, g.ts);
+        }
+        self.stats.commands += 1;
+        let waiting = batch.drain(..).map(|g| (g.conn, g.sid, g.id)).collect();
+        self.expect.push_back(Expect::Prompts(waiting));
     }
 
     /// `POST /response`.
+    #[inline(never)]
     pub fn response(&mut self, conn: ConnId, sid: &SessionId, w: ResponseWrite, known: Known) {
         let ts = w.ts.to_string();
         let given: &[u8] = if w.given { b"1" } else { b"0" };
@@ -896,6 +1049,7 @@ fn text_of(f: &OwnedFrame) -> Result<std::borrow::Cow<'_, str>, String> {
 }
 
 /// The script's answer: `(status, extra)` and the session.
+#[inline(never)]
 fn parse_snapshot(
     sid: SessionId,
     frame: OwnedFrame,

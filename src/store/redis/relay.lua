@@ -29,6 +29,14 @@
 -- says what it holds in known_epoch and known_next); `full` says they are
 -- the whole session rather than what follows known_next. An empty epoch:
 -- the session does not exist.
+--
+-- `prompts` stores the prompts of one loop turn of the caller, in order,
+-- each as `prompt` would, and answers the list of their answers: the
+-- cost of a call (EVALSHA, and the locals and helpers below, made again
+-- on every call) is paid once for all of them. Its keys are
+-- (unused, sessions, unused, then P s:<sid> of each prompt); its
+-- arguments after the common ones are 7 per prompt: sid, known_epoch,
+-- known_next, new_epoch, client_msg_id, head, ts.
 
 local s, all, w = KEYS[1], KEYS[2], KEYS[3]
 local op, sid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -164,8 +172,7 @@ local function text_of(data)
   return nil
 end
 
-if op == 'prompt' then
-  local cid, head, ts = ARGV[12], ARGV[13], ARGV[14]
+local function prompt(cid, head, ts)
   -- The counters and the id's entry (dedupe) in one call.
   local S, v = session('c:' .. cid)
   local extra = '0'
@@ -186,6 +193,33 @@ if op == 'prompt' then
   S.pc = S.pc + 1
   save(S, fields)
   return answer('ok', S, extra)
+end
+
+if op == 'prompt' then
+  return prompt(ARGV[12], ARGV[13], ARGV[14])
+elseif op == 'prompts' then
+  local out = {}
+  -- What the caller holds of a session once it applied the answers so
+  -- far: a later prompt of that session is answered from there, not
+  -- again from what it held before the call.
+  local held = {}
+  for i = 1, #KEYS - 3 do
+    local a = 12 + 7 * (i - 1)
+    s, sid = KEYS[3 + i], ARGV[a]
+    known_epoch, known_next, new_epoch = ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
+    local h = held[sid]
+    if h then
+      known_epoch, known_next = h[1], h[2]
+    end
+    channel = prefix .. 'e:' .. sid
+    written = {}
+    local r = prompt(ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
+    if r[3] ~= '' then
+      held[sid] = { r[3], r[4] }
+    end
+    out[i] = r
+  end
+  return out
 elseif op == 'response' then
   local cid, aid, given, text, head, ts = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
   -- The counters and both ids' entries in one call.
