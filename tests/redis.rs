@@ -185,6 +185,14 @@ fn answer(srv: &Server, sid: &str, cid: &str, aid: &str, text: &str) -> Response
     )
 }
 
+/// The `seq` of every message of a `/messages` page, in order.
+fn seqs(history: &Value) -> Vec<u64> {
+    history["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["data"]["seq"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
 /// Every message of a session, as one instance reads it.
 #[track_caller]
 fn all_messages(srv: &Server, sid: &str) -> Value {
@@ -550,13 +558,7 @@ fn the_prompts_of_one_turn_are_stored_in_one_call_each_as_alone() {
     for sid in &sids {
         let history = all_messages(&srv, sid);
         assert_eq!(history["total"], 8);
-        let seqs: Vec<u64> = history["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["data"]["seq"].as_u64().unwrap())
-            .collect();
-        assert_eq!(seqs, (1..=8).collect::<Vec<u64>>());
+        assert_eq!(seqs(&history), (1..=8).collect::<Vec<u64>>());
     }
     // Posted again together, every one is a duplicate.
     let again = race(
@@ -598,13 +600,7 @@ fn one_id_posted_fifty_times_over_three_instances_is_stored_once() {
     for srv in &servers {
         let history = all_messages(srv, &sid);
         assert_eq!(history["total"], 2, "{history}");
-        let seqs: Vec<u64> = history["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["data"]["seq"].as_u64().unwrap())
-            .collect();
-        assert_eq!(seqs, [1, 2]);
+        assert_eq!(seqs(&history), [1, 2]);
     }
 }
 
@@ -772,10 +768,8 @@ fn redis_restarted_in_the_middle_of_traffic_loses_nothing_acknowledged() {
         let history = all_messages(srv, &sid);
         assert_eq!(history["epoch"], epoch.as_str());
         let messages = history["messages"].as_array().unwrap();
-        let seqs: Vec<u64> = messages
-            .iter()
-            .map(|m| m["data"]["seq"].as_u64().unwrap())
-            .collect();
+        let seqs = seqs(&history);
+        assert_eq!(seqs.len(), messages.len());
         assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
         let ids = |kind: &str, field: &str| -> BTreeSet<String> {
             messages

@@ -142,7 +142,7 @@ pub fn switching_protocols(accept_key: &str) -> Vec<u8> {
 }
 
 /// The decimal digits of `n`, in `buf`, without `fmt` or an allocation.
-fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+pub(crate) fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;

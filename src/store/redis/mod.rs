@@ -45,6 +45,7 @@ use super::mem::{IdGen, StoreLimits};
 use super::record::Outcome;
 use super::sqlite::StoreStats;
 use super::types::{Seq, SessionId};
+use crate::http::response::{digits, push_decimal};
 use crate::relay::model::push_json_str;
 use crate::relay::{ApiError, ConnId};
 
@@ -992,14 +993,14 @@ fn push_channel_command(out: &mut Vec<u8>, command: &[u8], prefix: &[u8], sid: &
 /// `*<n>\r\n`: an array of `n` elements follows.
 fn push_array(out: &mut Vec<u8>, n: usize) {
     out.push(b'*');
-    push_digits(out, n as u64);
+    push_decimal(out, n as u64);
     out.extend_from_slice(b"\r\n");
 }
 
 /// One bulk string: the concatenation of `parts`.
 fn push_bulk(out: &mut Vec<u8>, parts: &[&[u8]]) {
     out.push(b'$');
-    push_digits(out, parts.iter().map(|p| p.len() as u64).sum());
+    push_decimal(out, parts.iter().map(|p| p.len() as u64).sum());
     out.extend_from_slice(b"\r\n");
     for p in parts {
         out.extend_from_slice(p);
@@ -1009,27 +1010,7 @@ fn push_bulk(out: &mut Vec<u8>, parts: &[&[u8]]) {
 
 /// A number as a bulk string.
 fn push_number(out: &mut Vec<u8>, n: u64) {
-    let mut buf = [0u8; 20];
-    let digits = digits(&mut buf, n);
-    push_bulk(out, &[digits]);
-}
-
-fn push_digits(out: &mut Vec<u8>, n: u64) {
-    let mut buf = [0u8; 20];
-    out.extend_from_slice(digits(&mut buf, n));
-}
-
-/// `n` in decimal, at the end of `buf`.
-fn digits(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
-    }
+    push_bulk(out, &[digits(n, &mut [0; 20])]);
 }
 
 fn bytes_of(f: &OwnedFrame) -> &[u8] {
