@@ -2,7 +2,8 @@
 # Builds the static Raspberry Pi binary (aarch64-unknown-linux-musl, linked by
 # rust-lld, SQLite's C by zig), runs it under qemu-aarch64, and checks a
 # prompt, a long-poll and a WebSocket message against it with
-# examples/smoke.rs, in memory and with a data directory.
+# examples/smoke.rs, in memory, with a data directory, and with its
+# sessions in Redis (Debian's redis-server, native, on a free port).
 # Needs: rustup target aarch64-unknown-linux-musl, PyPI ziglang, Debian's
 # qemu-user (scripts/static-toolchain.sh and apt install what is missing).
 set -euo pipefail
@@ -36,3 +37,19 @@ kill -TERM $SERVER_PID
 wait $SERVER_PID
 [[ -s "$data/relay.db" ]] || { echo "no database written in $data" >&2; exit 1; }
 echo "aarch64 smoke test passed with a data directory ($(stat -c %s "$data/relay.db") bytes of database)"
+# Several instances: the sessions in Redis, spoken to by the aarch64 build.
+command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+rdir=$(mktemp -d)
+rport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+trap 'stop_relay; redis-cli -p "$rport" shutdown nosave >/dev/null 2>&1 || true; rm -f "$log"; rm -rf "$data" "$rdir"' EXIT
+redis-server --port "$rport" --bind 127.0.0.1 --dir "$rdir" --save '' --appendonly no --daemonize yes >/dev/null
+for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+RUNNER=qemu-aarch64 start_relay smoke-aarch64-redis "$log" RELAY_REDIS_URL="redis://127.0.0.1:$rport"
+for _ in $(seq 1 300); do grep -q '"connected to Redis"' "$log" && break; sleep 0.1; done
+grep -q '"connected to Redis"' "$log" || { cat "$log" >&2; echo "the aarch64 relay never reached Redis" >&2; exit 1; }
+target/debug/examples/smoke "$ADDR"
+kill -TERM $SERVER_PID
+wait $SERVER_PID
+sessions=$(redis-cli -p "$rport" zcard relay:sessions)
+[[ "$sessions" -ge 1 ]] || { echo "no session stored in Redis" >&2; exit 1; }
+echo "aarch64 smoke test passed with Redis ($sessions session(s) stored there)"
