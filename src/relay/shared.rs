@@ -263,7 +263,7 @@ impl Relay {
             return;
         };
         match a.then {
-            Then::Nothing | Then::Resynced(_) => {}
+            Then::Resynced(_) => {}
             Then::Retry => self.effects.push(Effect::Retry { to }),
             Then::Barrier(sid) => self.barrier_passed(to, &sid),
             Then::Reply(result) => {

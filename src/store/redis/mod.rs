@@ -143,7 +143,6 @@ pub enum Then {
     Barrier(SessionId),
     /// A read the relay asked for on its own came back (or failed).
     Resynced(SessionId),
-    Nothing,
 }
 
 /// One reply, for the relay.
@@ -181,6 +180,20 @@ struct Gathered {
     ts: u64,
     known_epoch: String,
     known_next: u64,
+}
+
+/// The arguments every script call starts with (see `push_common`).
+struct Common<'a> {
+    unix_ms: u64,
+    limits: &'a StoreLimits,
+    prefix: &'a [u8],
+    op: &'a [u8],
+    sid: &'a [u8],
+    known: Known<'a>,
+    /// The epoch of a session the call may create.
+    epoch: &'a [u8],
+    /// The session's channel, in parts.
+    channel: &'a [&'a [u8]],
 }
 
 /// What this instance does about one session's channel.
@@ -686,17 +699,17 @@ impl RedisStore {
         push_bulk(out, &[p, b"s:", sid]);
         push_bulk(out, &[self.sessions_key.as_bytes()]);
         push_bulk(out, &[p, b"w:", sid]);
-        push_bulk(out, &[op.as_bytes()]);
-        push_bulk(out, &[sid]);
-        push_number(out, self.unix_ms);
-        push_bulk(out, &[known.epoch.as_bytes()]);
-        push_number(out, known.next);
-        push_number(out, self.limits.history_limit as u64);
-        push_number(out, self.limits.max_sessions as u64);
-        push_number(out, self.limits.max_pending as u64);
-        push_bulk(out, &[epoch.as_bytes()]);
-        push_bulk(out, &[p, b"e:", sid]);
-        push_bulk(out, &[p]);
+        let common = Common {
+            unix_ms: self.unix_ms,
+            limits: &self.limits,
+            prefix: p,
+            op: op.as_bytes(),
+            sid,
+            known,
+            epoch: epoch.as_bytes(),
+            channel: &[p, b"e:", sid],
+        };
+        push_common(out, common);
         for a in extra {
             push_bulk(out, &[a]);
         }
@@ -775,17 +788,18 @@ impl RedisStore {
         for g in &batch {
             push_bulk(out, &[p, b"s:", g.sid.as_bytes()]);
         }
-        push_bulk(out, &[b"prompts"]);
-        push_bulk(out, &[]);
-        push_number(out, self.unix_ms);
-        push_bulk(out, &[]);
-        push_number(out, 0);
-        push_number(out, self.limits.history_limit as u64);
-        push_number(out, self.limits.max_sessions as u64);
-        push_number(out, self.limits.max_pending as u64);
-        push_bulk(out, &[]);
-        push_bulk(out, &[]);
-        push_bulk(out, &[p]);
+        // Each prompt brings its own session, cursor and epoch (below).
+        let common = Common {
+            unix_ms: self.unix_ms,
+            limits: &self.limits,
+            prefix: p,
+            op: b"prompts",
+            sid: b"",
+            known: Known::default(),
+            epoch: b"",
+            channel: &[],
+        };
+        push_common(out, common);
         for g in &batch {
             let epoch = self.ids.uuid();
             push_bulk(out, &[g.sid.as_bytes()]);
@@ -980,6 +994,22 @@ fn push_command(out: &mut Vec<u8>, args: &[&[u8]]) {
     for a in args {
         push_bulk(out, &[a]);
     }
+}
+
+/// The script's arguments 1 to 11, which every call sends in this order
+/// (`relay.lua` reads them by position).
+fn push_common(out: &mut Vec<u8>, c: Common) {
+    push_bulk(out, &[c.op]);
+    push_bulk(out, &[c.sid]);
+    push_number(out, c.unix_ms);
+    push_bulk(out, &[c.known.epoch.as_bytes()]);
+    push_number(out, c.known.next);
+    push_number(out, c.limits.history_limit as u64);
+    push_number(out, c.limits.max_sessions as u64);
+    push_number(out, c.limits.max_pending as u64);
+    push_bulk(out, &[c.epoch]);
+    push_bulk(out, c.channel);
+    push_bulk(out, &[c.prefix]);
 }
 
 /// `SUBSCRIBE` or `UNSUBSCRIBE` of the channel a session's changes are
