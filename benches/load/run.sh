@@ -17,7 +17,8 @@
 #   redis         Redis (Debian redis-server) with appendonly yes and
 #                 appendfsync always: the ingest figure only, as SET of
 #                 256-byte values by redis-benchmark -c 64 -P 1, the anchor
-#                 of "acknowledged means on disk".
+#                 of "acknowledged means on disk", for about INGEST_SECS
+#                 (REDIS_RATE, default 50000, times INGEST_SECS requests).
 #   shared        the relay build with its sessions in Redis (RELAY_REDIS_URL;
 #                 Debian redis-server without persistence, pinned to the
 #                 server's core too): the engine's own cost. Fan-out puts
@@ -32,6 +33,7 @@
 #                 figure only; its server_* figures are Redis's. One line
 #                 in front of the script fills in the caller's cursor (the
 #                 relay sends it; redis-benchmark cannot), one HGET.
+#                 SCRIPT_RATE (default 20000) times INGEST_SECS calls.
 #   nchan         nginx + nchan (NCHAN_DIR) mapped onto relay's data paths.
 #   nginx-static  nginx answering every request with a static
 #                 {"stored":true} (nginx-static/): the ingest figure only,
@@ -258,7 +260,7 @@ wrk_us() {
 # The Redis anchor of the durable ingest: SET of 256-byte values from 64
 # connections, one request in flight each, as wrk posts prompts.
 run_redis_ingest() {
-  run_benchmark_ingest redis -t set -d 256 -r 1000000
+  run_benchmark_ingest redis "${REDIS_RATE:-50000}" -t set -d 256 -r 1000000
 }
 
 # The floor of the shared ingest: the engine's script, called as the relay
@@ -273,15 +275,19 @@ run_script_ingest() {
   local limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
   redis-cli -p "$port" evalsha "$sha" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
   head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
-  run_benchmark_ingest script -r 1000000000 evalsha "$sha" "${keys[@]}" prompt x "$now" \
+  run_benchmark_ingest script "${SCRIPT_RATE:-20000}" -r 1000000000 evalsha "$sha" "${keys[@]}" prompt x "$now" \
     00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now"
 }
 
-# run_benchmark_ingest TARGET ARGS...: redis-benchmark -c 64 -P 1 with ARGS
-# against the Redis on $port, as an ingest RESULT line.
+# run_benchmark_ingest TARGET RATE ARGS...: redis-benchmark -c 64 -P 1 with
+# ARGS against the Redis on $port, as an ingest RESULT line. redis-benchmark
+# sends a count of requests, not a duration: RATE times INGEST_SECS of them,
+# RATE being about the rate expected, so that Redis runs about as long as
+# wrk runs against the relays (the append-only file of `redis` growing, and
+# being rewritten, as relay's database grows); secs= says how long it ran.
 run_benchmark_ingest() {
-  local t="$1" out="$OUT/redis-bench-$port.csv" t0 t1 k0 k1 n=$((INGEST_SECS * 8000))
-  shift
+  local t="$1" out="$OUT/redis-bench-$port.csv" t0 t1 k0 k1 n=$((INGEST_SECS * $2))
+  shift 2
   read -r t0 k0 < <(ticks "$server_pid")
   local w0 w1
   w0="$(date +%s.%N)"
@@ -291,8 +297,8 @@ run_benchmark_ingest() {
   awk -F, -v t="$t" -v n="$n" -v d="$((t1 - t0))" -v k="$((k1 - k0))" -v hz="$clk_tck" -v w0="$w0" -v w1="$w1" '
     NR == 2 { gsub(/"/, ""); rps = $(NF - 6); p50 = $(NF - 3) * 1000; p99 = $(NF - 1) * 1000 }
     END { secs = w1 - w0; cpu = d / hz
-      printf "RESULT figure=ingest target=%s requests=%d req_per_s=%.0f p50_us=%.1f p99_us=%.1f server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f\n",
-        t, n, rps, p50, p99, 100 * cpu / secs, 1e6 * cpu / n, 1e6 * k / hz / n }' "$out"
+      printf "RESULT figure=ingest target=%s requests=%d secs=%.1f req_per_s=%.0f p50_us=%.1f p99_us=%.1f server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f\n",
+        t, n, secs, rps, p50, p99, 100 * cpu / secs, 1e6 * cpu / n, 1e6 * k / hz / n }' "$out"
 }
 
 run_ingest() {
