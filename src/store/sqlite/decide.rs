@@ -7,7 +7,7 @@
 //! read back from the file.
 
 use log::{error, warn};
-use rusqlite::{Connection, Transaction, TransactionBehavior, params};
+use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
 use super::mirror::{self, Mirror};
 use super::schema;
@@ -87,7 +87,7 @@ impl Writer {
     /// Decides every command in one transaction and commits it. Refusals
     /// (404, 409, caps) are answers; a database failure rolls the whole
     /// transaction back and every command in it gets `503`.
-    pub fn commit(&mut self, cmds: Vec<Command>) -> Vec<Done> {
+    pub fn commit(&mut self, mut cmds: Vec<Command>) -> Vec<Done> {
         if self.mirror.is_none() {
             self.rebuild();
         }
@@ -100,7 +100,7 @@ impl Writer {
         // Without a mirror (the file could not be read back) nothing can
         // be decided; `rebuild` logged why.
         if let Some(mirror) = mirror {
-            match transaction(conn, *limits, ids, mirror, &cmds) {
+            match transaction(conn, *limits, ids, mirror, &mut cmds) {
                 Ok(out) => return out,
                 Err(e) => {
                     error!(error = e.to_string().as_str(), commands = cmds.len(); "storage write failed");
@@ -155,13 +155,16 @@ impl Writer {
 
 /// One group commit: decides each command, deletes the garbage when there
 /// is enough of it, and commits. An error rolls everything back (dropping
-/// the transaction does) and leaves the mirror ahead of the file.
+/// the transaction does) and leaves the mirror ahead of the file. The
+/// commands' texts are moved out into what they become (their rows, records
+/// and outcomes): a command is decided once, and whatever happens its
+/// requester is answered from `conn` alone.
 fn transaction(
     conn: &mut Connection,
     limits: StoreLimits,
     ids: &mut IdGen,
     mirror: &mut Mirror,
-    cmds: &[Command],
+    cmds: &mut [Command],
 ) -> rusqlite::Result<Vec<Done>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut ctx = Ctx {
@@ -169,10 +172,11 @@ fn transaction(
         limits,
         ids,
         mirror,
+        insert: None,
     };
     let mut out = Vec::with_capacity(cmds.len());
     for cmd in cmds {
-        let (result, records) = match ctx.decide(&cmd.op) {
+        let (result, records) = match ctx.decide(&mut cmd.op) {
             Ok((outcome, records)) => (Ok(outcome), records),
             Err(Fail::Api(e)) => (Err(e), Vec::new()),
             Err(Fail::Db(e)) => return Err(e),
@@ -186,6 +190,7 @@ fn transaction(
     if ctx.mirror.garbage() >= GARBAGE_BATCH {
         ctx.collect_garbage()?;
     }
+    drop(ctx);
     tx.commit()?;
     Ok(out)
 }
@@ -196,10 +201,13 @@ struct Ctx<'a> {
     limits: StoreLimits,
     ids: &'a mut IdGen,
     mirror: &'a mut Mirror,
+    /// The row insert, taken from the statement cache once per transaction
+    /// rather than once per row (each take hashes the SQL text).
+    insert: Option<CachedStatement<'a>>,
 }
 
 impl Ctx<'_> {
-    fn decide(&mut self, op: &Op) -> Decided {
+    fn decide(&mut self, op: &mut Op) -> Decided {
         match op {
             Op::Prompt {
                 sid,
@@ -207,7 +215,7 @@ impl Ctx<'_> {
                 prompt,
                 metadata,
                 ts,
-            } => self.prompt(sid, id.as_ref(), prompt, metadata.as_deref(), *ts),
+            } => self.prompt(sid, id.take(), prompt, metadata.as_deref(), *ts),
             Op::Response {
                 sid,
                 client_msg_id,
@@ -218,7 +226,7 @@ impl Ctx<'_> {
             } => self.response(
                 sid,
                 client_msg_id,
-                id.as_ref(),
+                id.take(),
                 text,
                 metadata.as_deref(),
                 *ts,
@@ -330,7 +338,7 @@ impl Ctx<'_> {
     /// Appends a message's row; returns its rowid.
     #[allow(clippy::too_many_arguments)]
     fn insert(
-        &self,
+        &mut self,
         session: i64,
         seq: u64,
         kind: i64,
@@ -339,27 +347,29 @@ impl Ctx<'_> {
         ts: u64,
         data: &str,
     ) -> rusqlite::Result<i64> {
-        self.tx
-            .prepare_cached(
+        let st = match &mut self.insert {
+            Some(st) => st,
+            slot => slot.insert(self.tx.prepare_cached(
                 "INSERT INTO messages (session, seq, kind, client_msg_id, assistant_msg_id, ts, data)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?
-            .execute(params![
-                session,
-                seq as i64,
-                kind,
-                client_msg_id,
-                assistant_msg_id,
-                ts as i64,
-                data
-            ])?;
+            )?),
+        };
+        st.execute(params![
+            session,
+            seq as i64,
+            kind,
+            client_msg_id,
+            assistant_msg_id,
+            ts as i64,
+            data
+        ])?;
         Ok(self.tx.last_insert_rowid())
     }
 
     fn prompt(
         &mut self,
         sid: &SessionId,
-        id: Option<&(String, String)>,
+        id: Option<(String, String)>,
         prompt: &str,
         metadata: Option<&str>,
         ts: u64,
@@ -417,7 +427,7 @@ impl Ctx<'_> {
         &mut self,
         sid: &SessionId,
         client_msg_id: &str,
-        id: Option<&(String, String)>,
+        id: Option<(String, String)>,
         text: &str,
         metadata: Option<&str>,
         ts: u64,
@@ -482,9 +492,9 @@ impl Ctx<'_> {
     }
 
     /// The client's id and its literal, or a new UUID and its literal.
-    fn id_and_literal(&mut self, given: Option<&(String, String)>) -> (String, String) {
+    fn id_and_literal(&mut self, given: Option<(String, String)>) -> (String, String) {
         match given {
-            Some((id, lit)) => (id.clone(), lit.clone()),
+            Some(pair) => pair,
             None => {
                 let uuid = self.ids.uuid();
                 let mut lit = String::with_capacity(uuid.len() + 2);
