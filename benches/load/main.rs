@@ -7,6 +7,7 @@
 //! load fanout    --subscribers N --rate R|max [--window W] [--publishers P] [common]
 //! load catchup   --subscribers N --answers M [--publishers P] [common]   (relay only)
 //! load idle      --connections N --kind ws|poll [--hold SECS] [common]
+//! load ingest    --rate R [--connections C] [common]   (prompts at R/s, open loop)
 //! common: --target relay|base|nchan --addr HOST:PORT [--server-pid PID[,PID]] [--seconds T]
 //!   [--redis-pid PID] (Redis's CPU apart) [--addr2 HOST:PORT] (fan-out: half the subscribers there)
 //!         [--warmup SECS] [--size BYTES] [--figure NAME]
@@ -24,6 +25,7 @@
 mod catchup;
 mod fanout;
 mod idle;
+mod ingest;
 mod net;
 mod roundtrip;
 mod stats;
@@ -123,7 +125,8 @@ impl Args {
             let _ = crate::stats::REDIS_PID.set(pid.clone());
         }
         let name = self.0.get("target").map(String::as_str).unwrap_or("relay");
-        let target = Target::parse(name).ok_or("--target must be relay, base or nchan")?;
+        let target =
+            Target::parse(name).ok_or("--target must be relay, base, nginx-static or nchan")?;
         let addr: SocketAddr = self.get("addr", Some("127.0.0.1:8000".parse().map_err(|_| "")?))?;
         Ok(Common {
             target,
@@ -147,7 +150,7 @@ fn run(words: &[String]) -> Result<(), String> {
     let Some((mode, rest)) = words.split_first() else {
         // `cargo bench` and `cargo test --all-targets` run every bench binary
         // without arguments: nothing to measure, say how to use it.
-        println!("usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle");
+        println!("usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest");
         println!("(see benches/load/main.rs and benches/load/run.sh)");
         return Ok(());
     };
@@ -179,8 +182,17 @@ fn run(words: &[String]) -> Result<(), String> {
             let figure = format!("idle/{kind_arg}/N={connections}");
             idle::run(&args.common(figure)?, connections, kind, hold)
         }
+        "ingest" => {
+            let rate: f64 = args.get("rate", None)?;
+            let connections: usize = args.get("connections", Some(64))?;
+            ingest::run(
+                &args.common(format!("ingest/rate={rate}"))?,
+                rate,
+                connections,
+            )
+        }
         other => Err(format!(
-            "unknown mode {other}: roundtrip, fanout, catchup or idle"
+            "unknown mode {other}: roundtrip, fanout, catchup, idle or ingest"
         )),
     }
 }

@@ -61,6 +61,10 @@
 #   idle:ws:N        N idle WebSocket subscribers: server RSS per connection
 #   idle:poll:N      N parked long-polls: server RSS per connection
 #   ingest           wrk -t1 -c64 -d${INGEST_SECS}s posting prompts (ingest.lua)
+#   irate:R          prompts at R per second on 64 connections, open loop,
+#                    latency from when each was due (the load binary's
+#                    `ingest` mode, polling without sleep on its core): the
+#                    ingest latency below saturation; nginx-static runs it too
 # Needs: taskset, curl, file, wrk, nginx + libnginx-mod-nchan
 #   (apt-get install -y nginx libnginx-mod-nchan wrk).
 set -euo pipefail
@@ -335,7 +339,7 @@ runs() {
     nchan:catchup) return 1 ;;
     redis:ingest | script:ingest) return 0 ;;
     redis:* | script:*) return 1 ;;
-    nginx-static:ingest) return 0 ;;
+    nginx-static:ingest | nginx-static:irate) return 0 ;;
     nginx-static:*) return 1 ;;
   esac
 }
@@ -357,6 +361,7 @@ run_figure() {
     rate) figure="fanout/N=$a/rate=$b"; args=(fanout --subscribers "$a" --rate "$b") ;;
     idle) figure="idle/$a/N=$b"; args=(idle --kind "$a" --connections "$b") ;;
     ingest) figure="ingest" ;;
+    irate) figure="ingest/rate=$a"; args=(ingest --rate "$a" --connections 64) ;;
     *) echo "run.sh: unknown figure $spec" >&2; exit 2 ;;
   esac
   port=$((port + 1))

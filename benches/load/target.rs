@@ -59,10 +59,11 @@ pub fn parse_marker(text: &[u8]) -> Option<u64> {
 
 impl Target {
     /// The protocol of a `--target` name: `base` is another relay binary
-    /// (a before/after comparison), so it speaks relay's.
+    /// (a before/after comparison), so it speaks relay's; so does the static
+    /// nginx, which answers its prompts.
     pub fn parse(s: &str) -> Option<Target> {
         match s {
-            "relay" | "base" => Some(Target::Relay),
+            "relay" | "base" | "nginx-static" => Some(Target::Relay),
             "nchan" => Some(Target::Nchan),
             _ => None,
         }
