@@ -135,12 +135,27 @@ impl Writer {
 
     /// Copies what the checkpointer has not copied yet into the database,
     /// between two transactions, so that the next one starts the log over.
-    pub fn catch_up(&mut self) {
-        if let Err(e) = self
+    /// False when the copy did not reach the end of the log (the
+    /// checkpointer held the checkpoint at that moment, or it failed): the
+    /// caller tries again before the next transaction, or the log would
+    /// grow by everything written until the checkpointer's next round.
+    pub fn catch_up(&mut self) -> bool {
+        // (busy, frames in the log, frames copied)
+        let copied = self
             .conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-        {
-            warn!(error = e.to_string().as_str(); "checkpoint failed");
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            });
+        match copied {
+            Ok((busy, log, done)) => busy == 0 && done >= log,
+            Err(e) => {
+                warn!(error = e.to_string().as_str(); "checkpoint failed");
+                false
+            }
         }
     }
 

@@ -150,8 +150,8 @@ pub fn run(
                 // checkpoints in the writer's commits again.
                 writer.automatic_checkpoints(true);
                 checkpointer = None;
-            } else if c.shared.catch_up.swap(false, Ordering::AcqRel) {
-                writer.catch_up();
+            } else if c.shared.catch_up.swap(false, Ordering::AcqRel) && !writer.catch_up() {
+                c.shared.catch_up.store(true, Ordering::Release);
             }
         }
         let commands = group.len();
