@@ -116,11 +116,7 @@ pub fn run(c: &Common, rate: f64, connections: usize) -> Result<(), String> {
     let mut line = ResultLine::new(&c.figure, &c.name);
     line.num("rate", rate)
         .num("connections", connections as f64)
-        .num("secs", secs)
-        .num("ops", ops)
-        .num("ops_per_s", ops / secs)
-        .latency(&run.hist)
-        .cpu(&used, secs, ops)
+        .window(secs, ops, &run.hist, &used)
         .num("behind", behind as f64)
         .num("stalled", run.in_flight as f64)
         .num("errors", run.errors.count as f64);

@@ -108,11 +108,7 @@ pub fn run(c: &Common, sessions: usize) -> Result<(), String> {
     let ops = run.done_in_window as f64;
     let mut line = ResultLine::new(&c.figure, &c.name);
     line.num("sessions", sessions as f64)
-        .num("secs", secs)
-        .num("ops", ops)
-        .num("ops_per_s", ops / secs)
-        .latency(&run.hist)
-        .cpu(&used, secs, ops)
+        .window(secs, ops, &run.hist, &used)
         .num("stalled", run.in_flight as f64)
         .num("errors", run.errors.count as f64);
     line.print();

@@ -212,6 +212,17 @@ impl ResultLine {
         self
     }
 
+    /// What a run of operations timed one by one reports: how long it was
+    /// measured, how many were done in that window and at what rate, their
+    /// latency and the CPU both sides spent.
+    pub fn window(&mut self, secs: f64, ops: f64, h: &Histogram, cpu: &CpuUse) -> &mut Self {
+        self.num("secs", secs)
+            .num("ops", ops)
+            .num("ops_per_s", ops / secs)
+            .latency(h)
+            .cpu(cpu, secs, ops)
+    }
+
     /// Latency percentiles p50, p99, p99.9 and max in microseconds.
     pub fn latency(&mut self, h: &Histogram) -> &mut Self {
         self.num("p50_us", h.quantile_us(0.5))
