@@ -36,14 +36,14 @@ fn post(path: &str, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Parses one request out of `bytes` and routes it.
-fn parse(reader: &mut RequestReader, bytes: &[u8]) -> (Route, Vec<u8>) {
+/// Parses one request out of `bytes` and routes it; its body is then
+/// `reader.body()`, as in the server.
+fn parse(reader: &mut RequestReader, bytes: &[u8]) -> Route {
     reader.push(bytes);
     match reader.next_step() {
-        Ok(Step::Request(head, body)) => (
-            route::route(head.method(), &head.path).unwrap_or(Route::NotFound),
-            body,
-        ),
+        Ok(Step::Request(head)) => {
+            route::route(head.method(), &head.path).unwrap_or(Route::NotFound)
+        }
         other => panic!("bench request did not parse: {other:?}"),
     }
 }
@@ -108,12 +108,12 @@ fn measure_ingest(inp: &Inputs) -> usize {
     let mut reader = RequestReader::new(1 << 20);
     let mut out = 0;
     for (n, (p, r)) in inp.prompts.iter().zip(&inp.responses).enumerate() {
-        let (route, body) = parse(&mut reader, p);
+        let route = parse(&mut reader, p);
         assert_eq!(route, Route::PostPrompt);
-        let ack = relay.post_prompt(Millis(n as u64), 1_700_000_000_000, CLIENT, &body);
+        let ack = relay.post_prompt(Millis(n as u64), 1_700_000_000_000, CLIENT, reader.body());
         out += response::encode(200, &[], &now_body(ack), &meta()).len();
-        let (_, body) = parse(&mut reader, r);
-        let _ = relay.post_response(Millis(n as u64), 1_700_000_000_000, CLIENT, &body);
+        parse(&mut reader, r);
+        let _ = relay.post_response(Millis(n as u64), 1_700_000_000_000, CLIENT, reader.body());
     }
     out
 }
@@ -139,7 +139,7 @@ fn measure_roundtrip(inp: &Inputs) -> usize {
     let mut out = 0;
     for n in 0..inp.prompts.len() {
         let now = Millis(n as u64);
-        let (route, _) = parse(&mut reader, &inp.polls[n]);
+        let route = parse(&mut reader, &inp.polls[n]);
         let Route::GetPrompts(sid) = route else {
             panic!("setup failed")
         };
@@ -156,8 +156,8 @@ fn measure_roundtrip(inp: &Inputs) -> usize {
             relay.get_prompts(now, agent, &sid, q),
             Ok(Fetch::Park { .. })
         ));
-        let (_, body) = parse(&mut reader, &inp.prompts[n]);
-        let ack = relay.post_prompt(now, 1_700_000_000_000, CLIENT, &body);
+        parse(&mut reader, &inp.prompts[n]);
+        let ack = relay.post_prompt(now, 1_700_000_000_000, CLIENT, reader.body());
         out += response::encode(200, &[], &now_body(ack), &meta()).len();
         relay.take_effects(&mut effects);
         for e in effects.drain(..) {
@@ -165,8 +165,8 @@ fn measure_roundtrip(inp: &Inputs) -> usize {
                 out += response::encode(200, &[], &body, &meta()).len();
             }
         }
-        let (_, body) = parse(&mut reader, &inp.responses[n]);
-        let ack = relay.post_response(now, 1_700_000_000_000, agent, &body);
+        parse(&mut reader, &inp.responses[n]);
+        let ack = relay.post_response(now, 1_700_000_000_000, agent, reader.body());
         out += response::encode(200, &[], &now_body(ack), &meta()).len();
         relay.take_effects(&mut effects);
         for e in effects.drain(..) {

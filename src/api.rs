@@ -178,13 +178,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Whether `Content-Type` is `application/json`, parameters allowed.
-fn is_json(content_type: Option<&str>) -> bool {
-    content_type
-        .and_then(|ct| ct.split(';').next())
-        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
-}
-
 /// The API's settings and its one piece of state, the rate limiter.
 pub struct Api {
     client_token: Option<String>,
@@ -243,7 +236,7 @@ impl Api {
         conn: ConnId,
         peer: IpAddr,
         head: &RequestHead,
-        body: Vec<u8>,
+        body: &[u8],
         facts: Facts,
     ) -> Outcome {
         match self.dispatch(relay, turn, conn, peer, head, body, facts) {
@@ -260,7 +253,7 @@ impl Api {
         conn: ConnId,
         peer: IpAddr,
         head: &RequestHead,
-        body: Vec<u8>,
+        body: &[u8],
         facts: Facts,
     ) -> Result<Outcome, ApiError> {
         let route = if head.path == "/" && !self.web {
@@ -284,7 +277,7 @@ impl Api {
             Route::Readyz => self.readyz(relay, facts),
             Route::PostPrompt => {
                 json_body(head)?;
-                return Ok(reply(relay.post_prompt(now, unix_ms, conn, &body)?));
+                return Ok(reply(relay.post_prompt(now, unix_ms, conn, body)?));
             }
             Route::GetPrompts(sid) => {
                 let q = prompts_query(head.query.as_deref())?;
@@ -298,7 +291,7 @@ impl Api {
             }
             Route::PostResponse => {
                 json_body(head)?;
-                return Ok(reply(relay.post_response(now, unix_ms, conn, &body)?));
+                return Ok(reply(relay.post_response(now, unix_ms, conn, body)?));
             }
             Route::WebSocket(sid) => {
                 return self.upgrade(relay, now, conn, head, sid, facts.synced);
@@ -435,7 +428,7 @@ fn reply(r: Reply) -> Outcome {
 /// `POST` bodies must be JSON: a foreign web page cannot send that without
 /// a CORS preflight.
 fn json_body(head: &RequestHead) -> Result<(), ApiError> {
-    if is_json(head.content_type.as_deref()) {
+    if head.json {
         Ok(())
     } else {
         Err(ApiError::unsupported_media_type())

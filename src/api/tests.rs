@@ -31,7 +31,7 @@ fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> RequestHead {
             "OPTIONS" => Method::Options,
             _ => Method::Other,
         }),
-        path,
+        path: path.into(),
         query,
         keep_alive: true,
         ..RequestHead::default()
@@ -39,7 +39,7 @@ fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> RequestHead {
     for (k, v) in headers {
         match k.to_ascii_lowercase().as_str() {
             "authorization" => h.authorization = Some(v.to_string()),
-            "content-type" => h.content_type = Some(v.to_string()),
+            "content-type" => h.json = crate::http::parse::is_json(v),
             "origin" => h.origin = Some(v.to_string()),
             "x-forwarded-for" => h.forwarded_for = Some(v.to_string()),
             other => panic!("test header {other} not wired"),
@@ -65,7 +65,7 @@ fn call(api: &mut Api, relay: &mut Relay, h: &RequestHead, body: &str) -> Outcom
         CONN,
         PEER,
         h,
-        body.as_bytes().to_vec(),
+        body.as_bytes(),
         Facts::default(),
     )
 }
@@ -178,9 +178,10 @@ fn posts_must_be_json() {
         ("text/plain", false),
         ("application/jsonx", false),
     ] {
-        assert_eq!(is_json(Some(ct)), ok, "{ct}");
+        assert_eq!(crate::http::parse::is_json(ct), ok, "{ct}");
+        assert_eq!(head("POST", "/prompt", &[("Content-Type", ct)]).json, ok);
     }
-    assert!(!is_json(None));
+    assert!(!head("POST", "/prompt", &[]).json);
     let mut api = Api::new(&Config::default());
     let mut r = relay();
     let h = head("POST", "/prompt", &[("Content-Type", "text/plain")]);
@@ -297,7 +298,7 @@ fn healthz_reports_the_counters() {
         CONN,
         PEER,
         &head("GET", "/healthz", &[]),
-        Vec::new(),
+        &[],
         facts,
     );
     let (status, body) = answer(out);

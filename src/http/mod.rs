@@ -2,6 +2,8 @@
 //! validation, response encoding, and the WebSocket upgrade check. Nothing
 //! here touches a socket; bytes in, values and bytes out.
 
+use std::borrow::Cow;
+
 pub mod parse;
 pub mod response;
 pub mod route;
@@ -63,8 +65,8 @@ pub enum Framing {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestHead {
     pub method: Option<Method>,
-    /// The path, without the query.
-    pub path: String,
+    /// The path, without the query; the API's fixed paths are not copied.
+    pub path: Cow<'static, str>,
     /// The raw query string after `?`, if any.
     pub query: Option<String>,
     /// HTTP/1.0 rather than 1.1.
@@ -78,7 +80,8 @@ pub struct RequestHead {
     pub ws_key: Option<String>,
     pub ws_version: Option<String>,
     pub origin: Option<String>,
-    pub content_type: Option<String>,
+    /// `Content-Type` is `application/json` (parameters allowed).
+    pub json: bool,
     pub authorization: Option<String>,
     pub forwarded_for: Option<String>,
 }

@@ -5,6 +5,8 @@
 //! bodies are decoded by a resumable state machine (`chunked.rs`), so a body
 //! dribbled in byte by byte costs linear time.
 
+use std::borrow::Cow;
+
 use super::{Framing, Method, RequestHead};
 use crate::relay::ApiError;
 
@@ -46,6 +48,8 @@ pub struct HeadScan {
     scanned: usize,
     /// The early check of the request line.
     line: LineCheck,
+    /// Whether httparse was tried on the whole buffer at the first look.
+    tried_whole: bool,
 }
 
 /// Parses a request head from the start of `buf`. `Ok(None)` means more
@@ -56,6 +60,21 @@ pub fn parse_head(
     buf: &[u8],
     scan: &mut HeadScan,
 ) -> Result<Option<(RequestHead, usize)>, ApiError> {
+    // A head that arrived whole (the usual case) is parsed at once: what
+    // httparse accepts passes the early check and ends where the scan for
+    // its end would. Anything else (a partial head, an error) goes the
+    // long way, once, which also words the errors.
+    if !scan.tried_whole && !buf.is_empty() {
+        scan.tried_whole = true;
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        if let Ok(httparse::Status::Complete(end)) = req.parse(buf) {
+            if end > MAX_HEAD_BYTES {
+                return Err(ApiError::head_too_large());
+            }
+            return Ok(Some((own_head(&req)?, end)));
+        }
+    }
     scan.line
         .advance(buf)
         .map_err(|why| ApiError::bad_request("Malformed request head").with_details(why))?;
@@ -94,8 +113,48 @@ fn has_token(value: &str, token: &str) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
+/// The paths the API serves without an id in them, kept as static strings
+/// so that the common requests own no path.
+fn static_path(path: &str) -> Option<&'static str> {
+    [
+        "/prompt",
+        "/response",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/",
+    ]
+    .into_iter()
+    .find(|known| *known == path)
+}
+
+/// A header value the server reads, as text. A value that is not UTF-8 is
+/// skipped like an absent header, except for the framing headers, where it
+/// is an error.
+fn text_value<'a>(name: &str, value: &'a [u8]) -> Result<Option<&'a str>, ApiError> {
+    match std::str::from_utf8(value) {
+        Ok(v) => Ok(Some(v.trim())),
+        Err(_)
+            if name.eq_ignore_ascii_case("content-length")
+                || name.eq_ignore_ascii_case("transfer-encoding") =>
+        {
+            Err(ApiError::bad_request("Invalid framing header"))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// Whether a `Content-Type` is `application/json`, parameters allowed.
+pub fn is_json(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+}
+
 /// Copies what the server needs out of httparse's borrowed parse, and
-/// decides the body framing.
+/// decides the body framing. Only the values of the headers it uses are
+/// decoded, and the paths it knows are not copied.
 fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
     let bad = |msg: &'static str| ApiError::bad_request(msg);
     let target = req.path.ok_or_else(|| bad("Malformed request head"))?;
@@ -106,7 +165,10 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
     let http10 = req.version == Some(0);
     let mut head = RequestHead {
         method: Some(Method::parse(req.method.unwrap_or(""))),
-        path: path.to_string(),
+        path: match static_path(path) {
+            Some(known) => Cow::Borrowed(known),
+            None => Cow::Owned(path.to_string()),
+        },
         query,
         http10,
         ..RequestHead::default()
@@ -120,15 +182,14 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
     let mut hosts = 0;
     for h in req.headers.iter() {
         let name = h.name;
-        let Ok(value) = std::str::from_utf8(h.value) else {
-            if name.eq_ignore_ascii_case("content-length")
-                || name.eq_ignore_ascii_case("transfer-encoding")
-            {
-                return Err(bad("Invalid framing header"));
-            }
+        if name.eq_ignore_ascii_case("host") {
+            // A Host that is not text counts as absent.
+            hosts += usize::from(h.value.is_ascii() || std::str::from_utf8(h.value).is_ok());
+            continue;
+        }
+        let Some(value) = text_value(name, h.value)? else {
             continue;
         };
-        let value = value.trim();
         if name.eq_ignore_ascii_case("content-length") {
             // Digits only: no sign, no spaces (RFC 9110 section 8.6). A list of
             // identical values is allowed; differing ones are an error.
@@ -143,6 +204,8 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
                 }
                 content_length = Some(n);
             }
+        } else if name.eq_ignore_ascii_case("content-type") {
+            head.json = is_json(value);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             match &mut transfer_encoding {
                 Some(te) => {
@@ -160,16 +223,12 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
         } else if name.eq_ignore_ascii_case("expect") {
             // An HTTP/1.0 client cannot read a 1xx: ignore it (RFC 9110 section 10.1.1).
             head.expect_continue = !http10 && value.eq_ignore_ascii_case("100-continue");
-        } else if name.eq_ignore_ascii_case("host") {
-            hosts += 1;
         } else if name.eq_ignore_ascii_case("sec-websocket-key") {
             head.ws_key = Some(value.to_string());
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
             head.ws_version = Some(value.to_string());
         } else if name.eq_ignore_ascii_case("origin") {
             head.origin = Some(value.to_string());
-        } else if name.eq_ignore_ascii_case("content-type") {
-            head.content_type = Some(value.to_string());
         } else if name.eq_ignore_ascii_case("authorization") {
             head.authorization = Some(value.to_string());
         } else if name.eq_ignore_ascii_case("x-forwarded-for") {
@@ -231,21 +290,36 @@ pub enum Step {
     NeedMore,
     /// The client waits for `100 Continue` before sending its body.
     SendContinue,
-    /// A complete request and its decoded body.
-    Request(Box<RequestHead>, Vec<u8>),
+    /// A complete request; its body is [`RequestReader::body`] until
+    /// [`RequestReader::finish`] or the next step.
+    Request(RequestHead),
+}
+
+/// The body of the request last handed out.
+#[derive(Debug, Default)]
+enum Handed {
+    #[default]
+    Nothing,
+    /// `len` bytes of the buffer from `at`, already consumed: they stay
+    /// until the reader is next used.
+    Buffered { at: usize, len: usize },
+    /// A decoded chunked body.
+    Decoded(Vec<u8>),
 }
 
 /// Turns a connection's byte stream into requests, one at a time: the
 /// caller asks for the next request only after answering the previous one
 /// (h11 pauses the same way), so pipelined requests are answered in order
 /// and a parked request holds the rest back. Bytes are consumed by moving a
-/// start offset; the buffer compacts when drained and is freed when empty,
-/// so an idle connection holds no input memory.
+/// start offset; a request's body is lent from the buffer, not copied. The
+/// buffer compacts when drained and is freed when empty, so an idle
+/// connection holds no input memory.
 #[derive(Debug)]
 pub struct RequestReader {
     buf: Vec<u8>,
     start: usize,
     progress: Progress,
+    handed: Handed,
     continue_sent: bool,
     max_body: usize,
 }
@@ -262,6 +336,7 @@ impl RequestReader {
             progress: Progress::Head {
                 scan: HeadScan::default(),
             },
+            handed: Handed::Nothing,
             continue_sent: false,
             max_body,
         }
@@ -291,6 +366,7 @@ impl RequestReader {
 
     /// Appends received bytes.
     pub fn push(&mut self, bytes: &[u8]) {
+        self.finish();
         if self.start > 0 && self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
@@ -304,51 +380,74 @@ impl RequestReader {
     /// Takes the bytes after the last request (the start of a WebSocket
     /// stream after an upgrade).
     pub fn take_rest(&mut self) -> Vec<u8> {
+        self.handed = Handed::Nothing;
         let rest = self.buf.split_off(self.start);
         self.buf = Vec::new();
         self.start = 0;
         rest
     }
 
-    fn consume(&mut self, n: usize) {
-        self.start += n;
-        if self.start == self.buf.len() {
-            // Drained: release the memory; an idle connection holds none.
+    /// The body of the request the last step returned.
+    pub fn body(&self) -> &[u8] {
+        match &self.handed {
+            Handed::Nothing => &[],
+            Handed::Buffered { at, len } => self.buf.get(*at..at + len).unwrap_or_default(),
+            Handed::Decoded(body) => body,
+        }
+    }
+
+    /// Done with the last request's body: its memory may go, and an
+    /// emptied buffer is freed (an idle or parked connection holds none).
+    pub fn finish(&mut self) {
+        self.handed = Handed::Nothing;
+        if self.start == self.buf.len() && self.buf.capacity() > 0 {
             self.buf = Vec::new();
             self.start = 0;
         }
     }
 
+    /// Moves past `n` bytes; a drained buffer is freed by [`Self::finish`].
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+    }
+
     /// Advances the parse as far as the buffered bytes allow. An error is
     /// the answer to send before closing the connection.
     pub fn next_step(&mut self) -> Result<Step, ApiError> {
+        self.finish();
         loop {
             match &mut self.progress {
                 Progress::Head { scan } => {
                     let Some((head, len)) = parse_head(&self.buf[self.start..], scan)? else {
                         return Ok(Step::NeedMore);
                     };
+                    self.progress = Progress::Head {
+                        scan: HeadScan::default(),
+                    };
                     self.consume(len);
                     self.continue_sent = false;
-                    self.progress = match head.framing() {
-                        super::Framing::Empty => {
-                            self.progress = Progress::Head {
-                                scan: HeadScan::default(),
-                            };
-                            return Ok(Step::Request(Box::new(head), Vec::new()));
-                        }
+                    match head.framing() {
+                        super::Framing::Empty => return Ok(Step::Request(head)),
                         super::Framing::Length(n) if n > self.max_body => {
                             return Err(ApiError::body_too_large());
                         }
-                        super::Framing::Length(n) => Progress::Body {
-                            head: Box::new(head),
-                            len: n,
-                        },
-                        super::Framing::Chunked => Progress::Chunked {
-                            head: Box::new(head),
-                            decoder: ChunkedDecoder::new(self.max_body),
-                        },
-                    };
+                        super::Framing::Length(n) if self.buf.len() - self.start >= n => {
+                            // The body came with the head: no need to wait.
+                            return Ok(self.hand_buffered(head, n));
+                        }
+                        super::Framing::Length(n) => {
+                            self.progress = Progress::Body {
+                                head: Box::new(head),
+                                len: n,
+                            };
+                        }
+                        super::Framing::Chunked => {
+                            self.progress = Progress::Chunked {
+                                head: Box::new(head),
+                                decoder: ChunkedDecoder::new(self.max_body),
+                            };
+                        }
+                    }
                 }
                 Progress::Body { head, len } => {
                     let have = self.buf.len() - self.start;
@@ -360,13 +459,11 @@ impl RequestReader {
                         return Ok(Step::NeedMore);
                     }
                     let len = *len;
-                    let body = self.buf[self.start..self.start + len].to_vec();
-                    let head = std::mem::take(head);
+                    let head = std::mem::take(&mut **head);
                     self.progress = Progress::Head {
                         scan: HeadScan::default(),
                     };
-                    self.consume(len);
-                    return Ok(Step::Request(head, body));
+                    return Ok(self.hand_buffered(head, len));
                 }
                 Progress::Chunked { head, decoder } => {
                     let used = decoder.feed(&self.buf[self.start..])?;
@@ -380,16 +477,26 @@ impl RequestReader {
                         self.consume(used);
                         return Ok(Step::NeedMore);
                     }
-                    let body = decoder.take_body();
-                    let head = std::mem::take(head);
+                    self.handed = Handed::Decoded(decoder.take_body());
+                    let head = std::mem::take(&mut **head);
                     self.progress = Progress::Head {
                         scan: HeadScan::default(),
                     };
                     self.consume(used);
-                    return Ok(Step::Request(head, body));
+                    return Ok(Step::Request(head));
                 }
             }
         }
+    }
+
+    /// Lends the `len` bytes at the start as the body of `head`.
+    fn hand_buffered(&mut self, head: RequestHead, len: usize) -> Step {
+        self.handed = Handed::Buffered {
+            at: self.start,
+            len,
+        };
+        self.consume(len);
+        Step::Request(head)
     }
 }
 

@@ -81,12 +81,14 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
                 }
             }
             Ok(Step::SendContinue) => conn.out.push_owned(CONTINUE.to_vec()),
-            Ok(Step::Request(head, body)) => {
+            Ok(Step::Request(head)) => {
                 let started = h.request_started.take().unwrap_or(cx.now());
                 let facts = cx.facts();
+                let body = h.reader.body();
                 let outcome =
                     cx.api
                         .handle(&mut cx.relay, cx.turn, id, conn.peer, &head, body, facts);
+                h.reader.finish();
                 apply(id, conn, cx, &head, outcome, started);
                 handled += 1;
                 if !matches!(conn.phase, Phase::Http(_)) {

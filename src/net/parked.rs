@@ -119,15 +119,9 @@ pub fn retry(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
         synced: true,
         ..cx.facts()
     };
-    let outcome = cx.api.handle(
-        &mut cx.relay,
-        cx.turn,
-        id,
-        conn.peer,
-        &head,
-        Vec::new(),
-        facts,
-    );
+    let outcome = cx
+        .api
+        .handle(&mut cx.relay, cx.turn, id, conn.peer, &head, &[], facts);
     http::apply(id, conn, cx, &head, outcome, since);
     after_commit(id, conn, cx);
 }

@@ -44,7 +44,7 @@ pub struct LineCheck {
 }
 
 /// `tchar` of RFC 9110 section 5.6.2: the characters a method may hold.
-fn is_tchar(b: u8) -> bool {
+const fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric()
         || matches!(
             b,
@@ -65,10 +65,21 @@ fn is_tchar(b: u8) -> bool {
         )
 }
 
+/// [`is_tchar`] as a table, for the run of a method.
+static TCHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = is_tchar(b as u8);
+        b += 1;
+    }
+    table
+};
+
 /// What a request target may hold: visible ASCII, and bytes above 0x7F,
 /// which httparse lets through as well.
 fn is_target_byte(b: u8) -> bool {
-    (0x21..0x7f).contains(&b) || b >= 0x80
+    b > 0x20 && b != 0x7f
 }
 
 const VERSION: &[u8] = b"HTTP/1.";
@@ -78,10 +89,22 @@ impl LineCheck {
     /// start) not looked at yet. `Err` holds the reason, for `details`.
     pub fn advance(&mut self, buf: &[u8]) -> Result<(), &'static str> {
         while self.pos < buf.len() && self.state != State::Done {
+            // Runs of method and target bytes are skipped in a tight loop;
+            // the byte that ends a run goes through the state machine.
+            let rest = &buf[self.pos..];
+            let run = match self.state {
+                State::Method => rest.iter().take_while(|&&b| TCHAR[usize::from(b)]).count(),
+                State::Target => rest.iter().take_while(|&&b| is_target_byte(b)).count(),
+                _ => 0,
+            };
+            if run > 0 {
+                self.pos += run;
+                continue;
+            }
             let b = buf[self.pos];
             self.state = match self.state {
                 State::Lead if b == b'\r' || b == b'\n' => State::Lead,
-                State::Lead if is_tchar(b) => {
+                State::Lead if TCHAR[usize::from(b)] => {
                     self.lead = self.pos;
                     State::Method
                 }
@@ -89,11 +112,9 @@ impl LineCheck {
                     return Err("a TLS handshake: this port speaks plain HTTP");
                 }
                 State::Lead => return Err("not an HTTP request"),
-                State::Method if is_tchar(b) => State::Method,
                 State::Method if b == b' ' => State::Target,
                 State::Method => return Err("the method is not a token"),
                 State::Target if b == b' ' => State::Version(0),
-                State::Target if is_target_byte(b) => State::Target,
                 State::Target => return Err("invalid byte in the request target"),
                 State::Version(n) if usize::from(n) < VERSION.len() => {
                     if b != VERSION[usize::from(n)] {
