@@ -97,7 +97,16 @@ fn parse_object<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
             },
         );
     }
-    serde_json::from_slice::<T>(body).map_err(|e| ApiError::invalid_json(e.to_string()))
+    // Checked as UTF-8 once here, the body's strings and raw values are
+    // not checked again one by one. A body that is not UTF-8 gets serde's
+    // own error, which says where.
+    let Ok(text) = std::str::from_utf8(body) else {
+        let e = serde_json::from_slice::<serde::de::IgnoredAny>(body).err();
+        return Err(ApiError::invalid_json(
+            e.map_or_else(|| "invalid UTF-8".to_string(), |e| e.to_string()),
+        ));
+    };
+    serde_json::from_str::<T>(text).map_err(|e| ApiError::invalid_json(e.to_string()))
 }
 
 /// A required field: absent or `null` is missing.
@@ -109,21 +118,30 @@ fn required<'a>(v: Option<&'a RawValue>, name: &str) -> Result<&'a RawValue, Api
 }
 
 fn string(raw: &RawValue, name: &str) -> Result<String, ApiError> {
+    // A string literal without escapes (serde has checked its syntax) is
+    // its text in quotes: no decoding needed.
+    if let Some(text) = plain_string(raw) {
+        return Ok(text.to_string());
+    }
     serde_json::from_str::<String>(raw.get())
         .map_err(|_| ApiError::bad_request(format!("Invalid {name}: must be a string")))
+}
+
+/// The text of a string literal that holds no escapes.
+fn plain_string(raw: &RawValue) -> Option<&str> {
+    raw.get()
+        .strip_prefix('"')
+        .and_then(|l| l.strip_suffix('"'))
+        .filter(|text| !text.contains('\\'))
 }
 
 fn session_id(raw: Option<&RawValue>) -> Result<SessionId, ApiError> {
     let raw = required(raw, "session_id")?;
     // A literal without escapes is its text in quotes: the id is built from
     // it with no decoded copy first (a valid id never needs escapes).
-    let plain = raw
-        .get()
-        .strip_prefix('"')
-        .and_then(|l| l.strip_suffix('"'));
-    let sid = match plain {
-        Some(text) if !text.contains('\\') => SessionId::new(text),
-        _ => SessionId::new(&string(raw, "session_id")?),
+    let sid = match plain_string(raw) {
+        Some(text) => SessionId::new(text),
+        None => SessionId::new(&string(raw, "session_id")?),
     };
     sid.ok_or_else(ApiError::invalid_session_id)
 }

@@ -6,6 +6,7 @@
 //! take. With persistence the map is the loop's copy of the database, and
 //! only reads and `apply` touch it.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -455,17 +456,17 @@ impl Default for IdGen {
 
 /// A message id as the client sent it, with its JSON literal spelled as
 /// sent, or else a new UUID and its literal.
-fn id_and_literal(
-    given: Option<(String, &serde_json::value::RawValue)>,
+fn id_and_literal<'a>(
+    given: Option<(String, &'a serde_json::value::RawValue)>,
     ids: &mut IdGen,
-) -> (String, String) {
+) -> (String, Cow<'a, str>) {
     match given {
-        Some((id, raw)) => (id, raw.get().to_string()),
+        Some((id, raw)) => (id, Cow::Borrowed(raw.get())),
         None => {
             let uuid = ids.uuid();
             let mut lit = String::with_capacity(uuid.len() + 2);
             model::push_json_str(&mut lit, &uuid);
-            (uuid, lit)
+            (uuid, Cow::Owned(lit))
         }
     }
 }
