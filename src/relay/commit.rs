@@ -12,7 +12,7 @@ use std::rc::Rc;
 use log::debug;
 use serde::Serialize;
 
-use super::model::to_json;
+use super::model::{self, to_json};
 use super::{ApiError, Effect, Relay, Reply};
 use crate::store::mem::{Applied, MemStore};
 use crate::store::record::{Outcome, Record};
@@ -196,17 +196,15 @@ impl Relay {
 /// `{"ok":true,"assistant_msg_id":…,"delivered":…}`, the answer to a stored
 /// `POST /response`.
 fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Ack<'a> {
-        ok: bool,
-        assistant_msg_id: &'a str,
-        delivered: bool,
-    }
-    to_json(&Ack {
-        ok: true,
-        assistant_msg_id,
-        delivered,
-    })
+    let mut ack = String::with_capacity(64 + assistant_msg_id.len());
+    ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
+    model::push_json_str(&mut ack, assistant_msg_id);
+    ack.push_str(if delivered {
+        ",\"delivered\":true}"
+    } else {
+        ",\"delivered\":false}"
+    });
+    ack.into_bytes()
 }
 
 /// The answer to a resent `POST /response`.
@@ -233,17 +231,11 @@ fn put_ack(sid: &str, epoch: &str, created: bool) -> Vec<u8> {
 }
 
 /// `{"stored":true,"client_msg_id":…}`, plus `"duplicate":true` for a resend.
+/// Written by hand, as serde writes it: it is every prompt's answer.
 fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Ack<'a> {
-        stored: bool,
-        client_msg_id: &'a str,
-        #[serde(skip_serializing_if = "std::ops::Not::not")]
-        duplicate: bool,
-    }
-    to_json(&Ack {
-        stored: true,
-        client_msg_id: id,
-        duplicate,
-    })
+    let mut ack = String::with_capacity(56 + id.len());
+    ack.push_str("{\"stored\":true,\"client_msg_id\":");
+    model::push_json_str(&mut ack, id);
+    ack.push_str(if duplicate { ",\"duplicate\":true}" } else { "}" });
+    ack.into_bytes()
 }
