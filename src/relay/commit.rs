@@ -236,6 +236,10 @@ fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
     let mut ack = String::with_capacity(56 + id.len());
     ack.push_str("{\"stored\":true,\"client_msg_id\":");
     model::push_json_str(&mut ack, id);
-    ack.push_str(if duplicate { ",\"duplicate\":true}" } else { "}" });
+    ack.push_str(if duplicate {
+        ",\"duplicate\":true}"
+    } else {
+        "}"
+    });
     ack.into_bytes()
 }
