@@ -653,23 +653,47 @@ fn file_len(dir: &Dir, name: &str) -> u64 {
     std::fs::metadata(dir.0.join(name)).map_or(0, |m| m.len())
 }
 
+/// How many times the log started over from its beginning: SQLite adds one
+/// to the checkpoint sequence number in its header (bytes 12..16,
+/// big-endian) each time it does.
+fn wal_restarts(dir: &Dir) -> u32 {
+    let head = std::fs::read(dir.0.join("relay.db-wal")).unwrap_or_default();
+    head.get(12..16)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Whether every frame of the log has been copied into the database, read
+/// from the wal-index (`relay.db-shm`, sqlite.org/walformat.html, in the
+/// machine's byte order): the last valid frame (`mxFrame`, offset 16)
+/// against the frames copied (`nBackfill`, offset 96).
+fn wal_copied(dir: &Dir) -> bool {
+    let index = std::fs::read(dir.0.join("relay.db-shm")).unwrap_or_default();
+    let word = |at: usize| {
+        index
+            .get(at..at + 4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    matches!((word(16), word(96)), (Some(last), Some(copied)) if copied == last)
+}
+
 #[test]
 fn the_log_is_copied_into_the_database_and_reused_while_traffic_goes_on() {
     let dir = Dir::new("wal");
     let srv = start(&dir);
     let addr = srv.addr();
     let text = "x".repeat(2000);
-    const ROUNDS: u64 = 8;
-    const ROUND_BYTES: u64 = 4 * 256 * 2000;
-    // Each round, four clients post 2 MB of prompts; then the database
-    // file must grow by that much (the checkpointer copied the log in the
-    // background) before the next round.
+    const ROUNDS: u64 = 16;
+    const ROUND_BYTES: u64 = 4 * 64 * 2000;
+    // Each round, four clients post 512 KB of prompts; then the
+    // checkpointer must copy all of the log into the database in the
+    // background before the next round, whose first commit starts the log
+    // over.
     for round in 1..=ROUNDS {
         let clients: Vec<_> = (0..4)
             .map(|c| {
                 let (sid, text) = (format!("wal{c}-{}", unique_session()), text.clone());
                 std::thread::spawn(move || {
-                    for i in 0..256 {
+                    for i in 0..64 {
                         let cid = format!("r{round}-{i}");
                         let p = json!({"session_id": sid, "prompt": text, "client_msg_id": cid});
                         assert_eq!(try_post(addr, "/prompt", &p), Some(200));
@@ -681,17 +705,28 @@ fn the_log_is_copied_into_the_database_and_reused_while_traffic_goes_on() {
             c.join().unwrap();
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while file_len(&dir, "relay.db") < round * ROUND_BYTES {
+        while !wal_copied(&dir) {
             assert!(
                 Instant::now() < deadline,
-                "round {round}: relay.db is {} B, the log was not copied into it",
-                file_len(&dir, "relay.db")
+                "round {round}: the log was not copied into the database"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        assert!(
+            file_len(&dir, "relay.db") >= round * ROUND_BYTES,
+            "round {round}: relay.db is {} B",
+            file_len(&dir, "relay.db")
+        );
     }
-    // 16 MB of prompts went through the log, which was started over from
-    // its beginning after the copies: it holds about a round's worth.
+    // The log started over every round while 8 MB of prompts went through
+    // it (SQLite's frames for them are several times that: each commit
+    // rewrites whole pages), so it holds about what one round wrote: a log
+    // that was never reused would be well over 8 MB.
+    let restarts = wal_restarts(&dir);
+    assert!(
+        restarts >= ROUNDS as u32 - 1,
+        "the log started over {restarts} times"
+    );
     let wal = file_len(&dir, "relay.db-wal");
     assert!(wal < ROUNDS * ROUND_BYTES / 2, "relay.db-wal is {wal} B");
 }
