@@ -10,10 +10,12 @@
 //! message still in history. So every map is bounded by
 //! `history_limit + max_pending`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
 use std::rc::Rc;
 
 use super::message::{Kind, Message};
+use super::pending::{Pending, grow_early};
 use super::types::Seq;
 use crate::http::wsframe;
 use crate::relay::MessagesQuery;
@@ -115,7 +117,7 @@ pub struct SessionLog {
     next_seq: Seq,
     history: VecDeque<Rc<Message>>,
     prompts: IdMap<PromptEntry>,
-    pending: BTreeMap<Seq, Rc<Message>>,
+    pending: Pending,
     responses: IdMap<ResponseEntry>,
     /// The newest assistant message's `seq`, 0 before the first.
     last_assistant: Seq,
@@ -124,6 +126,8 @@ pub struct SessionLog {
     /// The last `GET /prompts` answer rendered, by its `after`: agents
     /// polling the same set share these bytes. Dropped on every change.
     page: Option<(Option<Seq>, Rc<[u8]>)>,
+    /// Where this session's deques grow ([`grow_early`]).
+    seed: usize,
     pub last_active: Millis,
 }
 
@@ -135,11 +139,12 @@ impl SessionLog {
             next_seq: Seq::FIRST,
             history: VecDeque::new(),
             prompts: IdMap::new(),
-            pending: BTreeMap::new(),
+            pending: Pending::default(),
             responses: IdMap::new(),
             last_assistant: Seq(0),
             dropped_assistant: Seq(0),
             page: None,
+            seed: RandomState::new().hash_one(0x5eed_u64) as usize,
             last_active: now,
         }
     }
@@ -209,7 +214,7 @@ impl SessionLog {
             in_history: true,
         };
         self.prompts.insert(msg.client_msg_id.clone(), entry);
-        self.pending.insert(msg.seq, msg.clone());
+        self.pending.insert(msg.clone(), self.seed);
         self.page = None;
         self.push_history(msg, history_limit);
     }
@@ -238,6 +243,7 @@ impl SessionLog {
     fn push_history(&mut self, msg: Rc<Message>, limit: usize) {
         // A message committed by the storage thread comes with its seq.
         self.next_seq = self.next_seq.max(msg.seq.next());
+        grow_early(&mut self.history, self.seed);
         self.history.push_back(msg);
         while self.history.len() > limit {
             let Some(old) = self.history.pop_front() else {
@@ -273,7 +279,7 @@ impl SessionLog {
             return;
         }
         entry.answered = true;
-        self.pending.remove(&entry.seq);
+        self.pending.remove(entry.seq);
         self.page = None;
         if !entry.in_history {
             self.prompts.remove(client_msg_id);
@@ -283,7 +289,7 @@ impl SessionLog {
     /// Whether any pending prompt has `seq > after`.
     pub fn has_pending_after(&self, after: Option<Seq>) -> bool {
         let from = after.map_or(Seq(0), Seq::next);
-        self.pending.range(from..).next().is_some()
+        self.pending.from(from).next().is_some()
     }
 
     /// `[…]` of the pending prompts with `seq > after`, oldest first, at
@@ -299,7 +305,7 @@ impl SessionLog {
         let from = after.map_or(Seq(0), Seq::next);
         let mut out = Vec::with_capacity(64);
         out.push(b'[');
-        for msg in self.pending.range(from..).map(|(_, m)| m) {
+        for msg in self.pending.from(from) {
             let data = msg.data();
             if out.len() > 1 {
                 if out.len() + data.len() + 2 > MAX_PAGE_BYTES {

@@ -7,6 +7,7 @@
 //!   ids, epoch) and the cursor every consumer reads it by.
 //! - [`message`]: a stored message, serialized once (an assistant message
 //!   as its WebSocket frame).
+//! - `pending`: a session's unanswered prompts in `seq` order.
 //! - [`mem`]: the in-memory engine, which decides at once and applies
 //!   committed records (its own, or the storage thread's); with
 //!   persistence, the loop's copy of the committed state.
@@ -18,6 +19,7 @@
 pub mod log;
 pub mod mem;
 pub mod message;
+mod pending;
 pub mod record;
 pub mod redis;
 pub mod sqlite;

@@ -1,0 +1,213 @@
+//! A session's pending set: its unanswered prompts in `seq` order.
+//!
+//! A new prompt has the highest `seq` of its session, so it goes on the
+//! back of a deque: one cache line touched, where a `BTreeMap` walked three
+//! levels of nodes, each a miss once a thousand sessions share the cache
+//! (the B-tree was three quarters of storing a prompt in `perf record` of
+//! the ingest figure). An answered prompt leaves a hole, found by binary
+//! search; holes at either end are dropped at once, and the holes inside
+//! are squeezed out when they outnumber the prompts, so the deque holds at
+//! most twice the pending prompts (plus a few) and every operation is
+//! `O(log n)` amortized, whatever order prompts are answered in.
+//!
+//! A deque that is full doubles, copying every slot into fresh memory
+//! (fresh pages, each a fault). Sessions fed in step (the ingest figure
+//! posts round robin to a thousand) fill in step and would all double
+//! within a few turns, the loop stalling meanwhile (the ingest p99 rose by
+//! half). So each session's deques grow at a point of their own, between
+//! half and all of their capacity ([`grow_early`], the history's too), as
+//! the dedupe maps do (`relay/idmap.rs`).
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use super::message::Message;
+use super::types::Seq;
+
+/// Holes tolerated inside the deque before it is squeezed, whatever the
+/// number of prompts: a small set is not rewritten for every answer.
+const MIN_HOLES: usize = 16;
+
+#[derive(Debug, Default)]
+pub struct Pending {
+    /// Each slot keeps its `seq`, so a search reads no message.
+    slots: VecDeque<(Seq, Option<Rc<Message>>)>,
+    len: usize,
+}
+
+impl Pending {
+    /// Unanswered prompts.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds a prompt; one already there under its `seq` is replaced.
+    /// `seed` is the session's growth point (see [`grow_early`]).
+    pub fn insert(&mut self, msg: Rc<Message>, seed: usize) {
+        grow_early(&mut self.slots, seed);
+        let seq = msg.seq;
+        match self.slots.back() {
+            None => {}
+            Some((last, _)) if *last < seq => {}
+            // Out of order (never the case for a new prompt): into place.
+            Some(_) => {
+                let at = self.position(seq);
+                match self.slots.get_mut(at) {
+                    Some((s, slot)) if *s == seq => {
+                        if slot.replace(msg).is_none() {
+                            self.len += 1;
+                        }
+                    }
+                    _ => {
+                        self.slots.insert(at, (seq, Some(msg)));
+                        self.len += 1;
+                    }
+                }
+                return;
+            }
+        }
+        self.slots.push_back((seq, Some(msg)));
+        self.len += 1;
+    }
+
+    /// Removes the prompt at `seq`, if it is pending.
+    pub fn remove(&mut self, seq: Seq) {
+        let at = self.position(seq);
+        let Some((s, slot)) = self.slots.get_mut(at) else {
+            return;
+        };
+        if *s != seq || slot.take().is_none() {
+            return;
+        }
+        self.len -= 1;
+        while self.slots.front().is_some_and(|(_, m)| m.is_none()) {
+            self.slots.pop_front();
+        }
+        while self.slots.back().is_some_and(|(_, m)| m.is_none()) {
+            self.slots.pop_back();
+        }
+        if self.slots.len() - self.len > self.len.max(MIN_HOLES) {
+            self.slots.retain(|(_, m)| m.is_some());
+        }
+    }
+
+    /// The pending prompts with `seq >= from`, oldest first.
+    pub fn from(&self, from: Seq) -> impl Iterator<Item = &Rc<Message>> {
+        self.slots
+            .range(self.position(from)..)
+            .filter_map(|(_, m)| m.as_ref())
+    }
+
+    /// The first slot whose `seq` is not below `seq`.
+    fn position(&self, seq: Seq) -> usize {
+        self.slots.partition_point(|(s, _)| *s < seq)
+    }
+}
+
+/// Grows `deque` before it is full: at a length between half and all of
+/// its capacity, picked by `seed` (fixed per session), so that deques
+/// filled in step do not all copy themselves in the same turn. Called
+/// before every push; the capacity doubles, as a full deque's would.
+pub fn grow_early<T>(deque: &mut VecDeque<T>, seed: usize) {
+    let (len, cap) = (deque.len(), deque.capacity());
+    if cap >= 16 && len >= cap / 2 + seed % (cap - cap / 2 + 1) && len < cap {
+        deque.reserve_exact(2 * cap - len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(seq: u64) -> Rc<Message> {
+        let data = format!("{{\"seq\":{seq}}}").into_bytes();
+        Rc::new(Message::prompt_with(
+            Rc::from(format!("m{seq}")),
+            Seq(seq),
+            0,
+            data,
+        ))
+    }
+
+    fn seqs(p: &Pending, from: u64) -> Vec<u64> {
+        p.from(Seq(from)).map(|m| m.seq.get()).collect()
+    }
+
+    #[test]
+    fn keeps_seq_order_whatever_order_prompts_come_and_go_in() {
+        let mut p = Pending::default();
+        let mut model = std::collections::BTreeSet::new();
+        // A fixed pseudo-random walk of inserts (mostly at the back) and
+        // removals (anywhere), checked against a model after every step.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = 1;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if !x.is_multiple_of(3) || model.is_empty() {
+                // Now and then an old seq comes back (out of order).
+                let seq = if x.is_multiple_of(17) {
+                    x % next + 1
+                } else {
+                    next
+                };
+                next = next.max(seq + 1);
+                p.insert(prompt(seq), x as usize);
+                model.insert(seq);
+            } else {
+                let seq = x % next + 1;
+                p.remove(Seq(seq));
+                model.remove(&seq);
+            }
+            assert_eq!(p.len(), model.len());
+            assert!(
+                p.slots.len() <= 2 * p.len() + MIN_HOLES + 1,
+                "holes bounded"
+            );
+        }
+        assert_eq!(seqs(&p, 0), model.iter().copied().collect::<Vec<_>>());
+        let mid = next / 2;
+        assert_eq!(
+            seqs(&p, mid),
+            model.range(mid..).copied().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn deques_grow_at_points_of_their_own_between_half_and_full() {
+        let mut at = std::collections::BTreeSet::new();
+        for seed in [0, 1, 7, 1000, usize::MAX / 3] {
+            let mut d = VecDeque::new();
+            let mut grew = Vec::new();
+            for i in 0..5000usize {
+                let cap = d.capacity();
+                grow_early(&mut d, seed);
+                d.push_back(i);
+                if d.capacity() != cap && cap >= 16 {
+                    assert!(i >= cap / 2 && i <= cap, "grew at {i} of {cap}");
+                    assert!(d.capacity() >= 2 * cap, "doubled");
+                    grew.push(i);
+                }
+            }
+            assert!(d.iter().copied().eq(0..5000));
+            at.insert(grew);
+        }
+        assert!(at.len() > 1, "every deque grew at the same lengths: {at:?}");
+    }
+
+    #[test]
+    fn answering_in_any_order_leaves_nothing_behind() {
+        let mut p = Pending::default();
+        for seq in 1..=100 {
+            p.insert(prompt(seq), 7);
+        }
+        for seq in (2..=100).step_by(2).chain((1..=99).step_by(2)) {
+            p.remove(Seq(seq));
+        }
+        assert_eq!(p.len(), 0);
+        assert!(p.slots.is_empty());
+        p.remove(Seq(7));
+        assert_eq!(p.len(), 0, "removing what is gone changes nothing");
+    }
+}
