@@ -36,6 +36,13 @@ fn slot_hash<V>(s: &Slot<V>) -> u64 {
     s.hash
 }
 
+/// The length at which a table (or deque) of capacity `cap` grows next:
+/// between half and all of it, picked by `seed`, fixed per map (or per
+/// session, for its deques: `store/pending.rs`).
+pub fn growth_point(cap: usize, seed: usize) -> usize {
+    cap / 2 + seed % (cap - cap / 2 + 1)
+}
+
 pub struct IdMap<V> {
     keys: RandomState,
     table: HashTable<Slot<V>>,
@@ -130,8 +137,7 @@ impl<V> IdMap<V> {
     fn grow(&mut self) {
         let (len, cap) = (self.table.len(), self.table.capacity());
         self.table.reserve(cap + 1 - len, slot_hash);
-        let cap = self.table.capacity();
-        self.grow_at = cap / 2 + self.seed % (cap - cap / 2 + 1);
+        self.grow_at = growth_point(self.table.capacity(), self.seed);
     }
 
     /// Every value, in no particular order.

@@ -23,6 +23,7 @@ use std::rc::Rc;
 
 use super::message::Message;
 use super::types::Seq;
+use crate::relay::idmap::growth_point;
 
 /// Holes tolerated inside the deque before it is squeezed, whatever the
 /// number of prompts: a small set is not rewritten for every answer.
@@ -110,7 +111,7 @@ impl Pending {
 /// before every push; the capacity doubles, as a full deque's would.
 pub fn grow_early<T>(deque: &mut VecDeque<T>, seed: usize) {
     let (len, cap) = (deque.len(), deque.capacity());
-    if cap >= 16 && len >= cap / 2 + seed % (cap - cap / 2 + 1) && len < cap {
+    if cap >= 16 && len >= growth_point(cap, seed) && len < cap {
         deque.reserve_exact(2 * cap - len);
     }
 }
