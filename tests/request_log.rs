@@ -51,8 +51,12 @@ fn every_request_is_logged_at_debug_with_the_reason_of_each_error() {
     let r = srv.get("/ws/s?token=SECRET-WRONG&after=0");
     assert_eq!(r.status, 401);
     // The last request's line: the server logs it after it answers, and an
-    // earlier 401 (of POST /prompt) must not stand in for it.
+    // earlier 401 (of POST /prompt) must not stand in for it. With two
+    // relays (TEST_WITH_REDIS) connections alternate between them and each
+    // logs to its own pipe, so the line of the last request the other one
+    // answered is waited for too: each relay's lines come in order.
     srv.wait_for_log("\"/ws/s\"");
+    srv.wait_for_log("\"/messages/bad%20id\"");
     let logged = requests(&srv);
     let bad_json = find(&logged, "POST", "/prompt", 400);
     assert!(
