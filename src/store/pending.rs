@@ -90,6 +90,12 @@ impl Pending {
         if self.slots.len() - self.len > self.len.max(MIN_HOLES) {
             self.slots.retain(|(_, m)| m.is_some());
         }
+        // Memory follows the set down, as a B-tree's freed nodes did: a
+        // burst of prompts answered does not leave its peak behind.
+        let cap = self.slots.capacity();
+        if cap > 64 && self.slots.len() < cap / 4 {
+            self.slots.shrink_to(cap / 2);
+        }
     }
 
     /// The pending prompts with `seq >= from`, oldest first.
@@ -208,6 +214,17 @@ mod tests {
         }
         assert_eq!(p.len(), 0);
         assert!(p.slots.is_empty());
+        for seq in 1..=10_000 {
+            p.insert(prompt(seq), 7);
+        }
+        for seq in 1..=10_000 {
+            p.remove(Seq(seq));
+        }
+        assert!(
+            p.slots.capacity() <= 128,
+            "{} slots kept",
+            p.slots.capacity()
+        );
         p.remove(Seq(7));
         assert_eq!(p.len(), 0, "removing what is gone changes nothing");
     }
