@@ -43,6 +43,10 @@ pub fn growth_point(cap: usize, seed: usize) -> usize {
     cap / 2 + seed % (cap - cap / 2 + 1)
 }
 
+/// A key's hash in one map ([`IdMap::hash_of`]).
+#[derive(Clone, Copy, Debug)]
+pub struct KeyHash(u64);
+
 pub struct IdMap<V> {
     keys: RandomState,
     table: HashTable<Slot<V>>,
@@ -105,6 +109,38 @@ impl<V> IdMap<V> {
             .map(|s| (&s.key, &s.value))
     }
 
+    /// `key`'s hash in this map, for a lookup and an insert of the same
+    /// key that hash it once ([`IdMap::get_hashed`], [`IdMap::insert_hashed`]).
+    pub fn hash_of(&self, key: &str) -> KeyHash {
+        KeyHash(self.hash(key))
+    }
+
+    /// [`IdMap::get_key_value`] with the key's hash from [`IdMap::hash_of`].
+    pub fn get_hashed(&self, hash: KeyHash, key: &str) -> Option<(&Rc<str>, &V)> {
+        debug_assert_eq!(hash.0, self.hash(key), "a hash of another map");
+        let hash = hash.0;
+        self.table
+            .find(hash, |s| s.hash == hash && *s.key == *key)
+            .map(|s| (&s.key, &s.value))
+    }
+
+    /// Where `key` is: an index that [`IdMap::at`] and [`IdMap::at_mut`]
+    /// read without hashing or comparing the key again, valid until the
+    /// map's next insert or remove.
+    pub fn index_of(&self, key: &str) -> Option<usize> {
+        let hash = self.hash(key);
+        self.table
+            .find_bucket_index(hash, |s| s.hash == hash && *s.key == *key)
+    }
+
+    pub fn at(&self, index: usize) -> Option<&V> {
+        self.table.get_bucket(index).map(|s| &s.value)
+    }
+
+    pub fn at_mut(&mut self, index: usize) -> Option<&mut V> {
+        self.table.get_bucket_mut(index).map(|s| &mut s.value)
+    }
+
     pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
         let hash = self.hash(key);
         self.table
@@ -114,10 +150,17 @@ impl<V> IdMap<V> {
 
     /// Inserts or replaces; returns the value replaced.
     pub fn insert(&mut self, key: Rc<str>, value: V) -> Option<V> {
+        let hash = self.hash_of(&key);
+        self.insert_hashed(hash, key, value)
+    }
+
+    /// [`IdMap::insert`] with the key's hash from [`IdMap::hash_of`].
+    pub fn insert_hashed(&mut self, hash: KeyHash, key: Rc<str>, value: V) -> Option<V> {
+        debug_assert_eq!(hash.0, self.hash(&key), "a hash of another map");
         if self.table.len() >= self.grow_at {
             self.grow();
         }
-        let hash = self.hash(&key);
+        let hash = hash.0;
         match self
             .table
             .entry(hash, |s| s.hash == hash && *s.key == *key, slot_hash)
@@ -218,6 +261,27 @@ mod tests {
             let want = (i % 2 == 1).then_some(i);
             assert_eq!(m.get(&format!("id-{i}")).copied(), want, "id-{i}");
         }
+    }
+
+    #[test]
+    fn hashed_and_indexed_access_agree_with_keyed_access() {
+        let mut m: IdMap<u32> = IdMap::new();
+        let h = m.hash_of("a");
+        assert!(m.get_hashed(h, "a").is_none());
+        assert_eq!(m.insert_hashed(h, Rc::from("a"), 1), None);
+        assert_eq!(m.insert_hashed(h, Rc::from("a"), 2), Some(1));
+        m.insert(Rc::from("b"), 3);
+        assert_eq!(
+            m.get_hashed(h, "a").map(|(k, v)| (&**k, *v)),
+            Some(("a", 2))
+        );
+        let i = m.index_of("b").expect("b is stored");
+        assert_eq!(m.at(i), Some(&3));
+        if let Some(v) = m.at_mut(i) {
+            *v = 30;
+        }
+        assert_eq!(m.get("b"), Some(&30));
+        assert_eq!(m.index_of("c"), None);
     }
 
     #[test]

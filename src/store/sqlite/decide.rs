@@ -9,7 +9,7 @@
 use log::{error, warn};
 use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
-use super::mirror::{self, Mirror};
+use super::mirror::{self, At, Mirror};
 use super::schema;
 
 use crate::relay::ApiError;
@@ -247,10 +247,10 @@ impl Ctx<'_> {
                 *ts,
             ),
             Op::Create { sid, put } => {
-                let created = self.session_or_create(sid)?;
+                let (at, created) = self.session_or_create(sid)?;
                 let epoch = self
                     .mirror
-                    .get(sid)
+                    .at(at)
                     .map_or_else(String::new, |s| s.epoch.clone());
                 let outcome = Outcome::Session {
                     sid: sid.clone(),
@@ -278,11 +278,11 @@ impl Ctx<'_> {
         }
     }
 
-    /// Creates the session with a new epoch if needed (503 at the cap);
-    /// returns the record of its creation if it did.
-    fn session_or_create(&mut self, name: &SessionId) -> Result<Option<Record>, Fail> {
-        if self.mirror.get(name).is_some() {
-            return Ok(None);
+    /// Where the session is, created with a new epoch if needed (503 at
+    /// the cap), and the record of its creation if it was.
+    fn session_or_create(&mut self, name: &SessionId) -> Result<(At, Option<Record>), Fail> {
+        if let Some(at) = self.mirror.find(name) {
+            return Ok((at, None));
         }
         if self.mirror.len() >= self.limits.max_sessions {
             return Err(ApiError::unavailable("session limit reached").into());
@@ -301,7 +301,11 @@ impl Ctx<'_> {
         };
         self.mirror
             .insert(mirror::Session::new(name, id, epoch, 1, 0, 0));
-        Ok(Some(record))
+        let at = self
+            .mirror
+            .find(name)
+            .ok_or_else(ApiError::session_not_found)?;
+        Ok((at, Some(record)))
     }
 
     /// Deletes a session and every row it still needs; false if there is
@@ -389,19 +393,21 @@ impl Ctx<'_> {
         metadata: Option<&str>,
         ts: u64,
     ) -> Decided {
-        // No allocation unless the session is new.
-        let mut records: Vec<Record> = self.session_or_create(sid)?.into_iter().collect();
+        let (at, created) = self.session_or_create(sid)?;
         let (id, literal) = self.id_and_literal(id);
-        let Some(s) = self.mirror.get(sid) else {
+        let Some(s) = self.mirror.at(at) else {
             return Err(ApiError::session_not_found().into());
         };
-        if s.prompt(&id).is_some() {
+        // Hashed once for the lookup and the insert.
+        let hash = s.prompt_hash(&id);
+        if s.prompt_hashed(hash, &id).is_some() {
             return Ok((
                 Outcome::Prompt {
                     id,
                     duplicate: true,
                 },
-                records,
+                // No allocation unless the session is new.
+                created.into_iter().collect(),
             ));
         }
         if s.pending() >= self.limits.max_pending {
@@ -420,14 +426,20 @@ impl Ctx<'_> {
             seq: Seq(seq),
         });
         let row = self.insert(session, seq, 0, &id, None, ts, &data)?;
-        self.mirror.append_prompt(sid, seq, row, &id);
-        records.push(Record::Prompt {
+        self.mirror.append_prompt(at, seq, row, &id, hash);
+        let record = Record::Prompt {
             sid: sid.clone(),
             seq: Seq(seq),
             ts,
             client_msg_id: id.clone(),
             data,
-        });
+        };
+        // Allocated at its size: a pushed-to empty list grows through
+        // the allocator's slower path.
+        let records = match created {
+            Some(c) => vec![c, record],
+            None => vec![record],
+        };
         Ok((
             Outcome::Prompt {
                 id,
@@ -449,10 +461,11 @@ impl Ctx<'_> {
     ) -> Decided {
         let given = id.is_some();
         let (id, literal) = self.id_and_literal(id);
-        let s = self
+        let at = self
             .mirror
-            .get(sid)
+            .find(sid)
             .ok_or_else(ApiError::session_not_found)?;
+        let s = self.mirror.at(at).ok_or_else(ApiError::session_not_found)?;
         if given && let Some(prev) = s.answer(&id) {
             // A resend repeats the prompt and the text (compared decoded,
             // so another escaping of the same text is the same).
@@ -488,7 +501,7 @@ impl Ctx<'_> {
         }
         .framed();
         let row = self.insert(session, seq, 1, client_msg_id, Some(&id), ts, data.data())?;
-        self.mirror.append_answer(sid, seq, row, client_msg_id, &id);
+        self.mirror.append_answer(at, seq, row, client_msg_id, &id);
         let record = Record::Response {
             sid: sid.clone(),
             seq: Seq(seq),

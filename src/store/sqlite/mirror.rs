@@ -14,10 +14,10 @@
 //! that restores the loop's copy), and rebuilt that way after a transaction
 //! rolls back, so a failed commit never leaves it ahead of the file.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 
-use crate::relay::idmap::IdMap;
+use crate::relay::idmap::{IdMap, KeyHash};
 use crate::store::message::Kind;
 
 /// A retained message: its `seq`, its row, and its own id (a prompt's
@@ -97,6 +97,17 @@ impl Session {
         self.prompts.get_key_value(client_msg_id)
     }
 
+    /// A prompt id's hash in this session, for [`Session::prompt_hashed`]
+    /// and [`Mirror::append_prompt`]: a new prompt's id is hashed once.
+    pub fn prompt_hash(&self, client_msg_id: &str) -> KeyHash {
+        self.prompts.hash_of(client_msg_id)
+    }
+
+    /// [`Session::prompt`] with the id's hash.
+    pub fn prompt_hashed(&self, hash: KeyHash, client_msg_id: &str) -> Option<&Prompt> {
+        self.prompts.get_hashed(hash, client_msg_id).map(|(_, p)| p)
+    }
+
     /// The answer with this id, while in history.
     pub fn answer(&self, assistant_msg_id: &str) -> Option<&Answer> {
         self.answers.get(assistant_msg_id)
@@ -138,16 +149,22 @@ impl Garbage {
 /// Every session, by id, and the rows waiting to be deleted.
 pub struct Mirror {
     history_limit: usize,
-    sessions: HashMap<Rc<str>, Session>,
+    sessions: IdMap<Session>,
     garbage: Garbage,
 }
+
+/// Where a session is in the mirror ([`Mirror::find`]): found once per
+/// command, without hashing and comparing its id again. Valid until a
+/// session is created or removed.
+#[derive(Clone, Copy, Debug)]
+pub struct At(usize);
 
 impl Mirror {
     /// An empty mirror for this history limit.
     pub fn new(history_limit: usize) -> Mirror {
         Mirror {
             history_limit,
-            sessions: HashMap::new(),
+            sessions: IdMap::new(),
             garbage: Garbage::default(),
         }
     }
@@ -161,6 +178,14 @@ impl Mirror {
         self.sessions.get(sid)
     }
 
+    pub fn find(&self, sid: &str) -> Option<At> {
+        self.sessions.index_of(sid).map(At)
+    }
+
+    pub fn at(&self, at: At) -> Option<&Session> {
+        self.sessions.at(at.0)
+    }
+
     pub fn insert(&mut self, s: Session) {
         self.sessions.insert(s.name.clone(), s);
     }
@@ -169,9 +194,10 @@ impl Mirror {
         self.sessions.remove(sid)
     }
 
-    /// Appends a stored prompt (row `row`) to its session.
-    pub fn append_prompt(&mut self, sid: &str, seq: u64, row: i64, id: &str) {
-        let Some(s) = self.sessions.get_mut(sid) else {
+    /// Appends a stored prompt (row `row`, id `id` of hash `hash` in its
+    /// session: [`Session::prompt_hash`]) to its session.
+    pub fn append_prompt(&mut self, at: At, seq: u64, row: i64, id: &str, hash: KeyHash) {
+        let Some(s) = self.sessions.at_mut(at.0) else {
             return;
         };
         let id: Rc<str> = Rc::from(id);
@@ -180,7 +206,7 @@ impl Mirror {
             answered: false,
             in_history: true,
         };
-        s.prompts.insert(id.clone(), p);
+        s.prompts.insert_hashed(hash, id.clone(), p);
         s.pending += 1;
         push(
             s,
@@ -195,8 +221,8 @@ impl Mirror {
 
     /// Appends a stored answer (row `row`) to `prompt`'s session and marks
     /// the prompt answered.
-    pub fn append_answer(&mut self, sid: &str, seq: u64, row: i64, prompt: &str, id: &str) {
-        let Some(s) = self.sessions.get_mut(sid) else {
+    pub fn append_answer(&mut self, at: At, seq: u64, row: i64, prompt: &str, id: &str) {
+        let Some(s) = self.sessions.at_mut(at.0) else {
             return;
         };
         s.last_assistant = seq;
@@ -236,9 +262,17 @@ impl Mirror {
 
     /// Replays one stored row (insertion order).
     pub fn replay(&mut self, sid: &str, row: i64, seq: u64, kind: Kind, cid: &str, aid: &str) {
+        let Some(at) = self.find(sid) else {
+            return;
+        };
         match kind {
-            Kind::Prompt => self.append_prompt(sid, seq, row, cid),
-            Kind::Assistant => self.append_answer(sid, seq, row, cid, aid),
+            Kind::Prompt => {
+                let Some(hash) = self.at(at).map(|s| s.prompt_hash(cid)) else {
+                    return;
+                };
+                self.append_prompt(at, seq, row, cid, hash)
+            }
+            Kind::Assistant => self.append_answer(at, seq, row, cid, aid),
         }
     }
 
