@@ -12,7 +12,39 @@ use crate::store::SessionId;
 use crate::time::UnixMillis;
 
 mod metadata_check;
+mod scan;
 pub use metadata_check::MAX_METADATA_DEPTH;
+
+/// A field's raw JSON literal, borrowed from the body: valid JSON already,
+/// as serde_json's `RawValue` would hold it (or [`scan`] found it).
+#[derive(Clone, Copy)]
+pub struct Raw<'a> {
+    lit: &'a str,
+    /// Known to hold no backslash (the scan saw every byte), so no escape
+    /// needs looking for; false when unknown.
+    plain: bool,
+}
+
+impl<'a> Raw<'a> {
+    pub fn get(&self) -> &'a str {
+        self.lit
+    }
+}
+
+/// The literal alone: how it was found does not show.
+impl std::fmt::Debug for Raw<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Raw").field(&self.lit).finish()
+    }
+}
+
+/// A serde field as a [`Raw`] (`null` is absent, as serde reads it).
+fn raw(v: Option<&RawValue>) -> Option<Raw<'_>> {
+    v.map(|r| Raw {
+        lit: r.get(),
+        plain: false,
+    })
+}
 
 /// Largest `prompt` or `text`, in bytes.
 pub const MAX_TEXT_BYTES: usize = 128 * 1024;
@@ -67,9 +99,9 @@ struct RawResponse<'a> {
 pub struct NewPrompt<'a> {
     pub session_id: SessionId,
     /// The `prompt` string literal, quotes and escapes included.
-    pub prompt: &'a RawValue,
-    pub client_msg_id: Option<(String, &'a RawValue)>,
-    pub metadata: Option<&'a RawValue>,
+    pub prompt: Raw<'a>,
+    pub client_msg_id: Option<(String, Raw<'a>)>,
+    pub metadata: Option<Raw<'a>>,
     pub ts: Option<UnixMillis>,
 }
 
@@ -79,10 +111,29 @@ pub struct NewResponse<'a> {
     pub session_id: SessionId,
     pub client_msg_id: String,
     /// The `text` string literal, quotes and escapes included.
-    pub text: &'a RawValue,
-    pub assistant_msg_id: Option<(String, &'a RawValue)>,
-    pub metadata: Option<&'a RawValue>,
+    pub text: Raw<'a>,
+    pub assistant_msg_id: Option<(String, Raw<'a>)>,
+    pub metadata: Option<Raw<'a>>,
     pub ts: Option<UnixMillis>,
+}
+
+/// The fields of `keys` found by the one-pass scan ([`scan::fields`]), or
+/// `None` for a body it leaves to serde (which then decides and words any
+/// error).
+fn scanned<'a, const N: usize>(
+    body: &'a [u8],
+    keys: &[&str; N],
+    scan_first: bool,
+) -> Option<[Option<Raw<'a>>; N]> {
+    if !scan_first {
+        return None;
+    }
+    let text = std::str::from_utf8(body).ok()?;
+    scan::fields(text, keys)
+}
+
+fn raw_of(v: Option<&RawValue>) -> Option<Raw<'_>> {
+    raw(v)
 }
 
 /// Reads a body that must be a JSON object into `T`.
@@ -110,14 +161,14 @@ fn parse_object<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
 }
 
 /// A required field: absent or `null` is missing.
-fn required<'a>(v: Option<&'a RawValue>, name: &str) -> Result<&'a RawValue, ApiError> {
+fn required<'a>(v: Option<Raw<'a>>, name: &str) -> Result<Raw<'a>, ApiError> {
     match v {
         Some(raw) if raw.get() != "null" => Ok(raw),
         _ => Err(ApiError::missing_field(name)),
     }
 }
 
-fn string(raw: &RawValue, name: &str) -> Result<String, ApiError> {
+fn string(raw: Raw, name: &str) -> Result<String, ApiError> {
     // A string literal without escapes (serde has checked its syntax) is
     // its text in quotes: no decoding needed.
     if let Some(text) = plain_string(raw) {
@@ -128,14 +179,14 @@ fn string(raw: &RawValue, name: &str) -> Result<String, ApiError> {
 }
 
 /// The text of a string literal that holds no escapes.
-fn plain_string(raw: &RawValue) -> Option<&str> {
+fn plain_string(raw: Raw<'_>) -> Option<&str> {
     raw.get()
         .strip_prefix('"')
         .and_then(|l| l.strip_suffix('"'))
-        .filter(|text| !text.contains('\\'))
+        .filter(|text| raw.plain || !text.contains('\\'))
 }
 
-fn session_id(raw: Option<&RawValue>) -> Result<SessionId, ApiError> {
+fn session_id(raw: Option<Raw>) -> Result<SessionId, ApiError> {
     let raw = required(raw, "session_id")?;
     // A literal without escapes is its text in quotes: the id is built from
     // it with no decoded copy first (a valid id never needs escapes).
@@ -147,7 +198,7 @@ fn session_id(raw: Option<&RawValue>) -> Result<SessionId, ApiError> {
 }
 
 /// A string of at most 128 KiB once decoded, kept as its raw literal.
-fn text<'a>(raw: &'a RawValue, name: &str) -> Result<&'a RawValue, ApiError> {
+fn text<'a>(raw: Raw<'a>, name: &str) -> Result<Raw<'a>, ApiError> {
     let lit = raw.get();
     if !lit.starts_with('"') {
         return Err(ApiError::bad_request(format!(
@@ -157,7 +208,7 @@ fn text<'a>(raw: &'a RawValue, name: &str) -> Result<&'a RawValue, ApiError> {
     // serde_json checks a raw literal's syntax but not that its `\u`
     // escapes pair up into characters: a lone surrogate would be stored and
     // echoed as JSON that strict parsers refuse. Decode those literals.
-    if lit.contains("\\u") {
+    if !raw.plain && lit.contains("\\u") {
         let decoded = serde_json::from_str::<String>(lit)
             .map_err(|e| ApiError::invalid_json(e.to_string()))?;
         if decoded.len() > MAX_TEXT_BYTES {
@@ -178,10 +229,7 @@ pub fn decode(raw: &str) -> String {
     serde_json::from_str::<String>(raw).unwrap_or_default()
 }
 
-fn message_id<'a>(
-    raw: Option<&'a RawValue>,
-    name: &str,
-) -> Result<Option<(String, &'a RawValue)>, ApiError> {
+fn message_id<'a>(raw: Option<Raw<'a>>, name: &str) -> Result<Option<(String, Raw<'a>)>, ApiError> {
     let Some(raw) = raw.filter(|r| r.get() != "null") else {
         return Ok(None);
     };
@@ -194,7 +242,7 @@ fn message_id<'a>(
     Ok(Some((s, raw)))
 }
 
-fn metadata(raw: Option<&RawValue>) -> Result<Option<&RawValue>, ApiError> {
+fn metadata(raw: Option<Raw>) -> Result<Option<Raw>, ApiError> {
     match raw {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
@@ -213,7 +261,7 @@ fn metadata(raw: Option<&RawValue>) -> Result<Option<&RawValue>, ApiError> {
     }
 }
 
-fn ts(raw: Option<&RawValue>) -> Result<Option<UnixMillis>, ApiError> {
+fn ts(raw: Option<Raw>) -> Result<Option<UnixMillis>, ApiError> {
     match raw {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
@@ -226,13 +274,33 @@ fn ts(raw: Option<&RawValue>) -> Result<Option<UnixMillis>, ApiError> {
 impl<'a> NewPrompt<'a> {
     /// Validates a `POST /prompt` body; the first failing field decides the error.
     pub fn parse(body: &'a [u8]) -> Result<NewPrompt<'a>, ApiError> {
-        let raw: RawPrompt = parse_object(body)?;
+        Self::parse_by(body, true)
+    }
+
+    /// [`NewPrompt::parse`], with the one-pass scan tried first or not
+    /// (the tests compare the two).
+    fn parse_by(body: &'a [u8], scan_first: bool) -> Result<NewPrompt<'a>, ApiError> {
+        const KEYS: [&str; 5] = ["session_id", "prompt", "client_msg_id", "metadata", "ts"];
+        let [sid, prompt, cid, meta, at] = match scanned(body, &KEYS, scan_first) {
+            Some(fields) => fields,
+            None => {
+                let raw: RawPrompt = parse_object(body)?;
+                [
+                    raw.session_id,
+                    raw.prompt,
+                    raw.client_msg_id,
+                    raw.metadata,
+                    raw.ts,
+                ]
+                .map(raw_of)
+            }
+        };
         Ok(NewPrompt {
-            session_id: session_id(raw.session_id)?,
-            prompt: text(required(raw.prompt, "prompt")?, "prompt")?,
-            client_msg_id: message_id(raw.client_msg_id, "client_msg_id")?,
-            metadata: metadata(raw.metadata)?,
-            ts: ts(raw.ts)?,
+            session_id: session_id(sid)?,
+            prompt: text(required(prompt, "prompt")?, "prompt")?,
+            client_msg_id: message_id(cid, "client_msg_id")?,
+            metadata: metadata(meta)?,
+            ts: ts(at)?,
         })
     }
 }
@@ -240,21 +308,45 @@ impl<'a> NewPrompt<'a> {
 impl<'a> NewResponse<'a> {
     /// Validates a `POST /response` body; the first failing field decides the error.
     pub fn parse(body: &'a [u8]) -> Result<NewResponse<'a>, ApiError> {
-        let raw: RawResponse = parse_object(body)?;
-        let session_id = session_id(raw.session_id)?;
-        let client_msg_id = message_id(
-            Some(required(raw.client_msg_id, "client_msg_id")?),
+        Self::parse_by(body, true)
+    }
+
+    /// [`NewResponse::parse`], with the one-pass scan tried first or not.
+    fn parse_by(body: &'a [u8], scan_first: bool) -> Result<NewResponse<'a>, ApiError> {
+        const KEYS: [&str; 6] = [
+            "session_id",
             "client_msg_id",
-        )?
-        .map(|(id, _)| id)
-        .unwrap_or_default();
+            "text",
+            "assistant_msg_id",
+            "metadata",
+            "ts",
+        ];
+        let [sid, cid, body_text, aid, meta, at] = match scanned(body, &KEYS, scan_first) {
+            Some(fields) => fields,
+            None => {
+                let raw: RawResponse = parse_object(body)?;
+                [
+                    raw.session_id,
+                    raw.client_msg_id,
+                    raw.text,
+                    raw.assistant_msg_id,
+                    raw.metadata,
+                    raw.ts,
+                ]
+                .map(raw_of)
+            }
+        };
+        let session_id = session_id(sid)?;
+        let client_msg_id = message_id(Some(required(cid, "client_msg_id")?), "client_msg_id")?
+            .map(|(id, _)| id)
+            .unwrap_or_default();
         Ok(NewResponse {
             session_id,
             client_msg_id,
-            text: text(required(raw.text, "text")?, "text")?,
-            assistant_msg_id: message_id(raw.assistant_msg_id, "assistant_msg_id")?,
-            metadata: metadata(raw.metadata)?,
-            ts: ts(raw.ts)?,
+            text: text(required(body_text, "text")?, "text")?,
+            assistant_msg_id: message_id(aid, "assistant_msg_id")?,
+            metadata: metadata(meta)?,
+            ts: ts(at)?,
         })
     }
 }
@@ -284,6 +376,139 @@ pub fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass scan and serde read every body alike: the same fields,
+    /// or the same error. Bodies are built from keys and values known,
+    /// unknown and malformed, then sometimes cut short or given a wrong
+    /// byte.
+    #[test]
+    fn the_scan_and_serde_read_every_body_alike() {
+        const KEYS: [&str; 12] = [
+            "session_id",
+            "prompt",
+            "text",
+            "client_msg_id",
+            "assistant_msg_id",
+            "metadata",
+            "ts",
+            "x",
+            r"prom\u0070t",
+            "",
+            "session_id ",
+            "Prompt",
+        ];
+        const VALUES: [&str; 33] = [
+            r#""s-1""#,
+            r#""a.b_c~""#,
+            r#""bad id""#,
+            r#""""#,
+            r#""hello""#,
+            r#""line\nbreak""#,
+            r#""q\"uote""#,
+            r#""back\\slash""#,
+            r#""sl\/ash\b\f\r\t""#,
+            r#""\u0041""#,
+            r#""\ud800""#,
+            r#""bad\x""#,
+            "\"a\u{1}b\"",
+            "\"a\u{7f}b\"",
+            r#""é☃""#,
+            "0",
+            "7",
+            "1700000000000",
+            "01",
+            "-1",
+            "1.5",
+            "1e3",
+            "99999999999999999999999",
+            "null",
+            "true",
+            "false",
+            "{}",
+            r#"{"k":"v"}"#,
+            "[1]",
+            r#""unterminated"#,
+            "nul",
+            r#""x" "y""#,
+            r#""a long prompt of some length, longer than a word or two""#,
+        ];
+        const WS: [&str; 5] = ["", " ", "\n", "\t ", "\r\n"];
+        const TAIL: [&str; 4] = ["", " \n", "x", "{}"];
+        const PROMPT_KEYS: [&str; 5] = ["session_id", "prompt", "client_msg_id", "metadata", "ts"];
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let (mut scanned_ok, mut accepted) = (0, 0);
+        for _ in 0..40_000 {
+            let mut body = String::from(WS[next(5)]);
+            body.push('{');
+            // Half the bodies are the usual shape: a session, a text and
+            // the ids (any key order), their values any string or number.
+            let usual = next(2) == 0;
+            let fields = if usual { 3 + next(3) } else { next(7) };
+            let first = next(7);
+            for f in 0..fields {
+                if f > 0 && next(40) != 0 {
+                    body.push(',');
+                }
+                let (key, value) = if usual {
+                    let key = KEYS[(first + f) % 7];
+                    let value = match key {
+                        "session_id" => VALUES[next(2)],
+                        "ts" => VALUES[15 + next(9)],
+                        "metadata" => VALUES[23 + next(5)],
+                        _ => VALUES[3 + next(12)],
+                    };
+                    (key, value)
+                } else {
+                    (KEYS[next(KEYS.len())], VALUES[next(VALUES.len())])
+                };
+                body.push_str(WS[next(5)]);
+                body.push('"');
+                body.push_str(key);
+                body.push('"');
+                body.push_str(WS[next(5)]);
+                body.push(':');
+                body.push_str(WS[next(5)]);
+                body.push_str(value);
+                body.push_str(WS[next(5)]);
+            }
+            if next(40) == 0 {
+                body.push(',');
+            }
+            body.push('}');
+            body.push_str(TAIL[if next(10) == 0 { next(4) } else { 0 }]);
+            let mut bytes = body.into_bytes();
+            if next(20) == 0 {
+                let cut = next(bytes.len() + 1);
+                bytes.truncate(cut);
+            }
+            if next(30) == 0 && !bytes.is_empty() {
+                let at = next(bytes.len());
+                bytes[at] = next(256) as u8;
+            }
+            let shown = String::from_utf8_lossy(&bytes).into_owned();
+            let scan = NewPrompt::parse_by(&bytes, true);
+            let serde = NewPrompt::parse_by(&bytes, false);
+            accepted += usize::from(serde.is_ok());
+            assert_eq!(
+                format!("{scan:?}"),
+                format!("{serde:?}"),
+                "prompt body {shown}"
+            );
+            let scan = format!("{:?}", NewResponse::parse_by(&bytes, true));
+            let serde = format!("{:?}", NewResponse::parse_by(&bytes, false));
+            assert_eq!(scan, serde, "response body {shown}");
+            scanned_ok += usize::from(scanned(&bytes, &PROMPT_KEYS, true).is_some());
+        }
+        // Both paths were taken, and both outcomes seen, many times.
+        assert!(scanned_ok > 2_000, "scanned {scanned_ok}");
+        assert!(accepted > 1_000, "accepted {accepted}");
+    }
 
     fn prompt_err(body: &str) -> ApiError {
         NewPrompt::parse(body.as_bytes()).unwrap_err()

@@ -457,7 +457,7 @@ impl Default for IdGen {
 /// A message id as the client sent it, with its JSON literal spelled as
 /// sent, or else a new UUID and its literal.
 fn id_and_literal<'a>(
-    given: Option<(String, &'a serde_json::value::RawValue)>,
+    given: Option<(String, model::Raw<'a>)>,
     ids: &mut IdGen,
 ) -> (String, Cow<'a, str>) {
     match given {
