@@ -325,6 +325,9 @@ impl World {
                 Effect::Reply { .. } | Effect::Retry { .. } => {
                     panic!("the in-memory engine never defers a reply")
                 }
+                Effect::Refill { .. } => {
+                    panic!("the in-memory engine never reads a log again")
+                }
             }
         }
     }
