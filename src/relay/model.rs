@@ -38,14 +38,6 @@ impl std::fmt::Debug for Raw<'_> {
     }
 }
 
-/// A serde field as a [`Raw`] (`null` is absent, as serde reads it).
-fn raw(v: Option<&RawValue>) -> Option<Raw<'_>> {
-    v.map(|r| Raw {
-        lit: r.get(),
-        plain: false,
-    })
-}
-
 /// Largest `prompt` or `text`, in bytes.
 pub const MAX_TEXT_BYTES: usize = 128 * 1024;
 /// Largest `client_msg_id` or `assistant_msg_id`, in bytes.
@@ -117,27 +109,31 @@ pub struct NewResponse<'a> {
     pub ts: Option<UnixMillis>,
 }
 
-/// The fields of `keys` found by the one-pass scan ([`scan::fields`]), or
-/// `None` for a body it leaves to serde (which then decides and words any
-/// error).
+/// The fields of `keys` found by the one-pass scan ([`scan::fields`]) in
+/// the body's `text` (`None` if it is not UTF-8), or `None` for a body it
+/// leaves to serde (which then decides and words any error).
 fn scanned<'a, const N: usize>(
-    body: &'a [u8],
+    text: Option<&'a str>,
     keys: &[&str; N],
     scan_first: bool,
 ) -> Option<[Option<Raw<'a>>; N]> {
-    if !scan_first {
-        return None;
-    }
-    let text = std::str::from_utf8(body).ok()?;
-    scan::fields(text, keys)
+    scan::fields(text.filter(|_| scan_first)?, keys)
 }
 
+/// A serde field as a [`Raw`] (serde reads `null` as absent).
 fn raw_of(v: Option<&RawValue>) -> Option<Raw<'_>> {
-    raw(v)
+    v.map(|r| Raw {
+        lit: r.get(),
+        plain: false,
+    })
 }
 
-/// Reads a body that must be a JSON object into `T`.
-fn parse_object<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+/// Reads a body that must be a JSON object into `T`; `text` is the body
+/// as UTF-8, if it is (checked once by the caller, for the scan too).
+fn parse_object<'a, T: Deserialize<'a>>(
+    body: &'a [u8],
+    text: Option<&'a str>,
+) -> Result<T, ApiError> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
         // Serde would accept an array as a struct: tell malformed from non-object.
@@ -148,10 +144,10 @@ fn parse_object<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
             },
         );
     }
-    // Checked as UTF-8 once here, the body's strings and raw values are
-    // not checked again one by one. A body that is not UTF-8 gets serde's
-    // own error, which says where.
-    let Ok(text) = std::str::from_utf8(body) else {
+    // Checked as UTF-8 once, the body's strings and raw values are not
+    // checked again one by one. A body that is not UTF-8 gets serde's own
+    // error, which says where.
+    let Some(text) = text else {
         let e = serde_json::from_slice::<serde::de::IgnoredAny>(body).err();
         return Err(ApiError::invalid_json(
             e.map_or_else(|| "invalid UTF-8".to_string(), |e| e.to_string()),
@@ -281,10 +277,11 @@ impl<'a> NewPrompt<'a> {
     /// (the tests compare the two).
     fn parse_by(body: &'a [u8], scan_first: bool) -> Result<NewPrompt<'a>, ApiError> {
         const KEYS: [&str; 5] = ["session_id", "prompt", "client_msg_id", "metadata", "ts"];
-        let [sid, prompt, cid, meta, at] = match scanned(body, &KEYS, scan_first) {
+        let utf8 = std::str::from_utf8(body).ok();
+        let [sid, prompt, cid, meta, at] = match scanned(utf8, &KEYS, scan_first) {
             Some(fields) => fields,
             None => {
-                let raw: RawPrompt = parse_object(body)?;
+                let raw: RawPrompt = parse_object(body, utf8)?;
                 [
                     raw.session_id,
                     raw.prompt,
@@ -321,10 +318,11 @@ impl<'a> NewResponse<'a> {
             "metadata",
             "ts",
         ];
-        let [sid, cid, body_text, aid, meta, at] = match scanned(body, &KEYS, scan_first) {
+        let utf8 = std::str::from_utf8(body).ok();
+        let [sid, cid, body_text, aid, meta, at] = match scanned(utf8, &KEYS, scan_first) {
             Some(fields) => fields,
             None => {
-                let raw: RawResponse = parse_object(body)?;
+                let raw: RawResponse = parse_object(body, utf8)?;
                 [
                     raw.session_id,
                     raw.client_msg_id,
@@ -503,7 +501,8 @@ mod tests {
             let scan = format!("{:?}", NewResponse::parse_by(&bytes, true));
             let serde = format!("{:?}", NewResponse::parse_by(&bytes, false));
             assert_eq!(scan, serde, "response body {shown}");
-            scanned_ok += usize::from(scanned(&bytes, &PROMPT_KEYS, true).is_some());
+            let text = std::str::from_utf8(&bytes).ok();
+            scanned_ok += usize::from(scanned(text, &PROMPT_KEYS, true).is_some());
         }
         // Both paths were taken, and both outcomes seen, many times.
         assert!(scanned_ok > 2_000, "scanned {scanned_ok}");

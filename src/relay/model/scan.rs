@@ -20,16 +20,13 @@ use super::Raw;
 /// body to serde.
 pub fn fields<'a, const N: usize>(text: &'a str, keys: &[&str; N]) -> Option<[Option<Raw<'a>>; N]> {
     let mut out = [None; N];
-    scan(text, keys, &mut out).then_some(out)
+    scan_object(text, keys, &mut out)?;
+    Some(out)
 }
 
 /// [`fields`] for any number of keys (one copy of the code, 1.5 KB less
-/// than one per number of keys): false to leave the body to serde.
+/// than one per number of keys): `None` to leave the body to serde.
 #[inline(never)]
-fn scan<'a>(text: &'a str, keys: &[&str], out: &mut [Option<Raw<'a>>]) -> bool {
-    scan_object(text, keys, out).is_some()
-}
-
 fn scan_object<'a>(text: &'a str, keys: &[&str], out: &mut [Option<Raw<'a>>]) -> Option<()> {
     let b = text.as_bytes();
     // Which keys were seen: a bit each (at most 64 keys).
