@@ -36,6 +36,12 @@ fn slot_hash<V>(s: &Slot<V>) -> u64 {
     s.hash
 }
 
+/// Whether a slot holds `key`, whose hash is `hash`: the stored hash is
+/// compared first, so a key is compared only on a full hash match.
+fn holds<V>(hash: u64, key: &str) -> impl Fn(&Slot<V>) -> bool + '_ {
+    move |s| s.hash == hash && *s.key == *key
+}
+
 /// The length at which a table (or deque) of capacity `cap` grows next:
 /// between half and all of it, picked by `seed`, fixed per map (or per
 /// session, for its deques: `store/pending.rs`).
@@ -103,10 +109,7 @@ impl<V> IdMap<V> {
 
     /// The stored key too, so a caller can share it instead of copying.
     pub fn get_key_value(&self, key: &str) -> Option<(&Rc<str>, &V)> {
-        let hash = self.hash(key);
-        self.table
-            .find(hash, |s| s.hash == hash && *s.key == *key)
-            .map(|s| (&s.key, &s.value))
+        self.get_hashed(self.hash_of(key), key)
     }
 
     /// `key`'s hash in this map, for a lookup and an insert of the same
@@ -120,7 +123,7 @@ impl<V> IdMap<V> {
         debug_assert_eq!(hash.0, self.hash(key), "a hash of another map");
         let hash = hash.0;
         self.table
-            .find(hash, |s| s.hash == hash && *s.key == *key)
+            .find(hash, holds(hash, key))
             .map(|s| (&s.key, &s.value))
     }
 
@@ -129,8 +132,7 @@ impl<V> IdMap<V> {
     /// map's next insert or remove.
     pub fn index_of(&self, key: &str) -> Option<usize> {
         let hash = self.hash(key);
-        self.table
-            .find_bucket_index(hash, |s| s.hash == hash && *s.key == *key)
+        self.table.find_bucket_index(hash, holds(hash, key))
     }
 
     pub fn at(&self, index: usize) -> Option<&V> {
@@ -144,7 +146,7 @@ impl<V> IdMap<V> {
     pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
         let hash = self.hash(key);
         self.table
-            .find_mut(hash, |s| s.hash == hash && *s.key == *key)
+            .find_mut(hash, holds(hash, key))
             .map(|s| &mut s.value)
     }
 
@@ -161,10 +163,7 @@ impl<V> IdMap<V> {
             self.grow();
         }
         let hash = hash.0;
-        match self
-            .table
-            .entry(hash, |s| s.hash == hash && *s.key == *key, slot_hash)
-        {
+        match self.table.entry(hash, holds(hash, &key), slot_hash) {
             Entry::Occupied(mut slot) => Some(std::mem::replace(&mut slot.get_mut().value, value)),
             Entry::Vacant(slot) => {
                 slot.insert(Slot { hash, key, value });
@@ -190,10 +189,7 @@ impl<V> IdMap<V> {
 
     pub fn remove(&mut self, key: &str) -> Option<V> {
         let hash = self.hash(key);
-        match self
-            .table
-            .find_entry(hash, |s| s.hash == hash && *s.key == *key)
-        {
+        match self.table.find_entry(hash, holds(hash, key)) {
             Ok(entry) => Some(entry.remove().0.value),
             Err(_) => None,
         }
