@@ -35,6 +35,14 @@ if [[ ! -x /usr/bin/redis-server ]]; then
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
 fi
 
+# The stalled-disk tests (tests/write_timeouts.rs) hold the storage
+# thread's flushes up with strace's fault injection.
+if ! command -v strace >/dev/null 2>&1; then
+  echo "install-test-deps: installing strace (apt)" >&2
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace
+fi
+
 if [[ ! -x /usr/bin/chromium ]]; then
   echo "install-test-deps: installing chromium (apt)" >&2
   quietly $SUDO apt-get update -qq

@@ -61,6 +61,9 @@ pub struct Config {
     pub request_timeout: Duration,
     /// An idle keep-alive connection is closed after this.
     pub keepalive_timeout: Duration,
+    /// A write the storage has not taken within this is cancelled and
+    /// answered `503`; one it has taken waits for the storage's answer.
+    pub store_timeout: Duration,
     /// Whether `GET /` serves the chat page (else `404`).
     pub web: bool,
     /// Directory of the SQLite database; unset: state lives in memory.
@@ -99,6 +102,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             request_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(75),
+            store_timeout: Duration::from_secs(30),
             web: true,
             metrics_token: None,
             data_dir: None,
@@ -357,6 +361,14 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         "seconds to receive a whole request before 408 (default 10)",
         |c, v| {
             c.request_timeout = seconds(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_STORE_TIMEOUT",
+        "seconds a write may wait for the storage to take it before 503 (default 30)",
+        |c, v| {
+            c.store_timeout = seconds(v)?;
             Ok(())
         },
     ),

@@ -642,6 +642,12 @@ fn writer(
                     acked.unavailable += 1;
                     false
                 }
+                // Sent to Redis as the connection broke: not acknowledged,
+                // and perhaps stored (a resend with the same id tells).
+                504 => {
+                    assert_eq!(resp["error"], "Storage timeout");
+                    false
+                }
                 other => panic!("{path}: {other} {resp}"),
             }
         };
@@ -956,4 +962,52 @@ fn a_bad_redis_url_or_prefix_is_refused_at_start() {
         assert_eq!(out.status.code(), Some(2), "{key}={value}: {stderr}");
         assert!(stderr.contains(says), "{key}={value}: {stderr}");
     }
+}
+
+#[test]
+fn a_write_redis_holds_past_the_store_timeout_gets_its_own_answer_and_the_next_request_its_own() {
+    let redis = Redis::start();
+    let prefix = format!("{}:", unique_session());
+    let srv = Server::start_single_with(&[
+        ("RELAY_REDIS_URL", &redis.url()),
+        ("RELAY_REDIS_PREFIX", &prefix),
+        ("RELAY_STORE_TIMEOUT", "0.2"),
+    ]);
+    let sid = unique_session();
+    srv.prompt(&sid, "p0", Some("p0"));
+    let pid = redis.child.as_ref().expect("redis runs").id().to_string();
+    let signal = |name: &str| {
+        let ok = Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {name} {pid}");
+    };
+
+    // Redis stops with p1's script sent: the write is Redis's to run, so
+    // the storage timeout passes and the request goes on waiting.
+    signal("-STOP");
+    let mut conn = srv.conn();
+    let p = |id: &str| json!({"session_id": sid, "prompt": id, "client_msg_id": id});
+    let body = serde_json::to_vec(&p("p1")).unwrap();
+    let json_type = [("Content-Type", "application/json")];
+    conn.send("POST", "/prompt", &json_type, Some(&body));
+    srv.wait_for_log("beyond its timeout");
+    signal("-CONT");
+    let first = conn.read_response();
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.json()["client_msg_id"], "p1");
+    let second = conn.post_json("/prompt", &p("p2"));
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["client_msg_id"], "p2");
+
+    let history = all_messages(&srv, &sid);
+    let ids: Vec<&str> = history["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["data"]["client_msg_id"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(ids, ["p0", "p1", "p2"]);
+    assert_eq!(seqs(&history), [1, 2, 3]);
 }

@@ -67,6 +67,9 @@ pub struct Parked {
 pub struct Committing {
     pub head: Box<crate::http::RequestHead>,
     pub since: Millis,
+    /// The ticket its write's result comes back under: any other result
+    /// is not this request's.
+    pub ticket: crate::relay::Ticket,
 }
 
 /// The connection's stage.

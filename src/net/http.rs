@@ -27,9 +27,6 @@ const REQUESTS_PER_TURN: usize = 64;
 /// Unsent response bytes above which a connection's requests wait: a client
 /// that pipelines without reading cannot grow our output.
 pub const OUT_HIGH_WATER: usize = 256 * 1024;
-/// How long a request may wait for the storage thread before it is
-/// answered `503 Storage unavailable` (a disk that stopped answering).
-const STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Bodies up to this size are copied into the answer rather than queued apart.
 const SHARE_ABOVE: usize = 4096;
 
@@ -85,6 +82,7 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
                 let started = h.request_started.take().unwrap_or(cx.now());
                 let facts = cx.facts();
                 let body = h.reader.body();
+                let _ = cx.relay.take_ticket(); // none is left from before
                 let outcome =
                     cx.api
                         .handle(&mut cx.relay, cx.turn, id, conn.peer, &head, body, facts);
@@ -143,16 +141,23 @@ pub fn apply(
 ) {
     match outcome {
         Outcome::Wait => {
+            let Some(ticket) = cx.relay.take_ticket() else {
+                // Every write that waits was issued a ticket.
+                let e = crate::relay::ApiError::storage_unavailable();
+                respond(id, conn, cx, head, Answer::from(e), started);
+                return;
+            };
             let waiting = Committing {
                 head: Box::new(head.clone()),
                 since: started,
+                ticket,
             };
             let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
             conn.phase = match phase {
                 Phase::Http(h) => Phase::Committing(h, waiting),
                 other => other,
             };
-            let deadline = cx.now().after(STORE_TIMEOUT);
+            let deadline = cx.now().after(cx.cfg.store_timeout);
             cx.set_deadline(id, conn, deadline);
         }
         Outcome::Answer(answer) => respond(id, conn, cx, head, answer, started),

@@ -13,8 +13,9 @@ use super::ctx::{Ctx, READ_BUDGET};
 use super::http;
 use crate::api::{Answer, Body};
 use crate::http::RequestHead;
-use crate::relay::ApiError;
-use crate::relay::ConnId;
+use log::debug;
+
+use crate::relay::{Abandon, ApiError, ConnId, Ticket};
 use crate::time::Millis;
 
 /// Reads what a parked poll's client sent; a hang-up (EOF, reset) closes
@@ -95,10 +96,14 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
     }
 }
 
-/// Answers a request that waited for the storage thread, and returns the
-/// connection to reading requests.
-pub fn committed(id: ConnId, conn: &mut Conn, cx: &mut Ctx, result: Result<Vec<u8>, ApiError>) {
-    let Some((head, since)) = resume_committing(conn, cx.now()) else {
+/// Answers a request that waited for the storage, and returns the
+/// connection to reading requests. A result for another ticket (its
+/// request was already answered: a storage timeout, a shutdown) is not
+/// this request's and is dropped.
+pub fn committed(to: Ticket, conn: &mut Conn, cx: &mut Ctx, result: Result<Vec<u8>, ApiError>) {
+    let id = to.conn;
+    let Some((head, since)) = resume_committing(conn, to) else {
+        debug!(ticket = to.n; "a storage result after its request was answered");
         return;
     };
     let answer = match result {
@@ -111,14 +116,16 @@ pub fn committed(id: ConnId, conn: &mut Conn, cx: &mut Ctx, result: Result<Vec<u
 
 /// Runs a request that waited for the storage thread again (what it needed
 /// is committed now).
-pub fn retry(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
-    let Some((head, since)) = resume_committing(conn, cx.now()) else {
+pub fn retry(to: Ticket, conn: &mut Conn, cx: &mut Ctx) {
+    let id = to.conn;
+    let Some((head, since)) = resume_committing(conn, to) else {
         return;
     };
     let facts = crate::api::Facts {
         synced: true,
         ..cx.facts()
     };
+    let _ = cx.relay.take_ticket();
     let outcome = cx
         .api
         .handle(&mut cx.relay, cx.turn, id, conn.peer, &head, &[], facts);
@@ -126,20 +133,43 @@ pub fn retry(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
     after_commit(id, conn, cx);
 }
 
-/// A commit that never came within the storage timeout.
-pub fn commit_timed_out(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
-    committed(id, conn, cx, Err(ApiError::storage_unavailable()));
+/// The storage timeout of a request waiting for its write, or a shutdown
+/// that will not wait longer: a write the storage has not taken is
+/// cancelled and answered `503` (it will never be stored); one it holds is
+/// waited for (`last_call` false: another timeout's worth), or at shutdown
+/// answered `504`, saying it may be stored.
+pub fn commit_timed_out(id: ConnId, conn: &mut Conn, cx: &mut Ctx, last_call: bool) {
+    let Phase::Committing(_, waiting) = &conn.phase else {
+        return;
+    };
+    let ticket = waiting.ticket;
+    let result = match cx.relay.abandon(ticket) {
+        Abandon::Cancelled => ApiError::storage_unavailable(),
+        Abandon::InFlight if last_call => {
+            ApiError::storage_uncertain("the server shut down before the storage confirmed it")
+        }
+        Abandon::InFlight => {
+            debug!(waited_s = cx.cfg.store_timeout.as_secs(); "a write waits for the storage beyond its timeout");
+            let deadline = cx.now().after(cx.cfg.store_timeout);
+            cx.set_deadline(id, conn, deadline);
+            return;
+        }
+    };
+    committed(ticket, conn, cx, Err(result));
 }
 
-/// Back to the HTTP stage; the request's head and when it began.
-fn resume_committing(conn: &mut Conn, now: Millis) -> Option<(Box<RequestHead>, Millis)> {
+/// Back to the HTTP stage if the connection waits under `ticket`; the
+/// request's head and when it began.
+fn resume_committing(conn: &mut Conn, ticket: Ticket) -> Option<(Box<RequestHead>, Millis)> {
+    if !matches!(&conn.phase, Phase::Committing(_, w) if w.ticket == ticket) {
+        return None;
+    }
     let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
     let Phase::Committing(mut h, waiting) = phase else {
         conn.phase = phase;
         return None;
     };
     h.request_started = None;
-    let _ = now;
     conn.phase = Phase::Http(h);
     Some((waiting.head, waiting.since))
 }

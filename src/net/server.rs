@@ -220,6 +220,7 @@ impl Server {
             if let Some(deadline) = self.cx.shutdown
                 && (self.conns.is_empty() || now >= deadline)
             {
+                self.answer_waiting_writes();
                 self.cx.relay.stop_store();
                 info!(open = self.conns.len(); "shutdown complete");
                 return Ok(());
@@ -424,6 +425,33 @@ impl Server {
         }
     }
 
+    /// The shutdown's last turn: every request still waiting for its write
+    /// is answered (`503` for a write cancelled before the storage took
+    /// it, `504` for one it holds and has not confirmed), and what can be
+    /// written now is.
+    fn answer_waiting_writes(&mut self) {
+        let waiting: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Committing(..)))
+            .map(|(k, c)| ConnId {
+                key: k as u32,
+                generation: c.generation,
+            })
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        info!(requests = waiting.len(); "answering the writes the storage has not confirmed");
+        for id in waiting {
+            if let Some(conn) = lookup(&mut self.conns, id) {
+                parked::commit_timed_out(id, conn, &mut self.cx, true);
+            }
+        }
+        self.apply_effects();
+        self.flush_pending();
+    }
+
     fn expire_timers(&mut self) {
         let now = self.cx.now();
         let mut fired = Vec::new();
@@ -466,7 +494,7 @@ impl Server {
             // Idle past its timeout, or done lingering.
             Phase::Http(_) | Phase::Closing(_) => self.close(id),
             Phase::Parked(..) => parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..])),
-            Phase::Committing(..) => parked::commit_timed_out(id, conn, cx),
+            Phase::Committing(..) => parked::commit_timed_out(id, conn, cx, false),
             Phase::WebSocket(ws) => {
                 let action = ws.keepalive.on_timer(now);
                 let next = ws.keepalive.deadline();
@@ -645,13 +673,13 @@ impl Server {
                 }
             }
             Effect::Reply { to, result } => {
-                if let Some(conn) = lookup(&mut self.conns, to) {
+                if let Some(conn) = lookup(&mut self.conns, to.conn) {
                     parked::committed(to, conn, &mut self.cx, result);
                 }
             }
             Effect::Refill { sid } => subscriber::refill_all(&mut self.conns, &mut self.cx, &sid),
             Effect::Retry { to } => {
-                if let Some(conn) = lookup(&mut self.conns, to) {
+                if let Some(conn) = lookup(&mut self.conns, to.conn) {
                     parked::retry(to, conn, &mut self.cx);
                 }
             }

@@ -7,7 +7,7 @@
 use log::{debug, info};
 
 use super::model::{NewPrompt, NewResponse};
-use super::{ConnId, Effect, Relay};
+use super::{ConnId, Effect, Relay, Ticket};
 use crate::store::SessionId;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::store::sqlite::StoreStats;
@@ -20,9 +20,9 @@ const NOBODY: ConnId = ConnId {
 };
 
 /// `POST /prompt` as a command.
-pub fn prompt(conn: ConnId, p: &NewPrompt, unix_ms: u64) -> Command {
+pub fn prompt(ticket: Ticket, p: &NewPrompt, unix_ms: u64) -> Command {
     Command {
-        conn,
+        ticket,
         op: Op::Prompt {
             sid: p.session_id.clone(),
             id: p
@@ -37,9 +37,9 @@ pub fn prompt(conn: ConnId, p: &NewPrompt, unix_ms: u64) -> Command {
 }
 
 /// `POST /response` as a command.
-pub fn response(conn: ConnId, r: &NewResponse, unix_ms: u64) -> Command {
+pub fn response(ticket: Ticket, r: &NewResponse, unix_ms: u64) -> Command {
     Command {
-        conn,
+        ticket,
         op: Op::Response {
             sid: r.session_id.clone(),
             client_msg_id: r.client_msg_id.clone(),
@@ -55,9 +55,9 @@ pub fn response(conn: ConnId, r: &NewResponse, unix_ms: u64) -> Command {
 }
 
 /// A session to create (`PUT`, or a WebSocket connect).
-pub fn create(conn: ConnId, sid: &SessionId, put: bool) -> Command {
+pub fn create(ticket: Ticket, sid: &SessionId, put: bool) -> Command {
     Command {
-        conn,
+        ticket,
         op: Op::Create {
             sid: sid.clone(),
             put,
@@ -66,14 +66,21 @@ pub fn create(conn: ConnId, sid: &SessionId, put: bool) -> Command {
 }
 
 /// `DELETE /sessions` as a command.
-pub fn delete(conn: ConnId, sid: SessionId) -> Command {
+pub fn delete(ticket: Ticket, sid: SessionId) -> Command {
     Command {
-        conn,
+        ticket,
         op: Op::Delete { sid },
     }
 }
 
 impl Relay {
+    /// Adds a write to this turn's batch for the storage thread.
+    pub(super) fn submit(&mut self, cmd: Command) {
+        if let Some(d) = &mut self.durable {
+            d.submit(cmd);
+        }
+    }
+
     /// Sends this turn's writes to the storage thread; called at the end of
     /// every loop turn.
     pub fn flush_store(&mut self) {
@@ -108,7 +115,7 @@ impl Relay {
     pub fn stop_store(&mut self) {
         if let Some(d) = &mut self.durable {
             d.flush();
-            d.stop();
+            d.stop(crate::store::sqlite::STOP_BOUND);
         }
     }
 
@@ -136,7 +143,7 @@ impl Relay {
             }
         }
         let delivered = self.apply(now, done.records);
-        let to = done.conn;
+        let to = done.ticket;
         let result = match done.result {
             Err(e) => Err(e),
             Ok(Outcome::Session { put: false, .. }) => {
@@ -146,7 +153,7 @@ impl Relay {
             Ok(Outcome::Collected) => return,
             Ok(outcome) => Ok(self.ack(outcome, delivered)),
         };
-        if to != NOBODY {
+        if to.conn != NOBODY {
             self.effects.push(Effect::Reply { to, result });
         }
     }
@@ -160,12 +167,12 @@ impl Relay {
             .store
             .idle(|sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= ttl);
         let n = sids.len();
-        if n > 0
-            && let Some(d) = &mut self.durable
-        {
+        if n > 0 && self.durable.is_some() {
             debug!(count = n; "idle sessions to collect");
-            d.submit(Command {
-                conn: NOBODY,
+            let ticket = self.ticket(NOBODY);
+            self.issued = None;
+            self.submit(Command {
+                ticket,
                 op: Op::Collect { sids },
             });
         }

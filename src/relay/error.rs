@@ -91,6 +91,15 @@ impl ApiError {
     pub fn storage_unavailable() -> ApiError {
         ApiError::new(503, "Storage unavailable")
     }
+    /// A write handed to the storage whose fate is not known when it must be
+    /// answered (shutdown before the disk confirmed it, or the connection to
+    /// Redis lost after the write was sent): it may or may not be stored.
+    /// Resending it with the same id is safe and tells which.
+    pub fn storage_uncertain(why: &str) -> ApiError {
+        ApiError::new(504, "Storage timeout").with_details(format!(
+            "{why}; it may have been stored: resend it with the same id to know"
+        ))
+    }
     pub fn unavailable(reason: &'static str) -> ApiError {
         ApiError::new(503, "Service unavailable").with_details(reason)
     }

@@ -45,6 +45,37 @@ pub struct ConnId {
     pub generation: u32,
 }
 
+/// One request's claim on the result of its write: the connection it came
+/// on and a number no other request shares. A result reaches the
+/// connection only while it still waits under the same number, so a result
+/// that comes after its request was answered (a storage timeout, a
+/// shutdown) never becomes the answer to the next request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket {
+    pub conn: ConnId,
+    pub n: u64,
+}
+
+/// The next ticket, remembered as the one issued (borrows only what it
+/// needs, so a caller holding an engine can issue one).
+fn issue(tickets: &mut u64, issued: &mut Option<Ticket>, conn: ConnId) -> Ticket {
+    *tickets += 1;
+    let t = Ticket { conn, n: *tickets };
+    *issued = Some(t);
+    t
+}
+
+/// What became of a write whose requester stopped waiting for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abandon {
+    /// The storage had not taken it yet, and now never will: answering
+    /// `503` is the truth.
+    Cancelled,
+    /// The storage holds it (a transaction being committed, a script sent
+    /// to Redis): only the storage can say whether it is stored.
+    InFlight,
+}
+
 /// Work for other connections, applied by the shell after the handler.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Effect {
@@ -67,12 +98,12 @@ pub enum Effect {
     CloseSubscriber { to: ConnId, code: u16 },
     /// Answer a request that waited for the storage thread.
     Reply {
-        to: ConnId,
+        to: Ticket,
         result: Result<Vec<u8>, ApiError>,
     },
     /// Run a request that waited for the storage thread again: what it
     /// needed (its session) is now committed.
-    Retry { to: ConnId },
+    Retry { to: Ticket },
     /// The log of `sid` was read again whole: its subscribers here refill
     /// from their cursors.
     Refill { sid: SessionId },
@@ -185,6 +216,11 @@ pub struct Relay {
     stats: Stats,
     /// The in-memory engine's records for the write at hand, reused.
     records: Vec<Record>,
+    /// The number of the last ticket issued.
+    tickets: u64,
+    /// The ticket of the request being handled, if its write went to the
+    /// storage (the shell takes it to park the request).
+    issued: Option<Ticket>,
 }
 
 impl Relay {
@@ -206,6 +242,8 @@ impl Relay {
             counts: Counts::default(),
             stats: Stats::default(),
             records: Vec::new(),
+            tickets: 0,
+            issued: None,
         }
     }
 
@@ -215,6 +253,38 @@ impl Relay {
         Relay {
             shared: Some(redis),
             ..Relay::with_store(limits, store, None)
+        }
+    }
+
+    /// A new ticket for a write of `conn` that goes to the storage; the
+    /// shell parks the request under it ([`take_ticket`](Self::take_ticket)).
+    fn ticket(&mut self, conn: ConnId) -> Ticket {
+        issue(&mut self.tickets, &mut self.issued, conn)
+    }
+
+    /// The ticket of the request just handled, when it waits for the
+    /// storage; called by the shell after a handler answered `Wait`.
+    pub fn take_ticket(&mut self) -> Option<Ticket> {
+        self.issued.take()
+    }
+
+    /// The requester of `ticket` stops waiting (its storage timeout, or a
+    /// shutdown): a write the storage has not taken is cancelled; one it
+    /// holds is left to finish.
+    pub fn abandon(&mut self, ticket: Ticket) -> Abandon {
+        match &mut self.durable {
+            Some(d) => {
+                if d.cancel(ticket.n) {
+                    Abandon::Cancelled
+                } else {
+                    Abandon::InFlight
+                }
+            }
+            // Redis: a write is sent in the turn it is asked for, so the
+            // script is already Redis's to run (or the connection was lost
+            // and the write was answered then).
+            None if self.shared.is_some() => Abandon::InFlight,
+            None => Abandon::Cancelled,
         }
     }
 
@@ -258,8 +328,9 @@ impl Relay {
         if self.shared_prompt(conn, &p, unix_ms)? {
             return Ok(Reply::Wait);
         }
-        if let Some(d) = &mut self.durable {
-            d.submit(durable::prompt(conn, &p, unix_ms));
+        if self.durable.is_some() {
+            let cmd = durable::prompt(self.ticket(conn), &p, unix_ms);
+            self.submit(cmd);
             return Ok(Reply::Wait);
         }
         self.commit_now(now, |store, out| store.prompt(now, unix_ms, p, out))
@@ -340,8 +411,9 @@ impl Relay {
         if self.shared_response(conn, &r, unix_ms)? {
             return Ok(Reply::Wait);
         }
-        if let Some(d) = &mut self.durable {
-            d.submit(durable::response(conn, &r, unix_ms));
+        if self.durable.is_some() {
+            let cmd = durable::response(self.ticket(conn), &r, unix_ms);
+            self.submit(cmd);
             return Ok(Reply::Wait);
         }
         self.commit_now(now, |store, out| store.response(now, unix_ms, r, out))
@@ -369,10 +441,11 @@ impl Relay {
             if self.shared_create(conn, sid, false)? {
                 return Ok(None);
             }
-            if let Some(d) = &mut self.durable {
+            if self.durable.is_some() {
                 // The session is created and committed first; the upgrade
                 // is then run again.
-                d.submit(durable::create(conn, sid, false));
+                let cmd = durable::create(self.ticket(conn), sid, false);
+                self.submit(cmd);
                 return Ok(None);
             }
             self.decide_now(now, |store, out| store.create(now, sid, false, out))?;
@@ -450,10 +523,9 @@ impl Relay {
         if self.shared_create(conn, sid, true)? {
             return Ok(Reply::Wait);
         }
-        if let Some(d) = &mut self.durable
-            && !self.store.contains(sid)
-        {
-            d.submit(durable::create(conn, sid, true));
+        if self.durable.is_some() && !self.store.contains(sid) {
+            let cmd = durable::create(self.ticket(conn), sid, true);
+            self.submit(cmd);
             return Ok(Reply::Wait);
         }
         self.commit_now(now, |store, out| store.create(now, sid, true, out))
@@ -469,12 +541,14 @@ impl Relay {
         if let Some(reply) = self.shared_delete(conn, sid)? {
             return Ok(reply);
         }
-        if let Some(d) = &mut self.durable {
+        if self.durable.is_some() {
             let sid = self
                 .store
                 .key(sid)
-                .ok_or_else(ApiError::session_not_found)?;
-            d.submit(durable::delete(conn, sid.clone()));
+                .ok_or_else(ApiError::session_not_found)?
+                .clone();
+            let cmd = durable::delete(self.ticket(conn), sid);
+            self.submit(cmd);
             return Ok(Reply::Wait);
         }
         let reply = self.commit_now(now, |store, out| store.delete(sid, out))?;

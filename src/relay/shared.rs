@@ -14,7 +14,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::model::{NewPrompt, NewResponse};
-use super::{ApiError, ConnId, Effect, Relay, Reply};
+use super::{ApiError, ConnId, Effect, Relay, Reply, Ticket, issue};
 use crate::store::message::{Framed, Message, Parts};
 use crate::store::record::{Outcome, Record};
 use crate::store::redis::{Answered, Event, Head, Known, Msg, RedisStore, Snapshot, Then};
@@ -79,7 +79,8 @@ impl Relay {
             seq: Seq(0),
         });
         let known = known(&self.store, &p.session_id);
-        r.prompt(conn, &p.session_id, id, head, ts, known);
+        let t = issue(&mut self.tickets, &mut self.issued, conn);
+        r.prompt(t, &p.session_id, id, head, ts, known);
         Ok(true)
     }
 
@@ -120,7 +121,8 @@ impl Relay {
             head: &head,
             ts,
         };
-        r.response(conn, &p.session_id, write, known);
+        let t = issue(&mut self.tickets, &mut self.issued, conn);
+        r.response(t, &p.session_id, write, known);
         Ok(true)
     }
 
@@ -139,7 +141,8 @@ impl Relay {
         if !r.up() {
             return Err(ApiError::storage_unavailable());
         }
-        r.create(conn, sid, put, known(store, sid));
+        let t = issue(&mut self.tickets, &mut self.issued, conn);
+        r.create(t, sid, put, known(store, sid));
         Ok(true)
     }
 
@@ -148,11 +151,14 @@ impl Relay {
         conn: ConnId,
         sid: &str,
     ) -> Result<Option<Reply>, ApiError> {
-        let Some(r) = self.redis_up()? else {
+        if self.redis_up()?.is_none() {
             return Ok(None);
-        };
+        }
         let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
-        r.delete(conn, &sid);
+        let t = issue(&mut self.tickets, &mut self.issued, conn);
+        if let Some(r) = self.shared.as_mut() {
+            r.delete(t, &sid);
+        }
         Ok(Some(Reply::Wait))
     }
 
@@ -174,10 +180,11 @@ impl Relay {
                 Err(ApiError::storage_unavailable())
             };
         }
+        let t = issue(&mut self.tickets, &mut self.issued, conn);
         if store.contains(sid) && r.follows(sid) {
-            r.barrier(conn, sid);
+            r.barrier(t, sid);
         } else {
-            r.sync(Some(conn), sid, known(store, sid));
+            r.sync(Some(t), sid, known(store, sid));
         }
         Ok(true)
     }
@@ -186,7 +193,7 @@ impl Relay {
     /// applied. If the copy still follows the channel (no gap was seen
     /// meanwhile, the subscription held), the read runs on it; otherwise
     /// the session is read through the script first.
-    fn barrier_passed(&mut self, to: ConnId, sid: &SessionId) {
+    fn barrier_passed(&mut self, to: Ticket, sid: &SessionId) {
         let store = &self.store;
         let held = store.contains(sid);
         match self.shared.as_mut() {

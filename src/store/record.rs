@@ -10,12 +10,12 @@
 
 use super::message::Framed;
 use super::types::{Seq, SessionId};
-use crate::relay::{ApiError, ConnId};
+use crate::relay::{ApiError, Ticket};
 
-/// A write for the storage thread, from connection `conn`.
+/// A write for the storage thread, for the request holding `ticket`.
 #[derive(Debug)]
 pub struct Command {
-    pub conn: ConnId,
+    pub ticket: Ticket,
     pub op: Op,
 }
 
@@ -106,7 +106,7 @@ pub enum Record {
 /// with an API error, changing nothing), or lost with its transaction.
 #[derive(Debug)]
 pub struct Done {
-    pub conn: ConnId,
+    pub ticket: Ticket,
     pub result: Result<Outcome, ApiError>,
     pub records: Vec<Record>,
 }

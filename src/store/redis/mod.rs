@@ -47,7 +47,7 @@ use super::sqlite::StoreStats;
 use super::types::{Seq, SessionId};
 use crate::http::response::{digits, push_decimal};
 use crate::relay::model::push_json_str;
-use crate::relay::{ApiError, ConnId};
+use crate::relay::{ApiError, Ticket};
 
 // The engine's larger functions are marked `#[inline(never)]`: each runs
 // once per request or reply, and inlined into the poll loop they cost the
@@ -148,7 +148,7 @@ pub enum Then {
 /// One reply, for the relay.
 #[derive(Debug)]
 pub struct Answered {
-    pub conn: Option<ConnId>,
+    pub conn: Option<Ticket>,
     pub snapshot: Option<Snapshot>,
     pub then: Then,
     /// A new answer: another instance has subscribers of its session.
@@ -173,7 +173,7 @@ enum Write {
 /// A prompt gathered for the turn's call.
 #[derive(Debug)]
 struct Gathered {
-    conn: ConnId,
+    conn: Ticket,
     sid: SessionId,
     id: String,
     head: String,
@@ -216,14 +216,14 @@ enum Expect {
     /// `AUTH`, `SELECT`, `SCRIPT LOAD`.
     Setup,
     /// The `prompts` call of one turn: one answer per prompt, in order.
-    Prompts(Vec<(ConnId, SessionId, String)>),
+    Prompts(Vec<(Ticket, SessionId, String)>),
     Write {
-        conn: ConnId,
+        conn: Ticket,
         sid: SessionId,
         write: Write,
     },
     Sync {
-        conn: Option<ConnId>,
+        conn: Option<Ticket>,
         sid: SessionId,
     },
     /// The sweep's calls: nobody waits.
@@ -254,8 +254,8 @@ pub struct RedisStore {
     listened: usize,
     /// Reads waiting for the next `PING` to go out, then for each `PING`
     /// sent, in order.
-    barrier_next: Vec<(ConnId, SessionId)>,
-    pings: VecDeque<Vec<(ConnId, SessionId)>>,
+    barrier_next: Vec<(Ticket, SessionId)>,
+    pings: VecDeque<Vec<(Ticket, SessionId)>>,
     /// The prompts of this turn not sent yet.
     batch: Vec<Gathered>,
     sessions_key: String,
@@ -392,8 +392,16 @@ impl RedisStore {
         let was = side.up;
         *side = Side::default();
         if link == Link::Command {
+            // A write sent is Redis's to run or not: whether it did is not
+            // known now (a resend with the same id tells). A read changed
+            // nothing.
+            let uncertain = ApiError::storage_uncertain("the connection to Redis was lost");
             for e in std::mem::take(&mut self.expect) {
-                self.fail(e, ApiError::storage_unavailable());
+                let e_for = match e {
+                    Expect::Prompts(_) | Expect::Write { .. } => uncertain.clone(),
+                    _ => ApiError::storage_unavailable(),
+                };
+                self.fail(e, e_for);
             }
             let unsent = std::mem::take(&mut self.batch);
             let waiting = unsent.into_iter().map(|g| (g.conn, g.sid, g.id)).collect();
@@ -543,7 +551,7 @@ impl RedisStore {
     #[inline(never)]
     fn written(
         &mut self,
-        conn: ConnId,
+        conn: Ticket,
         sid: SessionId,
         write: Write,
         frame: OwnedFrame,
@@ -723,7 +731,7 @@ impl RedisStore {
     #[inline(never)]
     pub fn prompt(
         &mut self,
-        conn: ConnId,
+        conn: Ticket,
         sid: &SessionId,
         id: String,
         head: String,
@@ -817,7 +825,7 @@ impl RedisStore {
 
     /// `POST /response`.
     #[inline(never)]
-    pub fn response(&mut self, conn: ConnId, sid: &SessionId, w: ResponseWrite, known: Known) {
+    pub fn response(&mut self, conn: Ticket, sid: &SessionId, w: ResponseWrite, known: Known) {
         let ts = w.ts.to_string();
         let given: &[u8] = if w.given { b"1" } else { b"0" };
         let extra: [&[u8]; 6] = [
@@ -839,7 +847,7 @@ impl RedisStore {
     }
 
     /// `PUT /sessions` (`put`) or a WebSocket connect.
-    pub fn create(&mut self, conn: ConnId, sid: &SessionId, put: bool, known: Known) {
+    pub fn create(&mut self, conn: Ticket, sid: &SessionId, put: bool, known: Known) {
         let expect = Expect::Write {
             conn,
             sid: sid.clone(),
@@ -849,7 +857,7 @@ impl RedisStore {
     }
 
     /// `DELETE /sessions`.
-    pub fn delete(&mut self, conn: ConnId, sid: &SessionId) {
+    pub fn delete(&mut self, conn: Ticket, sid: &SessionId) {
         let expect = Expect::Write {
             conn,
             sid: sid.clone(),
@@ -860,7 +868,7 @@ impl RedisStore {
 
     /// Reads what the copy of `sid` lacks; `conn`'s request runs again
     /// once it is applied.
-    pub fn sync(&mut self, conn: Option<ConnId>, sid: &SessionId, known: Known) {
+    pub fn sync(&mut self, conn: Option<Ticket>, sid: &SessionId, known: Known) {
         if conn.is_none() {
             self.follow.entry(sid.clone()).or_default().resyncs += 1;
         }
@@ -936,7 +944,7 @@ impl RedisStore {
 
     /// A read of a session that [`follows`](Self::follows) its channel:
     /// it runs again once Redis answers the turn's `PING`.
-    pub fn barrier(&mut self, conn: ConnId, sid: &SessionId) {
+    pub fn barrier(&mut self, conn: Ticket, sid: &SessionId) {
         self.barrier_next.push((conn, sid.clone()));
     }
 

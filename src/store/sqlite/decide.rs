@@ -110,7 +110,7 @@ impl Writer {
         }
         cmds.iter()
             .map(|c| Done {
-                conn: c.conn,
+                ticket: c.ticket,
                 result: Err(ApiError::storage_unavailable()),
                 records: Vec::new(),
             })
@@ -197,7 +197,7 @@ fn transaction(
             Err(Fail::Db(e)) => return Err(e),
         };
         out.push(Done {
-            conn: cmd.conn,
+            ticket: cmd.ticket,
             result,
             records,
         });

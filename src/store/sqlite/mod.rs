@@ -24,9 +24,9 @@ mod schema;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use log::{error, info, warn};
@@ -34,6 +34,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::mem::{MemStore, StoreLimits};
 use super::record::{Command, Done};
+use crate::relay::ApiError;
 use crate::time::Millis;
 
 pub use decide::Writer;
@@ -105,6 +106,47 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
     })
 }
 
+/// Where the loop and the storage thread meet over a write whose requester
+/// stopped waiting (see [`Durable::cancel`]). Tickets are numbered in the
+/// order the loop submits them, and the thread takes them in that order,
+/// so two numbers say everything.
+#[derive(Debug, Default)]
+pub struct Frontier {
+    /// The highest ticket the thread has taken into a transaction: its
+    /// fate is the disk's now.
+    taken: u64,
+    /// Tickets up to this one that the thread has not taken yet are never
+    /// to be taken: their requesters were answered `503`.
+    cancelled: u64,
+}
+
+/// Takes the commands of a group into the transaction, except those whose
+/// requesters were answered meanwhile: those come back apart, answered
+/// `503` (nobody waits on that answer; it keeps the count of commands in
+/// flight right).
+fn take_group(frontier: &Mutex<Frontier>, group: Vec<Command>) -> (Vec<Command>, Vec<Done>) {
+    let mut f = frontier.lock().unwrap_or_else(PoisonError::into_inner);
+    let cancelled = f.cancelled;
+    if let Some(last) = group.last() {
+        f.taken = f.taken.max(last.ticket.n);
+    }
+    drop(f);
+    if group.first().is_none_or(|c| c.ticket.n > cancelled) {
+        return (group, Vec::new());
+    }
+    let (dropped, kept): (Vec<_>, Vec<_>) =
+        group.into_iter().partition(|c| c.ticket.n <= cancelled);
+    let dropped = dropped
+        .into_iter()
+        .map(|c| Done {
+            ticket: c.ticket,
+            result: Err(ApiError::storage_unavailable()),
+            records: Vec::new(),
+        })
+        .collect();
+    (kept, dropped)
+}
+
 /// The storage thread's side of the channels: takes batches until the loop
 /// hangs up, commits every batch waiting in one transaction, answers, and
 /// wakes the loop. With `Sync::Always`, a checkpointer thread copies the
@@ -116,6 +158,7 @@ pub fn run(
     done: Sender<Committed>,
     waker: Arc<mio::Waker>,
     sync: Sync,
+    frontier: Arc<Mutex<Frontier>>,
 ) {
     let (tick, mut checkpointer) = match sync {
         Sync::Always => {
@@ -154,15 +197,22 @@ pub fn run(
                 c.shared.catch_up.store(true, Ordering::Release);
             }
         }
+        let (group, mut cancelled) = take_group(&frontier, group);
         let commands = group.len();
         let started = std::time::Instant::now();
-        let results = writer.commit(group);
+        let mut results = if group.is_empty() {
+            Vec::new()
+        } else {
+            writer.commit(group)
+        };
+        let ok = !results
+            .iter()
+            .any(|d| d.result.as_ref().err() == Some(&ApiError::storage_unavailable()));
+        results.append(&mut cancelled);
         let committed = Committed {
             commands,
             micros: started.elapsed().as_micros() as u64,
-            ok: !results.iter().any(|d| {
-                d.result.as_ref().err() == Some(&crate::relay::ApiError::storage_unavailable())
-            }),
+            ok,
             done: results,
         };
         if done.send(committed).is_err() {
@@ -301,6 +351,7 @@ pub struct Durable {
     inflight: usize,
     /// The last transaction committed (readiness reports it).
     pub healthy: bool,
+    frontier: Arc<Mutex<Frontier>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _lock: File,
 }
@@ -321,11 +372,16 @@ impl Durable {
         let (batch_tx, batch_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let conn = opened.conn;
+        let frontier = Arc::new(Mutex::new(Frontier::default()));
+        let theirs = frontier.clone();
         // The writer reads its mirror of the log in the thread, while the
         // loop starts serving what it restored.
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())
-            .spawn(move || run(Writer::new(conn, limits), batch_rx, done_tx, waker, sync))
+            .spawn(move || {
+                let writer = Writer::new(conn, limits);
+                run(writer, batch_rx, done_tx, waker, sync, theirs)
+            })
             .ok();
         let durable = Durable {
             batches: Some(batch_tx),
@@ -334,6 +390,7 @@ impl Durable {
             batch: Vec::new(),
             inflight: 0,
             healthy: true,
+            frontier,
             thread,
             _lock: opened.lock,
         };
@@ -380,17 +437,63 @@ impl Durable {
         all
     }
 
-    /// Stops the storage thread after it committed what it was sent.
-    pub fn stop(&mut self) {
+    /// Cancels the write of ticket `n` (and of every earlier ticket) if the
+    /// storage thread has not taken it yet; returns whether it did. Called
+    /// when a request stops waiting: a cancelled write is never committed,
+    /// so its `503` is the truth; one already taken is the disk's, and only
+    /// the thread's answer tells whether it is stored. Earlier tickets
+    /// stopped waiting no later than this one (every request waits as
+    /// long), so cancelling them too takes nothing anyone still waits on.
+    pub fn cancel(&mut self, n: u64) -> bool {
+        if let Some(i) = self.batch.iter().position(|c| c.ticket.n == n) {
+            // Not sent yet (a shutdown in the turn it was asked for).
+            self.batch.remove(i);
+            return true;
+        }
+        let mut f = self.frontier.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.taken >= n {
+            return false;
+        }
+        f.cancelled = f.cancelled.max(n);
+        true
+    }
+
+    /// Stops the storage thread after it committed what it was sent,
+    /// waiting for it at most `bound`: a disk that stalls does not hold the
+    /// process (what it had not confirmed was answered as such, and SQLite
+    /// recovers a transaction cut short at the next start).
+    pub fn stop(&mut self, bound: Duration) {
         self.batches = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        let until = std::time::Instant::now() + bound;
+        loop {
+            // Results still coming are not applied any more: the loop has
+            // answered every request that waited.
+            match self
+                .done
+                .recv_timeout(until.saturating_duration_since(std::time::Instant::now()))
+            {
+                Ok(_) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = t.join();
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    warn!("the storage thread did not finish in time; exiting without it");
+                    return;
+                }
+            }
         }
     }
 }
 
 impl Drop for Durable {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(STOP_BOUND);
     }
 }
+
+/// How long a shutdown waits for the storage thread to finish.
+pub const STOP_BOUND: Duration = Duration::from_millis(500);
