@@ -173,6 +173,24 @@ fn origin_outside_the_allow_list_gets_403_and_no_origin_is_allowed() {
 }
 
 #[test]
+fn the_servers_own_origin_is_allowed_whatever_the_allow_list() {
+    let srv = Server::start_with(&[("RELAY_CORS_ORIGINS", "https://chat.example.com")]);
+    let sid = unique_session();
+    let path = format!("/ws/{sid}");
+    // The built-in page opens its WebSocket with the origin it was served
+    // from: the request's own Host. The harness sends `Host: <addr>`.
+    let addr = srv.addr().to_string();
+    for origin in [format!("http://{addr}"), format!("https://{addr}")] {
+        let ok = upgrade(&srv, &path, &[("Origin", &origin), ("Host", &addr)]);
+        assert_eq!(ok.status, 101, "{origin}: {}", ok.text());
+    }
+    // Another port or host of the same name is another origin.
+    let other = format!("http://{addr}0");
+    let r = upgrade(&srv, &path, &[("Origin", &other), ("Host", &addr)]);
+    assert_eq!(r.status, 403, "{}", r.text());
+}
+
+#[test]
 fn response_is_broadcast_to_every_subscriber() {
     let srv = Server::start();
     let sid = unique_session();

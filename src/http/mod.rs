@@ -80,6 +80,9 @@ pub struct RequestHead {
     pub ws_key: Option<String>,
     pub ws_version: Option<String>,
     pub origin: Option<String>,
+    /// An upgrade whose `Origin` is this server's own (its host and port
+    /// are the request's `Host`): the page the server serves.
+    pub same_origin: bool,
     /// `Content-Type` is `application/json` (parameters allowed).
     pub json: bool,
     pub authorization: Option<String>,

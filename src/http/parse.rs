@@ -245,6 +245,14 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
     if hosts > 1 || (hosts == 0 && !http10) {
         return Err(bad("Missing or repeated Host header"));
     }
+    // Only a WebSocket upgrade's origin is checked: only it looks again.
+    if upgrade_ws && let Some(origin) = &head.origin {
+        let host = req
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("host"));
+        head.same_origin = host.is_some_and(|h| same_origin(origin, h.value));
+    }
     // RFC 9112 section 6.3: Transfer-Encoding overrides Content-Length, but a
     // request with both is a smuggling attempt more often than not: refuse it.
     // A request whose final coding is not chunked has no determinable length.
@@ -502,3 +510,12 @@ impl RequestReader {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether `origin` (`scheme://host[:port]`) names the host and port of
+/// the request's `Host` value: a page this server served.
+fn same_origin(origin: &str, host: &[u8]) -> bool {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https") && rest.as_bytes().eq_ignore_ascii_case(host)
+}

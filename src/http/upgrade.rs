@@ -23,8 +23,10 @@ pub fn check(head: &RequestHead, origins: &Origins) -> Result<Vec<u8>, ApiError>
     if !valid_key(key) {
         return Err(ApiError::bad_request("Invalid Sec-WebSocket-Key"));
     }
-    // A client without `Origin` is not a browser; the check protects browsers.
+    // A client without `Origin` is not a browser; the check protects
+    // browsers. The server's own page is always allowed.
     if let Some(origin) = &head.origin
+        && !head.same_origin
         && !origins.allows(origin)
     {
         return Err(ApiError::forbidden_origin());
