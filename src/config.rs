@@ -43,7 +43,8 @@ pub struct Config {
     pub ping_interval: Duration,
     pub max_body_bytes: usize,
     pub history_limit: usize,
-    pub session_ttl: Duration,
+    /// Idle time before a session is collected; `None`: never.
+    pub session_ttl: Option<Duration>,
     pub client_token: Option<String>,
     pub agent_token: Option<String>,
     pub cors_origins: Origins,
@@ -86,7 +87,7 @@ impl Default for Config {
             ping_interval: Duration::from_secs(30),
             max_body_bytes: 1 << 20,
             history_limit: 10_000,
-            session_ttl: Duration::from_secs(86_400),
+            session_ttl: Some(Duration::from_secs(86_400)),
             client_token: None,
             agent_token: None,
             cors_origins: Origins::Any,
@@ -175,9 +176,12 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
     ),
     (
         "RELAY_SESSION_TTL",
-        "seconds of inactivity before a session is collected (default 86400)",
+        "seconds of inactivity before a session is collected, 0 for never (default 86400)",
         |c, v| {
-            c.session_ttl = seconds(v)?;
+            c.session_ttl = match v.trim().parse::<f64>() {
+                Ok(0.0) => None,
+                _ => Some(seconds(v).map_err(|e| format!("{e}, or 0 for never"))?),
+            };
             Ok(())
         },
     ),
@@ -586,6 +590,20 @@ mod tests {
         assert_eq!(c.history_limit, 10_000);
         assert_eq!(c.cors_origins, Origins::Any);
         assert!(c.web);
+    }
+
+    #[test]
+    fn a_session_ttl_of_0_keeps_sessions_forever() {
+        assert_eq!(
+            run(&[("RELAY_SESSION_TTL", "0")], &[]).unwrap().session_ttl,
+            None
+        );
+        let limits = crate::relay::Limits::from_config(&run(&[], &["--session-ttl", "0"]).unwrap());
+        assert_eq!(limits.session_ttl_ms, crate::relay::NEVER);
+        let c = run(&[("RELAY_SESSION_TTL", "1.5")], &[]).unwrap();
+        assert_eq!(c.session_ttl, Some(Duration::from_millis(1500)));
+        let e = run(&[("RELAY_SESSION_TTL", "-1")], &[]).unwrap_err();
+        assert!(e.contains("0 for never"), "{e}");
     }
 
     #[test]

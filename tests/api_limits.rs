@@ -219,3 +219,15 @@ fn session_with_a_subscriber_is_not_collected() {
     assert_eq!(srv.respond(&watched, "c", "still here")["delivered"], true);
     assert_eq!(ws.recv_json_skip_pings()["data"]["text"], "still here");
 }
+
+#[test]
+fn a_session_ttl_of_0_is_accepted_and_means_never() {
+    // The sweep runs once a minute then; that it collects nothing is the
+    // core's (config.rs: a TTL of 0 is `NEVER`), that the server starts
+    // with it and keeps the session is shown here.
+    let srv = Server::start_with(&[("RELAY_SESSION_TTL", "0")]);
+    let sid = unique_session();
+    srv.prompt(&sid, "p", Some("c"));
+    assert_eq!(srv.health()["sessions"], 1);
+    assert_eq!(srv.pending(&sid).len(), 1);
+}

@@ -715,5 +715,7 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 /// How often idle sessions are swept: a quarter of the TTL, between 100 ms
 /// and a minute.
 fn sweep_interval(cfg: &Config) -> Duration {
-    (cfg.session_ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
+    cfg.session_ttl.map_or(Duration::from_secs(60), |ttl| {
+        (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
+    })
 }

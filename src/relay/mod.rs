@@ -117,6 +117,9 @@ pub enum Reply {
     Wait,
 }
 
+/// A session TTL that never passes (`RELAY_SESSION_TTL=0`).
+pub const NEVER: u64 = u64::MAX;
+
 /// Limits the core enforces (a subset of `Config`).
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -137,7 +140,9 @@ impl Limits {
             max_pending: cfg.max_pending,
             max_waiters: cfg.max_waiters,
             max_subscribers: cfg.max_subscribers,
-            session_ttl_ms: cfg.session_ttl.as_millis() as u64,
+            session_ttl_ms: cfg
+                .session_ttl
+                .map_or(NEVER, |t| u64::try_from(t.as_millis()).unwrap_or(NEVER)),
         }
     }
 

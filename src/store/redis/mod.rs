@@ -889,6 +889,9 @@ impl RedisStore {
             let extra: Vec<&[u8]> = chunk.iter().map(|s| s.as_bytes()).collect();
             self.call("", "touch", Known::default(), &extra, Expect::Quiet);
         }
+        if ttl_ms == u64::MAX {
+            return; // sessions are kept forever
+        }
         let ttl = ttl_ms.to_string();
         self.call(
             "",
