@@ -506,7 +506,10 @@ where
             apply(&mut cfg, name, v)?;
         }
     }
-    let mut args = args.into_iter();
+    let mut args = args.into_iter().peekable();
+    if args.peek().is_some_and(|a| a == "help") {
+        return Ok(Command::Help);
+    }
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
@@ -518,7 +521,12 @@ where
             None => (arg.clone(), None),
         };
         let Some((name, _, _)) = SETTINGS.iter().find(|(env, _, _)| flag_name(env) == flag) else {
-            return Err(format!("unknown argument '{arg}' (see --help)"));
+            return Err(match unknown::closest_flag(&flag) {
+                Some(near) => {
+                    format!("unknown argument '{arg}'; did you mean {near}? (see --help)")
+                }
+                None => format!("unknown argument '{arg}' (see --help)"),
+            });
         };
         let value = match inline {
             Some(v) => v,
@@ -533,6 +541,9 @@ where
             "RELAY_DATA_DIR and RELAY_REDIS_URL cannot be used together: state lives in one of them"
                 .into(),
         );
+    }
+    if let Some(e) = unknown::misspelled_security_setting(&env) {
+        return Err(e);
     }
     Ok(Command::Run {
         cfg: Box::new(cfg),

@@ -129,6 +129,16 @@ fn main() -> ExitCode {
             // the address when listening is what failed. No key-value
             // fields: the text format would print the error a second time.
             match e.kind() {
+                // Ports below 1024 need privilege: say how to get it, or
+                // to do without.
+                ErrorKind::PermissionDenied if addr.port() < 1024 => {
+                    log::error!(
+                        "cannot listen on {addr}: {e}; ports below 1024 need root or \
+                         CAP_NET_BIND_SERVICE (setcap cap_net_bind_service=+ep on the \
+                         binary, or AmbientCapabilities= in the systemd unit): or use a \
+                         port above 1023 behind a proxy"
+                    )
+                }
                 ErrorKind::AddrInUse
                 | ErrorKind::AddrNotAvailable
                 | ErrorKind::PermissionDenied => {

@@ -141,6 +141,64 @@ fn a_taken_port_is_reported_once_with_the_address() {
 }
 
 #[test]
+fn a_misspelled_security_setting_stops_the_server_and_a_misspelled_flag_is_named() {
+    let (status, stderr) = run_to_exit(&[("RELAY_CLIENT_TOKN", "secret")]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("did you mean RELAY_CLIENT_TOKEN?"),
+        "{stderr}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["--prot", "9000"])
+        .output()
+        .expect("run relay");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("did you mean --port?"), "{stderr}");
+}
+
+#[test]
+fn relay_help_prints_the_help() {
+    for args in [&["help"][..], &["help", "agent"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_relay"))
+            .args(args)
+            .output()
+            .expect("run relay");
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("usage"), "{args:?}: {text}");
+    }
+}
+
+#[test]
+fn a_privileged_port_without_privilege_says_what_to_do() {
+    // A kernel may let anyone bind low ports; root may anyway: the hint is
+    // for a user who may not, run here through setpriv.
+    let first_free: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1024);
+    let setpriv = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if first_free <= 80 || !setpriv {
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_relay"))
+        .args(["--host", "127.0.0.1", "--port", "80"])
+        .output()
+        .expect("run relay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    assert!(stderr.contains("CAP_NET_BIND_SERVICE"), "{stderr}");
+    assert!(stderr.contains("above 1023"), "{stderr}");
+}
+
+#[test]
 fn an_invalid_trusted_proxy_is_quoted_once() {
     let (status, stderr) = run_to_exit(&[("RELAY_TRUSTED_PROXY", "proxy.internal")]);
     assert_eq!(status.code(), Some(2), "{stderr}");

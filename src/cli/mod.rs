@@ -36,6 +36,14 @@ pub fn dispatch(args: &[String], env: &[(String, String)]) -> Option<u8> {
         "agent" => Some(agent::main(rest, env)),
         "send" => Some(send::main(rest, env)),
         "health" => Some(health::main(rest, env)),
+        // `relay help agent` is `relay agent --help`; `relay help` alone is
+        // the server's help (config::parse).
+        "help" => match rest.first() {
+            Some(sub) if ["agent", "send", "health"].contains(&sub.as_str()) => {
+                dispatch(&[sub.clone(), "--help".to_string()], env)
+            }
+            _ => None,
+        },
         _ => None,
     }
 }

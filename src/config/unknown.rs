@@ -2,7 +2,42 @@
 //! A typo such as `RELAY_PROT` would otherwise leave the server on its
 //! default port without a word; the warning names the setting meant.
 
-use super::SETTINGS;
+use super::{SETTINGS, flag_name};
+
+/// The flag nearest to an unknown one (`--prot`: `--port`), by the same
+/// nearness as the variables'. Called when a flag is not a setting's.
+pub(super) fn closest_flag(flag: &str) -> Option<String> {
+    let bare = flag.trim_start_matches('-');
+    if bare.is_empty() {
+        return None;
+    }
+    let name = format!("RELAY_{}", bare.replace('-', "_").to_ascii_uppercase());
+    closest_setting(&name).map(flag_name)
+}
+
+/// An unknown variable that looks like a security setting (a token, a
+/// secret, TLS): the server would start open or in clear text where the
+/// operator meant it closed, so this stops it instead of warning. Called
+/// by `parse` once at start.
+pub(super) fn misspelled_security_setting(env: &[(String, String)]) -> Option<String> {
+    let k = env.iter().map(|(k, _)| k).find(|k| {
+        let upper = k.to_ascii_uppercase();
+        upper.starts_with("RELAY_")
+            && !SETTINGS.iter().any(|(name, _, _)| name == k)
+            && (upper.contains("TOKEN")
+                || upper.contains("TOKN")
+                || upper.contains("SECRET")
+                || upper.starts_with("RELAY_TLS"))
+    })?;
+    let hint = match closest_setting(k) {
+        Some(name) => format!("; did you mean {name}?"),
+        None => " (relay --help lists the settings).".to_string(),
+    };
+    Some(format!(
+        "{k} is not a setting{hint} A misspelled security setting would leave the server \
+         open, so it does not start"
+    ))
+}
 
 /// One warning per environment variable that looks like a setting
 /// (`RELAY_` in any case) but is none, naming the closest setting when one
@@ -116,6 +151,35 @@ mod tests {
             ]
         );
         assert!(warnings(&[("RELAY_PORT", "1"), ("RELAY_LOG", "warn")]).is_empty());
+    }
+
+    #[test]
+    fn a_misspelled_security_setting_stops_the_server() {
+        let run = |k: &str| {
+            let env = [(k.to_string(), "x".to_string())];
+            parse(env, std::iter::empty()).unwrap_err()
+        };
+        let e = run("RELAY_CLIENT_TOKN");
+        assert!(e.contains("did you mean RELAY_CLIENT_TOKEN?"), "{e}");
+        assert!(e.contains("does not start"), "{e}");
+        assert!(run("RELAY_AGENT_TOKENS").contains("RELAY_AGENT_TOKEN?"));
+        assert!(run("RELAY_TLS_CRT").contains("does not start"));
+        assert!(run("RELAY_SECRET").contains("does not start"));
+        // Other unknown variables are still only warned about.
+        assert!(warnings(&[("RELAY_PROT", "1")]).len() == 1);
+    }
+
+    #[test]
+    fn an_unknown_flag_names_the_closest_one() {
+        let e = parse(std::iter::empty(), ["--prot".to_string(), "1".to_string()]).unwrap_err();
+        assert_eq!(
+            e,
+            "unknown argument '--prot'; did you mean --port? (see --help)"
+        );
+        let e = parse(std::iter::empty(), ["--quux".to_string()]).unwrap_err();
+        assert_eq!(e, "unknown argument '--quux' (see --help)");
+        let help = parse(std::iter::empty(), ["help".to_string()]).unwrap();
+        assert!(matches!(help, Command::Help), "{help:?}");
     }
 
     #[test]
