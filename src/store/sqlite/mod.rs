@@ -52,8 +52,10 @@ pub enum Sync {
 pub struct Opened {
     pub conn: Connection,
     pub view: MemStore,
-    /// Held while the server runs: a second server on the directory fails
-    /// to take it.
+    /// `relay.db` itself, flocked while the server runs: a second server on
+    /// the directory fails to take it. Closed only after every SQLite
+    /// connection (closing any descriptor of the file would drop SQLite's
+    /// own POSIX locks on it).
     pub lock: File,
     pub path: PathBuf,
 }
@@ -68,24 +70,23 @@ impl std::fmt::Display for OpenError {
     }
 }
 
-/// Opens `relay.db` in `dir` (created if missing), takes the directory's
-/// lock, checks and migrates the schema, and restores every session into
-/// memory. Called once at start, before listening. A file that is not a
-/// database, or one from a newer version, is refused and left untouched.
+/// Opens `relay.db` in `dir` (created if missing), takes its lock, checks
+/// and migrates the schema, and restores every session into memory.
+/// Called once at start, before listening. A directory the server cannot
+/// write in is reported as such; a file that is not a database, or one
+/// from a newer version, is refused and left untouched.
 pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<Opened, OpenError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what}: {e}"));
     std::fs::create_dir_all(dir)
         .map_err(|e| fail(&format!("cannot create {}", dir.display()), &e))?;
-    let lock_path = dir.join("relay.lock");
-    let lock = File::create(&lock_path)
-        .map_err(|e| fail(&format!("cannot open {}", lock_path.display()), &e))?;
+    let path = dir.join("relay.db");
+    let lock = writable(dir, &path)?;
     if lock.try_lock().is_err() {
         return Err(OpenError(format!(
             "another relay is using the data directory {}",
             dir.display()
         )));
     }
-    let path = dir.join("relay.db");
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -104,6 +105,36 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
         lock,
         path,
     })
+}
+
+/// Checks that the server can write in `dir` and its database (SQLite
+/// creates its log and index beside the file, and would otherwise fail
+/// later with a misleading error), and returns `relay.db` opened (created
+/// empty if missing), to be locked. A directory that is only readable is
+/// reported as not writable, naming it.
+fn writable(dir: &Path, db: &Path) -> Result<File, OpenError> {
+    let refuse = |e: std::io::Error| {
+        use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
+        OpenError(match e.kind() {
+            PermissionDenied | ReadOnlyFilesystem => {
+                format!("the data directory {} is not writable: {e}", dir.display())
+            }
+            _ => format!("cannot write in the data directory {}: {e}", dir.display()),
+        })
+    };
+    let probe = dir.join("relay.probe");
+    File::create(&probe).map_err(refuse)?;
+    match std::fs::remove_file(&probe) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(refuse(e)),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(db)
+        .map_err(refuse)
 }
 
 /// Where the loop and the storage thread meet over a write whose requester
