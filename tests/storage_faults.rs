@@ -1,13 +1,22 @@
 //! Storage faults injected into the real server with a data directory
-//! (`RELAY_DATA_DIR`), counted from outside: a data directory the server
-//! cannot write in, and a second server after `relay.lock` was deleted.
+//! (`RELAY_DATA_DIR`), counted from outside: the interval sync of
+//! `RELAY_SYNC=<seconds>` under steady writes (every `fdatasync` seen
+//! through strace), `/readyz` while `fdatasync` stalls and after it failed
+//! (strace fault injection on the running process), a data directory the
+//! server cannot write in, and a second server after `relay.lock` was
+//! deleted.
+//!
+//! strace attaches to the running server (`-p`, every thread) and detaches
+//! when the test ends, so the server outlives the injection.
 
 mod common;
 
 use common::*;
+use serde_json::json;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A fresh data directory under the temp dir, removed at the end.
 struct Dir(PathBuf);
@@ -34,6 +43,107 @@ impl Drop for Dir {
     }
 }
 
+/// strace attached to a running server, detached (SIGINT) when dropped.
+struct Strace {
+    child: Child,
+    out: PathBuf,
+    detached: bool,
+}
+
+impl Strace {
+    /// Attaches to every thread of `pid` with strace's arguments `args`,
+    /// writing the trace to `out`; returns once strace says it attached.
+    #[track_caller]
+    fn attach(pid: u32, out: &Path, args: &[&str]) -> Strace {
+        let mut child = Command::new("strace")
+            .args(["-f", "-ttt", "-y", "-o"])
+            .arg(out)
+            .args(args)
+            .args(["-p", &pid.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("strace (scripts/install-test-deps.sh installs it)");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut seen = Vec::new();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("attached") => break,
+                Some(Ok(line)) => seen.push(line),
+                _ => panic!("strace did not attach: {}", seen.join("\n")),
+            }
+        }
+        // The rest of its stderr is drained so that it never blocks.
+        std::thread::spawn(move || for _ in lines {});
+        Strace {
+            child,
+            out: out.to_path_buf(),
+            detached: false,
+        }
+    }
+
+    /// Detaches from the server (which goes on) and waits for strace.
+    fn detach(&mut self) {
+        if std::mem::replace(&mut self.detached, true) {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+
+    /// The wall-clock times (s) at which the server entered `fdatasync` on
+    /// the database or its log.
+    fn db_syncs(&self) -> Vec<f64> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.contains("fdatasync(") && l.contains("relay.db"))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.parse::<f64>().ok().filter(|_| w.contains('.')))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Strace {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+fn unix_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Polls `/readyz` (bounded) until its status is `want`; returns its body.
+#[track_caller]
+fn wait_ready(srv: &Server, want: u16, within: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let r = srv.get("/readyz");
+        if r.status == want {
+            return r.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never answered {want}; last {} {}",
+            r.status,
+            r.text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn prompt_body(sid: &str, id: &str) -> serde_json::Value {
+    json!({"session_id": sid, "prompt": "q", "client_msg_id": id})
+}
+
 /// The `client_msg_id` of every prompt in the session's history.
 #[track_caller]
 fn stored_prompts(srv: &Server, sid: &str) -> Vec<String> {
@@ -49,6 +159,116 @@ fn stored_prompts(srv: &Server, sid: &str) -> Vec<String> {
                 .to_string()
         })
         .collect()
+}
+
+#[test]
+fn relay_sync_seconds_syncs_every_acknowledged_write_within_the_interval() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    let dir = Dir::new("interval");
+    let srv = Server::start_single_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_SYNC", "1")]);
+    let trace = dir.0.join("trace");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let strace = Strace::attach(srv.pid(), &trace, &["-e", "trace=fdatasync"]);
+    let sid = unique_session();
+    // One write every 0.3 s for 4 s: never a whole second without one.
+    let mut acked = Vec::new();
+    for i in 0..14 {
+        let r = srv.post_json("/prompt", &prompt_body(&sid, &format!("p{i}")));
+        assert_eq!(r.status, 200, "{}", r.text());
+        acked.push(unix_secs());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The last write's sync, awaited (bounded).
+    let last = *acked.last().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !strace.db_syncs().iter().any(|t| *t >= last) {
+        assert!(Instant::now() < deadline, "the last write was never synced");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let syncs = strace.db_syncs();
+    drop(strace);
+    // Every acknowledged write is synced within the interval, with 1 s of
+    // slack for a loaded machine (before the fix there was no sync at all
+    // while writes kept coming).
+    for (i, a) in acked.iter().enumerate() {
+        let first = syncs.iter().copied().find(|t| *t >= *a);
+        assert!(
+            first.is_some_and(|t| t - a <= 2.0),
+            "write {i} acknowledged at {a:.3} first synced at {first:?}; syncs {syncs:?}"
+        );
+    }
+    assert_eq!(stored_prompts(&srv, &sid).len(), 14);
+}
+
+#[test]
+fn readyz_reports_a_stalled_commit_and_recovers_when_it_completes() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    let dir = Dir::new("stall");
+    let srv = Server::start_single_with(&[("RELAY_DATA_DIR", dir.path())]);
+    let sid = unique_session();
+    srv.prompt(&sid, "before", Some("before"));
+    assert_eq!(srv.get("/readyz").status, 200);
+    // Every fdatasync now takes 4 s.
+    let mut strace = Strace::attach(
+        srv.pid(),
+        &dir.0.join("trace"),
+        &[
+            "-e",
+            "trace=fdatasync",
+            "-e",
+            "inject=fdatasync:delay_enter=4000000",
+        ],
+    );
+    let mut http = srv.conn();
+    let body = prompt_body(&sid, "slow");
+    let writer = std::thread::spawn(move || http.post_json("/prompt", &body));
+    let not_ready = wait_ready(&srv, 503, Duration::from_secs(8));
+    assert_eq!(not_ready["reason"], "storage");
+    // The disk answers again: the commit completes, and readiness follows
+    // without any other write.
+    strace.detach();
+    let r = writer.join().expect("writer");
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_ready(&srv, 200, Duration::from_secs(5));
+    assert_eq!(stored_prompts(&srv, &sid), ["before", "slow"]);
+}
+
+#[test]
+fn readyz_recovers_by_itself_once_writes_succeed_again() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    let dir = Dir::new("eio");
+    let srv = Server::start_single_with(&[("RELAY_DATA_DIR", dir.path())]);
+    let sid = unique_session();
+    srv.prompt(&sid, "before", Some("before"));
+    let mut strace = Strace::attach(
+        srv.pid(),
+        &dir.0.join("trace"),
+        &["-e", "trace=fdatasync", "-e", "inject=fdatasync:error=EIO"],
+    );
+    let r = srv.post_json("/prompt", &prompt_body(&sid, "failed"));
+    assert_error(&r, 503, "Storage unavailable");
+    assert_eq!(
+        wait_ready(&srv, 503, Duration::from_secs(2))["reason"],
+        "storage"
+    );
+    assert_eq!(stored_prompts(&srv, &sid), ["before"], "reads go on");
+    strace.detach();
+    // No client writes: the storage thread's probe finds the disk working.
+    wait_ready(&srv, 200, Duration::from_secs(5));
+    assert_eq!(
+        stored_prompts(&srv, &sid),
+        ["before"],
+        "the failed write is not visible"
+    );
+    let again = srv.prompt(&sid, "q", Some("failed"));
+    assert_eq!(again.get("duplicate"), None, "it was never stored before");
+    assert_eq!(stored_prompts(&srv, &sid), ["before", "failed"]);
 }
 
 /// Runs the binary on `dir` (through `wrapper`, if any) expecting it to

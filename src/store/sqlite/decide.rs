@@ -6,7 +6,7 @@
 //! (which applies only what was committed), and not in the mirror, which is
 //! read back from the file.
 
-use log::{error, warn};
+use log::{debug, error, warn};
 use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
 use super::mirror::{self, At, Mirror};
@@ -117,6 +117,26 @@ impl Writer {
             .collect()
     }
 
+    /// A small write, committed like any transaction (the schema version
+    /// written again, which rewrites the database's first page): whether
+    /// writes succeed again after a failure. Changes nothing a client sees.
+    pub fn probe(&mut self) -> bool {
+        let sql = format!(
+            "BEGIN IMMEDIATE; PRAGMA user_version = {}; COMMIT;",
+            schema::VERSION
+        );
+        match self.conn.execute_batch(&sql) {
+            Ok(()) => true,
+            Err(e) => {
+                debug!(error = e.to_string().as_str(); "storage probe failed");
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK;");
+                }
+                false
+            }
+        }
+    }
+
     /// The database file.
     pub fn db_path(&self) -> std::path::PathBuf {
         self.conn.path().unwrap_or_default().into()
@@ -161,9 +181,24 @@ impl Writer {
 
     /// Copies the log into the database file and syncs it: the interval
     /// flush of `RELAY_SYNC=<seconds>`, and the last act before exit.
-    pub fn checkpoint(&mut self) {
-        if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
-            warn!(error = e.to_string().as_str(); "checkpoint failed");
+    /// True when the whole log was copied and synced.
+    pub fn checkpoint(&mut self) -> bool {
+        // (busy, frames in the log, frames copied)
+        let copied = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            });
+        match copied {
+            Ok((busy, log, done)) => busy == 0 && done >= log,
+            Err(e) => {
+                warn!(error = e.to_string().as_str(); "checkpoint failed");
+                false
+            }
         }
     }
 }

@@ -24,10 +24,10 @@ mod schema;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
 use rusqlite::{Connection, OpenFlags};
@@ -178,33 +178,87 @@ fn take_group(frontier: &Mutex<Frontier>, group: Vec<Command>) -> (Vec<Command>,
     (kept, dropped)
 }
 
+/// How often the storage thread tries a small write while writes fail, so
+/// that readiness comes back by itself once the disk works again.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long one disk operation (a commit, a sync, a probe) may take before
+/// `/readyz` reports the storage as failing: a disk that stopped answering.
+const OVERDUE: Duration = Duration::from_secs(3);
+
+/// The storage thread's health, shared with the loop, which reads it for
+/// `/readyz` without waiting for the thread.
+struct Health {
+    /// The last commit, sync or probe succeeded.
+    ok: AtomicBool,
+    /// When the current disk operation began, in milliseconds since `base`
+    /// plus one; 0 while none runs.
+    busy_since: AtomicU64,
+    base: Instant,
+}
+
+impl Health {
+    fn new() -> Health {
+        Health {
+            ok: AtomicBool::new(true),
+            busy_since: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
+
+    fn millis(&self) -> u64 {
+        self.base.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Runs one disk operation, marked as running while it does.
+    fn busy<T>(&self, op: impl FnOnce() -> T) -> T {
+        self.busy_since.store(self.millis(), Ordering::Release);
+        let out = op();
+        self.busy_since.store(0, Ordering::Release);
+        out
+    }
+
+    /// Writes succeed, and none has been running for longer than
+    /// [`OVERDUE`].
+    fn healthy(&self) -> bool {
+        let since = self.busy_since.load(Ordering::Acquire);
+        let overdue =
+            since != 0 && self.millis().saturating_sub(since) > OVERDUE.as_millis() as u64;
+        self.ok.load(Ordering::Acquire) && !overdue
+    }
+}
+
 /// The storage thread's side of the channels: takes batches until the loop
 /// hangs up, commits every batch waiting in one transaction, answers, and
 /// wakes the loop. With `Sync::Always`, a checkpointer thread copies the
 /// log into the database beside it; with `Sync::Every`, the writer
-/// checkpoints at least that often.
-pub fn run(
+/// checkpoints (which syncs) no later than that interval after a commit,
+/// however busy it is. While writes fail it tries a small one every
+/// [`PROBE_EVERY`]; `health` follows every disk operation.
+fn run(
     mut writer: Writer,
     batches: Receiver<Vec<Command>>,
     done: Sender<Committed>,
     waker: Arc<mio::Waker>,
     sync: Sync,
     frontier: Arc<Mutex<Frontier>>,
+    health: Arc<Health>,
 ) {
-    let (tick, mut checkpointer) = match sync {
+    let (interval, mut checkpointer) = match sync {
         Sync::Always => {
             // No commit waits for a checkpoint's copy (it was the p99).
             writer.automatic_checkpoints(false);
             let checkpointer = Checkpointer::start(writer.db_path());
-            (Duration::from_secs(3600), Some(checkpointer))
+            (None, Some(checkpointer))
         }
-        Sync::Every(d) => (d, None),
+        Sync::Every(d) => (Some(d), None),
     };
+    let mut upkeep = Upkeep::new(interval);
     loop {
-        let first = match batches.recv_timeout(tick) {
+        let first = match batches.recv_timeout(upkeep.wait(&health)) {
             Ok(b) => b,
             Err(RecvTimeoutError::Timeout) => {
-                writer.checkpoint();
+                upkeep.run(&mut writer, &health);
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
@@ -224,17 +278,19 @@ pub fn run(
                 // checkpoints in the writer's commits again.
                 writer.automatic_checkpoints(true);
                 checkpointer = None;
-            } else if c.shared.catch_up.swap(false, Ordering::AcqRel) && !writer.catch_up() {
+            } else if c.shared.catch_up.swap(false, Ordering::AcqRel)
+                && !health.busy(|| writer.catch_up())
+            {
                 c.shared.catch_up.store(true, Ordering::Release);
             }
         }
         let (group, mut cancelled) = take_group(&frontier, group);
         let commands = group.len();
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let mut results = if group.is_empty() {
             Vec::new()
         } else {
-            writer.commit(group)
+            health.busy(|| writer.commit(group))
         };
         let ok = !results
             .iter()
@@ -246,15 +302,86 @@ pub fn run(
             ok,
             done: results,
         };
+        if commands > 0 {
+            health.ok.store(committed.ok, Ordering::Release);
+            upkeep.committed(committed.ok, started);
+        }
         if done.send(committed).is_err() {
             break;
         }
         if let Err(e) = waker.wake() {
             error!(error = e.to_string().as_str(); "cannot wake the loop");
         }
+        upkeep.run(&mut writer, &health);
     }
     drop(checkpointer);
     writer.checkpoint();
+}
+
+/// The storage thread's work besides commits: the interval sync of
+/// `Sync::Every`, and the probe while writes fail.
+struct Upkeep {
+    /// `Sync::Every`'s interval.
+    interval: Option<Duration>,
+    /// With an interval: when the first commit not synced yet began.
+    unsynced: Option<Instant>,
+    next_probe: Instant,
+}
+
+impl Upkeep {
+    fn new(interval: Option<Duration>) -> Upkeep {
+        Upkeep {
+            interval,
+            unsynced: None,
+            next_probe: Instant::now(),
+        }
+    }
+
+    /// How long the thread may wait for a batch before some upkeep is due.
+    fn wait(&self, health: &Health) -> Duration {
+        let now = Instant::now();
+        let mut wake = now + Duration::from_secs(3600);
+        if let (Some(d), Some(t)) = (self.interval, self.unsynced) {
+            wake = wake.min(t + d);
+        }
+        if !health.ok.load(Ordering::Acquire) {
+            wake = wake.min(self.next_probe);
+        }
+        wake.saturating_duration_since(now)
+    }
+
+    /// A commit that began at `started` succeeded (or not).
+    fn committed(&mut self, ok: bool, started: Instant) {
+        if ok && self.unsynced.is_none() {
+            self.unsynced = Some(started);
+        }
+    }
+
+    /// Runs what is due: the interval sync (copying the log syncs it, then
+    /// the database; a failure is tried again an interval later), and the
+    /// probe while writes fail.
+    fn run(&mut self, writer: &mut Writer, health: &Health) {
+        let now = Instant::now();
+        if let (Some(d), Some(t)) = (self.interval, self.unsynced)
+            && now >= t + d
+        {
+            let synced = health.busy(|| writer.checkpoint());
+            self.unsynced = if synced { None } else { Some(now) };
+            health.ok.store(synced, Ordering::Release);
+        }
+        if !health.ok.load(Ordering::Acquire) && now >= self.next_probe {
+            self.next_probe = now + PROBE_EVERY;
+            let every = self.interval.is_some();
+            let ok = health.busy(|| writer.probe() && (!every || writer.checkpoint()));
+            if ok {
+                info!("storage writes succeed again");
+                if every {
+                    self.unsynced = None;
+                }
+            }
+            health.ok.store(ok, Ordering::Release);
+        }
+    }
 }
 
 /// How often the checkpointer copies the log into the database with
@@ -380,8 +507,9 @@ pub struct Durable {
     batch: Vec<Command>,
     /// Commands sent and not answered yet.
     inflight: usize,
-    /// The last transaction committed (readiness reports it).
-    pub healthy: bool,
+    /// The storage thread is gone (it could not start, or ended).
+    gone: bool,
+    health: Arc<Health>,
     frontier: Arc<Mutex<Frontier>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _lock: File,
@@ -405,13 +533,15 @@ impl Durable {
         let conn = opened.conn;
         let frontier = Arc::new(Mutex::new(Frontier::default()));
         let theirs = frontier.clone();
+        let health = Arc::new(Health::new());
+        let shared = health.clone();
         // The writer reads its mirror of the log in the thread, while the
         // loop starts serving what it restored.
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())
             .spawn(move || {
                 let writer = Writer::new(conn, limits);
-                run(writer, batch_rx, done_tx, waker, sync, theirs)
+                run(writer, batch_rx, done_tx, waker, sync, theirs, shared)
             })
             .ok();
         let durable = Durable {
@@ -420,7 +550,8 @@ impl Durable {
             stats: StoreStats::default(),
             batch: Vec::new(),
             inflight: 0,
-            healthy: true,
+            gone: thread.is_none(),
+            health,
             frontier,
             thread,
             _lock: opened.lock,
@@ -449,7 +580,7 @@ impl Durable {
             && tx.send(batch).is_err()
         {
             error!("the storage thread is gone");
-            self.healthy = false;
+            self.gone = true;
         }
     }
 
@@ -462,10 +593,16 @@ impl Durable {
             self.stats.commands += c.commands as u64;
             self.stats.errors += u64::from(!c.ok);
             self.stats.commit_time.observe_us(c.micros);
-            self.healthy = c.ok;
             all.extend(c.done);
         }
         all
+    }
+
+    /// Whether writes succeed and none is overdue (`/readyz`): follows
+    /// the storage thread's commits, syncs and probes, and turns false
+    /// while one disk operation has taken longer than [`OVERDUE`].
+    pub fn healthy(&self) -> bool {
+        !self.gone && self.health.healthy()
     }
 
     /// Cancels the write of ticket `n` (and of every earlier ticket) if the
