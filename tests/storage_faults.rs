@@ -3,8 +3,8 @@
 //! `RELAY_SYNC=<seconds>` under steady writes (every `fdatasync` seen
 //! through strace), `/readyz` while `fdatasync` stalls and after it failed
 //! (strace fault injection on the running process), a data directory the
-//! server cannot write in, and a second server after `relay.lock` was
-//! deleted.
+//! server cannot write in, a second server after `relay.lock` was deleted,
+//! and the write-ahead log deleted after a crash.
 //!
 //! strace attaches to the running server (`-p`, every thread) and detaches
 //! when the test ends, so the server outlives the injection.
@@ -376,4 +376,89 @@ fn a_second_server_is_refused_even_after_relay_lock_was_deleted() {
     // The first goes on, alone on its database.
     first.prompt(&sid, "second", Some("p2"));
     assert_eq!(stored_prompts(&first, &sid), ["p1", "p2"]);
+}
+
+#[test]
+fn a_log_deleted_after_a_crash_changes_the_epoch_so_clients_resync() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    let dir = Dir::new("wal-lost");
+    // An hour between syncs: nothing is copied out of the log while the
+    // test writes, so deleting it loses those writes for certain.
+    let env = [("RELAY_DATA_DIR", dir.path()), ("RELAY_SYNC", "3600")];
+    let mut srv = Server::start_single_with(&env);
+    let sid = unique_session();
+    let other = unique_session();
+    for i in 1..=3 {
+        srv.prompt(&sid, "q", Some(&format!("p{i}")));
+    }
+    srv.prompt(&other, "q", Some("o1"));
+    let epoch = srv.messages(&sid, "")["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let other_epoch = srv.messages(&other, "")["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A clean stop copies the log into the database: a restart keeps the
+    // epochs.
+    srv.sigterm();
+    assert!(srv.wait_exit(Duration::from_secs(10)).is_some());
+    let mut srv = Server::start_single_with(&env);
+    assert_eq!(srv.messages(&sid, "")["epoch"], epoch.as_str());
+    // Another program opening the database after a crash copies the log
+    // in and removes it: nothing is lost, and the epochs stay.
+    srv.prompt(&sid, "q", Some("p4"));
+    srv.kill9();
+    rusqlite::Connection::open(dir.0.join("relay.db"))
+        .and_then(|c| c.query_row("SELECT count(*) FROM messages", [], |r| r.get::<_, i64>(0)))
+        .expect("read relay.db");
+    assert!(
+        !dir.0.join("relay.db-wal").exists(),
+        "sqlite removes the log it copied"
+    );
+    let mut srv = Server::start_single_with(&env);
+    assert_eq!(srv.messages(&sid, "")["epoch"], epoch.as_str());
+    assert_eq!(stored_prompts(&srv, &sid), ["p1", "p2", "p3", "p4"]);
+    for i in 5..=6 {
+        srv.prompt(&sid, "q", Some(&format!("p{i}")));
+    }
+    srv.kill9();
+    let wal = dir.0.join("relay.db-wal");
+    assert!(
+        std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0),
+        "the log holds p4 and p5"
+    );
+    std::fs::remove_file(&wal).unwrap();
+    let srv = Server::start_single_with(&env);
+    srv.wait_for_log("the database is behind what was acknowledged");
+    // p5 and p6 are gone with the log; their seqs will be given again, so
+    // the epoch is new, for every session (which ones the log touched is
+    // not known).
+    assert_eq!(stored_prompts(&srv, &sid), ["p1", "p2", "p3", "p4"]);
+    let page = srv.messages(&sid, "");
+    assert_ne!(
+        page["epoch"],
+        epoch.as_str(),
+        "same epoch after losing acknowledged writes"
+    );
+    assert_ne!(srv.messages(&other, "")["epoch"], other_epoch.as_str());
+    // A subscriber that had seen seq 6 resumes and is told to resync.
+    let mut ws = srv.ws(&format!("/ws/{sid}?after=6&epoch={epoch}"));
+    let f = ws.recv_json_skip_pings();
+    assert_eq!(f["type"], "resync", "{f}");
+    assert_eq!(f["epoch"], page["epoch"]);
+    // seq 5 is given again, under the new epoch only.
+    srv.prompt(&sid, "q", Some("p7"));
+    let last = srv.messages(&sid, "?after=4");
+    assert_eq!(last["messages"][0]["data"]["seq"], 5);
+    assert_eq!(last["epoch"], page["epoch"]);
+    // A restart after the new epochs keeps them.
+    let epoch_now = page["epoch"].as_str().unwrap().to_string();
+    let mut srv = srv;
+    srv.kill9();
+    let srv = Server::start_single_with(&env);
+    assert_eq!(srv.messages(&sid, "")["epoch"], epoch_now.as_str());
 }

@@ -9,6 +9,7 @@
 use log::{debug, error, warn};
 use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
+use super::generation::GenFile;
 use super::mirror::{self, At, Mirror};
 use super::schema;
 
@@ -55,17 +56,23 @@ pub struct Writer {
     ids: IdGen,
     /// `None` after a rebuild failed: rebuilt before the next transaction.
     mirror: Option<Mirror>,
+    /// The generation of the last transaction committed (`generation.rs`).
+    generation: u64,
+    /// The side file the generation is recorded in after each commit.
+    file: GenFile,
 }
 
 impl Writer {
     /// A writer over an opened, migrated database; reads the whole log once
     /// to build its mirror.
-    pub fn new(conn: Connection, limits: StoreLimits) -> Writer {
+    pub fn new(conn: Connection, limits: StoreLimits, file: GenFile) -> Writer {
         let mut w = Writer {
             conn,
             limits,
             ids: IdGen::new(),
             mirror: None,
+            generation: 0,
+            file,
         };
         w.rebuild();
         w
@@ -75,8 +82,13 @@ impl Writer {
     /// transaction rolled back (its decisions are then in the mirror and
     /// not in the file).
     fn rebuild(&mut self) {
-        self.mirror = match schema::mirror(&self.conn, self.limits.history_limit) {
-            Ok(m) => Some(m),
+        let read = schema::generation(&self.conn)
+            .and_then(|g| Ok((g, schema::mirror(&self.conn, self.limits.history_limit)?)));
+        self.mirror = match read {
+            Ok((generation, m)) => {
+                self.generation = generation;
+                Some(m)
+            }
             Err(e) => {
                 error!(error = e.to_string().as_str(); "cannot read the database back");
                 None
@@ -96,12 +108,17 @@ impl Writer {
             limits,
             ids,
             mirror,
+            generation,
+            ..
         } = self;
         // Without a mirror (the file could not be read back) nothing can
         // be decided; `rebuild` logged why.
         if let Some(mirror) = mirror {
-            match transaction(conn, *limits, ids, mirror, &mut cmds) {
-                Ok(out) => return out,
+            match transaction(conn, *limits, ids, mirror, *generation + 1, &mut cmds) {
+                Ok(out) => {
+                    *generation += 1;
+                    return out;
+                }
                 Err(e) => {
                     error!(error = e.to_string().as_str(), commands = cmds.len(); "storage write failed");
                     self.rebuild();
@@ -135,6 +152,25 @@ impl Writer {
                 false
             }
         }
+    }
+
+    /// Writes the generation of the last commit into the side file; false
+    /// (logged) when it cannot. Called after a commit, before anything it
+    /// carries is answered. The commit stands, since it is durable: only a
+    /// lost log could then go unnoticed, and the storage counts as failing.
+    pub fn record_generation(&mut self) -> bool {
+        match self.file.record(self.generation) {
+            Ok(()) => true,
+            Err(e) => {
+                error!(error = e.to_string().as_str(); "cannot write relay.generation");
+                false
+            }
+        }
+    }
+
+    /// Makes the recorded generation durable; called with the checkpoints.
+    pub fn sync_generation(&mut self) {
+        self.file.sync();
     }
 
     /// The database file.
@@ -204,7 +240,7 @@ impl Writer {
 }
 
 /// One group commit: decides each command, deletes the garbage when there
-/// is enough of it, and commits. An error rolls everything back (dropping
+/// is enough of it, writes the transaction's `generation`, and commits. An error rolls everything back (dropping
 /// the transaction does) and leaves the mirror ahead of the file. The
 /// commands' texts are moved out into what they become (their rows, records
 /// and outcomes): a command is decided once, and whatever happens its
@@ -214,6 +250,7 @@ fn transaction(
     limits: StoreLimits,
     ids: &mut IdGen,
     mirror: &mut Mirror,
+    generation: u64,
     cmds: &mut [Command],
 ) -> rusqlite::Result<Vec<Done>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -241,6 +278,8 @@ fn transaction(
         ctx.collect_garbage()?;
     }
     drop(ctx);
+    tx.prepare_cached("UPDATE generation SET n = ?1")?
+        .execute([generation as i64])?;
     tx.commit()?;
     Ok(out)
 }

@@ -19,6 +19,7 @@
 //! migrations, `decide` the per-command logic inside a transaction.
 
 mod decide;
+mod generation;
 mod mirror;
 mod schema;
 
@@ -38,6 +39,7 @@ use crate::relay::ApiError;
 use crate::time::Millis;
 
 pub use decide::Writer;
+use generation::GenFile;
 
 /// How often the storage thread makes its data durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +60,8 @@ pub struct Opened {
     /// own POSIX locks on it).
     pub lock: File,
     pub path: PathBuf,
+    /// The side file of the last acknowledged generation (`generation`).
+    pub generation: GenFile,
 }
 
 /// Why the database could not be used (the server exits 1 with this).
@@ -96,6 +100,21 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
         schema::check(&conn).map_err(|e| OpenError(format!("{}: {e}", path.display())))?;
     schema::prepare(&conn, sync, version)
         .map_err(|e| fail(&format!("cannot prepare {}", path.display()), &e))?;
+    let acknowledged = generation::acknowledged(dir);
+    let stored = schema::generation(&conn)
+        .map_err(|e| fail(&format!("cannot read {}", path.display()), &e))?;
+    if let Some(acked) = acknowledged.filter(|a| *a > stored) {
+        let n = schema::new_epochs(&conn, acked)
+            .map_err(|e| fail(&format!("cannot write {}", path.display()), &e))?;
+        warn!(path = path.display().to_string().as_str(), sessions = n, acknowledged = acked, stored = stored;
+            "the database is behind what was acknowledged (its write-ahead log relay.db-wal was lost): every session gets a new epoch");
+    }
+    let generation = GenFile::open(dir).map_err(|e| {
+        fail(
+            &format!("cannot write {}", dir.join(generation::NAME).display()),
+            &e,
+        )
+    })?;
     let view = schema::restore(&conn, limits, now)
         .map_err(|e| fail(&format!("cannot read {}", path.display()), &e))?;
     info!(path = path.display().to_string().as_str(), sessions = view.len(), schema = version; "database opened");
@@ -104,6 +123,7 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
         view,
         lock,
         path,
+        generation,
     })
 }
 
@@ -258,7 +278,9 @@ fn run(
         let first = match batches.recv_timeout(upkeep.wait(&health)) {
             Ok(b) => b,
             Err(RecvTimeoutError::Timeout) => {
-                upkeep.run(&mut writer, &health);
+                if upkeep.run(&mut writer, &health) {
+                    writer.sync_generation();
+                }
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
@@ -278,10 +300,11 @@ fn run(
                 // checkpoints in the writer's commits again.
                 writer.automatic_checkpoints(true);
                 checkpointer = None;
-            } else if c.shared.catch_up.swap(false, Ordering::AcqRel)
-                && !health.busy(|| writer.catch_up())
-            {
-                c.shared.catch_up.store(true, Ordering::Release);
+            } else if c.shared.catch_up.swap(false, Ordering::AcqRel) {
+                if !health.busy(|| writer.catch_up()) {
+                    c.shared.catch_up.store(true, Ordering::Release);
+                }
+                writer.sync_generation();
             }
         }
         let (group, mut cancelled) = take_group(&frontier, group);
@@ -303,7 +326,9 @@ fn run(
             done: results,
         };
         if commands > 0 {
-            health.ok.store(committed.ok, Ordering::Release);
+            // Recorded before anything the commit carries is answered.
+            let recorded = !committed.ok || writer.record_generation();
+            health.ok.store(committed.ok && recorded, Ordering::Release);
             upkeep.committed(committed.ok, started);
         }
         if done.send(committed).is_err() {
@@ -312,10 +337,13 @@ fn run(
         if let Err(e) = waker.wake() {
             error!(error = e.to_string().as_str(); "cannot wake the loop");
         }
-        upkeep.run(&mut writer, &health);
+        if upkeep.run(&mut writer, &health) {
+            writer.sync_generation();
+        }
     }
     drop(checkpointer);
     writer.checkpoint();
+    writer.sync_generation();
 }
 
 /// The storage thread's work besides commits: the interval sync of
@@ -359,13 +387,14 @@ impl Upkeep {
 
     /// Runs what is due: the interval sync (copying the log syncs it, then
     /// the database; a failure is tried again an interval later), and the
-    /// probe while writes fail.
-    fn run(&mut self, writer: &mut Writer, health: &Health) {
+    /// probe while writes fail. True when it synced the database.
+    fn run(&mut self, writer: &mut Writer, health: &Health) -> bool {
+        let mut synced = false;
         let now = Instant::now();
         if let (Some(d), Some(t)) = (self.interval, self.unsynced)
             && now >= t + d
         {
-            let synced = health.busy(|| writer.checkpoint());
+            synced = health.busy(|| writer.checkpoint());
             self.unsynced = if synced { None } else { Some(now) };
             health.ok.store(synced, Ordering::Release);
         }
@@ -377,10 +406,12 @@ impl Upkeep {
                 info!("storage writes succeed again");
                 if every {
                     self.unsynced = None;
+                    synced = true;
                 }
             }
             health.ok.store(ok, Ordering::Release);
         }
+        synced
     }
 }
 
@@ -530,7 +561,7 @@ impl Durable {
     ) -> (MemStore, Durable) {
         let (batch_tx, batch_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let conn = opened.conn;
+        let (conn, generation) = (opened.conn, opened.generation);
         let frontier = Arc::new(Mutex::new(Frontier::default()));
         let theirs = frontier.clone();
         let health = Arc::new(Health::new());
@@ -540,7 +571,7 @@ impl Durable {
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())
             .spawn(move || {
-                let writer = Writer::new(conn, limits);
+                let writer = Writer::new(conn, limits, generation);
                 run(writer, batch_rx, done_tx, waker, sync, theirs, shared)
             })
             .ok();

@@ -1,7 +1,7 @@
 //! The database's schema, its versions and migrations, and the restore of
 //! every session at start.
 //!
-//! Schema version 3 (`PRAGMA user_version`):
+//! Schema version 4 (`PRAGMA user_version`):
 //!
 //! - `sessions(id, name, epoch, next_seq, last_assistant,
 //!   dropped_assistant)`: one row per session; `name` is the session id.
@@ -16,6 +16,9 @@
 //!   exactly as the API serves it. No index: the storage thread decides
 //!   writes from its mirror (`mirror.rs`), and restore reads the table in
 //!   order.
+//! - `generation(n)`: one row, the number of the last transaction (each
+//!   adds one), compared at start with the side file `relay.generation`
+//!   to notice a lost write-ahead log (`generation.rs`).
 //!
 //! Restore replays the rows oldest first through the same rules that built
 //! them (a prompt is answered when an answer to it follows; history keeps
@@ -28,6 +31,7 @@
 //! keyed by `(session, seq)` with unique indexes on the ids and per-row
 //! `in_history` and `answered` flags: every write then touched pages all
 //! over the file. Its rows are copied in `seq` order into the new table.
+//! Version 3 had no `generation` table; it starts at 0.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -38,14 +42,14 @@ use rusqlite::Connection;
 use super::Sync;
 use super::mirror::{self, Mirror};
 use crate::store::log::SessionLog;
-use crate::store::mem::{MemStore, StoreLimits};
+use crate::store::mem::{IdGen, MemStore, StoreLimits};
 use crate::store::message::Kind;
 use crate::store::message::Message;
 use crate::store::types::{Seq, SessionId};
 use crate::time::Millis;
 
 /// The schema this build writes.
-pub const VERSION: i64 = 3;
+pub const VERSION: i64 = 4;
 
 const SESSIONS: &str = "
 CREATE TABLE sessions (
@@ -69,6 +73,12 @@ CREATE TABLE messages (
     ts INTEGER NOT NULL,
     data TEXT NOT NULL
 );
+";
+
+/// One row: the generation of the last transaction (see `generation.rs`).
+const GENERATION: &str = "
+CREATE TABLE generation (n INTEGER NOT NULL);
+INSERT INTO generation VALUES (0);
 ";
 
 const V1_TO_V2: &str =
@@ -134,18 +144,50 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
     ))?;
     match version {
         0 => conn.execute_batch(&format!(
-            "BEGIN; {SESSIONS} {MESSAGES} PRAGMA user_version = {VERSION}; COMMIT;"
+            "BEGIN; {SESSIONS} {MESSAGES} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         1 => conn.execute_batch(&format!(
-            "BEGIN; {V1_TO_V2} {} PRAGMA user_version = {VERSION}; COMMIT;",
+            "BEGIN; {V1_TO_V2} {} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;",
             v2_to_v3()
         )),
         2 => conn.execute_batch(&format!(
-            "BEGIN; {} PRAGMA user_version = {VERSION}; COMMIT;",
+            "BEGIN; {} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;",
             v2_to_v3()
+        )),
+        3 => conn.execute_batch(&format!(
+            "BEGIN; {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         _ => Ok(()),
     }
+}
+
+/// The generation of the last transaction the database holds.
+pub fn generation(conn: &Connection) -> rusqlite::Result<u64> {
+    let n: Option<i64> = conn.query_row("SELECT max(n) FROM generation", [], |r| r.get(0))?;
+    Ok(n.unwrap_or(0).max(0) as u64)
+}
+
+/// Gives every session a new epoch and raises the generation to
+/// `acknowledged`, in one transaction: the log that held the newest
+/// acknowledged commits was lost, so `seq`s after what the database holds
+/// will be given again, to other messages (see `generation.rs`). Returns
+/// the number of sessions.
+pub fn new_epochs(conn: &Connection, acknowledged: u64) -> rusqlite::Result<usize> {
+    let mut ids = IdGen::new();
+    let tx = conn.unchecked_transaction()?;
+    let sessions: Vec<i64> = tx
+        .prepare("SELECT id FROM sessions")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    {
+        let mut st = tx.prepare("UPDATE sessions SET epoch = ?2 WHERE id = ?1")?;
+        for id in &sessions {
+            st.execute(rusqlite::params![id, ids.uuid()])?;
+        }
+    }
+    tx.execute("UPDATE generation SET n = ?1", [acknowledged as i64])?;
+    tx.commit()?;
+    Ok(sessions.len())
 }
 
 /// A session's row: its name, epoch and counters.
