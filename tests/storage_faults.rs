@@ -4,7 +4,8 @@
 //! through strace), `/readyz` while `fdatasync` stalls and after it failed
 //! (strace fault injection on the running process), a data directory the
 //! server cannot write in, a second server after `relay.lock` was deleted,
-//! and the write-ahead log deleted after a crash.
+//! the write-ahead log deleted after a crash, and stored rows damaged
+//! between two runs.
 //!
 //! strace attaches to the running server (`-p`, every thread) and detaches
 //! when the test ends, so the server outlives the injection.
@@ -461,4 +462,84 @@ fn a_log_deleted_after_a_crash_changes_the_epoch_so_clients_resync() {
     srv.kill9();
     let srv = Server::start_single_with(&env);
     assert_eq!(srv.messages(&sid, "")["epoch"], epoch_now.as_str());
+}
+
+#[test]
+fn a_damaged_stored_message_answers_500_for_its_pages_and_nothing_else() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    let dir = Dir::new("damaged");
+    let env = [("RELAY_DATA_DIR", dir.path())];
+    let mut srv = Server::start_single_with(&env);
+    let (sid, other) = (unique_session(), unique_session());
+    srv.prompt(&sid, "one", Some("p1"));
+    let answer = json!({"session_id": sid, "client_msg_id": "p1", "assistant_msg_id": "a1", "text": "first"});
+    assert_eq!(srv.post_json("/response", &answer).status, 200);
+    srv.prompt(&sid, "two", Some("p2"));
+    srv.prompt(&other, "fine", Some("o1"));
+    srv.sigterm();
+    assert!(srv.wait_exit(Duration::from_secs(10)).is_some());
+    // Damage inside the rows, SQLite's structure intact: the pending
+    // prompt's text gets a byte that is not UTF-8, the answer loses its
+    // closing brace.
+    let db = rusqlite::Connection::open(dir.0.join("relay.db")).unwrap();
+    let bad_utf8 = db
+        .execute(
+            "UPDATE messages SET data = CAST(replace(CAST(data AS BLOB), CAST('two' AS BLOB), X'74FF6F') AS TEXT)
+             WHERE client_msg_id = 'p2' AND kind = 0",
+            [],
+        )
+        .unwrap();
+    let cut = db
+        .execute(
+            "UPDATE messages SET data = substr(data, 1, length(data) - 1) WHERE kind = 1",
+            [],
+        )
+        .unwrap();
+    assert_eq!((bad_utf8, cut), (1, 1));
+    drop(db);
+
+    let srv = Server::start_single_with(&env);
+    srv.wait_for_log("stored message damaged");
+    // Every page that would carry a damaged message answers 500, as JSON.
+    let page = srv.get(&format!("/messages/{sid}"));
+    assert_error(&page, 500, "Stored message damaged");
+    let prompts = srv.get(&format!("/prompts/{sid}?wait=false"));
+    assert_error(&prompts, 500, "Stored message damaged");
+    assert_eq!(prompts.json()["details"], "seq 3");
+    // Pages without them, and other sessions, are served.
+    assert_eq!(
+        srv.messages(&sid, "?limit=1")["messages"][0]["data"]["prompt"],
+        "one"
+    );
+    assert_eq!(stored_prompts(&srv, &other), ["o1"]);
+    // A subscriber replaying history gets an error frame naming the
+    // damaged answer's seq, valid JSON, then what comes next.
+    let mut ws = srv.ws(&format!("/ws/{sid}?after=0"));
+    let f = ws.recv_json_skip_pings();
+    assert_eq!(
+        (f["type"].as_str(), f["details"].as_str()),
+        (Some("error"), Some("seq 2")),
+        "{f}"
+    );
+    // Resending the damaged answer cannot be compared: 500 for it alone.
+    let r = srv.post_json("/response", &answer);
+    assert_error(&r, 500, "Stored message damaged");
+    // The log goes on: seq, dedupe and the pending set held (p2 is still
+    // pending and a duplicate); a new answer reaches the subscriber.
+    assert_eq!(srv.prompt(&sid, "again", Some("p2"))["duplicate"], true);
+    srv.respond(&sid, "p2", "second");
+    let f = ws.recv_json_skip_pings();
+    assert_eq!(
+        (f["type"].as_str(), f["data"]["seq"].as_u64()),
+        (Some("message"), Some(4)),
+        "{f}"
+    );
+    assert!(srv.pending(&sid).is_empty());
+    assert_eq!(
+        srv.messages(&sid, "?after=3")["messages"][0]["data"]["text"],
+        "second"
+    );
+    let _ = srv.health();
 }

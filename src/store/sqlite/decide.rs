@@ -7,6 +7,7 @@
 //! read back from the file.
 
 use log::{debug, error, warn};
+use rusqlite::types::ValueRef;
 use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
 use super::generation::GenFile;
@@ -544,11 +545,23 @@ impl Ctx<'_> {
             // A resend repeats the prompt and the text (compared decoded,
             // so another escaping of the same text is the same).
             if *prev.client_msg_id == *client_msg_id {
-                let stored: String = self
+                // Read back as bytes and checked: a damaged row refuses
+                // this command alone, not the whole transaction.
+                let (stored, seq): (Vec<u8>, i64) = self
                     .tx
-                    .prepare_cached("SELECT data FROM messages WHERE id = ?1")?
-                    .query_row([prev.row], |r| r.get(0))?;
-                if stored_text(&stored) == decode(text) {
+                    .prepare_cached("SELECT data, seq FROM messages WHERE id = ?1")?
+                    .query_row([prev.row], |r| {
+                        let data = match r.get_ref(0)? {
+                            ValueRef::Text(b) | ValueRef::Blob(b) => b.to_vec(),
+                            _ => Vec::new(),
+                        };
+                        Ok((data, r.get(1)?))
+                    })?;
+                if !schema::json_object(&stored) {
+                    error!(session_id = sid.as_str(), seq = seq; "stored message damaged; its resend answered 500");
+                    return Err(ApiError::stored_message_damaged(seq as u64).into());
+                }
+                if stored_text(&String::from_utf8_lossy(&stored)) == decode(text) {
                     return Ok((
                         Outcome::Response {
                             id,

@@ -36,8 +36,9 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use log::warn;
+use log::{error, warn};
 use rusqlite::Connection;
+use rusqlite::types::ValueRef;
 
 use super::Sync;
 use super::mirror::{self, Mirror};
@@ -233,28 +234,48 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
     }
     let limit = limits.history_limit;
     let mut st = conn.prepare(
-        "SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data
+        "SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data, id
          FROM messages ORDER BY id",
     )?;
     let mut rows = st.query([])?;
+    let mut damaged = 0usize;
     while let Some(r) = rows.next()? {
-        let Some((_, log)) = logs.get_mut(&r.get::<_, i64>(0)?) else {
+        let Some((name, log)) = logs.get_mut(&r.get::<_, i64>(0)?) else {
             continue;
         };
         let seq = Seq(r.get::<_, i64>(1)? as u64);
         let kind: i64 = r.get(2)?;
         let cid = r.get_ref(3)?.as_str()?;
         let ts = r.get::<_, i64>(5)? as u64;
-        let data = r.get_ref(6)?.as_bytes()?;
+        let data = match r.get_ref(6)? {
+            ValueRef::Text(b) | ValueRef::Blob(b) if json_object(b) => Some(b),
+            _ => None,
+        };
+        if data.is_none() {
+            damaged += 1;
+            if damaged <= MAX_DAMAGED_LOGGED {
+                error!(session_id = name.as_str(), seq = seq.get(), row = r.get::<_, i64>(7)?;
+                    "stored message damaged (not UTF-8 or not a JSON object): kept, never sent; pages that would carry it answer 500");
+            }
+        }
         if kind == 0 {
-            let msg = Message::prompt_with(Rc::from(cid), seq, ts, data.to_vec());
+            let msg = match data {
+                Some(d) => Message::prompt_with(Rc::from(cid), seq, ts, d.to_vec()),
+                None => Message::damaged(Kind::Prompt, Rc::from(cid), None, seq, ts),
+            };
             log.append_prompt(msg, limit);
         } else {
             let aid: Rc<str> = Rc::from(r.get_ref(4)?.as_str_or_null()?.unwrap_or(""));
             let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));
-            let msg = Message::assistant_with(cid, aid, seq, ts, data);
+            let msg = match data {
+                Some(d) => Message::assistant_with(cid, aid, seq, ts, d),
+                None => Message::damaged(Kind::Assistant, cid, Some(aid), seq, ts),
+            };
             log.append_response(msg, limit);
         }
+    }
+    if damaged > MAX_DAMAGED_LOGGED {
+        error!(count = damaged; "stored messages damaged in all");
     }
     let mut store = MemStore::new(limits);
     for (_, (name, log)) in logs {
@@ -265,6 +286,20 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
         }
     }
     Ok(store)
+}
+
+/// Damaged rows logged one by one at restore; past this, a count.
+const MAX_DAMAGED_LOGGED: usize = 20;
+
+/// Whether a stored `data` is what the server wrote: UTF-8 text holding one
+/// JSON object. Checked on every row read back, since the file may have
+/// been damaged where SQLite's own structure is intact.
+pub fn json_object(data: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return false;
+    };
+    text.trim_start().starts_with('{')
+        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
 }
 
 /// The storage thread's mirror, replayed from the same rows (without their
