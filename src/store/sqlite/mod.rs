@@ -378,9 +378,13 @@ impl Upkeep {
         wake.saturating_duration_since(now)
     }
 
-    /// A commit that began at `started` succeeded (or not).
+    /// A commit that began at `started` succeeded (or not: the first probe
+    /// then comes a [`PROBE_EVERY`] later, so that the failure is what
+    /// readiness reports meanwhile).
     fn committed(&mut self, ok: bool, started: Instant) {
-        if ok && self.unsynced.is_none() {
+        if !ok {
+            self.next_probe = Instant::now() + PROBE_EVERY;
+        } else if self.unsynced.is_none() {
             self.unsynced = Some(started);
         }
     }
@@ -396,6 +400,9 @@ impl Upkeep {
         {
             synced = health.busy(|| writer.checkpoint());
             self.unsynced = if synced { None } else { Some(now) };
+            if !synced {
+                self.next_probe = now + PROBE_EVERY;
+            }
             health.ok.store(synced, Ordering::Release);
         }
         if !health.ok.load(Ordering::Acquire) && now >= self.next_probe {
