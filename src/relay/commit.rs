@@ -135,10 +135,17 @@ impl Relay {
             }
             // Rendered once per distinct `after`, shared by the waiters
             // asking the same (the log keeps the last page).
+            let (status, body) = match log.pending_page(w.after) {
+                Ok(body) => (200, body),
+                Err(e) => {
+                    super::damaged(sid, &e);
+                    (e.status, Rc::from(e.body()))
+                }
+            };
             self.effects.push(Effect::Respond {
                 to: w.conn,
-                status: 200,
-                body: log.pending_page(w.after),
+                status,
+                body,
             });
             woken += 1;
             false

@@ -98,7 +98,7 @@ impl Relay {
 
     /// Whether writes succeed (`/readyz` answers `503 storage` otherwise).
     pub fn storage_ok(&self) -> bool {
-        self.durable.as_ref().is_none_or(|d| d.healthy)
+        self.durable.as_ref().is_none_or(|d| d.healthy())
             && self.shared.as_ref().is_none_or(|r| r.healthy())
     }
 

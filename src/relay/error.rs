@@ -100,6 +100,12 @@ impl ApiError {
             "{why}; it may have been stored: resend it with the same id to know"
         ))
     }
+
+    /// A stored message read back damaged (not UTF-8, or not a JSON
+    /// object): the page that would carry it is not sent.
+    pub fn stored_message_damaged(seq: u64) -> ApiError {
+        ApiError::new(500, "Stored message damaged").with_details(format!("seq {seq}"))
+    }
     pub fn unavailable(reason: &'static str) -> ApiError {
         ApiError::new(503, "Service unavailable").with_details(reason)
     }

@@ -353,7 +353,8 @@ impl Relay {
         let log = self.store.existing(now, sid)?;
         if !q.wait || log.has_pending_after(q.after) {
             debug!(session_id = sid; "prompts fetched");
-            return Ok(Fetch::Ready(log.pending_page(q.after)));
+            let page = log.pending_page(q.after);
+            return page.map(Fetch::Ready).inspect_err(|e| damaged(sid, e));
         }
         if q.timeout_ms == 0 {
             return Ok(Fetch::Ready(Rc::from(&b"[]"[..])));
@@ -515,7 +516,9 @@ impl Relay {
         sid: &str,
         q: MessagesQuery,
     ) -> Result<Vec<u8>, ApiError> {
-        self.store.messages(now, sid, &q)
+        self.store
+            .messages(now, sid, &q)
+            .inspect_err(|e| damaged(sid, e))
     }
 
     /// `PUT /sessions/{sid}`: create if needed.
@@ -588,3 +591,11 @@ impl Relay {
 
 #[cfg(test)]
 mod tests;
+
+/// Logs a page refused because a stored message it would carry was read
+/// back damaged (a server fault: the operator has a row to repair).
+fn damaged(sid: &str, e: &ApiError) {
+    if e.status == 500 {
+        log::error!(session_id = sid, details = e.details.as_deref().unwrap_or(""); "stored message damaged; page answered 500");
+    }
+}

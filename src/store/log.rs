@@ -18,9 +18,9 @@ use super::message::{Kind, Message};
 use super::pending::{Pending, grow_early};
 use super::types::Seq;
 use crate::http::wsframe;
-use crate::relay::MessagesQuery;
 use crate::relay::idmap::IdMap;
 use crate::relay::model::to_json;
+use crate::relay::{ApiError, MessagesQuery};
 use crate::time::Millis;
 
 /// Largest `/messages` page or `GET /prompts` answer body: with 128 KiB
@@ -296,11 +296,13 @@ impl SessionLog {
     /// most [`MAX_PAGE_BYTES`] (always at least one prompt): the agent asks
     /// for the rest with `after` set to the last `seq` it got. The bytes are
     /// shared with every other agent asking the same while nothing changes.
-    pub fn pending_page(&mut self, after: Option<Seq>) -> Rc<[u8]> {
+    /// A prompt read back damaged that the page would carry is an error
+    /// instead ([`Message::damaged`]).
+    pub fn pending_page(&mut self, after: Option<Seq>) -> Result<Rc<[u8]>, ApiError> {
         if let Some((a, body)) = &self.page
             && *a == after
         {
-            return body.clone();
+            return Ok(body.clone());
         }
         let from = after.map_or(Seq(0), Seq::next);
         let mut out = Vec::with_capacity(64);
@@ -313,12 +315,15 @@ impl SessionLog {
                 }
                 out.push(b',');
             }
+            if msg.is_damaged() {
+                return Err(ApiError::stored_message_damaged(msg.seq.get()));
+            }
             out.extend_from_slice(data);
         }
         out.push(b']');
         let body: Rc<[u8]> = Rc::from(out);
         self.page = Some((after, body.clone()));
-        body
+        Ok(body)
     }
 
     /// History, pending set, prompt ids and answer ids held: the bounds
@@ -417,7 +422,9 @@ impl SessionLog {
     /// pass it ends early and its `limit` reports the count applied, so
     /// `offset + limit` is where the next page starts. `total` counts every
     /// match.
-    pub fn messages_page(&self, sid: &str, q: &MessagesQuery) -> Vec<u8> {
+    /// A message read back damaged that the page would carry is an
+    /// error instead ([`Message::damaged`]).
+    pub fn messages_page(&self, sid: &str, q: &MessagesQuery) -> Result<Vec<u8>, ApiError> {
         let matching = self
             .history
             .iter()
@@ -436,6 +443,9 @@ impl SessionLog {
                 if returned > 0 && out.len() + m.data().len() + 32 > MAX_PAGE_BYTES {
                     page_full = true;
                 } else {
+                    if m.is_damaged() {
+                        return Err(ApiError::stored_message_damaged(m.seq.get()));
+                    }
                     if returned > 0 {
                         out.push(b',');
                     }
@@ -453,7 +463,7 @@ impl SessionLog {
             )
             .as_bytes(),
         );
-        out
+        Ok(out)
     }
 
     fn resync_frame(&self, first_seq: Seq) -> Vec<u8> {
@@ -658,7 +668,7 @@ mod tests {
         for n in 0..40 {
             prompt(&mut l, &format!("p{n}"), &big, LIMIT);
         }
-        let page = l.pending_page(None);
+        let page = l.pending_page(None).unwrap();
         assert!(page.len() <= MAX_PAGE_BYTES);
         let list: Vec<serde_json::Value> = serde_json::from_slice(&page).unwrap();
         assert!(
@@ -666,10 +676,13 @@ mod tests {
             "{} prompts",
             list.len()
         );
-        assert!(Rc::ptr_eq(&page, &l.pending_page(None)), "shared bytes");
+        assert!(
+            Rc::ptr_eq(&page, &l.pending_page(None).unwrap()),
+            "shared bytes"
+        );
         prompt(&mut l, "new", "\"q\"", LIMIT);
         assert!(
-            !Rc::ptr_eq(&page, &l.pending_page(None)),
+            !Rc::ptr_eq(&page, &l.pending_page(None).unwrap()),
             "a change renders anew"
         );
     }

@@ -383,7 +383,7 @@ impl MemStore {
         sid: &str,
         q: &MessagesQuery,
     ) -> Result<Vec<u8>, ApiError> {
-        Ok(self.existing(now, sid)?.messages_page(sid, q))
+        self.existing(now, sid)?.messages_page(sid, q)
     }
 
     /// Pulls what a subscriber of `sid` at `cursor` needs next (see

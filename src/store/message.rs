@@ -81,6 +81,8 @@ pub struct Message {
     /// Where `data` starts in the bytes, and how long it is.
     data_at: u32,
     data_len: u32,
+    /// Read back from the database damaged ([`Message::damaged`]).
+    damaged: bool,
 }
 
 /// The parts of a new message's `data` object, as JSON literals already
@@ -177,6 +179,7 @@ impl Message {
             data_at: 0,
             data_len: data.len() as u32,
             bytes: Bytes::Data(data.into_boxed_slice()),
+            damaged: false,
         }
     }
 
@@ -201,6 +204,7 @@ impl Message {
             data_at: data_at as u32,
             data_len: data.len() as u32,
             bytes: Bytes::Frame(Rc::from(frame)),
+            damaged: false,
         }
     }
 
@@ -230,6 +234,7 @@ impl Message {
             data_at: (FRAMED_DATA_AT - start) as u32,
             data_len: data_len as u32,
             bytes: Bytes::Frame(Rc::from(&buf[start..])),
+            damaged: false,
         }
     }
 
@@ -245,6 +250,44 @@ impl Message {
             parts.ts,
             data.as_bytes(),
         )
+    }
+
+    /// A message whose stored `data` was read back damaged (not UTF-8, or
+    /// not a JSON object): its keys hold (its `seq`, ids and kind come from
+    /// columns of their own), its bytes are never sent. A page that would
+    /// carry it answers `500`; a subscriber gets, in its place, an `error`
+    /// frame naming its `seq`.
+    pub fn damaged(
+        kind: Kind,
+        client_msg_id: Rc<str>,
+        assistant_msg_id: Option<Rc<str>>,
+        seq: Seq,
+        ts: UnixMillis,
+    ) -> Message {
+        let mut text = String::from(
+            "{\"type\":\"error\",\"error\":\"Stored message damaged\",\"details\":\"seq ",
+        );
+        push_decimal_str(&mut text, seq.get());
+        text.push_str("\"}");
+        Message {
+            seq,
+            ts,
+            kind,
+            client_msg_id,
+            assistant_msg_id,
+            data_at: 0,
+            data_len: 0,
+            bytes: match kind {
+                Kind::Prompt => Bytes::Data(Box::default()),
+                Kind::Assistant => Bytes::Frame(Rc::from(wsframe::text_frame(&[text.as_bytes()]))),
+            },
+            damaged: true,
+        }
+    }
+
+    /// Whether this message was read back damaged ([`Message::damaged`]).
+    pub fn is_damaged(&self) -> bool {
+        self.damaged
     }
 
     fn bytes(&self) -> &[u8] {

@@ -6,9 +6,11 @@
 //! (which applies only what was committed), and not in the mirror, which is
 //! read back from the file.
 
-use log::{error, warn};
+use log::{debug, error, warn};
+use rusqlite::types::ValueRef;
 use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
+use super::generation::GenFile;
 use super::mirror::{self, At, Mirror};
 use super::schema;
 
@@ -55,17 +57,23 @@ pub struct Writer {
     ids: IdGen,
     /// `None` after a rebuild failed: rebuilt before the next transaction.
     mirror: Option<Mirror>,
+    /// The generation of the last transaction committed (`generation.rs`).
+    generation: u64,
+    /// The side file the generation is recorded in after each commit.
+    file: GenFile,
 }
 
 impl Writer {
     /// A writer over an opened, migrated database; reads the whole log once
     /// to build its mirror.
-    pub fn new(conn: Connection, limits: StoreLimits) -> Writer {
+    pub fn new(conn: Connection, limits: StoreLimits, file: GenFile) -> Writer {
         let mut w = Writer {
             conn,
             limits,
             ids: IdGen::new(),
             mirror: None,
+            generation: 0,
+            file,
         };
         w.rebuild();
         w
@@ -75,8 +83,13 @@ impl Writer {
     /// transaction rolled back (its decisions are then in the mirror and
     /// not in the file).
     fn rebuild(&mut self) {
-        self.mirror = match schema::mirror(&self.conn, self.limits.history_limit) {
-            Ok(m) => Some(m),
+        let read = schema::generation(&self.conn)
+            .and_then(|g| Ok((g, schema::mirror(&self.conn, self.limits.history_limit)?)));
+        self.mirror = match read {
+            Ok((generation, m)) => {
+                self.generation = generation;
+                Some(m)
+            }
             Err(e) => {
                 error!(error = e.to_string().as_str(); "cannot read the database back");
                 None
@@ -96,12 +109,17 @@ impl Writer {
             limits,
             ids,
             mirror,
+            generation,
+            ..
         } = self;
         // Without a mirror (the file could not be read back) nothing can
         // be decided; `rebuild` logged why.
         if let Some(mirror) = mirror {
-            match transaction(conn, *limits, ids, mirror, &mut cmds) {
-                Ok(out) => return out,
+            match transaction(conn, *limits, ids, mirror, *generation + 1, &mut cmds) {
+                Ok(out) => {
+                    *generation += 1;
+                    return out;
+                }
                 Err(e) => {
                     error!(error = e.to_string().as_str(), commands = cmds.len(); "storage write failed");
                     self.rebuild();
@@ -115,6 +133,45 @@ impl Writer {
                 records: Vec::new(),
             })
             .collect()
+    }
+
+    /// A small write, committed like any transaction (the schema version
+    /// written again, which rewrites the database's first page): whether
+    /// writes succeed again after a failure. Changes nothing a client sees.
+    pub fn probe(&mut self) -> bool {
+        let sql = format!(
+            "BEGIN IMMEDIATE; PRAGMA user_version = {}; COMMIT;",
+            schema::VERSION
+        );
+        match self.conn.execute_batch(&sql) {
+            Ok(()) => true,
+            Err(e) => {
+                debug!(error = e.to_string().as_str(); "storage probe failed");
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK;");
+                }
+                false
+            }
+        }
+    }
+
+    /// Writes the generation of the last commit into the side file; false
+    /// (logged) when it cannot. Called after a commit, before anything it
+    /// carries is answered. The commit stands, since it is durable: only a
+    /// lost log could then go unnoticed, and the storage counts as failing.
+    pub fn record_generation(&mut self) -> bool {
+        match self.file.record(self.generation) {
+            Ok(()) => true,
+            Err(e) => {
+                error!(error = e.to_string().as_str(); "cannot write relay.generation");
+                false
+            }
+        }
+    }
+
+    /// Makes the recorded generation durable; called with the checkpoints.
+    pub fn sync_generation(&mut self) {
+        self.file.sync();
     }
 
     /// The database file.
@@ -161,15 +218,30 @@ impl Writer {
 
     /// Copies the log into the database file and syncs it: the interval
     /// flush of `RELAY_SYNC=<seconds>`, and the last act before exit.
-    pub fn checkpoint(&mut self) {
-        if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
-            warn!(error = e.to_string().as_str(); "checkpoint failed");
+    /// True when the whole log was copied and synced.
+    pub fn checkpoint(&mut self) -> bool {
+        // (busy, frames in the log, frames copied)
+        let copied = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            });
+        match copied {
+            Ok((busy, log, done)) => busy == 0 && done >= log,
+            Err(e) => {
+                warn!(error = e.to_string().as_str(); "checkpoint failed");
+                false
+            }
         }
     }
 }
 
 /// One group commit: decides each command, deletes the garbage when there
-/// is enough of it, and commits. An error rolls everything back (dropping
+/// is enough of it, writes the transaction's `generation`, and commits. An error rolls everything back (dropping
 /// the transaction does) and leaves the mirror ahead of the file. The
 /// commands' texts are moved out into what they become (their rows, records
 /// and outcomes): a command is decided once, and whatever happens its
@@ -179,6 +251,7 @@ fn transaction(
     limits: StoreLimits,
     ids: &mut IdGen,
     mirror: &mut Mirror,
+    generation: u64,
     cmds: &mut [Command],
 ) -> rusqlite::Result<Vec<Done>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -206,6 +279,8 @@ fn transaction(
         ctx.collect_garbage()?;
     }
     drop(ctx);
+    tx.prepare_cached("UPDATE generation SET n = ?1")?
+        .execute([generation as i64])?;
     tx.commit()?;
     Ok(out)
 }
@@ -470,11 +545,23 @@ impl Ctx<'_> {
             // A resend repeats the prompt and the text (compared decoded,
             // so another escaping of the same text is the same).
             if *prev.client_msg_id == *client_msg_id {
-                let stored: String = self
+                // Read back as bytes and checked: a damaged row refuses
+                // this command alone, not the whole transaction.
+                let (stored, seq): (Vec<u8>, i64) = self
                     .tx
-                    .prepare_cached("SELECT data FROM messages WHERE id = ?1")?
-                    .query_row([prev.row], |r| r.get(0))?;
-                if stored_text(&stored) == decode(text) {
+                    .prepare_cached("SELECT data, seq FROM messages WHERE id = ?1")?
+                    .query_row([prev.row], |r| {
+                        let data = match r.get_ref(0)? {
+                            ValueRef::Text(b) | ValueRef::Blob(b) => b.to_vec(),
+                            _ => Vec::new(),
+                        };
+                        Ok((data, r.get(1)?))
+                    })?;
+                if !schema::json_object(&stored) {
+                    error!(session_id = sid.as_str(), seq = seq; "stored message damaged; its resend answered 500");
+                    return Err(ApiError::stored_message_damaged(seq as u64).into());
+                }
+                if stored_text(&String::from_utf8_lossy(&stored)) == decode(text) {
                     return Ok((
                         Outcome::Response {
                             id,

@@ -19,15 +19,16 @@
 //! migrations, `decide` the per-command logic inside a transaction.
 
 mod decide;
+mod generation;
 mod mirror;
 mod schema;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
 use rusqlite::{Connection, OpenFlags};
@@ -38,6 +39,7 @@ use crate::relay::ApiError;
 use crate::time::Millis;
 
 pub use decide::Writer;
+use generation::GenFile;
 
 /// How often the storage thread makes its data durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,10 +54,14 @@ pub enum Sync {
 pub struct Opened {
     pub conn: Connection,
     pub view: MemStore,
-    /// Held while the server runs: a second server on the directory fails
-    /// to take it.
+    /// `relay.db` itself, flocked while the server runs: a second server on
+    /// the directory fails to take it. Closed only after every SQLite
+    /// connection (closing any descriptor of the file would drop SQLite's
+    /// own POSIX locks on it).
     pub lock: File,
     pub path: PathBuf,
+    /// The side file of the last acknowledged generation (`generation`).
+    pub generation: GenFile,
 }
 
 /// Why the database could not be used (the server exits 1 with this).
@@ -68,24 +74,23 @@ impl std::fmt::Display for OpenError {
     }
 }
 
-/// Opens `relay.db` in `dir` (created if missing), takes the directory's
-/// lock, checks and migrates the schema, and restores every session into
-/// memory. Called once at start, before listening. A file that is not a
-/// database, or one from a newer version, is refused and left untouched.
+/// Opens `relay.db` in `dir` (created if missing), takes its lock, checks
+/// and migrates the schema, and restores every session into memory.
+/// Called once at start, before listening. A directory the server cannot
+/// write in is reported as such; a file that is not a database, or one
+/// from a newer version, is refused and left untouched.
 pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<Opened, OpenError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what}: {e}"));
     std::fs::create_dir_all(dir)
         .map_err(|e| fail(&format!("cannot create {}", dir.display()), &e))?;
-    let lock_path = dir.join("relay.lock");
-    let lock = File::create(&lock_path)
-        .map_err(|e| fail(&format!("cannot open {}", lock_path.display()), &e))?;
+    let path = dir.join("relay.db");
+    let lock = writable(dir, &path)?;
     if lock.try_lock().is_err() {
         return Err(OpenError(format!(
             "another relay is using the data directory {}",
             dir.display()
         )));
     }
-    let path = dir.join("relay.db");
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -95,6 +100,21 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
         schema::check(&conn).map_err(|e| OpenError(format!("{}: {e}", path.display())))?;
     schema::prepare(&conn, sync, version)
         .map_err(|e| fail(&format!("cannot prepare {}", path.display()), &e))?;
+    let acknowledged = generation::acknowledged(dir);
+    let stored = schema::generation(&conn)
+        .map_err(|e| fail(&format!("cannot read {}", path.display()), &e))?;
+    if let Some(acked) = acknowledged.filter(|a| *a > stored) {
+        let n = schema::new_epochs(&conn, acked)
+            .map_err(|e| fail(&format!("cannot write {}", path.display()), &e))?;
+        warn!(path = path.display().to_string().as_str(), sessions = n, acknowledged = acked, stored = stored;
+            "the database is behind what was acknowledged (its write-ahead log relay.db-wal was lost): every session gets a new epoch");
+    }
+    let generation = GenFile::open(dir).map_err(|e| {
+        fail(
+            &format!("cannot write {}", dir.join(generation::NAME).display()),
+            &e,
+        )
+    })?;
     let view = schema::restore(&conn, limits, now)
         .map_err(|e| fail(&format!("cannot read {}", path.display()), &e))?;
     info!(path = path.display().to_string().as_str(), sessions = view.len(), schema = version; "database opened");
@@ -103,7 +123,38 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
         view,
         lock,
         path,
+        generation,
     })
+}
+
+/// Checks that the server can write in `dir` and its database (SQLite
+/// creates its log and index beside the file, and would otherwise fail
+/// later with a misleading error), and returns `relay.db` opened (created
+/// empty if missing), to be locked. A directory that is only readable is
+/// reported as not writable, naming it.
+fn writable(dir: &Path, db: &Path) -> Result<File, OpenError> {
+    let refuse = |e: std::io::Error| {
+        use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
+        OpenError(match e.kind() {
+            PermissionDenied | ReadOnlyFilesystem => {
+                format!("the data directory {} is not writable: {e}", dir.display())
+            }
+            _ => format!("cannot write in the data directory {}: {e}", dir.display()),
+        })
+    };
+    let probe = dir.join("relay.probe");
+    File::create(&probe).map_err(refuse)?;
+    match std::fs::remove_file(&probe) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(refuse(e)),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(db)
+        .map_err(refuse)
 }
 
 /// Where the loop and the storage thread meet over a write whose requester
@@ -147,33 +198,89 @@ fn take_group(frontier: &Mutex<Frontier>, group: Vec<Command>) -> (Vec<Command>,
     (kept, dropped)
 }
 
+/// How often the storage thread tries a small write while writes fail, so
+/// that readiness comes back by itself once the disk works again.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long one disk operation (a commit, a sync, a probe) may take before
+/// `/readyz` reports the storage as failing: a disk that stopped answering.
+const OVERDUE: Duration = Duration::from_secs(3);
+
+/// The storage thread's health, shared with the loop, which reads it for
+/// `/readyz` without waiting for the thread.
+struct Health {
+    /// The last commit, sync or probe succeeded.
+    ok: AtomicBool,
+    /// When the current disk operation began, in milliseconds since `base`
+    /// plus one; 0 while none runs.
+    busy_since: AtomicU64,
+    base: Instant,
+}
+
+impl Health {
+    fn new() -> Health {
+        Health {
+            ok: AtomicBool::new(true),
+            busy_since: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
+
+    fn millis(&self) -> u64 {
+        self.base.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Runs one disk operation, marked as running while it does.
+    fn busy<T>(&self, op: impl FnOnce() -> T) -> T {
+        self.busy_since.store(self.millis(), Ordering::Release);
+        let out = op();
+        self.busy_since.store(0, Ordering::Release);
+        out
+    }
+
+    /// Writes succeed, and none has been running for longer than
+    /// [`OVERDUE`].
+    fn healthy(&self) -> bool {
+        let since = self.busy_since.load(Ordering::Acquire);
+        let overdue =
+            since != 0 && self.millis().saturating_sub(since) > OVERDUE.as_millis() as u64;
+        self.ok.load(Ordering::Acquire) && !overdue
+    }
+}
+
 /// The storage thread's side of the channels: takes batches until the loop
 /// hangs up, commits every batch waiting in one transaction, answers, and
 /// wakes the loop. With `Sync::Always`, a checkpointer thread copies the
 /// log into the database beside it; with `Sync::Every`, the writer
-/// checkpoints at least that often.
-pub fn run(
+/// checkpoints (which syncs) no later than that interval after a commit,
+/// however busy it is. While writes fail it tries a small one every
+/// [`PROBE_EVERY`]; `health` follows every disk operation.
+fn run(
     mut writer: Writer,
     batches: Receiver<Vec<Command>>,
     done: Sender<Committed>,
     waker: Arc<mio::Waker>,
     sync: Sync,
     frontier: Arc<Mutex<Frontier>>,
+    health: Arc<Health>,
 ) {
-    let (tick, mut checkpointer) = match sync {
+    let (interval, mut checkpointer) = match sync {
         Sync::Always => {
             // No commit waits for a checkpoint's copy (it was the p99).
             writer.automatic_checkpoints(false);
             let checkpointer = Checkpointer::start(writer.db_path());
-            (Duration::from_secs(3600), Some(checkpointer))
+            (None, Some(checkpointer))
         }
-        Sync::Every(d) => (d, None),
+        Sync::Every(d) => (Some(d), None),
     };
+    let mut upkeep = Upkeep::new(interval);
     loop {
-        let first = match batches.recv_timeout(tick) {
+        let first = match batches.recv_timeout(upkeep.wait(&health)) {
             Ok(b) => b,
             Err(RecvTimeoutError::Timeout) => {
-                writer.checkpoint();
+                if upkeep.run(&mut writer, &health) {
+                    writer.sync_generation();
+                }
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
@@ -193,17 +300,20 @@ pub fn run(
                 // checkpoints in the writer's commits again.
                 writer.automatic_checkpoints(true);
                 checkpointer = None;
-            } else if c.shared.catch_up.swap(false, Ordering::AcqRel) && !writer.catch_up() {
-                c.shared.catch_up.store(true, Ordering::Release);
+            } else if c.shared.catch_up.swap(false, Ordering::AcqRel) {
+                if !health.busy(|| writer.catch_up()) {
+                    c.shared.catch_up.store(true, Ordering::Release);
+                }
+                writer.sync_generation();
             }
         }
         let (group, mut cancelled) = take_group(&frontier, group);
         let commands = group.len();
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let mut results = if group.is_empty() {
             Vec::new()
         } else {
-            writer.commit(group)
+            health.busy(|| writer.commit(group))
         };
         let ok = !results
             .iter()
@@ -215,15 +325,101 @@ pub fn run(
             ok,
             done: results,
         };
+        if commands > 0 {
+            // Recorded before anything the commit carries is answered.
+            let recorded = !committed.ok || writer.record_generation();
+            health.ok.store(committed.ok && recorded, Ordering::Release);
+            upkeep.committed(committed.ok, started);
+        }
         if done.send(committed).is_err() {
             break;
         }
         if let Err(e) = waker.wake() {
             error!(error = e.to_string().as_str(); "cannot wake the loop");
         }
+        if upkeep.run(&mut writer, &health) {
+            writer.sync_generation();
+        }
     }
     drop(checkpointer);
     writer.checkpoint();
+    writer.sync_generation();
+}
+
+/// The storage thread's work besides commits: the interval sync of
+/// `Sync::Every`, and the probe while writes fail.
+struct Upkeep {
+    /// `Sync::Every`'s interval.
+    interval: Option<Duration>,
+    /// With an interval: when the first commit not synced yet began.
+    unsynced: Option<Instant>,
+    next_probe: Instant,
+}
+
+impl Upkeep {
+    fn new(interval: Option<Duration>) -> Upkeep {
+        Upkeep {
+            interval,
+            unsynced: None,
+            next_probe: Instant::now(),
+        }
+    }
+
+    /// How long the thread may wait for a batch before some upkeep is due.
+    fn wait(&self, health: &Health) -> Duration {
+        let now = Instant::now();
+        let mut wake = now + Duration::from_secs(3600);
+        if let (Some(d), Some(t)) = (self.interval, self.unsynced) {
+            wake = wake.min(t + d);
+        }
+        if !health.ok.load(Ordering::Acquire) {
+            wake = wake.min(self.next_probe);
+        }
+        wake.saturating_duration_since(now)
+    }
+
+    /// A commit that began at `started` succeeded (or not: the first probe
+    /// then comes a [`PROBE_EVERY`] later, so that the failure is what
+    /// readiness reports meanwhile).
+    fn committed(&mut self, ok: bool, started: Instant) {
+        if !ok {
+            self.next_probe = Instant::now() + PROBE_EVERY;
+        } else if self.unsynced.is_none() {
+            self.unsynced = Some(started);
+        }
+    }
+
+    /// Runs what is due: the interval sync (copying the log syncs it, then
+    /// the database; a failure is tried again an interval later), and the
+    /// probe while writes fail. True when it synced the database.
+    fn run(&mut self, writer: &mut Writer, health: &Health) -> bool {
+        let mut synced = false;
+        let now = Instant::now();
+        if let (Some(d), Some(t)) = (self.interval, self.unsynced)
+            && now >= t + d
+        {
+            synced = health.busy(|| writer.checkpoint());
+            self.unsynced = if synced { None } else { Some(now) };
+            if !synced {
+                self.next_probe = now + PROBE_EVERY;
+            }
+            health.ok.store(synced, Ordering::Release);
+        }
+        if !health.ok.load(Ordering::Acquire) && now >= self.next_probe {
+            self.next_probe = now + PROBE_EVERY;
+            let every = self.interval.is_some();
+            let ok = health.busy(|| writer.probe() && (!every || writer.checkpoint()));
+            if ok {
+                info!("storage writes succeed again");
+                if every {
+                    self.unsynced = None;
+                    synced = true;
+                }
+            }
+            health.ok.store(ok, Ordering::Release);
+        }
+        synced
+    }
 }
 
 /// How often the checkpointer copies the log into the database with
@@ -349,8 +545,9 @@ pub struct Durable {
     batch: Vec<Command>,
     /// Commands sent and not answered yet.
     inflight: usize,
-    /// The last transaction committed (readiness reports it).
-    pub healthy: bool,
+    /// The storage thread is gone (it could not start, or ended).
+    gone: bool,
+    health: Arc<Health>,
     frontier: Arc<Mutex<Frontier>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _lock: File,
@@ -371,16 +568,18 @@ impl Durable {
     ) -> (MemStore, Durable) {
         let (batch_tx, batch_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let conn = opened.conn;
+        let (conn, generation) = (opened.conn, opened.generation);
         let frontier = Arc::new(Mutex::new(Frontier::default()));
         let theirs = frontier.clone();
+        let health = Arc::new(Health::new());
+        let shared = health.clone();
         // The writer reads its mirror of the log in the thread, while the
         // loop starts serving what it restored.
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())
             .spawn(move || {
-                let writer = Writer::new(conn, limits);
-                run(writer, batch_rx, done_tx, waker, sync, theirs)
+                let writer = Writer::new(conn, limits, generation);
+                run(writer, batch_rx, done_tx, waker, sync, theirs, shared)
             })
             .ok();
         let durable = Durable {
@@ -389,7 +588,8 @@ impl Durable {
             stats: StoreStats::default(),
             batch: Vec::new(),
             inflight: 0,
-            healthy: true,
+            gone: thread.is_none(),
+            health,
             frontier,
             thread,
             _lock: opened.lock,
@@ -418,7 +618,7 @@ impl Durable {
             && tx.send(batch).is_err()
         {
             error!("the storage thread is gone");
-            self.healthy = false;
+            self.gone = true;
         }
     }
 
@@ -431,10 +631,16 @@ impl Durable {
             self.stats.commands += c.commands as u64;
             self.stats.errors += u64::from(!c.ok);
             self.stats.commit_time.observe_us(c.micros);
-            self.healthy = c.ok;
             all.extend(c.done);
         }
         all
+    }
+
+    /// Whether writes succeed and none is overdue (`/readyz`): follows
+    /// the storage thread's commits, syncs and probes, and turns false
+    /// while one disk operation has taken longer than [`OVERDUE`].
+    pub fn healthy(&self) -> bool {
+        !self.gone && self.health.healthy()
     }
 
     /// Cancels the write of ticket `n` (and of every earlier ticket) if the

@@ -1,7 +1,7 @@
 //! The database's schema, its versions and migrations, and the restore of
 //! every session at start.
 //!
-//! Schema version 3 (`PRAGMA user_version`):
+//! Schema version 4 (`PRAGMA user_version`):
 //!
 //! - `sessions(id, name, epoch, next_seq, last_assistant,
 //!   dropped_assistant)`: one row per session; `name` is the session id.
@@ -16,6 +16,9 @@
 //!   exactly as the API serves it. No index: the storage thread decides
 //!   writes from its mirror (`mirror.rs`), and restore reads the table in
 //!   order.
+//! - `generation(n)`: one row, the number of the last transaction (each
+//!   adds one), compared at start with the side file `relay.generation`
+//!   to notice a lost write-ahead log (`generation.rs`).
 //!
 //! Restore replays the rows oldest first through the same rules that built
 //! them (a prompt is answered when an answer to it follows; history keeps
@@ -28,24 +31,26 @@
 //! keyed by `(session, seq)` with unique indexes on the ids and per-row
 //! `in_history` and `answered` flags: every write then touched pages all
 //! over the file. Its rows are copied in `seq` order into the new table.
+//! Version 3 had no `generation` table; it starts at 0.
 
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use log::warn;
+use log::{error, warn};
 use rusqlite::Connection;
+use rusqlite::types::ValueRef;
 
 use super::Sync;
 use super::mirror::{self, Mirror};
 use crate::store::log::SessionLog;
-use crate::store::mem::{MemStore, StoreLimits};
+use crate::store::mem::{IdGen, MemStore, StoreLimits};
 use crate::store::message::Kind;
 use crate::store::message::Message;
 use crate::store::types::{Seq, SessionId};
 use crate::time::Millis;
 
 /// The schema this build writes.
-pub const VERSION: i64 = 3;
+pub const VERSION: i64 = 4;
 
 const SESSIONS: &str = "
 CREATE TABLE sessions (
@@ -69,6 +74,12 @@ CREATE TABLE messages (
     ts INTEGER NOT NULL,
     data TEXT NOT NULL
 );
+";
+
+/// One row: the generation of the last transaction (see `generation.rs`).
+const GENERATION: &str = "
+CREATE TABLE generation (n INTEGER NOT NULL);
+INSERT INTO generation VALUES (0);
 ";
 
 const V1_TO_V2: &str =
@@ -134,18 +145,50 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
     ))?;
     match version {
         0 => conn.execute_batch(&format!(
-            "BEGIN; {SESSIONS} {MESSAGES} PRAGMA user_version = {VERSION}; COMMIT;"
+            "BEGIN; {SESSIONS} {MESSAGES} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         1 => conn.execute_batch(&format!(
-            "BEGIN; {V1_TO_V2} {} PRAGMA user_version = {VERSION}; COMMIT;",
+            "BEGIN; {V1_TO_V2} {} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;",
             v2_to_v3()
         )),
         2 => conn.execute_batch(&format!(
-            "BEGIN; {} PRAGMA user_version = {VERSION}; COMMIT;",
+            "BEGIN; {} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;",
             v2_to_v3()
+        )),
+        3 => conn.execute_batch(&format!(
+            "BEGIN; {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         _ => Ok(()),
     }
+}
+
+/// The generation of the last transaction the database holds.
+pub fn generation(conn: &Connection) -> rusqlite::Result<u64> {
+    let n: Option<i64> = conn.query_row("SELECT max(n) FROM generation", [], |r| r.get(0))?;
+    Ok(n.unwrap_or(0).max(0) as u64)
+}
+
+/// Gives every session a new epoch and raises the generation to
+/// `acknowledged`, in one transaction: the log that held the newest
+/// acknowledged commits was lost, so `seq`s after what the database holds
+/// will be given again, to other messages (see `generation.rs`). Returns
+/// the number of sessions.
+pub fn new_epochs(conn: &Connection, acknowledged: u64) -> rusqlite::Result<usize> {
+    let mut ids = IdGen::new();
+    let tx = conn.unchecked_transaction()?;
+    let sessions: Vec<i64> = tx
+        .prepare("SELECT id FROM sessions")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    {
+        let mut st = tx.prepare("UPDATE sessions SET epoch = ?2 WHERE id = ?1")?;
+        for id in &sessions {
+            st.execute(rusqlite::params![id, ids.uuid()])?;
+        }
+    }
+    tx.execute("UPDATE generation SET n = ?1", [acknowledged as i64])?;
+    tx.commit()?;
+    Ok(sessions.len())
 }
 
 /// A session's row: its name, epoch and counters.
@@ -191,28 +234,48 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
     }
     let limit = limits.history_limit;
     let mut st = conn.prepare(
-        "SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data
+        "SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data, id
          FROM messages ORDER BY id",
     )?;
     let mut rows = st.query([])?;
+    let mut damaged = 0usize;
     while let Some(r) = rows.next()? {
-        let Some((_, log)) = logs.get_mut(&r.get::<_, i64>(0)?) else {
+        let Some((name, log)) = logs.get_mut(&r.get::<_, i64>(0)?) else {
             continue;
         };
         let seq = Seq(r.get::<_, i64>(1)? as u64);
         let kind: i64 = r.get(2)?;
         let cid = r.get_ref(3)?.as_str()?;
         let ts = r.get::<_, i64>(5)? as u64;
-        let data = r.get_ref(6)?.as_bytes()?;
+        let data = match r.get_ref(6)? {
+            ValueRef::Text(b) | ValueRef::Blob(b) if json_object(b) => Some(b),
+            _ => None,
+        };
+        if data.is_none() {
+            damaged += 1;
+            if damaged <= MAX_DAMAGED_LOGGED {
+                error!(session_id = name.as_str(), seq = seq.get(), row = r.get::<_, i64>(7)?;
+                    "stored message damaged (not UTF-8 or not a JSON object): kept, never sent; pages that would carry it answer 500");
+            }
+        }
         if kind == 0 {
-            let msg = Message::prompt_with(Rc::from(cid), seq, ts, data.to_vec());
+            let msg = match data {
+                Some(d) => Message::prompt_with(Rc::from(cid), seq, ts, d.to_vec()),
+                None => Message::damaged(Kind::Prompt, Rc::from(cid), None, seq, ts),
+            };
             log.append_prompt(msg, limit);
         } else {
             let aid: Rc<str> = Rc::from(r.get_ref(4)?.as_str_or_null()?.unwrap_or(""));
             let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));
-            let msg = Message::assistant_with(cid, aid, seq, ts, data);
+            let msg = match data {
+                Some(d) => Message::assistant_with(cid, aid, seq, ts, d),
+                None => Message::damaged(Kind::Assistant, cid, Some(aid), seq, ts),
+            };
             log.append_response(msg, limit);
         }
+    }
+    if damaged > MAX_DAMAGED_LOGGED {
+        error!(count = damaged; "stored messages damaged in all");
     }
     let mut store = MemStore::new(limits);
     for (_, (name, log)) in logs {
@@ -223,6 +286,20 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
         }
     }
     Ok(store)
+}
+
+/// Damaged rows logged one by one at restore; past this, a count.
+const MAX_DAMAGED_LOGGED: usize = 20;
+
+/// Whether a stored `data` is what the server wrote: UTF-8 text holding one
+/// JSON object. Checked on every row read back, since the file may have
+/// been damaged where SQLite's own structure is intact.
+pub fn json_object(data: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return false;
+    };
+    text.trim_start().starts_with('{')
+        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
 }
 
 /// The storage thread's mirror, replayed from the same rows (without their
