@@ -413,6 +413,16 @@ fn refused(dir: &Path) -> String {
 }
 
 #[test]
+fn a_data_dir_that_is_a_file_says_so() {
+    let dir = Dir::new("file");
+    std::fs::write(&dir.0, b"not a directory").unwrap();
+    let err = refused(&dir.0);
+    assert!(err.contains("is a file, not a directory"), "{err}");
+    assert_eq!(std::fs::read(&dir.0).unwrap(), b"not a directory");
+    std::fs::remove_file(&dir.0).unwrap();
+}
+
+#[test]
 fn a_damaged_database_stops_the_server_and_is_left_untouched() {
     let dir = Dir::new("corrupt");
     std::fs::create_dir_all(&dir.0).unwrap();

@@ -81,6 +81,12 @@ impl std::fmt::Display for OpenError {
 /// from a newer version, is refused and left untouched.
 pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<Opened, OpenError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what}: {e}"));
+    if dir.exists() && !dir.is_dir() {
+        return Err(OpenError(format!(
+            "RELAY_DATA_DIR {} is a file, not a directory: name a directory (it is created if missing)",
+            dir.display()
+        )));
+    }
     std::fs::create_dir_all(dir)
         .map_err(|e| fail(&format!("cannot create {}", dir.display()), &e))?;
     let path = dir.join("relay.db");
