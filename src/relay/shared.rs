@@ -336,6 +336,13 @@ impl Relay {
                 }
                 return;
             }
+            Event::Refused { sid } => {
+                let reading = self.shared.as_ref().is_some_and(|r| r.resyncing(sid));
+                if self.store.contains(sid) && !reading {
+                    self.resync(sid);
+                }
+                return;
+            }
             Event::Created { sid, epoch }
             | Event::Deleted { sid, epoch }
             | Event::Message { sid, epoch, .. } => (sid, epoch),
@@ -361,7 +368,7 @@ impl Relay {
             Event::Created { sid, .. }
             | Event::Deleted { sid, .. }
             | Event::Message { sid, .. } => self.resync(&sid),
-            Event::Listening { .. } => {}
+            Event::Listening { .. } | Event::Refused { .. } => {}
         }
     }
 

@@ -129,6 +129,11 @@ pub enum Event {
     Listening {
         sid: SessionId,
     },
+    /// Redis refused a write of the session: the copy is read again, so
+    /// that it holds nothing Redis does not.
+    Refused {
+        sid: SessionId,
+    },
 }
 
 /// What to do for the requester once the copy is up to date.
@@ -483,6 +488,7 @@ impl RedisStore {
                 return Err(e.clone());
             }
             warn!(error = e.as_str(); "Redis refused a call");
+            self.refused(&expect);
             self.fail(expect, ApiError::storage_unavailable());
             return Ok(());
         }
@@ -638,6 +644,26 @@ impl RedisStore {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Redis refused the write `expect` waited for: the copies of its
+    /// sessions are read again (see [`Event::Refused`]).
+    fn refused(&mut self, expect: &Expect) {
+        let mut sids: Vec<&SessionId> = Vec::new();
+        match expect {
+            Expect::Write { sid, .. } => sids.push(sid),
+            Expect::Prompts(waiting) => {
+                for (_, sid, _) in waiting {
+                    if !sids.contains(&sid) {
+                        sids.push(sid);
+                    }
+                }
+            }
+            _ => {}
+        }
+        for sid in sids {
+            self.events.push(Event::Refused { sid: sid.clone() });
+        }
     }
 
     /// A request that cannot be answered by Redis: `503`.
@@ -938,6 +964,12 @@ impl RedisStore {
     /// it runs again once Redis answers the turn's `PING`.
     pub fn barrier(&mut self, conn: ConnId, sid: &SessionId) {
         self.barrier_next.push((conn, sid.clone()));
+    }
+
+    /// Whether a read of `sid` the relay asked for on its own is on its
+    /// way (another would tell nothing new).
+    pub fn resyncing(&self, sid: &str) -> bool {
+        self.follow.get(sid).is_some_and(|f| f.resyncs > 0)
     }
 
     /// The relay applied the answer to one of its own reads of `sid`.

@@ -1,0 +1,429 @@
+//! Faults injected into the Redis that several relays share, against real
+//! relay processes, a real `redis-server` (Debian's, see
+//! `scripts/install-test-deps.sh`) of each test's own, and real HTTP and
+//! WebSocket clients. Each test counts: every request gets its own
+//! answer; nothing answered `503` is ever visible to anyone (WebSocket
+//! frames, `/messages`, the pending sets of every instance); nothing
+//! acknowledged is lost; `seq` has no gap within an epoch.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of this test alone (no persistence), on its own port
+/// and directory; killed and its directory removed on drop.
+struct Redis {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        Redis::start_on(free_port(), &[])
+    }
+
+    fn start_on(port: u16, args: &[&str]) -> Redis {
+        let dir = std::env::temp_dir().join(format!(
+            "relay-redis-faults-{}-{}",
+            std::process::id(),
+            unique_session()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        args.extend(["--save", "", "--appendonly", "no"].map(String::from));
+        let mut redis = Redis {
+            child: None,
+            port,
+            dir,
+            args,
+        };
+        redis.run();
+        redis
+    }
+
+    /// Starts the server (again, empty) and returns once it answers.
+    fn run(&mut self) {
+        let bin = "/usr/bin/redis-server";
+        assert!(
+            std::path::Path::new(bin).exists(),
+            "{bin} is missing: run scripts/install-test-deps.sh"
+        );
+        let child = Command::new(bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.cli(&["ping"]).contains("PONG") {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// One `redis-cli` command (with `AUTH` when `--requirepass` is set);
+    /// its output.
+    fn cli(&self, args: &[&str]) -> String {
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-p", &self.port.to_string()]);
+        if let Some(i) = self.args.iter().position(|a| a == "--requirepass") {
+            cmd.args(["--no-auth-warning", "-a", &self.args[i + 1]]);
+        }
+        let out = cmd.args(args).output().expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[track_caller]
+    fn config_set(&self, key: &str, value: &str) {
+        let out = self.cli(&["config", "set", key, value]);
+        assert!(out.contains("OK"), "CONFIG SET {key} {value}: {out}");
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A stopped server must run again to die.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// `n` relays on `redis` sharing a prefix of this test's own.
+fn instances(redis: &Redis, n: usize) -> Vec<Server> {
+    let prefix = format!("{}:", unique_session());
+    let url = redis.url();
+    (0..n)
+        .map(|_| {
+            Server::start_with(&[
+                ("RELAY_REDIS_URL", url.as_str()),
+                ("RELAY_REDIS_PREFIX", prefix.as_str()),
+            ])
+        })
+        .collect()
+}
+
+/// Waits (bounded, 10 s) until `cond` holds.
+#[track_caller]
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One `POST` on a new connection (`Connection: close`): the status and
+/// the JSON body, or `None` when the connection fails first.
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
+    let mut conn = TcpStream::connect(addr).ok()?;
+    conn.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    let body = serde_json::to_vec(body).ok()?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).ok()?;
+    conn.write_all(&body).ok()?;
+    let mut out = Vec::new();
+    conn.read_to_end(&mut out).ok()?;
+    let text = String::from_utf8_lossy(&out);
+    let status = text.get(9..12)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1;
+    Some((status, serde_json::from_str(body).ok()?))
+}
+
+/// What the writers saw: ids acknowledged (`200`) and ids refused
+/// (`503`).
+#[derive(Default, Debug)]
+struct Tally {
+    prompts: BTreeSet<String>,
+    answers: BTreeSet<String>,
+    refused_prompts: BTreeSet<String>,
+    refused_answers: BTreeSet<String>,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.prompts.extend(other.prompts);
+        self.answers.extend(other.answers);
+        self.refused_prompts.extend(other.refused_prompts);
+        self.refused_answers.extend(other.refused_answers);
+    }
+}
+
+/// Counters the main thread watches while writers run.
+#[derive(Default)]
+struct Progress {
+    answered: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// A writer, alternating instances until `stop`: each round answers the
+/// oldest acknowledged prompt it has not answered yet (each attempt under
+/// a new `assistant_msg_id`, so a refused one stays told apart), then
+/// posts a new prompt; so while Redis refuses writes, both kinds are
+/// refused. Once stopped, it answers what is left. Every request must
+/// get its own answer: `200` naming its own id or `503 Storage
+/// unavailable`.
+fn writer(
+    addrs: Vec<SocketAddr>,
+    sid: String,
+    name: String,
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+) -> JoinHandle<Tally> {
+    std::thread::spawn(move || {
+        let mut tally = Tally::default();
+        let mut turn = 0usize;
+        let mut post_to = |path: &str, body: &Value| -> (u16, Value) {
+            turn += 1;
+            let addr = addrs[turn % addrs.len()];
+            post(addr, path, body).unwrap_or_else(|| panic!("{path} {body}: no answer"))
+        };
+        let mut unanswered = std::collections::VecDeque::new();
+        let mut n = 0;
+        let mut attempt = 0;
+        loop {
+            let stopping = stop.load(Ordering::Relaxed);
+            if stopping && unanswered.is_empty() {
+                break;
+            }
+            if let Some(cid) = unanswered.front() {
+                attempt += 1;
+                let aid = format!("{name}-a{attempt}");
+                let body = json!({"session_id": sid, "client_msg_id": cid,
+                                  "assistant_msg_id": aid, "text": "done"});
+                let (status, resp) = post_to("/response", &body);
+                match status {
+                    200 => {
+                        assert_eq!(resp["assistant_msg_id"], aid.as_str(), "{resp}");
+                        tally.answers.insert(aid);
+                        progress.answered.fetch_add(1, Ordering::Relaxed);
+                        unanswered.pop_front();
+                    }
+                    503 => {
+                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                        tally.refused_answers.insert(aid);
+                        progress.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => panic!("/response: {other} {resp}"),
+                }
+            }
+            if stopping {
+                continue;
+            }
+            n += 1;
+            let cid = format!("{name}-p{n}");
+            let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
+            let (status, resp) = post_to("/prompt", &body);
+            match status {
+                200 => {
+                    assert_eq!(resp["client_msg_id"], cid.as_str(), "{resp}");
+                    tally.prompts.insert(cid.clone());
+                    unanswered.push_back(cid);
+                }
+                503 => {
+                    assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                    tally.refused_prompts.insert(cid);
+                    progress.refused.fetch_add(1, Ordering::Relaxed);
+                }
+                other => panic!("/prompt: {other} {resp}"),
+            }
+        }
+        tally
+    })
+}
+
+/// Starts `n` writers; `stop_and_join` ends them.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+    handles: Vec<JoinHandle<Tally>>,
+}
+
+impl Writers {
+    fn start(servers: &[Server], sid: &str, n: usize) -> Writers {
+        let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
+        let handles = (0..n)
+            .map(|i| {
+                writer(
+                    addrs.clone(),
+                    sid.to_string(),
+                    format!("w{i}"),
+                    Arc::clone(&stop),
+                    Arc::clone(&progress),
+                )
+            })
+            .collect();
+        Writers {
+            stop,
+            progress,
+            handles,
+        }
+    }
+
+    /// Waits (bounded) until `more` answers past now were acknowledged.
+    #[track_caller]
+    fn wait_answers(&self, more: u64) {
+        let want = self.progress.answered.load(Ordering::Relaxed) + more;
+        wait_until("writers make progress", || {
+            self.progress.answered.load(Ordering::Relaxed) >= want
+        });
+    }
+
+    #[track_caller]
+    fn wait_refusals(&self, more: u64) {
+        let want = self.progress.refused.load(Ordering::Relaxed) + more;
+        wait_until("writes refused", || {
+            self.progress.refused.load(Ordering::Relaxed) >= want
+        });
+    }
+
+    fn stop_and_join(self) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut tally = Tally::default();
+        for h in self.handles {
+            tally.merge(h.join().expect("writer"));
+        }
+        tally
+    }
+}
+
+/// The ids of one kind of message in a `/messages` body.
+fn ids(history: &Value, kind: &str, field: &str) -> BTreeSet<String> {
+    history["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["type"] == kind)
+                .filter_map(|m| m["data"][field].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn seqs(history: &Value) -> Vec<u64> {
+    history["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["data"]["seq"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// Checks one instance's view of `sid` against what the writers saw:
+/// one epoch, `seq` from 1 without a gap, every acknowledged id stored,
+/// no refused id anywhere, nothing pending (every acknowledged prompt got
+/// its answer). Returns the history.
+#[track_caller]
+fn check_instance(srv: &Server, sid: &str, epoch: &str, tally: &Tally) -> Value {
+    let history = srv.messages(sid, "?limit=1000");
+    assert_eq!(history["epoch"], epoch, "{history}");
+    let seqs = seqs(&history);
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    let prompts = ids(&history, "prompt", "client_msg_id");
+    let answers = ids(&history, "assistant", "assistant_msg_id");
+    assert!(tally.prompts.is_subset(&prompts), "a prompt was lost");
+    assert!(tally.answers.is_subset(&answers), "an answer was lost");
+    let shown: Vec<_> = prompts.intersection(&tally.refused_prompts).collect();
+    assert!(shown.is_empty(), "refused prompts stored: {shown:?}");
+    let shown: Vec<_> = answers.intersection(&tally.refused_answers).collect();
+    assert!(shown.is_empty(), "refused answers stored: {shown:?}");
+    let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
+    assert_eq!(pending.status, 200, "{}", pending.text());
+    assert_eq!(pending.json(), json!([]), "pending on one instance");
+    history
+}
+
+/// Reads a subscriber until it has seen every id of `want`: no frame but
+/// `message`s (no close, no resync), none refused, `seq` rising.
+#[track_caller]
+fn read_answers(ws: &mut Ws, want: &BTreeSet<String>, refused: &BTreeSet<String>) {
+    let mut seen = BTreeSet::new();
+    let mut last = 0;
+    while !want.is_subset(&seen) {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "message", "{frame}");
+        let aid = frame["data"]["assistant_msg_id"].as_str().unwrap_or("");
+        assert!(!refused.contains(aid), "a refused answer was sent: {frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+        seen.insert(aid.to_string());
+    }
+}
+
+#[test]
+fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
+    let redis = Redis::start();
+    let servers = instances(&redis, 2);
+    let sid = unique_session();
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut subscribers: Vec<Ws> = servers
+        .iter()
+        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
+        .collect();
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    let writers = Writers::start(&servers, &sid, 3);
+    writers.wait_answers(20);
+    // Redis stops taking writes in the middle of the traffic, then takes
+    // them again.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    writers.wait_refusals(30);
+    redis.config_set("maxmemory", "0");
+    writers.wait_answers(20);
+    let tally = writers.stop_and_join();
+    assert!(!tally.refused_answers.is_empty(), "{tally:?}");
+    assert!(!tally.refused_prompts.is_empty(), "{tally:?}");
+
+    let history = check_instance(&servers[0], &sid, &epoch, &tally);
+    assert_eq!(check_instance(&servers[1], &sid, &epoch, &tally), history);
+    for ws in &mut subscribers {
+        read_answers(ws, &tally.answers, &tally.refused_answers);
+    }
+}
