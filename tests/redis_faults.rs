@@ -97,6 +97,16 @@ impl Redis {
         assert!(out.contains("OK"), "CONFIG SET {key} {value}: {out}");
     }
 
+    fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{name} {pid}");
+    }
+
     fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -139,6 +149,26 @@ fn instances(redis: &Redis, n: usize) -> Vec<Server> {
             ])
         })
         .collect()
+}
+
+/// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`;
+/// returns that answer's body.
+#[track_caller]
+fn wait_ready(srv: &Server, status: u16) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = srv.get("/readyz");
+        if got.status == status {
+            return got.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never answered {status} (last {} {})",
+            got.status,
+            got.text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Waits (bounded, 10 s) until `cond` holds.
@@ -426,4 +456,52 @@ fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
     for ws in &mut subscribers {
         read_answers(ws, &tally.answers, &tally.refused_answers);
     }
+}
+
+#[test]
+fn readyz_follows_redis_refusing_writes_and_hanging_both_ways_without_client_writes() {
+    let mut redis = Redis::start();
+    let servers = instances(&redis, 2);
+    let sid = unique_session();
+    servers[0].prompt(&sid, "before", Some("before"));
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    let not_ready = json!({"ready": false, "reason": "storage"});
+    // Out of memory: no client writes, yet not ready; ready again once
+    // Redis takes writes, again with no client write.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+        // Reads keep working.
+        assert_eq!(srv.get("/healthz").status, 200);
+        assert_eq!(srv.messages(&sid, "")["total"], 1);
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false")).json();
+        assert_eq!(client_msg_ids(pending.as_array().unwrap()), ["before"]);
+    }
+    redis.config_set("maxmemory", "0");
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // Hung (SIGSTOP): the probe goes unanswered, then is answered again.
+    redis.signal("STOP");
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+    }
+    redis.signal("CONT");
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // Unreachable, then back (empty).
+    redis.kill9();
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+    }
+    redis.run();
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // And writes work.
+    assert_eq!(servers[1].prompt(&sid, "x", Some("p"))["stored"], true);
 }

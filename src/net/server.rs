@@ -258,6 +258,7 @@ impl Server {
         self.cx.relay.flush_store();
         if let (Some(links), Some(store)) = (&mut self.redis, self.cx.relay.redis()) {
             links.tick(self.poll.registry(), now);
+            store.tick(now);
             links.flush(store, self.poll.registry(), now);
         }
     }
@@ -293,6 +294,9 @@ impl Server {
         }
         let mut next = self.next_sweep;
         if let Some(d) = self.redis.as_ref().and_then(|r| r.next_deadline()) {
+            next = next.min(d);
+        }
+        if let Some(d) = self.cx.relay.redis().and_then(|r| r.next_deadline()) {
             next = next.min(d);
         }
         if let Some(d) = self.cx.timers.next_deadline() {

@@ -31,6 +31,7 @@
 //! [`RedisStore::take_output`] gives. Replies are decoded with
 //! `redis-protocol`; commands are RESP arrays of bulk strings.
 
+mod health;
 mod url;
 
 use std::collections::{HashMap, VecDeque};
@@ -48,6 +49,8 @@ use super::types::{Seq, SessionId};
 use crate::http::response::{digits, push_decimal};
 use crate::relay::model::push_json_str;
 use crate::relay::{ApiError, ConnId};
+use crate::time::Millis;
+use health::Health;
 
 // The engine's larger functions are marked `#[inline(never)]`: each runs
 // once per request or reply, and inlined into the poll loop they cost the
@@ -233,6 +236,8 @@ enum Expect {
     },
     /// The sweep's calls: nobody waits.
     Quiet,
+    /// The health probe (see `health.rs`).
+    Probe,
 }
 
 #[derive(Default)]
@@ -278,6 +283,7 @@ pub struct RedisStore {
     pub unix_ms: u64,
     /// This instance's name in Redis (a UUID chosen at start).
     instance: String,
+    health: Health,
 }
 
 /// `POST /response` for the script.
@@ -320,6 +326,7 @@ impl RedisStore {
             stats: StoreStats::default(),
             unix_ms: 0,
             instance: IdGen::new().uuid(),
+            health: Health::default(),
         }
     }
 
@@ -328,9 +335,33 @@ impl RedisStore {
         &self.url
     }
 
-    /// Writes succeed: the scripts are loaded and the channel listened to.
+    /// Writes succeed: the scripts are loaded, the channel listened to,
+    /// and Redis neither refuses writes nor hangs (`/readyz`).
     pub fn healthy(&self) -> bool {
+        self.linked() && self.health.ok()
+    }
+
+    /// Both links are set up: the scripts are loaded and the channel
+    /// listened to.
+    pub fn linked(&self) -> bool {
         self.cmd.ready && self.ev.ready
+    }
+
+    /// Called at the end of every loop turn: sends the health probe when
+    /// it is due, and notices one that went unanswered too long.
+    pub fn tick(&mut self, now: Millis) {
+        if self.cmd.ready && self.health.tick(now, self.unix_ms) {
+            let probe = self.stats.commands;
+            self.call("", "probe", Known::default(), &[], Expect::Probe);
+            // Not a write a client asked for: not counted.
+            self.stats.commands = probe;
+        }
+    }
+
+    /// When [`tick`](Self::tick) has work next, while the command link is
+    /// set up.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.cmd.ready.then(|| self.health.next_deadline())
     }
 
     /// Whether requests can be sent now.
@@ -397,6 +428,7 @@ impl RedisStore {
         let was = side.up;
         *side = Side::default();
         if link == Link::Command {
+            self.health.link_lost();
             for e in std::mem::take(&mut self.expect) {
                 self.fail(e, ApiError::storage_unavailable());
             }
@@ -487,7 +519,8 @@ impl RedisStore {
                 error!(error = e.as_str(); "Redis refused the connection's setup");
                 return Err(e.clone());
             }
-            warn!(error = e.as_str(); "Redis refused a call");
+            let probe = matches!(expect, Expect::Probe);
+            self.health.refused(self.unix_ms, probe, e);
             self.refused(&expect);
             self.fail(expect, ApiError::storage_unavailable());
             return Ok(());
@@ -521,6 +554,7 @@ impl RedisStore {
                 }
             }
             Expect::Quiet => {}
+            Expect::Probe => self.health.probed(self.unix_ms),
             Expect::Sync { conn, sid } => {
                 let snapshot = match parse_snapshot(sid.clone(), frame) {
                     Ok(s) => s,

@@ -348,6 +348,10 @@ elseif op == 'watch' then
     redis.call('HSET', w, ARGV[12], ARGV[13])
   end
   return done({ 'ok', '' })
+elseif op == 'probe' then
+  -- A growing write, refused while Redis refuses writes (readiness).
+  redis.call('SET', prefix .. 'probe', ARGV[3])
+  return done({ 'ok', '' })
 elseif op == 'touch' then
   for i = 12, #ARGV do
     redis.call('ZADD', all, 'XX', now, ARGV[i])

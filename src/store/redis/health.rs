@@ -1,0 +1,185 @@
+//! Whether Redis takes writes now. Readiness follows Redis both ways
+//! without waiting for a client's write: a probe (one small growing write
+//! through the script) goes out once a second on the command link; a
+//! refused probe or write (out of memory) or a probe unanswered for
+//! [`PROBE_STALL`] makes the store unhealthy, and the next answered probe
+//! makes it healthy again.
+//!
+//! [`Trouble`] keeps a fault that persists to one log line when it starts,
+//! one every [`LOG_EVERY_MS`] while it lasts, and one when it ends.
+
+use std::time::Duration;
+
+use log::{info, warn};
+
+use crate::time::Millis;
+
+/// How often the command link is probed.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a probe may go unanswered before Redis counts as hung.
+pub const PROBE_STALL: Duration = Duration::from_secs(3);
+
+/// At most one log line per fault in this many milliseconds.
+pub const LOG_EVERY_MS: u64 = 30_000;
+
+/// A fault that may last: when it began and when it was last logged.
+#[derive(Debug, Default)]
+pub struct Trouble {
+    since: Option<u64>,
+    logged_at: u64,
+    /// Occurrences since the last line.
+    unlogged: u64,
+}
+
+impl Trouble {
+    /// The fault happened (again) at `now_ms`: `Some(occurrences since
+    /// the last line)` when this one is to be logged, the first and then
+    /// one every [`LOG_EVERY_MS`].
+    pub fn report(&mut self, now_ms: u64) -> Option<u64> {
+        self.unlogged += 1;
+        let due = match self.since {
+            None => {
+                self.since = Some(now_ms);
+                true
+            }
+            Some(_) => now_ms.saturating_sub(self.logged_at) >= LOG_EVERY_MS,
+        };
+        if !due {
+            return None;
+        }
+        self.logged_at = now_ms;
+        Some(std::mem::take(&mut self.unlogged))
+    }
+
+    /// Whether the fault is going on.
+    pub fn active(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// The fault is over: `Some(how long it lasted, ms)` if it was on.
+    pub fn end(&mut self, now_ms: u64) -> Option<u64> {
+        let since = self.since.take()?;
+        self.unlogged = 0;
+        Some(now_ms.saturating_sub(since))
+    }
+}
+
+/// The probe's state and what Redis answered lately.
+#[derive(Debug, Default)]
+pub struct Health {
+    next_probe: Millis,
+    /// When the probe in flight was sent.
+    probe_sent: Option<Millis>,
+    /// The last probe or write was refused: writes fail (out of memory).
+    refusing: Trouble,
+    /// The probe in flight is older than [`PROBE_STALL`].
+    stalled: bool,
+    stalled_at: u64,
+}
+
+impl Health {
+    /// Writes are neither refused nor hanging.
+    pub fn ok(&self) -> bool {
+        !self.refusing.active() && !self.stalled
+    }
+
+    /// Called once a turn while the command link is set up: whether a
+    /// probe goes out now (one at a time, once a second), and whether the
+    /// one in flight has been waited for too long.
+    pub fn tick(&mut self, now: Millis, unix_ms: u64) -> bool {
+        match self.probe_sent {
+            Some(sent) => {
+                if !self.stalled && now.since(sent) >= PROBE_STALL.as_millis() as u64 {
+                    self.stalled = true;
+                    self.stalled_at = unix_ms;
+                    warn!(waited_ms = now.since(sent); "Redis does not answer");
+                }
+                false
+            }
+            None if now >= self.next_probe => {
+                self.probe_sent = Some(now);
+                self.next_probe = now.after(PROBE_EVERY);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// When [`tick`](Self::tick) has something to do next.
+    pub fn next_deadline(&self) -> Millis {
+        match self.probe_sent {
+            Some(sent) if !self.stalled => sent.after(PROBE_STALL),
+            Some(_) => Millis(u64::MAX),
+            None => self.next_probe,
+        }
+    }
+
+    /// The probe was answered: writes work.
+    pub fn probed(&mut self, unix_ms: u64) {
+        self.probe_sent = None;
+        if std::mem::take(&mut self.stalled) {
+            info!(after_ms = unix_ms.saturating_sub(self.stalled_at); "Redis answers again");
+        }
+        if let Some(lasted_ms) = self.refusing.end(unix_ms) {
+            info!(after_ms = lasted_ms; "Redis takes writes again");
+        }
+    }
+
+    /// Redis refused the probe or a write with `error` (out of memory,
+    /// most often): unhealthy until a probe is answered. Logged once, then
+    /// at most every 30 s while it lasts.
+    pub fn refused(&mut self, unix_ms: u64, probe: bool, error: &str) {
+        if probe {
+            self.probe_sent = None;
+        }
+        if let Some(times) = self.refusing.report(unix_ms) {
+            warn!(error = error, refused = times; "Redis refuses writes");
+        }
+    }
+
+    /// The command link is gone: the probe in flight will not be answered
+    /// (a link that is down makes the store unhealthy by itself).
+    pub fn link_lost(&mut self) {
+        self.probe_sent = None;
+        self.stalled = false;
+        self.next_probe = Millis(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lasting_fault_is_logged_once_then_every_thirty_seconds() {
+        let mut t = Trouble::default();
+        assert_eq!(t.report(1_000), Some(1));
+        assert_eq!(t.report(2_000), None);
+        assert_eq!(t.report(30_999), None);
+        assert_eq!(t.report(31_000), Some(3));
+        assert_eq!(t.end(41_000), Some(40_000));
+        assert_eq!(t.end(42_000), None);
+        assert_eq!(t.report(50_000), Some(1));
+    }
+
+    #[test]
+    fn probes_go_out_once_a_second_and_a_silent_one_stalls() {
+        let mut h = Health::default();
+        assert!(h.tick(Millis(0), 0));
+        assert!(!h.tick(Millis(10), 0), "one in flight at a time");
+        h.probed(0);
+        assert!(!h.tick(Millis(999), 0));
+        assert!(h.tick(Millis(1_000), 0));
+        assert_eq!(h.next_deadline(), Millis(4_000));
+        assert!(h.ok());
+        h.tick(Millis(4_000), 0);
+        assert!(!h.ok(), "unanswered for 3 s");
+        h.probed(0);
+        assert!(h.ok());
+        h.refused(0, false, "OOM");
+        assert!(!h.ok());
+        h.probed(0);
+        assert!(h.ok());
+    }
+}
