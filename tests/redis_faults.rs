@@ -201,22 +201,29 @@ fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
     Some((status, serde_json::from_str(body).ok()?))
 }
 
-/// What the writers saw: ids acknowledged (`200`) and ids refused
-/// (`503`).
+/// What the writers saw: ids acknowledged (`200`), those of them sent
+/// after the store was lost (`Progress::lost`), ids refused (`503`) and,
+/// after a store was lost, answers to prompts it took with it (`404`).
 #[derive(Default, Debug)]
 struct Tally {
     prompts: BTreeSet<String>,
     answers: BTreeSet<String>,
+    prompts_after: BTreeSet<String>,
+    answers_after: BTreeSet<String>,
     refused_prompts: BTreeSet<String>,
     refused_answers: BTreeSet<String>,
+    orphans: u64,
 }
 
 impl Tally {
     fn merge(&mut self, other: Tally) {
         self.prompts.extend(other.prompts);
         self.answers.extend(other.answers);
+        self.prompts_after.extend(other.prompts_after);
+        self.answers_after.extend(other.answers_after);
         self.refused_prompts.extend(other.refused_prompts);
         self.refused_answers.extend(other.refused_answers);
+        self.orphans += other.orphans;
     }
 }
 
@@ -225,6 +232,9 @@ impl Tally {
 struct Progress {
     answered: AtomicU64,
     refused: AtomicU64,
+    /// Set once the store was flushed: what is sent afterwards must be
+    /// in the new one.
+    lost: AtomicBool,
 }
 
 /// A writer, alternating instances until `stop`: each round answers the
@@ -232,12 +242,14 @@ struct Progress {
 /// a new `assistant_msg_id`, so a refused one stays told apart), then
 /// posts a new prompt; so while Redis refuses writes, both kinds are
 /// refused. Once stopped, it answers what is left. Every request must
-/// get its own answer: `200` naming its own id or `503 Storage
-/// unavailable`.
+/// get its own answer: `200` naming its own id, `503 Storage
+/// unavailable`, or, for an answer when `lossy`, `404` (its prompt or
+/// session went with a lost store).
 fn writer(
     addrs: Vec<SocketAddr>,
     sid: String,
     name: String,
+    lossy: bool,
     stop: Arc<AtomicBool>,
     progress: Arc<Progress>,
 ) -> JoinHandle<Tally> {
@@ -257,6 +269,7 @@ fn writer(
             if stopping && unanswered.is_empty() {
                 break;
             }
+            let after = progress.lost.load(Ordering::SeqCst);
             if let Some(cid) = unanswered.front() {
                 attempt += 1;
                 let aid = format!("{name}-a{attempt}");
@@ -266,6 +279,9 @@ fn writer(
                 match status {
                     200 => {
                         assert_eq!(resp["assistant_msg_id"], aid.as_str(), "{resp}");
+                        if after {
+                            tally.answers_after.insert(aid.clone());
+                        }
                         tally.answers.insert(aid);
                         progress.answered.fetch_add(1, Ordering::Relaxed);
                         unanswered.pop_front();
@@ -275,6 +291,16 @@ fn writer(
                         tally.refused_answers.insert(aid);
                         progress.refused.fetch_add(1, Ordering::Relaxed);
                     }
+                    404 if lossy => {
+                        // The prompt, or its whole session, went with the store.
+                        let error = resp["error"].as_str().unwrap_or("");
+                        assert!(
+                            matches!(error, "Prompt not found" | "Session not found"),
+                            "{resp}"
+                        );
+                        tally.orphans += 1;
+                        unanswered.pop_front();
+                    }
                     other => panic!("/response: {other} {resp}"),
                 }
             }
@@ -283,11 +309,15 @@ fn writer(
             }
             n += 1;
             let cid = format!("{name}-p{n}");
+            let after = progress.lost.load(Ordering::SeqCst);
             let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
             let (status, resp) = post_to("/prompt", &body);
             match status {
                 200 => {
                     assert_eq!(resp["client_msg_id"], cid.as_str(), "{resp}");
+                    if after {
+                        tally.prompts_after.insert(cid.clone());
+                    }
                     tally.prompts.insert(cid.clone());
                     unanswered.push_back(cid);
                 }
@@ -311,7 +341,7 @@ struct Writers {
 }
 
 impl Writers {
-    fn start(servers: &[Server], sid: &str, n: usize) -> Writers {
+    fn start(servers: &[Server], sid: &str, n: usize, lossy: bool) -> Writers {
         let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
         let stop = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(Progress::default());
@@ -321,6 +351,7 @@ impl Writers {
                     addrs.clone(),
                     sid.to_string(),
                     format!("w{i}"),
+                    lossy,
                     Arc::clone(&stop),
                     Arc::clone(&progress),
                 )
@@ -438,7 +469,7 @@ fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
     for s in &servers {
         s.wait_health("subscribers", 1);
     }
-    let writers = Writers::start(&servers, &sid, 3);
+    let writers = Writers::start(&servers, &sid, 3, false);
     writers.wait_answers(20);
     // Redis stops taking writes in the middle of the traffic, then takes
     // them again.
@@ -504,4 +535,134 @@ fn readyz_follows_redis_refusing_writes_and_hanging_both_ways_without_client_wri
     }
     // And writes work.
     assert_eq!(servers[1].prompt(&sid, "x", Some("p"))["stored"], true);
+}
+
+/// Reads a subscriber through a lost store: `message`s of the old epoch
+/// with `seq` rising, then one `resync` naming `epoch` (the new one),
+/// then `message`s of it from its `first_seq`, rising, until every id of
+/// `want` was seen. Never a close. Returns the resync frame.
+#[track_caller]
+fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Value {
+    let mut last = 0;
+    let resync = loop {
+        let frame = ws.recv_json_skip_pings();
+        if frame["type"] == "resync" {
+            break frame;
+        }
+        assert_eq!(frame["type"], "message", "{frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+    };
+    assert_eq!(resync["epoch"], epoch, "{resync}");
+    let first = resync["first_seq"].as_u64().expect("first_seq");
+    let mut last = first - 1;
+    let mut seen = BTreeSet::new();
+    while !want.is_subset(&seen) {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "message", "one resync only: {frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+        seen.insert(
+            frame["data"]["assistant_msg_id"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        );
+    }
+    resync
+}
+
+#[test]
+fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion() {
+    let mut redis = Redis::start();
+    let servers = instances(&redis, 2);
+    let sid = unique_session();
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut subscribers: Vec<Ws> = servers
+        .iter()
+        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
+        .collect();
+    // A long-poll parked on B on a quiet session, through both losses.
+    let quiet = unique_session();
+    servers[0].put(&format!("/sessions/{quiet}"));
+    let mut parked = servers[1].conn();
+    parked.send("GET", &format!("/prompts/{quiet}?timeout=60"), &[], None);
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    servers[1].wait_health("parked_polls", 1);
+
+    // FLUSHALL in the middle of the traffic.
+    let writers = Writers::start(&servers, &sid, 3, true);
+    writers.wait_answers(20);
+    assert!(redis.cli(&["flushall"]).contains("OK"));
+    writers.progress.lost.store(true, Ordering::SeqCst);
+    writers.wait_answers(20);
+    let tally = writers.stop_and_join();
+    assert!(
+        tally.orphans > 0 || !tally.answers_after.is_empty(),
+        "{tally:?}"
+    );
+
+    let history = servers[0].messages(&sid, "?limit=1000");
+    let flushed = history["epoch"].as_str().unwrap().to_string();
+    assert_ne!(flushed, epoch, "a lost store is a new epoch");
+    for srv in &servers {
+        let h = srv.messages(&sid, "?limit=1000");
+        assert_eq!(h, history, "both instances hold the same session");
+        let seqs = seqs(&h);
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+        assert!(
+            tally
+                .prompts_after
+                .is_subset(&ids(&h, "prompt", "client_msg_id"))
+        );
+        assert!(
+            tally
+                .answers_after
+                .is_subset(&ids(&h, "assistant", "assistant_msg_id"))
+        );
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
+        assert_eq!(pending.json(), json!([]), "pending on one instance");
+    }
+    let answered = ids(&history, "assistant", "assistant_msg_id");
+    for ws in &mut subscribers {
+        let resync = read_through_resync(ws, &flushed, &answered);
+        assert_eq!(resync["first_seq"], 1, "{resync}");
+    }
+
+    // Restarted empty while nobody writes: the subscribers are told all
+    // the same, and the session goes on under another epoch.
+    redis.kill9();
+    redis.run();
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "resync", "{frame}");
+        assert_ne!(frame["epoch"], flushed.as_str());
+        assert_ne!(frame["epoch"], epoch.as_str());
+    }
+    let put = servers[1].put(&format!("/sessions/{sid}")).json();
+    assert_eq!(put["created"], false, "{put}");
+    servers[0].prompt(&sid, "again", Some("again"));
+    let ack = servers[1].post_json(
+        "/response",
+        &json!({"session_id": sid, "client_msg_id": "again", "assistant_msg_id": "fresh", "text": "x"}),
+    );
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["data"]["assistant_msg_id"], "fresh", "{frame}");
+        assert_eq!(frame["data"]["seq"], 2, "{frame}");
+        assert_eq!(frame["data"]["session_id"], sid.as_str());
+    }
+    // The long-poll parked through both is woken by a prompt after them.
+    servers[0].prompt(&quiet, "late", Some("late"));
+    let got = parked.read_response();
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(client_msg_ids(got.json().as_array().unwrap()), ["late"]);
 }

@@ -653,7 +653,12 @@ impl Server {
                     parked::committed(to, conn, &mut self.cx, result);
                 }
             }
-            Effect::Refill { sid } => subscriber::refill_all(&mut self.conns, &mut self.cx, &sid),
+            Effect::Refill { sid } => {
+                subscriber::refill_all(&mut self.conns, &mut self.cx, &sid, false)
+            }
+            Effect::Resync { sid } => {
+                subscriber::refill_all(&mut self.conns, &mut self.cx, &sid, true)
+            }
             Effect::Retry { to } => {
                 if let Some(conn) = lookup(&mut self.conns, to) {
                     parked::retry(to, conn, &mut self.cx);

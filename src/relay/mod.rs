@@ -76,6 +76,9 @@ pub enum Effect {
     /// The log of `sid` was read again whole: its subscribers here refill
     /// from their cursors.
     Refill { sid: SessionId },
+    /// The log of `sid` was lost and starts again under a new epoch: its
+    /// subscribers here owe a `resync` before anything else.
+    Resync { sid: SessionId },
 }
 
 /// A write's answer: now, or once the storage thread committed it (an

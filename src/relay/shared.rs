@@ -209,8 +209,12 @@ impl Relay {
         let Some(r) = &mut self.shared else {
             return;
         };
+        let lost = r.take_lost();
         let events = r.take_events();
         let answered = r.take_answered();
+        if lost {
+            self.store_lost();
+        }
         for e in events {
             self.published(now, e);
         }
@@ -314,7 +318,9 @@ impl Relay {
                 }
                 let log = rebuild(now, &head, msgs, self.limits.history_limit);
                 self.store.insert(sid.clone(), log);
-                if same {
+                // A copy dropped when Redis lost its data, read again.
+                let renewed = local.is_none() && self.presence.contains_key(&sid);
+                if same || renewed {
                     // More than history holds went by: what waits here
                     // reads the log again.
                     self.wake_waiters(&sid);
@@ -369,6 +375,29 @@ impl Relay {
             | Event::Deleted { sid, .. }
             | Event::Message { sid, .. } => self.resync(&sid),
             Event::Listening { .. } | Event::Refused { .. } => {}
+        }
+    }
+
+    /// Redis restarted empty or was flushed: every copy held here is of
+    /// sessions that are gone, not deleted. The copies are dropped (an
+    /// answer that still follows one is then ignored), and each session
+    /// someone waits on here is read again, created anew if missing:
+    /// its parked polls stay parked and its subscribers get a `resync`
+    /// with the new epoch instead of a close.
+    fn store_lost(&mut self) {
+        for sid in self.store.idle(|_, _| true) {
+            self.store.forget(&sid);
+        }
+        let Some(r) = self.shared.as_mut() else {
+            return;
+        };
+        for (sid, here) in &self.presence {
+            if r.up() {
+                r.recreate(sid);
+            }
+            if !here.subscribers.is_empty() {
+                self.effects.push(Effect::Resync { sid: sid.clone() });
+            }
         }
     }
 

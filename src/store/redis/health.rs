@@ -1,9 +1,12 @@
-//! Whether Redis takes writes now. Readiness follows Redis both ways
-//! without waiting for a client's write: a probe (one small growing write
-//! through the script) goes out once a second on the command link; a
-//! refused probe or write (out of memory) or a probe unanswered for
-//! [`PROBE_STALL`] makes the store unhealthy, and the next answered probe
-//! makes it healthy again.
+//! Whether Redis takes writes now, and whether it still holds what it
+//! held. Readiness follows Redis both ways without waiting for a client's
+//! write: a probe (one small growing write through the script) goes out
+//! once a second on the command link; a refused probe or write (out of
+//! memory) or a probe unanswered for [`PROBE_STALL`] makes the store
+//! unhealthy, and the next answered probe makes it healthy again. The
+//! probe also reads the store's generation (see `relay.lua`): a different
+//! one means Redis restarted empty or was flushed, and every session a
+//! relay holds was lost, not deleted.
 //!
 //! [`Trouble`] keeps a fault that persists to one log line when it starts,
 //! one every [`LOG_EVERY_MS`] while it lasts, and one when it ends.
@@ -76,6 +79,10 @@ pub struct Health {
     /// The probe in flight is older than [`PROBE_STALL`].
     stalled: bool,
     stalled_at: u64,
+    /// The store's generation as last read; `Some("")` while it has none.
+    generation: Option<String>,
+    /// The generation changed: every session held is stale.
+    lost: bool,
 }
 
 impl Health {
@@ -115,8 +122,9 @@ impl Health {
         }
     }
 
-    /// The probe was answered: writes work.
-    pub fn probed(&mut self, unix_ms: u64) {
+    /// The probe was answered: writes work, and `generation` is the
+    /// store's.
+    pub fn probed(&mut self, unix_ms: u64, generation: &str) {
         self.probe_sent = None;
         if std::mem::take(&mut self.stalled) {
             info!(after_ms = unix_ms.saturating_sub(self.stalled_at); "Redis answers again");
@@ -124,6 +132,7 @@ impl Health {
         if let Some(lasted_ms) = self.refusing.end(unix_ms) {
             info!(after_ms = lasted_ms; "Redis takes writes again");
         }
+        self.saw_generation(generation);
     }
 
     /// Redis refused the probe or a write with `error` (out of memory,
@@ -144,6 +153,30 @@ impl Health {
         self.probe_sent = None;
         self.stalled = false;
         self.next_probe = Millis(0);
+    }
+
+    /// The store's generation, as an answer gave it. A store without one
+    /// gets one from the next probe, sent at once: until then, a loss
+    /// could not be told from a deletion.
+    pub fn saw_generation(&mut self, generation: &str) {
+        if generation.is_empty() {
+            self.next_probe = Millis(0);
+        }
+        match &self.generation {
+            Some(known) if known == generation => return,
+            // A store that had none gets one: nothing was lost.
+            Some(known) if !known.is_empty() => {
+                warn!(was = known.as_str(), now = generation; "Redis lost its data (restarted empty or flushed)");
+                self.lost = true;
+            }
+            _ => {}
+        }
+        self.generation = Some(generation.to_string());
+    }
+
+    /// Whether the store was found lost since the last call.
+    pub fn take_lost(&mut self) -> bool {
+        std::mem::take(&mut self.lost)
     }
 }
 
@@ -168,18 +201,34 @@ mod tests {
         let mut h = Health::default();
         assert!(h.tick(Millis(0), 0));
         assert!(!h.tick(Millis(10), 0), "one in flight at a time");
-        h.probed(0);
+        h.probed(0, "g1");
         assert!(!h.tick(Millis(999), 0));
         assert!(h.tick(Millis(1_000), 0));
         assert_eq!(h.next_deadline(), Millis(4_000));
         assert!(h.ok());
         h.tick(Millis(4_000), 0);
         assert!(!h.ok(), "unanswered for 3 s");
-        h.probed(0);
+        h.probed(0, "g1");
         assert!(h.ok());
         h.refused(0, false, "OOM");
         assert!(!h.ok());
-        h.probed(0);
+        h.probed(0, "g1");
         assert!(h.ok());
+    }
+
+    #[test]
+    fn a_new_generation_means_the_store_was_lost() {
+        let mut h = Health::default();
+        h.saw_generation("");
+        h.saw_generation("g1");
+        assert!(!h.take_lost(), "a store that had none gets one");
+        h.saw_generation("g1");
+        assert!(!h.take_lost());
+        h.saw_generation("");
+        assert!(h.take_lost(), "flushed");
+        h.saw_generation("g2");
+        assert!(!h.take_lost());
+        h.saw_generation("g3");
+        assert!(h.take_lost());
     }
 }

@@ -364,6 +364,12 @@ impl RedisStore {
         self.cmd.ready.then(|| self.health.next_deadline())
     }
 
+    /// Whether Redis was found to have lost its data (restarted empty or
+    /// flushed) since the last call: every session held is stale.
+    pub fn take_lost(&mut self) -> bool {
+        self.health.take_lost()
+    }
+
     /// Whether requests can be sent now.
     pub fn up(&self) -> bool {
         self.cmd.up
@@ -554,7 +560,14 @@ impl RedisStore {
                 }
             }
             Expect::Quiet => {}
-            Expect::Probe => self.health.probed(self.unix_ms),
+            Expect::Probe => {
+                let generation = match &frame {
+                    OwnedFrame::Array(parts) => parts.get(1).map(text_of).transpose()?,
+                    _ => None,
+                };
+                let generation = generation.ok_or("the probe answered something else")?;
+                self.health.probed(self.unix_ms, &generation);
+            }
             Expect::Sync { conn, sid } => {
                 let snapshot = match parse_snapshot(sid.clone(), frame) {
                     Ok(s) => s,
@@ -567,6 +580,9 @@ impl RedisStore {
                     Some(_) => Then::Retry,
                     None => Then::Resynced(sid),
                 };
+                if let Some(g) = &snapshot.2 {
+                    self.health.saw_generation(g);
+                }
                 self.answered.push(Answered {
                     conn,
                     snapshot: Some(snapshot.1),
@@ -588,7 +604,7 @@ impl RedisStore {
         write: Write,
         frame: OwnedFrame,
     ) -> Result<(), String> {
-        let ((status, extra), snapshot) = match parse_snapshot(sid.clone(), frame) {
+        let ((status, extra), snapshot, generation) = match parse_snapshot(sid.clone(), frame) {
             Ok(s) => s,
             Err(e) => {
                 let expect = Expect::Write { conn, sid, write };
@@ -596,6 +612,9 @@ impl RedisStore {
                 return Err(e);
             }
         };
+        if let Some(g) = &generation {
+            self.health.saw_generation(g);
+        }
         let dup = status == "dup";
         let then = match status.as_str() {
             "ok" | "dup" => match write {
@@ -745,9 +764,10 @@ impl RedisStore {
         }
         // Calls run in the order they were asked for.
         self.send_batch();
-        // Only a write that may create the session needs a new epoch.
+        // Only a write that may create the session (or the store's
+        // generation) needs a new UUID.
         let epoch = match op {
-            "prompt" | "create" => self.ids.uuid(),
+            "prompt" | "create" | "probe" => self.ids.uuid(),
             _ => String::new(),
         };
         let (p, sid) = (self.prefix.as_bytes(), sid.as_bytes());
@@ -929,6 +949,18 @@ impl RedisStore {
             sid: sid.clone(),
         };
         self.call(sid, "sync", known, &[], expect);
+    }
+
+    /// Reads `sid` again for nobody in particular after Redis lost its
+    /// data, creating it (a new epoch) if it is gone: someone here waits
+    /// on it, and its subscribers resync rather than close.
+    pub fn recreate(&mut self, sid: &SessionId) {
+        self.follow.entry(sid.clone()).or_default().resyncs += 1;
+        let expect = Expect::Sync {
+            conn: None,
+            sid: sid.clone(),
+        };
+        self.call(sid, "create", Known::default(), &[], expect);
     }
 
     /// The sweep: marks the sessions someone here waits on as active, then
@@ -1125,12 +1157,15 @@ fn text_of(f: &OwnedFrame) -> Result<std::borrow::Cow<'_, str>, String> {
         .map_err(|_| "reply is not UTF-8".to_string())
 }
 
-/// The script's answer: `(status, extra)` and the session.
+/// What the script answered: `(status, extra)`, the session, and the
+/// store's generation when the answer carries it (a whole session, or
+/// none).
+type Parsed = ((String, String), Snapshot, Option<String>);
+
+/// The script's answer: `(status, extra)`, the session and the store's
+/// generation.
 #[inline(never)]
-fn parse_snapshot(
-    sid: SessionId,
-    frame: OwnedFrame,
-) -> Result<((String, String), Snapshot), String> {
+fn parse_snapshot(sid: SessionId, frame: OwnedFrame) -> Result<Parsed, String> {
     let OwnedFrame::Array(parts) = frame else {
         return Err("the script answered something else than an array".into());
     };
@@ -1142,6 +1177,7 @@ fn parse_snapshot(
     };
     let status = (field(0)?.to_string(), field(1)?.to_string());
     let epoch = field(2)?.into_owned();
+    let generation = Some(field(7)?.into_owned());
     if epoch.is_empty() {
         return Ok((
             status,
@@ -1150,6 +1186,7 @@ fn parse_snapshot(
                 head: None,
                 msgs: Vec::new(),
             },
+            generation,
         ));
     }
     let head = Head {
@@ -1159,8 +1196,9 @@ fn parse_snapshot(
         dropped_assistant: Seq(num(5)?),
         full: field(6)? == "1",
     };
-    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(7));
-    for p in parts.iter().skip(7) {
+    let generation = generation.filter(|_| head.full);
+    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(8));
+    for p in parts.iter().skip(8) {
         msgs.push(parse_msg(&text_of(p)?).ok_or("a stored message is malformed")?);
     }
     Ok((
@@ -1170,6 +1208,7 @@ fn parse_snapshot(
             head: Some(head),
             msgs,
         },
+        generation,
     ))
 }
 

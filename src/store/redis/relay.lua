@@ -21,6 +21,10 @@
 --   P sessions zset   sid -> last activity (unix ms, to the second: a
 --                     write moves it once a second at most): the TTL and
 --                     the cap
+--   P generation  string  a UUID set by the first `probe` of a store
+--                     that lacks it: a store restarted empty or flushed
+--                     gets a new one, so a caller can tell its sessions
+--                     were lost rather than deleted
 -- Every change is published on the session's channel (P e:<sid>), which
 -- the instances with someone waiting on the session listen to.
 --
@@ -35,11 +39,13 @@
 -- publishes only at the end, once every write went through: a refused
 -- call changed nothing and told nobody.
 --
--- Answer: {status, extra, epoch, n, la, da, full, records...}: the
--- session as it is after the call, as the records the caller lacks (it
--- says what it holds in known_epoch and known_next); `full` says they are
--- the whole session rather than what follows known_next. An empty epoch:
--- the session does not exist.
+-- Answer: {status, extra, epoch, n, la, da, full, generation, records...}:
+-- the session as it is after the call, as the records the caller lacks
+-- (it says what it holds in known_epoch and known_next); `full` says they
+-- are the whole session rather than what follows known_next, and then
+-- `generation` is the store's (empty otherwise, or when the store has
+-- none yet). An empty epoch: the session does not exist (the generation
+-- follows it).
 --
 -- `prompts` stores the prompts of one loop turn of the caller, in order,
 -- each as `prompt` would, and answers the list of their answers: the
@@ -60,6 +66,13 @@ local new_epoch, channel, prefix = ARGV[9], ARGV[10], ARGV[11]
 -- than the redis.call it feeds; "%d" is an integer's.
 local function str(n)
   return string.format('%d', n)
+end
+
+local generation_key = prefix .. 'generation'
+
+-- The store's generation, or '' when it has none yet (reads never write).
+local function generation()
+  return redis.call('GET', generation_key) or ''
 end
 
 -- Messages to publish, {channel, message}, sent once every write of the
@@ -121,7 +134,7 @@ end
 local written = {}
 
 local function answer(status, S, extra)
-  local out = { status, extra or '', S.e, S.n, S.la, S.da, '0' }
+  local out = { status, extra or '', S.e, S.n, S.la, S.da, '0', '' }
   if S.e == known_epoch and known_next >= S.n - limit and known_next <= S.n then
     for q = known_next, S.n - 1 do
       local w = written[q]
@@ -136,6 +149,7 @@ local function answer(status, S, extra)
     end
   else
     out[7] = '1'
+    out[8] = generation()
     local kv = redis.call('HGETALL', s)
     local seqs = {}
     local byseq = {}
@@ -155,7 +169,7 @@ local function answer(status, S, extra)
 end
 
 local function gone(status)
-  return { status, '', '' }
+  return { status, '', '', '', '', '', '', generation() }
 end
 
 -- Appends a message, `fields` then `head` then its seq, and marks what
@@ -349,9 +363,11 @@ elseif op == 'watch' then
   end
   return done({ 'ok', '' })
 elseif op == 'probe' then
-  -- A growing write, refused while Redis refuses writes (readiness).
-  redis.call('SET', prefix .. 'probe', ARGV[3])
-  return done({ 'ok', '' })
+  -- A growing write, refused while Redis refuses writes (readiness),
+  -- that gives a store lacking a generation its new one.
+  local g = redis.call('GET', generation_key) or new_epoch
+  redis.call('SET', generation_key, g)
+  return done({ 'ok', g })
 elseif op == 'touch' then
   for i = 12, #ARGV do
     redis.call('ZADD', all, 'XX', now, ARGV[i])
