@@ -666,3 +666,69 @@ fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion(
     assert_eq!(got.status, 200, "{}", got.text());
     assert_eq!(client_msg_ids(got.json().as_array().unwrap()), ["late"]);
 }
+
+/// The lines of `srv`'s log that contain `needle`.
+fn log_lines(srv: &Server, needle: &str) -> Vec<String> {
+    srv.logs()
+        .into_iter()
+        .filter(|l| l.contains(needle))
+        .collect()
+}
+
+/// Waits until `srv` logged at least `n` failed attempts to link to Redis
+/// (one `debug` line each), then checks they made one `warn` line, which
+/// names the URL without its password and says why.
+#[track_caller]
+fn logged_once(srv: &Server, url: &str, cause: &str, password: &str) {
+    wait_until("six failed attempts", || {
+        log_lines(srv, "Redis link failed").len() >= 6
+    });
+    let warned = log_lines(srv, "Redis unavailable");
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+    assert!(warned[0].contains("\"level\":\"warn\""), "{}", warned[0]);
+    assert!(warned[0].contains(url), "{}", warned[0]);
+    assert!(warned[0].contains(cause), "{}", warned[0]);
+    let logs = srv.logs();
+    assert!(logs.iter().all(|l| !l.contains(password)), "{logs:#?}");
+    assert!(log_lines(srv, "broke the protocol").is_empty(), "{logs:#?}");
+}
+
+#[test]
+fn redis_unreachable_or_refusing_the_password_is_logged_once_without_the_password() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let prefix = format!("{}:", unique_session());
+    let relay_with = |password: &str| {
+        Server::start_with(&[
+            (
+                "RELAY_REDIS_URL",
+                &format!("redis://:{password}@127.0.0.1:{port}"),
+            ),
+            ("RELAY_REDIS_PREFIX", &prefix),
+        ])
+    };
+    // Nothing listens: connection refused, logged once.
+    let first = relay_with("s3cret-pw");
+    logged_once(&first, &url, "refused", "s3cret-pw");
+    // Redis comes up there with that password: the return is logged once.
+    let redis = Redis::start_on(port, &["--requirepass", "s3cret-pw"]);
+    wait_ready(&first, 200);
+    wait_until("the return logged", || {
+        !log_lines(&first, "Redis reachable again").is_empty()
+    });
+
+    // A wrong password: Redis answers and refuses, logged once as such.
+    let second = relay_with("not-it-pw");
+    logged_once(&second, &url, "WRONGPASS", "not-it-pw");
+    assert_eq!(second.get("/readyz").status, 503);
+    // Redis is given that password: it links, and says so once.
+    redis.config_set("requirepass", "not-it-pw");
+    wait_ready(&second, 200);
+    wait_until("the return logged", || {
+        !log_lines(&second, "Redis reachable again").is_empty()
+    });
+    for srv in [&first, &second] {
+        assert_eq!(log_lines(srv, "Redis reachable again").len(), 1);
+        assert_eq!(log_lines(srv, "Redis unavailable").len(), 1);
+    }
+}

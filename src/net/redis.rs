@@ -2,17 +2,20 @@
 //! the script calls (each turn's calls go out in one write, and replies
 //! come back in order), the other listens to the channel of changes. A
 //! lost socket is connected again with capped backoff; nothing waits for
-//! it (requests that need Redis meanwhile get `503`).
+//! it (requests that need Redis meanwhile get `503`). Why a link failed is
+//! logged at `debug` each time, and at `warn` once when Redis becomes
+//! unavailable, then at most every 30 s while it stays so; its return is
+//! logged once. The URL in these lines never carries the password.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use log::{info, warn};
+use log::{debug, info, warn};
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 
-use crate::store::redis::{Link, RedisStore};
+use crate::store::redis::{Link, RedisStore, Trouble};
 use crate::time::Millis;
 
 pub const COMMAND: Token = Token(usize::MAX - 4);
@@ -60,10 +63,15 @@ pub struct RedisLinks {
     socks: [Sock; 2],
     /// Which address the next connect tries.
     next_addr: usize,
+    /// The URL without its password, for the logs.
+    url: String,
+    /// Redis cannot be reached or refuses the links: logged once, then
+    /// every 30 s.
+    trouble: Trouble,
 }
 
 impl RedisLinks {
-    pub fn new(addrs: Vec<SocketAddr>) -> RedisLinks {
+    pub fn new(addrs: Vec<SocketAddr>, url: String) -> RedisLinks {
         RedisLinks {
             addrs,
             socks: [
@@ -71,6 +79,18 @@ impl RedisLinks {
                 Sock::new(Link::Events, EVENTS),
             ],
             next_addr: 0,
+            url,
+            trouble: Trouble::default(),
+        }
+    }
+
+    /// A link failed because of `cause`: logged at `debug` every time, at
+    /// `warn` when it is news (see [`Trouble`]).
+    fn failed(&mut self, now: Millis, link: Link, cause: &str) {
+        let link = format!("{link:?}");
+        debug!(url = self.url.as_str(), link = link.as_str(), cause = cause; "Redis link failed");
+        if let Some(failures) = self.trouble.report(now.0) {
+            warn!(url = self.url.as_str(), cause = cause, failures = failures; "Redis unavailable; connecting again");
         }
     }
 
@@ -96,7 +116,9 @@ impl RedisLinks {
                     }
                 }
                 Err(e) => {
-                    warn!(error = e.to_string().as_str(); "cannot connect to Redis");
+                    let link = s.link;
+                    self.failed(now, link, &e.to_string());
+                    let s = &mut self.socks[i];
                     self.next_addr += 1;
                     s.retry_at = now.after(s.backoff);
                     s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
@@ -131,12 +153,14 @@ impl RedisLinks {
             return;
         };
         if !s.open {
-            let failed = ev.is_error()
-                || matches!(sock.take_error(), Ok(Some(_)) | Err(_))
-                || sock.peer_addr().is_err();
-            if failed {
+            let cause = match sock.take_error() {
+                Ok(Some(e)) | Err(e) => Some(e.to_string()),
+                Ok(None) if ev.is_error() => Some("connection failed".to_string()),
+                Ok(None) => sock.peer_addr().err().map(|e| e.to_string()),
+            };
+            if let Some(cause) = cause {
                 if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
-                    self.drop_link(i, store, registry, now);
+                    self.drop_link(i, store, registry, now, &cause);
                 }
                 return;
             }
@@ -147,30 +171,29 @@ impl RedisLinks {
         if ev.is_writable() {
             s.writable = true;
         }
-        let mut gone = false;
+        let mut gone = None;
         loop {
             match sock.read(scratch) {
                 Ok(0) => {
-                    gone = true;
+                    gone = Some("Redis closed the connection".to_string());
                     break;
                 }
                 Ok(n) => {
                     if let Err(e) = store.input(s.link, &scratch[..n]) {
-                        warn!(error = e.as_str(); "Redis broke the protocol");
-                        gone = true;
+                        gone = Some(e);
                         break;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    gone = true;
+                Err(e) => {
+                    gone = Some(e.to_string());
                     break;
                 }
             }
         }
-        if gone {
-            self.drop_link(i, store, registry, now);
+        if let Some(cause) = gone {
+            self.drop_link(i, store, registry, now, &cause);
             return;
         }
         self.flush_one(i, store, registry, now);
@@ -212,8 +235,8 @@ impl RedisLinks {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.writable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.drop_link(i, store, registry, now);
+                Err(e) => {
+                    self.drop_link(i, store, registry, now, &e.to_string());
                     return;
                 }
             }
@@ -222,9 +245,12 @@ impl RedisLinks {
             s.out.clear();
             s.written = 0;
         }
-        if store.healthy() {
+        if store.linked() {
             for s in &mut self.socks {
                 s.backoff = MIN_BACKOFF;
+            }
+            if let Some(after_ms) = self.trouble.end(now.0) {
+                info!(url = self.url.as_str(), after_ms = after_ms; "Redis reachable again");
             }
         }
     }
@@ -236,13 +262,19 @@ impl RedisLinks {
             .any(|s| s.writable && s.written < s.out.len())
     }
 
-    fn drop_link(&mut self, i: usize, store: &mut RedisStore, registry: &Registry, now: Millis) {
+    fn drop_link(
+        &mut self,
+        i: usize,
+        store: &mut RedisStore,
+        registry: &Registry,
+        now: Millis,
+        cause: &str,
+    ) {
+        let link = self.socks[i].link;
+        self.failed(now, link, cause);
         let s = &mut self.socks[i];
         if let Some(mut sock) = s.sock.take() {
             let _ = registry.deregister(&mut sock);
-        }
-        if s.open {
-            info!(link = format!("{:?}", s.link).as_str(); "Redis link closed; connecting again");
         }
         s.open = false;
         s.out.clear();

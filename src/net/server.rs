@@ -118,7 +118,7 @@ impl Server {
                     io::Error::new(e.kind(), format!("cannot resolve {}: {e}", url.display()))
                 })?;
                 info!(url = url.display().as_str(), prefix = cfg.redis_prefix.as_str(); "sessions shared through Redis");
-                let mut links = RedisLinks::new(addrs);
+                let mut links = RedisLinks::new(addrs, url.display());
                 links.tick(poll.registry(), turn.now);
                 redis = Some(links);
                 Relay::with_redis(

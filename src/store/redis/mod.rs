@@ -36,10 +36,11 @@ mod url;
 
 use std::collections::{HashMap, VecDeque};
 
-use log::{error, info, warn};
+use log::info;
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
 
+pub use health::Trouble;
 pub use url::RedisUrl;
 
 use super::mem::{IdGen, StoreLimits};
@@ -428,10 +429,10 @@ impl RedisStore {
     }
 
     /// The socket is gone: every request waiting on it is answered `503`.
+    /// The shell logs why.
     #[inline(never)]
     pub fn lost(&mut self, link: Link) {
         let side = self.side(link);
-        let was = side.up;
         *side = Side::default();
         if link == Link::Command {
             self.health.link_lost();
@@ -454,9 +455,6 @@ impl RedisStore {
                 });
             }
         }
-        if was {
-            warn!(link = format!("{link:?}").as_str(); "lost the connection to Redis");
-        }
     }
 
     /// Bytes to write on `link` (appended by the caller to what it has not
@@ -472,8 +470,9 @@ impl RedisStore {
         std::mem::take(&mut self.side(link).out)
     }
 
-    /// Bytes read from `link`: every whole reply is handled. An error means
-    /// the peer broke the protocol: the caller drops the link.
+    /// Bytes read from `link`: every whole reply is handled. An error (the
+    /// peer refused the link's setup, or broke the protocol) says why the
+    /// caller drops the link; the caller logs it.
     #[inline(never)]
     pub fn input(&mut self, link: Link, bytes: &[u8]) -> Result<(), String> {
         let side = self.side(link);
@@ -522,8 +521,7 @@ impl RedisStore {
                 self.expect.push_back(Expect::Setup);
             }
             if matches!(expect, Expect::Setup) {
-                error!(error = e.as_str(); "Redis refused the connection's setup");
-                return Err(e.clone());
+                return Err(format!("Redis refused the connection's setup: {e}"));
             }
             let probe = matches!(expect, Expect::Probe);
             self.health.refused(self.unix_ms, probe, e);
@@ -662,7 +660,9 @@ impl RedisStore {
     fn on_event(&mut self, frame: OwnedFrame) -> Result<(), String> {
         let parts = match frame {
             OwnedFrame::Array(parts) => parts,
-            OwnedFrame::Error(e) => return Err(e),
+            OwnedFrame::Error(e) => {
+                return Err(format!("Redis refused the connection's setup: {e}"));
+            }
             _ => return Ok(()), // AUTH, SELECT
         };
         let kind = parts.first().map(bytes_of);
