@@ -139,16 +139,17 @@ fn free_port() -> u16 {
 
 /// `n` relays on `redis` sharing a prefix of this test's own.
 fn instances(redis: &Redis, n: usize) -> Vec<Server> {
+    instances_with(redis, n, &[])
+}
+
+/// `instances`, with more settings.
+fn instances_with(redis: &Redis, n: usize, env: &[(&str, &str)]) -> Vec<Server> {
     let prefix = format!("{}:", unique_session());
     let url = redis.url();
-    (0..n)
-        .map(|_| {
-            Server::start_with(&[
-                ("RELAY_REDIS_URL", url.as_str()),
-                ("RELAY_REDIS_PREFIX", prefix.as_str()),
-            ])
-        })
-        .collect()
+    let mut env = env.to_vec();
+    env.push(("RELAY_REDIS_URL", url.as_str()));
+    env.push(("RELAY_REDIS_PREFIX", prefix.as_str()));
+    (0..n).map(|_| Server::start_with(&env)).collect()
 }
 
 /// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`;
@@ -665,6 +666,64 @@ fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion(
     let got = parked.read_response();
     assert_eq!(got.status, 200, "{}", got.text());
     assert_eq!(client_msg_ids(got.json().as_array().unwrap()), ["late"]);
+}
+
+#[test]
+fn a_store_lost_while_redis_refuses_writes_is_renewed_once_it_takes_them() {
+    // The sweep, every 2.5 s with this TTL, creates again a session
+    // someone waits on that could not be created when the loss was seen.
+    let redis = Redis::start();
+    let servers = instances_with(&redis, 2, &[("RELAY_SESSION_TTL", "10")]);
+    let sid = unique_session();
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut subscribers: Vec<Ws> = servers
+        .iter()
+        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
+        .collect();
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    servers[0].prompt(&sid, "q", Some("p1"));
+    assert_eq!(servers[1].respond(&sid, "p1", "a")["delivered"], true);
+    for ws in &mut subscribers {
+        assert_eq!(ws.recv_json_skip_pings()["data"]["seq"], 2);
+    }
+    // Out of memory, then the store flushed: each relay learns of the
+    // loss from the write Redis refuses it, and cannot create the
+    // session again yet.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    assert!(redis.cli(&["flushall"]).contains("OK"));
+    for (i, srv) in servers.iter().enumerate() {
+        let body = json!({"session_id": sid, "prompt": "q", "client_msg_id": format!("r{i}")});
+        assert_error(&srv.post_json("/prompt", &body), 503, "Storage unavailable");
+        wait_ready(srv, 503);
+    }
+    redis.config_set("maxmemory", "0");
+    let mut epochs = BTreeSet::new();
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "resync", "{frame}");
+        assert_eq!(frame["first_seq"], 1, "{frame}");
+        epochs.insert(frame["epoch"].as_str().unwrap_or("").to_string());
+    }
+    assert_eq!(epochs.len(), 1, "one new epoch: {epochs:?}");
+    assert!(!epochs.contains(&epoch));
+    let put = servers[1].put(&format!("/sessions/{sid}")).json();
+    assert_eq!(put["created"], false, "{put}");
+    assert!(
+        epochs.contains(put["epoch"].as_str().unwrap_or("")),
+        "{put}"
+    );
+    for (i, srv) in servers.iter().enumerate() {
+        let history = srv.messages(&sid, "");
+        assert_eq!(history["total"], 0, "nothing refused stored: {history}");
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false")).json();
+        assert_eq!(pending, json!([]), "instance {i}");
+    }
 }
 
 /// The lines of `srv`'s log that contain `needle`.

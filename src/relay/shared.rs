@@ -337,8 +337,17 @@ impl Relay {
     fn published(&mut self, now: Millis, e: Event) {
         let (sid, epoch) = match &e {
             Event::Listening { sid } => {
-                if self.presence.contains_key(sid) {
-                    self.resync(sid);
+                // Someone waits here on a session whose copy is gone only
+                // after Redis lost its data and the session could not be
+                // created again then (Redis went away): now it can.
+                match (self.presence.contains_key(sid), self.store.contains(sid)) {
+                    (true, true) => self.resync(sid),
+                    (true, false) => {
+                        if let Some(r) = self.shared.as_mut().filter(|r| r.up()) {
+                            r.recreate(sid);
+                        }
+                    }
+                    (false, _) => {}
                 }
                 return;
             }
@@ -412,9 +421,9 @@ impl Relay {
     }
 
     /// The sweep with Redis: the sessions someone here waits on are marked
-    /// active, the ones idle for the TTL are deleted (by whichever instance
-    /// sweeps first), and copies nobody here used for `forget_ms` are
-    /// forgotten.
+    /// active (and created again if Redis lost them and that failed), the
+    /// ones idle for the TTL are deleted (by whichever instance sweeps
+    /// first), and copies nobody here used for `forget_ms` are forgotten.
     pub(super) fn sweep_shared(&mut self, now: Millis, ttl_ms: u64) -> usize {
         let forget_ms = ttl_ms.min(60_000);
         let presence = &self.presence;
@@ -426,6 +435,7 @@ impl Relay {
         }
         let present: Vec<&str> = self.presence.keys().map(|s| s.as_str()).collect();
         let grace = watch_grace(ttl_ms);
+        let store = &self.store;
         if let Some(r) = self.shared.as_mut() {
             r.unlisten_unless(&|sid| presence.contains_key(sid));
             r.sweep(&present, ttl_ms);
@@ -433,6 +443,11 @@ impl Relay {
             for (sid, here) in &self.presence {
                 if !here.subscribers.is_empty() {
                     r.watch(sid, until);
+                }
+                // Waited on without a copy: Redis lost its data and the
+                // session could not be created again then.
+                if !store.contains(sid) && r.up() && !r.resyncing(sid) {
+                    r.recreate(sid);
                 }
             }
         }
