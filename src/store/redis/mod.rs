@@ -554,7 +554,7 @@ impl RedisStore {
                         return Err("SCRIPT LOAD answered another SHA-1".into());
                     }
                     self.cmd.ready = true;
-                    info!(url = self.url.display().as_str(); "connected to Redis");
+                    self.set_up();
                 }
             }
             Expect::Quiet => {}
@@ -671,6 +671,7 @@ impl RedisStore {
                 let channel = parts.get(1).map_or(&b""[..], bytes_of);
                 if channel == self.channel.as_bytes() {
                     self.ev.ready = true;
+                    self.set_up();
                 } else if let Some(sid) = self.sid_of_channel(channel)
                     && let Some(f) = self.follow.get_mut(&sid)
                     && f.listen.is_some()
@@ -697,6 +698,14 @@ impl RedisStore {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A link finished its setup: once both have, the relay is connected
+    /// (logged, and what the tests wait for before their first request).
+    fn set_up(&self) {
+        if self.linked() {
+            info!(url = self.url.display().as_str(); "connected to Redis");
+        }
     }
 
     /// Redis refused the write `expect` waited for: the copies of its
