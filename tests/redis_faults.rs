@@ -238,11 +238,11 @@ struct Progress {
     lost: AtomicBool,
 }
 
-/// A writer, alternating instances until `stop`: each round answers the
-/// oldest acknowledged prompt it has not answered yet (each attempt under
-/// a new `assistant_msg_id`, so a refused one stays told apart), then
-/// posts a new prompt; so while Redis refuses writes, both kinds are
-/// refused. Once stopped, it answers what is left. Every request must
+/// A writer, alternating instances until `stop`: each round posts a new
+/// prompt, then answers the oldest acknowledged prompt it has not
+/// answered yet (each attempt under a new `assistant_msg_id`, so a
+/// refused one stays told apart); so while Redis refuses writes, both
+/// kinds are refused. Once stopped, it answers what is left. Every request must
 /// get its own answer: `200` naming its own id, `503 Storage
 /// unavailable`, or, for an answer when `lossy`, `404` (its prompt or
 /// session went with a lost store).
@@ -270,8 +270,36 @@ fn writer(
             if stopping && unanswered.is_empty() {
                 break;
             }
+            let mut refused = false;
+            if !stopping {
+                n += 1;
+                let cid = format!("{name}-p{n}");
+                let after = progress.lost.load(Ordering::SeqCst);
+                let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
+                let (status, resp) = post_to("/prompt", &body);
+                match status {
+                    200 => {
+                        assert_eq!(resp["client_msg_id"], cid.as_str(), "{resp}");
+                        if after {
+                            tally.prompts_after.insert(cid.clone());
+                        }
+                        tally.prompts.insert(cid.clone());
+                        unanswered.push_back(cid);
+                    }
+                    503 => {
+                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                        tally.refused_prompts.insert(cid);
+                        progress.refused.fetch_add(1, Ordering::Relaxed);
+                        refused = true;
+                    }
+                    other => panic!("/prompt: {other} {resp}"),
+                }
+            }
             let after = progress.lost.load(Ordering::SeqCst);
-            if let Some(cid) = unanswered.front() {
+            // The oldest is answered once a newer one waits behind it, so
+            // one is always left to answer when Redis starts refusing.
+            let due = stopping || refused || unanswered.len() > 1;
+            if let Some(cid) = unanswered.front().filter(|_| due) {
                 attempt += 1;
                 let aid = format!("{name}-a{attempt}");
                 let body = json!({"session_id": sid, "client_msg_id": cid,
@@ -304,30 +332,6 @@ fn writer(
                     }
                     other => panic!("/response: {other} {resp}"),
                 }
-            }
-            if stopping {
-                continue;
-            }
-            n += 1;
-            let cid = format!("{name}-p{n}");
-            let after = progress.lost.load(Ordering::SeqCst);
-            let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
-            let (status, resp) = post_to("/prompt", &body);
-            match status {
-                200 => {
-                    assert_eq!(resp["client_msg_id"], cid.as_str(), "{resp}");
-                    if after {
-                        tally.prompts_after.insert(cid.clone());
-                    }
-                    tally.prompts.insert(cid.clone());
-                    unanswered.push_back(cid);
-                }
-                503 => {
-                    assert_eq!(resp["error"], "Storage unavailable", "{resp}");
-                    tally.refused_prompts.insert(cid);
-                    progress.refused.fetch_add(1, Ordering::Relaxed);
-                }
-                other => panic!("/prompt: {other} {resp}"),
             }
         }
         tally
