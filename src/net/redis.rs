@@ -7,15 +7,16 @@
 //! unavailable, then at most every 30 s while it stays so; its return is
 //! logged once. The URL in these lines never carries the password.
 
+use std::fmt::Display;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use log::{debug, info, warn};
+use log::Level;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 
-use crate::store::redis::{Link, RedisStore, Trouble};
+use crate::store::redis::{Link, RedisStore, Trouble, note};
 use crate::time::Millis;
 
 pub const COMMAND: Token = Token(usize::MAX - 4);
@@ -86,11 +87,14 @@ impl RedisLinks {
 
     /// A link failed because of `cause`: logged at `debug` every time, at
     /// `warn` when it is news (see [`Trouble`]).
-    fn failed(&mut self, now: Millis, link: Link, cause: &str) {
-        let link = format!("{link:?}");
-        debug!(url = self.url.as_str(), link = link.as_str(), cause = cause; "Redis link failed");
-        if let Some(failures) = self.trouble.report(now.0) {
-            warn!(url = self.url.as_str(), cause = cause, failures = failures; "Redis unavailable; connecting again");
+    #[inline(never)]
+    fn failed(&mut self, now: Millis, cause: &dyn Display) {
+        let cause = cause.to_string();
+        let cause = cause.as_str();
+        note(Level::Debug, "Redis link failed", &self.url, cause);
+        if self.trouble.report(now.0).is_some() {
+            let event = "Redis unavailable; connecting again";
+            note(Level::Warn, event, &self.url, cause);
         }
     }
 
@@ -116,8 +120,7 @@ impl RedisLinks {
                     }
                 }
                 Err(e) => {
-                    let link = s.link;
-                    self.failed(now, link, &e.to_string());
+                    self.failed(now, &e);
                     let s = &mut self.socks[i];
                     self.next_addr += 1;
                     s.retry_at = now.after(s.backoff);
@@ -236,7 +239,7 @@ impl RedisLinks {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.writable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    self.drop_link(i, store, registry, now, &e.to_string());
+                    self.drop_link(i, store, registry, now, &e);
                     return;
                 }
             }
@@ -249,8 +252,8 @@ impl RedisLinks {
             for s in &mut self.socks {
                 s.backoff = MIN_BACKOFF;
             }
-            if let Some(after_ms) = self.trouble.end(now.0) {
-                info!(url = self.url.as_str(), after_ms = after_ms; "Redis reachable again");
+            if self.trouble.end(now.0).is_some() {
+                note(Level::Info, "Redis reachable again", &self.url, "");
             }
         }
     }
@@ -262,16 +265,16 @@ impl RedisLinks {
             .any(|s| s.writable && s.written < s.out.len())
     }
 
+    #[inline(never)]
     fn drop_link(
         &mut self,
         i: usize,
         store: &mut RedisStore,
         registry: &Registry,
         now: Millis,
-        cause: &str,
+        cause: &dyn Display,
     ) {
-        let link = self.socks[i].link;
-        self.failed(now, link, cause);
+        self.failed(now, cause);
         let s = &mut self.socks[i];
         if let Some(mut sock) = s.sock.take() {
             let _ = registry.deregister(&mut sock);

@@ -653,11 +653,8 @@ impl Server {
                     parked::committed(to, conn, &mut self.cx, result);
                 }
             }
-            Effect::Refill { sid } => {
-                subscriber::refill_all(&mut self.conns, &mut self.cx, &sid, false)
-            }
-            Effect::Resync { sid } => {
-                subscriber::refill_all(&mut self.conns, &mut self.cx, &sid, true)
+            Effect::Refill { sid, resync } => {
+                subscriber::refill_all(&mut self.conns, &mut self.cx, &sid, resync)
             }
             Effect::Retry { to } => {
                 if let Some(conn) = lookup(&mut self.conns, to) {

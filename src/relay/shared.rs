@@ -205,6 +205,7 @@ impl Relay {
     /// Applies what Redis answered and published since the last call, and
     /// queues the answers of the requests that waited. Called after the
     /// shell handed Redis's bytes to the engine.
+    #[inline(never)]
     pub fn redis_done(&mut self, now: Millis) {
         let Some(r) = &mut self.shared else {
             return;
@@ -318,13 +319,15 @@ impl Relay {
                 }
                 let log = rebuild(now, &head, msgs, self.limits.history_limit);
                 self.store.insert(sid.clone(), log);
-                // A copy dropped when Redis lost its data, read again.
-                let renewed = local.is_none() && self.presence.contains_key(&sid);
-                if same || renewed {
-                    // More than history holds went by: what waits here
-                    // reads the log again.
+                // More than history holds went by: what waits here reads
+                // the log again. Without a copy before, a session first
+                // read here has nobody waiting yet, and one someone waits
+                // on lost its copy with the store: its subscribers start
+                // the new epoch with a `resync`.
+                if same || local.is_none() {
                     self.wake_waiters(&sid);
-                    self.effects.push(Effect::Refill { sid });
+                    let resync = local.is_none();
+                    self.effects.push(Effect::Refill { sid, resync });
                 }
                 false
             }
@@ -337,23 +340,13 @@ impl Relay {
     fn published(&mut self, now: Millis, e: Event) {
         let (sid, epoch) = match &e {
             Event::Listening { sid } => {
-                // Someone waits here on a session whose copy is gone only
-                // after Redis lost its data and the session could not be
-                // created again then (Redis went away): now it can.
-                match (self.presence.contains_key(sid), self.store.contains(sid)) {
-                    (true, true) => self.resync(sid),
-                    (true, false) => {
-                        if let Some(r) = self.shared.as_mut().filter(|r| r.up()) {
-                            r.recreate(sid);
-                        }
-                    }
-                    (false, _) => {}
+                if self.presence.contains_key(sid) {
+                    self.resync(sid);
                 }
                 return;
             }
             Event::Refused { sid } => {
-                let reading = self.shared.as_ref().is_some_and(|r| r.resyncing(sid));
-                if self.store.contains(sid) && !reading {
+                if self.store.contains(sid) {
                     self.resync(sid);
                 }
                 return;
@@ -392,31 +385,29 @@ impl Relay {
     /// answer that still follows one is then ignored), and each session
     /// someone waits on here is read again, created anew if missing:
     /// its parked polls stay parked and its subscribers get a `resync`
-    /// with the new epoch instead of a close.
+    /// with the new epoch instead of a close (see `catch_up`).
+    #[inline(never)]
     fn store_lost(&mut self) {
-        for sid in self.store.idle(|_, _| true) {
-            self.store.forget(&sid);
-        }
-        let Some(r) = self.shared.as_mut() else {
-            return;
-        };
-        for (sid, here) in &self.presence {
-            if r.up() {
+        self.store.forget_all();
+        if let Some(r) = self.shared.as_mut().filter(|r| r.up()) {
+            for sid in self.presence.keys() {
                 r.recreate(sid);
-            }
-            if !here.subscribers.is_empty() {
-                self.effects.push(Effect::Resync { sid: sid.clone() });
             }
         }
     }
 
-    /// Reads a session again, for nobody in particular.
+    /// Reads a session again, for nobody in particular. One waited on
+    /// here without a copy (Redis lost its data, and creating it again
+    /// failed then) is created again.
     fn resync(&mut self, sid: &SessionId) {
         let store = &self.store;
         if let Some(r) = self.shared.as_mut()
             && r.up()
         {
-            r.sync(None, sid, known(store, sid));
+            match store.get(sid) {
+                Some(_) => r.sync(None, sid, known(store, sid)),
+                None => r.recreate(sid),
+            }
         }
     }
 
@@ -446,7 +437,7 @@ impl Relay {
                 }
                 // Waited on without a copy: Redis lost its data and the
                 // session could not be created again then.
-                if !store.contains(sid) && r.up() && !r.resyncing(sid) {
+                if !store.contains(sid) && r.up() {
                     r.recreate(sid);
                 }
             }

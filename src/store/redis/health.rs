@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use log::{info, warn};
+use log::Level;
 
 use crate::time::Millis;
 
@@ -25,6 +25,19 @@ pub const PROBE_STALL: Duration = Duration::from_secs(3);
 
 /// At most one log line per fault in this many milliseconds.
 pub const LOG_EVERY_MS: u64 = 30_000;
+
+/// One line about how Redis is doing, with its URL (never the password)
+/// and the cause when there is one. Every such line of the engine and of
+/// the shell goes through here: one call of the logger instead of one per
+/// line keeps the static binary inside its budget.
+#[inline(never)]
+pub fn note(level: Level, event: &str, url: &str, cause: &str) {
+    if cause.is_empty() {
+        log::log!(level, url = url; "{event}");
+    } else {
+        log::log!(level, url = url, cause = cause; "{event}");
+    }
+}
 
 /// A fault that may last: when it began and when it was last logged.
 #[derive(Debug, Default)]
@@ -71,6 +84,8 @@ impl Trouble {
 /// The probe's state and what Redis answered lately.
 #[derive(Debug, Default)]
 pub struct Health {
+    /// Where Redis is, for the logs.
+    url: String,
     next_probe: Millis,
     /// When the probe in flight was sent.
     probe_sent: Option<Millis>,
@@ -78,14 +93,26 @@ pub struct Health {
     refusing: Trouble,
     /// The probe in flight is older than [`PROBE_STALL`].
     stalled: bool,
-    stalled_at: u64,
     /// The store's generation as last read; `Some("")` while it has none.
-    generation: Option<String>,
+    generation: Option<Vec<u8>>,
     /// The generation changed: every session held is stale.
     lost: bool,
 }
 
 impl Health {
+    /// Redis at `url` (as the logs show it), not probed yet.
+    pub fn new(url: String) -> Health {
+        Health {
+            url,
+            ..Health::default()
+        }
+    }
+
+    /// Where Redis is, as the logs show it.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// Writes are neither refused nor hanging.
     pub fn ok(&self) -> bool {
         !self.refusing.active() && !self.stalled
@@ -94,13 +121,12 @@ impl Health {
     /// Called once a turn while the command link is set up: whether a
     /// probe goes out now (one at a time, once a second), and whether the
     /// one in flight has been waited for too long.
-    pub fn tick(&mut self, now: Millis, unix_ms: u64) -> bool {
+    pub fn tick(&mut self, now: Millis) -> bool {
         match self.probe_sent {
             Some(sent) => {
                 if !self.stalled && now.since(sent) >= PROBE_STALL.as_millis() as u64 {
                     self.stalled = true;
-                    self.stalled_at = unix_ms;
-                    warn!(waited_ms = now.since(sent); "Redis does not answer");
+                    note(Level::Warn, "Redis does not answer", &self.url, "");
                 }
                 false
             }
@@ -124,13 +150,13 @@ impl Health {
 
     /// The probe was answered: writes work, and `generation` is the
     /// store's.
-    pub fn probed(&mut self, unix_ms: u64, generation: &str) {
+    pub fn probed(&mut self, unix_ms: u64, generation: &[u8]) {
         self.probe_sent = None;
         if std::mem::take(&mut self.stalled) {
-            info!(after_ms = unix_ms.saturating_sub(self.stalled_at); "Redis answers again");
+            note(Level::Info, "Redis answers again", &self.url, "");
         }
-        if let Some(lasted_ms) = self.refusing.end(unix_ms) {
-            info!(after_ms = lasted_ms; "Redis takes writes again");
+        if self.refusing.end(unix_ms).is_some() {
+            note(Level::Info, "Redis takes writes again", &self.url, "");
         }
         self.saw_generation(generation);
     }
@@ -142,8 +168,8 @@ impl Health {
         if probe {
             self.probe_sent = None;
         }
-        if let Some(times) = self.refusing.report(unix_ms) {
-            warn!(error = error, refused = times; "Redis refuses writes");
+        if self.refusing.report(unix_ms).is_some() {
+            note(Level::Warn, "Redis refuses writes", &self.url, error);
         }
     }
 
@@ -158,7 +184,7 @@ impl Health {
     /// The store's generation, as an answer gave it. A store without one
     /// gets one from the next probe, sent at once: until then, a loss
     /// could not be told from a deletion.
-    pub fn saw_generation(&mut self, generation: &str) {
+    pub fn saw_generation(&mut self, generation: &[u8]) {
         if generation.is_empty() {
             self.next_probe = Millis(0);
         }
@@ -166,12 +192,13 @@ impl Health {
             Some(known) if known == generation => return,
             // A store that had none gets one: nothing was lost.
             Some(known) if !known.is_empty() => {
-                warn!(was = known.as_str(), now = generation; "Redis lost its data (restarted empty or flushed)");
+                let event = "Redis lost its data (restarted empty or flushed)";
+                note(Level::Warn, event, &self.url, "");
                 self.lost = true;
             }
             _ => {}
         }
-        self.generation = Some(generation.to_string());
+        self.generation = Some(generation.to_vec());
     }
 
     /// Whether the store was found lost since the last call.
@@ -199,36 +226,36 @@ mod tests {
     #[test]
     fn probes_go_out_once_a_second_and_a_silent_one_stalls() {
         let mut h = Health::default();
-        assert!(h.tick(Millis(0), 0));
-        assert!(!h.tick(Millis(10), 0), "one in flight at a time");
-        h.probed(0, "g1");
-        assert!(!h.tick(Millis(999), 0));
-        assert!(h.tick(Millis(1_000), 0));
+        assert!(h.tick(Millis(0)));
+        assert!(!h.tick(Millis(10)), "one in flight at a time");
+        h.probed(0, b"g1");
+        assert!(!h.tick(Millis(999)));
+        assert!(h.tick(Millis(1_000)));
         assert_eq!(h.next_deadline(), Millis(4_000));
         assert!(h.ok());
-        h.tick(Millis(4_000), 0);
+        h.tick(Millis(4_000));
         assert!(!h.ok(), "unanswered for 3 s");
-        h.probed(0, "g1");
+        h.probed(0, b"g1");
         assert!(h.ok());
         h.refused(0, false, "OOM");
         assert!(!h.ok());
-        h.probed(0, "g1");
+        h.probed(0, b"g1");
         assert!(h.ok());
     }
 
     #[test]
     fn a_new_generation_means_the_store_was_lost() {
         let mut h = Health::default();
-        h.saw_generation("");
-        h.saw_generation("g1");
+        h.saw_generation(b"");
+        h.saw_generation(b"g1");
         assert!(!h.take_lost(), "a store that had none gets one");
-        h.saw_generation("g1");
+        h.saw_generation(b"g1");
         assert!(!h.take_lost());
-        h.saw_generation("");
+        h.saw_generation(b"");
         assert!(h.take_lost(), "flushed");
-        h.saw_generation("g2");
+        h.saw_generation(b"g2");
         assert!(!h.take_lost());
-        h.saw_generation("g3");
+        h.saw_generation(b"g3");
         assert!(h.take_lost());
     }
 }

@@ -26,6 +26,19 @@
 //! messages and replies in order). The reads of one loop turn share one
 //! `PING`. Any other session is read through the script.
 //!
+//! A write Redis refuses leaves no trace. Out of memory (`maxmemory` with
+//! `noeviction`), Redis refuses a write command that may grow memory only
+//! while the script has written nothing yet, and aborts the script there
+//! (`redis.call` raises; the script never uses `redis.pcall`); once a
+//! write went through, the rest are run. The script declares no flags (a
+//! `#!lua` line, which Redis 6.2 would not parse; Redis 7 refuses a script
+//! with flags but without `allow-oom` up front), so Redis runs it and
+//! checks memory at that first write. So every write path of the script makes its
+//! growing write (HSET, ZADD) first, deletes (HDEL, DEL) after it, and
+//! publishes only once every write went through: a refused call changed
+//! nothing and told nobody. A relay that sees a write refused reads that
+//! session again all the same ([`Event::Refused`]).
+//!
 //! Sans-IO like the relay core: the shell owns the two sockets, hands
 //! their bytes to [`RedisStore::input`] and writes what
 //! [`RedisStore::take_output`] gives. Replies are decoded with
@@ -36,11 +49,11 @@ mod url;
 
 use std::collections::{HashMap, VecDeque};
 
-use log::info;
+use log::Level;
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
 
-pub use health::Trouble;
+pub use health::{Trouble, note};
 pub use url::RedisUrl;
 
 use super::mem::{IdGen, StoreLimits};
@@ -306,6 +319,7 @@ impl RedisStore {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
+        let url_text = url.display();
         RedisStore {
             url,
             prefix: prefix.to_string(),
@@ -327,7 +341,7 @@ impl RedisStore {
             stats: StoreStats::default(),
             unix_ms: 0,
             instance: IdGen::new().uuid(),
-            health: Health::default(),
+            health: Health::new(url_text),
         }
     }
 
@@ -350,8 +364,9 @@ impl RedisStore {
 
     /// Called at the end of every loop turn: sends the health probe when
     /// it is due, and notices one that went unanswered too long.
+    #[inline(never)]
     pub fn tick(&mut self, now: Millis) {
-        if self.cmd.ready && self.health.tick(now, self.unix_ms) {
+        if self.cmd.ready && self.health.tick(now) {
             let probe = self.stats.commands;
             self.call("", "probe", Known::default(), &[], Expect::Probe);
             // Not a write a client asked for: not counted.
@@ -560,14 +575,16 @@ impl RedisStore {
             Expect::Quiet => {}
             Expect::Probe => {
                 let generation = match &frame {
-                    OwnedFrame::Array(parts) => parts.get(1).map(text_of).transpose()?,
-                    _ => None,
+                    OwnedFrame::Array(parts) => parts.get(1).map_or(&b""[..], bytes_of),
+                    _ => b"",
                 };
-                let generation = generation.ok_or("the probe answered something else")?;
-                self.health.probed(self.unix_ms, &generation);
+                if generation.is_empty() {
+                    return Err("the probe answered something else".into());
+                }
+                self.health.probed(self.unix_ms, generation);
             }
             Expect::Sync { conn, sid } => {
-                let snapshot = match parse_snapshot(sid.clone(), frame) {
+                let snapshot = match parse_snapshot(sid.clone(), frame, &mut self.health) {
                     Ok(s) => s,
                     Err(e) => {
                         self.fail(Expect::Sync { conn, sid }, ApiError::storage_unavailable());
@@ -578,9 +595,6 @@ impl RedisStore {
                     Some(_) => Then::Retry,
                     None => Then::Resynced(sid),
                 };
-                if let Some(g) = &snapshot.2 {
-                    self.health.saw_generation(g);
-                }
                 self.answered.push(Answered {
                     conn,
                     snapshot: Some(snapshot.1),
@@ -602,7 +616,8 @@ impl RedisStore {
         write: Write,
         frame: OwnedFrame,
     ) -> Result<(), String> {
-        let ((status, extra), snapshot, generation) = match parse_snapshot(sid.clone(), frame) {
+        let parsed = parse_snapshot(sid.clone(), frame, &mut self.health);
+        let ((status, extra), snapshot) = match parsed {
             Ok(s) => s,
             Err(e) => {
                 let expect = Expect::Write { conn, sid, write };
@@ -610,9 +625,6 @@ impl RedisStore {
                 return Err(e);
             }
         };
-        if let Some(g) = &generation {
-            self.health.saw_generation(g);
-        }
         let dup = status == "dup";
         let then = match status.as_str() {
             "ok" | "dup" => match write {
@@ -704,26 +716,29 @@ impl RedisStore {
     /// (logged, and what the tests wait for before their first request).
     fn set_up(&self) {
         if self.linked() {
-            info!(url = self.url.display().as_str(); "connected to Redis");
+            note(Level::Info, "connected to Redis", self.health.url(), "");
         }
     }
 
     /// Redis refused the write `expect` waited for: the copies of its
-    /// sessions are read again (see [`Event::Refused`]).
+    /// sessions are read again (see [`Event::Refused`]), unless such a
+    /// read is on its way already.
     fn refused(&mut self, expect: &Expect) {
-        let mut sids: Vec<&SessionId> = Vec::new();
         match expect {
-            Expect::Write { sid, .. } => sids.push(sid),
+            Expect::Write { sid, .. } => self.reread(sid),
             Expect::Prompts(waiting) => {
-                for (_, sid, _) in waiting {
-                    if !sids.contains(&sid) {
-                        sids.push(sid);
+                for (i, (_, sid, _)) in waiting.iter().enumerate() {
+                    if waiting[..i].iter().all(|(_, s, _)| s != sid) {
+                        self.reread(sid);
                     }
                 }
             }
             _ => {}
         }
-        for sid in sids {
+    }
+
+    fn reread(&mut self, sid: &SessionId) {
+        if !self.resyncing(sid) {
             self.events.push(Event::Refused { sid: sid.clone() });
         }
     }
@@ -963,6 +978,7 @@ impl RedisStore {
     /// Reads `sid` again for nobody in particular after Redis lost its
     /// data, creating it (a new epoch) if it is gone: someone here waits
     /// on it, and its subscribers resync rather than close.
+    #[inline(never)]
     pub fn recreate(&mut self, sid: &SessionId) {
         self.follow.entry(sid.clone()).or_default().resyncs += 1;
         let expect = Expect::Sync {
@@ -1166,15 +1182,15 @@ fn text_of(f: &OwnedFrame) -> Result<std::borrow::Cow<'_, str>, String> {
         .map_err(|_| "reply is not UTF-8".to_string())
 }
 
-/// What the script answered: `(status, extra)`, the session, and the
-/// store's generation when the answer carries it (a whole session, or
-/// none).
-type Parsed = ((String, String), Snapshot, Option<String>);
-
-/// The script's answer: `(status, extra)`, the session and the store's
-/// generation.
+/// The script's answer: `(status, extra)` and the session; the store's
+/// generation, when the answer carries it (a whole session, or none),
+/// goes to `health`.
 #[inline(never)]
-fn parse_snapshot(sid: SessionId, frame: OwnedFrame) -> Result<Parsed, String> {
+fn parse_snapshot(
+    sid: SessionId,
+    frame: OwnedFrame,
+    health: &mut Health,
+) -> Result<((String, String), Snapshot), String> {
     let OwnedFrame::Array(parts) = frame else {
         return Err("the script answered something else than an array".into());
     };
@@ -1186,7 +1202,10 @@ fn parse_snapshot(sid: SessionId, frame: OwnedFrame) -> Result<Parsed, String> {
     };
     let status = (field(0)?.to_string(), field(1)?.to_string());
     let epoch = field(2)?.into_owned();
-    let generation = Some(field(7)?.into_owned());
+    let full = field(6)? == "1";
+    if epoch.is_empty() || full {
+        health.saw_generation(parts.get(7).map_or(b"", bytes_of));
+    }
     if epoch.is_empty() {
         return Ok((
             status,
@@ -1195,7 +1214,6 @@ fn parse_snapshot(sid: SessionId, frame: OwnedFrame) -> Result<Parsed, String> {
                 head: None,
                 msgs: Vec::new(),
             },
-            generation,
         ));
     }
     let head = Head {
@@ -1203,9 +1221,8 @@ fn parse_snapshot(sid: SessionId, frame: OwnedFrame) -> Result<Parsed, String> {
         next: Seq(num(3)?),
         last_assistant: Seq(num(4)?),
         dropped_assistant: Seq(num(5)?),
-        full: field(6)? == "1",
+        full,
     };
-    let generation = generation.filter(|_| head.full);
     let mut msgs = Vec::with_capacity(parts.len().saturating_sub(8));
     for p in parts.iter().skip(8) {
         msgs.push(parse_msg(&text_of(p)?).ok_or("a stored message is malformed")?);
@@ -1217,7 +1234,6 @@ fn parse_snapshot(sid: SessionId, frame: OwnedFrame) -> Result<Parsed, String> {
             head: Some(head),
             msgs,
         },
-        generation,
     ))
 }
 

@@ -21,31 +21,19 @@
 --   P sessions zset   sid -> last activity (unix ms, to the second: a
 --                     write moves it once a second at most): the TTL and
 --                     the cap
---   P generation  string  a UUID set by the first `probe` of a store
---                     that lacks it: a store restarted empty or flushed
---                     gets a new one, so a caller can tell its sessions
---                     were lost rather than deleted
+--   P generation  string  the store's UUID, set by `probe` (lost with it)
 -- Every change is published on the session's channel (P e:<sid>), which
 -- the instances with someone waiting on the session listen to.
 --
--- A write Redis refuses must leave no trace. Out of memory (`maxmemory`
--- with `noeviction`), Redis refuses a write command that may grow memory
--- only while the script has written nothing yet, and aborts the script
--- there (`redis.call` raises; the script never uses `redis.pcall`); once
--- a write went through, the rest are run. This script has no flags
--- (no `#!lua` line, which Redis 6.2 would not parse), so Redis runs it
--- and checks memory at that first write. So every write path makes a
--- growing write (HSET, ZADD) first, removes (HDEL, DEL) after it, and
--- publishes only at the end, once every write went through: a refused
--- call changed nothing and told nobody.
+-- A refused write leaves no trace (see mod.rs): each write makes its
+-- growing write (HSET, ZADD) first, deletes after it, and publishes last.
 --
 -- Answer: {status, extra, epoch, n, la, da, full, generation, records...}:
 -- the session as it is after the call, as the records the caller lacks
 -- (it says what it holds in known_epoch and known_next); `full` says they
--- are the whole session rather than what follows known_next, and then
--- `generation` is the store's (empty otherwise, or when the store has
--- none yet). An empty epoch: the session does not exist (the generation
--- follows it).
+-- are the whole session rather than what follows known_next, and only
+-- then is `generation` given. An empty epoch: the session does not exist
+-- (the generation follows it).
 --
 -- `prompts` stores the prompts of one loop turn of the caller, in order,
 -- each as `prompt` would, and answers the list of their answers: the
@@ -70,21 +58,19 @@ end
 
 local generation_key = prefix .. 'generation'
 
--- The store's generation, or '' when it has none yet (reads never write).
+-- The store's generation, or '' (a read never sets it).
 local function generation()
   return redis.call('GET', generation_key) or ''
 end
 
--- Messages to publish, {channel, message}, sent once every write of the
--- call went through (see the top).
+-- Messages to publish, {channel, message}, sent by `done`.
 local published = {}
 
 local function publish(ch, message)
   published[#published + 1] = { ch, message }
 end
 
--- Fields of the session being written to delete once its growing write
--- went through (see `save`).
+-- Fields of the session to delete once its growing write went through.
 local drops = {}
 
 -- The session's counters, and the fields named after them (v[7] on):
@@ -100,8 +86,8 @@ end
 
 -- A redis.call costs about as much as the Lua around it, so a write makes
 -- as few as it can: one HSET of the counters and `fields` (field, value,
--- ...), and the activity score moves once a second. The growing writes
--- come first, then the deletions `append` gathered (see the top).
+-- ...), and the activity score moves once a second; then the deletions
+-- `append` gathered.
 local function save(S, fields)
   local n = #fields
   fields[n + 1], fields[n + 2] = 'n', str(S.n)
@@ -236,9 +222,8 @@ local function prompt(cid, head, ts)
   return answer('ok', S, extra)
 end
 
--- Sends what the call publishes, once every write of it went through
--- (see the top), and gives its answer: every answer of the dispatch
--- below goes through here.
+-- Every answer below goes through here: what the call publishes is sent
+-- once every write of it went through.
 local function done(result)
   for _, p in ipairs(published) do
     redis.call('PUBLISH', p[1], p[2])
@@ -363,8 +348,8 @@ elseif op == 'watch' then
   end
   return done({ 'ok', '' })
 elseif op == 'probe' then
-  -- A growing write, refused while Redis refuses writes (readiness),
-  -- that gives a store lacking a generation its new one.
+  -- A growing write (refused while Redis refuses writes) that gives a
+  -- store without a generation a new one.
   local g = redis.call('GET', generation_key) or new_epoch
   redis.call('SET', generation_key, g)
   return done({ 'ok', g })
