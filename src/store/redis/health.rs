@@ -93,7 +93,7 @@ pub struct Health {
     refusing: Trouble,
     /// The probe in flight is older than [`PROBE_STALL`].
     stalled: bool,
-    /// The store's generation as last read; `Some("")` while it has none.
+    /// The store's generation as last read; empty while it has none.
     generation: Option<Vec<u8>>,
     /// The generation changed: every session held is stale.
     lost: bool,

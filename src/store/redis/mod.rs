@@ -30,14 +30,16 @@
 //! `noeviction`), Redis refuses a write command that may grow memory only
 //! while the script has written nothing yet, and aborts the script there
 //! (`redis.call` raises; the script never uses `redis.pcall`); once a
-//! write went through, the rest are run. The script declares no flags (a
-//! `#!lua` line, which Redis 6.2 would not parse; Redis 7 refuses a script
-//! with flags but without `allow-oom` up front), so Redis runs it and
-//! checks memory at that first write. So every write path of the script makes its
-//! growing write (HSET, ZADD) first, deletes (HDEL, DEL) after it, and
-//! publishes only once every write went through: a refused call changed
-//! nothing and told nobody. A relay that sees a write refused reads that
-//! session again all the same ([`Event::Refused`]).
+//! write went through, the rest are run, over the limit. The script
+//! declares no flags (a `#!lua` line, which Redis 6.2 would not parse;
+//! Redis 7 refuses a script with flags but without `allow-oom` up front),
+//! so Redis runs it and checks memory at that first write. Debian's 7.0.15
+//! does so: a PUBLISH before the refused write still goes out, and an HDEL
+//! before an HSET lets the HSET through. So every write path of the script
+//! makes its growing write (HSET, ZADD) first, deletes (HDEL, DEL) after
+//! it, and publishes only once every write went through: a refused call
+//! changed nothing and told nobody. A relay that sees a write refused
+//! reads that session again all the same ([`Event::Refused`]).
 //!
 //! Sans-IO like the relay core: the shell owns the two sockets, hands
 //! their bytes to [`RedisStore::input`] and writes what
