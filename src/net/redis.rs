@@ -2,17 +2,21 @@
 //! the script calls (each turn's calls go out in one write, and replies
 //! come back in order), the other listens to the channel of changes. A
 //! lost socket is connected again with capped backoff; nothing waits for
-//! it (requests that need Redis meanwhile get `503`).
+//! it (requests that need Redis meanwhile get `503`). Why a link failed is
+//! logged at `debug` each time, and at `warn` once when Redis becomes
+//! unavailable, then at most every 30 s while it stays so; its return is
+//! logged once. The URL in these lines never carries the password.
 
+use std::fmt::Display;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use log::{info, warn};
+use log::Level;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 
-use crate::store::redis::{Link, RedisStore};
+use crate::store::redis::{Link, RedisStore, Trouble, note};
 use crate::time::Millis;
 
 pub const COMMAND: Token = Token(usize::MAX - 4);
@@ -60,10 +64,15 @@ pub struct RedisLinks {
     socks: [Sock; 2],
     /// Which address the next connect tries.
     next_addr: usize,
+    /// The URL without its password, for the logs.
+    url: String,
+    /// Redis cannot be reached or refuses the links: logged once, then
+    /// every 30 s.
+    trouble: Trouble,
 }
 
 impl RedisLinks {
-    pub fn new(addrs: Vec<SocketAddr>) -> RedisLinks {
+    pub fn new(addrs: Vec<SocketAddr>, url: String) -> RedisLinks {
         RedisLinks {
             addrs,
             socks: [
@@ -71,6 +80,21 @@ impl RedisLinks {
                 Sock::new(Link::Events, EVENTS),
             ],
             next_addr: 0,
+            url,
+            trouble: Trouble::default(),
+        }
+    }
+
+    /// A link failed because of `cause`: logged at `debug` every time, at
+    /// `warn` when it is news (see [`Trouble`]).
+    #[inline(never)]
+    fn failed(&mut self, now: Millis, cause: &dyn Display) {
+        let cause = cause.to_string();
+        let cause = cause.as_str();
+        note(Level::Debug, "Redis link failed", &self.url, cause);
+        if self.trouble.report(now.0).is_some() {
+            let event = "Redis unavailable; connecting again";
+            note(Level::Warn, event, &self.url, cause);
         }
     }
 
@@ -96,7 +120,8 @@ impl RedisLinks {
                     }
                 }
                 Err(e) => {
-                    warn!(error = e.to_string().as_str(); "cannot connect to Redis");
+                    self.failed(now, &e);
+                    let s = &mut self.socks[i];
                     self.next_addr += 1;
                     s.retry_at = now.after(s.backoff);
                     s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
@@ -131,12 +156,14 @@ impl RedisLinks {
             return;
         };
         if !s.open {
-            let failed = ev.is_error()
-                || matches!(sock.take_error(), Ok(Some(_)) | Err(_))
-                || sock.peer_addr().is_err();
-            if failed {
+            let cause = match sock.take_error() {
+                Ok(Some(e)) | Err(e) => Some(e.to_string()),
+                Ok(None) if ev.is_error() => Some("connection failed".to_string()),
+                Ok(None) => sock.peer_addr().err().map(|e| e.to_string()),
+            };
+            if let Some(cause) = cause {
                 if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
-                    self.drop_link(i, store, registry, now);
+                    self.drop_link(i, store, registry, now, &cause);
                 }
                 return;
             }
@@ -147,30 +174,29 @@ impl RedisLinks {
         if ev.is_writable() {
             s.writable = true;
         }
-        let mut gone = false;
+        let mut gone = None;
         loop {
             match sock.read(scratch) {
                 Ok(0) => {
-                    gone = true;
+                    gone = Some("Redis closed the connection".to_string());
                     break;
                 }
                 Ok(n) => {
                     if let Err(e) = store.input(s.link, &scratch[..n]) {
-                        warn!(error = e.as_str(); "Redis broke the protocol");
-                        gone = true;
+                        gone = Some(e);
                         break;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    gone = true;
+                Err(e) => {
+                    gone = Some(e.to_string());
                     break;
                 }
             }
         }
-        if gone {
-            self.drop_link(i, store, registry, now);
+        if let Some(cause) = gone {
+            self.drop_link(i, store, registry, now, &cause);
             return;
         }
         self.flush_one(i, store, registry, now);
@@ -212,8 +238,8 @@ impl RedisLinks {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.writable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.drop_link(i, store, registry, now);
+                Err(e) => {
+                    self.drop_link(i, store, registry, now, &e);
                     return;
                 }
             }
@@ -222,9 +248,12 @@ impl RedisLinks {
             s.out.clear();
             s.written = 0;
         }
-        if store.healthy() {
+        if store.linked() {
             for s in &mut self.socks {
                 s.backoff = MIN_BACKOFF;
+            }
+            if self.trouble.end(now.0).is_some() {
+                note(Level::Info, "Redis reachable again", &self.url, "");
             }
         }
     }
@@ -236,13 +265,19 @@ impl RedisLinks {
             .any(|s| s.writable && s.written < s.out.len())
     }
 
-    fn drop_link(&mut self, i: usize, store: &mut RedisStore, registry: &Registry, now: Millis) {
+    #[inline(never)]
+    fn drop_link(
+        &mut self,
+        i: usize,
+        store: &mut RedisStore,
+        registry: &Registry,
+        now: Millis,
+        cause: &dyn Display,
+    ) {
+        self.failed(now, cause);
         let s = &mut self.socks[i];
         if let Some(mut sock) = s.sock.take() {
             let _ = registry.deregister(&mut sock);
-        }
-        if s.open {
-            info!(link = format!("{:?}", s.link).as_str(); "Redis link closed; connecting again");
         }
         s.open = false;
         s.out.clear();

@@ -118,7 +118,7 @@ impl Server {
                     io::Error::new(e.kind(), format!("cannot resolve {}: {e}", url.display()))
                 })?;
                 info!(url = url.display().as_str(), prefix = cfg.redis_prefix.as_str(); "sessions shared through Redis");
-                let mut links = RedisLinks::new(addrs);
+                let mut links = RedisLinks::new(addrs, url.display());
                 links.tick(poll.registry(), turn.now);
                 redis = Some(links);
                 Relay::with_redis(
@@ -259,6 +259,7 @@ impl Server {
         self.cx.relay.flush_store();
         if let (Some(links), Some(store)) = (&mut self.redis, self.cx.relay.redis()) {
             links.tick(self.poll.registry(), now);
+            store.tick(now);
             links.flush(store, self.poll.registry(), now);
         }
     }
@@ -294,6 +295,9 @@ impl Server {
         }
         let mut next = self.next_sweep;
         if let Some(d) = self.redis.as_ref().and_then(|r| r.next_deadline()) {
+            next = next.min(d);
+        }
+        if let Some(d) = self.cx.relay.redis().and_then(|r| r.next_deadline()) {
             next = next.min(d);
         }
         if let Some(d) = self.cx.timers.next_deadline() {
@@ -677,7 +681,9 @@ impl Server {
                     parked::committed(to, conn, &mut self.cx, result);
                 }
             }
-            Effect::Refill { sid } => subscriber::refill_all(&mut self.conns, &mut self.cx, &sid),
+            Effect::Refill { sid, resync } => {
+                subscriber::refill_all(&mut self.conns, &mut self.cx, &sid, resync)
+            }
             Effect::Retry { to } => {
                 if let Some(conn) = lookup(&mut self.conns, to.conn) {
                     parked::retry(to, conn, &mut self.cx);

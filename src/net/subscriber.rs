@@ -133,8 +133,9 @@ pub fn deliver(
 }
 
 /// The log of `sid` was read again whole: every subscriber reads it from
-/// its cursor when its socket drains.
-pub fn refill_all(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str) {
+/// its cursor when its socket drains, after a `resync` frame first when
+/// `resync` (the log starts again under a new epoch).
+pub fn refill_all(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str, resync: bool) {
     for &sub in cx.relay.subscribers(sid) {
         let Some(conn) = lookup(conns, sub) else {
             continue;
@@ -142,6 +143,9 @@ pub fn refill_all(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str) {
         let Phase::WebSocket(ws) = &mut conn.phase else {
             continue;
         };
+        if resync {
+            ws.cursor.owe_resync();
+        }
         ws.lagging = true;
         if !conn.write_listed {
             conn.write_listed = true;

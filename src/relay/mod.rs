@@ -105,8 +105,9 @@ pub enum Effect {
     /// needed (its session) is now committed.
     Retry { to: Ticket },
     /// The log of `sid` was read again whole: its subscribers here refill
-    /// from their cursors.
-    Refill { sid: SessionId },
+    /// from their cursors, after a `resync` frame when `resync` (the log
+    /// was lost and starts again under a new epoch).
+    Refill { sid: SessionId, resync: bool },
 }
 
 /// A write's answer: now, or once the storage thread committed it (an

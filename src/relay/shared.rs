@@ -212,12 +212,17 @@ impl Relay {
     /// Applies what Redis answered and published since the last call, and
     /// queues the answers of the requests that waited. Called after the
     /// shell handed Redis's bytes to the engine.
+    #[inline(never)]
     pub fn redis_done(&mut self, now: Millis) {
         let Some(r) = &mut self.shared else {
             return;
         };
+        let lost = r.take_lost();
         let events = r.take_events();
         let answered = r.take_answered();
+        if lost {
+            self.store_lost();
+        }
         for e in events {
             self.published(now, e);
         }
@@ -321,11 +326,15 @@ impl Relay {
                 }
                 let log = rebuild(now, &head, msgs, self.limits.history_limit);
                 self.store.insert(sid.clone(), log);
-                if same {
-                    // More than history holds went by: what waits here
-                    // reads the log again.
+                // More than history holds went by: what waits here reads
+                // the log again. Without a copy before, a session first
+                // read here has nobody waiting yet, and one someone waits
+                // on lost its copy with the store: its subscribers start
+                // the new epoch with a `resync`.
+                if same || local.is_none() {
                     self.wake_waiters(&sid);
-                    self.effects.push(Effect::Refill { sid });
+                    let resync = local.is_none();
+                    self.effects.push(Effect::Refill { sid, resync });
                 }
                 false
             }
@@ -339,6 +348,12 @@ impl Relay {
         let (sid, epoch) = match &e {
             Event::Listening { sid } => {
                 if self.presence.contains_key(sid) {
+                    self.resync(sid);
+                }
+                return;
+            }
+            Event::Refused { sid } => {
+                if self.store.contains(sid) {
                     self.resync(sid);
                 }
                 return;
@@ -368,24 +383,45 @@ impl Relay {
             Event::Created { sid, .. }
             | Event::Deleted { sid, .. }
             | Event::Message { sid, .. } => self.resync(&sid),
-            Event::Listening { .. } => {}
+            Event::Listening { .. } | Event::Refused { .. } => {}
         }
     }
 
-    /// Reads a session again, for nobody in particular.
+    /// Redis restarted empty or was flushed: every copy held here is of
+    /// sessions that are gone, not deleted. The copies are dropped (an
+    /// answer that still follows one is then ignored), and each session
+    /// someone waits on here is read again, created anew if missing:
+    /// its parked polls stay parked and its subscribers get a `resync`
+    /// with the new epoch instead of a close (see `catch_up`).
+    #[inline(never)]
+    fn store_lost(&mut self) {
+        self.store.forget_all();
+        if let Some(r) = self.shared.as_mut().filter(|r| r.up()) {
+            for sid in self.presence.keys() {
+                r.recreate(sid);
+            }
+        }
+    }
+
+    /// Reads a session again, for nobody in particular. One waited on
+    /// here without a copy (Redis lost its data, and creating it again
+    /// failed then) is created again.
     fn resync(&mut self, sid: &SessionId) {
         let store = &self.store;
         if let Some(r) = self.shared.as_mut()
             && r.up()
         {
-            r.sync(None, sid, known(store, sid));
+            match store.get(sid) {
+                Some(_) => r.sync(None, sid, known(store, sid)),
+                None => r.recreate(sid),
+            }
         }
     }
 
     /// The sweep with Redis: the sessions someone here waits on are marked
-    /// active, the ones idle for the TTL are deleted (by whichever instance
-    /// sweeps first), and copies nobody here used for `forget_ms` are
-    /// forgotten.
+    /// active (and created again if Redis lost them and that failed), the
+    /// ones idle for the TTL are deleted (by whichever instance sweeps
+    /// first), and copies nobody here used for `forget_ms` are forgotten.
     pub(super) fn sweep_shared(&mut self, now: Millis, ttl_ms: u64) -> usize {
         let forget_ms = ttl_ms.min(60_000);
         let presence = &self.presence;
@@ -397,6 +433,7 @@ impl Relay {
         }
         let present: Vec<&str> = self.presence.keys().map(|s| s.as_str()).collect();
         let grace = watch_grace(ttl_ms);
+        let store = &self.store;
         if let Some(r) = self.shared.as_mut() {
             r.unlisten_unless(&|sid| presence.contains_key(sid));
             r.sweep(&present, ttl_ms);
@@ -404,6 +441,11 @@ impl Relay {
             for (sid, here) in &self.presence {
                 if !here.subscribers.is_empty() {
                     r.watch(sid, until);
+                }
+                // Waited on without a copy: Redis lost its data and the
+                // session could not be created again then.
+                if !store.contains(sid) && r.up() {
+                    r.recreate(sid);
                 }
             }
         }

@@ -104,6 +104,12 @@ impl Cursor {
         }
     }
 
+    /// The log the cursor points into was replaced by one under a new
+    /// epoch: the next refill starts with a `resync` frame.
+    pub fn owe_resync(&mut self) {
+        self.resync = true;
+    }
+
     /// The subscriber was sent the message at `seq`.
     pub fn advance(&mut self, seq: Seq) {
         self.seq = self.seq.max(seq);

@@ -300,6 +300,11 @@ impl MemStore {
         out.len() - before
     }
 
+    /// Drops every copy (Redis lost them all): no effect on anyone.
+    pub fn forget_all(&mut self) {
+        self.sessions.clear();
+    }
+
     /// Drops the copy of a session (Redis keeps it): no effect on anyone.
     pub fn forget(&mut self, sid: &str) {
         self.sessions.remove(sid);

@@ -26,19 +26,36 @@
 //! messages and replies in order). The reads of one loop turn share one
 //! `PING`. Any other session is read through the script.
 //!
+//! A write Redis refuses leaves no trace. Out of memory (`maxmemory` with
+//! `noeviction`), Redis refuses a write command that may grow memory only
+//! while the script has written nothing yet, and aborts the script there
+//! (`redis.call` raises; the script never uses `redis.pcall`); once a
+//! write went through, the rest are run, over the limit. The script
+//! declares no flags (a `#!lua` line, which Redis 6.2 would not parse;
+//! Redis 7 refuses a script with flags but without `allow-oom` up front),
+//! so Redis runs it and checks memory at that first write. Debian's 7.0.15
+//! does so: a PUBLISH before the refused write still goes out, and an HDEL
+//! before an HSET lets the HSET through. So every write path of the script
+//! makes its growing write (HSET, ZADD) first, deletes (HDEL, DEL) after
+//! it, and publishes only once every write went through: a refused call
+//! changed nothing and told nobody. A relay that sees a write refused
+//! reads that session again all the same ([`Event::Refused`]).
+//!
 //! Sans-IO like the relay core: the shell owns the two sockets, hands
 //! their bytes to [`RedisStore::input`] and writes what
 //! [`RedisStore::take_output`] gives. Replies are decoded with
 //! `redis-protocol`; commands are RESP arrays of bulk strings.
 
+mod health;
 mod url;
 
 use std::collections::{HashMap, VecDeque};
 
-use log::{error, info, warn};
+use log::Level;
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
 
+pub use health::{Trouble, note};
 pub use url::RedisUrl;
 
 use super::mem::{IdGen, StoreLimits};
@@ -48,6 +65,8 @@ use super::types::{Seq, SessionId};
 use crate::http::response::{digits, push_decimal};
 use crate::relay::model::push_json_str;
 use crate::relay::{ApiError, Ticket};
+use crate::time::Millis;
+use health::Health;
 
 // The engine's larger functions are marked `#[inline(never)]`: each runs
 // once per request or reply, and inlined into the poll loop they cost the
@@ -127,6 +146,11 @@ pub enum Event {
     /// loss): what was published before is unknown, so the session is
     /// read again.
     Listening {
+        sid: SessionId,
+    },
+    /// Redis refused a write of the session: the copy is read again, so
+    /// that it holds nothing Redis does not.
+    Refused {
         sid: SessionId,
     },
 }
@@ -228,6 +252,8 @@ enum Expect {
     },
     /// The sweep's calls: nobody waits.
     Quiet,
+    /// The health probe (see `health.rs`).
+    Probe,
 }
 
 #[derive(Default)]
@@ -273,6 +299,7 @@ pub struct RedisStore {
     pub unix_ms: u64,
     /// This instance's name in Redis (a UUID chosen at start).
     instance: String,
+    health: Health,
 }
 
 /// `POST /response` for the script.
@@ -294,6 +321,7 @@ impl RedisStore {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
+        let url_text = url.display();
         RedisStore {
             url,
             prefix: prefix.to_string(),
@@ -315,6 +343,7 @@ impl RedisStore {
             stats: StoreStats::default(),
             unix_ms: 0,
             instance: IdGen::new().uuid(),
+            health: Health::new(url_text),
         }
     }
 
@@ -323,9 +352,40 @@ impl RedisStore {
         &self.url
     }
 
-    /// Writes succeed: the scripts are loaded and the channel listened to.
+    /// Writes succeed: the scripts are loaded, the channel listened to,
+    /// and Redis neither refuses writes nor hangs (`/readyz`).
     pub fn healthy(&self) -> bool {
+        self.linked() && self.health.ok()
+    }
+
+    /// Both links are set up: the scripts are loaded and the channel
+    /// listened to.
+    pub fn linked(&self) -> bool {
         self.cmd.ready && self.ev.ready
+    }
+
+    /// Called at the end of every loop turn: sends the health probe when
+    /// it is due, and notices one that went unanswered too long.
+    #[inline(never)]
+    pub fn tick(&mut self, now: Millis) {
+        if self.cmd.ready && self.health.tick(now) {
+            let probe = self.stats.commands;
+            self.call("", "probe", Known::default(), &[], Expect::Probe);
+            // Not a write a client asked for: not counted.
+            self.stats.commands = probe;
+        }
+    }
+
+    /// When [`tick`](Self::tick) has work next, while the command link is
+    /// set up.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.cmd.ready.then(|| self.health.next_deadline())
+    }
+
+    /// Whether Redis was found to have lost its data (restarted empty or
+    /// flushed) since the last call: every session held is stale.
+    pub fn take_lost(&mut self) -> bool {
+        self.health.take_lost()
     }
 
     /// Whether requests can be sent now.
@@ -386,12 +446,13 @@ impl RedisStore {
     }
 
     /// The socket is gone: every request waiting on it is answered `503`.
+    /// The shell logs why.
     #[inline(never)]
     pub fn lost(&mut self, link: Link) {
         let side = self.side(link);
-        let was = side.up;
         *side = Side::default();
         if link == Link::Command {
+            self.health.link_lost();
             // A write sent is Redis's to run or not: whether it did is not
             // known now (a resend with the same id tells). A read changed
             // nothing.
@@ -419,9 +480,6 @@ impl RedisStore {
                 });
             }
         }
-        if was {
-            warn!(link = format!("{link:?}").as_str(); "lost the connection to Redis");
-        }
     }
 
     /// Bytes to write on `link` (appended by the caller to what it has not
@@ -437,8 +495,9 @@ impl RedisStore {
         std::mem::take(&mut self.side(link).out)
     }
 
-    /// Bytes read from `link`: every whole reply is handled. An error means
-    /// the peer broke the protocol: the caller drops the link.
+    /// Bytes read from `link`: every whole reply is handled. An error (the
+    /// peer refused the link's setup, or broke the protocol) says why the
+    /// caller drops the link; the caller logs it.
     #[inline(never)]
     pub fn input(&mut self, link: Link, bytes: &[u8]) -> Result<(), String> {
         let side = self.side(link);
@@ -487,10 +546,11 @@ impl RedisStore {
                 self.expect.push_back(Expect::Setup);
             }
             if matches!(expect, Expect::Setup) {
-                error!(error = e.as_str(); "Redis refused the connection's setup");
-                return Err(e.clone());
+                return Err(format!("Redis refused the connection's setup: {e}"));
             }
-            warn!(error = e.as_str(); "Redis refused a call");
+            let probe = matches!(expect, Expect::Probe);
+            self.health.refused(self.unix_ms, probe, e);
+            self.refused(&expect);
             self.fail(expect, ApiError::storage_unavailable());
             return Ok(());
         }
@@ -519,12 +579,22 @@ impl RedisStore {
                         return Err("SCRIPT LOAD answered another SHA-1".into());
                     }
                     self.cmd.ready = true;
-                    info!(url = self.url.display().as_str(); "connected to Redis");
+                    self.set_up();
                 }
             }
             Expect::Quiet => {}
+            Expect::Probe => {
+                let generation = match &frame {
+                    OwnedFrame::Array(parts) => parts.get(1).map_or(&b""[..], bytes_of),
+                    _ => b"",
+                };
+                if generation.is_empty() {
+                    return Err("the probe answered something else".into());
+                }
+                self.health.probed(self.unix_ms, generation);
+            }
             Expect::Sync { conn, sid } => {
-                let snapshot = match parse_snapshot(sid.clone(), frame) {
+                let snapshot = match parse_snapshot(sid.clone(), frame, &mut self.health) {
                     Ok(s) => s,
                     Err(e) => {
                         self.fail(Expect::Sync { conn, sid }, ApiError::storage_unavailable());
@@ -556,7 +626,8 @@ impl RedisStore {
         write: Write,
         frame: OwnedFrame,
     ) -> Result<(), String> {
-        let ((status, extra), snapshot) = match parse_snapshot(sid.clone(), frame) {
+        let parsed = parse_snapshot(sid.clone(), frame, &mut self.health);
+        let ((status, extra), snapshot) = match parsed {
             Ok(s) => s,
             Err(e) => {
                 let expect = Expect::Write { conn, sid, write };
@@ -611,7 +682,9 @@ impl RedisStore {
     fn on_event(&mut self, frame: OwnedFrame) -> Result<(), String> {
         let parts = match frame {
             OwnedFrame::Array(parts) => parts,
-            OwnedFrame::Error(e) => return Err(e),
+            OwnedFrame::Error(e) => {
+                return Err(format!("Redis refused the connection's setup: {e}"));
+            }
             _ => return Ok(()), // AUTH, SELECT
         };
         let kind = parts.first().map(bytes_of);
@@ -620,6 +693,7 @@ impl RedisStore {
                 let channel = parts.get(1).map_or(&b""[..], bytes_of);
                 if channel == self.channel.as_bytes() {
                     self.ev.ready = true;
+                    self.set_up();
                 } else if let Some(sid) = self.sid_of_channel(channel)
                     && let Some(f) = self.follow.get_mut(&sid)
                     && f.listen.is_some()
@@ -646,6 +720,37 @@ impl RedisStore {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A link finished its setup: once both have, the relay is connected
+    /// (logged, and what the tests wait for before their first request).
+    fn set_up(&self) {
+        if self.linked() {
+            note(Level::Info, "connected to Redis", self.health.url(), "");
+        }
+    }
+
+    /// Redis refused the write `expect` waited for: the copies of its
+    /// sessions are read again (see [`Event::Refused`]), unless such a
+    /// read is on its way already.
+    fn refused(&mut self, expect: &Expect) {
+        match expect {
+            Expect::Write { sid, .. } => self.reread(sid),
+            Expect::Prompts(waiting) => {
+                for (i, (_, sid, _)) in waiting.iter().enumerate() {
+                    if waiting[..i].iter().all(|(_, s, _)| s != sid) {
+                        self.reread(sid);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn reread(&mut self, sid: &SessionId) {
+        if !self.resyncing(sid) {
+            self.events.push(Event::Refused { sid: sid.clone() });
+        }
     }
 
     /// A request that cannot be answered by Redis: `503`.
@@ -693,9 +798,10 @@ impl RedisStore {
         }
         // Calls run in the order they were asked for.
         self.send_batch();
-        // Only a write that may create the session needs a new epoch.
+        // Only a write that may create the session (or the store's
+        // generation) needs a new UUID.
         let epoch = match op {
-            "prompt" | "create" => self.ids.uuid(),
+            "prompt" | "create" | "probe" => self.ids.uuid(),
             _ => String::new(),
         };
         let (p, sid) = (self.prefix.as_bytes(), sid.as_bytes());
@@ -879,6 +985,19 @@ impl RedisStore {
         self.call(sid, "sync", known, &[], expect);
     }
 
+    /// Reads `sid` again for nobody in particular after Redis lost its
+    /// data, creating it (a new epoch) if it is gone: someone here waits
+    /// on it, and its subscribers resync rather than close.
+    #[inline(never)]
+    pub fn recreate(&mut self, sid: &SessionId) {
+        self.follow.entry(sid.clone()).or_default().resyncs += 1;
+        let expect = Expect::Sync {
+            conn: None,
+            sid: sid.clone(),
+        };
+        self.call(sid, "create", Known::default(), &[], expect);
+    }
+
     /// The sweep: marks the sessions someone here waits on as active, then
     /// deletes every session idle for `ttl_ms` (each deletion is published).
     pub fn sweep(&mut self, present: &[&str], ttl_ms: u64) {
@@ -949,6 +1068,12 @@ impl RedisStore {
     /// it runs again once Redis answers the turn's `PING`.
     pub fn barrier(&mut self, conn: Ticket, sid: &SessionId) {
         self.barrier_next.push((conn, sid.clone()));
+    }
+
+    /// Whether a read of `sid` the relay asked for on its own is on its
+    /// way (another would tell nothing new).
+    pub fn resyncing(&self, sid: &str) -> bool {
+        self.follow.get(sid).is_some_and(|f| f.resyncs > 0)
     }
 
     /// The relay applied the answer to one of its own reads of `sid`.
@@ -1070,11 +1195,14 @@ fn text_of(f: &OwnedFrame) -> Result<std::borrow::Cow<'_, str>, String> {
         .map_err(|_| "reply is not UTF-8".to_string())
 }
 
-/// The script's answer: `(status, extra)` and the session.
+/// The script's answer: `(status, extra)` and the session; the store's
+/// generation, when the answer carries it (a whole session, or none),
+/// goes to `health`.
 #[inline(never)]
 fn parse_snapshot(
     sid: SessionId,
     frame: OwnedFrame,
+    health: &mut Health,
 ) -> Result<((String, String), Snapshot), String> {
     let OwnedFrame::Array(parts) = frame else {
         return Err("the script answered something else than an array".into());
@@ -1087,6 +1215,10 @@ fn parse_snapshot(
     };
     let status = (field(0)?.to_string(), field(1)?.to_string());
     let epoch = field(2)?.into_owned();
+    let full = field(6)? == "1";
+    if epoch.is_empty() || full {
+        health.saw_generation(parts.get(7).map_or(b"", bytes_of));
+    }
     if epoch.is_empty() {
         return Ok((
             status,
@@ -1102,10 +1234,10 @@ fn parse_snapshot(
         next: Seq(num(3)?),
         last_assistant: Seq(num(4)?),
         dropped_assistant: Seq(num(5)?),
-        full: field(6)? == "1",
+        full,
     };
-    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(7));
-    for p in parts.iter().skip(7) {
+    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(8));
+    for p in parts.iter().skip(8) {
         msgs.push(parse_msg(&text_of(p)?).ok_or("a stored message is malformed")?);
     }
     Ok((

@@ -21,14 +21,19 @@
 --   P sessions zset   sid -> last activity (unix ms, to the second: a
 --                     write moves it once a second at most): the TTL and
 --                     the cap
+--   P generation  string  the store's UUID, set by `probe` (lost with it)
 -- Every change is published on the session's channel (P e:<sid>), which
 -- the instances with someone waiting on the session listen to.
 --
--- Answer: {status, extra, epoch, n, la, da, full, records...}: the
--- session as it is after the call, as the records the caller lacks (it
--- says what it holds in known_epoch and known_next); `full` says they are
--- the whole session rather than what follows known_next. An empty epoch:
--- the session does not exist.
+-- A refused write leaves no trace (see mod.rs): each write makes its
+-- growing write (HSET, ZADD) first, deletes after it, and publishes last.
+--
+-- Answer: {status, extra, epoch, n, la, da, full, generation, records...}:
+-- the session as it is after the call, as the records the caller lacks
+-- (it says what it holds in known_epoch and known_next); `full` says they
+-- are the whole session rather than what follows known_next, and only
+-- then is `generation` given. An empty epoch: the session does not exist
+-- (the generation follows it).
 --
 -- `prompts` stores the prompts of one loop turn of the caller, in order,
 -- each as `prompt` would, and answers the list of their answers: the
@@ -51,6 +56,23 @@ local function str(n)
   return string.format('%d', n)
 end
 
+local generation_key = prefix .. 'generation'
+
+-- The store's generation, or '' (a read never sets it).
+local function generation()
+  return redis.call('GET', generation_key) or ''
+end
+
+-- Messages to publish, {channel, message}, sent by `done`.
+local published = {}
+
+local function publish(ch, message)
+  published[#published + 1] = { ch, message }
+end
+
+-- Fields of the session to delete once its growing write went through.
+local drops = {}
+
 -- The session's counters, and the fields named after them (v[7] on):
 -- what a write needs to know, in one call.
 local function session(...)
@@ -64,7 +86,8 @@ end
 
 -- A redis.call costs about as much as the Lua around it, so a write makes
 -- as few as it can: one HSET of the counters and `fields` (field, value,
--- ...), and the activity score moves once a second.
+-- ...), and the activity score moves once a second; then the deletions
+-- `append` gathered.
 local function save(S, fields)
   local n = #fields
   fields[n + 1], fields[n + 2] = 'n', str(S.n)
@@ -76,6 +99,10 @@ local function save(S, fields)
     fields[n + 9], fields[n + 10] = 't', ARGV[3]
   end
   redis.call('HSET', s, unpack(fields))
+  if #drops > 0 then
+    redis.call('HDEL', s, unpack(drops))
+    drops = {}
+  end
 end
 
 local function create()
@@ -84,7 +111,7 @@ local function create()
   end
   redis.call('HSET', s, 'e', new_epoch, 'n', 1, 'la', 0, 'da', 0, 'pc', 0, 't', now)
   redis.call('ZADD', all, now, sid)
-  redis.call('PUBLISH', channel, 'C\n' .. sid .. '\n' .. new_epoch)
+  publish(channel, 'C\n' .. sid .. '\n' .. new_epoch)
   return { e = new_epoch, n = 1, la = 0, da = 0, pc = 0, t = now }
 end
 
@@ -93,7 +120,7 @@ end
 local written = {}
 
 local function answer(status, S, extra)
-  local out = { status, extra or '', S.e, S.n, S.la, S.da, '0' }
+  local out = { status, extra or '', S.e, S.n, S.la, S.da, '0', '' }
   if S.e == known_epoch and known_next >= S.n - limit and known_next <= S.n then
     for q = known_next, S.n - 1 do
       local w = written[q]
@@ -108,6 +135,7 @@ local function answer(status, S, extra)
     end
   else
     out[7] = '1'
+    out[8] = generation()
     local kv = redis.call('HGETALL', s)
     local seqs = {}
     local byseq = {}
@@ -127,12 +155,12 @@ local function answer(status, S, extra)
 end
 
 local function gone(status)
-  return { status, '', '' }
+  return { status, '', '', '', '', '', '', generation() }
 end
 
--- Appends a message, `fields` then `head` then its seq, and drops what
--- history no longer keeps. Returns the message's seq and the fields that
--- store it, for `save`.
+-- Appends a message, `fields` then `head` then its seq, and marks what
+-- history no longer keeps for `save` to drop. Returns the message's seq
+-- and the fields that store it, for `save`.
 local function append(S, fields, head)
   local seq = S.n
   local q = str(seq)
@@ -140,7 +168,7 @@ local function append(S, fields, head)
   local body = fields .. head .. q .. '}'
   local record = q .. '\n' .. body
   written[seq] = record
-  redis.call('PUBLISH', channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. record)
+  publish(channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. record)
   local d = seq - limit
   if d >= 1 then
     local ds = str(d)
@@ -149,13 +177,12 @@ local function append(S, fields, head)
       local kind, cid, aid = string.match(old, '^(%a)\n([^\n]*)\n([^\n]*)\n')
       if kind == 'p' then
         if tonumber(redis.call('HGET', s, 'c:' .. cid) or '0') < 0 then
-          redis.call('HDEL', s, ds, 'c:' .. cid)
+          drops[#drops + 1], drops[#drops + 2] = ds, 'c:' .. cid
         end
       else
+        drops[#drops + 1] = ds
         if tonumber(redis.call('HGET', s, 'a:' .. aid) or '0') == d then
-          redis.call('HDEL', s, ds, 'a:' .. aid)
-        else
-          redis.call('HDEL', s, ds)
+          drops[#drops + 1] = 'a:' .. aid
         end
         S.da = d
       end
@@ -195,8 +222,17 @@ local function prompt(cid, head, ts)
   return answer('ok', S, extra)
 end
 
+-- Every answer below goes through here: what the call publishes is sent
+-- once every write of it went through.
+local function done(result)
+  for _, p in ipairs(published) do
+    redis.call('PUBLISH', p[1], p[2])
+  end
+  return result
+end
+
 if op == 'prompt' then
-  return prompt(ARGV[12], ARGV[13], ARGV[14])
+  return done(prompt(ARGV[12], ARGV[13], ARGV[14]))
 elseif op == 'prompts' then
   local out = {}
   -- What the caller holds of a session once it applied the answers so
@@ -219,13 +255,13 @@ elseif op == 'prompts' then
     end
     out[i] = r
   end
-  return out
+  return done(out)
 elseif op == 'response' then
   local cid, aid, given, text, head, ts = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
   -- The counters and both ids' entries in one call.
   local S, v = session('c:' .. cid, 'a:' .. aid)
   if not S then
-    return gone('e404s')
+    return done(gone('e404s'))
   end
   local pv, prev = v[7], v[8]
   if given == '1' and prev then
@@ -233,12 +269,12 @@ elseif op == 'response' then
     local pcid, data = string.match(r, '^a\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
     local sent_ok, sent = pcall(cjson.decode, text)
     if pcid == cid and sent_ok and data and text_of(data) == sent then
-      return answer('dup', S)
+      return done(answer('dup', S))
     end
-    return answer('e409', S)
+    return done(answer('e409', S))
   end
   if not pv then
-    return answer('e404p', S)
+    return done(answer('e404p', S))
   end
   local seq, fields = append(S, 'a\n' .. cid .. '\n' .. aid .. '\n' .. ts .. '\n', head)
   fields[3], fields[4] = 'a:' .. aid, str(seq)
@@ -248,7 +284,7 @@ elseif op == 'response' then
     S.pc = S.pc - 1
     if pseq <= S.n - 1 - limit then
       -- Out of history and now answered: the prompt is forgotten.
-      redis.call('HDEL', s, pv, 'c:' .. cid)
+      drops[#drops + 1], drops[#drops + 2] = pv, 'c:' .. cid
     else
       fields[5], fields[6] = 'c:' .. cid, '-' .. pv
     end
@@ -262,35 +298,35 @@ elseif op == 'response' then
       break
     end
   end
-  return answer('ok', S, delivered)
+  return done(answer('ok', S, delivered))
 elseif op == 'create' then
   local S = session()
   local extra = '0'
   if not S then
     S = create()
     if not S then
-      return gone('e503s')
+      return done(gone('e503s'))
     end
     extra = '1'
   else
     redis.call('ZADD', all, now, sid)
   end
-  return answer('ok', S, extra)
+  return done(answer('ok', S, extra))
 elseif op == 'delete' then
   local S = session()
   if not S then
-    return gone('e404s')
+    return done(gone('e404s'))
   end
   redis.call('DEL', s, w)
   redis.call('ZREM', all, sid)
-  redis.call('PUBLISH', channel, 'D\n' .. sid .. '\n' .. S.e)
-  return gone('ok')
+  publish(channel, 'D\n' .. sid .. '\n' .. S.e)
+  return done(gone('ok'))
 elseif op == 'sync' then
   local S = session()
   if not S then
-    return gone('ok')
+    return done(gone('ok'))
   end
-  return answer('ok', S)
+  return done(answer('ok', S))
 elseif op == 'collect' then
   local ttl = tonumber(ARGV[12])
   local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
@@ -300,21 +336,27 @@ elseif op == 'collect' then
     redis.call('DEL', sk, prefix .. 'w:' .. id)
     redis.call('ZREM', all, id)
     if e then
-      redis.call('PUBLISH', prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
+      publish(prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
     end
   end
-  return { 'ok', tostring(#idle) }
+  return done({ 'ok', tostring(#idle) })
 elseif op == 'watch' then
   if ARGV[13] == '0' then
     redis.call('HDEL', w, ARGV[12])
   elseif redis.call('EXISTS', s) == 1 then
     redis.call('HSET', w, ARGV[12], ARGV[13])
   end
-  return { 'ok', '' }
+  return done({ 'ok', '' })
+elseif op == 'probe' then
+  -- A growing write (refused while Redis refuses writes) that gives a
+  -- store without a generation a new one.
+  local g = redis.call('GET', generation_key) or new_epoch
+  redis.call('SET', generation_key, g)
+  return done({ 'ok', g })
 elseif op == 'touch' then
   for i = 12, #ARGV do
     redis.call('ZADD', all, 'XX', now, ARGV[i])
   end
-  return { 'ok', '' }
+  return done({ 'ok', '' })
 end
 return redis.error_reply('relay: unknown op ' .. tostring(op))

@@ -1,0 +1,797 @@
+//! Faults injected into the Redis that several relays share, against real
+//! relay processes, a real `redis-server` (Debian's, see
+//! `scripts/install-test-deps.sh`) of each test's own, and real HTTP and
+//! WebSocket clients. Each test counts: every request gets its own
+//! answer; nothing answered `503` is ever visible to anyone (WebSocket
+//! frames, `/messages`, the pending sets of every instance); nothing
+//! acknowledged is lost; `seq` has no gap within an epoch.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of this test alone (no persistence), on its own port
+/// and directory; killed and its directory removed on drop.
+struct Redis {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        Redis::start_on(free_port(), &[])
+    }
+
+    fn start_on(port: u16, args: &[&str]) -> Redis {
+        let dir = std::env::temp_dir().join(format!(
+            "relay-redis-faults-{}-{}",
+            std::process::id(),
+            unique_session()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        args.extend(["--save", "", "--appendonly", "no"].map(String::from));
+        let mut redis = Redis {
+            child: None,
+            port,
+            dir,
+            args,
+        };
+        redis.run();
+        redis
+    }
+
+    /// Starts the server (again, empty) and returns once it answers.
+    fn run(&mut self) {
+        let bin = "/usr/bin/redis-server";
+        assert!(
+            std::path::Path::new(bin).exists(),
+            "{bin} is missing: run scripts/install-test-deps.sh"
+        );
+        let child = Command::new(bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.cli(&["ping"]).contains("PONG") {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// One `redis-cli` command (with `AUTH` when `--requirepass` is set);
+    /// its output.
+    fn cli(&self, args: &[&str]) -> String {
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-p", &self.port.to_string()]);
+        if let Some(i) = self.args.iter().position(|a| a == "--requirepass") {
+            cmd.args(["--no-auth-warning", "-a", &self.args[i + 1]]);
+        }
+        let out = cmd.args(args).output().expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[track_caller]
+    fn config_set(&self, key: &str, value: &str) {
+        let out = self.cli(&["config", "set", key, value]);
+        assert!(out.contains("OK"), "CONFIG SET {key} {value}: {out}");
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{name} {pid}");
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A stopped server must run again to die.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// `n` relays on `redis` sharing a prefix of this test's own.
+fn instances(redis: &Redis, n: usize) -> Vec<Server> {
+    instances_with(redis, n, &[])
+}
+
+/// `instances`, with more settings.
+fn instances_with(redis: &Redis, n: usize, env: &[(&str, &str)]) -> Vec<Server> {
+    let prefix = format!("{}:", unique_session());
+    let url = redis.url();
+    let mut env = env.to_vec();
+    env.push(("RELAY_REDIS_URL", url.as_str()));
+    env.push(("RELAY_REDIS_PREFIX", prefix.as_str()));
+    (0..n).map(|_| Server::start_with(&env)).collect()
+}
+
+/// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`;
+/// returns that answer's body.
+#[track_caller]
+fn wait_ready(srv: &Server, status: u16) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = srv.get("/readyz");
+        if got.status == status {
+            return got.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never answered {status} (last {} {})",
+            got.status,
+            got.text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits (bounded, 10 s) until `cond` holds.
+#[track_caller]
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One `POST` on a new connection (`Connection: close`): the status and
+/// the JSON body, or `None` when the connection fails first.
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
+    let mut conn = TcpStream::connect(addr).ok()?;
+    conn.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    let body = serde_json::to_vec(body).ok()?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).ok()?;
+    conn.write_all(&body).ok()?;
+    let mut out = Vec::new();
+    conn.read_to_end(&mut out).ok()?;
+    let text = String::from_utf8_lossy(&out);
+    let status = text.get(9..12)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1;
+    Some((status, serde_json::from_str(body).ok()?))
+}
+
+/// What the writers saw: ids acknowledged (`200`), those of them sent
+/// after the store was lost (`Progress::lost`), ids refused (`503`) and,
+/// after a store was lost, answers to prompts it took with it (`404`).
+#[derive(Default, Debug)]
+struct Tally {
+    prompts: BTreeSet<String>,
+    answers: BTreeSet<String>,
+    prompts_after: BTreeSet<String>,
+    answers_after: BTreeSet<String>,
+    refused_prompts: BTreeSet<String>,
+    refused_answers: BTreeSet<String>,
+    orphans: u64,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.prompts.extend(other.prompts);
+        self.answers.extend(other.answers);
+        self.prompts_after.extend(other.prompts_after);
+        self.answers_after.extend(other.answers_after);
+        self.refused_prompts.extend(other.refused_prompts);
+        self.refused_answers.extend(other.refused_answers);
+        self.orphans += other.orphans;
+    }
+}
+
+/// Counters the main thread watches while writers run.
+#[derive(Default)]
+struct Progress {
+    answered: AtomicU64,
+    refused: AtomicU64,
+    /// Set once the store was flushed: what is sent afterwards must be
+    /// in the new one.
+    lost: AtomicBool,
+}
+
+/// A writer, alternating instances until `stop`: each round posts a new
+/// prompt, then answers the oldest acknowledged prompt it has not
+/// answered yet (each attempt under a new `assistant_msg_id`, so a
+/// refused one stays told apart); so while Redis refuses writes, both
+/// kinds are refused. Once stopped, it answers what is left. Every request must
+/// get its own answer: `200` naming its own id, `503 Storage
+/// unavailable`, or, for an answer when `lossy`, `404` (its prompt or
+/// session went with a lost store).
+fn writer(
+    addrs: Vec<SocketAddr>,
+    sid: String,
+    name: String,
+    lossy: bool,
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+) -> JoinHandle<Tally> {
+    std::thread::spawn(move || {
+        let mut tally = Tally::default();
+        let mut turn = 0usize;
+        let mut post_to = |path: &str, body: &Value| -> (u16, Value) {
+            turn += 1;
+            let addr = addrs[turn % addrs.len()];
+            post(addr, path, body).unwrap_or_else(|| panic!("{path} {body}: no answer"))
+        };
+        let mut unanswered = std::collections::VecDeque::new();
+        let mut n = 0;
+        let mut attempt = 0;
+        loop {
+            let stopping = stop.load(Ordering::Relaxed);
+            if stopping && unanswered.is_empty() {
+                break;
+            }
+            let mut refused = false;
+            if !stopping {
+                n += 1;
+                let cid = format!("{name}-p{n}");
+                let after = progress.lost.load(Ordering::SeqCst);
+                let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
+                let (status, resp) = post_to("/prompt", &body);
+                match status {
+                    200 => {
+                        assert_eq!(resp["client_msg_id"], cid.as_str(), "{resp}");
+                        if after {
+                            tally.prompts_after.insert(cid.clone());
+                        }
+                        tally.prompts.insert(cid.clone());
+                        unanswered.push_back(cid);
+                    }
+                    503 => {
+                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                        tally.refused_prompts.insert(cid);
+                        progress.refused.fetch_add(1, Ordering::Relaxed);
+                        refused = true;
+                    }
+                    other => panic!("/prompt: {other} {resp}"),
+                }
+            }
+            let after = progress.lost.load(Ordering::SeqCst);
+            // The oldest is answered once a newer one waits behind it, so
+            // one is always left to answer when Redis starts refusing.
+            let due = stopping || refused || unanswered.len() > 1;
+            if let Some(cid) = unanswered.front().filter(|_| due) {
+                attempt += 1;
+                let aid = format!("{name}-a{attempt}");
+                let body = json!({"session_id": sid, "client_msg_id": cid,
+                                  "assistant_msg_id": aid, "text": "done"});
+                let (status, resp) = post_to("/response", &body);
+                match status {
+                    200 => {
+                        assert_eq!(resp["assistant_msg_id"], aid.as_str(), "{resp}");
+                        if after {
+                            tally.answers_after.insert(aid.clone());
+                        }
+                        tally.answers.insert(aid);
+                        progress.answered.fetch_add(1, Ordering::Relaxed);
+                        unanswered.pop_front();
+                    }
+                    503 => {
+                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                        tally.refused_answers.insert(aid);
+                        progress.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    404 if lossy => {
+                        // The prompt, or its whole session, went with the store.
+                        let error = resp["error"].as_str().unwrap_or("");
+                        assert!(
+                            matches!(error, "Prompt not found" | "Session not found"),
+                            "{resp}"
+                        );
+                        tally.orphans += 1;
+                        unanswered.pop_front();
+                    }
+                    other => panic!("/response: {other} {resp}"),
+                }
+            }
+        }
+        tally
+    })
+}
+
+/// Starts `n` writers; `stop_and_join` ends them.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+    handles: Vec<JoinHandle<Tally>>,
+}
+
+impl Writers {
+    fn start(servers: &[Server], sid: &str, n: usize, lossy: bool) -> Writers {
+        let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
+        let handles = (0..n)
+            .map(|i| {
+                writer(
+                    addrs.clone(),
+                    sid.to_string(),
+                    format!("w{i}"),
+                    lossy,
+                    Arc::clone(&stop),
+                    Arc::clone(&progress),
+                )
+            })
+            .collect();
+        Writers {
+            stop,
+            progress,
+            handles,
+        }
+    }
+
+    /// Waits (bounded) until `more` answers past now were acknowledged.
+    #[track_caller]
+    fn wait_answers(&self, more: u64) {
+        let want = self.progress.answered.load(Ordering::Relaxed) + more;
+        wait_until("writers make progress", || {
+            self.progress.answered.load(Ordering::Relaxed) >= want
+        });
+    }
+
+    #[track_caller]
+    fn wait_refusals(&self, more: u64) {
+        let want = self.progress.refused.load(Ordering::Relaxed) + more;
+        wait_until("writes refused", || {
+            self.progress.refused.load(Ordering::Relaxed) >= want
+        });
+    }
+
+    fn stop_and_join(self) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut tally = Tally::default();
+        for h in self.handles {
+            tally.merge(h.join().expect("writer"));
+        }
+        tally
+    }
+}
+
+/// The ids of one kind of message in a `/messages` body.
+fn ids(history: &Value, kind: &str, field: &str) -> BTreeSet<String> {
+    history["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["type"] == kind)
+                .filter_map(|m| m["data"][field].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn seqs(history: &Value) -> Vec<u64> {
+    history["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["data"]["seq"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// Checks one instance's view of `sid` against what the writers saw:
+/// one epoch, `seq` from 1 without a gap, every acknowledged id stored,
+/// no refused id anywhere, nothing pending (every acknowledged prompt got
+/// its answer). Returns the history.
+#[track_caller]
+fn check_instance(srv: &Server, sid: &str, epoch: &str, tally: &Tally) -> Value {
+    let history = srv.messages(sid, "?limit=1000");
+    assert_eq!(history["epoch"], epoch, "{history}");
+    let seqs = seqs(&history);
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    let prompts = ids(&history, "prompt", "client_msg_id");
+    let answers = ids(&history, "assistant", "assistant_msg_id");
+    assert!(tally.prompts.is_subset(&prompts), "a prompt was lost");
+    assert!(tally.answers.is_subset(&answers), "an answer was lost");
+    let shown: Vec<_> = prompts.intersection(&tally.refused_prompts).collect();
+    assert!(shown.is_empty(), "refused prompts stored: {shown:?}");
+    let shown: Vec<_> = answers.intersection(&tally.refused_answers).collect();
+    assert!(shown.is_empty(), "refused answers stored: {shown:?}");
+    let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
+    assert_eq!(pending.status, 200, "{}", pending.text());
+    assert_eq!(pending.json(), json!([]), "pending on one instance");
+    history
+}
+
+/// Reads a subscriber until it has seen every id of `want`: no frame but
+/// `message`s (no close, no resync), none refused, `seq` rising.
+#[track_caller]
+fn read_answers(ws: &mut Ws, want: &BTreeSet<String>, refused: &BTreeSet<String>) {
+    let mut seen = BTreeSet::new();
+    let mut last = 0;
+    while !want.is_subset(&seen) {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "message", "{frame}");
+        let aid = frame["data"]["assistant_msg_id"].as_str().unwrap_or("");
+        assert!(!refused.contains(aid), "a refused answer was sent: {frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+        seen.insert(aid.to_string());
+    }
+}
+
+#[test]
+fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
+    let redis = Redis::start();
+    let servers = instances(&redis, 2);
+    let sid = unique_session();
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut subscribers: Vec<Ws> = servers
+        .iter()
+        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
+        .collect();
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    let writers = Writers::start(&servers, &sid, 3, false);
+    writers.wait_answers(20);
+    // Redis stops taking writes in the middle of the traffic, then takes
+    // them again.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    writers.wait_refusals(30);
+    redis.config_set("maxmemory", "0");
+    writers.wait_answers(20);
+    let tally = writers.stop_and_join();
+    assert!(!tally.refused_answers.is_empty(), "{tally:?}");
+    assert!(!tally.refused_prompts.is_empty(), "{tally:?}");
+
+    let history = check_instance(&servers[0], &sid, &epoch, &tally);
+    assert_eq!(check_instance(&servers[1], &sid, &epoch, &tally), history);
+    for ws in &mut subscribers {
+        read_answers(ws, &tally.answers, &tally.refused_answers);
+    }
+}
+
+#[test]
+fn readyz_follows_redis_refusing_writes_and_hanging_both_ways_without_client_writes() {
+    let mut redis = Redis::start();
+    let servers = instances(&redis, 2);
+    let sid = unique_session();
+    servers[0].prompt(&sid, "before", Some("before"));
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    let not_ready = json!({"ready": false, "reason": "storage"});
+    // Out of memory: no client writes, yet not ready; ready again once
+    // Redis takes writes, again with no client write.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+        // Reads keep working.
+        assert_eq!(srv.get("/healthz").status, 200);
+        assert_eq!(srv.messages(&sid, "")["total"], 1);
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false")).json();
+        assert_eq!(client_msg_ids(pending.as_array().unwrap()), ["before"]);
+    }
+    redis.config_set("maxmemory", "0");
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // Hung (SIGSTOP): the probe goes unanswered, then is answered again.
+    redis.signal("STOP");
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+    }
+    redis.signal("CONT");
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // Unreachable, then back (empty).
+    redis.kill9();
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+    }
+    redis.run();
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // And writes work.
+    assert_eq!(servers[1].prompt(&sid, "x", Some("p"))["stored"], true);
+}
+
+/// Reads a subscriber through a lost store: `message`s of the old epoch
+/// with `seq` rising, then one `resync` naming `epoch` (the new one),
+/// then `message`s of it from its `first_seq`, rising, until every id of
+/// `want` was seen. Never a close. Returns the resync frame.
+#[track_caller]
+fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Value {
+    let mut last = 0;
+    let resync = loop {
+        let frame = ws.recv_json_skip_pings();
+        if frame["type"] == "resync" {
+            break frame;
+        }
+        assert_eq!(frame["type"], "message", "{frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+    };
+    assert_eq!(resync["epoch"], epoch, "{resync}");
+    let first = resync["first_seq"].as_u64().expect("first_seq");
+    let mut last = first - 1;
+    let mut seen = BTreeSet::new();
+    while !want.is_subset(&seen) {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "message", "one resync only: {frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+        seen.insert(
+            frame["data"]["assistant_msg_id"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        );
+    }
+    resync
+}
+
+#[test]
+fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion() {
+    let mut redis = Redis::start();
+    let servers = instances(&redis, 2);
+    let sid = unique_session();
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut subscribers: Vec<Ws> = servers
+        .iter()
+        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
+        .collect();
+    // A long-poll parked on B on a quiet session, through both losses.
+    let quiet = unique_session();
+    servers[0].put(&format!("/sessions/{quiet}"));
+    let mut parked = servers[1].conn();
+    parked.send("GET", &format!("/prompts/{quiet}?timeout=60"), &[], None);
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    servers[1].wait_health("parked_polls", 1);
+
+    // FLUSHALL in the middle of the traffic.
+    let writers = Writers::start(&servers, &sid, 3, true);
+    writers.wait_answers(20);
+    assert!(redis.cli(&["flushall"]).contains("OK"));
+    writers.progress.lost.store(true, Ordering::SeqCst);
+    writers.wait_answers(20);
+    let tally = writers.stop_and_join();
+    assert!(
+        tally.orphans > 0 || !tally.answers_after.is_empty(),
+        "{tally:?}"
+    );
+
+    let history = servers[0].messages(&sid, "?limit=1000");
+    let flushed = history["epoch"].as_str().unwrap().to_string();
+    assert_ne!(flushed, epoch, "a lost store is a new epoch");
+    for srv in &servers {
+        let h = srv.messages(&sid, "?limit=1000");
+        assert_eq!(h, history, "both instances hold the same session");
+        let seqs = seqs(&h);
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+        assert!(
+            tally
+                .prompts_after
+                .is_subset(&ids(&h, "prompt", "client_msg_id"))
+        );
+        assert!(
+            tally
+                .answers_after
+                .is_subset(&ids(&h, "assistant", "assistant_msg_id"))
+        );
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
+        assert_eq!(pending.json(), json!([]), "pending on one instance");
+    }
+    let answered = ids(&history, "assistant", "assistant_msg_id");
+    for ws in &mut subscribers {
+        let resync = read_through_resync(ws, &flushed, &answered);
+        assert_eq!(resync["first_seq"], 1, "{resync}");
+    }
+
+    // Restarted empty while nobody writes: the subscribers are told all
+    // the same, and the session goes on under another epoch.
+    redis.kill9();
+    redis.run();
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "resync", "{frame}");
+        assert_ne!(frame["epoch"], flushed.as_str());
+        assert_ne!(frame["epoch"], epoch.as_str());
+    }
+    let put = servers[1].put(&format!("/sessions/{sid}")).json();
+    assert_eq!(put["created"], false, "{put}");
+    servers[0].prompt(&sid, "again", Some("again"));
+    let ack = servers[1].post_json(
+        "/response",
+        &json!({"session_id": sid, "client_msg_id": "again", "assistant_msg_id": "fresh", "text": "x"}),
+    );
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["data"]["assistant_msg_id"], "fresh", "{frame}");
+        assert_eq!(frame["data"]["seq"], 2, "{frame}");
+        assert_eq!(frame["data"]["session_id"], sid.as_str());
+    }
+    // The long-poll parked through both is woken by a prompt after them.
+    servers[0].prompt(&quiet, "late", Some("late"));
+    let got = parked.read_response();
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(client_msg_ids(got.json().as_array().unwrap()), ["late"]);
+}
+
+#[test]
+fn a_store_lost_while_redis_refuses_writes_is_renewed_once_it_takes_them() {
+    // The sweep, every 2.5 s with this TTL, creates again a session
+    // someone waits on that could not be created when the loss was seen.
+    let redis = Redis::start();
+    let servers = instances_with(&redis, 2, &[("RELAY_SESSION_TTL", "10")]);
+    let sid = unique_session();
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut subscribers: Vec<Ws> = servers
+        .iter()
+        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
+        .collect();
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    servers[0].prompt(&sid, "q", Some("p1"));
+    assert_eq!(servers[1].respond(&sid, "p1", "a")["delivered"], true);
+    for ws in &mut subscribers {
+        assert_eq!(ws.recv_json_skip_pings()["data"]["seq"], 2);
+    }
+    // Out of memory, then the store flushed: each relay learns of the
+    // loss from the write Redis refuses it, and cannot create the
+    // session again yet.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    assert!(redis.cli(&["flushall"]).contains("OK"));
+    for (i, srv) in servers.iter().enumerate() {
+        let body = json!({"session_id": sid, "prompt": "q", "client_msg_id": format!("r{i}")});
+        assert_error(&srv.post_json("/prompt", &body), 503, "Storage unavailable");
+        wait_ready(srv, 503);
+    }
+    redis.config_set("maxmemory", "0");
+    let mut epochs = BTreeSet::new();
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "resync", "{frame}");
+        assert_eq!(frame["first_seq"], 1, "{frame}");
+        epochs.insert(frame["epoch"].as_str().unwrap_or("").to_string());
+    }
+    assert_eq!(epochs.len(), 1, "one new epoch: {epochs:?}");
+    assert!(!epochs.contains(&epoch));
+    let put = servers[1].put(&format!("/sessions/{sid}")).json();
+    assert_eq!(put["created"], false, "{put}");
+    assert!(
+        epochs.contains(put["epoch"].as_str().unwrap_or("")),
+        "{put}"
+    );
+    for (i, srv) in servers.iter().enumerate() {
+        let history = srv.messages(&sid, "");
+        assert_eq!(history["total"], 0, "nothing refused stored: {history}");
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false")).json();
+        assert_eq!(pending, json!([]), "instance {i}");
+    }
+}
+
+/// The lines of `srv`'s log that contain `needle`.
+fn log_lines(srv: &Server, needle: &str) -> Vec<String> {
+    srv.logs()
+        .into_iter()
+        .filter(|l| l.contains(needle))
+        .collect()
+}
+
+/// Waits until `srv` logged at least `n` failed attempts to link to Redis
+/// (one `debug` line each), then checks they made one `warn` line, which
+/// names the URL without its password and says why.
+#[track_caller]
+fn logged_once(srv: &Server, url: &str, cause: &str, password: &str) {
+    wait_until("six failed attempts", || {
+        log_lines(srv, "Redis link failed").len() >= 6
+    });
+    let warned = log_lines(srv, "Redis unavailable");
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+    assert!(warned[0].contains("\"level\":\"warn\""), "{}", warned[0]);
+    assert!(warned[0].contains(url), "{}", warned[0]);
+    assert!(warned[0].contains(cause), "{}", warned[0]);
+    let logs = srv.logs();
+    assert!(logs.iter().all(|l| !l.contains(password)), "{logs:#?}");
+    assert!(log_lines(srv, "broke the protocol").is_empty(), "{logs:#?}");
+}
+
+#[test]
+fn redis_unreachable_or_refusing_the_password_is_logged_once_without_the_password() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let prefix = format!("{}:", unique_session());
+    let relay_with = |password: &str| {
+        Server::start_with(&[
+            (
+                "RELAY_REDIS_URL",
+                &format!("redis://:{password}@127.0.0.1:{port}"),
+            ),
+            ("RELAY_REDIS_PREFIX", &prefix),
+        ])
+    };
+    // Nothing listens: connection refused, logged once.
+    let first = relay_with("s3cret-pw");
+    logged_once(&first, &url, "refused", "s3cret-pw");
+    // Redis comes up there with that password: the return is logged once.
+    let redis = Redis::start_on(port, &["--requirepass", "s3cret-pw"]);
+    wait_ready(&first, 200);
+    wait_until("the return logged", || {
+        !log_lines(&first, "Redis reachable again").is_empty()
+    });
+
+    // A wrong password: Redis answers and refuses, logged once as such.
+    let second = relay_with("not-it-pw");
+    logged_once(&second, &url, "WRONGPASS", "not-it-pw");
+    assert_eq!(second.get("/readyz").status, 503);
+    // Redis is given that password: it links, and says so once.
+    redis.config_set("requirepass", "not-it-pw");
+    wait_ready(&second, 200);
+    wait_until("the return logged", || {
+        !log_lines(&second, "Redis reachable again").is_empty()
+    });
+    for srv in [&first, &second] {
+        assert_eq!(log_lines(srv, "Redis reachable again").len(), 1);
+        assert_eq!(log_lines(srv, "Redis unavailable").len(), 1);
+    }
+}
