@@ -2,17 +2,23 @@
 //! the script calls (each turn's calls go out in one write, and replies
 //! come back in order), the other listens to the channel of changes. A
 //! lost socket is connected again with capped backoff; nothing waits for
-//! it (requests that need Redis meanwhile get `503`).
+//! it (requests that need Redis meanwhile get `503`). With `rediss://`
+//! both links speak TLS through the same layer as the server's clients
+//! ([`Stream`]), the certificate checked against the URL's host.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use log::{info, warn};
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
+use rustls::pki_types::ServerName;
 
-use crate::store::redis::{Link, RedisStore};
+use super::buffer::WriteStatus;
+use super::stream::Stream;
+use crate::store::redis::{Link, RedisStore, RedisUrl};
 use crate::time::Millis;
 
 pub const COMMAND: Token = Token(usize::MAX - 4);
@@ -28,7 +34,7 @@ const WRITE_BUDGET: usize = 1 << 20;
 struct Sock {
     link: Link,
     token: Token,
-    sock: Option<TcpStream>,
+    sock: Option<Stream>,
     /// Connected (the first writable edge came without an error).
     open: bool,
     out: Vec<u8>,
@@ -54,24 +60,47 @@ impl Sock {
     }
 }
 
+/// TLS to Redis: the client settings and the name checked.
+struct RedisTls {
+    config: Arc<rustls::ClientConfig>,
+    name: ServerName<'static>,
+}
+
 /// Both links, and where Redis is.
 pub struct RedisLinks {
     addrs: Vec<SocketAddr>,
+    tls: Option<RedisTls>,
     socks: [Sock; 2],
     /// Which address the next connect tries.
     next_addr: usize,
 }
 
 impl RedisLinks {
-    pub fn new(addrs: Vec<SocketAddr>) -> RedisLinks {
-        RedisLinks {
+    /// The links to Redis at `addrs`; over TLS when `url` is `rediss://`,
+    /// trusting `ca` (else the system's roots). Nothing connects yet.
+    pub fn new(
+        addrs: Vec<SocketAddr>,
+        url: &RedisUrl,
+        ca: Option<&std::path::Path>,
+    ) -> Result<RedisLinks, String> {
+        let tls = if url.tls {
+            let ssl_cert_file = std::env::var_os("SSL_CERT_FILE").map(std::path::PathBuf::from);
+            let config = crate::tls::client_config(ca, ssl_cert_file.as_deref(), None)?;
+            let name = ServerName::try_from(url.host.clone())
+                .map_err(|_| format!("'{}' is not a host name TLS can check", url.host))?;
+            Some(RedisTls { config, name })
+        } else {
+            None
+        };
+        Ok(RedisLinks {
             addrs,
+            tls,
             socks: [
                 Sock::new(Link::Command, COMMAND),
                 Sock::new(Link::Events, EVENTS),
             ],
             next_addr: 0,
-        }
+        })
     }
 
     /// Connects the links that are down and due.
@@ -86,7 +115,25 @@ impl RedisLinks {
                 Ok(mut sock) => {
                     let interest = Interest::READABLE | Interest::WRITABLE;
                     if registry.register(&mut sock, s.token, interest).is_ok() {
-                        s.sock = Some(sock);
+                        let stream = match &self.tls {
+                            None => Stream::Plain(sock),
+                            Some(t) => match rustls::ClientConnection::new(
+                                Arc::clone(&t.config),
+                                t.name.clone(),
+                            ) {
+                                // Replies are read whole each event: no
+                                // per-turn cap on this trusted peer.
+                                Ok(c) => Stream::tls(sock, c.into(), usize::MAX),
+                                Err(e) => {
+                                    warn!(error = e.to_string().as_str(); "cannot start TLS to Redis");
+                                    let _ = registry.deregister(&mut sock);
+                                    s.retry_at = now.after(s.backoff);
+                                    s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+                                    continue;
+                                }
+                            },
+                        };
+                        s.sock = Some(stream);
                         s.open = false;
                         s.writable = false;
                     } else {
@@ -131,9 +178,10 @@ impl RedisLinks {
             return;
         };
         if !s.open {
+            let tcp = sock.tcp();
             let failed = ev.is_error()
-                || matches!(sock.take_error(), Ok(Some(_)) | Err(_))
-                || sock.peer_addr().is_err();
+                || matches!(tcp.take_error(), Ok(Some(_)) | Err(_))
+                || tcp.peer_addr().is_err();
             if failed {
                 if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
                     self.drop_link(i, store, registry, now);
@@ -141,7 +189,7 @@ impl RedisLinks {
                 return;
             }
             s.open = true;
-            let _ = sock.set_nodelay(true);
+            let _ = sock.tcp().set_nodelay(true);
             store.connected(s.link);
         }
         if ev.is_writable() {
@@ -163,7 +211,12 @@ impl RedisLinks {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::InvalidData {
+                        // A TLS failure: say why (an untrusted certificate,
+                        // a wrong name), or the retries would be silent.
+                        warn!(error = e.to_string().as_str(); "TLS with Redis failed");
+                    }
                     gone = true;
                     break;
                 }
@@ -218,6 +271,16 @@ impl RedisLinks {
                 }
             }
         }
+        if s.writable && sock.has_records() {
+            match sock.flush_records() {
+                WriteStatus::Drained => {}
+                WriteStatus::WouldBlock | WriteStatus::Budget => s.writable = false,
+                WriteStatus::Failed => {
+                    self.drop_link(i, store, registry, now);
+                    return;
+                }
+            }
+        }
         if s.written == s.out.len() {
             s.out.clear();
             s.written = 0;
@@ -231,15 +294,16 @@ impl RedisLinks {
 
     /// Whether output is left to write (the loop polls again at once).
     pub fn busy(&self) -> bool {
-        self.socks
-            .iter()
-            .any(|s| s.writable && s.written < s.out.len())
+        self.socks.iter().any(|s| {
+            s.writable
+                && (s.written < s.out.len() || s.sock.as_ref().is_some_and(Stream::has_records))
+        })
     }
 
     fn drop_link(&mut self, i: usize, store: &mut RedisStore, registry: &Registry, now: Millis) {
         let s = &mut self.socks[i];
         if let Some(mut sock) = s.sock.take() {
-            let _ = registry.deregister(&mut sock);
+            let _ = registry.deregister(sock.tcp());
         }
         if s.open {
             info!(link = format!("{:?}", s.link).as_str(); "Redis link closed; connecting again");
