@@ -11,18 +11,21 @@ use super::client::{Client, Limit, Url};
 /// How long the whole check may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-const HELP: &str = "usage: relay health [--url URL]
+const HELP: &str = "usage: relay health [--url URL] [--ca FILE]
 
 GET /healthz. Prints the body and exits 0 on 200; prints the reason to
 stderr and exits 1 otherwise (refused, timed out after 5 s, another status).
 The default URL is the server's own address from RELAY_HOST and RELAY_PORT
-(or PORT): http://127.0.0.1:$RELAY_PORT when it listens on every address.
+(or PORT): http://127.0.0.1:$RELAY_PORT when it listens on every address
+(https:// when RELAY_TLS_CERT is set).
+An https:// URL is checked against the CA in --ca FILE (default RELAY_CA,
+else the system's trust store, else built-in Mozilla roots).
 
 exit codes: 0 healthy, 1 not, 2 bad usage
 ";
 
 const SPEC: Spec = Spec {
-    valued: &["--url"],
+    valued: &["--url", "--ca"],
     switches: &[],
     interleaved: false,
 };
@@ -48,8 +51,12 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         Ok(u) => u,
         Err(e) => return super::usage_error("health", &e),
     };
+    let tls = match super::tls_of(&parsed, env, &url) {
+        Ok(t) => t,
+        Err(e) => return super::usage_error("health", &e),
+    };
     let target = url.http("/healthz");
-    let mut client = Client::new(url, None);
+    let mut client = Client::new(url, None, tls);
     match client.request("GET", "/healthz", None, Limit::within(TIMEOUT)) {
         Ok(resp) if resp.status == 200 => {
             println!("{}", String::from_utf8_lossy(&resp.body).trim_end());
@@ -71,7 +78,7 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
 fn own_url(env: &[(String, String)]) -> Result<Url, String> {
     let address = env
         .iter()
-        .filter(|(k, _)| k == "RELAY_HOST" || k == "RELAY_PORT" || k == "PORT")
+        .filter(|(k, _)| matches!(k.as_str(), "RELAY_HOST" | "RELAY_PORT" | "PORT"))
         .cloned();
     let cfg = match crate::config::parse(address, std::iter::empty())? {
         crate::config::Command::Run { cfg, .. } => cfg,
@@ -83,7 +90,12 @@ fn own_url(env: &[(String, String)]) -> Result<Url, String> {
         IpAddr::V4(ip) => ip.to_string(),
         IpAddr::V6(ip) => format!("[{ip}]"),
     };
-    Url::parse(&format!("http://{host}:{}", cfg.port))
+    // A server with its own certificate answers only TLS.
+    let tls = env
+        .iter()
+        .any(|(k, v)| k == "RELAY_TLS_CERT" && !v.trim().is_empty());
+    let scheme = if tls { "https" } else { "http" };
+    Url::parse(&format!("{scheme}://{host}:{}", cfg.port))
 }
 
 #[cfg(test)]
@@ -106,5 +118,7 @@ mod tests {
         let u = own_url(&env(&[("RELAY_PORT", "9001"), ("RELAY_HOST", "10.0.0.2")])).unwrap();
         assert_eq!(u, Url::parse("http://10.0.0.2:9001").unwrap());
         assert!(own_url(&env(&[("RELAY_PORT", "x")])).is_err());
+        let u = own_url(&env(&[("RELAY_TLS_CERT", "/etc/relay/cert.pem")])).unwrap();
+        assert_eq!(u, Url::parse("https://127.0.0.1:8000").unwrap());
     }
 }
