@@ -672,6 +672,37 @@ mod tests {
     }
 
     #[test]
+    fn tls_needs_both_files_and_redis_ca_needs_rediss() {
+        let c = run(&[("RELAY_TLS_CERT", "c.pem")], &["--tls-key", "k.pem"]).unwrap();
+        let files = c.tls.unwrap();
+        assert_eq!(
+            (files.cert.to_str(), files.key.to_str()),
+            (Some("c.pem"), Some("k.pem"))
+        );
+        let e = run(&[("RELAY_TLS_CERT", "c.pem")], &[]).unwrap_err();
+        assert!(e.contains("RELAY_TLS_KEY"), "{e}");
+        let e = run(&[], &["--tls-key=k.pem"]).unwrap_err();
+        assert!(e.contains("RELAY_TLS_CERT"), "{e}");
+        assert!(
+            run(&[("RELAY_TLS_CERT", ""), ("RELAY_TLS_KEY", "")], &[])
+                .unwrap()
+                .tls
+                .is_none()
+        );
+        let e = run(&[("RELAY_REDIS_CA", "ca.pem")], &[]).unwrap_err();
+        assert!(e.contains("rediss://"), "{e}");
+        let c = run(
+            &[
+                ("RELAY_REDIS_URL", "rediss://r"),
+                ("RELAY_REDIS_CA", "ca.pem"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert!(c.redis.is_some_and(|r| r.tls) && c.redis_ca.is_some());
+    }
+
+    #[test]
     fn invalid_values_name_the_setting() {
         let e = run(&[("RELAY_PING_INTERVAL", "-1")], &[]).unwrap_err();
         assert!(e.contains("RELAY_PING_INTERVAL"), "{e}");
