@@ -679,6 +679,7 @@ impl Server {
             _ => {}
         }
         let mut conn = self.conns.remove(id.key as usize);
+        conn.sock.notify_close();
         let _ = self.poll.registry().deregister(conn.sock.tcp());
         self.cx.connections = self.conns.len();
     }

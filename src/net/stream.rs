@@ -119,20 +119,25 @@ impl Stream {
         }
     }
 
-    /// Shuts the write side; over TLS a `close_notify` goes first, as far
-    /// as the socket takes it now (the answers before it are complete on
-    /// their own, so a peer that misses it loses nothing).
+    /// Shuts the write side; over TLS a `close_notify` goes first (see
+    /// [`Stream::notify_close`]).
     pub fn shutdown_write(&mut self) -> io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.shutdown(Shutdown::Write),
-            Stream::Tls(t) => {
-                if !t.notified {
-                    t.notified = true;
-                    t.tls.send_close_notify();
-                    let _ = t.push_records();
-                }
-                t.sock.shutdown(Shutdown::Write)
-            }
+        self.notify_close();
+        self.tcp().shutdown(Shutdown::Write)
+    }
+
+    /// Over TLS, sends `close_notify` once, as far as the socket takes it
+    /// now: a connection the server ends (idle, timed out, done) then ends
+    /// cleanly for the peer's TLS library instead of looking truncated. The
+    /// answers before it are complete on their own, so a peer that misses
+    /// it loses nothing. Called before the shutdown and before a close.
+    pub fn notify_close(&mut self) {
+        if let Stream::Tls(t) = self
+            && !t.notified
+        {
+            t.notified = true;
+            t.tls.send_close_notify();
+            let _ = t.push_records();
         }
     }
 }

@@ -142,6 +142,37 @@ fn a_stalled_handshake_is_closed_by_the_request_timeout_while_others_are_served(
 }
 
 #[test]
+fn a_flood_of_client_hellos_is_closed_by_the_request_timeout_while_others_are_served() {
+    let certs = Certs::new();
+    let srv = certs.server("server", &[("RELAY_REQUEST_TIMEOUT", "1")]);
+    // A real ClientHello, sent on 100 connections that never go further.
+    let config = relay::tls::client_config(Some(&certs.pem("ca")), None, None).unwrap();
+    let mut hello = Vec::new();
+    ClientConnection::new(config, ServerName::try_from("localhost").unwrap())
+        .unwrap()
+        .write_tls(&mut hello)
+        .unwrap();
+    let started = Instant::now();
+    let mut flood: Vec<TcpStream> = (0..100)
+        .map(|_| {
+            let mut s = TcpStream::connect(srv.addr()).unwrap();
+            s.write_all(&hello).unwrap();
+            s
+        })
+        .collect();
+    let mut tls = connect(&srv, &certs);
+    assert_eq!(request(&mut tls, "GET", "/healthz", None).0, 200);
+    for s in &mut flood {
+        assert!(
+            closed_within(s, Duration::from_secs(5)),
+            "a stalled handshake kept open"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(request(&mut tls, "GET", "/healthz", None).0, 200);
+}
+
+#[test]
 fn garbage_after_the_handshake_closes_the_connection() {
     let certs = Certs::new();
     let srv = certs.server("server", &[]);
