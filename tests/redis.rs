@@ -474,8 +474,9 @@ fn post_on(conn: TcpStream, path: &str, body: &[u8]) -> (u16, Value) {
 }
 
 /// `post_on`, or `None` when the connection fails before a whole answer.
-fn try_post_on(mut conn: TcpStream, path: &str, body: &[u8]) -> Option<(u16, Value)> {
+fn try_post_on(conn: TcpStream, path: &str, body: &[u8]) -> Option<(u16, Value)> {
     conn.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    let mut conn = common::Stream::try_over(conn).ok()?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
