@@ -114,6 +114,17 @@ fn system_roots(roots: &mut RootCertStore, ssl_cert_file: Option<&Path>) -> bool
     false
 }
 
+/// The first DNS name (not a wildcard) the first certificate in a PEM
+/// file is valid for: the name `relay health` checks the server's own
+/// certificate against when it connects over loopback.
+pub fn certificate_name(path: &Path) -> Option<String> {
+    let first = read_certs(path).ok()?.into_iter().next()?;
+    let cert = webpki::EndEntityCert::try_from(&first).ok()?;
+    cert.valid_dns_names()
+        .find(|n| !n.starts_with('*'))
+        .map(str::to_string)
+}
+
 /// Every certificate in a PEM file, in order; none is an error.
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)

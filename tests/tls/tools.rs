@@ -157,3 +157,29 @@ fn a_self_signed_certificate_is_trusted_with_ca_and_a_ca_made_one_is_explained()
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("CA:FALSE"), "{stderr}");
 }
+
+#[test]
+fn relay_health_checks_its_own_tls_server_with_the_servers_own_settings() {
+    let certs = Certs::new();
+    // A chain as certbot writes it: the certificate, then its issuer.
+    let chain = [certs.pem("server"), certs.pem("ca")]
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect::<String>();
+    std::fs::write(certs.pem("fullchain"), chain).unwrap();
+    std::fs::copy(certs.key("server"), certs.key("fullchain")).unwrap();
+    certs.self_signed("own", false);
+    for name in ["fullchain", "own"] {
+        let srv = certs.server(name, &[]);
+        // The environment the server runs with, and nothing else.
+        let out = relay_tool()
+            .arg("health")
+            .env("RELAY_PORT", srv.addr().port().to_string())
+            .env("RELAY_TLS_CERT", certs.pem(name))
+            .env("RELAY_TLS_KEY", certs.key(name))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+    }
+}
