@@ -9,6 +9,11 @@
 #                  (fails above MAX_EXPOSURE);
 #   relay.env      the unit's Environment= lines plus this file start the
 #                  server on 127.0.0.1 with no warning;
+#   relay-tls.conf the unit with this drop-in verified and rated the same
+#                  way (MAX_EXPOSURE_TLS: it adds one capability), then its
+#                  environment with a certificate made on the fly: the
+#                  server answers `relay health` over https:// and reloads
+#                  the pair on SIGHUP (the drop-in's ExecReload);
 #   nginx.conf     `nginx -t` with a self-signed certificate made on the fly
 #                  in a temporary prefix, then nginx run from it on free
 #                  loopback ports in front of that server: the plain port
@@ -22,13 +27,15 @@
 # Installs systemd, nginx, openssl and redis-server (apt) when missing; builds the static
 # x86_64 binary when missing.
 #
-# Environment: MAX_EXPOSURE (default 1.5, systemd's 0-10 scale).
+# Environment: MAX_EXPOSURE (default 1.5, systemd's 0-10 scale),
+# MAX_EXPOSURE_TLS (default 2.0, with deploy/relay-tls.conf).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 . scripts/lib.sh
 
 MAX_EXPOSURE="${MAX_EXPOSURE:-1.5}"
+MAX_EXPOSURE_TLS="${MAX_EXPOSURE_TLS:-2.0}"
 TARGET=x86_64-unknown-linux-musl
 RELAY_BIN="target/$TARGET/release/relay"
 tmp="$(mktemp -d)"
@@ -77,7 +84,7 @@ REQUIRED=(
 )
 
 check_unit() {
-  local root="$tmp/root" out
+  local root="$tmp/root" out threshold
   for line in "${REQUIRED[@]}"; do
     grep -qxF "$line" deploy/relay.service || fail "relay.service lacks the line $line"
   done
@@ -89,11 +96,48 @@ check_unit() {
   out="$(systemd-analyze verify --root="$root" relay.service 2>&1)" || fail "systemd-analyze verify: $out"
   [[ -z "$out" ]] || fail "systemd-analyze verify: $out"
   ok "systemd-analyze verify relay.service: no message"
-  local threshold
   threshold="$(awk -v x="$MAX_EXPOSURE" 'BEGIN { printf "%d", x * 10 + 0.5 }')"
   out="$(systemd-analyze security --offline=true --root="$root" --threshold="$threshold" relay.service 2>&1)" ||
     fail "systemd-analyze security above $MAX_EXPOSURE: $(grep -E '✗|Overall' <<<"$out")"
   grep 'Overall exposure level' <<<"$out" | sed 's/^→ /ok   /'
+  # The same unit with the built-in TLS drop-in.
+  install -D -m 0644 deploy/relay-tls.conf "$root/etc/systemd/system/relay.service.d/tls.conf"
+  install -D -m 0755 /bin/kill "$root/bin/kill"  # its ExecReload
+  out="$(systemd-analyze verify --root="$root" relay.service 2>&1)" || fail "systemd-analyze verify (tls.conf): $out"
+  [[ -z "$out" ]] || fail "systemd-analyze verify (tls.conf): $out"
+  ok "systemd-analyze verify relay.service with relay-tls.conf: no message"
+  threshold="$(awk -v x="$MAX_EXPOSURE_TLS" 'BEGIN { printf "%d", x * 10 + 0.5 }')"
+  out="$(systemd-analyze security --offline=true --root="$root" --threshold="$threshold" relay.service 2>&1)" ||
+    fail "systemd-analyze security with relay-tls.conf above $MAX_EXPOSURE_TLS: $(grep -E '✗|Overall' <<<"$out")"
+  grep 'Overall exposure level' <<<"$out" | sed 's/^→ /ok   (with relay-tls.conf) /'
+  rm -r "$root/etc/systemd/system/relay.service.d"
+}
+
+# The unit's environment with deploy/relay-tls.conf, its certificate
+# made on the fly and its port a free one: https:// answers, and SIGHUP
+# (the drop-in's ExecReload) loads a new pair.
+check_tls_environment() {
+  local env=() dir="$tmp/tls" port out
+  mkdir -p "$dir" "$tmp/state-tls"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=relay.example.com \
+    -addext "subjectAltName=DNS:relay.example.com,IP:127.0.0.1" -addext basicConstraints=critical,CA:FALSE \
+    -keyout "$dir/privkey.pem" -out "$dir/fullchain.pem" 2>/dev/null
+  grep -q '^ExecReload=/bin/kill -HUP \$MAINPID$' deploy/relay-tls.conf || fail "relay-tls.conf: no SIGHUP reload"
+  port="$(free_port)"
+  mapfile -t env < <(sed -n 's/^Environment=//p' deploy/relay.service deploy/relay-tls.conf |
+    sed -e "s|%S|$tmp/state-tls|g" -e "s|/etc/relay/tls/|$dir/|" -e "s|^RELAY_PORT=443$|RELAY_PORT=$port|" \
+      -e "s|^RELAY_HOST=0.0.0.0$|RELAY_HOST=127.0.0.1|"
+    grep -E '^[A-Z_]+=' deploy/relay.env)
+  start_relay check-deploy "$tmp/tls.log" "${env[@]}" RELAY_LOG_FORMAT=json
+  [[ "$ADDR" == "127.0.0.1:$port" ]] || fail "relay-tls.conf's environment listens on $ADDR"
+  out="$("$RELAY_BIN" health --url "https://127.0.0.1:$port" --ca "$dir/fullchain.pem" 2>&1)" ||
+    fail "relay health over https:// with relay-tls.conf's environment: $out"
+  ok "relay-tls.conf's environment serves https:// on $ADDR"
+  kill -HUP "$SERVER_PID"
+  for _ in $(seq 1 50); do grep -q 'TLS certificate reloaded' "$tmp/tls.log" && break; sleep 0.1; done
+  grep -q 'TLS certificate reloaded' "$tmp/tls.log" || fail "SIGHUP did not reload the pair: $(cat "$tmp/tls.log")"
+  ok "SIGHUP reloads the certificate"
+  stop_relay
 }
 
 check_environment() {
@@ -216,6 +260,7 @@ need redis-server redis-server
 rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
 cargo build --release --quiet --target "$TARGET"
 check_unit
+check_tls_environment
 check_environment
 check_nginx "$ADDR"
 stop_relay

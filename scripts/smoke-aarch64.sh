@@ -3,7 +3,10 @@
 # rust-lld, SQLite's C by zig), runs it under qemu-aarch64, and checks a
 # prompt, a long-poll and a WebSocket message against it with
 # examples/smoke.rs, in memory, with a data directory, and with its
-# sessions in Redis (Debian's redis-server, native, on a free port).
+# sessions in Redis (Debian's redis-server, native, on a free port); then
+# TLS with ring's aarch64 code on both ends: the server under qemu with a
+# certificate made on the fly, `relay health` over https:// from the
+# aarch64 binary (under qemu too) and from a native build.
 # Needs: rustup target aarch64-unknown-linux-musl, PyPI ziglang, Debian's
 # qemu-user (scripts/static-toolchain.sh and apt install what is missing).
 set -euo pipefail
@@ -53,3 +56,16 @@ wait $SERVER_PID
 sessions=$(redis-cli -p "$rport" zcard relay:sessions)
 [[ "$sessions" -ge 1 ]] || { echo "no session stored in Redis" >&2; exit 1; }
 echo "aarch64 smoke test passed with Redis ($sessions session(s) stored there)"
+# TLS: ring's aarch64 assembly on the server side and on the client side.
+tdir=$(mktemp -d)
+trap 'stop_relay; redis-cli -p "$rport" shutdown nosave >/dev/null 2>&1 || true; rm -f "$log"; rm -rf "$data" "$rdir" "$tdir"' EXIT
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
+  -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -addext basicConstraints=critical,CA:FALSE \
+  -keyout "$tdir/key.pem" -out "$tdir/cert.pem" 2>/dev/null
+RUNNER=qemu-aarch64 start_relay smoke-aarch64-tls "$log" RELAY_TLS_CERT="$tdir/cert.pem" RELAY_TLS_KEY="$tdir/key.pem"
+qemu-aarch64 "$bin" health --url "https://$ADDR" --ca "$tdir/cert.pem" >/dev/null
+cargo build --quiet --bin relay
+target/debug/relay health --url "https://$ADDR" --ca "$tdir/cert.pem" >/dev/null
+kill -TERM $SERVER_PID
+wait $SERVER_PID
+echo "aarch64 smoke test passed over TLS (server and client under qemu)"

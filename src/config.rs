@@ -77,6 +77,11 @@ pub struct Config {
     pub redis: Option<crate::store::redis::RedisUrl>,
     /// What every key relay writes in Redis starts with.
     pub redis_prefix: String,
+    /// The certificate chain (`RELAY_TLS_CERT`) and key (`RELAY_TLS_KEY`)
+    /// files; set: the port speaks TLS.
+    pub tls: Option<crate::tls::CertFiles>,
+    /// The CA a `rediss://` Redis is checked against; unset: the system's.
+    pub redis_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -110,6 +115,8 @@ impl Default for Config {
             sync: crate::store::sqlite::Sync::Always,
             redis: None,
             redis_prefix: "relay:".to_string(),
+            tls: None,
+            redis_ca: None,
         }
     }
 }
@@ -324,7 +331,7 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
     ),
     (
         "RELAY_REDIS_URL",
-        "Redis shared by several instances, redis://[:password@]host[:port][/db] (default unset)",
+        "Redis shared by several instances, redis[s]://[:password@]host[:port][/db] (default unset)",
         |c, v| {
             c.redis = match v.trim() {
                 "" => None,
@@ -341,6 +348,32 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
                 return Err("expected 1 to 64 characters, no spaces".into());
             }
             c.redis_prefix = v.to_string();
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_REDIS_CA",
+        "PEM file of the CA a rediss:// Redis is checked against (default: the system's)",
+        |c, v| {
+            c.redis_ca = path(v);
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_TLS_CERT",
+        "PEM certificate chain: serve TLS on the port, with RELAY_TLS_KEY (default unset)",
+        |c, v| {
+            let files = c.tls.get_or_insert_with(unset_files);
+            files.cert = path(v).unwrap_or_default();
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_TLS_KEY",
+        "PEM private key of RELAY_TLS_CERT (default unset); SIGHUP reloads both",
+        |c, v| {
+            let files = c.tls.get_or_insert_with(unset_files);
+            files.key = path(v).unwrap_or_default();
             Ok(())
         },
     ),
@@ -385,6 +418,23 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         },
     ),
 ];
+
+/// A file name; empty means unset.
+fn path(v: &str) -> Option<std::path::PathBuf> {
+    match v.trim() {
+        "" => None,
+        p => Some(std::path::PathBuf::from(p)),
+    }
+}
+
+/// Certificate files before either is named: the check after parsing
+/// finds which one is missing.
+fn unset_files() -> crate::tls::CertFiles {
+    crate::tls::CertFiles {
+        cert: std::path::PathBuf::new(),
+        key: std::path::PathBuf::new(),
+    }
+}
 
 /// `RELAY_HOST`: an IP address, or `localhost` for 127.0.0.1 (the name a
 /// newcomer types first; resolving it would depend on /etc/hosts, and an
@@ -545,6 +595,24 @@ where
     if let Some(e) = unknown::misspelled_security_setting(&env) {
         return Err(e);
     }
+    match &cfg.tls {
+        Some(f) if f.cert.as_os_str().is_empty() && f.key.as_os_str().is_empty() => cfg.tls = None,
+        Some(f) if f.cert.as_os_str().is_empty() => {
+            return Err(
+                "RELAY_TLS_KEY is set but RELAY_TLS_CERT (--tls-cert) is not: TLS needs both"
+                    .into(),
+            );
+        }
+        Some(f) if f.key.as_os_str().is_empty() => {
+            return Err(
+                "RELAY_TLS_CERT is set but RELAY_TLS_KEY (--tls-key) is not: TLS needs both".into(),
+            );
+        }
+        _ => {}
+    }
+    if cfg.redis_ca.is_some() && !cfg.redis.as_ref().is_some_and(|r| r.tls) {
+        return Err("RELAY_REDIS_CA is set but RELAY_REDIS_URL is not a rediss:// URL".into());
+    }
     Ok(Command::Run {
         cfg: Box::new(cfg),
         warnings: unknown_variables(&env),
@@ -642,6 +710,37 @@ mod tests {
             (c.port, c.ping_interval),
             (7000, Duration::from_millis(250))
         );
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_redis_ca_needs_rediss() {
+        let c = run(&[("RELAY_TLS_CERT", "c.pem")], &["--tls-key", "k.pem"]).unwrap();
+        let files = c.tls.unwrap();
+        assert_eq!(
+            (files.cert.to_str(), files.key.to_str()),
+            (Some("c.pem"), Some("k.pem"))
+        );
+        let e = run(&[("RELAY_TLS_CERT", "c.pem")], &[]).unwrap_err();
+        assert!(e.contains("RELAY_TLS_KEY"), "{e}");
+        let e = run(&[], &["--tls-key=k.pem"]).unwrap_err();
+        assert!(e.contains("RELAY_TLS_CERT"), "{e}");
+        assert!(
+            run(&[("RELAY_TLS_CERT", ""), ("RELAY_TLS_KEY", "")], &[])
+                .unwrap()
+                .tls
+                .is_none()
+        );
+        let e = run(&[("RELAY_REDIS_CA", "ca.pem")], &[]).unwrap_err();
+        assert!(e.contains("rediss://"), "{e}");
+        let c = run(
+            &[
+                ("RELAY_REDIS_URL", "rediss://r"),
+                ("RELAY_REDIS_CA", "ca.pem"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert!(c.redis.is_some_and(|r| r.tls) && c.redis_ca.is_some());
     }
 
     #[test]

@@ -39,4 +39,5 @@ pub mod relay;
 pub mod store;
 pub mod time;
 pub mod timer;
+pub mod tls;
 pub mod web;

@@ -107,6 +107,10 @@ fn main() -> ExitCode {
     for warning in &warnings {
         log::warn!("{warning}");
     }
+    if let Err(e) = check_tls_files(&cfg) {
+        log::error!("{e}");
+        return ExitCode::from(2);
+    }
     warn_about_open_endpoints(&cfg);
     let addr = SocketAddr::new(cfg.host, cfg.port);
     let opened = match &cfg.data_dir {
@@ -156,6 +160,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The certificate, key and Redis CA files are read once before binding,
+/// so a missing or mismatched file is a bad setting (exit 2) whose message
+/// names the file, not a failure to start.
+fn check_tls_files(cfg: &Config) -> Result<(), String> {
+    if let Some(files) = &cfg.tls {
+        relay::tls::server_config(files)?;
+    }
+    if let Some(ca) = &cfg.redis_ca {
+        relay::tls::client_config(Some(ca), None, None)?;
+    }
+    Ok(())
 }
 
 /// Warns at start about endpoints anyone can use: all of them on a

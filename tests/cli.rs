@@ -17,7 +17,9 @@ use serde_json::{Value, json};
 /// How long a tool may take to show what a test waits for.
 const WAIT: Duration = Duration::from_secs(15);
 
-/// The binary with the caller's `RELAY_*` settings removed.
+/// The binary with the caller's `RELAY_*` settings removed; with
+/// `TEST_WITH_TLS`, trusting the harness's CA (`RELAY_CA`), and for `relay
+/// health` without `--url` told the server speaks TLS (`RELAY_TLS_CERT`).
 fn relay() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
     for (key, _) in std::env::vars() {
@@ -25,12 +27,18 @@ fn relay() -> Command {
             cmd.env_remove(key);
         }
     }
+    if common::tls_mode() {
+        let files = common::tls_files();
+        cmd.env("RELAY_CA", &files.ca)
+            .env("RELAY_TLS_CERT", &files.cert);
+    }
     cmd.stdin(Stdio::null());
     cmd
 }
 
 fn url(srv: &Server) -> String {
-    format!("http://{}", srv.addr())
+    let scheme = if common::tls_mode() { "https" } else { "http" };
+    format!("{scheme}://{}", srv.addr())
 }
 
 type Lines = Arc<(Mutex<(Vec<String>, bool)>, Condvar)>;

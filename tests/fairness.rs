@@ -45,6 +45,9 @@ fn flood(mut s: TcpStream, chunk: Vec<u8>, stop: Arc<AtomicBool>) -> usize {
 
 #[test]
 fn endless_continuation_frames_neither_starve_others_nor_last() {
+    if skip_with_tls("plain sockets written and read byte by byte; TLS under abuse is tests/tls") {
+        return;
+    }
     let srv = Server::start();
     let mut good = Good::new(&srv);
     good.round_trip();
@@ -75,6 +78,9 @@ fn endless_continuation_frames_neither_starve_others_nor_last() {
 
 #[test]
 fn endless_chunk_extensions_neither_starve_others_nor_last() {
+    if skip_with_tls("plain sockets written and read byte by byte; TLS under abuse is tests/tls") {
+        return;
+    }
     let srv = Server::start_with(&[("RELAY_REQUEST_TIMEOUT", "2")]);
     let mut good = Good::new(&srv);
     good.round_trip();
@@ -112,6 +118,9 @@ fn endless_chunk_extensions_neither_starve_others_nor_last() {
 
 #[test]
 fn a_pipelining_client_is_timed_per_request_not_as_a_whole() {
+    if skip_with_tls("plain sockets written and read byte by byte; TLS under abuse is tests/tls") {
+        return;
+    }
     let srv = Server::start_with(&[("RELAY_REQUEST_TIMEOUT", "1")]);
     let mut s = raw(srv.addr());
     let reader = s.try_clone().unwrap();
@@ -160,6 +169,9 @@ fn a_pipelining_client_is_timed_per_request_not_as_a_whole() {
 
 #[test]
 fn a_socket_that_never_sends_a_byte_is_closed_at_the_request_timeout() {
+    if skip_with_tls("plain sockets written and read byte by byte; TLS under abuse is tests/tls") {
+        return;
+    }
     let srv = Server::start_with(&[
         ("RELAY_REQUEST_TIMEOUT", "0.5"),
         ("RELAY_KEEPALIVE_TIMEOUT", "60"),
@@ -188,6 +200,9 @@ fn a_socket_that_never_sends_a_byte_is_closed_at_the_request_timeout() {
 
 #[test]
 fn hung_up_parked_polls_with_full_buffers_free_their_waiters() {
+    if skip_with_tls("plain sockets written and read byte by byte; TLS under abuse is tests/tls") {
+        return;
+    }
     // One relay: the cap counts its own parked polls.
     let srv = Server::start_single_with(&[("RELAY_MAX_WAITERS", "3")]);
     let sid = unique_session();
@@ -243,6 +258,9 @@ fn greedy(addr: SocketAddr, sid: &str) -> TcpStream {
 
 #[test]
 fn twenty_connections_that_never_read_hold_bounded_memory() {
+    if skip_with_tls("plain sockets written and read byte by byte; TLS under abuse is tests/tls") {
+        return;
+    }
     const PROMPTS: usize = 200;
     const TEXT: usize = 120 * 1024;
     // One relay: every connection on the process whose memory is measured.

@@ -28,18 +28,11 @@ fn expect_error(r: &Response, status: u16) -> Value {
     body
 }
 
-/// Nothing arrives on the connection within `wait` (checked with `peek`, so
-/// a later `read_response` still sees every byte).
+/// Nothing arrives on the connection within `wait` (a byte that does is
+/// kept, so a later `read_response` still sees every byte).
 #[track_caller]
 fn assert_silent_for(http: &mut Http, wait: Duration) {
-    let s = http.stream();
-    s.set_read_timeout(Some(wait)).unwrap();
-    let got = s.peek(&mut [0u8; 1]);
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    match got {
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-        other => panic!("expected nothing yet, got {other:?}"),
-    }
+    assert!(http.is_silent_for(wait), "expected nothing yet");
 }
 
 /// The peer ends the connection without sending another byte.
@@ -260,6 +253,9 @@ fn idle_keep_alive_connection_is_closed_quietly() {
 
 #[test]
 fn connection_cap_answers_503_to_the_next_connection() {
+    if skip_with_tls("over the cap a TLS connection is closed, not answered 503 (tests/tls)") {
+        return;
+    }
     // One relay: the cap is its own.
     let srv = Server::start_single_with(&[("RELAY_MAX_CONNECTIONS", "3")]);
     let mut held: Vec<Http> = (0..3)

@@ -137,8 +137,9 @@ struct Acked {
 /// server is gone (killed) before answering.
 fn try_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<u16> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    let s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut s = common::Stream::try_over(s).ok()?;
     let body = body.to_string();
     let req = format!(
         "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

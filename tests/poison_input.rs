@@ -127,7 +127,7 @@ fn numbers_beyond_a_finite_float_are_refused_in_metadata_and_ts() {
 #[track_caller]
 fn assert_refused_at_once(srv: &Server, bytes: &[u8]) {
     let mut http = srv.conn();
-    http.stream()
+    http.tcp()
         .set_read_timeout(Some(std::time::Duration::from_secs(3)))
         .unwrap();
     http.send_raw(bytes);

@@ -16,7 +16,7 @@ use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Server, assert_error, unique_session};
+use common::{Server, assert_error, skip_with_tls, unique_session};
 use serde_json::{Value, json};
 
 const PAGE: &[u8] = include_bytes!("../src/web/index.html");
@@ -102,6 +102,9 @@ fn invalid_web_setting_stops_the_server() {
 
 #[test]
 fn browser_chat_survives_a_relay_restart() {
+    if skip_with_tls("the browser opens the page over http://") {
+        return;
+    }
     restart_scenario(None);
 }
 
@@ -109,6 +112,9 @@ fn browser_chat_survives_a_relay_restart() {
 /// resumes with no resync, and still shows every answer once.
 #[test]
 fn browser_chat_survives_a_restart_of_a_persistent_relay_without_a_resync() {
+    if skip_with_tls("the browser opens the page over http://") {
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("relay-page-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     restart_scenario(Some(dir.to_str().expect("UTF-8 temp path")));
@@ -185,6 +191,9 @@ fn restart_scenario(data_dir: Option<&str>) {
 
 #[test]
 fn browser_asks_for_the_client_token() {
+    if skip_with_tls("the browser opens the page over http://") {
+        return;
+    }
     let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     require_browser();
     let s = Server::start_with(&[PING, ("RELAY_CLIENT_TOKEN", "page-secret")]);

@@ -51,7 +51,7 @@ fn frame(first: u8, masked: bool, payload: &[u8]) -> Vec<u8> {
 
 /// A hand-made WebSocket client: the raw socket and the bytes read but not parsed.
 struct RawWs {
-    stream: TcpStream,
+    stream: Stream,
     buf: Vec<u8>,
 }
 
@@ -59,9 +59,10 @@ impl RawWs {
     /// Upgrades by hand and checks the 101 and its accept key.
     #[track_caller]
     fn connect(srv: &Server, sid: &str) -> RawWs {
-        let mut stream = TcpStream::connect(srv.addr()).expect("connect");
+        let stream = TcpStream::connect(srv.addr()).expect("connect");
         stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        let mut stream = Stream::over(stream);
         let req = format!(
             "GET /ws/{sid} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {KEY}\r\n\r\n"
         );
@@ -94,6 +95,7 @@ impl RawWs {
     /// be closing, and the reads that follow decide the test.
     fn send(&mut self, bytes: &[u8]) {
         let _ = self.stream.write_all(bytes);
+        let _ = self.stream.flush();
     }
 
     /// Reads more bytes; false on EOF or reset. Panics on timeout.

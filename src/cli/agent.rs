@@ -45,7 +45,7 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token T] [--poll-timeout S] -- CMD [ARGS...]
+    "usage: relay agent --session ID [--url URL] [--token T] [--ca FILE] [--poll-timeout S] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_SESSION_ID, RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's
@@ -60,6 +60,9 @@ signal exits at once.
   --session ID        the session to serve (required)
   --url URL           the server (default RELAY_URL, else http://127.0.0.1:8000)
   --token T           agent token (default RELAY_AGENT_TOKEN)
+  --ca FILE           for an https:// URL, trust only the CA or self-signed
+                      certificate in this PEM file (default RELAY_CA, else the
+                      system's trust store, else built-in Mozilla roots)
   --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
 
 exit codes: 0 stopped by a signal, 1 a fatal error (token refused, CMD cannot
@@ -67,7 +70,7 @@ start), 2 bad usage
 ";
 
 const SPEC: Spec = Spec {
-    valued: &["--url", "--session", "--token", "--poll-timeout"],
+    valued: &["--url", "--session", "--token", "--ca", "--poll-timeout"],
     switches: &[],
     interleaved: false,
 };
@@ -82,6 +85,7 @@ pub struct Options {
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
     let url = super::url_of(parsed, env)?;
+    let tls = super::tls_of(parsed, env, &url)?;
     let token = super::token_of(parsed, env, "RELAY_AGENT_TOKEN")?;
     let session = super::session_of(parsed)?;
     let poll_timeout = super::seconds_of(parsed, "--poll-timeout", DEFAULT_POLL)?;
@@ -89,7 +93,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         return Err("a command to run is required after --".into());
     }
     Ok(Options {
-        client: Client::new(url, token),
+        client: Client::new(url, token, tls),
         session,
         poll_timeout,
         command: parsed.rest.clone(),
@@ -222,6 +226,7 @@ fn retry(why: impl Into<String>) -> Fail {
 fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
     match result {
         Err(client::Error::Cancelled) => Err(Fail::Stopped),
+        Err(client::Error::Tls(why)) => Err(Fail::Fatal(why)),
         Err(e) => Err(retry(e.to_string())),
         Ok(r) if r.status >= 500 || r.status == 429 || r.status == 408 => Err(Fail::Retry {
             why: r.describe(),

@@ -1,6 +1,7 @@
 //! The blocking HTTP/1.1 client shared by `relay agent`, `relay send` and
-//! `relay health`: one keep-alive connection, `Content-Length` and chunked
-//! bodies, a read timeout on every read, errors as values.
+//! `relay health`: one keep-alive connection, plain or TLS (`https://`,
+//! the certificate always verified), `Content-Length` and chunked bodies, a
+//! read timeout on every read, errors as values.
 //!
 //! Every request the tools send is idempotent (ids are chosen by the
 //! client), so a reused keep-alive connection that turns out to be closed is
@@ -10,8 +11,12 @@
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
 use crate::http::upgrade::{accept_key, base64};
 
@@ -25,9 +30,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a cancellable read looks at its flag.
 const CANCEL_SLICE: Duration = Duration::from_millis(200);
 
-/// A parsed `http://host[:port][/prefix]` base address.
+/// A parsed `http[s]://host[:port][/prefix]` base address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Url {
+    /// `https://`: TLS, the certificate checked against `host`.
+    tls: bool,
     /// `host:port` as sent in `Host` (IPv6 literals keep their brackets).
     authority: String,
     /// The host to resolve, without brackets.
@@ -38,25 +45,30 @@ pub struct Url {
 }
 
 impl Url {
-    /// Parses the `--url` value. Only `http://` is spoken.
+    /// Parses the `--url` value: `http://` or `https://` (no scheme means
+    /// `http://`).
     pub fn parse(s: &str) -> Result<Url, String> {
-        let rest = match s.split_once("://") {
-            Some(("http", rest)) => rest,
+        let (rest, tls) = match s.split_once("://") {
+            Some(("http", rest)) => (rest, false),
+            Some(("https", rest)) => (rest, true),
             Some((scheme, _)) => {
                 return Err(format!(
-                    "'{s}': only http:// URLs are supported, not {scheme}://"
+                    "'{s}': only http:// and https:// URLs are supported, not {scheme}://"
                 ));
             }
-            None => s,
+            None => (s, false),
         };
         let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         if path.contains(['?', '#']) || hostport.contains('@') {
             return Err(format!(
-                "'{s}': expected http://host[:port][/prefix] (no query, fragment or user)"
+                "'{s}': expected http[s]://host[:port][/prefix] (no query, fragment or user)"
             ));
         }
-        let (host, port) = split_host_port(hostport).ok_or_else(|| format!("'{s}': bad host"))?;
+        let default_port = if tls { 443 } else { 80 };
+        let (host, port) =
+            split_host_port(hostport, default_port).ok_or_else(|| format!("'{s}': bad host"))?;
         Ok(Url {
+            tls,
             authority: hostport.to_string(),
             host,
             port,
@@ -69,14 +81,21 @@ impl Url {
         format!("{}{path}", self.prefix)
     }
 
-    /// The `http://` address of an endpoint path, for messages.
-    pub fn http(&self, path: &str) -> String {
-        format!("http://{}{}{path}", self.authority, self.prefix)
+    /// Whether it is an `https://` address.
+    pub fn is_tls(&self) -> bool {
+        self.tls
     }
 
-    /// The `ws://` address of an endpoint path.
+    /// The `http[s]://` address of an endpoint path, for messages.
+    pub fn http(&self, path: &str) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{}{path}", self.authority, self.prefix)
+    }
+
+    /// The `ws[s]://` address of an endpoint path.
     pub fn ws(&self, path: &str) -> String {
-        format!("ws://{}{}{path}", self.authority, self.prefix)
+        let scheme = if self.tls { "wss" } else { "ws" };
+        format!("{scheme}://{}{}{path}", self.authority, self.prefix)
     }
 
     /// Opens a TCP connection to the first address that answers.
@@ -95,8 +114,8 @@ impl Url {
     }
 }
 
-/// `host`, `host:port`, `[v6]` or `[v6]:port`; port 80 when absent.
-fn split_host_port(s: &str) -> Option<(String, u16)> {
+/// `host`, `host:port`, `[v6]` or `[v6]:port`; `default_port` when absent.
+fn split_host_port(s: &str, default_port: u16) -> Option<(String, u16)> {
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
         let (host, after) = rest.split_once(']')?;
         (host, after.strip_prefix(':'))
@@ -111,7 +130,7 @@ fn split_host_port(s: &str) -> Option<(String, u16)> {
     }
     let port = match port {
         Some(p) => p.parse().ok().filter(|p| *p != 0)?,
-        None => 80,
+        None => default_port,
     };
     Some((host.to_string(), port))
 }
@@ -129,6 +148,9 @@ pub enum Error {
     Cancelled,
     /// The peer did not speak HTTP/1.1 as expected.
     Protocol(String),
+    /// The TLS handshake failed: an untrusted certificate, one for another
+    /// name. Retrying cannot help.
+    Tls(String),
 }
 
 impl std::fmt::Display for Error {
@@ -139,6 +161,7 @@ impl std::fmt::Display for Error {
             Error::TimedOut => write!(f, "timed out"),
             Error::Cancelled => write!(f, "cancelled"),
             Error::Protocol(why) => write!(f, "bad answer: {why}"),
+            Error::Tls(why) => write!(f, "{why}"),
         }
     }
 }
@@ -171,7 +194,7 @@ impl Response {
 /// The outcome of a WebSocket upgrade: the open connection with any bytes
 /// the server sent after its `101`, or the other answer it gave.
 pub enum Upgraded {
-    Open(TcpStream, Vec<u8>),
+    Open(Stream, Vec<u8>),
     Refused(Response),
 }
 
@@ -192,23 +215,122 @@ impl Limit<'_> {
     }
 }
 
+/// A connection to the server: the socket, or TLS over it.
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    /// The socket, for its timeouts.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(t) => &t.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(t) => t.flush(),
+        }
+    }
+}
+
 /// A keep-alive HTTP/1.1 client for one server. Created once per command.
 pub struct Client {
     url: Url,
     token: Option<String>,
-    conn: Option<TcpStream>,
+    /// What an `https://` server's certificate is checked against.
+    tls: Option<Arc<ClientConfig>>,
+    /// The name the certificate must be valid for, when not the URL's host.
+    tls_name: Option<String>,
+    conn: Option<Stream>,
     buf: Vec<u8>,
 }
 
 impl Client {
-    /// A client that sends `Authorization: Bearer token` when given one.
-    pub fn new(url: Url, token: Option<String>) -> Client {
+    /// A client that sends `Authorization: Bearer token` when given one;
+    /// `tls` (what the tools' `--ca` and the system trust) is required for
+    /// an `https://` URL.
+    pub fn new(url: Url, token: Option<String>, tls: Option<Arc<ClientConfig>>) -> Client {
         Client {
             url,
             token,
+            tls,
+            tls_name: None,
             conn: None,
             buf: Vec::new(),
         }
+    }
+
+    /// Checks the certificate against `name` rather than the URL's host:
+    /// `relay health` reaches its own server over loopback and checks the
+    /// name the server's certificate is for.
+    pub fn verify_as(mut self, name: String) -> Client {
+        self.tls_name = Some(name);
+        self
+    }
+
+    /// Connects to the server within `timeout`; over TLS the handshake is
+    /// done here, so a certificate problem is an [`Error::Tls`] before any
+    /// request is sent.
+    fn open(&self, timeout: Duration) -> Result<Stream, Error> {
+        let deadline = Instant::now() + timeout;
+        let sock = self
+            .url
+            .connect(timeout.min(CONNECT_TIMEOUT))
+            .map_err(Error::Connect)?;
+        if !self.url.tls {
+            return Ok(Stream::Plain(sock));
+        }
+        let Some(config) = &self.tls else {
+            return Err(Error::Tls("no TLS settings for an https:// URL".into()));
+        };
+        let host = self.tls_name.as_ref().unwrap_or(&self.url.host);
+        let name = ServerName::try_from(host.clone())
+            .map_err(|_| Error::Tls(format!("'{host}' is not a name TLS can check")))?;
+        let conn = ClientConnection::new(Arc::clone(config), name)
+            .map_err(|e| Error::Tls(crate::tls::describe(&e, host)))?;
+        let mut tls = StreamOwned::new(conn, sock);
+        while tls.conn.is_handshaking() {
+            let left = remaining(deadline)?;
+            tls.sock.set_read_timeout(Some(left)).map_err(Error::Io)?;
+            tls.sock.set_write_timeout(Some(left)).map_err(Error::Io)?;
+            match tls.conn.complete_io(&mut tls.sock) {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Err(Error::TimedOut);
+                }
+                Err(e) => {
+                    return Err(match crate::tls::describe_io(&e, host) {
+                        Some(why) => Error::Tls(why),
+                        None => Error::Io(e),
+                    });
+                }
+            }
+        }
+        Ok(Stream::Tls(Box::new(tls)))
     }
 
     /// The server's base address.
@@ -228,10 +350,7 @@ impl Client {
     pub fn upgrade(&self, path: &str, timeout: Duration) -> Result<Upgraded, Error> {
         let deadline = Instant::now() + timeout;
         let left = remaining(deadline)?;
-        let mut stream = self
-            .url
-            .connect(left.min(CONNECT_TIMEOUT))
-            .map_err(Error::Connect)?;
+        let mut stream = self.open(left)?;
         let key = base64(uuid::Uuid::new_v4().as_bytes());
         let mut head = self.head("GET", path, None);
         // The upgrade's headers go before the blank line that ends the head.
@@ -240,9 +359,11 @@ impl Client {
             "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n\r\n"
         ));
         stream
+            .tcp()
             .set_write_timeout(Some(remaining(deadline)?))
             .map_err(Error::Io)?;
         stream.write_all(head.as_bytes()).map_err(Error::Io)?;
+        stream.flush().map_err(Error::Io)?;
         let mut buf = Vec::new();
         let mut reader = Reader {
             stream: &mut stream,
@@ -295,11 +416,7 @@ impl Client {
         self.buf.clear();
         if self.conn.is_none() {
             let left = remaining(deadline)?;
-            let stream = self
-                .url
-                .connect(left.min(CONNECT_TIMEOUT))
-                .map_err(Error::Connect)?;
-            self.conn = Some(stream);
+            self.conn = Some(self.open(left)?);
         }
         let head = self.head(method, path, body);
         let result = self.send_and_read(&head, body, method == "HEAD", deadline, cancel);
@@ -345,12 +462,14 @@ impl Client {
             return Err(Error::Protocol("no connection".into()));
         };
         stream
+            .tcp()
             .set_write_timeout(Some(remaining(deadline)?))
             .map_err(Error::Io)?;
         let mut out = Vec::with_capacity(head.len() + body.map_or(0, <[u8]>::len));
         out.extend_from_slice(head.as_bytes());
         out.extend_from_slice(body.unwrap_or_default());
         stream.write_all(&out).map_err(Error::Io)?;
+        stream.flush().map_err(Error::Io)?;
         let mut reader = Reader {
             stream,
             buf: &mut self.buf,
@@ -363,7 +482,7 @@ impl Client {
 
 /// A connection's input: reads with the deadline and cancel flag applied.
 struct Reader<'a> {
-    stream: &'a mut TcpStream,
+    stream: &'a mut Stream,
     buf: &'a mut Vec<u8>,
     deadline: Instant,
     cancel: Option<&'a AtomicBool>,
@@ -382,6 +501,7 @@ impl Reader<'_> {
                 wait = wait.min(CANCEL_SLICE);
             }
             self.stream
+                .tcp()
                 .set_read_timeout(Some(wait))
                 .map_err(Error::Io)?;
             match self.stream.read(&mut chunk) {
@@ -466,6 +586,12 @@ fn read_head(r: &mut Reader<'_>) -> Result<Head, Error> {
                 return Err(Error::Protocol("response head too large".into()));
             }
             Ok(httparse::Status::Partial) => {}
+            // A TLS record (an alert, a handshake) where HTTP was expected.
+            Err(_) if r.buf.first().is_some_and(|b| (0x14..=0x17).contains(b)) => {
+                return Err(Error::Protocol(
+                    "the server speaks TLS: use an https:// URL".into(),
+                ));
+            }
             Err(e) => return Err(Error::Protocol(e.to_string())),
         }
         if !r.fill()? {
@@ -589,8 +715,12 @@ mod tests {
 
     #[test]
     fn urls_that_cannot_be_served_are_refused() {
+        let u = Url::parse("https://relay.example.com/r").unwrap();
+        assert_eq!((u.port, u.is_tls()), (443, true));
+        assert_eq!(u.ws("/ws/s"), "wss://relay.example.com/r/ws/s");
+        assert_eq!(u.http("/healthz"), "https://relay.example.com/r/healthz");
         for bad in [
-            "https://example.com",
+            "ftp://example.com",
             "http://",
             "http://host:0",
             "http://host:x",
@@ -626,7 +756,7 @@ mod tests {
             assert!(head.contains("Authorization: Bearer t\r\n"), "{head}");
             peer.write_all(&reply(&key)).unwrap();
         });
-        let client = Client::new(url, Some("t".into()));
+        let client = Client::new(url, Some("t".into()), None);
         let out = client.upgrade("/ws/s", Duration::from_secs(5));
         server.join().unwrap();
         out
@@ -662,7 +792,7 @@ mod tests {
     /// A reader over bytes already received (the stream is never read).
     fn decode(bytes: &[u8], is_head: bool) -> Result<(Response, bool), Error> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let mut stream = Stream::Plain(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
         let (_peer, _) = listener.accept().unwrap();
         let mut buf = bytes.to_vec();
         let mut r = Reader {

@@ -16,11 +16,11 @@ use std::time::Duration;
 /// The subcommand lines of `relay --help`.
 pub const SUMMARY: &str = "
 commands (each has --help):
-  relay agent --session ID [--url URL] [--token T] -- CMD [ARGS...]
+  relay agent --session ID [--url URL] [--token T] [--ca FILE] -- CMD [ARGS...]
       run CMD once per prompt of the session, post its output as the answer
-  relay send --session ID [--url URL] [--token T] TEXT...
+  relay send --session ID [--url URL] [--token T] [--ca FILE] TEXT...
       post a prompt and print the answers to it
-  relay health [--url URL]
+  relay health [--url URL] [--ca FILE]
       GET /healthz: exit 0 on 200, 1 otherwise (the container health check)
 ";
 
@@ -139,6 +139,33 @@ fn url_of(parsed: &Parsed, env: &[(String, String)]) -> Result<client::Url, Stri
         .or_else(|| env_value(env, "RELAY_URL"))
         .unwrap_or(DEFAULT_URL);
     client::Url::parse(raw).map_err(|e| format!("invalid --url {e}"))
+}
+
+/// What an `https://` server's certificate is checked against: `--ca`
+/// (else `RELAY_CA`) alone when given, else the system's bundle
+/// (`SSL_CERT_FILE` first), else the Mozilla roots built in. `None` for an
+/// `http://` URL. A `--ca` file that cannot be used is a usage error.
+fn tls_of(
+    parsed: &Parsed,
+    env: &[(String, String)],
+    url: &client::Url,
+) -> Result<Option<std::sync::Arc<rustls::ClientConfig>>, String> {
+    let flag = parsed.value("--ca");
+    if !url.is_tls() {
+        return match flag {
+            Some(_) => Err("--ca is for https:// URLs".into()),
+            None => Ok(None),
+        };
+    }
+    let ca = flag.or_else(|| env_value(env, "RELAY_CA"));
+    let system = env_value(env, "SSL_CERT_FILE");
+    crate::tls::client_config(
+        ca.map(std::path::Path::new),
+        system.map(std::path::Path::new),
+        Some(crate::tls::ALPN_HTTP11),
+    )
+    .map(Some)
+    .map_err(|e| format!("--ca: {e}"))
 }
 
 /// `--token`, else the role's environment variable; printable ASCII only,

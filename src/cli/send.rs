@@ -4,14 +4,13 @@
 //! arrive unseen; answers to other prompts of the session are skipped.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
-use super::client::{Client, Limit, Upgraded};
+use super::client::{Client, Limit, Stream, Upgraded};
 use super::{Parsed, Spec};
 use crate::relay::model::MAX_TEXT_BYTES;
 
@@ -24,7 +23,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 const HELP: &str =
-    "usage: relay send --session ID [--url URL] [--token T] [--all] [--timeout S] TEXT...
+    "usage: relay send --session ID [--url URL] [--token T] [--ca FILE] [--all] [--timeout S] TEXT...
 
 Posts TEXT (the words joined by spaces; - reads it from stdin) as a prompt
 of the session and prints each answer's text on its own line as it arrives.
@@ -34,6 +33,9 @@ client_msg_id is printed to stderr.
   --session ID     the session (required; created if missing)
   --url URL        the server (default RELAY_URL, else http://127.0.0.1:8000)
   --token T        client token (default RELAY_CLIENT_TOKEN)
+  --ca FILE        for an https:// URL, trust only the CA or self-signed
+                   certificate in this PEM file (default RELAY_CA, else the
+                   system's trust store, else built-in Mozilla roots)
   --all            keep printing answer parts until the timeout, instead of
                    exiting after the first answer
   --timeout S      seconds to wait for answers (default 120)
@@ -43,7 +45,7 @@ the prompt could not be posted, 2 bad usage
 ";
 
 const SPEC: Spec = Spec {
-    valued: &["--url", "--session", "--token", "--timeout"],
+    valued: &["--url", "--session", "--token", "--ca", "--timeout"],
     switches: &["--all"],
     interleaved: true,
 };
@@ -58,6 +60,7 @@ struct Options {
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
     let url = super::url_of(parsed, env)?;
+    let tls = super::tls_of(parsed, env, &url)?;
     let token = super::token_of(parsed, env, "RELAY_CLIENT_TOKEN")?;
     let session = super::session_of(parsed)?;
     let timeout = super::seconds_of(parsed, "--timeout", DEFAULT_TIMEOUT)?;
@@ -77,7 +80,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         return Err(format!("the prompt exceeds {MAX_TEXT_BYTES} bytes"));
     }
     Ok(Options {
-        client: Client::new(url, token),
+        client: Client::new(url, token, tls),
         session,
         text,
         all: parsed.switch("--all"),
@@ -151,7 +154,7 @@ fn run(opts: &mut Options) -> Result<usize, String> {
 /// Opens `/ws/{session}`. The token travels in the `Authorization` header
 /// (the server accepts it on upgrades too), which keeps it out of proxies'
 /// access logs where `?token=` would land.
-fn subscribe(opts: &Options) -> Result<WebSocket<TcpStream>, String> {
+fn subscribe(opts: &Options) -> Result<WebSocket<Stream>, String> {
     let path = format!("/ws/{}", opts.session);
     let address = opts.client.url().ws(&path);
     let (stream, read) = match opts.client.upgrade(&path, REQUEST_TIMEOUT) {
@@ -161,9 +164,9 @@ fn subscribe(opts: &Options) -> Result<WebSocket<TcpStream>, String> {
         }
         Err(e) => return Err(format!("{address}: {e}")),
     };
-    stream
-        .set_read_timeout(Some(REQUEST_TIMEOUT))
-        .and_then(|()| stream.set_write_timeout(Some(REQUEST_TIMEOUT)))
+    let tcp = stream.tcp();
+    tcp.set_read_timeout(Some(REQUEST_TIMEOUT))
+        .and_then(|()| tcp.set_write_timeout(Some(REQUEST_TIMEOUT)))
         .map_err(|e| e.to_string())?;
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_MESSAGE_BYTES))
@@ -200,7 +203,7 @@ fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
 
 /// The text of the next answer to `client_msg_id`, `None` at the deadline.
 fn next_answer(
-    ws: &mut WebSocket<TcpStream>,
+    ws: &mut WebSocket<Stream>,
     client_msg_id: &str,
     deadline: Instant,
 ) -> Result<Option<String>, String> {
@@ -212,6 +215,7 @@ fn next_answer(
             return Ok(None);
         }
         ws.get_ref()
+            .tcp()
             .set_read_timeout(Some(left))
             .map_err(|e| e.to_string())?;
         match ws.read() {

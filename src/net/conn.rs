@@ -12,9 +12,8 @@ use std::io::{self, Read};
 use std::net::IpAddr;
 use std::rc::Rc;
 
-use mio::net::TcpStream;
-
 use super::buffer::OutQueue;
+use super::stream::Stream;
 use super::ws::WsState;
 use crate::http::parse::RequestReader;
 use crate::store::SessionId;
@@ -105,7 +104,8 @@ pub const LINGER_BYTES: usize = 1 << 20;
 /// A connection owned by the loop's slab.
 pub struct Conn {
     pub generation: u32,
-    pub sock: TcpStream,
+    /// The socket, or TLS over it.
+    pub sock: Stream,
     pub peer: IpAddr,
     pub readable: bool,
     pub writable: bool,
@@ -131,13 +131,7 @@ pub struct Conn {
 
 impl Conn {
     /// A new HTTP connection, accepted at `now`.
-    pub fn new(
-        generation: u32,
-        sock: TcpStream,
-        peer: IpAddr,
-        max_body: usize,
-        now: Millis,
-    ) -> Conn {
+    pub fn new(generation: u32, sock: Stream, peer: IpAddr, max_body: usize, now: Millis) -> Conn {
         Conn {
             generation,
             sock,

@@ -1,8 +1,9 @@
 //! The I/O shell: the mio loop, connections, buffers, and one module per
 //! connection stage (`http`, `parked`, `subscriber` with its WebSocket
 //! codec `ws`, `closing`), each working on one connection and the narrow
-//! context `ctx`. The only code that touches sockets or reads the clock
-//! (through `Clock`, once per loop turn).
+//! context `ctx`; `stream`, the socket or TLS over it, under every stage
+//! and the Redis links. The only code that touches sockets or reads the
+//! clock (through `Clock`, once per loop turn).
 
 pub(crate) mod buffer;
 mod closing;
@@ -12,6 +13,7 @@ mod http;
 mod parked;
 mod redis;
 mod server;
+mod stream;
 mod subscriber;
 pub(crate) mod ws;
 

@@ -5,18 +5,24 @@
 //! it (requests that need Redis meanwhile get `503`). Why a link failed is
 //! logged at `debug` each time, and at `warn` once when Redis becomes
 //! unavailable, then at most every 30 s while it stays so; its return is
-//! logged once. The URL in these lines never carries the password.
+//! logged once. The URL in these lines never carries the password. With
+//! `rediss://` both links speak TLS through the same layer as the server's
+//! clients ([`Stream`]), the certificate checked against the URL's host.
 
 use std::fmt::Display;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use log::Level;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
+use rustls::pki_types::ServerName;
 
-use crate::store::redis::{Link, RedisStore, Trouble, note};
+use super::buffer::WriteStatus;
+use super::stream::Stream;
+use crate::store::redis::{Link, RedisStore, RedisUrl, Trouble, note};
 use crate::time::Millis;
 
 pub const COMMAND: Token = Token(usize::MAX - 4);
@@ -32,7 +38,7 @@ const WRITE_BUDGET: usize = 1 << 20;
 struct Sock {
     link: Link,
     token: Token,
-    sock: Option<TcpStream>,
+    sock: Option<Stream>,
     /// Connected (the first writable edge came without an error).
     open: bool,
     out: Vec<u8>,
@@ -58,9 +64,16 @@ impl Sock {
     }
 }
 
+/// TLS to Redis: the client settings and the name checked.
+struct RedisTls {
+    config: Arc<rustls::ClientConfig>,
+    name: ServerName<'static>,
+}
+
 /// Both links, and where Redis is.
 pub struct RedisLinks {
     addrs: Vec<SocketAddr>,
+    tls: Option<RedisTls>,
     socks: [Sock; 2],
     /// Which address the next connect tries.
     next_addr: usize,
@@ -72,17 +85,33 @@ pub struct RedisLinks {
 }
 
 impl RedisLinks {
-    pub fn new(addrs: Vec<SocketAddr>, url: String) -> RedisLinks {
-        RedisLinks {
+    /// The links to Redis at `addrs`; over TLS when `url` is `rediss://`,
+    /// trusting `ca` (else the system's roots). Nothing connects yet.
+    pub fn new(
+        addrs: Vec<SocketAddr>,
+        url: &RedisUrl,
+        ca: Option<&std::path::Path>,
+    ) -> Result<RedisLinks, String> {
+        let tls = if url.tls {
+            let ssl_cert_file = std::env::var_os("SSL_CERT_FILE").map(std::path::PathBuf::from);
+            let config = crate::tls::client_config(ca, ssl_cert_file.as_deref(), None)?;
+            let name = ServerName::try_from(url.host.clone())
+                .map_err(|_| format!("'{}' is not a host name TLS can check", url.host))?;
+            Some(RedisTls { config, name })
+        } else {
+            None
+        };
+        Ok(RedisLinks {
             addrs,
+            tls,
             socks: [
                 Sock::new(Link::Command, COMMAND),
                 Sock::new(Link::Events, EVENTS),
             ],
             next_addr: 0,
-            url,
+            url: url.display(),
             trouble: Trouble::default(),
-        }
+        })
     }
 
     /// A link failed because of `cause`: logged at `debug` every time, at
@@ -110,7 +139,27 @@ impl RedisLinks {
                 Ok(mut sock) => {
                     let interest = Interest::READABLE | Interest::WRITABLE;
                     if registry.register(&mut sock, s.token, interest).is_ok() {
-                        s.sock = Some(sock);
+                        let stream = match &self.tls {
+                            None => Stream::Plain(sock),
+                            Some(t) => match rustls::ClientConnection::new(
+                                Arc::clone(&t.config),
+                                t.name.clone(),
+                            ) {
+                                // Replies are read whole each event: no
+                                // per-turn cap on this trusted peer.
+                                Ok(c) => Stream::tls(sock, c.into(), usize::MAX),
+                                Err(e) => {
+                                    let _ = registry.deregister(&mut sock);
+                                    let cause = format!("cannot start TLS: {e}");
+                                    self.failed(now, &cause);
+                                    let s = &mut self.socks[i];
+                                    s.retry_at = now.after(s.backoff);
+                                    s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+                                    continue;
+                                }
+                            },
+                        };
+                        s.sock = Some(stream);
                         s.open = false;
                         s.writable = false;
                     } else {
@@ -156,10 +205,11 @@ impl RedisLinks {
             return;
         };
         if !s.open {
-            let cause = match sock.take_error() {
+            let tcp = sock.tcp();
+            let cause = match tcp.take_error() {
                 Ok(Some(e)) | Err(e) => Some(e.to_string()),
                 Ok(None) if ev.is_error() => Some("connection failed".to_string()),
-                Ok(None) => sock.peer_addr().err().map(|e| e.to_string()),
+                Ok(None) => tcp.peer_addr().err().map(|e| e.to_string()),
             };
             if let Some(cause) = cause {
                 if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
@@ -168,7 +218,7 @@ impl RedisLinks {
                 return;
             }
             s.open = true;
-            let _ = sock.set_nodelay(true);
+            let _ = sock.tcp().set_nodelay(true);
             store.connected(s.link);
         }
         if ev.is_writable() {
@@ -190,7 +240,13 @@ impl RedisLinks {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    gone = Some(e.to_string());
+                    // A TLS failure (an untrusted certificate, a wrong
+                    // name) says why here too.
+                    gone = Some(if e.kind() == io::ErrorKind::InvalidData {
+                        format!("TLS failed: {e}")
+                    } else {
+                        e.to_string()
+                    });
                     break;
                 }
             }
@@ -244,6 +300,16 @@ impl RedisLinks {
                 }
             }
         }
+        if s.writable && sock.has_records() {
+            match sock.flush_records() {
+                WriteStatus::Drained => {}
+                WriteStatus::WouldBlock | WriteStatus::Budget => s.writable = false,
+                WriteStatus::Failed => {
+                    self.drop_link(i, store, registry, now, &"TLS write failed");
+                    return;
+                }
+            }
+        }
         if s.written == s.out.len() {
             s.out.clear();
             s.written = 0;
@@ -260,9 +326,10 @@ impl RedisLinks {
 
     /// Whether output is left to write (the loop polls again at once).
     pub fn busy(&self) -> bool {
-        self.socks
-            .iter()
-            .any(|s| s.writable && s.written < s.out.len())
+        self.socks.iter().any(|s| {
+            s.writable
+                && (s.written < s.out.len() || s.sock.as_ref().is_some_and(Stream::has_records))
+        })
     }
 
     #[inline(never)]
@@ -277,7 +344,7 @@ impl RedisLinks {
         self.failed(now, cause);
         let s = &mut self.socks[i];
         if let Some(mut sock) = s.sock.take() {
-            let _ = registry.deregister(&mut sock);
+            let _ = registry.deregister(sock.tcp());
         }
         s.open = false;
         s.out.clear();

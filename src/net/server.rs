@@ -8,14 +8,14 @@
 //! connection and the narrow [`Ctx`]; only this file holds the slab.
 
 use std::io;
-use std::net::{Shutdown, SocketAddr};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
 use log::{debug, info, warn};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
@@ -24,6 +24,7 @@ use super::closing;
 use super::conn::{Conn, Next, Phase};
 use super::ctx::Ctx;
 use super::redis::{self, RedisLinks};
+use super::stream::{Stream, TLS_READ_BUDGET};
 use super::{http, parked, subscriber, ws};
 use crate::api::Answer;
 use crate::config::Config;
@@ -85,6 +86,10 @@ pub struct Server {
     slice_left: usize,
     /// The sockets to Redis, when sessions are shared.
     redis: Option<RedisLinks>,
+    /// TLS settings every new connection starts with (`RELAY_TLS_CERT`);
+    /// replaced on SIGHUP, while open connections keep the ones they began
+    /// with.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Server {
@@ -100,12 +105,19 @@ impl Server {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let signals = if handle_signals {
-            let mut s = Signals::new([SIGINT, SIGTERM])?;
+            let mut s = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
             poll.registry()
                 .register(&mut s, SIGNALS, Interest::READABLE)?;
             Some(s)
         } else {
             None
+        };
+        let tls = match &cfg.tls {
+            Some(files) => Some(
+                crate::tls::server_config(files)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
         };
         let clock = Clock::new();
         let turn = clock.turn();
@@ -118,7 +130,8 @@ impl Server {
                     io::Error::new(e.kind(), format!("cannot resolve {}: {e}", url.display()))
                 })?;
                 info!(url = url.display().as_str(), prefix = cfg.redis_prefix.as_str(); "sessions shared through Redis");
-                let mut links = RedisLinks::new(addrs, url.display());
+                let mut links = RedisLinks::new(addrs, &url, cfg.redis_ca.as_deref())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
                 links.tick(poll.registry(), turn.now);
                 redis = Some(links);
                 Relay::with_redis(
@@ -133,7 +146,7 @@ impl Server {
                 Relay::with_store(limits, view, Some(durable))
             }
         };
-        info!(addr = local_addr.to_string().as_str(); "listening");
+        info!(addr = local_addr.to_string().as_str(), tls = tls.is_some(); "listening");
         Ok(Server {
             next_sweep: turn.now.after(sweep_interval(&cfg)),
             next_gauge: turn.now,
@@ -149,6 +162,7 @@ impl Server {
             accept_retry: false,
             slice_left: FLUSH_SLICE,
             redis,
+            tls,
         })
     }
 
@@ -328,8 +342,10 @@ impl Server {
             };
             let max = self.cx.cfg.max_connections;
             let full = self.conns.len() >= max;
-            if full && self.conns.len() >= max + REJECT_SLOTS {
-                continue; // dropped: the cap and the reject slots are full
+            if full && (self.conns.len() >= max + REJECT_SLOTS || self.tls.is_some()) {
+                // Dropped: the cap and the reject slots are full, or the
+                // 503 would cost a whole TLS handshake first.
+                continue;
             }
             let _ = sock.set_nodelay(true);
             let entry = self.conns.vacant_entry();
@@ -347,6 +363,17 @@ impl Server {
             let generation = self.next_gen;
             let now = self.cx.now();
             let max_body = self.cx.cfg.max_body_bytes;
+            let sock = match &self.tls {
+                None => Stream::Plain(sock),
+                Some(config) => match rustls::ServerConnection::new(Arc::clone(config)) {
+                    Ok(tls) => Stream::tls(sock, tls.into(), TLS_READ_BUDGET),
+                    Err(e) => {
+                        warn!(error = e.to_string().as_str(); "cannot start TLS");
+                        let _ = self.poll.registry().deregister(&mut sock);
+                        continue;
+                    }
+                },
+            };
             let conn = entry.insert(Conn::new(generation, sock, addr.ip(), max_body, now));
             let id = ConnId {
                 key: key as u32,
@@ -367,12 +394,43 @@ impl Server {
         }
     }
 
+    /// SIGHUP reloads the certificate; SIGINT and SIGTERM shut down.
     fn on_signal(&mut self) {
         let Some(signals) = &mut self.signals else {
             return;
         };
-        if signals.pending().next().is_some() {
+        let (mut reload, mut stop) = (false, false);
+        for signal in signals.pending() {
+            if signal == SIGHUP {
+                reload = true;
+            } else {
+                stop = true;
+            }
+        }
+        if reload {
+            self.reload_tls();
+        }
+        if stop {
             self.begin_shutdown();
+        }
+    }
+
+    /// Reads the certificate files again: connections accepted from now on
+    /// use the new pair, open ones keep theirs. A pair that fails to load
+    /// is logged and the one in use stays.
+    fn reload_tls(&mut self) {
+        let Some(files) = &self.cx.cfg.tls else {
+            info!("SIGHUP: no TLS certificate to reload");
+            return;
+        };
+        match crate::tls::server_config(files) {
+            Ok(config) => {
+                self.tls = Some(config);
+                info!(cert = files.cert.display().to_string().as_str(); "TLS certificate reloaded");
+            }
+            Err(e) => {
+                log::error!(error = e.as_str(); "TLS certificate reload failed; keeping the one in use");
+            }
         }
     }
 
@@ -545,6 +603,11 @@ impl Server {
         // are written before the requester's own answer.
         self.apply_effects();
         if let Some(conn) = lookup(&mut self.conns, id) {
+            if conn.sock.take_unfinished() {
+                // TLS input may be left that no edge will announce.
+                conn.readable = true;
+                self.cx.reprocess.push(id);
+            }
             self.cx.mark_write(id, conn);
         }
     }
@@ -556,14 +619,19 @@ impl Server {
             return;
         };
         subscriber::top_up(conn, &mut self.cx);
-        if conn.out.is_empty() {
+        if conn.out.is_empty() && !conn.sock.has_records() {
             self.after_drained(id);
             return;
         }
         if !conn.writable {
             return;
         }
-        match conn.out.write_to(&mut conn.sock, WRITE_BUDGET) {
+        // TLS records still queued count as output not yet written.
+        let status = match conn.out.write_to(&mut conn.sock, WRITE_BUDGET) {
+            WriteStatus::Drained => conn.sock.flush_records(),
+            other => other,
+        };
+        match status {
             WriteStatus::Drained => self.after_drained(id),
             WriteStatus::WouldBlock => conn.writable = false,
             WriteStatus::Budget => self.cx.mark_write(id, conn),
@@ -585,7 +653,7 @@ impl Server {
             }
             Phase::Closing(c) if !c.shut => {
                 c.shut = true;
-                let _ = conn.sock.shutdown(Shutdown::Write);
+                let _ = conn.sock.shutdown_write();
                 if conn.readable {
                     cx.reprocess.push(id);
                 }
@@ -643,7 +711,8 @@ impl Server {
             _ => {}
         }
         let mut conn = self.conns.remove(id.key as usize);
-        let _ = self.poll.registry().deregister(&mut conn.sock);
+        conn.sock.notify_close();
+        let _ = self.poll.registry().deregister(conn.sock.tcp());
         self.cx.connections = self.conns.len();
     }
 

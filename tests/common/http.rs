@@ -1,14 +1,15 @@
-//! Raw HTTP/1.1 client over `std::net::TcpStream`: one `Response` type, and `Http`, a
-//! keep-alive connection with its own read buffer for pipelining tests.
+//! Raw HTTP/1.1 client over a socket (TLS over it with `TEST_WITH_TLS`): one `Response`
+//! type, and `Http`, a keep-alive connection with its own read buffer for pipelining tests.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::time::Instant;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::IO_TIMEOUT;
+use super::tls::Stream;
 
 /// One HTTP response as read off the wire.
 #[derive(Debug, Clone)]
@@ -47,7 +48,7 @@ impl Response {
 
 /// A raw HTTP/1.1 connection with its own read buffer, for keep-alive and pipelining tests.
 pub struct Http {
-    stream: TcpStream,
+    stream: Stream,
     buf: Vec<u8>,
     /// Methods of requests sent with `send` whose responses are not read yet, so a response
     /// to `HEAD` is read without a body.
@@ -63,7 +64,7 @@ impl Http {
         stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_nodelay(true).unwrap();
         Http {
-            stream,
+            stream: Stream::over(stream),
             buf: Vec::new(),
             in_flight: VecDeque::new(),
             host: addr.to_string(),
@@ -74,6 +75,7 @@ impl Http {
     #[track_caller]
     pub fn send_raw(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("write to relay");
+        self.stream.flush().expect("write to relay");
     }
 
     /// Writes one request; adds `Host` and `Content-Length` unless given.
@@ -229,13 +231,38 @@ impl Http {
         }
     }
 
-    pub fn stream(&mut self) -> &mut TcpStream {
+    /// The connection's byte stream (the socket, or TLS over it).
+    pub fn stream(&mut self) -> &mut Stream {
         &mut self.stream
+    }
+
+    /// The socket under the connection, for its timeouts and options.
+    pub fn tcp(&self) -> &TcpStream {
+        self.stream.tcp()
+    }
+
+    /// True if nothing arrives within `wait`; bytes that do arrive are kept in the read
+    /// buffer for `read_response`.
+    pub fn is_silent_for(&mut self, wait: Duration) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        self.tcp().set_read_timeout(Some(wait)).unwrap();
+        let mut chunk = [0u8; 4096];
+        let silent = match self.stream.read(&mut chunk) {
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                false
+            }
+            Err(e) => matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        };
+        self.tcp().set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        silent
     }
 
     /// Half-closes the write side (the server sees EOF). Extra, not in notes/harness.md.
     pub fn shutdown_write(&mut self) {
-        let _ = self.stream.shutdown(Shutdown::Write);
+        self.stream.shutdown_write();
     }
 
     /// Reads more bytes into the buffer; 0 on EOF or reset. Panics on timeout.

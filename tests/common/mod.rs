@@ -13,16 +13,21 @@
 //! instances; `logs()` and `wait_for_log` read both. Signals, the pid and `/proc` figures are
 //! the first relay's. A test of what one process owns by nature (its counters, caps, logs,
 //! signals) starts one relay on that Redis (`Server::start_single_with`); one that cannot
-//! run there at all returns early with `skip_with_redis("why")`.
+//! run there at all returns early with `skip_with_redis("why")`. `TEST_WITH_TLS=1` gives
+//! every server a test certificate and makes the harness's clients speak TLS (`tls.rs`);
+//! a test that reads the raw socket returns early there with `skip_with_tls("why")`.
 #![allow(dead_code)]
 
 mod good;
 mod http;
+mod tls;
 mod ws;
 
 #[allow(unused_imports)] // only the tests of clients under abuse use it
 pub use good::Good;
 pub use http::{Http, Response};
+#[allow(unused_imports)] // used by the tests that speak to the socket themselves
+pub use tls::{Stream, files as tls_files, skip_with_tls, tls_mode};
 pub use ws::Ws;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -176,6 +181,12 @@ impl Server {
             .env("RELAY_LOG", "debug");
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        // `TEST_WITH_TLS=1 cargo test`: every server speaks TLS.
+        if tls::tls_mode() && !env.iter().any(|(k, _)| k.starts_with("RELAY_TLS_")) {
+            let files = tls::files();
+            cmd.env("RELAY_TLS_CERT", &files.cert)
+                .env("RELAY_TLS_KEY", &files.key);
         }
         // `TEST_WITH_DATA_DIR=1 cargo test` runs every test once more with
         // persistence: each server gets a fresh data directory.
@@ -455,6 +466,7 @@ impl Server {
         stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_nodelay(true).unwrap();
         let addr = stream.peer_addr().expect("peer address");
+        let stream = Stream::over(stream);
         let mut req = format!("ws://{}{}", addr, path)
             .into_client_request()
             .expect("valid ws request");
@@ -674,7 +686,7 @@ pub fn ws_upgrade_request(path: &str) -> String {
 /// Sends the upgrade for `path` on `s` and reads the `101`'s head, byte by
 /// byte so that nothing after it is consumed.
 #[track_caller]
-pub fn raw_upgrade(s: &mut TcpStream, path: &str) {
+pub fn raw_upgrade<S: Read + Write>(s: &mut S, path: &str) {
     s.write_all(ws_upgrade_request(path).as_bytes())
         .expect("send upgrade");
     let mut head = Vec::new();

@@ -1,17 +1,17 @@
 //! Blocking WebSocket client (tungstenite) with a 10 s read timeout.
 
 use std::io::ErrorKind;
-use std::net::TcpStream;
 use std::time::Instant;
 
 use serde_json::Value;
 use tungstenite::{Message, WebSocket};
 
 use super::IO_TIMEOUT;
+use super::tls::Stream;
 
 /// A blocking WebSocket client with a 10 s read timeout.
 pub struct Ws {
-    pub(super) socket: WebSocket<TcpStream>,
+    pub(super) socket: WebSocket<Stream>,
 }
 
 impl Ws {
@@ -89,7 +89,7 @@ impl Ws {
         }
     }
 
-    pub fn inner(&mut self) -> &mut WebSocket<TcpStream> {
+    pub fn inner(&mut self) -> &mut WebSocket<Stream> {
         &mut self.socket
     }
 }

@@ -1,7 +1,7 @@
 //! `RELAY_REDIS_URL`: `redis://[[user]:password@]host[:port][/db]`, the
-//! form redis-cli and the client libraries take. Percent-escapes in the
-//! user and password are decoded. `rediss://` (TLS) is refused: relay
-//! speaks plain TCP to Redis.
+//! form redis-cli and the client libraries take, or `rediss://` for Redis
+//! over TLS (the host is the name its certificate is checked against).
+//! Percent-escapes in the user and password are decoded.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
@@ -13,15 +13,17 @@ pub struct RedisUrl {
     pub user: Option<String>,
     pub password: Option<String>,
     pub db: u32,
+    /// `rediss://`: TLS, the certificate checked against `host`.
+    pub tls: bool,
 }
 
 impl RedisUrl {
     /// Parses the URL; the error says what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl, String> {
-        let rest = match url.split_once("://") {
-            Some(("redis", rest)) => rest,
-            Some(("rediss", _)) => return Err("TLS (rediss://) is not supported".into()),
-            _ => return Err("expected redis://host[:port][/db]".into()),
+        let (rest, tls) = match url.split_once("://") {
+            Some(("redis", rest)) => (rest, false),
+            Some(("rediss", rest)) => (rest, true),
+            _ => return Err("expected redis://host[:port][/db] or rediss://…".into()),
         };
         let (auth, rest) = match rest.rsplit_once('@') {
             Some((auth, rest)) => (Some(auth), rest),
@@ -71,6 +73,7 @@ impl RedisUrl {
             user,
             password,
             db,
+            tls,
         })
     }
 
@@ -87,7 +90,8 @@ impl RedisUrl {
         } else {
             self.host.clone()
         };
-        format!("redis://{host}:{}/{}", self.port, self.db)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://{host}:{}/{}", self.port, self.db)
     }
 }
 
@@ -133,13 +137,17 @@ mod tests {
         assert_eq!((u.host.as_str(), u.port), ("::1", 7000));
         assert_eq!(u.user.as_deref(), Some("relay"));
         assert_eq!(u.display(), "redis://[::1]:7000/0");
+        assert!(!u.tls);
+        let u = RedisUrl::parse("rediss://:pw@cache.example.com:6380").unwrap();
+        assert!(u.tls);
+        assert_eq!(u.display(), "rediss://cache.example.com:6380/0");
     }
 
     #[test]
     fn refuses_what_it_cannot_use() {
         for bad in [
             "http://x",
-            "rediss://x",
+            "rediss://",
             "redis://",
             "redis://x:port",
             "redis://x/db",
