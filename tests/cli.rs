@@ -267,9 +267,11 @@ fn tokens_come_from_flags_or_the_environment() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("401"), "{out:?}");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("401"),
-        "{out:?}"
+        stderr.contains("check --token or RELAY_CLIENT_TOKEN"),
+        "{stderr}"
     );
 }
 
@@ -549,6 +551,14 @@ fn health_exits_zero_for_a_live_server_and_one_for_a_closed_port() {
     let out = relay()
         .args(["health"])
         .env("RELAY_PORT", &port)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // RELAY_URL, as the other tools read it.
+    let out = relay()
+        .args(["health"])
+        .env("RELAY_URL", url(&srv))
+        .env("RELAY_PORT", "1")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");

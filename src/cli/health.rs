@@ -16,7 +16,8 @@ const HELP: &str = "usage: relay health [--url URL] [--ca FILE]
 
 GET /healthz. Prints the body and exits 0 on 200; prints the reason to
 stderr and exits 1 otherwise (refused, timed out after 5 s, another status).
-The default URL is the server's own address from RELAY_HOST and RELAY_PORT
+The URL is --url, else RELAY_URL, else the server's own address from
+RELAY_HOST and RELAY_PORT
 (or PORT): http://127.0.0.1:$RELAY_PORT when it listens on every address
 (https:// when RELAY_TLS_CERT is set).
 An https:// URL is checked against the CA in --ca FILE (default RELAY_CA,
@@ -47,9 +48,12 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         Ok(p) => p,
         Err(e) => return super::usage_error("health", &e),
     };
-    let url = match parsed.value("--url") {
-        Some(raw) => Url::parse(raw).map_err(|e| format!("invalid --url {e}")),
-        None => own_url(env),
+    // `--url`, else `RELAY_URL` as the other tools read it, else the
+    // server's own address.
+    let url = match (parsed.value("--url"), super::env_value(env, "RELAY_URL")) {
+        (Some(raw), _) => Url::parse(raw).map_err(|e| format!("invalid --url {e}")),
+        (None, Some(raw)) => Url::parse(raw).map_err(|e| format!("invalid RELAY_URL {e}")),
+        (None, None) => own_url(env),
     };
     let url = match url {
         Ok(u) => u,
@@ -89,11 +93,12 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
 
 /// The server's own certificate file (`RELAY_TLS_CERT`) when `relay health`
 /// checks its own server over TLS without being told what to trust (no
-/// `--url`, `--ca` or `RELAY_CA`): the chain the server serves, checked
+/// `--url`, `RELAY_URL`, `--ca` or `RELAY_CA`): the chain the server serves, checked
 /// for the name it is made for, is then what is trusted. A container's
 /// health check needs nothing more than the server's own settings.
 fn own_certificate(parsed: &super::Parsed, env: &[(String, String)]) -> Option<PathBuf> {
     if parsed.value("--url").is_some()
+        || super::env_value(env, "RELAY_URL").is_some()
         || parsed.value("--ca").is_some()
         || super::env_value(env, "RELAY_CA").is_some()
     {

@@ -160,7 +160,11 @@ fn subscribe(opts: &Options) -> Result<WebSocket<Stream>, String> {
     let (stream, read) = match opts.client.upgrade(&path, REQUEST_TIMEOUT) {
         Ok(Upgraded::Open(stream, read)) => (stream, read),
         Ok(Upgraded::Refused(resp)) => {
-            return Err(format!("{address}: refused: {}", resp.describe()));
+            return Err(format!(
+                "{address}: refused: {}{}",
+                resp.describe(),
+                token_hint(resp.status)
+            ));
         }
         Err(e) => return Err(format!("{address}: {e}")),
     };
@@ -197,7 +201,19 @@ fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
     if resp.status == 200 {
         Ok(())
     } else {
-        Err(format!("POST /prompt: {}", resp.describe()))
+        Err(format!(
+            "POST /prompt: {}{}",
+            resp.describe(),
+            token_hint(resp.status)
+        ))
+    }
+}
+
+/// What to do about a refused token.
+fn token_hint(status: u16) -> &'static str {
+    match status {
+        401 | 403 => " (check --token or RELAY_CLIENT_TOKEN: the client token is needed)",
+        _ => "",
     }
 }
 
