@@ -84,10 +84,17 @@ fn first_prompt_creates_the_session() {
 fn duplicate_prompt_is_acknowledged_but_not_stored() {
     let srv = Server::start();
     let sid = unique_session();
-    srv.prompt(&sid, "first", Some("dup"));
-    let resp = srv.post_json(
+    srv.prompt(&sid, "first é", Some("dup"));
+    // The same text, escaped differently, with other metadata: a resend.
+    let resend =
+        br#"{"session_id":"SID","prompt":"first \u00e9","client_msg_id":"dup","metadata":{"x":1}}"#;
+    let resend = String::from_utf8_lossy(resend).replace("SID", &sid);
+    let mut conn = srv.conn();
+    let resp = conn.request(
+        "POST",
         "/prompt",
-        &json!({"session_id": sid, "prompt": "second", "client_msg_id": "dup"}),
+        &[("Content-Type", "application/json")],
+        Some(resend.as_bytes()),
     );
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(
@@ -96,8 +103,37 @@ fn duplicate_prompt_is_acknowledged_but_not_stored() {
     );
     let pending = srv.pending(&sid);
     assert_eq!(pending.len(), 1, "{pending:?}");
-    assert_eq!(pending[0]["prompt"], "first", "first write wins");
+    assert_eq!(pending[0]["prompt"], "first é", "first write wins");
+    assert!(pending[0].get("metadata").is_none(), "{pending:?}");
     assert_eq!(message_total(&srv, &sid), 1);
+}
+
+#[test]
+fn a_client_msg_id_reused_with_another_prompt_is_409_and_stores_nothing() {
+    let srv = Server::start();
+    let sid = unique_session();
+    srv.prompt(&sid, "first", Some("dup"));
+    let resp = srv.post_json(
+        "/prompt",
+        &json!({"session_id": sid, "prompt": "second", "client_msg_id": "dup"}),
+    );
+    assert_eq!(resp.status, 409, "{}", resp.text());
+    assert_eq!(
+        resp.json(),
+        json!({"error": "Conflict", "details": "client_msg_id already used"})
+    );
+    let pending = srv.pending(&sid);
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["prompt"], "first");
+    assert_eq!(message_total(&srv, &sid), 1);
+    // Still refused once the prompt is answered (it is in history).
+    srv.respond(&sid, "dup", "done");
+    let resp = srv.post_json(
+        "/prompt",
+        &json!({"session_id": sid, "prompt": "second", "client_msg_id": "dup"}),
+    );
+    assert_eq!(resp.status, 409, "{}", resp.text());
+    assert_eq!(message_total(&srv, &sid), 2);
 }
 
 #[test]

@@ -78,6 +78,10 @@ impl ApiError {
     pub fn conflict() -> ApiError {
         ApiError::new(409, "Conflict").with_details("assistant_msg_id already used")
     }
+    /// A `client_msg_id` sent again with another prompt text.
+    pub fn prompt_conflict() -> ApiError {
+        ApiError::new(409, "Conflict").with_details("client_msg_id already used")
+    }
     pub fn unsupported_media_type() -> ApiError {
         ApiError::new(415, "Content-Type must be application/json")
     }

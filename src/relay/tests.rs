@@ -312,10 +312,21 @@ fn invalid_prompt_body_is_400_and_creates_no_session() {
 fn duplicate_client_msg_id_is_acked_as_duplicate_and_stores_nothing() {
     let mut r = relay();
     prompt(&mut r, 0, "s", "c1", "first");
-    let ack = prompt(&mut r, 1, "s", "c1", "second");
+    let ack = prompt(&mut r, 1, "s", "c1", "first");
     assert_eq!(
         ack,
         json!({"stored": true, "client_msg_id": "c1", "duplicate": true})
+    );
+    // Another text under the same id is a conflict, and stores nothing.
+    let e = post_prompt(
+        &mut r,
+        1,
+        json!({"session_id": "s", "prompt": "second", "client_msg_id": "c1"}),
+    )
+    .unwrap_err();
+    assert_eq!(
+        (e.status, e.details.as_deref()),
+        (409, Some("client_msg_id already used"))
     );
     let all_msgs = messages(&mut r, 2, "s", all());
     assert_eq!(all_msgs["total"], 1);

@@ -54,6 +54,19 @@ impl ResponseEntry {
     }
 }
 
+/// The `prompt` of a stored prompt's `data`, decoded; `None` if it cannot
+/// be read (a damaged row: a resend of its id cannot be told from a reuse,
+/// and is taken as a resend).
+pub fn prompt_text_of(data: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Prompt {
+        prompt: String,
+    }
+    serde_json::from_slice::<Prompt>(data)
+        .ok()
+        .map(|p| p.prompt)
+}
+
 /// A subscriber's position in the log: every assistant message with
 /// `seq <= self.seq` was sent to it (or excluded by its `after`). Kept by the
 /// I/O shell beside the connection; moved only by the log and by a live
@@ -197,6 +210,27 @@ impl SessionLog {
     /// Whether a prompt with this id is pending or in history.
     pub fn has_prompt(&self, client_msg_id: &str) -> bool {
         self.prompts.contains_key(client_msg_id)
+    }
+
+    /// The decoded text of the prompt stored under `client_msg_id`, while
+    /// it is pending or in history (a resend of the same id needs it, to
+    /// tell a resend from a reuse of the id); `None` once only its id is
+    /// remembered.
+    pub fn prompt_text(&self, client_msg_id: &str) -> Option<String> {
+        let entry = self.prompts.get(client_msg_id)?;
+        let msg = if entry.in_history {
+            let first = self.history.front()?.seq;
+            let at = usize::try_from(entry.seq.get().checked_sub(first.get())?).ok()?;
+            self.history.get(at).filter(|m| m.seq == entry.seq)
+        } else if !entry.answered {
+            self.pending
+                .from(entry.seq)
+                .next()
+                .filter(|m| m.seq == entry.seq)
+        } else {
+            None
+        }?;
+        prompt_text_of(msg.data())
     }
 
     /// The stored id of a prompt, shared, if it is pending or in history.

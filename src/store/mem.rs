@@ -139,6 +139,15 @@ impl MemStore {
             Some(s) => {
                 s.last_active = now;
                 if s.has_prompt(&id) {
+                    // A resend repeats the text (compared decoded); another
+                    // text under the same id is a mistake the client is
+                    // told of. Once only the id is remembered, a resend is
+                    // all it can be.
+                    if s.prompt_text(&id)
+                        .is_some_and(|t| t != model::decode(p.prompt.get()))
+                    {
+                        return Err(ApiError::prompt_conflict());
+                    }
                     debug!(session_id = p.session_id.as_str(), client_msg_id = id.as_str(); "duplicate prompt");
                     return Ok(Outcome::Prompt {
                         id,

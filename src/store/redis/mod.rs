@@ -655,6 +655,7 @@ impl RedisStore {
             "e404s" => Then::Reply(Err(ApiError::session_not_found())),
             "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
             "e409" => Then::Reply(Err(ApiError::conflict())),
+            "e409c" => Then::Reply(Err(ApiError::prompt_conflict())),
             "e503s" => Then::Reply(Err(ApiError::unavailable("session limit reached"))),
             "e503p" => Then::Reply(Err(ApiError::unavailable(
                 "pending prompt limit reached for this session",

@@ -210,6 +210,19 @@ local function prompt(cid, head, ts)
     end
     extra = '1'
   elseif v[7] then
+    -- A resend repeats the text (compared decoded); another text under the
+    -- same id is refused. A stored prompt that cannot be read back, or one
+    -- only the id of is remembered, counts as a resend.
+    local r = redis.call('HGET', s, str(math.abs(tonumber(v[7]) or 0)))
+    local data = r and string.match(r, '^p\n[^\n]*\n[^\n]*\n[^\n]*\n(.*)$')
+    if data then
+      local ok_stored, stored = pcall(cjson.decode, data)
+      local ok_sent, sent = pcall(cjson.decode, head .. '0}')
+      if ok_stored and ok_sent and type(stored) == 'table' and type(sent) == 'table'
+          and stored.prompt ~= sent.prompt then
+        return answer('e409c', S, extra)
+      end
+    end
     return answer('dup', S, extra)
   end
   if S.pc >= max_pending then

@@ -8,7 +8,9 @@
 
 use log::{debug, error, warn};
 use rusqlite::types::ValueRef;
-use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
+use rusqlite::{
+    CachedStatement, Connection, OptionalExtension, Transaction, TransactionBehavior, params,
+};
 
 use super::generation::GenFile;
 use super::mirror::{self, At, Mirror};
@@ -16,6 +18,7 @@ use super::schema;
 
 use crate::relay::ApiError;
 use crate::relay::model::{decode, push_json_str};
+use crate::store::log::prompt_text_of;
 use crate::store::mem::{IdGen, StoreLimits};
 use crate::store::message::Parts;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
@@ -475,7 +478,26 @@ impl Ctx<'_> {
         };
         // Hashed once for the lookup and the insert.
         let hash = s.prompt_hash(&id);
-        if s.prompt_hashed(hash, &id).is_some() {
+        if let Some(p) = s.prompt_hashed(hash, &id) {
+            // A resend repeats the text (compared decoded); another text
+            // under the same id is refused. Once only the id is
+            // remembered, a resend is all it can be.
+            if let Some(row) = p.row() {
+                let stored: Option<Vec<u8>> = self
+                    .tx
+                    .prepare_cached("SELECT data FROM messages WHERE id = ?1")?
+                    .query_row([row], |r| {
+                        Ok(match r.get_ref(0)? {
+                            ValueRef::Text(b) | ValueRef::Blob(b) => b.to_vec(),
+                            _ => Vec::new(),
+                        })
+                    })
+                    .optional()?;
+                let text = stored.as_deref().and_then(prompt_text_of);
+                if text.is_some_and(|t| t != decode(prompt)) {
+                    return Err(ApiError::prompt_conflict().into());
+                }
+            }
             return Ok((
                 Outcome::Prompt {
                     id,

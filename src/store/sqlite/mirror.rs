@@ -36,6 +36,13 @@ pub struct Prompt {
     in_history: bool,
 }
 
+impl Prompt {
+    /// Its row, while the database still holds it (pending or in history).
+    pub fn row(&self) -> Option<i64> {
+        (self.in_history || !self.answered).then_some(self.row)
+    }
+}
+
 /// What the dedupe window knows about an answer.
 pub struct Answer {
     pub client_msg_id: Rc<str>,
