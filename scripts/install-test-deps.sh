@@ -53,6 +53,13 @@ if [[ ! -x /usr/bin/openssl ]]; then
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
 fi
 
+# The examples' test (tests/examples.rs) runs the JavaScript client in Node.
+if ! command -v node >/dev/null 2>&1; then
+  echo "install-test-deps: installing nodejs (apt)" >&2
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs
+fi
+
 if [[ ! -x /usr/bin/chromium ]]; then
   echo "install-test-deps: installing chromium (apt)" >&2
   quietly $SUDO apt-get update -qq

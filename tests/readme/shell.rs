@@ -51,7 +51,22 @@ impl Shell {
             .stderr(fs::File::create(dir.join("bash.err")).expect("create bash.err"))
             .process_group(0);
         for (key, _) in std::env::vars() {
-            if key.starts_with("RELAY_") || key == "PORT" {
+            // What cargo sets for this test process describes this package:
+            // a `cargo` the README runs would see it, and build scripts that
+            // watch such variables (ring's) would build again.
+            let cargos = [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_PRIMARY_",
+                "CARGO_BIN_",
+                "CARGO_TARGET_TMPDIR",
+            ];
+            if key.starts_with("RELAY_")
+                || key == "PORT"
+                || key == "OUT_DIR"
+                || cargos.iter().any(|p| key.starts_with(p))
+            {
                 cmd.env_remove(key);
             }
         }
