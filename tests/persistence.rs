@@ -108,7 +108,7 @@ fn everything_acknowledged_survives_kill_9_with_its_epoch_and_seq() {
         .map(|p| p["client_msg_id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(pending, ["c3", "c4"], "pending prompts are still pending");
-    assert_eq!(srv.prompt(&sid, "again", Some("c1"))["duplicate"], true);
+    assert_eq!(srv.prompt(&sid, "q1", Some("c1"))["duplicate"], true);
     let next = srv.prompt(&sid, "next", Some("c9"));
     assert_eq!(next["stored"], true);
     let last = srv.messages(&sid, "?after=8");
@@ -226,7 +226,7 @@ fn pending_set(srv: &Server, sid: &str) -> BTreeSet<String> {
 fn check_epoch_and_resend(srv: &Server, sid: &str, epoch_before: &str, resend: Option<&String>) {
     assert_eq!(epoch(srv, sid), epoch_before, "epoch changed");
     if let Some(p) = resend {
-        let again = srv.prompt(sid, "resent", Some(p));
+        let again = srv.prompt(sid, "q", Some(p));
         assert_eq!(again["duplicate"], true, "resent {p} is not a duplicate");
     }
 }
@@ -508,7 +508,7 @@ fn a_second_version_database_is_migrated_to_the_same_log() {
     assert_eq!(seqs, [3, 4, 5], "history as version 2 held it");
     assert_eq!(client_msg_ids(&srv.pending("two")), ["p1", "p5"]);
     // Known ids are still duplicates; the answer's resend too.
-    assert_eq!(srv.prompt("two", "again", Some("p3"))["duplicate"], true);
+    assert_eq!(srv.prompt("two", "three", Some("p3"))["duplicate"], true);
     let resend = json!({"session_id": "two", "client_msg_id": "p3", "text": "four", "assistant_msg_id": "a3"});
     assert_eq!(
         srv.post_json("/response", &resend).json()["duplicate"],
