@@ -247,7 +247,7 @@ fn every_flow_of_the_seed_works_across_instances() {
     // posted to two instances are both pending, once each, in seq order.
     a.prompt(&sid, "second", Some("p2"));
     b.prompt(&sid, "third", Some("p3"));
-    let dup = c.prompt(&sid, "second again", Some("p2"));
+    let dup = c.prompt(&sid, "second", Some("p2"));
     assert_eq!(dup["duplicate"], true);
     let resp = c.get(&format!("/prompts/{sid}?wait=false&after=3"));
     assert_eq!(client_msg_ids(resp.json().as_array().unwrap()), ["p3"]);
