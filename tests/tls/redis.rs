@@ -117,7 +117,7 @@ fn a_redis_certificate_from_an_unknown_ca_is_refused_and_said() {
         ("RELAY_REDIS_URL", url.as_str()),
         ("RELAY_REDIS_CA", other.to_str().unwrap()),
     ]);
-    let line = srv.wait_for_log("TLS with Redis failed");
+    let line = srv.wait_for_log("TLS failed");
     assert!(line.contains("UnknownIssuer"), "{line}");
     assert!(!srv.logs().iter().any(|l| l.contains("connected to Redis")));
 }
