@@ -18,7 +18,7 @@ use crate::ratelimit::{RateLimiter, client_addr};
 use crate::relay::{ApiError, ConnId, Fetch, Relay, Reply};
 use crate::store::{Cursor, Seq, SessionId};
 use crate::time::{Millis, Turn};
-use crate::web;
+use crate::{token, web};
 
 /// An answer's body: its own bytes, bytes shared with other answers (a
 /// pending set several agents fetch), or bytes of the binary (the web
@@ -152,6 +152,29 @@ enum Role {
     Metrics,
 }
 
+impl Role {
+    /// The `details` of a `401` here.
+    fn needed(self) -> &'static str {
+        match self {
+            Role::Client => "client token required",
+            Role::Agent => "agent token required",
+            Role::Either => "client or agent token required",
+            Role::Metrics => "metrics token required",
+            Role::Open => "no token required",
+        }
+    }
+
+    /// Whether a token for one session, minted for `role`, serves here.
+    fn takes(self, role: token::Role) -> bool {
+        match self {
+            Role::Client => role == token::Role::Client,
+            Role::Agent => role == token::Role::Agent,
+            Role::Either => true,
+            Role::Open | Role::Metrics => false,
+        }
+    }
+}
+
 fn role(route: &Route) -> Role {
     match route {
         Route::GetPrompts(_) | Route::PostResponse => Role::Agent,
@@ -169,6 +192,40 @@ fn role(route: &Route) -> Role {
     }
 }
 
+/// The session a route names in its path; `None` for the `POST`s, whose
+/// session is in the body, and for the routes of no session.
+fn route_session(route: &Route) -> Option<&SessionId> {
+    match route {
+        Route::GetPrompts(sid)
+        | Route::WebSocket(sid)
+        | Route::Messages(sid)
+        | Route::PutSession(sid)
+        | Route::DeleteSession(sid) => Some(sid),
+        _ => None,
+    }
+}
+
+/// What a request's token opened.
+#[derive(Clone, Copy, Debug)]
+enum Grant {
+    /// The route, whatever its session: a server-wide token, or no token
+    /// needed.
+    Any,
+    /// Only this session's (a `POST` whose body names it).
+    Session(token::Claims),
+}
+
+impl Grant {
+    /// `403` unless the grant covers `sid`.
+    fn admits(&self, sid: &str) -> Result<(), ApiError> {
+        match self {
+            Grant::Any => Ok(()),
+            Grant::Session(c) if constant_time_eq(c.session().as_bytes(), sid.as_bytes()) => Ok(()),
+            Grant::Session(_) => Err(ApiError::other_session()),
+        }
+    }
+}
+
 /// Compares in time that depends only on the lengths, not on where the
 /// first difference is.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -182,6 +239,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 pub struct Api {
     client_token: Option<String>,
     agent_token: Option<String>,
+    /// Set: tokens for one session are taken too, and no role is open.
+    token_secret: Option<token::Secret>,
     origins: Origins,
     trusted_proxies: Vec<IpAddr>,
     web: bool,
@@ -196,6 +255,7 @@ impl Api {
         Api {
             client_token: cfg.client_token.clone(),
             agent_token: cfg.agent_token.clone(),
+            token_secret: cfg.token_secret.clone(),
             origins: cfg.cors_origins.clone(),
             trusted_proxies: cfg.trusted_proxies.clone(),
             web: cfg.web,
@@ -269,7 +329,7 @@ impl Api {
                 return Ok(Outcome::Answer(a));
             }
         }
-        self.authorize(&route, head)?;
+        let grant = self.authorize(&route, head, turn.unix_ms / 1000)?;
         let (now, unix_ms) = (turn.now, turn.unix_ms);
         let answer = match route {
             Route::WebPage => web_page(),
@@ -277,7 +337,10 @@ impl Api {
             Route::Readyz => self.readyz(relay, facts),
             Route::PostPrompt => {
                 json_body(head)?;
-                return Ok(reply(relay.post_prompt(now, unix_ms, conn, body)?));
+                let gate = |sid: &SessionId| grant.admits(sid);
+                return Ok(reply(
+                    relay.post_prompt_gated(now, unix_ms, conn, body, gate)?,
+                ));
             }
             Route::GetPrompts(sid) => {
                 let q = prompts_query(head.query.as_deref())?;
@@ -291,7 +354,10 @@ impl Api {
             }
             Route::PostResponse => {
                 json_body(head)?;
-                return Ok(reply(relay.post_response(now, unix_ms, conn, body)?));
+                let gate = |sid: &SessionId| grant.admits(sid);
+                return Ok(reply(
+                    relay.post_response_gated(now, unix_ms, conn, body, gate)?,
+                ));
             }
             Route::WebSocket(sid) => {
                 return self.upgrade(relay, now, conn, head, sid, facts.synced);
@@ -346,14 +412,21 @@ impl Api {
         })
     }
 
-    /// Checks the bearer token the route's role needs; a role whose token
-    /// is unset is open. A WebSocket may pass it as `?token=` (browsers
-    /// cannot set headers there); a header, when present, wins.
-    fn authorize(&self, route: &Route, head: &RequestHead) -> Result<(), ApiError> {
+    /// Checks the token the route's role needs, and says what it opened.
+    /// A server-wide token opens the role's endpoints in every session; a
+    /// token for one session (with a token secret set) only its role's,
+    /// in its session: checked here when the path names the session, by
+    /// the returned [`Grant`] once a `POST` body names it. A role whose
+    /// server-wide token is unset is open, unless a token secret is set.
+    /// A WebSocket may pass its token as `?token=` (browsers cannot set
+    /// headers there); a header, when present, wins. Called once per request, before
+    /// anything is read or changed; `unix_s` is the turn's clock.
+    fn authorize(&self, route: &Route, head: &RequestHead, unix_s: u64) -> Result<Grant, ApiError> {
+        let need = role(route);
         let client = self.client_token.as_deref();
         let agent = self.agent_token.as_deref();
-        let wanted: Vec<&str> = match role(route) {
-            Role::Open => return Ok(()),
+        let wanted: Vec<&str> = match need {
+            Role::Open => return Ok(Grant::Any),
             Role::Client => client.into_iter().collect(),
             Role::Agent => agent.into_iter().collect(),
             Role::Metrics => self.metrics_token.as_deref().into_iter().collect(),
@@ -362,34 +435,41 @@ impl Api {
                 _ => Vec::new(),
             },
         };
-        if wanted.is_empty() {
-            return Ok(());
+        let secret = self.token_secret.as_ref().filter(|_| need != Role::Metrics);
+        if wanted.is_empty() && secret.is_none() {
+            return Ok(Grant::Any);
         }
-        let bearer = head
-            .authorization
-            .as_deref()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(|t| t.trim().to_string());
-        let presented = match (bearer, route) {
-            (Some(t), _) => Some(t),
-            (None, Route::WebSocket(_)) => {
-                query_param(head.query.as_deref(), "token").ok().flatten()
-            }
-            (None, _) => None,
-        };
-        let ok = presented.is_some_and(|p| {
-            wanted.iter().fold(false, |acc, w| {
-                acc | constant_time_eq(p.as_bytes(), w.as_bytes())
-            })
-        });
-        if ok {
-            Ok(())
-        } else {
+        let refused = || {
             debug!("unauthorized");
-            Err(ApiError::unauthorized())
+            ApiError::unauthorized(need.needed())
+        };
+        let bearer = head.authorization.as_deref().and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .map(str::trim)
+        });
+        let query_token;
+        let presented = match (bearer, route) {
+            (Some(t), _) => t,
+            (None, Route::WebSocket(_)) => {
+                query_token = query_param(head.query.as_deref(), "token").ok().flatten();
+                query_token.as_deref().ok_or_else(refused)?
+            }
+            (None, _) => return Err(refused()),
+        };
+        let server_wide = wanted.iter().fold(false, |acc, w| {
+            acc | constant_time_eq(presented.as_bytes(), w.as_bytes())
+        });
+        if server_wide {
+            return Ok(Grant::Any);
+        }
+        let Some(secret) = secret else {
+            return Err(refused());
+        };
+        let claims = check_session_token(secret, presented, need, unix_s)?;
+        match route_session(route) {
+            Some(sid) => Grant::Session(claims).admits(sid).map(|()| Grant::Any),
+            None => Ok(Grant::Session(claims)),
         }
     }
 
@@ -415,6 +495,31 @@ impl Api {
             },
         }
     }
+}
+
+/// Checks a token for one session against the role a route needs, at
+/// `unix_s`: `401` when it is not one the secret signed, has expired, or is
+/// for the other role; otherwise what it says, for the session check. No
+/// lookup: the secret alone decides, comparing the tag in constant time.
+fn check_session_token(
+    secret: &token::Secret,
+    presented: &str,
+    need: Role,
+    unix_s: u64,
+) -> Result<token::Claims, ApiError> {
+    let Ok(claims) = secret.open(presented) else {
+        debug!("unauthorized: not a valid token");
+        return Err(ApiError::unauthorized(need.needed()));
+    };
+    if claims.expired(unix_s) {
+        debug!("unauthorized: token expired");
+        return Err(ApiError::token_expired());
+    }
+    if !need.takes(claims.role) {
+        debug!(role = claims.role.as_str(); "unauthorized: token for the other role");
+        return Err(ApiError::unauthorized(need.needed()));
+    }
+    Ok(claims)
 }
 
 /// A write's reply as an outcome.

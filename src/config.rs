@@ -82,6 +82,8 @@ pub struct Config {
     pub tls: Option<crate::tls::CertFiles>,
     /// The CA a `rediss://` Redis is checked against; unset: the system's.
     pub redis_ca: Option<std::path::PathBuf>,
+    /// Signs and checks tokens for one session; set: no role is open.
+    pub token_secret: Option<crate::token::Secret>,
 }
 
 impl Default for Config {
@@ -117,6 +119,7 @@ impl Default for Config {
             redis_prefix: "relay:".to_string(),
             tls: None,
             redis_ca: None,
+            token_secret: None,
         }
     }
 }
@@ -386,6 +389,17 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         },
     ),
     (
+        "RELAY_TOKEN_SECRET",
+        "secret (at least 32 bytes) that signs tokens for one session; set, no role is open (default unset)",
+        |c, v| {
+            c.token_secret = match v {
+                "" => None,
+                s => Some(crate::token::Secret::new(s.as_bytes())?),
+            };
+            Ok(())
+        },
+    ),
+    (
         "RELAY_WEB",
         "serve the chat page at /: true or false (default true)",
         |c, v| {
@@ -535,7 +549,14 @@ fn apply(cfg: &mut Config, name: &str, value: &str) -> Result<(), String> {
         .iter()
         .find(|(env, _, _)| *env == name)
         .ok_or_else(|| format!("unknown setting {name}"))?;
-    set(cfg, value).map_err(|why| format!("invalid {name} ({}): {why}: '{value}'", flag_name(name)))
+    set(cfg, value).map_err(|why| {
+        // A secret or token is never echoed, not even a wrong one.
+        if name.ends_with("_SECRET") || name.ends_with("_TOKEN") {
+            format!("invalid {name} ({}): {why}", flag_name(name))
+        } else {
+            format!("invalid {name} ({}): {why}: '{value}'", flag_name(name))
+        }
+    })
 }
 
 /// Builds the configuration from the environment and the arguments (without
@@ -626,6 +647,7 @@ pub fn open_to_the_network(cfg: &Config) -> bool {
     !cfg.host.to_canonical().is_loopback()
         && cfg.client_token.is_none()
         && cfg.agent_token.is_none()
+        && cfg.token_secret.is_none()
 }
 
 /// The `--help` text: every setting with its flag and meaning.
@@ -754,6 +776,21 @@ mod tests {
         );
         let e = run(&[], &["--nope"]).unwrap_err();
         assert!(e.contains("--nope"), "{e}");
+    }
+
+    #[test]
+    fn a_short_token_secret_is_refused_without_echoing_it() {
+        let e = run(&[("RELAY_TOKEN_SECRET", "short-secret")], &[]).unwrap_err();
+        assert!(
+            e.contains("RELAY_TOKEN_SECRET") && e.contains("--token-secret"),
+            "{e}"
+        );
+        assert!(e.contains("32 bytes") && !e.contains("short-secret"), "{e}");
+        let long = "s".repeat(32);
+        let c = run(&[], &["--token-secret", &long]).unwrap();
+        assert!(c.token_secret.is_some());
+        assert!(!open_to_the_network(&c));
+        assert!(!format!("{c:?}").contains(&long), "Debug hides the secret");
     }
 
     #[test]

@@ -40,4 +40,5 @@ pub mod store;
 pub mod time;
 pub mod timer;
 pub mod tls;
+pub mod token;
 pub mod web;

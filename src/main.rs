@@ -178,7 +178,8 @@ fn check_tls_files(cfg: &Config) -> Result<(), String> {
 /// Warns at start about endpoints anyone can use: all of them on a
 /// non-loopback address without tokens (worded after Redis's protected-mode
 /// notice; the server still listens, as the contract's defaults ask), or
-/// one role's when only the other role's token is set.
+/// one role's when only the other role's token is set and there is no
+/// token secret.
 fn warn_about_open_endpoints(cfg: &Config) {
     if config::open_to_the_network(cfg) {
         log::warn!(
@@ -189,7 +190,10 @@ fn warn_about_open_endpoints(cfg: &Config) {
             cfg.host
         );
     }
+    // With a token secret no role is open: session tokens are required
+    // where the server-wide token is unset.
     match (&cfg.client_token, &cfg.agent_token) {
+        _ if cfg.token_secret.is_some() => {}
         (Some(_), None) => {
             log::warn!(open_role = "agent"; "only RELAY_CLIENT_TOKEN is set: the agent endpoints are open")
         }

@@ -147,19 +147,19 @@ fn a_websocket_may_pass_its_token_in_the_query_but_a_header_wins() {
     let api = Api::new(&cfg(|c| c.client_token = Some("secret".into())));
     let route = Route::WebSocket(SessionId::new("s").unwrap());
     let ok = head("GET", "/ws/s?token=secret", &[]);
-    assert!(api.authorize(&route, &ok).is_ok());
+    assert!(api.authorize(&route, &ok, 0).is_ok());
     let wrong_header = head(
         "GET",
         "/ws/s?token=secret",
         &[("Authorization", "Bearer nope")],
     );
     assert_eq!(
-        api.authorize(&route, &wrong_header).unwrap_err().status,
+        api.authorize(&route, &wrong_header, 0).unwrap_err().status,
         401
     );
     let not_ws = head("GET", "/messages/s?token=secret", &[]);
     let route = Route::Messages(SessionId::new("s").unwrap());
-    assert_eq!(api.authorize(&route, &not_ws).unwrap_err().status, 401);
+    assert_eq!(api.authorize(&route, &not_ws, 0).unwrap_err().status, 401);
 }
 
 #[test]
@@ -336,4 +336,130 @@ fn an_error_answer_keeps_its_reason_for_the_log() {
             .as_deref()
             .is_some_and(|r| r.starts_with("Invalid session_id"))
     );
+}
+
+const SECRET: &[u8] = b"a secret of 32 bytes, no less!!!";
+/// The turn's clock in `call`, in Unix seconds.
+const NOW_S: u64 = 1_700_000_000;
+
+fn secret() -> token::Secret {
+    token::Secret::new(SECRET).unwrap()
+}
+
+fn scoped(role: token::Role, sid: &str) -> String {
+    secret().mint(role, sid, None)
+}
+
+/// `(status, details)` of `method path` with `Authorization: Bearer t`.
+fn try_token(api: &mut Api, method: &str, path: &str, t: &str, body: &str) -> (u16, Value) {
+    let auth = format!("Bearer {t}");
+    let h = head(method, path, &[JSON_CT, ("Authorization", &auth)]);
+    let (status, body) = answer(call(api, &mut relay(), &h, body));
+    (status, body["details"].clone())
+}
+
+#[test]
+fn a_token_for_one_session_opens_its_role_in_its_session_only() {
+    let mut api = Api::new(&cfg(|c| c.token_secret = Some(secret())));
+    let client = scoped(token::Role::Client, "s");
+    let agent = scoped(token::Role::Agent, "s");
+    let prompt = |sid: &str| format!(r#"{{"session_id":"{sid}","prompt":"x"}}"#);
+    assert_eq!(
+        try_token(&mut api, "POST", "/prompt", &client, &prompt("s")).0,
+        200
+    );
+    assert_eq!(
+        try_token(&mut api, "POST", "/prompt", &client, &prompt("t")),
+        (403, json!("token is for another session"))
+    );
+    assert_eq!(
+        try_token(&mut api, "POST", "/prompt", &agent, &prompt("s")),
+        (401, json!("client token required"))
+    );
+    assert_eq!(
+        try_token(&mut api, "GET", "/messages/s", &client, "").0,
+        404
+    );
+    assert_eq!(
+        try_token(&mut api, "GET", "/messages/t", &client, ""),
+        (403, json!("token is for another session"))
+    );
+    assert_eq!(
+        try_token(&mut api, "GET", "/prompts/s?wait=false", &client, ""),
+        (401, json!("agent token required"))
+    );
+    assert_eq!(
+        try_token(&mut api, "GET", "/prompts/s?wait=false", &agent, "").0,
+        404
+    );
+    for t in [&client, &agent] {
+        assert_eq!(try_token(&mut api, "PUT", "/sessions/s", t, "").0, 200);
+        assert_eq!(try_token(&mut api, "PUT", "/sessions/t", t, "").0, 403);
+    }
+    assert_eq!(
+        try_token(&mut api, "DELETE", "/sessions/s", &agent, "").0,
+        401
+    );
+    let response = r#"{"session_id":"t","client_msg_id":"c","text":"a"}"#;
+    assert_eq!(
+        try_token(&mut api, "POST", "/response", &agent, response).0,
+        403
+    );
+}
+
+#[test]
+fn with_a_secret_no_role_is_open_and_server_wide_tokens_still_work() {
+    let mut api = Api::new(&cfg(|c| {
+        c.token_secret = Some(secret());
+        c.client_token = Some("server-wide".into());
+    }));
+    let mut r = relay();
+    let h = head("GET", "/prompts/s?wait=false", &[]);
+    let (status, body) = answer(call(&mut api, &mut r, &h, ""));
+    assert_eq!(
+        (status, &body["details"]),
+        (401, &json!("agent token required"))
+    );
+    let body = r#"{"session_id":"anything","prompt":"x"}"#;
+    assert_eq!(
+        try_token(&mut api, "POST", "/prompt", "server-wide", body).0,
+        200
+    );
+    let h = head("GET", "/metrics", &[]);
+    assert!(
+        matches!(call(&mut api, &mut r, &h, ""), Outcome::Metrics),
+        "metrics keeps its own rule"
+    );
+}
+
+#[test]
+fn expired_forged_and_foreign_tokens_get_401() {
+    let mut api = Api::new(&cfg(|c| c.token_secret = Some(secret())));
+    let path = "/messages/s";
+    let expired = secret().mint(token::Role::Client, "s", Some(NOW_S));
+    assert_eq!(
+        try_token(&mut api, "GET", path, &expired, ""),
+        (401, json!("token expired"))
+    );
+    let later = secret().mint(token::Role::Client, "s", Some(NOW_S + 1));
+    assert_eq!(try_token(&mut api, "GET", path, &later, "").0, 404);
+    let good = scoped(token::Role::Client, "s");
+    let foreign = token::Secret::new(b"another secret of 32 bytes, too!")
+        .unwrap()
+        .mint(token::Role::Client, "s", None);
+    let mut forged = good.clone().into_bytes();
+    forged[3] ^= 1;
+    for bad in [
+        &good[..good.len() - 1],
+        &good[..20],
+        std::str::from_utf8(&forged).unwrap(),
+        &foreign,
+        "",
+    ] {
+        assert_eq!(
+            try_token(&mut api, "GET", path, bad, ""),
+            (401, json!("client token required")),
+            "{bad}"
+        );
+    }
 }

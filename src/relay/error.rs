@@ -54,8 +54,18 @@ impl ApiError {
     pub fn body_too_large() -> ApiError {
         ApiError::new(413, SIZE_LIMIT)
     }
-    pub fn unauthorized() -> ApiError {
-        ApiError::new(401, "Unauthorized").with_details("missing or invalid bearer token")
+    /// `401`; `needed` says which token the endpoint takes
+    /// (`client token required`).
+    pub fn unauthorized(needed: &'static str) -> ApiError {
+        ApiError::new(401, "Unauthorized").with_details(needed)
+    }
+    /// `401` for a token for one session that has expired.
+    pub fn token_expired() -> ApiError {
+        ApiError::new(401, "Unauthorized").with_details("token expired")
+    }
+    /// `403` for a valid token for one session used on another.
+    pub fn other_session() -> ApiError {
+        ApiError::new(403, "Forbidden").with_details("token is for another session")
     }
     pub fn forbidden_origin() -> ApiError {
         ApiError::new(403, "Origin not allowed")

@@ -330,7 +330,22 @@ impl Relay {
         conn: ConnId,
         body: &[u8],
     ) -> Result<Reply, ApiError> {
+        self.post_prompt_gated(now, unix_ms, conn, body, |_| Ok(()))
+    }
+
+    /// [`post_prompt`](Self::post_prompt) behind `gate`, the API's check of
+    /// the body's session (a token for one session opens only that one):
+    /// run once the body is valid, before anything is stored or woken.
+    pub fn post_prompt_gated(
+        &mut self,
+        now: Millis,
+        unix_ms: UnixMillis,
+        conn: ConnId,
+        body: &[u8],
+        gate: impl FnOnce(&SessionId) -> Result<(), ApiError>,
+    ) -> Result<Reply, ApiError> {
         let p = NewPrompt::parse(body)?;
+        gate(&p.session_id)?;
         if self.shared_prompt(conn, &p, unix_ms)? {
             return Ok(Reply::Wait);
         }
@@ -414,7 +429,21 @@ impl Relay {
         conn: ConnId,
         body: &[u8],
     ) -> Result<Reply, ApiError> {
+        self.post_response_gated(now, unix_ms, conn, body, |_| Ok(()))
+    }
+
+    /// [`post_response`](Self::post_response) behind `gate`, as for
+    /// [`post_prompt_gated`](Self::post_prompt_gated).
+    pub fn post_response_gated(
+        &mut self,
+        now: Millis,
+        unix_ms: UnixMillis,
+        conn: ConnId,
+        body: &[u8],
+        gate: impl FnOnce(&SessionId) -> Result<(), ApiError>,
+    ) -> Result<Reply, ApiError> {
         let r = NewResponse::parse(body)?;
+        gate(&r.session_id)?;
         if self.shared_response(conn, &r, unix_ms)? {
             return Ok(Reply::Wait);
         }
