@@ -418,8 +418,9 @@ impl Api {
     /// in its session: checked here when the path names the session, by
     /// the returned [`Grant`] once a `POST` body names it. A role whose
     /// server-wide token is unset is open, unless a token secret is set.
-    /// A WebSocket may pass its token as `?token=` (browsers cannot set
-    /// headers there); a header, when present, wins. Called once per request, before
+    /// A WebSocket may pass its token as the subprotocol `bearer.<token>`
+    /// or as `?token=` (browsers cannot set headers there); a header, when
+    /// present, wins, then the subprotocol. Called once per request, before
     /// anything is read or changed; `unix_s` is the turn's clock.
     fn authorize(&self, route: &Route, head: &RequestHead, unix_s: u64) -> Result<Grant, ApiError> {
         let need = role(route);
@@ -451,10 +452,13 @@ impl Api {
         let query_token;
         let presented = match (bearer, route) {
             (Some(t), _) => t,
-            (None, Route::WebSocket(_)) => {
-                query_token = query_param(head.query.as_deref(), "token").ok().flatten();
-                query_token.as_deref().ok_or_else(refused)?
-            }
+            (None, Route::WebSocket(_)) => match upgrade::subprotocol_token(head) {
+                Some(t) => t,
+                None => {
+                    query_token = query_param(head.query.as_deref(), "token").ok().flatten();
+                    query_token.as_deref().ok_or_else(refused)?
+                }
+            },
             (None, _) => return Err(refused()),
         };
         let server_wide = wanted.iter().fold(false, |acc, w| {

@@ -42,6 +42,7 @@ fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> RequestHead {
             "content-type" => h.json = crate::http::parse::is_json(v),
             "origin" => h.origin = Some(v.to_string()),
             "x-forwarded-for" => h.forwarded_for = Some(v.to_string()),
+            "sec-websocket-protocol" => h.ws_protocols = Some(v.to_string()),
             other => panic!("test header {other} not wired"),
         }
     }
@@ -462,4 +463,23 @@ fn expired_forged_and_foreign_tokens_get_401() {
             "{bad}"
         );
     }
+}
+
+#[test]
+fn a_websocket_may_offer_its_token_as_a_subprotocol() {
+    let api = Api::new(&cfg(|c| c.token_secret = Some(secret())));
+    let route = Route::WebSocket(SessionId::new("s").unwrap());
+    let offer = format!("relay.v1, bearer.{}", scoped(token::Role::Client, "s"));
+    let h = head("GET", "/ws/s", &[("Sec-WebSocket-Protocol", &offer)]);
+    assert!(api.authorize(&route, &h, NOW_S).is_ok());
+    let other = Route::WebSocket(SessionId::new("t").unwrap());
+    assert_eq!(api.authorize(&other, &h, NOW_S).unwrap_err().status, 403);
+    let h = head(
+        "GET",
+        "/ws/s",
+        &[("Sec-WebSocket-Protocol", "relay.v1, bearer.nope")],
+    );
+    assert_eq!(api.authorize(&route, &h, NOW_S).unwrap_err().status, 401);
+    let q = format!("/ws/s?token={}", scoped(token::Role::Client, "s"));
+    assert!(api.authorize(&route, &head("GET", &q, &[]), NOW_S).is_ok());
 }

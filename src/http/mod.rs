@@ -78,7 +78,13 @@ pub struct RequestHead {
     /// `Upgrade: websocket` and `Connection: upgrade` both present.
     pub websocket: bool,
     pub ws_key: Option<String>,
-    pub ws_version: Option<String>,
+    /// `Sec-WebSocket-Version: 13`, the only version there is (kept as a
+    /// flag: the head stays small, and only this value is ever accepted).
+    pub ws_version_13: bool,
+    /// `Sec-WebSocket-Protocol`, every value joined by commas: the
+    /// subprotocols offered (`relay.v1`, `bearer.<token>`). Only upgrade
+    /// requests carry it, so other requests pay one failed name match.
+    pub ws_protocols: Option<String>,
     pub origin: Option<String>,
     /// An upgrade whose `Origin` is this server's own (its host and port
     /// are the request's `Host`): the page the server serves.

@@ -107,7 +107,8 @@ pub fn parse_head(
     Ok(Some((head, end)))
 }
 
-fn has_token(value: &str, token: &str) -> bool {
+/// Whether the comma-separated list `value` holds `token` (any case).
+pub fn has_token(value: &str, token: &str) -> bool {
     value
         .split(',')
         .any(|t| t.trim().eq_ignore_ascii_case(token))
@@ -226,7 +227,16 @@ fn own_head(req: &httparse::Request) -> Result<RequestHead, ApiError> {
         } else if name.eq_ignore_ascii_case("sec-websocket-key") {
             head.ws_key = Some(value.to_string());
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
-            head.ws_version = Some(value.to_string());
+            head.ws_version_13 = value == "13";
+        } else if name.eq_ignore_ascii_case("sec-websocket-protocol") {
+            // A list, possibly over several lines (RFC 6455 section 11.3.4).
+            match &mut head.ws_protocols {
+                Some(list) => {
+                    list.push(',');
+                    list.push_str(value);
+                }
+                None => head.ws_protocols = Some(value.to_string()),
+            }
         } else if name.eq_ignore_ascii_case("origin") {
             head.origin = Some(value.to_string());
         } else if name.eq_ignore_ascii_case("authorization") {

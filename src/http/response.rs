@@ -130,13 +130,17 @@ fn common_headers(out: &mut Vec<u8>, extra: &[(&str, &str)], meta: &Meta) {
 /// `HTTP/1.1 100 Continue`, sent when a client waits before its body.
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
-/// The `101 Switching Protocols` answer to a valid WebSocket upgrade.
-pub fn switching_protocols(accept_key: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(130);
+/// The `101 Switching Protocols` answer to a valid WebSocket upgrade;
+/// `relay_v1` names that subprotocol, when the client offered it.
+pub fn switching_protocols(accept_key: &str, relay_v1: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160);
     out.extend_from_slice(
         b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ",
     );
     out.extend_from_slice(accept_key.as_bytes());
+    if relay_v1 {
+        out.extend_from_slice(b"\r\nSec-WebSocket-Protocol: relay.v1");
+    }
     out.extend_from_slice(b"\r\n\r\n");
     out
 }

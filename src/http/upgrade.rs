@@ -5,6 +5,7 @@
 //! and base64), and `relay send` checks a server's with the same function.
 
 use super::RequestHead;
+use super::parse::has_token;
 use super::response::switching_protocols;
 use crate::config::Origins;
 use crate::relay::ApiError;
@@ -15,7 +16,7 @@ pub fn check(head: &RequestHead, origins: &Origins) -> Result<Vec<u8>, ApiError>
         return Err(ApiError::bad_request("WebSocket upgrade required")
             .with_details("send Upgrade: websocket and Connection: Upgrade over HTTP/1.1"));
     }
-    if head.ws_version.as_deref() != Some("13") {
+    if !head.ws_version_13 {
         return Err(ApiError::bad_request("Unsupported WebSocket version")
             .with_details("Sec-WebSocket-Version must be 13"));
     }
@@ -32,7 +33,25 @@ pub fn check(head: &RequestHead, origins: &Origins) -> Result<Vec<u8>, ApiError>
         return Err(ApiError::forbidden_origin());
     }
     let accept = accept_key(key.as_bytes());
-    Ok(switching_protocols(&accept))
+    let relay_v1 = head
+        .ws_protocols
+        .as_deref()
+        .is_some_and(|p| has_token(p, RELAY_V1));
+    Ok(switching_protocols(&accept, relay_v1))
+}
+
+/// The subprotocol a client offers beside `bearer.<token>`, and the one
+/// the server answers with: a browser fails an upgrade whose answer names
+/// none of the offered ones, and the token must never be echoed.
+pub const RELAY_V1: &str = "relay.v1";
+
+/// The token offered as the subprotocol `bearer.<token>`, if any: how a
+/// browser passes a token without putting it in the URL.
+pub fn subprotocol_token(head: &RequestHead) -> Option<&str> {
+    head.ws_protocols
+        .as_deref()?
+        .split(',')
+        .find_map(|p| p.trim().strip_prefix("bearer."))
 }
 
 /// The `Sec-WebSocket-Accept` value for a `Sec-WebSocket-Key` (RFC 6455
@@ -85,7 +104,7 @@ mod tests {
     fn head() -> RequestHead {
         RequestHead {
             websocket: true,
-            ws_version: Some("13".into()),
+            ws_version_13: true,
             ws_key: Some("dGhlIHNhbXBsZSBub25jZQ==".into()),
             ..RequestHead::default()
         }
@@ -98,9 +117,30 @@ mod tests {
     }
 
     #[test]
+    fn answers_relay_v1_when_offered_and_never_echoes_the_token() {
+        let mut h = head();
+        let plain = String::from_utf8(check(&h, &Origins::Any).unwrap()).unwrap();
+        assert!(!plain.contains("Sec-WebSocket-Protocol"), "{plain}");
+        h.ws_protocols = Some("relay.v1, bearer.abc-_9".into());
+        let out = String::from_utf8(check(&h, &Origins::Any).unwrap()).unwrap();
+        assert!(
+            out.contains("\r\nSec-WebSocket-Protocol: relay.v1\r\n"),
+            "{out}"
+        );
+        assert!(out.ends_with("\r\n\r\n") && !out.contains("abc"), "{out}");
+        assert_eq!(subprotocol_token(&h), Some("abc-_9"));
+        h.ws_protocols = Some("bearer.t1,relay.v1".into());
+        assert_eq!(subprotocol_token(&h), Some("t1"));
+        h.ws_protocols = Some("chat".into());
+        assert_eq!(subprotocol_token(&h), None);
+        let out = String::from_utf8(check(&h, &Origins::Any).unwrap()).unwrap();
+        assert!(!out.contains("Sec-WebSocket-Protocol"), "{out}");
+    }
+
+    #[test]
     fn refuses_bad_upgrades() {
         let mut h = head();
-        h.ws_version = Some("8".into());
+        h.ws_version_13 = false;
         assert_eq!(check(&h, &Origins::Any).unwrap_err().status, 400);
         let mut h = head();
         h.ws_key = Some("short".into());

@@ -157,11 +157,13 @@ fn header_fields_are_copied_out_and_x_forwarded_for_lines_are_joined() {
     let (head, _) = one(
         b"GET /ws/s HTTP/1.1\r\nHost: x\r\nconnection: keep-alive, Upgrade\r\nUPGRADE: WebSocket\r\n\
           Sec-WebSocket-Key: k==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer t\r\n\
-          Content-Type: application/json\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\n\r\n",
+          Content-Type: application/json\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\n\
+          Sec-WebSocket-Protocol: relay.v1\r\nsec-websocket-protocol: bearer.t\r\n\r\n",
     );
+    assert_eq!(head.ws_protocols.as_deref(), Some("relay.v1,bearer.t"));
     assert!(head.websocket);
     assert_eq!(head.ws_key.as_deref(), Some("k=="));
-    assert_eq!(head.ws_version.as_deref(), Some("13"));
+    assert!(head.ws_version_13);
     assert_eq!(head.authorization.as_deref(), Some("Bearer t"));
     assert!(head.json);
     assert_eq!(head.forwarded_for.as_deref(), Some("1.1.1.1,2.2.2.2"));
