@@ -1,4 +1,4 @@
-//! Process entry: a subcommand (`agent`, `send`, `health`) runs the
+//! Process entry: a subcommand (`agent`, `send`, `health`, `token`) runs the
 //! matching client tool; anything else runs the server: configuration from
 //! the environment and flags, logging, bind, run. The server's exit codes:
 //! 0 after a clean shutdown, 2 for a bad setting, 1 when it cannot start or

@@ -1,15 +1,17 @@
 //! The command line tools in the same binary: `relay agent` (the laptop
 //! side: long-poll, run a command per prompt, post its output), `relay send`
-//! (post a prompt, print its answers) and `relay health` (the container
-//! health check). They are blocking clients over `std::net`, sharing one
-//! small HTTP client ([`client`]); the server's own code is reused for
-//! validation (session ids, size limits) and settings (logging, address).
+//! (post a prompt, print its answers), `relay health` (the container
+//! health check) and `relay token` (a token for one session). The network
+//! ones are blocking clients over `std::net`, sharing one small HTTP client
+//! ([`client`]); the server's own code is reused for validation (session
+//! ids, size limits), settings (logging, address) and the token format.
 
 pub mod agent;
 pub mod client;
 mod command;
 pub mod health;
 pub mod send;
+pub mod token;
 
 use std::time::Duration;
 
@@ -22,6 +24,8 @@ commands (each has --help):
       post a prompt and print the answers to it
   relay health [--url URL] [--ca FILE]
       GET /healthz: exit 0 on 200, 1 otherwise (the container health check)
+  relay token --role client|agent --session ID [--expires S]
+      print a token for one session, signed with RELAY_TOKEN_SECRET
 ";
 
 /// The server the tools talk to when neither `--url` nor `RELAY_URL` says.
@@ -36,10 +40,11 @@ pub fn dispatch(args: &[String], env: &[(String, String)]) -> Option<u8> {
         "agent" => Some(agent::main(rest, env)),
         "send" => Some(send::main(rest, env)),
         "health" => Some(health::main(rest, env)),
+        "token" => Some(token::main(rest, env)),
         // `relay help agent` is `relay agent --help`; `relay help` alone is
         // the server's help (config::parse).
         "help" => match rest.first() {
-            Some(sub) if ["agent", "send", "health"].contains(&sub.as_str()) => {
+            Some(sub) if ["agent", "send", "health", "token"].contains(&sub.as_str()) => {
                 dispatch(&[sub.clone(), "--help".to_string()], env)
             }
             _ => None,
