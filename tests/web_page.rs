@@ -2,7 +2,8 @@
 //! and, in headless Chromium driven by tests/web/page_test.py, that it
 //! works: prompts out, answers in live, a relay restart survived (with a
 //! resync notice in memory, without one with a data directory), every
-//! answer shown once, the client token asked for.
+//! answer shown once, the client token asked for, a token for one session
+//! taken from the URL fragment and sent as the WebSocket subprotocol.
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -216,6 +217,52 @@ fn browser_asks_for_the_client_token() {
     browser.finish();
 }
 
+#[test]
+fn browser_takes_a_session_token_from_the_fragment() {
+    if skip_with_tls("the browser opens the page over http://") {
+        return;
+    }
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    require_browser();
+    const SECRET: &str = "page-token-secret-0123456789abcdefghij";
+    let s = Server::start_with(&[
+        PING,
+        ("RELAY_TOKEN_SECRET", SECRET),
+        ("RELAY_AGENT_TOKEN", "page-agent"),
+    ]);
+    let sid = unique_session();
+    let minted = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["token", "--role", "client", "--session", &sid])
+        .env("RELAY_TOKEN_SECRET", SECRET)
+        .output()
+        .expect("run relay token");
+    assert!(minted.status.success(), "{minted:?}");
+    let token = String::from_utf8(minted.stdout).expect("UTF-8 token");
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "fragment",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        "--token",
+        token.trim(),
+    ]);
+    let cmid = browser.expect("PROMPTED ");
+    let agent = [("Authorization", "Bearer page-agent")];
+    let prompt = long_poll_as(&s, &sid, &agent);
+    assert_eq!(prompt["client_msg_id"], cmid.as_str());
+    answer_as(&s, &sid, &cmid, "a-f", "Fragment token accepted", &agent);
+    browser.finish();
+    // The token never reached the server in a URL.
+    let logged = s.logs().into_iter().find(|l| l.contains(token.trim()));
+    assert!(
+        logged.is_none(),
+        "the token is in the server's log: {logged:?}"
+    );
+}
+
 /// Fails, naming what to install, when the browser or Playwright is missing.
 fn require_browser() {
     let mut missing = Vec::new();
@@ -241,9 +288,15 @@ fn require_browser() {
 /// read timeout) until one prompt is pending; returns it.
 #[track_caller]
 fn long_poll(s: &Server, sid: &str) -> Value {
+    long_poll_as(s, sid, &[])
+}
+
+/// `long_poll` with extra headers (an agent token).
+#[track_caller]
+fn long_poll_as(s: &Server, sid: &str, headers: &[(&str, &str)]) -> Value {
     let deadline = Instant::now() + LINE_TIMEOUT;
     loop {
-        let r = s.get(&format!("/prompts/{sid}?timeout=8"));
+        let r = s.request("GET", &format!("/prompts/{sid}?timeout=8"), headers, None);
         assert_eq!(r.status, 200, "GET /prompts: {}", r.text());
         if let Value::Array(mut items) = r.json() {
             if items.len() == 1 {
@@ -257,9 +310,18 @@ fn long_poll(s: &Server, sid: &str) -> Value {
 
 #[track_caller]
 fn answer(s: &Server, sid: &str, cmid: &str, amid: &str, text: &str) {
+    answer_as(s, sid, cmid, amid, text, &[]);
+}
+
+/// `answer` with extra headers (an agent token).
+#[track_caller]
+fn answer_as(s: &Server, sid: &str, cmid: &str, amid: &str, text: &str, auth: &[(&str, &str)]) {
     let body =
         json!({"session_id": sid, "client_msg_id": cmid, "assistant_msg_id": amid, "text": text});
-    let r = s.post_json("/response", &body);
+    let mut headers = vec![("Content-Type", "application/json")];
+    headers.extend_from_slice(auth);
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let r = s.request("POST", "/response", &headers, Some(&bytes));
     assert_eq!(r.status, 200, "POST /response: {}", r.text());
     assert_eq!(r.json()["delivered"], true, "the page is subscribed");
 }

@@ -12,6 +12,9 @@ Scenarios:
            page reconnects by itself and shows the resync notice; a second
            prompt and answer go through; every answer is shown exactly once.
   token    the relay has a client token: the page asks for it, then works.
+  fragment the page is opened with `#SESSION&token=TOKEN` (a token for one
+           session): it keeps the token, drops it from the address, sends
+           it as the WebSocket subprotocol (never in a URL), and works.
 """
 
 import argparse
@@ -233,7 +236,8 @@ def token(page, watch, args):
     connected(page)
     stored = page.evaluate("sessionStorage.getItem('relay.client_token')")
     assert stored == args.token, f"token not kept in sessionStorage: {stored!r}"
-    assert any("token=" in u for u in watch.urls), f"no ?token= on {watch.urls}"
+    # A token that is an HTTP token travels as the subprotocol, not in the URL.
+    assert watch.urls and not any("token=" in u for u in watch.urls), f"token in {watch.urls}"
 
     prompt, cmid = send_prompt(page, "Behind a token")
     say(f"PROMPTED {cmid}")
@@ -241,9 +245,27 @@ def token(page, watch, args):
     watch.check_clean()
 
 
+def fragment(page, watch, args):
+    page.goto(f"{args.url}#{args.session}&token={args.token}")
+    connected(page)
+    expect(page.locator("#token-form")).to_be_hidden()
+    stored = page.evaluate("sessionStorage.getItem('relay.client_token')")
+    assert stored == args.token, f"token not kept in sessionStorage: {stored!r}"
+    address = page.evaluate("location.href")
+    assert args.token not in address, f"the token stays in the address: {address}"
+    assert page.evaluate("location.hash") == f"#{args.session}", address
+    assert watch.urls, "no WebSocket opened"
+    assert not any(args.token in u or "token=" in u for u in watch.urls), watch.urls
+
+    prompt, cmid = send_prompt(page, "Behind a session token")
+    say(f"PROMPTED {cmid}")
+    wait_answer(page, prompt, "a-f", "Fragment token accepted")
+    watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", choices=["restart", "token"], required=True)
+    ap.add_argument("--scenario", choices=["restart", "token", "fragment"], required=True)
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -263,7 +285,7 @@ def main():
             ctx.set_default_timeout(WAIT_MS)
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
-            {"restart": restart, "token": token}[args.scenario](page, watch, args)
+            {"restart": restart, "token": token, "fragment": fragment}[args.scenario](page, watch, args)
         finally:
             ctx.close()
     say("DONE")
