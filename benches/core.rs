@@ -4,7 +4,7 @@
 //! count per operation is repeatable on a noisy machine
 //! (`benches/callgrind.sh`); run plainly it prints ns per operation.
 //!
-//! `cargo bench --bench core -- [ingest|roundtrip] [ops]`
+//! `cargo bench --bench core -- [ingest|roundtrip|token] [ops]`
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -14,6 +14,7 @@ use relay::http::response::{self, Meta};
 use relay::http::route::{self, Route};
 use relay::relay::{ConnId, Effect, Fetch, Limits, PromptsQuery, Relay, Reply};
 use relay::time::Millis;
+use relay::token::{Role, Secret};
 
 const SESSIONS: usize = 1000;
 
@@ -76,6 +77,8 @@ struct Inputs {
     responses: Vec<Vec<u8>>,
     polls: Vec<Vec<u8>>,
     sids: Vec<String>,
+    /// A client token for one session per op (`SESSIONS` distinct ones).
+    tokens: Vec<String>,
 }
 
 fn inputs(ops: usize, text_len: usize) -> Inputs {
@@ -85,7 +88,9 @@ fn inputs(ops: usize, text_len: usize) -> Inputs {
         responses: Vec::with_capacity(ops),
         polls: Vec::with_capacity(ops),
         sids: Vec::with_capacity(ops),
+        tokens: Vec::with_capacity(ops),
     };
+    let secret = token_secret();
     for n in 0..ops {
         let sid = format!("s{}", n % SESSIONS);
         let p = format!(r#"{{"session_id":"{sid}","client_msg_id":"m{n}","prompt":"{text}"}}"#);
@@ -95,9 +100,58 @@ fn inputs(ops: usize, text_len: usize) -> Inputs {
         i.polls.push(
             format!("GET /prompts/{sid}?timeout=30 HTTP/1.1\r\nHost: bench\r\n\r\n").into_bytes(),
         );
+        i.tokens
+            .push(secret.mint(Role::Client, &sid, Some(2_000_000_000)));
         i.sids.push(sid);
     }
     i
+}
+
+fn token_secret() -> Secret {
+    Secret::new(b"a bench secret of at least 32 bytes").expect("long enough")
+}
+
+/// What a token for one session adds to a request: verify its HMAC-SHA256
+/// tag (constant time), read its role and expiry, compare its session with
+/// the request's; over 1000 sessions' tokens. The budget is 1 us per
+/// request.
+#[inline(never)]
+fn measure_token(inp: &Inputs) -> usize {
+    check_tokens(&token_secret(), &inp.tokens, &inp.sids)
+}
+
+/// The check of `measure_token` over `tokens`, each against its session.
+fn check_tokens(secret: &Secret, tokens: &[String], sids: &[String]) -> usize {
+    let now_s = 1_900_000_000;
+    let mut ok = 0;
+    for (token, sid) in tokens.iter().zip(sids) {
+        let Ok(claims) = secret.open(black_box(token)) else {
+            continue;
+        };
+        ok += usize::from(
+            !claims.expired(now_s) && claims.role == Role::Client && claims.session() == sid,
+        );
+    }
+    assert_eq!(ok, tokens.len(), "every bench token verifies");
+    ok
+}
+
+/// The token check's fastest ns per op over batches of 1000: on a machine
+/// shared with other work (two cores, builds running) the whole run's
+/// average counts the time other processes held the core; the best batch
+/// is what the check itself costs.
+fn token_best_batch(inp: &Inputs) -> f64 {
+    let secret = token_secret();
+    let batch = 1000.min(inp.tokens.len()).max(1);
+    inp.tokens
+        .chunks(batch)
+        .zip(inp.sids.chunks(batch))
+        .map(|(tokens, sids)| {
+            let t = Instant::now();
+            black_box(check_tokens(&secret, black_box(tokens), sids));
+            t.elapsed().as_nanos() as f64 / tokens.len() as f64
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// `POST /prompt` with a 256-byte prompt over 1000 sessions, each answered
@@ -188,6 +242,7 @@ fn main() {
     let workloads = [
         ("ingest", measure_ingest as fn(&Inputs) -> usize),
         ("roundtrip", measure_roundtrip),
+        ("token", measure_token),
     ];
     for (name, f) in workloads {
         if only.is_some_and(|o| o != name) {
@@ -197,5 +252,9 @@ fn main() {
         black_box(f(black_box(&inp)));
         let ns = t.elapsed().as_nanos() as f64 / ops as f64;
         println!("{name:<10} {ops} ops  {ns:>8.0} ns/op");
+        if name == "token" {
+            let best = token_best_batch(&inp);
+            println!("{name:<10} best batch of 1000  {best:>8.0} ns/op");
+        }
     }
 }
