@@ -195,8 +195,8 @@ fn valid_session(s: &[u8]) -> bool {
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
-/// base64url without padding.
-fn encode(bytes: &[u8]) -> String {
+/// base64url without padding (also the end-to-end ciphertexts' encoding).
+pub fn encode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity((bytes.len() * 4).div_ceil(3));
     for chunk in bytes.chunks(3) {
         let n = chunk
@@ -222,14 +222,38 @@ fn sextet(c: u8) -> Option<u32> {
     }))
 }
 
-/// Decodes canonical base64url without padding into `out`: `None` for
-/// any other character, a length no encoding has, bits left over that are
-/// not zero, or more bytes than `out` holds.
+/// Decodes a token's canonical base64url into `out`: `None` for anything
+/// [`decode_each`] refuses, or more bytes than `out` holds.
 fn decode<'a>(text: &[u8], out: &'a mut [u8; MAX_RAW_BYTES]) -> Option<&'a [u8]> {
-    if text.len() > MAX_TOKEN_CHARS || text.len() % 4 == 1 {
+    if text.len() > MAX_TOKEN_CHARS {
         return None;
     }
     let mut len = 0;
+    decode_each(text, |b| {
+        *out.get_mut(len)? = b;
+        len += 1;
+        Some(())
+    })?;
+    Some(&out[..len])
+}
+
+/// Decodes canonical base64url without padding, of any length.
+pub fn decode_vec(text: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() / 4 * 3 + 2);
+    decode_each(text, |b| {
+        out.push(b);
+        Some(())
+    })?;
+    Some(out)
+}
+
+/// Hands each byte of canonical base64url without padding to `push`:
+/// `None` for any other character, a length no encoding has, bits left
+/// over that are not zero (a second spelling), or when `push` refuses.
+fn decode_each(text: &[u8], mut push: impl FnMut(u8) -> Option<()>) -> Option<()> {
+    if text.len() % 4 == 1 {
+        return None;
+    }
     for chunk in text.chunks(4) {
         let mut n = 0u32;
         for (i, &c) in chunk.iter().enumerate() {
@@ -240,11 +264,10 @@ fn decode<'a>(text: &[u8], out: &'a mut [u8; MAX_RAW_BYTES]) -> Option<&'a [u8]>
             return None; // leftover bits set: a second spelling
         }
         for i in 0..bytes {
-            *out.get_mut(len)? = (n >> (16 - 8 * i)) as u8;
-            len += 1;
+            push((n >> (16 - 8 * i)) as u8)?;
         }
     }
-    Some(&out[..len])
+    Some(())
 }
 
 #[cfg(test)]

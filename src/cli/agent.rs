@@ -22,7 +22,7 @@ use serde_json::json;
 
 use super::client::{self, Client, Limit, Response};
 use super::command::{self, Exit, Outcome};
-use super::{Parsed, Spec};
+use super::{Parsed, Spec, e2e};
 
 /// The first retry delay; it doubles on each failure in a row.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
@@ -45,7 +45,7 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token T] [--ca FILE] [--poll-timeout S] -- CMD [ARGS...]
+    "usage: relay agent --session ID [--url URL] [--token T] [--ca FILE] [--e2e-key KEY] [--poll-timeout S] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_SESSION_ID, RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's
@@ -63,6 +63,11 @@ signal exits at once.
   --ca FILE           for an https:// URL, trust only the CA or self-signed
                       certificate in this PEM file (default RELAY_CA, else the
                       system's trust store, else built-in Mozilla roots)
+  --e2e-key KEY       decrypt prompts and encrypt answers with this key (relay
+                      key makes one; default RELAY_E2E_KEY): the server sees
+                      only ciphertext. A prompt that does not decrypt (sent
+                      without the key, or with another) is not run: it is
+                      answered with an error answer
   --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
 
 exit codes: 0 stopped by a signal, 1 a fatal error (token refused, CMD cannot
@@ -70,7 +75,14 @@ start), 2 bad usage
 ";
 
 const SPEC: Spec = Spec {
-    valued: &["--url", "--session", "--token", "--ca", "--poll-timeout"],
+    valued: &[
+        "--url",
+        "--session",
+        "--token",
+        "--ca",
+        "--poll-timeout",
+        "--e2e-key",
+    ],
     switches: &[],
     interleaved: false,
 };
@@ -81,6 +93,8 @@ pub struct Options {
     pub session: String,
     pub poll_timeout: Duration,
     pub command: Vec<String>,
+    /// End-to-end encryption, when a key is given.
+    pub key: Option<e2e::Key>,
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
@@ -89,6 +103,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
     let token = super::token_of(parsed, env, "RELAY_AGENT_TOKEN")?;
     let session = super::session_of(parsed)?;
     let poll_timeout = super::seconds_of(parsed, "--poll-timeout", DEFAULT_POLL)?;
+    let key = super::e2e_key_of(parsed, env)?;
     if parsed.rest.is_empty() {
         return Err("a command to run is required after --".into());
     }
@@ -97,6 +112,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         session,
         poll_timeout,
         command: parsed.rest.clone(),
+        key,
     })
 }
 
@@ -204,6 +220,14 @@ struct Prompt {
     seq: u64,
 }
 
+/// An answer ready to post.
+struct Reply {
+    text: String,
+    metadata: Option<serde_json::Value>,
+    /// The command's exit code (for the log); `None` when none ran.
+    exit_code: Option<i64>,
+}
+
 /// Why a step did not complete.
 #[derive(Debug)]
 enum Fail {
@@ -266,6 +290,7 @@ struct Agent {
     session: String,
     poll_timeout: Duration,
     command: Vec<String>,
+    key: Option<e2e::Key>,
     stop: Arc<AtomicBool>,
     /// The `seq` of the last prompt handled in this epoch.
     after: u64,
@@ -282,6 +307,7 @@ impl Agent {
             session: opts.session,
             poll_timeout: opts.poll_timeout,
             command: opts.command,
+            key: opts.key,
             stop,
             after: 0,
             epoch: None,
@@ -384,8 +410,36 @@ impl Agent {
         }
     }
 
-    /// Runs the command for one prompt and posts its answer.
+    /// Runs the command for one prompt and posts its answer; with a key,
+    /// decrypts the prompt first (one that does not decrypt is answered
+    /// with an error and not run) and encrypts the answer.
     fn answer(&mut self, prompt: &Prompt) -> Result<(), Fail> {
+        let id = prompt.client_msg_id.as_str();
+        let clear = match &self.key {
+            None => prompt.prompt.clone(),
+            Some(key) => {
+                let message = e2e::Message::Prompt {
+                    session: &self.session,
+                    client_msg_id: id,
+                };
+                match key.open(&prompt.prompt, message) {
+                    Some(text) => text,
+                    None => {
+                        log::warn!(client_msg_id = id; "cannot decrypt the prompt: answered with an error, not run");
+                        let reply = Reply {
+                            text: "cannot decrypt".to_string(),
+                            metadata: Some(json!({
+                                "error": "cannot decrypt the prompt: it was sent without the agent's end-to-end key, or with another",
+                            })),
+                            exit_code: None,
+                        };
+                        self.post(prompt, &reply)?;
+                        self.after = prompt.seq;
+                        return Ok(());
+                    }
+                }
+            }
+        };
         let metadata = metadata_env(prompt.metadata.as_ref());
         if metadata == "null" {
             log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "metadata too large for the environment: RELAY_METADATA is null");
@@ -395,7 +449,7 @@ impl Agent {
             ("RELAY_CLIENT_MSG_ID", prompt.client_msg_id.as_str()),
             ("RELAY_METADATA", metadata.as_str()),
         ];
-        let outcome = command::run(&self.command, &env, prompt.prompt.as_bytes())
+        let outcome = command::run(&self.command, &env, clear.as_bytes())
             .map_err(|e| Fail::Fatal(format!("cannot run {}: {e}", self.command[0])))?;
         if self.stopping() && matches!(outcome.exit, Exit::Signal(_)) {
             // Most likely the same Ctrl-C reached the command: its output is
@@ -403,22 +457,58 @@ impl Agent {
             log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "command killed while stopping: prompt left unanswered");
             return Err(Fail::Stopped);
         }
-        self.post(prompt, &outcome)?;
+        let reply = self.reply(prompt, &outcome)?;
+        self.post(prompt, &reply)?;
         self.after = prompt.seq;
         Ok(())
     }
 
+    /// The answer to post for a command's outcome: encrypted (cut to what
+    /// fits encrypted, `metadata.e2e` set) when there is a key.
+    fn reply(&self, prompt: &Prompt, outcome: &Outcome) -> Result<Reply, Fail> {
+        let exit_code = Some(match outcome.exit {
+            Exit::Code(c) => i64::from(c),
+            Exit::Signal(s) => 128 + i64::from(s),
+        });
+        let Some(key) = &self.key else {
+            return Ok(Reply {
+                text: outcome.text.clone(),
+                metadata: outcome.metadata(),
+                exit_code,
+            });
+        };
+        let mut text = outcome.text.clone();
+        let cut = e2e::cut(&mut text, e2e::MAX_CLEAR_BYTES);
+        let mut metadata = outcome.metadata().unwrap_or_else(|| json!({}));
+        metadata["e2e"] = json!(1);
+        if cut {
+            metadata["truncated"] = json!(true);
+        }
+        let assistant_msg_id = answer_id(&self.session, &prompt.client_msg_id);
+        let message = e2e::Message::Answer {
+            session: &self.session,
+            client_msg_id: &prompt.client_msg_id,
+            assistant_msg_id: &assistant_msg_id,
+        };
+        let text = key.seal(&text, message).map_err(Fail::Fatal)?;
+        Ok(Reply {
+            text,
+            metadata: Some(metadata),
+            exit_code,
+        })
+    }
+
     /// `POST /response`, retried until the server has it (or a stop signal's
     /// grace ends). Resending is safe: the id makes it a duplicate.
-    fn post(&mut self, prompt: &Prompt, outcome: &Outcome) -> Result<(), Fail> {
+    fn post(&mut self, prompt: &Prompt, reply: &Reply) -> Result<(), Fail> {
         let mut body = json!({
             "session_id": self.session,
             "client_msg_id": prompt.client_msg_id,
             "assistant_msg_id": answer_id(&self.session, &prompt.client_msg_id),
-            "text": outcome.text,
+            "text": reply.text,
         });
-        if let Some(meta) = outcome.metadata() {
-            body["metadata"] = meta;
+        if let Some(meta) = &reply.metadata {
+            body["metadata"] = meta.clone();
         }
         let body = body.to_string().into_bytes();
         let mut backoff = Backoff::new();
@@ -431,7 +521,7 @@ impl Agent {
                 Limit::within(REQUEST_TIMEOUT),
             );
             match classify(result) {
-                Ok(resp) => return self.posted(prompt, outcome, &resp),
+                Ok(resp) => return self.posted(prompt, reply, &resp),
                 Err(Fail::Retry { why, wait }) => {
                     let now = Instant::now();
                     if self.stopping() && now >= *give_up.get_or_insert(now + STOP_GRACE) {
@@ -449,12 +539,9 @@ impl Agent {
 
     /// What the server said to an answer; every outcome but a fatal one
     /// moves on to the next prompt.
-    fn posted(&self, prompt: &Prompt, outcome: &Outcome, resp: &Response) -> Result<(), Fail> {
+    fn posted(&self, prompt: &Prompt, reply: &Reply, resp: &Response) -> Result<(), Fail> {
         let id = prompt.client_msg_id.as_str();
-        let exit_code = match outcome.exit {
-            Exit::Code(c) => i64::from(c),
-            Exit::Signal(s) => 128 + i64::from(s),
-        };
+        let exit_code = reply.exit_code.unwrap_or(-1);
         match resp.status {
             200 => {
                 let duplicate = resp.json().is_some_and(|v| v["duplicate"] == true);

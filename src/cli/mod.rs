@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod client;
 mod command;
+pub mod e2e;
 pub mod health;
 pub mod send;
 pub mod token;
@@ -26,7 +27,41 @@ commands (each has --help):
       GET /healthz: exit 0 on 200, 1 otherwise (the container health check)
   relay token --role client|agent --session ID [--expires S]
       print a token for one session, signed with RELAY_TOKEN_SECRET
+  relay key
+      print a new key for --e2e-key (end-to-end encryption)
 ";
+
+const KEY_HELP: &str = "usage: relay key
+
+Prints a new random key for end-to-end encryption: give the same key to
+relay send and relay agent (--e2e-key or RELAY_E2E_KEY). Prompt and answer
+texts are then encrypted (AES-256-GCM) before they leave the tool, so the
+server stores and forwards only ciphertext. Session ids, message ids,
+metadata, timing and sizes stay in clear.
+
+exit codes: 0 printed, 1 no randomness available, 2 bad usage
+";
+
+/// `relay key ARGS`: prints a new key; returns the exit code.
+fn key_main(args: &[String]) -> u8 {
+    match args {
+        [] => match e2e::new_key() {
+            Ok(key) => {
+                println!("{key}");
+                0
+            }
+            Err(e) => {
+                eprintln!("relay key: {e}");
+                1
+            }
+        },
+        [h] if h == "-h" || h == "--help" => {
+            print!("{KEY_HELP}");
+            0
+        }
+        [other, ..] => usage_error("key", &format!("unexpected '{other}'")),
+    }
+}
 
 /// The server the tools talk to when neither `--url` nor `RELAY_URL` says.
 const DEFAULT_URL: &str = "http://127.0.0.1:8000";
@@ -41,10 +76,11 @@ pub fn dispatch(args: &[String], env: &[(String, String)]) -> Option<u8> {
         "send" => Some(send::main(rest, env)),
         "health" => Some(health::main(rest, env)),
         "token" => Some(token::main(rest, env)),
+        "key" => Some(key_main(rest)),
         // `relay help agent` is `relay agent --help`; `relay help` alone is
         // the server's help (config::parse).
         "help" => match rest.first() {
-            Some(sub) if ["agent", "send", "health", "token"].contains(&sub.as_str()) => {
+            Some(sub) if ["agent", "send", "health", "token", "key"].contains(&sub.as_str()) => {
                 dispatch(&[sub.clone(), "--help".to_string()], env)
             }
             _ => None,
@@ -186,6 +222,19 @@ fn token_of(
             "the token (--token or {env_name}) must be printable ASCII without spaces"
         )),
         t => Ok(t.map(str::to_string)),
+    }
+}
+
+/// `--e2e-key`, else `RELAY_E2E_KEY`: the end-to-end key, if any.
+fn e2e_key_of(parsed: &Parsed, env: &[(String, String)]) -> Result<Option<e2e::Key>, String> {
+    match parsed
+        .value("--e2e-key")
+        .or_else(|| env_value(env, "RELAY_E2E_KEY"))
+    {
+        None => Ok(None),
+        Some(k) => e2e::Key::parse(k)
+            .map(Some)
+            .map_err(|e| format!("--e2e-key (or RELAY_E2E_KEY): {e}")),
     }
 }
 

@@ -11,7 +11,7 @@ use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
 use super::client::{Client, Limit, Stream, Upgraded};
-use super::{Parsed, Spec};
+use super::{Parsed, Spec, e2e};
 use crate::relay::model::MAX_TEXT_BYTES;
 
 /// How long connecting and posting may take.
@@ -23,7 +23,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 const HELP: &str =
-    "usage: relay send --session ID [--url URL] [--token T] [--ca FILE] [--all] [--timeout S] TEXT...
+    "usage: relay send --session ID [--url URL] [--token T] [--ca FILE] [--e2e-key KEY] [--all] [--timeout S] TEXT...
 
 Posts TEXT (the words joined by spaces; - reads it from stdin) as a prompt
 of the session and prints each answer's text on its own line as it arrives.
@@ -36,6 +36,10 @@ client_msg_id is printed to stderr.
   --ca FILE        for an https:// URL, trust only the CA or self-signed
                    certificate in this PEM file (default RELAY_CA, else the
                    system's trust store, else built-in Mozilla roots)
+  --e2e-key KEY    encrypt the prompt and decrypt the answers with this key
+                   (relay key makes one; default RELAY_E2E_KEY): the server
+                   sees only ciphertext. An answer that does not decrypt is
+                   printed as \"cannot decrypt\"
   --all            keep printing answer parts until the timeout, instead of
                    exiting after the first answer
   --timeout S      seconds to wait for answers (default 120)
@@ -45,7 +49,14 @@ the prompt could not be posted, 2 bad usage
 ";
 
 const SPEC: Spec = Spec {
-    valued: &["--url", "--session", "--token", "--ca", "--timeout"],
+    valued: &[
+        "--url",
+        "--session",
+        "--token",
+        "--ca",
+        "--timeout",
+        "--e2e-key",
+    ],
     switches: &["--all"],
     interleaved: true,
 };
@@ -56,6 +67,8 @@ struct Options {
     text: String,
     all: bool,
     timeout: Duration,
+    /// End-to-end encryption, when a key is given.
+    key: Option<e2e::Key>,
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
@@ -64,6 +77,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
     let token = super::token_of(parsed, env, "RELAY_CLIENT_TOKEN")?;
     let session = super::session_of(parsed)?;
     let timeout = super::seconds_of(parsed, "--timeout", DEFAULT_TIMEOUT)?;
+    let key = super::e2e_key_of(parsed, env)?;
     let text = match parsed.rest.as_slice() {
         [] => return Err("TEXT is required".into()),
         [dash] if dash == "-" => {
@@ -76,8 +90,13 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         }
         words => words.join(" "),
     };
-    if text.len() > MAX_TEXT_BYTES {
-        return Err(format!("the prompt exceeds {MAX_TEXT_BYTES} bytes"));
+    let max = if key.is_some() {
+        e2e::MAX_CLEAR_BYTES
+    } else {
+        MAX_TEXT_BYTES
+    };
+    if text.len() > max {
+        return Err(format!("the prompt exceeds {max} bytes"));
     }
     Ok(Options {
         client: Client::new(url, token, tls),
@@ -85,6 +104,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         text,
         all: parsed.switch("--all"),
         timeout,
+        key,
     })
 }
 
@@ -127,7 +147,13 @@ fn run(opts: &mut Options) -> Result<usize, String> {
     post(opts, &client_msg_id)?;
     let mut printed = 0;
     let result = loop {
-        match next_answer(&mut ws, &client_msg_id, deadline) {
+        match next_answer(
+            &mut ws,
+            &opts.session,
+            &client_msg_id,
+            opts.key.as_ref(),
+            deadline,
+        ) {
             Ok(Some(text)) => {
                 let mut out = std::io::stdout().lock();
                 writeln!(out, "{text}")
@@ -184,11 +210,19 @@ fn subscribe(opts: &Options) -> Result<WebSocket<Stream>, String> {
 }
 
 fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
-    let body = json!({
+    let mut body = json!({
         "session_id": opts.session,
         "client_msg_id": client_msg_id,
         "prompt": opts.text,
     });
+    if let Some(key) = &opts.key {
+        let message = e2e::Message::Prompt {
+            session: &opts.session,
+            client_msg_id,
+        };
+        body["prompt"] = key.seal(&opts.text, message)?.into();
+        body["metadata"] = json!({"e2e": 1});
+    }
     let resp = opts
         .client
         .request(
@@ -220,7 +254,9 @@ fn token_hint(status: u16) -> &'static str {
 /// The text of the next answer to `client_msg_id`, `None` at the deadline.
 fn next_answer(
     ws: &mut WebSocket<Stream>,
+    session: &str,
     client_msg_id: &str,
+    key: Option<&e2e::Key>,
     deadline: Instant,
 ) -> Result<Option<String>, String> {
     loop {
@@ -236,7 +272,7 @@ fn next_answer(
             .map_err(|e| e.to_string())?;
         match ws.read() {
             Ok(Message::Text(frame)) => {
-                if let Some(text) = answer_text(frame.as_str(), client_msg_id) {
+                if let Some(text) = answer_text(frame.as_str(), session, client_msg_id, key) {
                     return Ok(Some(text));
                 }
             }
@@ -254,15 +290,33 @@ fn next_answer(
     }
 }
 
-/// The text of a `{"type":"message"}` frame answering `client_msg_id`.
-fn answer_text(frame: &str, client_msg_id: &str) -> Option<String> {
+/// The text of a `{"type":"message"}` frame answering `client_msg_id`,
+/// decrypted with `key` when there is one ("cannot decrypt" when it does
+/// not open: never the ciphertext).
+fn answer_text(
+    frame: &str,
+    session: &str,
+    client_msg_id: &str,
+    key: Option<&e2e::Key>,
+) -> Option<String> {
     let v: Value = serde_json::from_str(frame).ok()?;
     let data = &v["data"];
-    if v["type"] == "message" && data["client_msg_id"] == client_msg_id {
-        data["text"].as_str().map(str::to_string)
-    } else {
-        None
+    if v["type"] != "message" || data["client_msg_id"] != client_msg_id {
+        return None;
     }
+    let text = data["text"].as_str()?;
+    let Some(key) = key else {
+        return Some(text.to_string());
+    };
+    let message = e2e::Message::Answer {
+        session,
+        client_msg_id,
+        assistant_msg_id: data["assistant_msg_id"].as_str().unwrap_or(""),
+    };
+    Some(
+        key.open(text, message)
+            .unwrap_or_else(|| "cannot decrypt".to_string()),
+    )
 }
 
 #[cfg(test)]
@@ -274,9 +328,26 @@ mod tests {
         let frame = |cid: &str| {
             json!({"type":"message","data":{"client_msg_id":cid,"text":"hi","seq":2}}).to_string()
         };
-        assert_eq!(answer_text(&frame("m1"), "m1").as_deref(), Some("hi"));
-        assert_eq!(answer_text(&frame("m2"), "m1"), None);
-        assert_eq!(answer_text(r#"{"type":"ping","ts":1}"#, "m1"), None);
-        assert_eq!(answer_text("not json", "m1"), None);
+        let text = |f: &str, cid: &str| answer_text(f, "s", cid, None);
+        assert_eq!(text(&frame("m1"), "m1").as_deref(), Some("hi"));
+        assert_eq!(text(&frame("m2"), "m1"), None);
+        assert_eq!(text(r#"{"type":"ping","ts":1}"#, "m1"), None);
+        assert_eq!(text("not json", "m1"), None);
+    }
+
+    #[test]
+    fn encrypted_answers_are_decrypted_or_said_to_fail() {
+        let key = e2e::Key::parse(&e2e::new_key().unwrap()).unwrap();
+        let answer = |sid| e2e::Message::Answer {
+            session: sid,
+            client_msg_id: "m1",
+            assistant_msg_id: "a1",
+        };
+        let sealed = key.seal("secret answer", answer("s")).unwrap();
+        let frame = json!({"type":"message","data":{"client_msg_id":"m1","assistant_msg_id":"a1","text":sealed}})
+            .to_string();
+        let open = |sid| answer_text(&frame, sid, "m1", Some(&key));
+        assert_eq!(open("s").as_deref(), Some("secret answer"));
+        assert_eq!(open("other").as_deref(), Some("cannot decrypt"));
     }
 }

@@ -216,7 +216,7 @@ pub fn is_server(text: &str) -> bool {
     }
     !matches!(
         words.next(),
-        Some("agent" | "send" | "health" | "token" | "-h" | "--help" | "-V" | "--version")
+        Some("agent" | "send" | "health" | "token" | "key" | "-h" | "--help" | "-V" | "--version")
     )
 }
 
