@@ -185,8 +185,10 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 /// One `POST` on a new connection (`Connection: close`): the status and
 /// the JSON body, or `None` when the connection fails first.
 fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
-    let mut conn = TcpStream::connect(addr).ok()?;
+    let conn = TcpStream::connect(addr).ok()?;
     conn.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    // Over TLS too, in the suite's TLS run.
+    let mut conn = common::Stream::try_over(conn).ok()?;
     let body = serde_json::to_vec(body).ok()?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
