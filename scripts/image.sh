@@ -18,12 +18,18 @@
 #   MAX_IMAGE_BYTES fail when an image is larger, uncompressed (default 3700000:
 #                   the 3.5 MiB the static binary with TLS may take, and its
 #                   few KB of image)
+#   OCI_DIR         also write each image there as an OCI archive,
+#                   relay-<version>-image-<arch>.oci.tar, tagged relay:<version>
+#                   (scripts/release.sh: dist/). The OCI format has no
+#                   HEALTHCHECK field, so these archives carry none.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 IMAGE="${IMAGE:-localhost/relay}"
 MAX_IMAGE_BYTES="${MAX_IMAGE_BYTES:-3700000}"
 BUILDAH=(buildah --storage-driver vfs)
+VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
+OCI_DIR="${OCI_DIR:-}"
 
 musl_target() {
   case "$1" in
@@ -73,7 +79,7 @@ build_image() {
   "${BUILDAH[@]}" build --quiet --isolation chroot --format docker \
     --arch "$arch" --os linux \
     --build-arg RELAY_TARGET="$target" \
-    --build-arg RELAY_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)" \
+    --build-arg RELAY_VERSION="$VERSION" \
     --build-arg RELAY_REVISION="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     --build-arg RELAY_CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
     -f Containerfile -t "$IMAGE:$arch" . >/dev/null
@@ -92,6 +98,13 @@ main() {
     printf '%s:%s  %d bytes (%d KiB), %d bytes compressed (binary %d bytes)\n' \
       "$IMAGE" "$arch" "$raw" $((raw / 1024)) "$packed" \
       "$(stat -c %s "target/$(musl_target "$arch")/release/relay")"
+    if [[ -n "$OCI_DIR" ]]; then
+      local archive="$OCI_DIR/relay-$VERSION-image-$arch.oci.tar"
+      mkdir -p "$OCI_DIR"
+      rm -f "$archive"
+      "${BUILDAH[@]}" push --quiet "$IMAGE:$arch" "oci-archive:$archive:relay:$VERSION" >/dev/null
+      printf '%s  %d bytes\n' "$archive" "$(stat -c %s "$archive")"
+    fi
     if ((raw > MAX_IMAGE_BYTES)); then
       echo "image.sh: $IMAGE:$arch is $raw bytes, over the limit of $MAX_IMAGE_BYTES" >&2
       failed=1
