@@ -88,12 +88,12 @@ smoke_relay() {
   mkdir "$data" "$SMOKE_TMP/redis"
 
   start_relay "$label" "$log"
-  "$ROOT/target/debug/examples/smoke" "$ADDR" | sed "s/^/     $label: /"
+  _smoke_round_trip "$label" "$log" | sed "s/^/     $label: /"
   _smoke_stop "$label" "$log"
   echo "ok   $label: round trip in memory, clean exit after SIGTERM"
 
   start_relay "$label-data" "$log" RELAY_DATA_DIR="$data"
-  "$ROOT/target/debug/examples/smoke" "$ADDR" >/dev/null
+  _smoke_round_trip "$label" "$log" >/dev/null
   _smoke_stop "$label" "$log"
   [[ -s "$data/relay.db" ]] || { echo "$label: no database written in $data" >&2; return 1; }
   echo "ok   $label: round trip with a data directory ($(stat -c %s "$data/relay.db") bytes of database)"
@@ -106,7 +106,7 @@ smoke_relay() {
   start_relay "$label-redis" "$log" RELAY_REDIS_URL="redis://127.0.0.1:$rport"
   for _ in $(seq 1 300); do grep -q '"connected to Redis"' "$log" && break; sleep 0.1; done
   grep -q '"connected to Redis"' "$log" || { cat "$log" >&2; echo "$label: never reached Redis" >&2; return 1; }
-  "$ROOT/target/debug/examples/smoke" "$ADDR" >/dev/null
+  _smoke_round_trip "$label" "$log" >/dev/null
   _smoke_stop "$label" "$log"
   sessions=$(redis-cli -p "$rport" zcard relay:sessions)
   [[ "$sessions" -ge 1 ]] || { echo "$label: no session stored in Redis" >&2; return 1; }
@@ -125,6 +125,12 @@ smoke_relay() {
   _smoke_stop "$label" "$log"
   echo "ok   $label: TLS: relay health over https:// from this binary and from a native one"
   smoke_cleanup
+}
+
+# examples/smoke.rs against the server at ADDR; the server's log on failure.
+_smoke_round_trip() {
+  "$ROOT/target/debug/examples/smoke" "$ADDR" ||
+    { cat "$2" >&2; echo "$1: round trip failed against $ADDR" >&2; return 1; }
 }
 
 # SIGTERM, and the server must exit 0.
