@@ -19,12 +19,12 @@
 # ones under Debian's qemu-user (armv7 with the armhf libc of
 # libc6-armhf-cross): `--version`, then a prompt, its long-poll, the response
 # and its WebSocket message (examples/smoke.rs) in memory, with a data
-# directory and with Redis, and a clean exit on SIGTERM (smoke_relay in
-# scripts/lib.sh).
+# directory and with Redis, and a clean exit on SIGTERM; then TLS, ring's
+# code for the target on both ends (smoke_relay in scripts/lib.sh).
 #
 # Installs what is missing: the rustup targets and PyPI ziglang
 # (scripts/static-toolchain.sh); Debian's qemu-user, libc6-armhf-cross,
-# redis-server and buildah (apt).
+# redis-server, openssl and buildah (apt).
 #
 # Environment:
 #   DIST    output directory (default dist); emptied first
@@ -83,7 +83,7 @@ step "toolchains"
 targets=()
 for r in "${RELEASES[@]}"; do targets+=("${r#* }"); done
 scripts/static-toolchain.sh "${targets[@]}"
-apt_install qemu-user libc6-armhf-cross redis-server binutils
+apt_install qemu-user libc6-armhf-cross redis-server openssl binutils
 echo "ok   rustup targets ${targets[*]}, ziglang, qemu-user, libc6-armhf-cross"
 
 rm -rf "$DIST"
@@ -97,7 +97,7 @@ for r in "${RELEASES[@]}"; do
 done
 
 step "smoke tests"
-cargo build --quiet --locked --example smoke
+cargo build --quiet --locked --example smoke --bin relay
 trap 'stop_relay; smoke_cleanup' EXIT
 for r in "${RELEASES[@]}"; do
   read -r suffix target <<<"$r"
