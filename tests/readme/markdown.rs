@@ -1,10 +1,11 @@
-//! The README's shell blocks, read into commands with their expectations,
+//! The shell blocks of the README and of each page of `docs/src/`, read
+//! into commands with their expectations,
 //! following the conventions described at the top of `tests/readme.rs`.
 
 /// One ```` ```sh ```` block to run.
 #[derive(Debug, Clone)]
 pub struct Block {
-    /// README line of the opening fence.
+    /// Line of the opening fence in its file.
     pub line: usize,
     /// `Some(N)` when the block starts with a `# terminal N` comment.
     pub terminal: Option<u32>,
@@ -16,7 +17,7 @@ pub struct Block {
 /// One command of a block: one line, or several joined by a trailing `\`.
 #[derive(Debug, Clone)]
 pub struct Cmd {
-    /// README line where the command starts.
+    /// Line where the command starts in its file.
     pub line: usize,
     /// The command's lines as written, without a trailing `&`.
     pub text: String,
@@ -49,7 +50,7 @@ pub fn sh_blocks(readme: &str) -> Result<Vec<Block>, String> {
         let start = i;
         let end = (start + 1..lines.len())
             .find(|&j| lines[j].trim_end() == "```")
-            .ok_or(format!("README line {}: unclosed code fence", start + 1))?;
+            .ok_or(format!("line {}: unclosed code fence", start + 1))?;
         i = end + 1;
         let mut words = info.split_whitespace();
         if words.next() != Some("sh") {
@@ -60,7 +61,7 @@ pub fn sh_blocks(readme: &str) -> Result<Vec<Block>, String> {
             Some("skip:") if words.next().is_some() => {}
             Some(other) => {
                 return Err(format!(
-                    "README line {}: the fence says {other:?}: only `sh` or `sh skip: REASON`",
+                    "line {}: the fence says {other:?}: only `sh` or `sh skip: REASON`",
                     start + 1
                 ));
             }
@@ -69,7 +70,7 @@ pub fn sh_blocks(readme: &str) -> Result<Vec<Block>, String> {
     Ok(blocks)
 }
 
-/// Reads one block's lines (`fence` is the README line of its opening fence).
+/// Reads one block's lines (`fence` is the line of its opening fence).
 fn parse_block(fence: usize, body: &[&str]) -> Result<Block, String> {
     let terminal = body.first().and_then(|l| terminal_marker(l));
     let mut commands: Vec<Cmd> = Vec::new();
@@ -86,7 +87,7 @@ fn parse_block(fence: usize, body: &[&str]) -> Result<Block, String> {
                     .last_mut()
                     .filter(|c| after_command && c.expect.is_none());
                 let cmd = last.ok_or(format!(
-                    "README line {at}: `# ->` must follow a command that has none yet"
+                    "line {at}: `# ->` must follow a command that has none yet"
                 ))?;
                 cmd.expect = Some(parse_expect(text));
             }

@@ -125,7 +125,7 @@ impl Shell {
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     return Err(format!(
-                        "no end within {limit:?} (or the README's {WHOLE_LIMIT:?})"
+                        "no end within {limit:?} (or the whole file's {WHOLE_LIMIT:?})"
                     ));
                 }
                 Err(RecvTimeoutError::Disconnected) => {
