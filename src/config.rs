@@ -334,7 +334,7 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
     ),
     (
         "RELAY_REDIS_URL",
-        "Redis shared by several instances, redis[s]://[:password@]host[:port][/db] (default unset)",
+        "Redis shared by several instances, redis[s]://[[user]:password@]host[:port][/db] (default unset)",
         |c, v| {
             c.redis = match v.trim() {
                 "" => None,
