@@ -95,9 +95,10 @@ fi
 # package, and crates.io builds it, which is slow: measured on this 2-core
 # machine, about 3.5 minutes of CPU (9 to 10 minutes of wall time while
 # other builds shared the cores), even without the `serve`/`watch`/`search`
-# features a build does not need. So it is optional: installed only with
-# INSTALL_MDBOOK=1, and .ci/run skips the book when mdbook is missing. The
-# book's links and examples are checked by tests/readme.rs either way.
+# features a build does not need. So it is installed only with
+# INSTALL_MDBOOK=1, which .ci/run sets; a developer who only runs
+# cargo test does not need it (tests/readme.rs checks the book's links and
+# examples without it).
 if [[ "${INSTALL_MDBOOK:-0}" == 1 ]] && ! command -v mdbook >/dev/null 2>&1; then
   echo "install-test-deps: installing mdbook ${MDBOOK_VERSION} (cargo install)" >&2
   quietly cargo install --locked --no-default-features --version "${MDBOOK_VERSION}" mdbook
