@@ -62,6 +62,14 @@ impl Redis {
             dir,
             args: args.iter().map(|s| s.to_string()).collect(),
         };
+        // A port found free may be taken by another test before Redis
+        // binds it: then Redis exits at once, and another port is tried.
+        for _ in 0..3 {
+            if redis.try_run() {
+                return redis;
+            }
+            redis.port = free_port();
+        }
         redis.run();
         redis
     }
@@ -70,6 +78,11 @@ impl Redis {
     /// and returns once it answers `PING` (it answers `-LOADING` while it
     /// reads its append-only file back).
     fn run(&mut self) {
+        assert!(self.try_run(), "redis-server did not start");
+    }
+
+    /// [`run`](Self::run), false if Redis exited or did not answer.
+    fn try_run(&mut self) -> bool {
         let bin = "/usr/bin/redis-server";
         assert!(
             std::path::Path::new(bin).exists(),
@@ -91,9 +104,17 @@ impl Redis {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.pong() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited || Instant::now() >= deadline {
+                self.kill9();
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
+        true
     }
 
     fn pong(&self) -> bool {
