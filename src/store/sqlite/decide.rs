@@ -200,39 +200,27 @@ impl Writer {
     /// caller tries again before the next transaction, or the log would
     /// grow by everything written until the checkpointer's next round.
     pub fn catch_up(&mut self) -> bool {
-        // (busy, frames in the log, frames copied)
-        let copied = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
-            });
-        match copied {
-            Ok((busy, log, done)) => busy == 0 && done >= log,
-            Err(e) => {
-                warn!(error = e.to_string().as_str(); "checkpoint failed");
-                false
-            }
-        }
+        self.wal_checkpoint("PRAGMA wal_checkpoint(PASSIVE)")
     }
 
     /// Copies the log into the database file and syncs it: the interval
     /// flush of `RELAY_SYNC=<seconds>`, and the last act before exit.
     /// True when the whole log was copied and synced.
     pub fn checkpoint(&mut self) -> bool {
+        self.wal_checkpoint("PRAGMA wal_checkpoint(TRUNCATE)")
+    }
+
+    /// Runs one `wal_checkpoint` pragma; true when it copied the whole log
+    /// (nothing held it busy).
+    fn wal_checkpoint(&mut self, pragma: &str) -> bool {
         // (busy, frames in the log, frames copied)
-        let copied = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
-            });
+        let copied = self.conn.query_row(pragma, [], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        });
         match copied {
             Ok((busy, log, done)) => busy == 0 && done >= log,
             Err(e) => {
@@ -483,17 +471,8 @@ impl Ctx<'_> {
             // under the same id is refused. Once only the id is
             // remembered, a resend is all it can be.
             if let Some(row) = p.row() {
-                let stored: Option<Vec<u8>> = self
-                    .tx
-                    .prepare_cached("SELECT data FROM messages WHERE id = ?1")?
-                    .query_row([row], |r| {
-                        Ok(match r.get_ref(0)? {
-                            ValueRef::Text(b) | ValueRef::Blob(b) => b.to_vec(),
-                            _ => Vec::new(),
-                        })
-                    })
-                    .optional()?;
-                let text = stored.as_deref().and_then(prompt_text_of);
+                let stored = stored_row(self.tx, row)?;
+                let text = stored.and_then(|(data, _)| prompt_text_of(&data));
                 if text.is_some_and(|t| t != decode(prompt)) {
                     return Err(ApiError::prompt_conflict().into());
                 }
@@ -569,16 +548,8 @@ impl Ctx<'_> {
             if *prev.client_msg_id == *client_msg_id {
                 // Read back as bytes and checked: a damaged row refuses
                 // this command alone, not the whole transaction.
-                let (stored, seq): (Vec<u8>, i64) = self
-                    .tx
-                    .prepare_cached("SELECT data, seq FROM messages WHERE id = ?1")?
-                    .query_row([prev.row], |r| {
-                        let data = match r.get_ref(0)? {
-                            ValueRef::Text(b) | ValueRef::Blob(b) => b.to_vec(),
-                            _ => Vec::new(),
-                        };
-                        Ok((data, r.get(1)?))
-                    })?;
+                let (stored, seq) =
+                    stored_row(self.tx, prev.row)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
                 if !schema::json_object(&stored) {
                     error!(session_id = sid.as_str(), seq = seq; "stored message damaged; its resend answered 500");
                     return Err(ApiError::stored_message_damaged(seq as u64).into());
@@ -654,4 +625,19 @@ fn stored_text(data: &str) -> String {
         text: String,
     }
     serde_json::from_str::<Text>(data).map_or_else(|_| String::new(), |t| t.text)
+}
+
+/// A stored message's `data` (as bytes, however the row holds it) and its
+/// `seq`, by row id; `None` when the row is gone. Read back only on the
+/// resend paths, where a stored text is compared with the one sent.
+fn stored_row(tx: &Transaction, row: i64) -> rusqlite::Result<Option<(Vec<u8>, i64)>> {
+    tx.prepare_cached("SELECT data, seq FROM messages WHERE id = ?1")?
+        .query_row([row], |r| {
+            let data = match r.get_ref(0)? {
+                ValueRef::Text(b) | ValueRef::Blob(b) => b.to_vec(),
+                _ => Vec::new(),
+            };
+            Ok((data, r.get(1)?))
+        })
+        .optional()
 }
