@@ -247,6 +247,8 @@ fn tokens_come_from_flags_or_the_environment() {
     let sid = unique_session();
     let mut refused = Agent::start(&srv, &sid, &[("RELAY_AGENT_TOKEN", "wrong")], &["cat"]);
     assert_eq!(refused.wait_exit().code(), Some(1));
+    // The process may be gone before its last line is read.
+    refused.wait_for("agent failed", |l| !events(l, "agent failed").is_empty());
     let failure = &refused.events("agent failed")[0];
     assert!(
         failure["error"].as_str().unwrap().contains("401"),
