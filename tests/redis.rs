@@ -13,161 +13,11 @@ use common::*;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-
-/// A `redis-server` of this test alone: its own port and directory, killed
-/// and its directory removed on drop.
-struct Redis {
-    child: Option<Child>,
-    port: u16,
-    dir: PathBuf,
-    args: Vec<String>,
-}
-
-impl Redis {
-    /// No persistence: what the flows need.
-    fn start() -> Redis {
-        Redis::start_with(&["--save", "", "--appendonly", "no"])
-    }
-
-    /// `appendonly yes` with `appendfsync always`: what a deployment that
-    /// must not lose an acknowledged message runs.
-    fn start_durable() -> Redis {
-        Redis::start_with(&[
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ])
-    }
-
-    fn start_with(args: &[&str]) -> Redis {
-        let dir = std::env::temp_dir().join(format!(
-            "relay-redis-{}-{}",
-            std::process::id(),
-            unique_session()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("redis dir");
-        let mut redis = Redis {
-            child: None,
-            port: free_port(),
-            dir,
-            args: args.iter().map(|s| s.to_string()).collect(),
-        };
-        // A port found free may be taken by another test before Redis
-        // binds it: then Redis exits at once, and another port is tried.
-        for _ in 0..3 {
-            if redis.try_run() {
-                return redis;
-            }
-            redis.port = free_port();
-        }
-        redis.run();
-        redis
-    }
-
-    /// Starts (or starts again) the server on the same port and directory,
-    /// and returns once it answers `PING` (it answers `-LOADING` while it
-    /// reads its append-only file back).
-    fn run(&mut self) {
-        assert!(self.try_run(), "redis-server did not start");
-    }
-
-    /// [`run`](Self::run), false if Redis exited or did not answer.
-    fn try_run(&mut self) -> bool {
-        let bin = "/usr/bin/redis-server";
-        assert!(
-            std::path::Path::new(bin).exists(),
-            "{bin} is missing: run scripts/install-test-deps.sh"
-        );
-        let child = Command::new(bin)
-            .arg("--port")
-            .arg(self.port.to_string())
-            .arg("--bind")
-            .arg("127.0.0.1")
-            .arg("--dir")
-            .arg(&self.dir)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.pong() {
-            let exited = self
-                .child
-                .as_mut()
-                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
-            if exited || Instant::now() >= deadline {
-                self.kill9();
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        true
-    }
-
-    fn pong(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        if s.write_all(b"PING\r\n").is_err() {
-            return false;
-        }
-        let mut buf = [0u8; 64];
-        matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// How many times Redis ran `command` (`INFO commandstats`, read by
-    /// `redis-cli`, which comes with `redis-server`).
-    fn commands(&self, command: &str) -> u64 {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string(), "info", "commandstats"])
-            .output()
-            .expect("redis-cli");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let key = format!("cmdstat_{command}:calls=");
-        text.split(&key)
-            .nth(1)
-            .and_then(|r| r.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill9();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").port()
-}
 
 /// A relay instance on `redis`, with a prefix of this test's own.
 fn instance(redis: &Redis, prefix: &str) -> Server {
@@ -928,18 +778,7 @@ fn redis_unreachable_at_start_is_waited_for() {
     );
     assert_error(&resp, 503, "Storage unavailable");
     // Redis comes up on that port: the server connects on its own.
-    let mut redis = Redis {
-        child: None,
-        port,
-        dir: std::env::temp_dir().join(format!("relay-redis-late-{}", std::process::id())),
-        args: vec![
-            "--save".into(),
-            "".into(),
-            "--appendonly".into(),
-            "no".into(),
-        ],
-    };
-    std::fs::create_dir_all(&redis.dir).unwrap();
+    let mut redis = Redis::unstarted(port, &["--save", "", "--appendonly", "no"]);
     redis.run();
     wait_status(&srv, "/readyz", 200);
     let ack = srv.prompt("s", "x", Some("c"));
@@ -997,25 +836,16 @@ fn a_write_redis_holds_past_the_store_timeout_gets_its_own_answer_and_the_next_r
     ]);
     let sid = unique_session();
     srv.prompt(&sid, "p0", Some("p0"));
-    let pid = redis.child.as_ref().expect("redis runs").id().to_string();
-    let signal = |name: &str| {
-        let ok = Command::new("kill")
-            .args([name, &pid])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {name} {pid}");
-    };
-
     // Redis stops with p1's script sent: the write is Redis's to run, so
     // the storage timeout passes and the request goes on waiting.
-    signal("-STOP");
+    redis.signal("STOP");
     let mut conn = srv.conn();
     let p = |id: &str| json!({"session_id": sid, "prompt": id, "client_msg_id": id});
     let body = serde_json::to_vec(&p("p1")).unwrap();
     let json_type = [("Content-Type", "application/json")];
     conn.send("POST", "/prompt", &json_type, Some(&body));
     srv.wait_for_log("beyond its timeout");
-    signal("-CONT");
+    redis.signal("CONT");
     let first = conn.read_response();
     assert_eq!(first.status, 200, "{}", first.text());
     assert_eq!(first.json()["client_msg_id"], "p1");

@@ -20,12 +20,15 @@
 
 mod good;
 mod http;
+mod redis;
 mod tls;
 mod ws;
 
 #[allow(unused_imports)] // only the tests of clients under abuse use it
 pub use good::Good;
 pub use http::{Http, Response};
+#[allow(unused_imports)] // used by the tests that start a Redis of their own
+pub use redis::{Redis, free_port};
 #[allow(unused_imports)] // used by the tests that speak to the socket themselves
 pub use tls::{Stream, files as tls_files, skip_with_tls, tls_mode};
 pub use ws::Ws;
