@@ -9,6 +9,8 @@ use std::time::Duration;
 mod unknown;
 use unknown::unknown_variables;
 
+use crate::relay::{Limits, NEVER};
+
 /// Allowed `Origin`s for CORS and WebSocket upgrades.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Origins {
@@ -84,6 +86,22 @@ pub struct Config {
     pub redis_ca: Option<std::path::PathBuf>,
     /// Signs and checks tokens for one session; set: no role is open.
     pub token_secret: Option<crate::token::Secret>,
+}
+
+impl Config {
+    /// The core's view of the server's settings.
+    pub fn relay_limits(&self) -> Limits {
+        Limits {
+            history_limit: self.history_limit,
+            max_sessions: self.max_sessions,
+            max_pending: self.max_pending,
+            max_waiters: self.max_waiters,
+            max_subscribers: self.max_subscribers,
+            session_ttl_ms: self
+                .session_ttl
+                .map_or(NEVER, |t| u64::try_from(t.as_millis()).unwrap_or(NEVER)),
+        }
+    }
 }
 
 impl Default for Config {
@@ -699,8 +717,8 @@ mod tests {
             run(&[("RELAY_SESSION_TTL", "0")], &[]).unwrap().session_ttl,
             None
         );
-        let limits = crate::relay::Limits::from_config(&run(&[], &["--session-ttl", "0"]).unwrap());
-        assert_eq!(limits.session_ttl_ms, crate::relay::NEVER);
+        let limits = run(&[], &["--session-ttl", "0"]).unwrap().relay_limits();
+        assert_eq!(limits.session_ttl_ms, NEVER);
         let c = run(&[("RELAY_SESSION_TTL", "1.5")], &[]).unwrap();
         assert_eq!(c.session_ttl, Some(Duration::from_millis(1500)));
         let e = run(&[("RELAY_SESSION_TTL", "-1")], &[]).unwrap_err();

@@ -27,8 +27,10 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod histogram;
 pub mod http;
 pub mod keepalive;
 pub mod logging;
@@ -42,3 +44,4 @@ pub mod timer;
 pub mod tls;
 pub mod token;
 pub mod web;
+pub mod wire;

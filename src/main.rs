@@ -116,7 +116,7 @@ fn main() -> ExitCode {
     let opened = match &cfg.data_dir {
         None => None,
         Some(dir) => {
-            let limits = relay::relay::Limits::from_config(&cfg).store();
+            let limits = cfg.relay_limits().store();
             match relay::store::sqlite::open(dir, limits, cfg.sync, relay::time::Millis(0)) {
                 Ok(opened) => Some(opened),
                 Err(e) => {

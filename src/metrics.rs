@@ -8,36 +8,13 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use crate::histogram::{BOUNDS, Histogram};
 use crate::http::Method;
 use crate::relay::{Counts, Stats};
 use crate::store::sqlite::StoreStats;
 
 /// `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Upper bounds of the loop turn histogram, in seconds.
-const TURN_BOUNDS: [f64; 9] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0];
-
-/// A histogram of durations with fixed buckets (100 µs to 1 s).
-#[derive(Clone, Debug, Default)]
-pub struct Histogram {
-    /// Observations at most each bound (not cumulative; rendered cumulative).
-    buckets: [u64; TURN_BOUNDS.len()],
-    count: u64,
-    sum_us: u64,
-}
-
-impl Histogram {
-    /// Records one observation of `us` microseconds.
-    pub fn observe_us(&mut self, us: u64) {
-        let secs = us as f64 / 1e6;
-        if let Some(i) = TURN_BOUNDS.iter().position(|b| secs <= *b) {
-            self.buckets[i] += 1;
-        }
-        self.count += 1;
-        self.sum_us = self.sum_us.saturating_add(us);
-    }
-}
 
 /// What the shell counts.
 #[derive(Clone, Debug, Default)]
@@ -275,13 +252,13 @@ pub fn render(s: &Snapshot) -> Vec<u8> {
 fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
     family(out, name, "histogram", help);
     let mut cumulative = 0;
-    for (bound, n) in TURN_BOUNDS.iter().zip(h.buckets) {
+    for (bound, n) in BOUNDS.iter().zip(h.buckets()) {
         cumulative += n;
         let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
     }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(out, "{name}_sum {}", h.sum_us as f64 / 1e6);
-    let _ = writeln!(out, "{name}_count {}", h.count);
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count());
+    let _ = writeln!(out, "{name}_sum {}", h.sum_us() as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count {}", h.count());
 }
 
 #[cfg(test)]

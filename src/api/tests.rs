@@ -4,7 +4,6 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::relay::Limits;
 
 fn cfg(f: impl FnOnce(&mut Config)) -> Config {
     let mut c = Config::default();
@@ -13,7 +12,7 @@ fn cfg(f: impl FnOnce(&mut Config)) -> Config {
 }
 
 fn relay() -> Relay {
-    Relay::new(Limits::from_config(&Config::default()))
+    Relay::new(Config::default().relay_limits())
 }
 
 fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> RequestHead {

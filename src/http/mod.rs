@@ -8,7 +8,6 @@ pub mod parse;
 pub mod response;
 pub mod route;
 pub mod upgrade;
-pub mod wsframe;
 
 /// Request methods the API knows; anything else is `Other` (405 or 404).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use super::{Framing, Method, RequestHead};
-use crate::relay::ApiError;
+use crate::error::ApiError;
 
 mod chunked;
 mod start;

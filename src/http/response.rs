@@ -3,6 +3,8 @@
 //! extra headers, body.
 //! Returns bytes for the connection's output queue.
 
+use crate::wire::push_decimal;
+
 /// Per-request facts that shape the headers of its answer.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Meta<'a> {
@@ -143,33 +145,6 @@ pub fn switching_protocols(accept_key: &str, relay_v1: bool) -> Vec<u8> {
     }
     out.extend_from_slice(b"\r\n\r\n");
     out
-}
-
-/// The decimal digits of `n`, in `buf`, without `fmt` or an allocation.
-pub(crate) fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    &buf[i..]
-}
-
-/// Appends the decimal digits of `n`.
-pub fn push_decimal(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(digits(n, &mut [0; 20]));
-}
-
-/// Appends the decimal digits of `n` to text.
-pub fn push_decimal_str(out: &mut String, n: u64) {
-    // ASCII digits: always UTF-8.
-    if let Ok(d) = std::str::from_utf8(digits(n, &mut [0; 20])) {
-        out.push_str(d);
-    }
 }
 
 #[cfg(test)]

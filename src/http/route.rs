@@ -3,7 +3,8 @@
 //! `Allow`; an unknown path is 404.
 
 use super::Method;
-use crate::relay::{ApiError, MessagesQuery, PromptsQuery};
+use crate::error::ApiError;
+use crate::store::types::{MessagesQuery, PromptsQuery};
 use crate::store::{Seq, SessionId};
 
 /// Longest long-poll, in milliseconds; longer `timeout`s are clamped.

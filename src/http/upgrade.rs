@@ -8,7 +8,7 @@ use super::RequestHead;
 use super::parse::has_token;
 use super::response::switching_protocols;
 use crate::config::Origins;
-use crate::relay::ApiError;
+use crate::error::ApiError;
 
 /// Checks an upgrade request; `Ok` carries the 101 answer to send.
 pub fn check(head: &RequestHead, origins: &Origins) -> Result<Vec<u8>, ApiError> {

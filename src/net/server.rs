@@ -29,7 +29,7 @@ use super::{http, parked, subscriber, ws};
 use crate::api::Answer;
 use crate::config::Config;
 use crate::keepalive::Action;
-use crate::relay::{ApiError, ConnId, Effect, Limits, Relay};
+use crate::relay::{ApiError, ConnId, Effect, Relay};
 use crate::store::redis::RedisStore;
 use crate::store::sqlite::{Durable, Opened};
 use crate::time::{Clock, Millis};
@@ -121,7 +121,7 @@ impl Server {
         };
         let clock = Clock::new();
         let turn = clock.turn();
-        let limits = Limits::from_config(&cfg);
+        let limits = cfg.relay_limits();
         let mut redis = None;
         let relay = match opened {
             None if cfg.redis.is_some() => {

@@ -12,12 +12,12 @@ use std::rc::Rc;
 use log::debug;
 use serde::Serialize;
 
-use super::model::{self, to_json};
 use super::{ApiError, Effect, Relay, Reply};
 use crate::store::mem::{Applied, MemStore};
 use crate::store::record::{Outcome, Record};
 use crate::store::{Seq, SessionId};
 use crate::time::Millis;
+use crate::wire::{push_json_str, to_json};
 
 impl Relay {
     /// Applies committed records, in order: to the log, then to the parked
@@ -205,7 +205,7 @@ impl Relay {
 fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
     let mut ack = String::with_capacity(64 + assistant_msg_id.len());
     ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
-    model::push_json_str(&mut ack, assistant_msg_id);
+    push_json_str(&mut ack, assistant_msg_id);
     ack.push_str(if delivered {
         ",\"delivered\":true}"
     } else {
@@ -242,7 +242,7 @@ fn put_ack(sid: &str, epoch: &str, created: bool) -> Vec<u8> {
 fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
     let mut ack = String::with_capacity(56 + id.len());
     ack.push_str("{\"stored\":true,\"client_msg_id\":");
-    model::push_json_str(&mut ack, id);
+    push_json_str(&mut ack, id);
     ack.push_str(if duplicate {
         ",\"duplicate\":true}"
     } else {

@@ -17,8 +17,7 @@
 
 mod commit;
 mod durable;
-pub mod error;
-pub mod idmap;
+
 pub mod model;
 pub mod presence;
 mod shared;
@@ -28,7 +27,8 @@ use std::rc::Rc;
 
 use log::{debug, info};
 
-pub use error::ApiError;
+pub use crate::error::ApiError;
+pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
 use model::{NewPrompt, NewResponse};
 pub use presence::{Presence, Waiter};
 
@@ -36,25 +36,6 @@ use crate::store::record::Record;
 use crate::store::sqlite::Durable;
 use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
-
-/// A connection's identity: slab key plus a generation, so a stale reference
-/// to a reused slot never reaches the next connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ConnId {
-    pub key: u32,
-    pub generation: u32,
-}
-
-/// One request's claim on the result of its write: the connection it came
-/// on and a number no other request shares. A result reaches the
-/// connection only while it still waits under the same number, so a result
-/// that comes after its request was answered (a storage timeout, a
-/// shutdown) never becomes the answer to the next request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Ticket {
-    pub conn: ConnId,
-    pub n: u64,
-}
 
 /// The next ticket, remembered as the one issued (borrows only what it
 /// needs, so a caller holding an engine can issue one).
@@ -133,20 +114,6 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The core's view of the server's settings.
-    pub fn from_config(cfg: &crate::config::Config) -> Limits {
-        Limits {
-            history_limit: cfg.history_limit,
-            max_sessions: cfg.max_sessions,
-            max_pending: cfg.max_pending,
-            max_waiters: cfg.max_waiters,
-            max_subscribers: cfg.max_subscribers,
-            session_ttl_ms: cfg
-                .session_ttl
-                .map_or(NEVER, |t| u64::try_from(t.as_millis()).unwrap_or(NEVER)),
-        }
-    }
-
     /// The store's part of the limits.
     pub fn store(&self) -> StoreLimits {
         StoreLimits {
@@ -155,23 +122,6 @@ impl Limits {
             max_pending: self.max_pending,
         }
     }
-}
-
-/// `GET /prompts` parameters, already validated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PromptsQuery {
-    pub timeout_ms: u64,
-    pub wait: bool,
-    pub after: Option<Seq>,
-}
-
-/// `GET /messages` parameters, already validated and clamped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MessagesQuery {
-    pub limit: usize,
-    pub offset: usize,
-    pub since: Option<u64>,
-    pub after: Option<Seq>,
 }
 
 /// What `GET /prompts` does now.

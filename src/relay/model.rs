@@ -4,56 +4,23 @@
 //! `data` object, so replays, fetches and history concatenate bytes instead of
 //! serializing again.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::error::ApiError;
+use crate::error::ApiError;
 use crate::store::SessionId;
+pub use crate::store::types::{MAX_SESSION_ID, NewPrompt, NewResponse, valid_session_id};
 use crate::time::UnixMillis;
+use crate::wire::Raw;
 
 mod metadata_check;
 mod scan;
 pub use metadata_check::MAX_METADATA_DEPTH;
 
-/// A field's raw JSON literal, borrowed from the body: valid JSON already,
-/// as serde_json's `RawValue` would hold it (or [`scan`] found it).
-#[derive(Clone, Copy)]
-pub struct Raw<'a> {
-    lit: &'a str,
-    /// Known to hold no backslash (the scan saw every byte), so no escape
-    /// needs looking for; false when unknown.
-    plain: bool,
-}
-
-impl<'a> Raw<'a> {
-    pub fn get(&self) -> &'a str {
-        self.lit
-    }
-}
-
-/// The literal alone: how it was found does not show.
-impl std::fmt::Debug for Raw<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Raw").field(&self.lit).finish()
-    }
-}
-
 /// Largest `prompt` or `text`, in bytes.
 pub const MAX_TEXT_BYTES: usize = 128 * 1024;
 /// Largest `client_msg_id` or `assistant_msg_id`, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
-/// Longest `session_id`.
-pub const MAX_SESSION_ID: usize = 128;
-
-/// Whether `sid` is 1 to 128 URL-unreserved characters.
-pub fn valid_session_id(sid: &str) -> bool {
-    !sid.is_empty()
-        && sid.len() <= MAX_SESSION_ID
-        && sid
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
-}
-
 #[derive(Deserialize)]
 struct RawPrompt<'a> {
     #[serde(borrow)]
@@ -82,31 +49,6 @@ struct RawResponse<'a> {
     metadata: Option<&'a RawValue>,
     #[serde(borrow)]
     ts: Option<&'a RawValue>,
-}
-
-/// A validated `POST /prompt` body. Text fields stay raw JSON literals
-/// borrowed from the body: they are valid JSON already, so the stored
-/// message is assembled from them without decoding and re-escaping.
-#[derive(Debug)]
-pub struct NewPrompt<'a> {
-    pub session_id: SessionId,
-    /// The `prompt` string literal, quotes and escapes included.
-    pub prompt: Raw<'a>,
-    pub client_msg_id: Option<(String, Raw<'a>)>,
-    pub metadata: Option<Raw<'a>>,
-    pub ts: Option<UnixMillis>,
-}
-
-/// A validated `POST /response` body, raw like [`NewPrompt`].
-#[derive(Debug)]
-pub struct NewResponse<'a> {
-    pub session_id: SessionId,
-    pub client_msg_id: String,
-    /// The `text` string literal, quotes and escapes included.
-    pub text: Raw<'a>,
-    pub assistant_msg_id: Option<(String, Raw<'a>)>,
-    pub metadata: Option<Raw<'a>>,
-    pub ts: Option<UnixMillis>,
 }
 
 /// The fields of `keys` found by the one-pass scan ([`scan::fields`]) in
@@ -218,11 +160,6 @@ fn text<'a>(raw: Raw<'a>, name: &str) -> Result<Raw<'a>, ApiError> {
         return Err(ApiError::too_large_field());
     }
     Ok(raw)
-}
-
-/// Decodes a raw string literal (the rare paths: conflict checks).
-pub fn decode(raw: &str) -> String {
-    serde_json::from_str::<String>(raw).unwrap_or_default()
 }
 
 fn message_id<'a>(raw: Option<Raw<'a>>, name: &str) -> Result<Option<(String, Raw<'a>)>, ApiError> {
@@ -347,28 +284,6 @@ impl<'a> NewResponse<'a> {
             ts: ts(at)?,
         })
     }
-}
-
-/// Appends `s` as a JSON string literal.
-pub fn push_json_str(out: &mut String, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push('"');
-        out.push_str(s);
-        out.push('"');
-    } else {
-        out.push_str(&serde_json::to_string(s).unwrap_or_default());
-    }
-}
-
-/// Appends a decimal integer.
-pub fn push_u64(out: &mut String, n: u64) {
-    use std::fmt::Write;
-    let _ = write!(out, "{n}");
-}
-
-/// Serializes a value that cannot fail to serialize (no maps with non-string keys).
-pub fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
-    serde_json::to_vec(value).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -17,11 +17,12 @@ use std::rc::Rc;
 use super::message::{Kind, Message};
 use super::pending::{Pending, grow_early};
 use super::types::Seq;
-use crate::http::wsframe;
-use crate::relay::idmap::IdMap;
-use crate::relay::model::to_json;
-use crate::relay::{ApiError, MessagesQuery};
+use crate::error::ApiError;
+use crate::store::idmap::IdMap;
+use crate::store::types::MessagesQuery;
 use crate::time::Millis;
+use crate::wire::to_json;
+use crate::wire::wsframe;
 
 /// Largest `/messages` page or `GET /prompts` answer body: with 128 KiB
 /// messages a full page of 1000 would be 128 MiB held for one answer.

@@ -18,10 +18,11 @@ use uuid::Builder;
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
 use super::record::{Outcome, Record};
+use super::types::{MessagesQuery, NewPrompt, NewResponse};
 use super::types::{Seq, SessionId};
-use crate::relay::model::{self, NewPrompt, NewResponse};
-use crate::relay::{ApiError, MessagesQuery};
+use crate::error::ApiError;
 use crate::time::{Millis, UnixMillis};
+use crate::wire::{Raw, decode, push_json_str};
 
 /// The limits the engine enforces.
 #[derive(Clone, Copy, Debug)]
@@ -144,7 +145,7 @@ impl MemStore {
                     // told of. Once only the id is remembered, a resend is
                     // all it can be.
                     if s.prompt_text(&id)
-                        .is_some_and(|t| t != model::decode(p.prompt.get()))
+                        .is_some_and(|t| t != decode(p.prompt.get()))
                     {
                         return Err(ApiError::prompt_conflict());
                     }
@@ -214,8 +215,7 @@ impl MemStore {
         if given && let Some(prev) = s.response(&id) {
             // A resend repeats the prompt and the text (compared decoded, so
             // a different escaping of the same text is the same text).
-            if *prev.client_msg_id == *r.client_msg_id && prev.text() == model::decode(r.text.get())
-            {
+            if *prev.client_msg_id == *r.client_msg_id && prev.text() == decode(r.text.get()) {
                 return Ok(Outcome::Response {
                     id,
                     duplicate: true,
@@ -470,16 +470,13 @@ impl Default for IdGen {
 
 /// A message id as the client sent it, with its JSON literal spelled as
 /// sent, or else a new UUID and its literal.
-fn id_and_literal<'a>(
-    given: Option<(String, model::Raw<'a>)>,
-    ids: &mut IdGen,
-) -> (String, Cow<'a, str>) {
+fn id_and_literal<'a>(given: Option<(String, Raw<'a>)>, ids: &mut IdGen) -> (String, Cow<'a, str>) {
     match given {
         Some((id, raw)) => (id, Cow::Borrowed(raw.get())),
         None => {
             let uuid = ids.uuid();
             let mut lit = String::with_capacity(uuid.len() + 2);
-            model::push_json_str(&mut lit, &uuid);
+            push_json_str(&mut lit, &uuid);
             (uuid, Cow::Owned(lit))
         }
     }

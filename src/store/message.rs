@@ -7,10 +7,8 @@
 use std::rc::Rc;
 
 use super::types::Seq;
-use crate::http::response::push_decimal_str;
-use crate::http::wsframe;
-use crate::relay::model::push_json_str;
 use crate::time::UnixMillis;
+use crate::wire::{push_decimal_str, push_json_str, wsframe};
 
 /// Which kind of message a history entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use std::rc::Rc;
 
 use super::message::Message;
 use super::types::Seq;
-use crate::relay::idmap::growth_point;
+use crate::store::idmap::growth_point;
 
 /// Holes tolerated inside the deque before it is squeezed, whatever the
 /// number of prompts: a small set is not rewritten for every answer.

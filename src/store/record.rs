@@ -10,7 +10,8 @@
 
 use super::message::Framed;
 use super::types::{Seq, SessionId};
-use crate::relay::{ApiError, Ticket};
+use crate::error::ApiError;
+use crate::store::types::Ticket;
 
 /// A write for the storage thread, for the request holding `ticket`.
 #[derive(Debug)]

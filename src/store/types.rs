@@ -1,12 +1,15 @@
 //! The keys of the log: [`SessionId`], which session, and [`Seq`], a
-//! message's place in its session's history.
+//! message's place in its session's history; the validated bodies of the
+//! writes and the queries of the reads; the [`Ticket`] a write carries
+//! back to the request that asked.
 
 use std::borrow::Borrow;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use crate::relay::model::valid_session_id;
+use crate::time::UnixMillis;
+use crate::wire::Raw;
 
 /// A session id that passed the contract's rule (1 to 128 characters from
 /// `A-Z a-z 0-9 . _ ~ -`, see [`valid_session_id`]): the one way the server
@@ -123,4 +126,77 @@ mod tests {
         assert_eq!(m.get("s"), Some(&1));
         assert_eq!(format!("{sid} {sid:?}"), "s \"s\"");
     }
+}
+
+/// Longest `session_id`.
+pub const MAX_SESSION_ID: usize = 128;
+
+/// Whether `sid` is 1 to 128 URL-unreserved characters.
+pub fn valid_session_id(sid: &str) -> bool {
+    !sid.is_empty()
+        && sid.len() <= MAX_SESSION_ID
+        && sid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
+}
+
+/// A validated `POST /prompt` body. Text fields stay raw JSON literals
+/// borrowed from the body: they are valid JSON already, so the stored
+/// message is assembled from them without decoding and re-escaping.
+#[derive(Debug)]
+pub struct NewPrompt<'a> {
+    pub session_id: SessionId,
+    /// The `prompt` string literal, quotes and escapes included.
+    pub prompt: Raw<'a>,
+    pub client_msg_id: Option<(String, Raw<'a>)>,
+    pub metadata: Option<Raw<'a>>,
+    pub ts: Option<UnixMillis>,
+}
+
+/// A validated `POST /response` body, raw like [`NewPrompt`].
+#[derive(Debug)]
+pub struct NewResponse<'a> {
+    pub session_id: SessionId,
+    pub client_msg_id: String,
+    /// The `text` string literal, quotes and escapes included.
+    pub text: Raw<'a>,
+    pub assistant_msg_id: Option<(String, Raw<'a>)>,
+    pub metadata: Option<Raw<'a>>,
+    pub ts: Option<UnixMillis>,
+}
+
+/// A connection's identity: slab key plus a generation, so a stale reference
+/// to a reused slot never reaches the next connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnId {
+    pub key: u32,
+    pub generation: u32,
+}
+
+/// One request's claim on the result of its write: the connection it came
+/// on and a number no other request shares. A result reaches the
+/// connection only while it still waits under the same number, so a result
+/// that comes after its request was answered (a storage timeout, a
+/// shutdown) never becomes the answer to the next request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket {
+    pub conn: ConnId,
+    pub n: u64,
+}
+
+/// `GET /prompts` parameters, already validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptsQuery {
+    pub timeout_ms: u64,
+    pub wait: bool,
+    pub after: Option<Seq>,
+}
+
+/// `GET /messages` parameters, already validated and clamped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MessagesQuery {
+    pub limit: usize,
+    pub offset: usize,
+    pub since: Option<u64>,
+    pub after: Option<Seq>,
 }

@@ -18,7 +18,7 @@
 //! chunked request costs at most about twice what a `Content-Length`
 //! request of the body cap costs.
 
-use crate::relay::ApiError;
+use crate::error::ApiError;
 
 use super::MAX_HEAD_BYTES;
 

@@ -13,7 +13,7 @@
 //! scan only looks for quotes, backslashes and control characters, eight
 //! bytes at a time.
 
-use super::Raw;
+use crate::wire::Raw;
 
 /// The raw literal of each key of `keys` in the object `text`, by the
 /// key's index (`None` for a key absent or `null`), or `None` to leave the

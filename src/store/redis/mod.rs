@@ -62,10 +62,10 @@ use super::mem::{IdGen, StoreLimits};
 use super::record::Outcome;
 use super::sqlite::StoreStats;
 use super::types::{Seq, SessionId};
-use crate::http::response::{digits, push_decimal};
-use crate::relay::model::push_json_str;
-use crate::relay::{ApiError, Ticket};
+use crate::error::ApiError;
+use crate::store::types::Ticket;
 use crate::time::Millis;
+use crate::wire::{digits, push_decimal, push_json_str};
 use health::Health;
 
 // The engine's larger functions are marked `#[inline(never)]`: each runs

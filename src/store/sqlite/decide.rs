@@ -16,13 +16,13 @@ use super::generation::GenFile;
 use super::mirror::{self, At, Mirror};
 use super::schema;
 
-use crate::relay::ApiError;
-use crate::relay::model::{decode, push_json_str};
+use crate::error::ApiError;
 use crate::store::log::prompt_text_of;
 use crate::store::mem::{IdGen, StoreLimits};
 use crate::store::message::Parts;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::store::types::{Seq, SessionId};
+use crate::wire::{decode, push_json_str};
 
 /// A command's refusal (an API error, nothing written) or a database
 /// failure (the whole transaction rolls back).

@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use crate::relay::idmap::{IdMap, KeyHash};
+use crate::store::idmap::{IdMap, KeyHash};
 use crate::store::message::Kind;
 
 /// A retained message: its `seq`, its row, and its own id (a prompt's

@@ -35,7 +35,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::mem::{MemStore, StoreLimits};
 use super::record::{Command, Done};
-use crate::relay::ApiError;
+use crate::error::ApiError;
 use crate::time::Millis;
 
 pub use decide::Writer;
@@ -535,7 +535,7 @@ pub struct StoreStats {
     pub commits: u64,
     pub commands: u64,
     pub errors: u64,
-    pub commit_time: crate::metrics::Histogram,
+    pub commit_time: crate::histogram::Histogram,
 }
 
 /// Commands taken into one transaction at most.
