@@ -46,7 +46,10 @@
 //! [`RedisStore::take_output`] gives. Replies are decoded with
 //! `redis-protocol`; commands are RESP arrays of bulk strings.
 
+mod codec;
+mod follow;
 mod health;
+mod reply;
 mod url;
 
 use std::collections::{HashMap, VecDeque};
@@ -56,17 +59,23 @@ use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
 
 pub use health::{Trouble, note};
+pub use reply::{Event, Head, Msg, Snapshot};
 pub use url::RedisUrl;
 
 use super::mem::{IdGen, StoreLimits};
 use super::record::Outcome;
 use super::sqlite::StoreStats;
-use super::types::{Seq, SessionId};
+use super::types::SessionId;
 use crate::error::ApiError;
 use crate::store::types::Ticket;
 use crate::time::Millis;
-use crate::wire::{digits, push_decimal, push_json_str};
+use crate::wire::push_json_str;
+use codec::{
+    Common, push_array, push_bulk, push_channel_command, push_command, push_common, push_number,
+};
+use follow::Follow;
 use health::Health;
+use reply::{bytes_of, parse_event, parse_snapshot};
 
 // The engine's larger functions are marked `#[inline(never)]`: each runs
 // once per request or reply, and inlined into the poll loop they cost the
@@ -92,67 +101,6 @@ pub enum Link {
     Command,
     /// `SUBSCRIBE` to the channel of changes.
     Events,
-}
-
-/// A session as Redis holds it after a call: what the caller's copy lacks.
-#[derive(Debug)]
-pub struct Snapshot {
-    pub sid: SessionId,
-    /// `None`: the session does not exist.
-    pub head: Option<Head>,
-    /// Oldest first: the whole session when `head.full`, else what
-    /// follows the `seq` the caller holds.
-    pub msgs: Vec<Msg>,
-}
-
-/// A session's counters.
-#[derive(Debug)]
-pub struct Head {
-    pub epoch: String,
-    pub next: Seq,
-    pub last_assistant: Seq,
-    pub dropped_assistant: Seq,
-    pub full: bool,
-}
-
-/// A stored message.
-#[derive(Debug)]
-pub struct Msg {
-    pub seq: Seq,
-    pub prompt: bool,
-    pub client_msg_id: String,
-    pub assistant_msg_id: String,
-    pub ts: u64,
-    pub data: String,
-}
-
-/// A change another instance (or this one) published.
-#[derive(Debug)]
-pub enum Event {
-    Created {
-        sid: SessionId,
-        epoch: String,
-    },
-    Message {
-        sid: SessionId,
-        epoch: String,
-        msg: Msg,
-    },
-    Deleted {
-        sid: SessionId,
-        epoch: String,
-    },
-    /// The session's channel is listened to (first, or again after a
-    /// loss): what was published before is unknown, so the session is
-    /// read again.
-    Listening {
-        sid: SessionId,
-    },
-    /// Redis refused a write of the session: the copy is read again, so
-    /// that it holds nothing Redis does not.
-    Refused {
-        sid: SessionId,
-    },
 }
 
 /// What to do for the requester once the copy is up to date.
@@ -204,30 +152,6 @@ struct Gathered {
     ts: u64,
     known_epoch: String,
     known_next: u64,
-}
-
-/// The arguments every script call starts with (see `push_common`).
-struct Common<'a> {
-    unix_ms: u64,
-    limits: &'a StoreLimits,
-    prefix: &'a [u8],
-    op: &'a [u8],
-    sid: &'a [u8],
-    known: Known<'a>,
-    /// The epoch of a session the call may create.
-    epoch: &'a [u8],
-    /// The session's channel, in parts.
-    channel: &'a [&'a [u8]],
-}
-
-/// What this instance does about one session's channel.
-#[derive(Debug, Default)]
-struct Follow {
-    /// `Some` while listened to: true once Redis confirmed it.
-    listen: Option<bool>,
-    /// Reads of the session the relay asked for on its own (a gap, a new
-    /// subscription) not yet applied: the copy may lag the channel.
-    resyncs: u32,
 }
 
 /// Prompts one script call carries at most: Redis runs nothing else
@@ -1022,95 +946,6 @@ impl RedisStore {
         );
     }
 
-    /// This instance has subscribers of `sid` until `until_ms` (unix ms;
-    /// 0: no longer): answers stored elsewhere then say `delivered`.
-    pub fn watch(&mut self, sid: &str, until_ms: u64) {
-        if !self.cmd.up {
-            return;
-        }
-        let until = until_ms.to_string();
-        let instance = self.instance.clone();
-        let extra: [&[u8]; 2] = [instance.as_bytes(), until.as_bytes()];
-        self.call(sid, "watch", Known::default(), &extra, Expect::Quiet);
-    }
-
-    fn sid_of_channel(&self, channel: &[u8]) -> Option<SessionId> {
-        let rest = channel.strip_prefix(self.prefix.as_bytes())?;
-        SessionId::new(std::str::from_utf8(rest.strip_prefix(b"e:")?).ok()?)
-    }
-
-    /// Someone waits on `sid` here: its channel is listened to, and once
-    /// Redis confirms that, [`Event::Listening`] asks for a read.
-    pub fn listen(&mut self, sid: &SessionId) {
-        let f = self.follow.entry(sid.clone()).or_default();
-        if f.listen.is_some() {
-            return;
-        }
-        f.listen = Some(false);
-        self.listened += 1;
-        if self.ev.up {
-            push_channel_command(&mut self.ev.out, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
-        }
-    }
-
-    /// Whether the copy of `sid` holds everything published on its
-    /// channel that this instance has read: the channel is listened to
-    /// (confirmed) and no read of the session the relay asked for on its
-    /// own (after a gap) is outstanding.
-    pub fn follows(&self, sid: &str) -> bool {
-        self.ev.ready
-            && self
-                .follow
-                .get(sid)
-                .is_some_and(|f| f.listen == Some(true) && f.resyncs == 0)
-    }
-
-    /// A read of a session that [`follows`](Self::follows) its channel:
-    /// it runs again once Redis answers the turn's `PING`.
-    pub fn barrier(&mut self, conn: Ticket, sid: &SessionId) {
-        self.barrier_next.push((conn, sid.clone()));
-    }
-
-    /// Whether a read of `sid` the relay asked for on its own is on its
-    /// way (another would tell nothing new).
-    pub fn resyncing(&self, sid: &str) -> bool {
-        self.follow.get(sid).is_some_and(|f| f.resyncs > 0)
-    }
-
-    /// The relay applied the answer to one of its own reads of `sid`.
-    pub fn resynced(&mut self, sid: &SessionId) {
-        if let Some(f) = self.follow.get_mut(sid) {
-            f.resyncs = f.resyncs.saturating_sub(1);
-            if f.resyncs == 0 && f.listen.is_none() {
-                self.follow.remove(sid);
-            }
-        }
-    }
-
-    /// How many channels are listened to (or asked for).
-    pub fn listened(&self) -> usize {
-        self.listened
-    }
-
-    /// Stops listening to the channels of the sessions nobody waits on
-    /// here any more.
-    pub fn unlisten_unless(&mut self, waited_on: &dyn Fn(&str) -> bool) {
-        let (up, prefix, out) = (self.ev.up, self.prefix.as_bytes(), &mut self.ev.out);
-        let mut dropped = 0;
-        self.follow.retain(|sid, f| {
-            if f.listen.is_none() || waited_on(sid) {
-                return true;
-            }
-            f.listen = None;
-            dropped += 1;
-            if up {
-                push_channel_command(out, b"UNSUBSCRIBE", prefix, sid);
-            }
-            f.resyncs > 0
-        });
-        self.listened -= dropped;
-    }
-
     /// The client's id and its literal, or a new UUID and its literal.
     pub fn id_and_literal(&mut self, given: Option<&(String, String)>) -> (String, String) {
         match given {
@@ -1122,203 +957,5 @@ impl RedisStore {
                 (uuid, lit)
             }
         }
-    }
-}
-
-/// Appends one command: a RESP array of bulk strings.
-fn push_command(out: &mut Vec<u8>, args: &[&[u8]]) {
-    push_array(out, args.len());
-    for a in args {
-        push_bulk(out, &[a]);
-    }
-}
-
-/// The script's arguments 1 to 11, which every call sends in this order
-/// (`relay.lua` reads them by position).
-fn push_common(out: &mut Vec<u8>, c: Common) {
-    push_bulk(out, &[c.op]);
-    push_bulk(out, &[c.sid]);
-    push_number(out, c.unix_ms);
-    push_bulk(out, &[c.known.epoch.as_bytes()]);
-    push_number(out, c.known.next);
-    push_number(out, c.limits.history_limit as u64);
-    push_number(out, c.limits.max_sessions as u64);
-    push_number(out, c.limits.max_pending as u64);
-    push_bulk(out, &[c.epoch]);
-    push_bulk(out, c.channel);
-    push_bulk(out, &[c.prefix]);
-}
-
-/// `SUBSCRIBE` or `UNSUBSCRIBE` of the channel a session's changes are
-/// published on (`<prefix>e:<sid>`).
-fn push_channel_command(out: &mut Vec<u8>, command: &[u8], prefix: &[u8], sid: &str) {
-    push_array(out, 2);
-    push_bulk(out, &[command]);
-    push_bulk(out, &[prefix, b"e:", sid.as_bytes()]);
-}
-
-/// `*<n>\r\n`: an array of `n` elements follows.
-fn push_array(out: &mut Vec<u8>, n: usize) {
-    out.push(b'*');
-    push_decimal(out, n as u64);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// One bulk string: the concatenation of `parts`.
-fn push_bulk(out: &mut Vec<u8>, parts: &[&[u8]]) {
-    out.push(b'$');
-    push_decimal(out, parts.iter().map(|p| p.len() as u64).sum());
-    out.extend_from_slice(b"\r\n");
-    for p in parts {
-        out.extend_from_slice(p);
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
-/// A number as a bulk string.
-fn push_number(out: &mut Vec<u8>, n: u64) {
-    push_bulk(out, &[digits(n, &mut [0; 20])]);
-}
-
-fn bytes_of(f: &OwnedFrame) -> &[u8] {
-    match f {
-        OwnedFrame::BulkString(b) | OwnedFrame::SimpleString(b) => b,
-        _ => b"",
-    }
-}
-
-fn text_of(f: &OwnedFrame) -> Result<std::borrow::Cow<'_, str>, String> {
-    if let OwnedFrame::Integer(i) = f {
-        return Ok(i.to_string().into());
-    }
-    std::str::from_utf8(bytes_of(f))
-        .map(Into::into)
-        .map_err(|_| "reply is not UTF-8".to_string())
-}
-
-/// The script's answer: `(status, extra)` and the session; the store's
-/// generation, when the answer carries it (a whole session, or none),
-/// goes to `health`.
-#[inline(never)]
-fn parse_snapshot(
-    sid: SessionId,
-    frame: OwnedFrame,
-    health: &mut Health,
-) -> Result<((String, String), Snapshot), String> {
-    let OwnedFrame::Array(parts) = frame else {
-        return Err("the script answered something else than an array".into());
-    };
-    let field = |i: usize| parts.get(i).map_or(Ok("".into()), text_of);
-    let num = |i: usize| -> Result<u64, String> {
-        field(i)?
-            .parse()
-            .map_err(|_| format!("field {i} is not a number"))
-    };
-    let status = (field(0)?.to_string(), field(1)?.to_string());
-    let epoch = field(2)?.into_owned();
-    let full = field(6)? == "1";
-    if epoch.is_empty() || full {
-        health.saw_generation(parts.get(7).map_or(b"", bytes_of));
-    }
-    if epoch.is_empty() {
-        return Ok((
-            status,
-            Snapshot {
-                sid,
-                head: None,
-                msgs: Vec::new(),
-            },
-        ));
-    }
-    let head = Head {
-        epoch,
-        next: Seq(num(3)?),
-        last_assistant: Seq(num(4)?),
-        dropped_assistant: Seq(num(5)?),
-        full,
-    };
-    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(8));
-    for p in parts.iter().skip(8) {
-        msgs.push(parse_msg(&text_of(p)?).ok_or("a stored message is malformed")?);
-    }
-    Ok((
-        status,
-        Snapshot {
-            sid,
-            head: Some(head),
-            msgs,
-        },
-    ))
-}
-
-/// `seq\nkind\nclient_msg_id\nassistant_msg_id\nts\ndata`.
-fn parse_msg(s: &str) -> Option<Msg> {
-    let mut it = s.splitn(6, '\n');
-    let seq = it.next()?.parse().ok()?;
-    let prompt = match it.next()? {
-        "p" => true,
-        "a" => false,
-        _ => return None,
-    };
-    Some(Msg {
-        seq: Seq(seq),
-        prompt,
-        client_msg_id: it.next()?.to_string(),
-        assistant_msg_id: it.next()?.to_string(),
-        ts: it.next()?.parse().ok()?,
-        data: it.next()?.to_string(),
-    })
-}
-
-/// `C\nsid\nepoch`, `D\nsid\nepoch`, `M\nsid\nepoch\n<message>`.
-fn parse_event(payload: &[u8]) -> Option<Event> {
-    let s = std::str::from_utf8(payload).ok()?;
-    let mut it = s.splitn(4, '\n');
-    let kind = it.next()?;
-    let sid = SessionId::new(it.next()?)?;
-    let epoch = it.next()?.to_string();
-    Some(match kind {
-        "C" => Event::Created { sid, epoch },
-        "D" => Event::Deleted { sid, epoch },
-        "M" => Event::Message {
-            sid,
-            epoch,
-            msg: parse_msg(it.next()?)?,
-        },
-        _ => return None,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_are_arrays_of_bulk_strings() {
-        let mut out = Vec::new();
-        push_command(&mut out, &[b"SET", b"k", b""]);
-        assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
-        out.clear();
-        push_bulk(&mut out, &[b"p:", b"s:", b"x"]);
-        push_number(&mut out, 0);
-        push_number(&mut out, u64::MAX);
-        assert_eq!(
-            out,
-            b"$5\r\np:s:x\r\n$1\r\n0\r\n$20\r\n18446744073709551615\r\n"
-        );
-    }
-
-    #[test]
-    fn messages_and_events_parse() {
-        let m = parse_msg("7\na\nc1\na1\n12\n{\"x\":\"a\nb\"}").unwrap();
-        assert_eq!((m.seq, m.prompt, m.ts), (Seq(7), false, 12));
-        assert_eq!(m.data, "{\"x\":\"a\nb\"}");
-        assert!(parse_msg("7\nq\nc\n\n1\n{}").is_none());
-        match parse_event(b"D\ns1\nE") {
-            Some(Event::Deleted { sid, epoch }) => assert_eq!((&*sid, &*epoch), ("s1", "E")),
-            other => panic!("{other:?}"),
-        }
-        assert!(parse_event(b"M\ns1\nE\nnot a message").is_none());
-        assert!(parse_event(b"C\nbad id!\nE").is_none());
     }
 }

@@ -1,0 +1,197 @@
+//! Replies from Redis: the script's answer (a session's counters and the
+//! messages the caller's copy lacks) and the changes published on a
+//! session's channel, decoded from `redis-protocol`'s frames.
+
+use redis_protocol::resp2::types::OwnedFrame;
+
+use super::health::Health;
+use crate::store::types::{Seq, SessionId};
+
+/// A session as Redis holds it after a call: what the caller's copy lacks.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub sid: SessionId,
+    /// `None`: the session does not exist.
+    pub head: Option<Head>,
+    /// Oldest first: the whole session when `head.full`, else what
+    /// follows the `seq` the caller holds.
+    pub msgs: Vec<Msg>,
+}
+
+/// A session's counters.
+#[derive(Debug)]
+pub struct Head {
+    pub epoch: String,
+    pub next: Seq,
+    pub last_assistant: Seq,
+    pub dropped_assistant: Seq,
+    pub full: bool,
+}
+
+/// A stored message.
+#[derive(Debug)]
+pub struct Msg {
+    pub seq: Seq,
+    pub prompt: bool,
+    pub client_msg_id: String,
+    pub assistant_msg_id: String,
+    pub ts: u64,
+    pub data: String,
+}
+
+/// A change another instance (or this one) published.
+#[derive(Debug)]
+pub enum Event {
+    Created {
+        sid: SessionId,
+        epoch: String,
+    },
+    Message {
+        sid: SessionId,
+        epoch: String,
+        msg: Msg,
+    },
+    Deleted {
+        sid: SessionId,
+        epoch: String,
+    },
+    /// The session's channel is listened to (first, or again after a
+    /// loss): what was published before is unknown, so the session is
+    /// read again.
+    Listening {
+        sid: SessionId,
+    },
+    /// Redis refused a write of the session: the copy is read again, so
+    /// that it holds nothing Redis does not.
+    Refused {
+        sid: SessionId,
+    },
+}
+
+pub fn bytes_of(f: &OwnedFrame) -> &[u8] {
+    match f {
+        OwnedFrame::BulkString(b) | OwnedFrame::SimpleString(b) => b,
+        _ => b"",
+    }
+}
+
+pub fn text_of(f: &OwnedFrame) -> Result<std::borrow::Cow<'_, str>, String> {
+    if let OwnedFrame::Integer(i) = f {
+        return Ok(i.to_string().into());
+    }
+    std::str::from_utf8(bytes_of(f))
+        .map(Into::into)
+        .map_err(|_| "reply is not UTF-8".to_string())
+}
+
+/// The script's answer: `(status, extra)` and the session; the store's
+/// generation, when the answer carries it (a whole session, or none),
+/// goes to `health`.
+#[inline(never)]
+pub fn parse_snapshot(
+    sid: SessionId,
+    frame: OwnedFrame,
+    health: &mut Health,
+) -> Result<((String, String), Snapshot), String> {
+    let OwnedFrame::Array(parts) = frame else {
+        return Err("the script answered something else than an array".into());
+    };
+    let field = |i: usize| parts.get(i).map_or(Ok("".into()), text_of);
+    let num = |i: usize| -> Result<u64, String> {
+        field(i)?
+            .parse()
+            .map_err(|_| format!("field {i} is not a number"))
+    };
+    let status = (field(0)?.to_string(), field(1)?.to_string());
+    let epoch = field(2)?.into_owned();
+    let full = field(6)? == "1";
+    if epoch.is_empty() || full {
+        health.saw_generation(parts.get(7).map_or(b"", bytes_of));
+    }
+    if epoch.is_empty() {
+        return Ok((
+            status,
+            Snapshot {
+                sid,
+                head: None,
+                msgs: Vec::new(),
+            },
+        ));
+    }
+    let head = Head {
+        epoch,
+        next: Seq(num(3)?),
+        last_assistant: Seq(num(4)?),
+        dropped_assistant: Seq(num(5)?),
+        full,
+    };
+    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(8));
+    for p in parts.iter().skip(8) {
+        msgs.push(parse_msg(&text_of(p)?).ok_or("a stored message is malformed")?);
+    }
+    Ok((
+        status,
+        Snapshot {
+            sid,
+            head: Some(head),
+            msgs,
+        },
+    ))
+}
+
+/// `seq\nkind\nclient_msg_id\nassistant_msg_id\nts\ndata`.
+pub fn parse_msg(s: &str) -> Option<Msg> {
+    let mut it = s.splitn(6, '\n');
+    let seq = it.next()?.parse().ok()?;
+    let prompt = match it.next()? {
+        "p" => true,
+        "a" => false,
+        _ => return None,
+    };
+    Some(Msg {
+        seq: Seq(seq),
+        prompt,
+        client_msg_id: it.next()?.to_string(),
+        assistant_msg_id: it.next()?.to_string(),
+        ts: it.next()?.parse().ok()?,
+        data: it.next()?.to_string(),
+    })
+}
+
+/// `C\nsid\nepoch`, `D\nsid\nepoch`, `M\nsid\nepoch\n<message>`.
+pub fn parse_event(payload: &[u8]) -> Option<Event> {
+    let s = std::str::from_utf8(payload).ok()?;
+    let mut it = s.splitn(4, '\n');
+    let kind = it.next()?;
+    let sid = SessionId::new(it.next()?)?;
+    let epoch = it.next()?.to_string();
+    Some(match kind {
+        "C" => Event::Created { sid, epoch },
+        "D" => Event::Deleted { sid, epoch },
+        "M" => Event::Message {
+            sid,
+            epoch,
+            msg: parse_msg(it.next()?)?,
+        },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_and_events_parse() {
+        let m = parse_msg("7\na\nc1\na1\n12\n{\"x\":\"a\nb\"}").unwrap();
+        assert_eq!((m.seq, m.prompt, m.ts), (Seq(7), false, 12));
+        assert_eq!(m.data, "{\"x\":\"a\nb\"}");
+        assert!(parse_msg("7\nq\nc\n\n1\n{}").is_none());
+        match parse_event(b"D\ns1\nE") {
+            Some(Event::Deleted { sid, epoch }) => assert_eq!((&*sid, &*epoch), ("s1", "E")),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse_event(b"M\ns1\nE\nnot a message").is_none());
+        assert!(parse_event(b"C\nbad id!\nE").is_none());
+    }
+}
