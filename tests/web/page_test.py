@@ -15,6 +15,15 @@ Scenarios:
   fragment the page is opened with `#SESSION&token=TOKEN` (a token for one
            session): it keeps the token, drops it from the address, sends
            it as the WebSocket subprotocol (never in a URL), and works.
+  e2e      the page is opened with `#SESSION&key=KEY` while a real `relay
+           agent` with that key serves the session: the prompt leaves the
+           page encrypted and the answer is shown decrypted; it prints
+           `READY`, waits for `SENT` (the test ran `relay send` with the
+           key) and shows that conversation too; a reload decrypts the
+           history. A page with another key shows "cannot decrypt" for every
+           text (its own prompt gets the agent's error answer, `WRONG
+           <client_msg_id>`), one without a key too, never the ciphertext;
+           a key that is no key stops the page from sending.
 """
 
 import argparse
@@ -90,15 +99,18 @@ class Watch:
 
 
 def send_prompt(page, text, state="pending"):
-    """Types a prompt, sends it, waits until it shows in `state`; returns
-    its node and id."""
+    """Types a prompt, sends it, waits until it shows in `state` (None: any,
+    for a real agent that may answer before the state is seen); returns its
+    node and id."""
     before = page.locator("article.prompt").count()
     page.get_by_label("Prompt").fill(text)
     page.get_by_role("button", name="Send").click()
     prompt = page.locator("article.prompt").nth(before)
     expect(prompt.locator(".text")).to_have_text(text, timeout=WAIT_MS)
-    expect(prompt).to_have_class(re.compile(rf"\b{state}\b"), timeout=WAIT_MS)
-    expect(prompt.locator(".state")).to_contain_text(LABELS[state])
+    if state:
+        expect(prompt).to_have_class(re.compile(rf"\b{state}\b"), timeout=WAIT_MS)
+        expect(prompt.locator(".state")).to_contain_text(LABELS[state])
+    expect(prompt).to_have_attribute("data-cmid", re.compile("."))
     cmid = prompt.get_attribute("data-cmid")
     assert cmid and len(cmid) == 36, f"client_msg_id is not a UUID: {cmid!r}"
     return prompt, cmid
@@ -263,13 +275,105 @@ def fragment(page, watch, args):
     watch.check_clean()
 
 
+def e2e(page, watch, args):
+    requests = []
+    page.on("request", lambda r: requests.append((r.method, r.url, r.post_data)))
+    page.goto(f"{args.url}#{args.session}&key={args.key}")
+    connected(page)
+    expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
+    address = page.evaluate("location.href")
+    assert args.key not in address, f"the key stays in the address: {address}"
+    assert page.evaluate("location.hash") == f"#{args.session}", address
+
+    prompt, cmid = send_prompt(page, "attack at dawn", None)
+    say(f"PROMPTED {cmid}")
+    answer = page.locator("article.answer")
+    expect(answer.locator(".text")).to_have_text(["ATTACK AT DAWN"], timeout=WAIT_MS)
+    expect(prompt).not_to_have_class(PENDING, timeout=WAIT_MS)
+
+    # Only ciphertext left the page and came back to it; the key went nowhere.
+    posts = [json.loads(body) for method, url, body in requests if method == "POST" and url.endswith("/prompt")]
+    assert len(posts) == 1, f"one POST /prompt expected: {posts}"
+    assert posts[0]["prompt"].startswith("e2e1:"), posts[0]
+    assert posts[0]["metadata"] == {"e2e": 1}, posts[0]
+    assert "attack" not in json.dumps(posts), posts
+    answers = watch.frames(watch.received, "message")
+    assert answers and all(a["data"]["text"].startswith("e2e1:") for a in answers), answers
+    assert not any("ATTACK" in str(f) for f in watch.received), watch.received
+    assert not any(args.key in url or args.key in (body or "") for _, url, body in requests), requests
+    assert not any(args.key in u for u in watch.urls), watch.urls
+
+    # `relay send` with the key: its prompt (from the history) and answer
+    # (live) are read here too.
+    say("READY")
+    expect_stdin("SENT")
+    texts = ["attack at dawn", "from the command line"]
+    expect(page.locator("article.prompt .text")).to_have_text(texts, timeout=WAIT_MS)
+    expect(answer.locator(".text")).to_have_text([t.upper() for t in texts], timeout=WAIT_MS)
+
+    # A reload keeps the key (not the address): the history is decrypted.
+    page.reload()
+    connected(page)
+    expect(page.locator("#e2e")).to_be_visible()
+    expect(page.locator("article.prompt .text")).to_have_text(texts, timeout=WAIT_MS)
+    expect(answer.locator(".text")).to_have_text([t.upper() for t in texts], timeout=WAIT_MS)
+    expect(page.locator(".undecryptable")).to_have_count(0)
+    watch.check_clean()
+
+    # Another key: nothing opens, nothing crashes; its own prompt is shown
+    # as typed and the agent, which cannot read it, answers with an error.
+    wrong = page.context.new_page()
+    wrong_watch = Watch(wrong)
+    wrong.goto(f"{args.url}#{args.session}&key={args.other_key}")
+    connected(wrong)
+    texts_of = wrong.locator("article .text")
+    expect(texts_of).to_have_text(["cannot decrypt"] * 4, timeout=WAIT_MS)
+    expect(wrong.locator(".undecryptable")).to_have_count(4)
+    mine, wrong_cmid = send_prompt(wrong, "with the wrong key", None)
+    say(f"WRONG {wrong_cmid}")
+    reply = wrong.locator(f'article.answer[data-for="{wrong_cmid}"] .text')
+    expect(reply).to_have_text("cannot decrypt", timeout=WAIT_MS)
+    expect(reply).to_have_class(re.compile(r"\bundecryptable\b"))
+    expect(mine).not_to_have_class(PENDING, timeout=WAIT_MS)
+    wrong_watch.check_clean()
+
+    # No key: encrypted texts read "cannot decrypt", never e2e1:...
+    bare = page.context.new_page()
+    bare_watch = Watch(bare)
+    bare.goto(f"{args.url}#{args.session}")
+    connected(bare)
+    expect(bare.locator("#e2e")).to_be_hidden()
+    expect(bare.locator("article .text")).to_have_text(["cannot decrypt"] * 6, timeout=WAIT_MS)
+    assert "e2e1:" not in bare.locator("#log").inner_text()
+    bare_watch.check_clean()
+
+    # A key that is no key: the page says so and sends nothing.
+    bare_posts = []
+    bare.on("request", lambda r: bare_posts.append(r.url) if r.method == "POST" else None)
+    bare.evaluate(f"location.hash = '#{args.session}&key=not-a-key'")
+    expect(bare.locator("#notice-text")).to_contain_text("not a relay key", timeout=WAIT_MS)
+    expect(bare.locator("#e2e")).to_have_text("End-to-end key unusable")
+    assert "not-a-key" not in bare.evaluate("location.href")
+    connected(bare)
+    before = bare.locator("article.prompt").count()
+    bare.get_by_label("Prompt").fill("never sent")
+    bare.get_by_role("button", name="Send").click()
+    refused = bare.locator("article.prompt").nth(before)
+    expect(refused).to_have_class(re.compile(r"\brejected\b"), timeout=WAIT_MS)
+    expect(refused.locator(".state")).to_contain_text("cannot encrypt")
+    assert not bare_posts, f"a prompt was posted without a usable key: {bare_posts}"
+    bare_watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", choices=["restart", "token", "fragment"], required=True)
+    ap.add_argument("--scenario", choices=["restart", "token", "fragment", "e2e"], required=True)
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--token", default="")
+    ap.add_argument("--key", default="", help="the end-to-end key (e2e)")
+    ap.add_argument("--other-key", default="", help="a key the agent does not have (e2e)")
     ap.add_argument("--persistent", action="store_true",
                     help="the relay keeps its data across the restart: no resync expected")
     args = ap.parse_args()
@@ -285,7 +389,7 @@ def main():
             ctx.set_default_timeout(WAIT_MS)
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
-            {"restart": restart, "token": token, "fragment": fragment}[args.scenario](page, watch, args)
+            {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e}[args.scenario](page, watch, args)
         finally:
             ctx.close()
     say("DONE")
