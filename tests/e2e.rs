@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The binary with the caller's `RELAY_*` settings removed (and the
 /// harness's CA trusted with `TEST_WITH_TLS`).
@@ -52,9 +52,17 @@ struct Agent(Child);
 impl Agent {
     #[track_caller]
     fn start(srv: &Server, sid: &str, key: &str) -> Agent {
-        let child = relay()
+        Agent::start_with(srv, sid, Some(key))
+    }
+
+    #[track_caller]
+    fn start_with(srv: &Server, sid: &str, key: Option<&str>) -> Agent {
+        let mut cmd = relay();
+        if let Some(key) = key {
+            cmd.env("RELAY_E2E_KEY", key);
+        }
+        let child = cmd
             .args(["agent", "--url", &url(srv), "--session", sid])
-            .env("RELAY_E2E_KEY", key)
             .args(["--", "tr", "a-z", "A-Z"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -175,6 +183,31 @@ fn a_prompt_that_does_not_decrypt_gets_an_error_answer_and_is_not_run() {
     assert!(
         !json!(answers).to_string().contains("MOVED"),
         "the command never ran"
+    );
+}
+
+#[test]
+fn an_agent_without_a_key_answers_an_encrypted_prompt_with_an_error_and_does_not_run_it() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let _agent = Agent::start_with(&srv, &sid, None);
+    let out = send(&srv, &sid, &new_key(), "hello");
+    assert!(out.status.success(), "{out:?}");
+    let history = srv.messages(&sid, "");
+    let answers: Vec<&Value> = history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["type"] == "assistant")
+        .collect();
+    assert_eq!(answers.len(), 1, "{history}");
+    let answer = &answers[0]["data"];
+    assert_eq!(answer["text"], "cannot decrypt", "{answer}");
+    let error = answer["metadata"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("--e2e-key"), "{answer}");
+    assert!(
+        !history.to_string().contains("E2E1:"),
+        "the command never ran on the ciphertext: {history}"
     );
 }
 

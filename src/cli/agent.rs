@@ -67,7 +67,8 @@ signal exits at once.
                       key makes one; default RELAY_E2E_KEY): the server sees
                       only ciphertext. A prompt that does not decrypt (sent
                       without the key, or with another) is not run: it is
-                      answered with an error answer
+                      answered with an error answer. Without a key, an
+                      encrypted prompt is answered so too
   --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
 
 exit codes: 0 stopped by a signal, 1 a fatal error (token refused, CMD cannot
@@ -410,12 +411,32 @@ impl Agent {
         }
     }
 
+    /// Answers `prompt` with an error answer (`metadata.error`) without
+    /// running the command.
+    fn refuse(&mut self, prompt: &Prompt, error: &str) -> Result<(), Fail> {
+        let reply = Reply {
+            text: "cannot decrypt".to_string(),
+            metadata: Some(json!({ "error": error })),
+            exit_code: None,
+        };
+        self.post(prompt, &reply)?;
+        self.after = prompt.seq;
+        Ok(())
+    }
+
     /// Runs the command for one prompt and posts its answer; with a key,
     /// decrypts the prompt first (one that does not decrypt is answered
     /// with an error and not run) and encrypts the answer.
     fn answer(&mut self, prompt: &Prompt) -> Result<(), Fail> {
         let id = prompt.client_msg_id.as_str();
         let clear = match &self.key {
+            // An encrypted prompt is not run as ciphertext: the agent was
+            // started without the key the sender used.
+            None if prompt.prompt.starts_with(e2e::PREFIX) => {
+                log::warn!(client_msg_id = id; "the prompt is end-to-end encrypted and this agent has no key: answered with an error, not run");
+                let error = "the prompt is end-to-end encrypted: start the agent with --e2e-key";
+                return self.refuse(prompt, error);
+            }
             None => prompt.prompt.clone(),
             Some(key) => {
                 let message = e2e::Message::Prompt {
@@ -426,16 +447,8 @@ impl Agent {
                     Some(text) => text,
                     None => {
                         log::warn!(client_msg_id = id; "cannot decrypt the prompt: answered with an error, not run");
-                        let reply = Reply {
-                            text: "cannot decrypt".to_string(),
-                            metadata: Some(json!({
-                                "error": "cannot decrypt the prompt: it was sent without the agent's end-to-end key, or with another",
-                            })),
-                            exit_code: None,
-                        };
-                        self.post(prompt, &reply)?;
-                        self.after = prompt.seq;
-                        return Ok(());
+                        let error = "cannot decrypt the prompt: it was sent without the agent's end-to-end key, or with another";
+                        return self.refuse(prompt, error);
                     }
                 }
             }
