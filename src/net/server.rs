@@ -5,7 +5,8 @@
 //! connections with buffered input, fire due timers, then write everything
 //! pending before sleeping until the next event or deadline. Nothing here
 //! blocks. The stages (`http`, `parked`, `subscriber`, `closing`) see one
-//! connection and the narrow [`Ctx`]; only this file holds the slab.
+//! connection and the narrow [`Ctx`]; only the server (this file, and its
+//! rooms `accept`, `shutdown` and `effects`) holds the slab.
 
 use std::io;
 use std::net::SocketAddr;
@@ -34,6 +35,10 @@ use crate::store::redis::RedisStore;
 use crate::store::sqlite::{Durable, Opened};
 use crate::time::{Clock, Millis};
 use std::sync::Arc;
+
+mod accept;
+mod effects;
+mod shutdown;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
@@ -100,7 +105,7 @@ impl Server {
     pub fn bind(cfg: Config, handle_signals: bool, opened: Option<Opened>) -> io::Result<Server> {
         let poll = Poll::new()?;
         let addr = SocketAddr::new(cfg.host, cfg.port);
-        let mut listener = listen(addr)?;
+        let mut listener = accept::listen(addr)?;
         let local_addr = listener.local_addr()?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -323,197 +328,6 @@ impl Server {
         Some(Duration::from_millis(next.since(now)))
     }
 
-    /// Accepts every waiting connection; over the cap each gets a 503.
-    fn accept(&mut self) {
-        loop {
-            let Some(listener) = &self.listener else {
-                return;
-            };
-            let (mut sock, addr) = match listener.accept() {
-                Ok(pair) => pair,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // Out of descriptors or memory: try again next turn.
-                    warn!(error = e.to_string().as_str(); "accept failed");
-                    self.accept_retry = true;
-                    return;
-                }
-            };
-            let max = self.cx.cfg.max_connections;
-            let full = self.conns.len() >= max;
-            if full && (self.conns.len() >= max + REJECT_SLOTS || self.tls.is_some()) {
-                // Dropped: the cap and the reject slots are full, or the
-                // 503 would cost a whole TLS handshake first.
-                continue;
-            }
-            let _ = sock.set_nodelay(true);
-            let entry = self.conns.vacant_entry();
-            let key = entry.key();
-            let interest = Interest::READABLE | Interest::WRITABLE;
-            if self
-                .poll
-                .registry()
-                .register(&mut sock, Token(key), interest)
-                .is_err()
-            {
-                continue;
-            }
-            self.next_gen = self.next_gen.wrapping_add(1);
-            let generation = self.next_gen;
-            let now = self.cx.now();
-            let max_body = self.cx.cfg.max_body_bytes;
-            let sock = match &self.tls {
-                None => Stream::Plain(sock),
-                Some(config) => match rustls::ServerConnection::new(Arc::clone(config)) {
-                    Ok(tls) => Stream::tls(sock, tls.into(), TLS_READ_BUDGET),
-                    Err(e) => {
-                        warn!(error = e.to_string().as_str(); "cannot start TLS");
-                        let _ = self.poll.registry().deregister(&mut sock);
-                        continue;
-                    }
-                },
-            };
-            let conn = entry.insert(Conn::new(generation, sock, addr.ip(), max_body, now));
-            let id = ConnId {
-                key: key as u32,
-                generation,
-            };
-            self.cx.connections += 1;
-            self.cx.metrics.accepted += 1;
-            if full {
-                let err = ApiError::unavailable("connection limit reached");
-                let answer = Answer::from(err);
-                let meta = self.cx.meta(None, false);
-                http::queue(conn, answer, &meta);
-                closing::begin(id, conn, &mut self.cx);
-            } else {
-                let deadline = now.after(self.cx.cfg.request_timeout);
-                self.cx.set_deadline(id, conn, deadline);
-            }
-        }
-    }
-
-    /// SIGHUP reloads the certificate; SIGINT and SIGTERM shut down.
-    fn on_signal(&mut self) {
-        let Some(signals) = &mut self.signals else {
-            return;
-        };
-        let (mut reload, mut stop) = (false, false);
-        for signal in signals.pending() {
-            if signal == SIGHUP {
-                reload = true;
-            } else {
-                stop = true;
-            }
-        }
-        if reload {
-            self.reload_tls();
-        }
-        if stop {
-            self.begin_shutdown();
-        }
-    }
-
-    /// Reads the certificate files again: connections accepted from now on
-    /// use the new pair, open ones keep theirs. A pair that fails to load
-    /// is logged and the one in use stays.
-    fn reload_tls(&mut self) {
-        let Some(files) = &self.cx.cfg.tls else {
-            info!("SIGHUP: no TLS certificate to reload");
-            return;
-        };
-        match crate::tls::server_config(files) {
-            Ok(config) => {
-                self.tls = Some(config);
-                info!(cert = files.cert.display().to_string().as_str(); "TLS certificate reloaded");
-            }
-            Err(e) => {
-                log::error!(error = e.as_str(); "TLS certificate reload failed; keeping the one in use");
-            }
-        }
-    }
-
-    /// Stops accepting, answers parked polls `[]`, closes subscribers with
-    /// 1001 and idle connections at once, and lets in-flight requests finish
-    /// with `Connection: close`. The loop exits when every connection is
-    /// gone or the grace period ends.
-    pub fn begin_shutdown(&mut self) {
-        let now = self.cx.now();
-        if self.cx.shutdown.is_some() {
-            // A second signal: stop now.
-            self.cx.shutdown = Some(now);
-            return;
-        }
-        info!("shutting down");
-        self.cx.shutdown = Some(now.after(SHUTDOWN_GRACE));
-        if let Some(mut l) = self.listener.take() {
-            let _ = self.poll.registry().deregister(&mut l);
-        }
-        let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .map(|(k, c)| ConnId {
-                key: k as u32,
-                generation: c.generation,
-            })
-            .collect();
-        for id in ids {
-            let Some(conn) = lookup(&mut self.conns, id) else {
-                continue;
-            };
-            let cx = &mut self.cx;
-            let idle = match &conn.phase {
-                Phase::Parked(..) => {
-                    parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..]));
-                    false
-                }
-                Phase::WebSocket(_) => {
-                    subscriber::close(id, conn, cx, 1001, "server shutting down");
-                    false
-                }
-                // An answer still going out is finished, then closed.
-                Phase::Http(h) if !h.reader.mid_request() => {
-                    conn.out.is_empty() || {
-                        closing::begin(id, conn, cx);
-                        false
-                    }
-                }
-                _ => false,
-            };
-            if idle {
-                self.close(id);
-            }
-        }
-    }
-
-    /// The shutdown's last turn: every request still waiting for its write
-    /// is answered (`503` for a write cancelled before the storage took
-    /// it, `504` for one it holds and has not confirmed), and what can be
-    /// written now is.
-    fn answer_waiting_writes(&mut self) {
-        let waiting: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Committing(..)))
-            .map(|(k, c)| ConnId {
-                key: k as u32,
-                generation: c.generation,
-            })
-            .collect();
-        if waiting.is_empty() {
-            return;
-        }
-        info!(requests = waiting.len(); "answering the writes the storage has not confirmed");
-        for id in waiting {
-            if let Some(conn) = lookup(&mut self.conns, id) {
-                parked::commit_timed_out(id, conn, &mut self.cx, true);
-            }
-        }
-        self.apply_effects();
-        self.flush_pending();
-    }
-
     fn expire_timers(&mut self) {
         let now = self.cx.now();
         let mut fired = Vec::new();
@@ -715,51 +529,6 @@ impl Server {
         let _ = self.poll.registry().deregister(conn.sock.tcp());
         self.cx.connections = self.conns.len();
     }
-
-    /// Applies the relay's queued effects to other connections.
-    fn apply_effects(&mut self) {
-        self.cx.relay.take_effects(&mut self.effects);
-        while !self.effects.is_empty() {
-            for effect in std::mem::take(&mut self.effects) {
-                self.apply(effect);
-            }
-            self.cx.relay.take_effects(&mut self.effects);
-        }
-    }
-
-    fn apply(&mut self, effect: Effect) {
-        match effect {
-            Effect::Deliver {
-                sid,
-                seq,
-                prev,
-                frame,
-            } => subscriber::deliver(&mut self.conns, &mut self.cx, &sid, seq, prev, frame),
-            Effect::Respond { to, status, body } => {
-                if let Some(conn) = lookup(&mut self.conns, to) {
-                    parked::answer(to, conn, &mut self.cx, status, body);
-                }
-            }
-            Effect::CloseSubscriber { to, code } => {
-                if let Some(conn) = lookup(&mut self.conns, to) {
-                    subscriber::close(to, conn, &mut self.cx, code, "session deleted");
-                }
-            }
-            Effect::Reply { to, result } => {
-                if let Some(conn) = lookup(&mut self.conns, to.conn) {
-                    parked::committed(to, conn, &mut self.cx, result);
-                }
-            }
-            Effect::Refill { sid, resync } => {
-                subscriber::refill_all(&mut self.conns, &mut self.cx, &sid, resync)
-            }
-            Effect::Retry { to } => {
-                if let Some(conn) = lookup(&mut self.conns, to.conn) {
-                    parked::retry(to, conn, &mut self.cx);
-                }
-            }
-        }
-    }
 }
 
 /// The connection `id` names, checked by generation: a slot reused by a
@@ -768,23 +537,6 @@ pub(super) fn lookup(conns: &mut Slab<Conn>, id: ConnId) -> Option<&mut Conn> {
     conns
         .get_mut(id.key as usize)
         .filter(|c| c.generation == id.generation)
-}
-
-/// Pending connections the kernel queues before `accept`. mio (like std)
-/// uses 128, which drops SYNs when a few hundred clients connect at once and
-/// costs each of them a one-second retry; the kernel caps this at
-/// `net.core.somaxconn` (4096 on current Linux).
-const LISTEN_BACKLOG: i32 = 4096;
-
-/// Binds a non-blocking listener with `SO_REUSEADDR` and a deep backlog.
-fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(LISTEN_BACKLOG)?;
-    socket.set_nonblocking(true)?;
-    Ok(TcpListener::from_std(socket.into()))
 }
 
 /// How often idle sessions are swept: a quarter of the TTL, between 100 ms
