@@ -14,6 +14,8 @@
 #   durable       the relay build with a fresh data directory on the disk and
 #                 RELAY_SYNC=always; its figures add fsyncs_per_s (storage
 #                 commits per second, from /metrics).
+#   durable-base  durable with the relay binary at BASE_BIN: the storage
+#                 engine's before/after in one interleaved run.
 #   redis         Redis (Debian redis-server) with appendonly yes and
 #                 appendfsync always: the ingest figure only, as SET of
 #                 256-byte values by redis-benchmark -c 64 -P 1, the anchor
@@ -94,11 +96,11 @@ ulimit -n "$(ulimit -Hn)"
 for t in $TARGETS; do
   case "$t" in
     relay | nchan | nginx-static | durable | redis | shared | script) ;;
-    base | shared-base)
+    base | shared-base | durable-base)
       [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
       BASE_BIN="$(realpath "$BASE_BIN")"
       ;;
-    *) echo "run.sh: unknown target $t (relay, base, durable, redis, shared, shared-base, script, nchan, nginx-static)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown target $t (relay, base, durable, durable-base, redis, shared, shared-base, script, nchan, nginx-static)" >&2; exit 2 ;;
   esac
 done
 
@@ -133,10 +135,10 @@ server_pid="" stop_pid="" redis_pid="" second_pid=""
 relay_env=()
 
 # The binary a relay-like target runs.
-bin_of() { case "$1" in base | shared-base) echo "$BASE_BIN" ;; *) echo "$relay_bin" ;; esac; }
+bin_of() { case "$1" in base | shared-base | durable-base) echo "$BASE_BIN" ;; *) echo "$relay_bin" ;; esac; }
 
 # The protocol a target speaks to the load generator and wrk's script.
-proto_of() { case "$1" in durable | shared | shared-base) echo relay ;; *) echo "$1" ;; esac; }
+proto_of() { case "$1" in durable | durable-base | shared | shared-base) echo relay ;; *) echo "$1" ;; esac; }
 
 # The storage thread's commits so far (one fsync each with RELAY_SYNC=always).
 commits() {
@@ -173,11 +175,11 @@ wait_ready() {
 start_server() {
   local log="$OUT/$1-$2.log"
   case "$1" in
-    relay | base | durable)
+    relay | base | durable | durable-base)
       local data=()
       # durable: the relay with a fresh data directory on the disk,
       # RELAY_SYNC=always (every answer waits for its fsync).
-      [ "$1" = durable ] && data=(RELAY_DATA_DIR="$OUT/data-$2" RELAY_SYNC=always)
+      case "$1" in durable*) data=(RELAY_DATA_DIR="$OUT/data-$2" RELAY_SYNC=always) ;; esac
       env RELAY_HOST=127.0.0.1 RELAY_PORT="$2" RELAY_LOG=warn \
         RELAY_MAX_CONNECTIONS=25000 RELAY_MAX_SUBSCRIBERS=20000 RELAY_MAX_WAITERS=1000 RELAY_MAX_PENDING=100000 \
         "${data[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log" &
@@ -373,7 +375,7 @@ run_figure() {
   [ -n "$SECOND" ] && extra+=(--addr2 "127.0.0.1:$SECOND")
   echo "== $figure $t (port $port, server pid $server_pid)" >&2
   local line c0="" c1=""
-  [ "$t" = durable ] && c0="$(commits "$port")"
+  case "$t" in durable*) c0="$(commits "$port")" ;; esac
   if [ "$kind" = ingest ] && [ "$t" = redis ]; then
     line="$(run_redis_ingest)"
   elif [ "$kind" = ingest ] && [ "$t" = script ]; then
@@ -386,7 +388,7 @@ run_figure() {
       line="RESULT figure=$figure target=$t failed=1"
     line="${line/target=relay /target=$t }"
   fi
-  if [ "$t" = durable ]; then
+  if [[ "$t" == durable* ]]; then
     c1="$(commits "$port")"
     local secs="$SECS"
     [ "$kind" = ingest ] && secs="$INGEST_SECS"
@@ -405,7 +407,7 @@ run_figure() {
   # (an in-memory ingest right after a durable one measured twice the
   # kernel time per request).
   case "$t" in
-    durable) rm -rf "$OUT/data-$port"; sync ;;
+    durable*) rm -rf "$OUT/data-$port"; sync ;;
     redis) rm -rf "$OUT/redis-$port"; sync ;;
     shared | shared-base) rm -rf "$OUT/shared-$port" ;;
     script) rm -rf "$OUT/script-$port" ;;
@@ -421,7 +423,7 @@ run_figure() {
   echo
   for t in $TARGETS; do
     case "$t" in
-      relay | base | durable) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
+      relay | base | durable | durable-base) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
       shared | shared-base) echo "- $t: $(describe_bin "$(bin_of "$t")") on $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
       redis) echo "- redis: $(redis-server --version | cut -d' ' -f1-3), appendonly yes, appendfsync always" ;;
       script) echo "- script: $(redis-server --version | cut -d' ' -f1-3), no persistence, src/store/redis/relay.lua by redis-benchmark" ;;

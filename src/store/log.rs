@@ -203,6 +203,18 @@ impl SessionLog {
         self.history.front().map_or(self.next_seq, |m| m.seq)
     }
 
+    /// Whether the prompt with this `seq` is pending.
+    pub fn is_pending(&self, seq: Seq) -> bool {
+        self.pending.from(seq).next().is_some_and(|m| m.seq == seq)
+    }
+
+    /// The counters a restore takes as its floor (see
+    /// [`restored`](Self::restored)): the next `seq`, the newest answer's,
+    /// and the newest answer's that history dropped.
+    pub fn counters(&self) -> (Seq, Seq, Seq) {
+        (self.next_seq, self.last_assistant, self.dropped_assistant)
+    }
+
     /// Unanswered prompts.
     pub fn pending_len(&self) -> usize {
         self.pending.len()

@@ -215,11 +215,20 @@ impl MemStore {
         if given && let Some(prev) = s.response(&id) {
             // A resend repeats the prompt and the text (compared decoded, so
             // a different escaping of the same text is the same text).
-            if *prev.client_msg_id == *r.client_msg_id && prev.text() == decode(r.text.get()) {
-                return Ok(Outcome::Response {
-                    id,
-                    duplicate: true,
-                });
+            if *prev.client_msg_id == *r.client_msg_id {
+                // A stored answer read back damaged cannot be compared:
+                // this resend alone is refused, as a server fault.
+                if prev.msg.is_damaged() {
+                    let seq = prev.msg.seq.get();
+                    log::error!(session_id = r.session_id.as_str(), seq = seq; "stored message damaged; its resend answered 500");
+                    return Err(ApiError::stored_message_damaged(seq));
+                }
+                if prev.text() == decode(r.text.get()) {
+                    return Ok(Outcome::Response {
+                        id,
+                        duplicate: true,
+                    });
+                }
             }
             return Err(ApiError::conflict());
         }

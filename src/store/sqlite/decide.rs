@@ -1,49 +1,30 @@
-//! The storage thread's writer: each command of a group decided against the
-//! mirror of the database ([`Mirror`]), with the same rules as the
-//! in-memory engine (dedupe window, `seq`, caps, trimming), and written as
-//! one appended row; the group commits as one transaction. A transaction
-//! that rolls back leaves nothing behind: not in the file, not in the loop
-//! (which applies only what was committed), and not in the mirror, which is
-//! read back from the file.
+//! The storage thread's writer: each command of a group decided by the
+//! memory engine's own rules ([`MemStore`]) over the thread's own copy of
+//! the log, as the file holds it, and its records written as rows (one
+//! appended row per message); the group commits as one transaction. The
+//! writer adds only what the file needs: where each retained message's row
+//! is, and which rows history dropped ([`Rows`]). A transaction that rolls
+//! back leaves nothing behind: not in the file, not in the loop (which
+//! applies only what was committed), and not in the thread's copy, which
+//! is read back from the file.
 
 use log::{debug, error, warn};
-use rusqlite::types::ValueRef;
-use rusqlite::{
-    CachedStatement, Connection, OptionalExtension, Transaction, TransactionBehavior, params,
-};
+use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
 use super::generation::GenFile;
-use super::mirror::{self, At, Mirror};
+use super::rows::Rows;
 use super::schema;
 
 use crate::error::ApiError;
-use crate::store::log::prompt_text_of;
-use crate::store::mem::{IdGen, StoreLimits};
-use crate::store::message::Parts;
+use crate::store::mem::{Applied, MemStore, StoreLimits};
 use crate::store::record::{Command, Done, Op, Outcome, Record};
-use crate::store::types::{Seq, SessionId};
-use crate::wire::{decode, push_json_str};
+use crate::store::types::{NewPrompt, NewResponse};
+use crate::time::Millis;
+use crate::wire::Raw;
 
-/// A command's refusal (an API error, nothing written) or a database
-/// failure (the whole transaction rolls back).
-enum Fail {
-    Api(ApiError),
-    Db(rusqlite::Error),
-}
-
-impl From<rusqlite::Error> for Fail {
-    fn from(e: rusqlite::Error) -> Fail {
-        Fail::Db(e)
-    }
-}
-
-impl From<ApiError> for Fail {
-    fn from(e: ApiError) -> Fail {
-        Fail::Api(e)
-    }
-}
-
-type Decided = Result<(Outcome, Vec<Record>), Fail>;
+/// The thread's clock for its copy of the log: only the loop's copy
+/// tracks activity (the loop picks idle sessions and sends their ids).
+const NOW: Millis = Millis(0);
 
 /// Garbage rows (messages history dropped) deleted together, in the
 /// transaction that reaches this many: deleting each at once would dirty a
@@ -51,15 +32,20 @@ type Decided = Result<(Outcome, Vec<Record>), Fail>;
 /// and share pages.
 const GARBAGE_BATCH: usize = 256;
 
-/// The storage thread's state: the connection, the limits, the id
-/// generator for epochs and message ids it assigns, and the mirror of what
-/// the database holds, from which every write is decided.
+/// The log as the file holds it, and where its rows are.
+struct State {
+    log: MemStore,
+    rows: Rows,
+}
+
+/// The storage thread's state: the connection, the limits, and the copy
+/// of the log every write is decided on.
 pub struct Writer {
     conn: Connection,
     limits: StoreLimits,
-    ids: IdGen,
-    /// `None` after a rebuild failed: rebuilt before the next transaction.
-    mirror: Option<Mirror>,
+    /// `None` after reading the file back failed: read again before the
+    /// next transaction.
+    state: Option<State>,
     /// The generation of the last transaction committed (`generation.rs`).
     generation: u64,
     /// The side file the generation is recorded in after each commit.
@@ -67,14 +53,12 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// A writer over an opened, migrated database; reads the whole log once
-    /// to build its mirror.
+    /// A writer over an opened, migrated database; reads the whole log once.
     pub fn new(conn: Connection, limits: StoreLimits, file: GenFile) -> Writer {
         let mut w = Writer {
             conn,
             limits,
-            ids: IdGen::new(),
-            mirror: None,
+            state: None,
             generation: 0,
             file,
         };
@@ -82,16 +66,19 @@ impl Writer {
         w
     }
 
-    /// Builds the mirror again from the file: at start, and after a
-    /// transaction rolled back (its decisions are then in the mirror and
+    /// Reads the log and its rows again from the file: at start, and after
+    /// a transaction rolled back (its decisions are then in the copy and
     /// not in the file).
     fn rebuild(&mut self) {
-        let read = schema::generation(&self.conn)
-            .and_then(|g| Ok((g, schema::mirror(&self.conn, self.limits.history_limit)?)));
-        self.mirror = match read {
-            Ok((generation, m)) => {
+        let read = schema::generation(&self.conn).and_then(|g| {
+            let log = schema::restore(&self.conn, self.limits, NOW, false)?;
+            let rows = Rows::read(&self.conn, &log)?;
+            Ok((g, State { log, rows }))
+        });
+        self.state = match read {
+            Ok((generation, state)) => {
                 self.generation = generation;
-                Some(m)
+                Some(state)
             }
             Err(e) => {
                 error!(error = e.to_string().as_str(); "cannot read the database back");
@@ -104,23 +91,15 @@ impl Writer {
     /// (404, 409, caps) are answers; a database failure rolls the whole
     /// transaction back and every command in it gets `503`.
     pub fn commit(&mut self, mut cmds: Vec<Command>) -> Vec<Done> {
-        if self.mirror.is_none() {
+        if self.state.is_none() {
             self.rebuild();
         }
-        let Writer {
-            conn,
-            limits,
-            ids,
-            mirror,
-            generation,
-            ..
-        } = self;
-        // Without a mirror (the file could not be read back) nothing can
-        // be decided; `rebuild` logged why.
-        if let Some(mirror) = mirror {
-            match transaction(conn, *limits, ids, mirror, *generation + 1, &mut cmds) {
+        // Without a copy (the file could not be read back) nothing can be
+        // decided; `rebuild` logged why.
+        if let Some(state) = &mut self.state {
+            match transaction(&mut self.conn, state, self.generation + 1, &mut cmds) {
                 Ok(out) => {
-                    *generation += 1;
+                    self.generation += 1;
                     return out;
                 }
                 Err(e) => {
@@ -231,191 +210,169 @@ impl Writer {
     }
 }
 
-/// One group commit: decides each command, deletes the garbage when there
-/// is enough of it, writes the transaction's `generation`, and commits. An error rolls everything back (dropping
-/// the transaction does) and leaves the mirror ahead of the file. The
-/// commands' texts are moved out into what they become (their rows, records
-/// and outcomes): a command is decided once, and whatever happens its
-/// requester is answered from `conn` alone.
+/// One group commit: decides each command and writes its records, deletes
+/// the garbage when there is enough of it, writes the transaction's
+/// `generation`, and commits. An error rolls everything back (dropping the
+/// transaction does) and leaves the copy ahead of the file (the caller
+/// reads it back). A command's records go back to the loop, which applies
+/// them to its own copy as the thread did to this one.
 fn transaction(
     conn: &mut Connection,
-    limits: StoreLimits,
-    ids: &mut IdGen,
-    mirror: &mut Mirror,
+    state: &mut State,
     generation: u64,
     cmds: &mut [Command],
 ) -> rusqlite::Result<Vec<Done>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let mut ctx = Ctx {
+    let mut w = RowWriter {
         tx: &tx,
-        limits,
-        ids,
-        mirror,
         insert: None,
     };
     let mut out = Vec::with_capacity(cmds.len());
     for cmd in cmds {
-        let (result, records) = match ctx.decide(&mut cmd.op) {
-            Ok((outcome, records)) => (Ok(outcome), records),
-            Err(Fail::Api(e)) => (Err(e), Vec::new()),
-            Err(Fail::Db(e)) => return Err(e),
-        };
+        let mut records = Vec::new();
+        let result = decide(&mut state.log, &mut cmd.op, &mut records);
+        for record in &records {
+            w.write(&mut state.rows, record)?;
+            match state.log.apply(NOW, record.clone()) {
+                Applied::Prompt { sid, .. } | Applied::Response { sid, .. } => {
+                    if let Some(log) = state.log.get(&sid) {
+                        state.rows.trim(&sid, log);
+                    }
+                }
+                Applied::Deleted { .. } | Applied::Nothing => {}
+            }
+        }
         out.push(Done {
             ticket: cmd.ticket,
             result,
             records,
         });
     }
-    if ctx.mirror.garbage() >= GARBAGE_BATCH {
-        ctx.collect_garbage()?;
+    if state.rows.garbage() >= GARBAGE_BATCH {
+        w.collect_garbage(state)?;
     }
-    drop(ctx);
+    drop(w);
     tx.prepare_cached("UPDATE generation SET n = ?1")?
         .execute([generation as i64])?;
     tx.commit()?;
     Ok(out)
 }
 
-/// One transaction's view of the writer.
-struct Ctx<'a> {
+/// A command, decided by the memory engine's rules over the thread's copy;
+/// its records pushed onto `out` (none when refused).
+fn decide(log: &mut MemStore, op: &mut Op, out: &mut Vec<Record>) -> Result<Outcome, ApiError> {
+    match op {
+        Op::Prompt {
+            sid,
+            id,
+            prompt,
+            metadata,
+            ts,
+        } => {
+            let p = NewPrompt {
+                session_id: sid.clone(),
+                prompt: Raw::new(prompt),
+                client_msg_id: id.as_ref().map(|(id, lit)| (id.clone(), Raw::new(lit))),
+                metadata: metadata.as_deref().map(Raw::new),
+                ts: Some(*ts),
+            };
+            log.prompt(NOW, *ts, p, out)
+        }
+        Op::Response {
+            sid,
+            client_msg_id,
+            id,
+            text,
+            metadata,
+            ts,
+        } => {
+            let r = NewResponse {
+                session_id: sid.clone(),
+                client_msg_id: std::mem::take(client_msg_id),
+                text: Raw::new(text),
+                assistant_msg_id: id.as_ref().map(|(id, lit)| (id.clone(), Raw::new(lit))),
+                metadata: metadata.as_deref().map(Raw::new),
+                ts: Some(*ts),
+            };
+            log.response(NOW, *ts, r, out)
+        }
+        Op::Create { sid, put } => log.create(NOW, sid, *put, out),
+        Op::Delete { sid } => log.delete(sid, out),
+        Op::Collect { sids } => {
+            for sid in sids.iter().filter(|sid| log.contains(sid)) {
+                out.push(Record::Deleted { sid: sid.clone() });
+            }
+            Ok(Outcome::Collected)
+        }
+    }
+}
+
+/// One transaction's row writes.
+struct RowWriter<'a> {
     tx: &'a Transaction<'a>,
-    limits: StoreLimits,
-    ids: &'a mut IdGen,
-    mirror: &'a mut Mirror,
     /// The row insert, taken from the statement cache once per transaction
     /// rather than once per row (each take hashes the SQL text).
     insert: Option<CachedStatement<'a>>,
 }
 
-impl Ctx<'_> {
-    fn decide(&mut self, op: &mut Op) -> Decided {
-        match op {
-            Op::Prompt {
-                sid,
-                id,
-                prompt,
-                metadata,
-                ts,
-            } => self.prompt(sid, id.take(), prompt, metadata.as_deref(), *ts),
-            Op::Response {
-                sid,
-                client_msg_id,
-                id,
-                text,
-                metadata,
-                ts,
-            } => self.response(
-                sid,
-                client_msg_id,
-                id.take(),
-                text,
-                metadata.as_deref(),
-                *ts,
-            ),
-            Op::Create { sid, put } => {
-                let (at, created) = self.session_or_create(sid)?;
-                let epoch = self
-                    .mirror
-                    .at(at)
-                    .map_or_else(String::new, |s| s.epoch.clone());
-                let outcome = Outcome::Session {
-                    sid: sid.clone(),
-                    epoch,
-                    created: created.is_some(),
-                    put: *put,
-                };
-                Ok((outcome, created.into_iter().collect()))
+impl RowWriter<'_> {
+    /// Writes what a record changes: a `sessions` row, a message row, or a
+    /// session's rows deleted (its garbage goes with the next collection).
+    fn write(&mut self, rows: &mut Rows, record: &Record) -> rusqlite::Result<()> {
+        match record {
+            Record::Created { sid, epoch } => {
+                self.tx
+                    .prepare_cached(
+                        "INSERT INTO sessions (name, epoch, next_seq, last_assistant, dropped_assistant)
+                         VALUES (?1, ?2, 1, 0, 0)",
+                    )?
+                    .execute(params![sid.as_str(), epoch])?;
+                rows.created(sid.clone(), self.tx.last_insert_rowid());
             }
-            Op::Delete { sid } => {
-                if !self.delete(sid)? {
-                    return Err(ApiError::session_not_found().into());
-                }
-                Ok((Outcome::Deleted, vec![Record::Deleted { sid: sid.clone() }]))
+            Record::Prompt {
+                sid,
+                seq,
+                ts,
+                client_msg_id,
+                data,
+            } => {
+                let session = rows.session(sid).ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+                let row = self.insert(session, seq.get(), 0, client_msg_id, None, *ts, data)?;
+                rows.appended(sid, *seq, row);
             }
-            Op::Collect { sids } => {
-                let mut records = Vec::new();
-                for sid in sids {
-                    if self.delete(sid)? {
-                        records.push(Record::Deleted { sid: sid.clone() });
+            Record::Response {
+                sid,
+                seq,
+                ts,
+                client_msg_id,
+                assistant_msg_id,
+                data,
+            } => {
+                let session = rows.session(sid).ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+                let row = self.insert(
+                    session,
+                    seq.get(),
+                    1,
+                    client_msg_id,
+                    Some(assistant_msg_id),
+                    *ts,
+                    data.data(),
+                )?;
+                rows.appended(sid, *seq, row);
+            }
+            Record::Deleted { sid } => {
+                if let Some((session, messages)) = rows.deleted(sid) {
+                    let mut st = self
+                        .tx
+                        .prepare_cached("DELETE FROM messages WHERE id = ?1")?;
+                    for row in messages {
+                        st.execute([row])?;
                     }
+                    self.tx
+                        .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+                        .execute([session])?;
                 }
-                Ok((Outcome::Collected, records))
             }
-        }
-    }
-
-    /// Where the session is, created with a new epoch if needed (503 at
-    /// the cap), and the record of its creation if it was.
-    fn session_or_create(&mut self, name: &SessionId) -> Result<(At, Option<Record>), Fail> {
-        if let Some(at) = self.mirror.find(name) {
-            return Ok((at, None));
-        }
-        if self.mirror.len() >= self.limits.max_sessions {
-            return Err(ApiError::unavailable("session limit reached").into());
-        }
-        let epoch = self.ids.uuid();
-        self.tx
-            .prepare_cached(
-                "INSERT INTO sessions (name, epoch, next_seq, last_assistant, dropped_assistant)
-                 VALUES (?1, ?2, 1, 0, 0)",
-            )?
-            .execute(params![&**name, epoch])?;
-        let id = self.tx.last_insert_rowid();
-        let record = Record::Created {
-            sid: name.clone(),
-            epoch: epoch.clone(),
-        };
-        self.mirror
-            .insert(mirror::Session::new(name, id, epoch, 1, 0, 0));
-        let at = self
-            .mirror
-            .find(name)
-            .ok_or_else(ApiError::session_not_found)?;
-        Ok((at, Some(record)))
-    }
-
-    /// Deletes a session and every row it still needs; false if there is
-    /// none. Its garbage rows go with the next collection.
-    fn delete(&mut self, name: &str) -> rusqlite::Result<bool> {
-        let Some(s) = self.mirror.get(name) else {
-            return Ok(false);
-        };
-        let mut st = self
-            .tx
-            .prepare_cached("DELETE FROM messages WHERE id = ?1")?;
-        for row in s.rows() {
-            st.execute([row])?;
-        }
-        self.tx
-            .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-            .execute([s.id])?;
-        self.mirror.remove(name);
-        Ok(true)
-    }
-
-    /// Deletes the rows history dropped, and writes the counters of their
-    /// sessions, which restore takes as its floor (`next_seq`, the newest
-    /// answer, the newest answer dropped) since the rows that set them are
-    /// gone.
-    fn collect_garbage(&mut self) -> rusqlite::Result<()> {
-        let (rows, dirty) = self.mirror.take_garbage();
-        let mut st = self.tx.prepare_cached(
-            "UPDATE sessions SET next_seq = ?2, last_assistant = ?3, dropped_assistant = ?4
-             WHERE id = ?1",
-        )?;
-        for s in dirty {
-            st.execute(params![
-                s.id,
-                s.next_seq as i64,
-                s.last_assistant as i64,
-                s.dropped_assistant as i64
-            ])?;
-        }
-        let mut st = self
-            .tx
-            .prepare_cached("DELETE FROM messages WHERE id = ?1")?;
-        for row in rows {
-            st.execute([row])?;
         }
         Ok(())
     }
@@ -451,193 +408,34 @@ impl Ctx<'_> {
         Ok(self.tx.last_insert_rowid())
     }
 
-    fn prompt(
-        &mut self,
-        sid: &SessionId,
-        id: Option<(String, String)>,
-        prompt: &str,
-        metadata: Option<&str>,
-        ts: u64,
-    ) -> Decided {
-        let (at, created) = self.session_or_create(sid)?;
-        let (id, literal) = self.id_and_literal(id);
-        let Some(s) = self.mirror.at(at) else {
-            return Err(ApiError::session_not_found().into());
-        };
-        // Hashed once for the lookup and the insert.
-        let hash = s.prompt_hash(&id);
-        if let Some(p) = s.prompt_hashed(hash, &id) {
-            // A resend repeats the text (compared decoded); another text
-            // under the same id is refused. Once only the id is
-            // remembered, a resend is all it can be.
-            if let Some(row) = p.row() {
-                let stored = stored_row(self.tx, row)?;
-                let text = stored.and_then(|(data, _)| prompt_text_of(&data));
-                if text.is_some_and(|t| t != decode(prompt)) {
-                    return Err(ApiError::prompt_conflict().into());
-                }
-            }
-            return Ok((
-                Outcome::Prompt {
-                    id,
-                    duplicate: true,
-                },
-                // No allocation unless the session is new.
-                created.into_iter().collect(),
-            ));
-        }
-        if s.pending() >= self.limits.max_pending {
-            return Err(
-                ApiError::unavailable("pending prompt limit reached for this session").into(),
-            );
-        }
-        let (session, seq) = (s.id, s.next_seq);
-        let data = data(&Parts {
-            session_id: sid,
-            id_literal: &literal,
-            prompt_id: None,
-            text: prompt,
-            metadata,
-            ts,
-            seq: Seq(seq),
-        });
-        let row = self.insert(session, seq, 0, &id, None, ts, &data)?;
-        self.mirror.append_prompt(at, seq, row, &id, hash);
-        let record = Record::Prompt {
-            sid: sid.clone(),
-            seq: Seq(seq),
-            ts,
-            client_msg_id: id.clone(),
-            data,
-        };
-        // Allocated at its size: a pushed-to empty list grows through
-        // the allocator's slower path.
-        let records = match created {
-            Some(c) => vec![c, record],
-            None => vec![record],
-        };
-        Ok((
-            Outcome::Prompt {
-                id,
-                duplicate: false,
-            },
-            records,
-        ))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn response(
-        &mut self,
-        sid: &SessionId,
-        client_msg_id: &str,
-        id: Option<(String, String)>,
-        text: &str,
-        metadata: Option<&str>,
-        ts: u64,
-    ) -> Decided {
-        let given = id.is_some();
-        let (id, literal) = self.id_and_literal(id);
-        let at = self
-            .mirror
-            .find(sid)
-            .ok_or_else(ApiError::session_not_found)?;
-        let s = self.mirror.at(at).ok_or_else(ApiError::session_not_found)?;
-        if given && let Some(prev) = s.answer(&id) {
-            // A resend repeats the prompt and the text (compared decoded,
-            // so another escaping of the same text is the same).
-            if *prev.client_msg_id == *client_msg_id {
-                // Read back as bytes and checked: a damaged row refuses
-                // this command alone, not the whole transaction.
-                let (stored, seq) =
-                    stored_row(self.tx, prev.row)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-                if !schema::json_object(&stored) {
-                    error!(session_id = sid.as_str(), seq = seq; "stored message damaged; its resend answered 500");
-                    return Err(ApiError::stored_message_damaged(seq as u64).into());
-                }
-                if stored_text(&String::from_utf8_lossy(&stored)) == decode(text) {
-                    return Ok((
-                        Outcome::Response {
-                            id,
-                            duplicate: true,
-                        },
-                        Vec::new(),
-                    ));
-                }
-            }
-            return Err(ApiError::conflict().into());
-        }
-        if s.prompt(client_msg_id).is_none() {
-            return Err(ApiError::prompt_not_found().into());
-        }
-        let (session, seq) = (s.id, s.next_seq);
-        let data = Parts {
-            session_id: sid,
-            id_literal: &literal,
-            prompt_id: Some(client_msg_id),
-            text,
-            metadata,
-            ts,
-            seq: Seq(seq),
-        }
-        .framed();
-        let row = self.insert(session, seq, 1, client_msg_id, Some(&id), ts, data.data())?;
-        self.mirror.append_answer(at, seq, row, client_msg_id, &id);
-        let record = Record::Response {
-            sid: sid.clone(),
-            seq: Seq(seq),
-            ts,
-            client_msg_id: client_msg_id.to_string(),
-            assistant_msg_id: id.clone(),
-            data,
-        };
-        Ok((
-            Outcome::Response {
-                id,
-                duplicate: false,
-            },
-            vec![record],
-        ))
-    }
-
-    /// The client's id and its literal, or a new UUID and its literal.
-    fn id_and_literal(&mut self, given: Option<(String, String)>) -> (String, String) {
-        match given {
-            Some(pair) => pair,
-            None => {
-                let uuid = self.ids.uuid();
-                let mut lit = String::with_capacity(uuid.len() + 2);
-                push_json_str(&mut lit, &uuid);
-                (uuid, lit)
-            }
-        }
-    }
-}
-
-/// A message's `data` object as text.
-fn data(parts: &Parts) -> String {
-    parts.data()
-}
-
-/// The decoded `text` of a stored answer's `data`.
-fn stored_text(data: &str) -> String {
-    #[derive(serde::Deserialize)]
-    struct Text {
-        text: String,
-    }
-    serde_json::from_str::<Text>(data).map_or_else(|_| String::new(), |t| t.text)
-}
-
-/// A stored message's `data` (as bytes, however the row holds it) and its
-/// `seq`, by row id; `None` when the row is gone. Read back only on the
-/// resend paths, where a stored text is compared with the one sent.
-fn stored_row(tx: &Transaction, row: i64) -> rusqlite::Result<Option<(Vec<u8>, i64)>> {
-    tx.prepare_cached("SELECT data, seq FROM messages WHERE id = ?1")?
-        .query_row([row], |r| {
-            let data = match r.get_ref(0)? {
-                ValueRef::Text(b) | ValueRef::Blob(b) => b.to_vec(),
-                _ => Vec::new(),
+    /// Deletes the rows history dropped, and writes the counters of their
+    /// sessions, which restore takes as its floor (`next_seq`, the newest
+    /// answer, the newest answer dropped) since the rows that set them are
+    /// gone.
+    fn collect_garbage(&mut self, state: &mut State) -> rusqlite::Result<()> {
+        let (garbage, dirty) = state.rows.take_garbage();
+        let mut st = self.tx.prepare_cached(
+            "UPDATE sessions SET next_seq = ?2, last_assistant = ?3, dropped_assistant = ?4
+             WHERE id = ?1",
+        )?;
+        for (sid, id) in dirty {
+            let Some(log) = state.log.get(&sid) else {
+                continue;
             };
-            Ok((data, r.get(1)?))
-        })
-        .optional()
+            let (next, last, dropped) = log.counters();
+            st.execute(params![
+                id,
+                next.get() as i64,
+                last.get() as i64,
+                dropped.get() as i64
+            ])?;
+        }
+        let mut st = self
+            .tx
+            .prepare_cached("DELETE FROM messages WHERE id = ?1")?;
+        for row in garbage {
+            st.execute([row])?;
+        }
+        Ok(())
+    }
 }

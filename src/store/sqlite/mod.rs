@@ -5,8 +5,9 @@
 //! start) and serves every read from it. A write becomes a [`Command`]; the
 //! commands of a loop turn go to the storage thread as one batch, and the
 //! thread takes every batch waiting for it into one transaction (group
-//! commit), decides each command there against its mirror of the file
-//! (dedupe, `seq`, caps, trimming), appends one row per message, commits (`synchronous=FULL` for
+//! commit), decides each command there with the memory engine's own rules
+//! over its own copy of the log (dedupe, `seq`, caps, trimming), appends
+//! one row per message, commits (`synchronous=FULL` for
 //! `RELAY_SYNC=always`: one fsync per transaction), and sends back a
 //! [`Done`] per command, with the committed changes, before waking the loop
 //! through a `mio::Waker`. Only then does the loop apply the changes, wake
@@ -20,7 +21,7 @@
 
 mod decide;
 mod generation;
-mod mirror;
+mod rows;
 mod schema;
 
 use std::fs::File;
@@ -121,7 +122,7 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
             &e,
         )
     })?;
-    let view = schema::restore(&conn, limits, now)
+    let view = schema::restore(&conn, limits, now, true)
         .map_err(|e| fail(&format!("cannot read {}", path.display()), &e))?;
     info!(path = path.display().to_string().as_str(), sessions = view.len(), schema = version; "database opened");
     Ok(Opened {
@@ -579,7 +580,7 @@ impl Durable {
         let theirs = frontier.clone();
         let health = Arc::new(Health::new());
         let shared = health.clone();
-        // The writer reads its mirror of the log in the thread, while the
+        // The writer reads its copy of the log in the thread, while the
         // loop starts serving what it restored.
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())

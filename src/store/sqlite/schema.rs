@@ -41,7 +41,6 @@ use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 
 use super::Sync;
-use super::mirror::{self, Mirror};
 use crate::store::log::SessionLog;
 use crate::store::mem::{IdGen, MemStore, StoreLimits};
 use crate::store::message::Kind;
@@ -218,9 +217,15 @@ fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
     rows.collect()
 }
 
-/// Every session and message, replayed oldest first into the loop's
-/// in-memory copy.
-pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite::Result<MemStore> {
+/// Every session and message, replayed oldest first into an in-memory
+/// copy: the loop's (which logs each damaged row, `report`) and the
+/// storage thread's.
+pub fn restore(
+    conn: &Connection,
+    limits: StoreLimits,
+    now: Millis,
+    report: bool,
+) -> rusqlite::Result<MemStore> {
     let mut logs: HashMap<i64, (String, SessionLog)> = HashMap::new();
     for s in sessions(conn)? {
         let log = SessionLog::restored(
@@ -253,7 +258,7 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
         };
         if data.is_none() {
             damaged += 1;
-            if damaged <= MAX_DAMAGED_LOGGED {
+            if report && damaged <= MAX_DAMAGED_LOGGED {
                 error!(session_id = name.as_str(), seq = seq.get(), row = r.get::<_, i64>(7)?;
                     "stored message damaged (not UTF-8 or not a JSON object): kept, never sent; pages that would carry it answer 500");
             }
@@ -274,7 +279,7 @@ pub fn restore(conn: &Connection, limits: StoreLimits, now: Millis) -> rusqlite:
             log.append_response(msg, limit);
         }
     }
-    if damaged > MAX_DAMAGED_LOGGED {
+    if report && damaged > MAX_DAMAGED_LOGGED {
         error!(count = damaged; "stored messages damaged in all");
     }
     let mut store = MemStore::new(limits);
@@ -300,47 +305,4 @@ pub fn json_object(data: &[u8]) -> bool {
     };
     text.trim_start().starts_with('{')
         && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
-}
-
-/// The storage thread's mirror, replayed from the same rows (without their
-/// `data`).
-pub fn mirror(conn: &Connection, history_limit: usize) -> rusqlite::Result<Mirror> {
-    let mut names: HashMap<i64, String> = HashMap::new();
-    let mut m = Mirror::new(history_limit);
-    for s in sessions(conn)? {
-        m.insert(mirror::Session::new(
-            &s.name,
-            s.id,
-            s.epoch,
-            s.next_seq,
-            s.last_assistant,
-            s.dropped_assistant,
-        ));
-        names.insert(s.id, s.name);
-    }
-    let mut st = conn.prepare(
-        "SELECT id, session, seq, kind, client_msg_id, assistant_msg_id FROM messages ORDER BY id",
-    )?;
-    let mut rows = st.query([])?;
-    while let Some(r) = rows.next()? {
-        let Some(name) = names.get(&r.get::<_, i64>(1)?) else {
-            // Garbage of a deleted session, not collected before a restart.
-            m.orphan(r.get(0)?);
-            continue;
-        };
-        let kind = if r.get::<_, i64>(3)? == 0 {
-            Kind::Prompt
-        } else {
-            Kind::Assistant
-        };
-        m.replay(
-            name,
-            r.get(0)?,
-            r.get::<_, i64>(2)? as u64,
-            kind,
-            r.get_ref(4)?.as_str()?,
-            r.get_ref(5)?.as_str_or_null()?.unwrap_or(""),
-        );
-    }
-    Ok(m)
 }
