@@ -24,7 +24,7 @@
 #   fly.toml       parsed, and the settings that matter checked: the /data
 #                  volume, port 8000, the /healthz check, connection
 #                  concurrency below the server's cap, one machine always up.
-# Installs systemd, nginx, openssl and redis-server (apt) when missing; builds the static
+# Installs systemd, nginx, caddy, openssl and redis-server (apt) when missing; builds the static
 # x86_64 binary when missing.
 #
 # Environment: MAX_EXPOSURE (default 1.5, systemd's 0-10 scale),
@@ -40,6 +40,7 @@ TARGET=x86_64-unknown-linux-musl
 RELAY_BIN="target/$TARGET/release/relay"
 tmp="$(mktemp -d)"
 NGINX_PID=""
+CADDY_PID=""
 log="$tmp/relay.log"
 
 OTHER_PID=""
@@ -47,6 +48,7 @@ REDIS_PORT=""
 
 cleanup() {
   stop_nginx
+  stop_caddy
   stop_relay
   if [[ -n "$OTHER_PID" ]]; then
     kill -TERM "$OTHER_PID" 2>/dev/null
@@ -212,11 +214,13 @@ stop_nginx() {
   NGINX_PID=""
 }
 
-# Two relays on one Redis behind deploy/nginx.conf: the round trip again,
-# its requests spread over both (each must have answered some).
-check_nginx_instances() {
-  local rport first_pid first_addr
+# check_instances PROXY: two relays on one Redis behind the proxy's file
+# (check_nginx or check_caddy): the round trip again, its requests spread
+# over both (each must have answered some).
+check_instances() {
+  local proxy="$1" rport first_pid first_addr
   rport="$(free_port)"
+  rm -rf "$tmp/redis"
   mkdir -p "$tmp/redis"
   redis-server --port "$rport" --bind 127.0.0.1 --dir "$tmp/redis" --save '' --appendonly no \
     --daemonize yes --pidfile "$tmp/redis/pid" >/dev/null
@@ -227,12 +231,82 @@ check_nginx_instances() {
   first_pid="$SERVER_PID" first_addr="$ADDR"
   start_relay check-deploy "$tmp/b.log" "${shared[@]}"
   OTHER_PID="$first_pid"
-  check_nginx "$first_addr" "$ADDR"
+  "$proxy" "$first_addr" "$ADDR"
   for l in a b; do
-    grep -q '"event":"request"' "$tmp/$l.log" || fail "relay $l answered no request through nginx"
+    grep -q '"event":"request"' "$tmp/$l.log" || fail "relay $l answered no request through ${proxy#check_}"
   done
-  ok "both relays on one Redis answered requests of the round trip"
+  ok "both relays on one Redis answered requests of the round trip through ${proxy#check_}"
+  stop_relay
+  kill -TERM "$OTHER_PID" 2>/dev/null
+  wait "$OTHER_PID" 2>/dev/null || true
+  OTHER_PID=""
+  redis-cli -p "$rport" shutdown nosave >/dev/null 2>&1 || true
+  REDIS_PORT=""
 }
+
+# The global options that put deploy/Caddyfile on loopback
+# (caddy_globals HTTPS_PORT HTTP_PORT): free ports, no admin endpoint,
+# every certificate from Caddy's local CA (not trusted system-wide: the
+# round trip trusts its root file), storage in $tmp.
+caddy_globals() {
+  cat <<EOF
+{
+	admin off
+	http_port $2
+	https_port $1
+	default_bind 127.0.0.1
+	local_certs
+	skip_install_trust
+	storage file_system $tmp/caddy/data
+}
+EOF
+}
+
+# check_caddy ADDR [ADDR2]: deploy/Caddyfile in front of the relay at ADDR
+# (and, with ADDR2, of a second one: the commented `to` line).
+check_caddy() {
+  local dir="$tmp/caddy" out https_port http_port second=""
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  # Caddy keeps its autosave and certificates under these; never in $HOME.
+  export XDG_CONFIG_HOME="$dir/config" XDG_DATA_HOME="$dir/data"
+  out="$(caddy validate --config deploy/Caddyfile --adapter caddyfile 2>&1)" || fail "caddy validate: $out"
+  ! grep -q '"level":"\(warn\|error\)"' <<<"$out" || fail "caddy validate: $out"
+  https_port="$(free_port)"
+  http_port="$(free_port)"
+  [[ -n "${2:-}" ]] && second="s|# to 127.0.0.1:8001|to $2|"
+  { caddy_globals "$https_port" "$http_port"
+    sed -e 's|^relay\.example\.com {|127.0.0.1 {|' -e "s|reverse_proxy 127.0.0.1:8000 {|reverse_proxy $1 {|" \
+      ${second:+-e "$second"} deploy/Caddyfile; } >"$dir/Caddyfile"
+  grep -q "^127.0.0.1 {" "$dir/Caddyfile" || fail "deploy/Caddyfile has no site relay.example.com"
+  grep -q "reverse_proxy $1 {" "$dir/Caddyfile" || fail "deploy/Caddyfile does not proxy to 127.0.0.1:8000"
+  [[ -z "${2:-}" ]] || grep -q "^[[:space:]]*to $2$" "$dir/Caddyfile" || fail "deploy/Caddyfile has no line for a second relay"
+  out="$(caddy validate --config "$dir/Caddyfile" --adapter caddyfile 2>&1)" || fail "caddy validate (loopback copy): $out"
+  ok "caddy validate deploy/Caddyfile (as shipped, and on loopback with upstream ${*})"
+  caddy run --config "$dir/Caddyfile" --adapter caddyfile >"$dir/caddy.log" 2>&1 &
+  CADDY_PID=$!
+  # Ready once the local CA issued the site's certificate and the https
+  # port answers with it.
+  local root="$dir/data/pki/authorities/local/root.crt"
+  for _ in $(seq 1 100); do
+    [[ -f "$root" ]] && curl -s -o /dev/null --max-time 1 --cacert "$root" "https://127.0.0.1:$https_port/healthz" && break
+    kill -0 "$CADDY_PID" 2>/dev/null || fail "caddy exited: $(cat "$dir/caddy.log")"
+    sleep 0.1
+  done
+  timeout 60 python3 scripts/proxy_roundtrip.py "$https_port" "$http_port" "$root" ||
+    fail "round trip through caddy; its log: $(cat "$dir/caddy.log")"
+  stop_caddy
+  unset XDG_CONFIG_HOME XDG_DATA_HOME
+}
+
+stop_caddy() {
+  if [[ -n "$CADDY_PID" ]] && kill -0 "$CADDY_PID" 2>/dev/null; then
+    kill -TERM "$CADDY_PID" 2>/dev/null || true
+    wait "$CADDY_PID" 2>/dev/null || true
+  fi
+  CADDY_PID=""
+}
+
 check_fly() {
   python3 - deploy/fly.toml <<'EOF' || fail "deploy/fly.toml"
 import sys, tomllib
@@ -255,6 +329,7 @@ EOF
 
 need systemd-analyze systemd
 need nginx nginx
+need caddy caddy
 need openssl openssl
 need redis-server redis-server
 rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
@@ -263,7 +338,9 @@ check_unit
 check_tls_environment
 check_environment
 check_nginx "$ADDR"
+check_caddy "$ADDR"
 stop_relay
-check_nginx_instances
+check_instances check_nginx
+check_instances check_caddy
 check_fly
 echo "check-deploy: deploy/ passed"

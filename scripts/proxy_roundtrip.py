@@ -6,8 +6,10 @@ Also checks that the proxy's plain HTTP port redirects to https.
 
     proxy_roundtrip.py HTTPS_PORT HTTP_PORT CA_FILE
 
-Used by scripts/check-deploy.sh against deploy/nginx.conf. Every socket has
-a timeout; exits 1 with the failing step on stderr.
+Used by scripts/check-deploy.sh against deploy/nginx.conf and
+deploy/Caddyfile, several times against one relay: each run has a session
+of its own. Every socket has a timeout; exits 1 with the failing step on
+stderr.
 """
 
 import base64
@@ -22,7 +24,7 @@ import threading
 import time
 
 HOST = "127.0.0.1"
-SESSION = "deploy-check"
+SESSION = "deploy-check-" + os.urandom(4).hex()
 TIMEOUT = 20
 
 
@@ -120,7 +122,8 @@ def main():
     plain = http.client.HTTPConnection(HOST, http_port, timeout=TIMEOUT)
     plain.request("GET", "/healthz")
     resp = plain.getresponse()
-    if resp.status != 301 or not resp.getheader("Location", "").startswith("https://"):
+    # nginx answers 301, Caddy 308 (which keeps the method).
+    if resp.status not in (301, 308) or not resp.getheader("Location", "").startswith("https://"):
         fail(f"plain HTTP answered {resp.status} {resp.getheader('Location')}")
     ok("plain HTTP redirects to https")
 

@@ -8,9 +8,11 @@
 //! load catchup   --subscribers N --answers M [--publishers P] [common]   (relay only)
 //! load idle      --connections N --kind ws|poll [--hold SECS] [common]
 //! load ingest    --rate R [--connections C] [common]   (prompts at R/s, open loop)
+//! load handshake [--connections C] [common]   (TLS: new connections, one request each)
 //! common: --target relay|base|nchan --addr HOST:PORT [--server-pid PID[,PID]] [--seconds T]
 //!   [--redis-pid PID] (Redis's CPU apart) [--addr2 HOST:PORT] (fan-out: half the subscribers there)
 //!         [--warmup SECS] [--size BYTES] [--figure NAME]
+//!         [--ca FILE] (TLS to the server, trusting FILE; see `net::tls_config`)
 //! ```
 //!
 //! `base` is a second relay binary measured beside `relay` (a before/after
@@ -24,6 +26,7 @@
 
 mod catchup;
 mod fanout;
+mod handshake;
 mod idle;
 mod ingest;
 mod net;
@@ -124,6 +127,9 @@ impl Args {
         if let Some(pid) = self.0.get("redis-pid") {
             let _ = crate::stats::REDIS_PID.set(pid.clone());
         }
+        if let Some(ca) = self.0.get("ca") {
+            let _ = net::TLS.set(net::tls_config(std::path::Path::new(ca))?);
+        }
         let name = self.0.get("target").map(String::as_str).unwrap_or("relay");
         let target =
             Target::parse(name).ok_or("--target must be relay, base, nginx-static or nchan")?;
@@ -150,7 +156,9 @@ fn run(words: &[String]) -> Result<(), String> {
     let Some((mode, rest)) = words.split_first() else {
         // `cargo bench` and `cargo test --all-targets` run every bench binary
         // without arguments: nothing to measure, say how to use it.
-        println!("usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest");
+        println!(
+            "usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest|handshake"
+        );
         println!("(see benches/load/main.rs and benches/load/run.sh)");
         return Ok(());
     };
@@ -191,8 +199,12 @@ fn run(words: &[String]) -> Result<(), String> {
                 connections,
             )
         }
+        "handshake" => {
+            let connections: usize = args.get("connections", Some(8))?;
+            handshake::run(&args.common("handshake".to_owned())?, connections)
+        }
         other => Err(format!(
-            "unknown mode {other}: roundtrip, fanout, catchup, idle or ingest"
+            "unknown mode {other}: roundtrip, fanout, catchup, idle, ingest or handshake"
         )),
     }
 }

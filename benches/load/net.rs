@@ -3,6 +3,8 @@
 //! `Poll`; a minimal HTTP/1.1 response parser (httparse for the head,
 //! `Content-Length` or chunked bodies); and a minimal WebSocket client (the
 //! handshake by hand, masked client frames, unmasked server frames).
+//! With `--ca` every connection speaks TLS (rustls, the client settings in
+//! [`TLS`]) under the same plaintext interface.
 //!
 //! Invariant: a connection is registered once for `READABLE | WRITABLE`;
 //! readiness is drained to `WouldBlock` on every event, so no edge is lost.
@@ -10,10 +12,16 @@
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
+use rustls::{ClientConfig, ClientConnection};
+use rustls_pki_types::ServerName;
+
+/// The TLS client settings every connection uses, when set (`--ca`).
+pub static TLS: OnceLock<Arc<ClientConfig>> = OnceLock::new();
 
 /// Bytes read per `read` call, into the shared scratch buffer.
 const SCRATCH_BYTES: usize = 64 * 1024;
@@ -21,6 +29,8 @@ const SCRATCH_BYTES: usize = 64 * 1024;
 /// One client connection.
 pub struct Conn {
     sock: TcpStream,
+    /// TLS over `sock`: plaintext goes in and out through it.
+    tls: Option<Box<ClientConnection>>,
     /// Received bytes not yet consumed by the caller.
     pub inbuf: Vec<u8>,
     out: Vec<u8>,
@@ -49,7 +59,20 @@ impl Conn {
         }
     }
 
+    /// The negotiated TLS version and cipher suite, once known.
+    pub fn tls_suite(&self) -> Option<String> {
+        let tls = self.tls.as_ref()?;
+        Some(format!(
+            "{:?}/{:?}",
+            tls.protocol_version()?,
+            tls.negotiated_cipher_suite()?.suite()
+        ))
+    }
+
     fn flush(&mut self) {
+        if self.tls.is_some() {
+            return self.flush_tls();
+        }
         while self.closed.is_none() && self.out_pos < self.out.len() {
             match self.sock.write(&self.out[self.out_pos..]) {
                 Ok(0) => self.closed = Some("write returned 0".into()),
@@ -63,7 +86,69 @@ impl Conn {
         self.out_pos = 0;
     }
 
+    /// Hands the queued plaintext to rustls (its buffer has no limit here)
+    /// and writes records until none is left or the socket blocks.
+    fn flush_tls(&mut self) {
+        let Some(tls) = self.tls.as_mut() else { return };
+        if self.out_pos < self.out.len() {
+            let _ = tls.writer().write_all(&self.out[self.out_pos..]);
+            self.out.clear();
+            self.out_pos = 0;
+        }
+        while self.closed.is_none() && tls.wants_write() {
+            match tls.write_tls(&mut self.sock) {
+                Ok(0) => self.closed = Some("write returned 0".into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => self.closed = Some(format!("write: {e}")),
+            }
+        }
+    }
+
+    /// Reads records until the socket blocks, decrypting into `inbuf`;
+    /// then writes what the handshake needs sent.
+    fn fill_tls(&mut self, scratch: &mut [u8]) {
+        let Some(tls) = self.tls.as_mut() else { return };
+        while self.closed.is_none() {
+            let eof = match tls.read_tls(&mut self.sock) {
+                Ok(n) => n == 0,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.closed = Some(format!("read: {e}"));
+                    break;
+                }
+            };
+            if let Err(e) = tls.process_new_packets() {
+                self.closed = Some(format!("TLS: {e}"));
+                break;
+            }
+            loop {
+                match tls.reader().read(scratch) {
+                    Ok(0) => {
+                        self.closed = Some("closed by peer (close_notify)".into());
+                        break;
+                    }
+                    Ok(n) => self.inbuf.extend_from_slice(&scratch[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        self.closed = Some("closed by peer".into());
+                        break;
+                    }
+                }
+            }
+            if eof && self.closed.is_none() {
+                self.closed = Some("closed by peer".into());
+            }
+        }
+        self.flush_tls();
+    }
+
     fn fill(&mut self, scratch: &mut [u8]) {
+        if self.tls.is_some() {
+            return self.fill_tls(scratch);
+        }
         while self.closed.is_none() {
             match self.sock.read(scratch) {
                 Ok(0) => self.closed = Some("closed by peer".into()),
@@ -121,21 +206,45 @@ impl Net {
     /// [`open`](Self::open) to another server (a second instance).
     pub fn open_to(&mut self, addr: SocketAddr) -> io::Result<usize> {
         let index = self.conns.len();
+        let conn = self.connect(addr, index)?;
+        self.conns.push(conn);
+        Ok(index)
+    }
+
+    /// Closes the connection at `index` and opens a new one in its place
+    /// (the handshake figure's next connection).
+    pub fn reopen(&mut self, index: usize) -> io::Result<()> {
+        let _ = self.poll.registry().deregister(&mut self.conns[index].sock);
+        self.conns[index] = self.connect(self.addr, index)?;
+        Ok(())
+    }
+
+    fn connect(&mut self, addr: SocketAddr, index: usize) -> io::Result<Conn> {
         let mut sock = TcpStream::connect(addr)?;
         self.poll.registry().register(
             &mut sock,
             Token(index),
             Interest::READABLE | Interest::WRITABLE,
         )?;
-        self.conns.push(Conn {
+        let tls = match TLS.get() {
+            Some(config) => {
+                let name = ServerName::from(addr.ip());
+                let mut tls = ClientConnection::new(config.clone(), name)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                tls.set_buffer_limit(None);
+                Some(Box::new(tls))
+            }
+            None => None,
+        };
+        Ok(Conn {
             sock,
+            tls,
             inbuf: Vec::new(),
             out: Vec::new(),
             out_pos: 0,
             connected: false,
             closed: None,
-        });
-        Ok(index)
+        })
     }
 
     /// Closes every connection (drops the sockets).
@@ -379,4 +488,32 @@ pub fn json_str<'a>(text: &'a [u8], key: &str) -> Option<&'a [u8]> {
 /// The first position of `needle` in `hay`.
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The client settings of `--ca FILE`: trust the certificates in FILE
+/// only, offer TLS 1.3 with AES-128-GCM alone (so every server under test
+/// negotiates the same suite, whatever its own order), and never resume a
+/// session, so every connection is a full handshake.
+pub fn tls_config(ca: &std::path::Path) -> Result<Arc<ClientConfig>, String> {
+    use rustls::crypto::ring;
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+    let (added, _) = roots.add_parsable_certificates(certs.filter_map(Result::ok));
+    if added == 0 {
+        return Err(format!("{}: no certificate in it", ca.display()));
+    }
+    let provider = rustls::crypto::CryptoProvider {
+        cipher_suites: vec![ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
+        ..ring::default_provider()
+    };
+    let mut config = ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.resumption = rustls::client::Resumption::disabled();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }

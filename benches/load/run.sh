@@ -4,6 +4,7 @@
 #   benches/load/run.sh                      # every figure, REPEAT=3 runs each
 #   REPEAT=1 SECS=3 FIGURES="rt:100 fan:1000" benches/load/run.sh
 #   BASE_BIN=/tmp/relay-before TARGETS="relay base" benches/load/run.sh
+#   TLS=1 FIGURES="ingest rt:1 handshake idle:ws:2000" benches/load/run.sh
 #
 # Targets (TARGETS, space-separated, default "relay nchan"):
 #   relay         the static musl build, target/x86_64-unknown-linux-musl/
@@ -67,6 +68,20 @@
 #                    latency from when each was due (the load binary's
 #                    `ingest` mode, polling without sleep on its core): the
 #                    ingest latency below saturation; nginx-static runs it too
+#   handshake        TLS=1 only: new connections, 8 at a time, each a full
+#                    TLS handshake and one GET /healthz (the load binary's
+#                    `handshake` mode); 1e6 / server_us_per_op is handshakes
+#                    per second on one core of the server
+#
+# TLS=1 runs every figure over TLS (targets relay, base, nchan and
+# nginx-static): relay with its own TLS (RELAY_TLS_CERT), nginx terminating
+# TLS in front of nchan (or of its static answer), all with one ECDSA P-256
+# certificate made for the run. The clients offer TLS 1.3 with
+# TLS_AES_128_GCM_SHA256 alone, so every server negotiates that suite (and
+# X25519, the first group of both client libraries): the load binary by
+# its own settings (--ca), wrk through an OpenSSL configuration file
+# (OPENSSL_CONF, its system_default section). Keep-alive is the same as
+# without TLS: one handshake per connection, then requests on it.
 # Needs: taskset, curl, file, wrk, nginx + libnginx-mod-nchan
 #   (apt-get install -y nginx libnginx-mod-nchan wrk).
 set -euo pipefail
@@ -84,6 +99,7 @@ FIGURES="${FIGURES:-rt:1 rt:100 rt:1000 fan:1000 fan:10000 catchup:1000:10000 ra
 NCHAN_DIR="${NCHAN_DIR:-$root/benches/load/nchan}"
 RELAY_BUILD="${RELAY_BUILD:-musl}"
 BASE_BIN="${BASE_BIN:-}"
+TLS="${TLS:-0}"
 port="${BASE_PORT:-18100}"
 OUT="${OUT:-$(mktemp -d /tmp/relay-bench.XXXXXX)}"
 mkdir -p "$OUT"
@@ -102,7 +118,45 @@ for t in $TARGETS; do
       ;;
     *) echo "run.sh: unknown target $t (relay, base, durable, durable-base, redis, shared, shared-base, script, nchan, nginx-static)" >&2; exit 2 ;;
   esac
+  case "$TLS:$t" in
+    0:* | 1:relay | 1:base | 1:nchan | 1:nginx-static) ;;
+    *) echo "run.sh: TLS=1 runs the targets relay, base, nchan and nginx-static, not $t" >&2; exit 2 ;;
+  esac
 done
+
+# TLS=1: the certificate every server presents and the clients trust, and
+# the OpenSSL settings that pin wrk to the same version and suite as the
+# load binary (net::tls_config).
+scheme=http
+tls_ca=""
+tls_args=()
+if [ "$TLS" = 1 ]; then
+  scheme=https
+  mkdir -p "$OUT/tls"
+  tls_ca="$OUT/tls/cert.pem"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
+    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" -addext basicConstraints=critical,CA:FALSE \
+    -keyout "$OUT/tls/key.pem" -out "$tls_ca" 2>/dev/null
+  chmod 0644 "$OUT/tls/key.pem"  # nginx's worker reads it as nobody
+  cat >"$OUT/tls/openssl.cnf" <<'EOF'
+openssl_conf = openssl_init
+[openssl_init]
+ssl_conf = ssl_sect
+[ssl_sect]
+system_default = system_default_sect
+[system_default_sect]
+MinProtocol = TLSv1.3
+Ciphersuites = TLS_AES_128_GCM_SHA256
+EOF
+  tls_args=(--ca "$tls_ca")
+  relay_tls_env=(RELAY_TLS_CERT="$tls_ca" RELAY_TLS_KEY="$OUT/tls/key.pem")
+  nginx_tls_env=(NGINX_TLS_CERT="$tls_ca" NGINX_TLS_KEY="$OUT/tls/key.pem")
+else
+  relay_tls_env=()
+  nginx_tls_env=()
+fi
+# curl to a server under test, trusting the run's certificate under TLS=1.
+curl_s() { curl -s ${tls_ca:+--cacert "$tls_ca"} "$@"; }
 
 cd "$root"
 echo "building the load generator and relay ($RELAY_BUILD, release)..." >&2
@@ -142,7 +196,7 @@ proto_of() { case "$1" in durable | durable-base | shared | shared-base) echo re
 
 # The storage thread's commits so far (one fsync each with RELAY_SYNC=always).
 commits() {
-  curl -s "http://127.0.0.1:$1/metrics" | awk '$1 == "relay_storage_commits_total" { print $2 }'
+  curl_s "$scheme://127.0.0.1:$1/metrics" | awk '$1 == "relay_storage_commits_total" { print $2 }'
 }
 
 # "path (static-pie linked, N bytes)" for the header.
@@ -154,7 +208,7 @@ describe_bin() {
 
 wait_healthy() {
   for _ in $(seq 1 100); do
-    curl -sf -o /dev/null "http://127.0.0.1:$1/healthz" && return 0
+    curl_s -f -o /dev/null "$scheme://127.0.0.1:$1/healthz" && return 0
     sleep 0.1
   done
   echo "run.sh: server on port $1 never became healthy" >&2
@@ -164,7 +218,7 @@ wait_healthy() {
 # wait_ready PORT: /readyz answers 200 (a shared relay reached Redis).
 wait_ready() {
   for _ in $(seq 1 100); do
-    curl -sf -o /dev/null "http://127.0.0.1:$1/readyz" && return 0
+    curl_s -f -o /dev/null "$scheme://127.0.0.1:$1/readyz" && return 0
     sleep 0.1
   done
   echo "run.sh: server on port $1 never became ready" >&2
@@ -182,7 +236,7 @@ start_server() {
       case "$1" in durable*) data=(RELAY_DATA_DIR="$OUT/data-$2" RELAY_SYNC=always) ;; esac
       env RELAY_HOST=127.0.0.1 RELAY_PORT="$2" RELAY_LOG=warn \
         RELAY_MAX_CONNECTIONS=25000 RELAY_MAX_SUBSCRIBERS=20000 RELAY_MAX_WAITERS=1000 RELAY_MAX_PENDING=100000 \
-        "${data[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log" &
+        "${data[@]}" "${relay_env[@]}" "${relay_tls_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log" &
       stop_pid=$!
       wait_healthy "$2"
       server_pid=$stop_pid
@@ -232,7 +286,7 @@ start_server() {
     nchan | nginx-static)
       local dir="$NCHAN_DIR"
       [ "$1" = nginx-static ] && dir="$here/nginx-static"
-      taskset -c "$SERVER_CORE" "$dir/run.sh" "$2" 2>"$log" &
+      env "${nginx_tls_env[@]}" taskset -c "$SERVER_CORE" "$dir/run.sh" "$2" 2>"$log" &
       stop_pid=$!
       wait_healthy "$2"
       server_pid="$(pgrep -P "$stop_pid" | head -1)"
@@ -312,8 +366,8 @@ run_ingest() {
   read -r t0 k0 < <(ticks "$server_pid")
   [ -n "$redis_pid" ] && read -r r0 rk < <(ticks "$redis_pid")
   (
-    TARGET="$(proto_of "$t")" RUN_ID="$port" taskset -c "$LOAD_CORE" \
-      wrk -t1 -c64 -d"${INGEST_SECS}s" --latency -s "$here/ingest.lua" "http://127.0.0.1:$port" >"$wrk_out"
+    env TARGET="$(proto_of "$t")" RUN_ID="$port" ${tls_ca:+OPENSSL_CONF="$OUT/tls/openssl.cnf"} taskset -c "$LOAD_CORE" \
+      wrk -t1 -c64 -d"${INGEST_SECS}s" --latency -s "$here/ingest.lua" "$scheme://127.0.0.1:$port" >"$wrk_out"
     times >"$wrk_out.times"
   )
   read -r t1 k1 < <(ticks "$server_pid")
@@ -341,7 +395,7 @@ runs() {
     nchan:catchup) return 1 ;;
     redis:ingest | script:ingest) return 0 ;;
     redis:* | script:*) return 1 ;;
-    nginx-static:ingest | nginx-static:irate) return 0 ;;
+    nginx-static:ingest | nginx-static:irate | nginx-static:handshake) return 0 ;;
     nginx-static:*) return 1 ;;
   esac
 }
@@ -364,6 +418,10 @@ run_figure() {
     idle) figure="idle/$a/N=$b"; args=(idle --kind "$a" --connections "$b") ;;
     ingest) figure="ingest" ;;
     irate) figure="ingest/rate=$a"; args=(ingest --rate "$a" --connections 64) ;;
+    handshake)
+      [ "$TLS" = 1 ] || { echo "run.sh: the handshake figure needs TLS=1" >&2; exit 2; }
+      figure="handshake"; args=(handshake --connections 8)
+      ;;
     *) echo "run.sh: unknown figure $spec" >&2; exit 2 ;;
   esac
   port=$((port + 1))
@@ -384,7 +442,7 @@ run_figure() {
     line="$(run_ingest "$t")"
   else
     line="$(taskset -c "$LOAD_CORE" "$load_bin" "${args[@]}" --target "$(proto_of "$t")" --addr "127.0.0.1:$port" \
-      --server-pid "$server_pid" "${extra[@]}" --seconds "$SECS" --figure "$figure" 2>>"$OUT/gen.log" | grep '^RESULT')" ||
+      --server-pid "$server_pid" "${extra[@]}" "${tls_args[@]}" --seconds "$SECS" --figure "$figure" 2>>"$OUT/gen.log" | grep '^RESULT')" ||
       line="RESULT figure=$figure target=$t failed=1"
     line="${line/target=relay /target=$t }"
   fi
@@ -420,6 +478,10 @@ run_figure() {
   echo "relay $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "(not a git checkout)"), $(nginx -v 2>&1), $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)," \
     "$(nproc) cores, kernel $(uname -r); server on core $SERVER_CORE, load on core $LOAD_CORE;" \
     "REPEAT=$REPEAT SECS=$SECS INGEST_SECS=$INGEST_SECS; median of the runs; ratios are relay / each other target."
+  if [ "$TLS" = 1 ]; then
+    echo
+    echo "Over TLS: TLS 1.3, TLS_AES_128_GCM_SHA256, X25519, an ECDSA P-256 certificate; $(openssl version | cut -d' ' -f1-2) under nginx."
+  fi
   echo
   for t in $TARGETS; do
     case "$t" in
