@@ -246,6 +246,12 @@ impl SessionLog {
         prompt_text_of(msg.data())
     }
 
+    /// The `seq` of the prompt stored under `client_msg_id`, while it is
+    /// pending or in history.
+    pub fn prompt_seq(&self, client_msg_id: &str) -> Option<Seq> {
+        self.prompts.get(client_msg_id).map(|e| e.seq)
+    }
+
     /// The stored id of a prompt, shared, if it is pending or in history.
     pub fn prompt_id(&self, client_msg_id: &str) -> Option<Rc<str>> {
         self.prompts

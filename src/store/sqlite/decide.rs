@@ -16,7 +16,7 @@ use super::rows::Rows;
 use super::schema;
 
 use crate::error::ApiError;
-use crate::store::mem::{Applied, MemStore, StoreLimits};
+use crate::store::mem::{MemStore, StoreLimits};
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::store::types::{NewPrompt, NewResponse};
 use crate::time::Millis;
@@ -232,14 +232,30 @@ fn transaction(
         let mut records = Vec::new();
         let result = decide(&mut state.log, &mut cmd.op, &mut records);
         for record in &records {
-            w.write(&mut state.rows, record)?;
-            match state.log.apply(NOW, record.clone()) {
-                Applied::Prompt { sid, .. } | Applied::Response { sid, .. } => {
-                    if let Some(log) = state.log.get(&sid) {
-                        state.rows.trim(&sid, log);
-                    }
+            let (sid, seq) = match record {
+                Record::Prompt { sid, seq, .. } | Record::Response { sid, seq, .. } => (sid, *seq),
+                Record::Created { .. } | Record::Deleted { .. } => {
+                    w.write(&mut state.rows, record)?;
+                    state.log.apply(NOW, record.clone());
+                    continue;
                 }
-                Applied::Deleted { .. } | Applied::Nothing => {}
+            };
+            // A message: its row appended, the record applied to the copy,
+            // then the rows the copy no longer retains go to the garbage
+            // (with the prompt an answer answered, if the log knew it).
+            let Some(s) = state.rows.sessions.get_mut(&**sid) else {
+                return Err(rusqlite::Error::QueryReturnedNoRows);
+            };
+            s.appended(seq, w.insert(s.id, record)?);
+            let answered = match record {
+                Record::Response { client_msg_id, .. } => {
+                    state.log.get(sid).and_then(|l| l.prompt_seq(client_msg_id))
+                }
+                _ => None,
+            };
+            state.log.apply(NOW, record.clone());
+            if let Some(log) = state.log.get(sid) {
+                s.trim(sid, log, answered, &mut state.rows.garbage);
             }
         }
         out.push(Done {
@@ -248,7 +264,7 @@ fn transaction(
             records,
         });
     }
-    if state.rows.garbage() >= GARBAGE_BATCH {
+    if state.rows.garbage.len() >= GARBAGE_BATCH {
         w.collect_garbage(state)?;
     }
     drop(w);
@@ -316,8 +332,9 @@ struct RowWriter<'a> {
 }
 
 impl RowWriter<'_> {
-    /// Writes what a record changes: a `sessions` row, a message row, or a
+    /// Writes what a session record changes: a `sessions` row, or a
     /// session's rows deleted (its garbage goes with the next collection).
+    /// Messages are [`insert`](Self::insert)ed.
     fn write(&mut self, rows: &mut Rows, record: &Record) -> rusqlite::Result<()> {
         match record {
             Record::Created { sid, epoch } => {
@@ -328,37 +345,6 @@ impl RowWriter<'_> {
                     )?
                     .execute(params![sid.as_str(), epoch])?;
                 rows.created(sid.clone(), self.tx.last_insert_rowid());
-            }
-            Record::Prompt {
-                sid,
-                seq,
-                ts,
-                client_msg_id,
-                data,
-            } => {
-                let session = rows.session(sid).ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-                let row = self.insert(session, seq.get(), 0, client_msg_id, None, *ts, data)?;
-                rows.appended(sid, *seq, row);
-            }
-            Record::Response {
-                sid,
-                seq,
-                ts,
-                client_msg_id,
-                assistant_msg_id,
-                data,
-            } => {
-                let session = rows.session(sid).ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-                let row = self.insert(
-                    session,
-                    seq.get(),
-                    1,
-                    client_msg_id,
-                    Some(assistant_msg_id),
-                    *ts,
-                    data.data(),
-                )?;
-                rows.appended(sid, *seq, row);
             }
             Record::Deleted { sid } => {
                 if let Some((session, messages)) = rows.deleted(sid) {
@@ -373,22 +359,41 @@ impl RowWriter<'_> {
                         .execute([session])?;
                 }
             }
+            Record::Prompt { .. } | Record::Response { .. } => {}
         }
         Ok(())
     }
 
-    /// Appends a message's row; returns its rowid.
-    #[allow(clippy::too_many_arguments)]
-    fn insert(
-        &mut self,
-        session: i64,
-        seq: u64,
-        kind: i64,
-        client_msg_id: &str,
-        assistant_msg_id: Option<&str>,
-        ts: u64,
-        data: &str,
-    ) -> rusqlite::Result<i64> {
+    /// Appends a message's row (`session` is its `sessions` row); returns
+    /// its rowid.
+    fn insert(&mut self, session: i64, record: &Record) -> rusqlite::Result<i64> {
+        let (seq, kind, client_msg_id, assistant_msg_id, ts, data) = match record {
+            Record::Prompt {
+                seq,
+                ts,
+                client_msg_id,
+                data,
+                ..
+            } => (seq, 0, client_msg_id, None, ts, data.as_str()),
+            Record::Response {
+                seq,
+                ts,
+                client_msg_id,
+                assistant_msg_id,
+                data,
+                ..
+            } => (
+                seq,
+                1,
+                client_msg_id,
+                Some(assistant_msg_id),
+                ts,
+                data.data(),
+            ),
+            Record::Created { .. } | Record::Deleted { .. } => {
+                return Err(rusqlite::Error::InvalidQuery);
+            }
+        };
         let st = match &mut self.insert {
             Some(st) => st,
             slot => slot.insert(self.tx.prepare_cached(
@@ -398,11 +403,11 @@ impl RowWriter<'_> {
         };
         st.execute(params![
             session,
-            seq as i64,
+            seq.get() as i64,
             kind,
             client_msg_id,
             assistant_msg_id,
-            ts as i64,
+            *ts as i64,
             data
         ])?;
         Ok(self.tx.last_insert_rowid())

@@ -2,41 +2,129 @@
 //! `sessions` row of each session, the row of each message the log still
 //! retains (a prompt while pending or in history, an answer while in
 //! history), and the rows it no longer needs. Those are garbage: rows the
-//! database still holds, deleted in bulk later ([`Rows::take_garbage`]),
-//! because a row deleted at once would dirty a page of its own in every
-//! commit.
+//! database still holds, deleted in bulk later ([`Garbage::take`]), because
+//! a row deleted at once would dirty a page of its own in every commit.
 //!
 //! Read from the file with the log ([`Rows::read`]), and read again after
 //! a transaction rolls back, so a failed commit never leaves it ahead of
 //! the file.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use rusqlite::Connection;
 
+use crate::store::SessionLog;
 use crate::store::mem::MemStore;
 use crate::store::types::{Seq, SessionId};
-use crate::store::SessionLog;
 
 /// One session's rows.
-struct Session {
+pub struct Session {
     /// The `sessions` row.
-    id: i64,
-    /// Retained messages' rows, by `seq`.
-    by_seq: BTreeMap<u64, i64>,
+    pub id: i64,
+    /// Retained messages' `(seq, row)`, in `seq` order.
+    by_seq: VecDeque<(u64, i64)>,
+    /// History's oldest `seq` when rows were last trimmed: every row below
+    /// it is a pending prompt.
+    floor: u64,
     /// Rows of this session went to the garbage since its counters were
-    /// last written (it is then in `Rows::dirty`).
+    /// last written (it is then in `Garbage::dirty`).
     dirty: bool,
+}
+
+impl Session {
+    fn new(id: i64) -> Session {
+        Session {
+            id,
+            by_seq: VecDeque::new(),
+            floor: 0,
+            dirty: false,
+        }
+    }
+
+    /// A message's row, appended (messages come in `seq` order).
+    pub fn appended(&mut self, seq: Seq, row: i64) {
+        self.by_seq.push_back((seq.get(), row));
+    }
+
+    /// After a change to the log of `sid`: the rows it no longer retains
+    /// become garbage. Those are the messages history dropped since the
+    /// last trim, unless pending, and `answered`, a prompt this change
+    /// answered, once it is below history. Each row is looked at when it
+    /// leaves history, not again: below history only pending prompts are
+    /// retained, however many.
+    pub fn trim(
+        &mut self,
+        sid: &SessionId,
+        log: &SessionLog,
+        answered: Option<Seq>,
+        garbage: &mut Garbage,
+    ) {
+        let first = log.first_seq().get();
+        let before = garbage.rows.len();
+        if first > self.floor {
+            let mut i = self.by_seq.partition_point(|&(seq, _)| seq < self.floor);
+            while let Some(&(seq, row)) = self.by_seq.get(i) {
+                if seq >= first {
+                    break;
+                }
+                if log.is_pending(Seq(seq)) {
+                    i += 1;
+                } else {
+                    garbage.rows.push(row);
+                    self.by_seq.remove(i);
+                }
+            }
+            self.floor = first;
+        }
+        if let Some(seq) = answered.filter(|q| q.get() < first && !log.is_pending(*q))
+            && let Ok(i) = self.by_seq.binary_search_by_key(&seq.get(), |&(s, _)| s)
+            && let Some((_, row)) = self.by_seq.remove(i)
+        {
+            garbage.rows.push(row);
+        }
+        if garbage.rows.len() > before && !self.dirty {
+            self.dirty = true;
+            garbage.dirty.push(sid.clone());
+        }
+    }
+}
+
+/// Rows waiting to be deleted, and the sessions whose counters (`next_seq`,
+/// the newest answer, the newest answer dropped) are written with them:
+/// restore takes those as its floor, since the rows that set them are gone.
+#[derive(Default)]
+pub struct Garbage {
+    rows: Vec<i64>,
+    dirty: Vec<SessionId>,
+}
+
+impl Garbage {
+    /// Garbage rows waiting.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The rows to delete, and the sessions (still in `sessions`, with
+    /// their `sessions` row) whose counters to write with them.
+    pub fn take(
+        &mut self,
+        sessions: &mut HashMap<SessionId, Session>,
+    ) -> (Vec<i64>, Vec<(SessionId, i64)>) {
+        let mut dirty = Vec::with_capacity(self.dirty.len());
+        for sid in self.dirty.drain(..) {
+            if let Some(s) = sessions.get_mut(&sid) {
+                s.dirty = false;
+                dirty.push((sid, s.id));
+            }
+        }
+        (std::mem::take(&mut self.rows), dirty)
+    }
 }
 
 #[derive(Default)]
 pub struct Rows {
-    sessions: HashMap<SessionId, Session>,
-    garbage: Vec<i64>,
-    /// Sessions whose counters (`next_seq`, the newest answer, the newest
-    /// answer dropped) are written when their garbage is deleted: restore
-    /// takes them as its floor, since the rows that set them are gone.
-    dirty: Vec<SessionId>,
+    pub sessions: HashMap<SessionId, Session>,
+    pub garbage: Garbage,
 }
 
 impl Rows {
@@ -60,93 +148,47 @@ impl Rows {
         for (&id, sid) in &names {
             rows.created(sid.clone(), id);
         }
-        let mut st = conn.prepare("SELECT id, session, seq FROM messages")?;
+        // In the order written, which is each session's `seq` order.
+        let mut st = conn.prepare("SELECT id, session, seq FROM messages ORDER BY id")?;
         let mut q = st.query([])?;
         while let Some(r) = q.next()? {
             let (row, session, seq): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
             match names.get(&session) {
-                Some(sid) => rows.appended(sid, Seq(seq as u64), row),
-                None if !known.contains(&session) => rows.garbage.push(row),
+                Some(sid) => {
+                    if let Some(s) = rows.sessions.get_mut(sid) {
+                        s.appended(Seq(seq as u64), row);
+                    }
+                }
+                None if !known.contains(&session) => rows.garbage.rows.push(row),
                 None => {}
             }
         }
-        for sid in names.values() {
+        let Rows { sessions, garbage } = &mut rows;
+        for (sid, s) in sessions.iter_mut() {
+            // Rows written by hand out of order still count.
+            if !s.by_seq.iter().is_sorted() {
+                s.by_seq.make_contiguous().sort_unstable();
+            }
             if let Some(l) = log.get(sid) {
-                rows.trim(sid, l);
+                s.trim(sid, l, None, garbage);
             }
         }
         Ok(rows)
     }
 
-    /// The `sessions` row of `sid`.
-    pub fn session(&self, sid: &str) -> Option<i64> {
-        self.sessions.get(sid).map(|s| s.id)
-    }
-
     pub fn created(&mut self, sid: SessionId, id: i64) {
-        let s = Session {
-            id,
-            by_seq: BTreeMap::new(),
-            dirty: false,
-        };
-        self.sessions.insert(sid, s);
-    }
-
-    pub fn appended(&mut self, sid: &str, seq: Seq, row: i64) {
-        if let Some(s) = self.sessions.get_mut(sid) {
-            s.by_seq.insert(seq.get(), row);
-        }
+        self.sessions.insert(sid, Session::new(id));
     }
 
     /// A deleted session's `sessions` row and every message row it still
     /// needs (its garbage goes with the next collection).
     pub fn deleted(&mut self, sid: &str) -> Option<(i64, Vec<i64>)> {
         let s = self.sessions.remove(sid)?;
-        Some((s.id, s.by_seq.into_values().collect()))
+        Some((s.id, s.by_seq.into_iter().map(|(_, row)| row).collect()))
     }
 
-    /// After a change to the log of `sid`: the rows it no longer retains
-    /// become garbage. Below the oldest `seq` history holds, only pending
-    /// prompts are retained.
-    pub fn trim(&mut self, sid: &SessionId, log: &SessionLog) {
-        let Some(s) = self.sessions.get_mut(sid) else {
-            return;
-        };
-        let dropped: Vec<u64> = s
-            .by_seq
-            .range(..log.first_seq().get())
-            .map(|(&seq, _)| seq)
-            .filter(|&seq| !log.is_pending(Seq(seq)))
-            .collect();
-        if dropped.is_empty() {
-            return;
-        }
-        for seq in dropped {
-            if let Some(row) = s.by_seq.remove(&seq) {
-                self.garbage.push(row);
-            }
-        }
-        if !s.dirty {
-            s.dirty = true;
-            self.dirty.push(sid.clone());
-        }
-    }
-
-    /// Garbage rows waiting.
-    pub fn garbage(&self) -> usize {
-        self.garbage.len()
-    }
-
-    /// The garbage rows to delete, and the sessions (still here, with
-    /// their `sessions` row) whose counters to write with them.
+    /// The garbage rows to delete, and the sessions whose counters to write.
     pub fn take_garbage(&mut self) -> (Vec<i64>, Vec<(SessionId, i64)>) {
-        let mut dirty = Vec::with_capacity(self.dirty.len());
-        for sid in self.dirty.drain(..) {
-            if let Some(s) = self.sessions.get_mut(&sid) {
-                s.dirty = false;
-                dirty.push((sid, s.id));
-            }
-        }
-        (std::mem::take(&mut self.garbage), dirty)
+        self.garbage.take(&mut self.sessions)
     }
 }

@@ -14,8 +14,8 @@
 //!   is SQLite's rowid, so a commit appends to the table's last pages);
 //!   `kind` 0 is a prompt, 1 an answer; `data` is the message's JSON object
 //!   exactly as the API serves it. No index: the storage thread decides
-//!   writes from its mirror (`mirror.rs`), and restore reads the table in
-//!   order.
+//!   writes on its copy of the log and knows each retained message's row
+//!   (`rows.rs`), and restore reads the table in order.
 //! - `generation(n)`: one row, the number of the last transaction (each
 //!   adds one), compared at start with the side file `relay.generation`
 //!   to notice a lost write-ahead log (`generation.rs`).
