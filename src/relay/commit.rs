@@ -37,7 +37,7 @@ impl Relay {
                 } => {
                     // Shared sessions: counted and logged by the instance
                     // that stored it (see `Relay::answered`).
-                    if self.shared.is_none() {
+                    if self.engine.applies_own_writes() {
                         debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, seq = seq.get(); "prompt stored");
                         self.stats.prompts_stored += 1;
                     }
@@ -51,7 +51,7 @@ impl Relay {
                     client_msg_id,
                     assistant_msg_id,
                 } => {
-                    if self.shared.is_none() {
+                    if self.engine.applies_own_writes() {
                         debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, assistant_msg_id = &*assistant_msg_id, seq = seq.get(); "response posted");
                         self.stats.responses_stored += 1;
                     }

@@ -6,9 +6,8 @@
 
 use log::{debug, info};
 
-use super::model::{NewPrompt, NewResponse};
-use super::{ConnId, Effect, Relay, Ticket};
-use crate::store::SessionId;
+use super::{ApiError, ConnId, Effect, Engine, Relay, Ticket, Write};
+use crate::store::MemStore;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::store::sqlite::StoreStats;
 use crate::time::Millis;
@@ -19,111 +18,72 @@ const NOBODY: ConnId = ConnId {
     generation: 0,
 };
 
-/// `POST /prompt` as a command.
-pub fn prompt(ticket: Ticket, p: &NewPrompt, unix_ms: u64) -> Command {
-    Command {
-        ticket,
-        op: Op::Prompt {
+/// A write as the storage thread's operation. A deletion names a session
+/// the loop's copy holds (else `404` here).
+pub(super) fn op(store: &MemStore, w: Write, unix_ms: u64) -> Result<Op, ApiError> {
+    let owned = |(id, raw): &(String, crate::wire::Raw)| (id.clone(), raw.get().to_string());
+    Ok(match w {
+        Write::Prompt(p) => Op::Prompt {
             sid: p.session_id.clone(),
-            id: p
-                .client_msg_id
-                .as_ref()
-                .map(|(id, raw)| (id.clone(), raw.get().to_string())),
+            id: p.client_msg_id.as_ref().map(owned),
             prompt: p.prompt.get().to_string(),
             metadata: p.metadata.map(|m| m.get().to_string()),
             ts: p.ts.unwrap_or(unix_ms),
         },
-    }
-}
-
-/// `POST /response` as a command.
-pub fn response(ticket: Ticket, r: &NewResponse, unix_ms: u64) -> Command {
-    Command {
-        ticket,
-        op: Op::Response {
+        Write::Response(r) => Op::Response {
             sid: r.session_id.clone(),
             client_msg_id: r.client_msg_id.clone(),
-            id: r
-                .assistant_msg_id
-                .as_ref()
-                .map(|(id, raw)| (id.clone(), raw.get().to_string())),
+            id: r.assistant_msg_id.as_ref().map(owned),
             text: r.text.get().to_string(),
             metadata: r.metadata.map(|m| m.get().to_string()),
             ts: r.ts.unwrap_or(unix_ms),
         },
-    }
-}
-
-/// A session to create (`PUT`, or a WebSocket connect).
-pub fn create(ticket: Ticket, sid: &SessionId, put: bool) -> Command {
-    Command {
-        ticket,
-        op: Op::Create {
+        Write::Create { sid, put } => Op::Create {
             sid: sid.clone(),
             put,
         },
-    }
-}
-
-/// `DELETE /sessions` as a command.
-pub fn delete(ticket: Ticket, sid: SessionId) -> Command {
-    Command {
-        ticket,
-        op: Op::Delete { sid },
-    }
+        Write::Delete { sid } => Op::Delete {
+            sid: store
+                .key(sid)
+                .ok_or_else(ApiError::session_not_found)?
+                .clone(),
+        },
+    })
 }
 
 impl Relay {
-    /// Adds a write to this turn's batch for the storage thread.
-    pub(super) fn submit(&mut self, cmd: Command) {
-        if let Some(d) = &mut self.durable {
-            d.submit(cmd);
-        }
-    }
-
     /// Sends this turn's writes to the storage thread; called at the end of
     /// every loop turn.
     pub fn flush_store(&mut self) {
-        if let Some(d) = &mut self.durable {
-            d.flush();
-        }
+        self.engine.flush();
     }
 
-    /// Whether the queue to the storage thread is full: the shell takes no
-    /// new request until it drains.
+    /// Whether the storage's queue is full: the shell takes no new request
+    /// until it drains.
     pub fn store_saturated(&self) -> bool {
-        self.durable.as_ref().is_some_and(|d| d.saturated())
-            || self.shared.as_ref().is_some_and(|r| r.saturated())
+        self.engine.saturated()
     }
 
     /// Whether writes succeed (`/readyz` answers `503 storage` otherwise).
     pub fn storage_ok(&self) -> bool {
-        self.durable.as_ref().is_none_or(|d| d.healthy())
-            && self.shared.as_ref().is_none_or(|r| r.healthy())
+        self.engine.healthy()
     }
 
-    /// The storage thread's totals, with persistence.
+    /// The storage's totals, with persistence or Redis.
     pub fn store_stats(&self) -> Option<&StoreStats> {
-        match (&self.durable, &self.shared) {
-            (Some(d), _) => Some(&d.stats),
-            (None, Some(r)) => Some(&r.stats),
-            (None, None) => None,
-        }
+        self.engine.stats()
     }
 
     /// Stops the storage thread once it committed everything it was sent.
     pub fn stop_store(&mut self) {
-        if let Some(d) = &mut self.durable {
-            d.flush();
-            d.stop(crate::store::sqlite::STOP_BOUND);
-        }
+        self.engine.stop();
     }
 
     /// Applies what the storage thread committed since the last call and
     /// queues the answers of the requests that waited. Called when its
     /// waker fires.
     pub fn store_done(&mut self, now: Millis) {
-        let Some(d) = &mut self.durable else {
+        let Engine::Durable(d) = &mut self.engine else {
             return;
         };
         let done = d.take_done();
@@ -167,11 +127,16 @@ impl Relay {
             .store
             .idle(|sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= ttl);
         let n = sids.len();
-        if n > 0 && self.durable.is_some() {
+        if n > 0
+            && let Engine::Durable(d) = &mut self.engine
+        {
             debug!(count = n; "idle sessions to collect");
-            let ticket = self.ticket(NOBODY);
-            self.issued = None;
-            self.submit(Command {
+            self.tickets += 1;
+            let ticket = Ticket {
+                conn: NOBODY,
+                n: self.tickets,
+            };
+            d.submit(Command {
                 ticket,
                 op: Op::Collect { sids },
             });

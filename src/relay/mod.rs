@@ -28,11 +28,12 @@ use std::rc::Rc;
 use log::{debug, info};
 
 pub use crate::error::ApiError;
+pub use crate::store::engine::{Abandon, Engine};
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
 use model::{NewPrompt, NewResponse};
 pub use presence::{Presence, Waiter};
 
-use crate::store::record::Record;
+use crate::store::record::{Command, Record};
 use crate::store::sqlite::Durable;
 use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
@@ -44,17 +45,6 @@ fn issue(tickets: &mut u64, issued: &mut Option<Ticket>, conn: ConnId) -> Ticket
     let t = Ticket { conn, n: *tickets };
     *issued = Some(t);
     t
-}
-
-/// What became of a write whose requester stopped waiting for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Abandon {
-    /// The storage had not taken it yet, and now never will: answering
-    /// `503` is the truth.
-    Cancelled,
-    /// The storage holds it (a transaction being committed, a script sent
-    /// to Redis): only the storage can say whether it is stored.
-    InFlight,
 }
 
 /// Work for other connections, applied by the shell after the handler.
@@ -97,6 +87,21 @@ pub enum Effect {
 pub enum Reply {
     Now(Vec<u8>),
     Wait,
+}
+
+/// A write, as the relay hands it to its engine (see [`Relay::write`]).
+pub(crate) enum Write<'a> {
+    Prompt(NewPrompt<'a>),
+    Response(NewResponse<'a>),
+    /// `PUT /sessions` (`put`), or a WebSocket connect to a session this
+    /// copy does not hold.
+    Create {
+        sid: &'a SessionId,
+        put: bool,
+    },
+    Delete {
+        sid: &'a str,
+    },
 }
 
 /// A session TTL that never passes (`RELAY_SESSION_TTL=0`).
@@ -156,16 +161,12 @@ pub struct Stats {
 /// The store, local presence and the effect outbox.
 pub struct Relay {
     limits: Limits,
-    /// Every session's committed log: the whole state in memory, or the
-    /// loop's copy of the database's.
+    /// Every session's committed log: the whole state in memory, the
+    /// loop's copy of the database's, or this instance's copy of the
+    /// sessions it serves from Redis.
     store: MemStore,
-    /// The storage thread, when state is persisted: writes go there and are
-    /// applied to `store` once committed.
-    durable: Option<Durable>,
-    /// Redis, when sessions are shared by several instances: writes are
-    /// decided there, and `store` holds this instance's copy of the
-    /// sessions it serves.
-    shared: Option<crate::store::redis::RedisStore>,
+    /// Where writes are decided and kept (see [`Engine`]).
+    engine: Engine,
     presence: HashMap<SessionId, Presence>,
     effects: Vec<Effect>,
     counts: Counts,
@@ -190,8 +191,7 @@ impl Relay {
     pub fn with_store(limits: Limits, store: MemStore, durable: Option<Durable>) -> Relay {
         Relay {
             store,
-            durable,
-            shared: None,
+            engine: durable.map_or(Engine::Memory, Engine::Durable),
             limits,
             presence: HashMap::new(),
             effects: Vec::new(),
@@ -207,15 +207,9 @@ impl Relay {
     pub fn with_redis(limits: Limits, redis: crate::store::redis::RedisStore) -> Relay {
         let store = MemStore::new(limits.store());
         Relay {
-            shared: Some(redis),
+            engine: Engine::Shared(redis),
             ..Relay::with_store(limits, store, None)
         }
-    }
-
-    /// A new ticket for a write of `conn` that goes to the storage; the
-    /// shell parks the request under it ([`take_ticket`](Self::take_ticket)).
-    fn ticket(&mut self, conn: ConnId) -> Ticket {
-        issue(&mut self.tickets, &mut self.issued, conn)
     }
 
     /// The ticket of the request just handled, when it waits for the
@@ -228,20 +222,7 @@ impl Relay {
     /// shutdown): a write the storage has not taken is cancelled; one it
     /// holds is left to finish.
     pub fn abandon(&mut self, ticket: Ticket) -> Abandon {
-        match &mut self.durable {
-            Some(d) => {
-                if d.cancel(ticket.n) {
-                    Abandon::Cancelled
-                } else {
-                    Abandon::InFlight
-                }
-            }
-            // Redis: a write is sent in the turn it is asked for, so the
-            // script is already Redis's to run (or the connection was lost
-            // and the write was answered then).
-            None if self.shared.is_some() => Abandon::InFlight,
-            None => Abandon::Cancelled,
-        }
+        self.engine.abandon(ticket)
     }
 
     /// Moves the queued effects out; called by the shell after every handler.
@@ -296,15 +277,7 @@ impl Relay {
     ) -> Result<Reply, ApiError> {
         let p = NewPrompt::parse(body)?;
         gate(&p.session_id)?;
-        if self.shared_prompt(conn, &p, unix_ms)? {
-            return Ok(Reply::Wait);
-        }
-        if self.durable.is_some() {
-            let cmd = durable::prompt(self.ticket(conn), &p, unix_ms);
-            self.submit(cmd);
-            return Ok(Reply::Wait);
-        }
-        self.commit_now(now, |store, out| store.prompt(now, unix_ms, p, out))
+        self.write(now, unix_ms, conn, Write::Prompt(p))
     }
 
     /// `GET /prompts/{sid}`: the pending set now, or park `conn` until a
@@ -345,11 +318,8 @@ impl Relay {
             after: q.after,
         });
         self.counts.parked_polls += 1;
-        if self.shared.is_some()
-            && let Some(key) = self.store.key(sid).cloned()
-        {
-            self.listen(&key);
-        }
+        let key = key.clone();
+        self.listen(&key);
         Ok(Fetch::Park {
             deadline: Millis(now.0.saturating_add(q.timeout_ms)),
         })
@@ -394,15 +364,7 @@ impl Relay {
     ) -> Result<Reply, ApiError> {
         let r = NewResponse::parse(body)?;
         gate(&r.session_id)?;
-        if self.shared_response(conn, &r, unix_ms)? {
-            return Ok(Reply::Wait);
-        }
-        if self.durable.is_some() {
-            let cmd = durable::response(self.ticket(conn), &r, unix_ms);
-            self.submit(cmd);
-            return Ok(Reply::Wait);
-        }
-        self.commit_now(now, |store, out| store.response(now, unix_ms, r, out))
+        self.write(now, unix_ms, conn, Write::Response(r))
     }
 
     /// The subscribers of `sid` on this server, for a delivery.
@@ -424,17 +386,12 @@ impl Relay {
     ) -> Result<Option<Cursor>, ApiError> {
         let full = self.subscribers(sid).len() >= self.limits.max_subscribers;
         if !self.store.contains(sid) {
-            if self.shared_create(conn, sid, false)? {
+            // Created first; with a storage, the upgrade is run again once
+            // the storage created it. (A creation has no `ts`.)
+            let create = Write::Create { sid, put: false };
+            if self.write(now, 0, conn, create)? == Reply::Wait {
                 return Ok(None);
             }
-            if self.durable.is_some() {
-                // The session is created and committed first; the upgrade
-                // is then run again.
-                let cmd = durable::create(self.ticket(conn), sid, false);
-                self.submit(cmd);
-                return Ok(None);
-            }
-            self.decide_now(now, |store, out| store.create(now, sid, false, out))?;
         }
         let log = self.store.existing(now, sid)?;
         if full {
@@ -508,15 +465,7 @@ impl Relay {
         conn: ConnId,
         sid: &SessionId,
     ) -> Result<Reply, ApiError> {
-        if self.shared_create(conn, sid, true)? {
-            return Ok(Reply::Wait);
-        }
-        if self.durable.is_some() && !self.store.contains(sid) {
-            let cmd = durable::create(self.ticket(conn), sid, true);
-            self.submit(cmd);
-            return Ok(Reply::Wait);
-        }
-        self.commit_now(now, |store, out| store.create(now, sid, true, out))
+        self.write(now, 0, conn, Write::Create { sid, put: true })
     }
 
     /// `DELETE /sessions/{sid}`: parked polls get 404, subscribers close 1000.
@@ -526,33 +475,65 @@ impl Relay {
         conn: ConnId,
         sid: &str,
     ) -> Result<Reply, ApiError> {
-        if let Some(reply) = self.shared_delete(conn, sid)? {
-            return Ok(reply);
+        self.write(now, 0, conn, Write::Delete { sid })
+    }
+
+    /// Hands a write to the engine. In memory (and for a session the
+    /// loop's copy of the database holds already) it is decided, applied
+    /// and answered at once; a storage takes it with a ticket, and the
+    /// request waits for the answer to that ticket ([`Reply::Wait`]).
+    fn write(
+        &mut self,
+        now: Millis,
+        unix_ms: UnixMillis,
+        conn: ConnId,
+        w: Write,
+    ) -> Result<Reply, ApiError> {
+        match &mut self.engine {
+            Engine::Memory => {}
+            Engine::Durable(_) if matches!(w, Write::Create { sid, .. } if self.store.contains(sid)) =>
+                {}
+            Engine::Durable(d) => {
+                let op = durable::op(&self.store, w, unix_ms)?;
+                let ticket = issue(&mut self.tickets, &mut self.issued, conn);
+                d.submit(Command { ticket, op });
+                return Ok(Reply::Wait);
+            }
+            Engine::Shared(r) => {
+                if !r.up() {
+                    return Err(ApiError::storage_unavailable());
+                }
+                let ticket = issue(&mut self.tickets, &mut self.issued, conn);
+                shared::submit(r, &self.store, ticket, w, unix_ms)?;
+                return Ok(Reply::Wait);
+            }
         }
-        if self.durable.is_some() {
-            let sid = self
-                .store
-                .key(sid)
-                .ok_or_else(ApiError::session_not_found)?
-                .clone();
-            let cmd = durable::delete(self.ticket(conn), sid);
-            self.submit(cmd);
-            return Ok(Reply::Wait);
+        match w {
+            Write::Prompt(p) => {
+                self.commit_now(now, |store, out| store.prompt(now, unix_ms, p, out))
+            }
+            Write::Response(r) => {
+                self.commit_now(now, |store, out| store.response(now, unix_ms, r, out))
+            }
+            Write::Create { sid, put } => {
+                self.commit_now(now, |store, out| store.create(now, sid, put, out))
+            }
+            Write::Delete { sid } => {
+                let reply = self.commit_now(now, |store, out| store.delete(sid, out))?;
+                info!(session_id = sid; "session deleted");
+                Ok(reply)
+            }
         }
-        let reply = self.commit_now(now, |store, out| store.delete(sid, out))?;
-        info!(session_id = sid; "session deleted");
-        Ok(reply)
     }
 
     /// Drops sessions nobody here is connected to and nobody touched for the
     /// TTL. Called from the shell's periodic sweep.
     pub fn collect_idle(&mut self, now: Millis) -> usize {
         let ttl = self.limits.session_ttl_ms;
-        if self.shared.is_some() {
-            return self.sweep_shared(now, ttl);
-        }
-        if self.durable.is_some() {
-            return self.collect_durable(now, ttl);
+        match self.engine {
+            Engine::Shared(_) => return self.sweep_shared(now, ttl),
+            Engine::Durable(_) => return self.collect_durable(now, ttl),
+            Engine::Memory => {}
         }
         let presence = &self.presence;
         let mut records = std::mem::take(&mut self.records);

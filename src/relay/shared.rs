@@ -13,8 +13,7 @@ use std::rc::Rc;
 
 use log::{debug, info};
 
-use super::model::{NewPrompt, NewResponse};
-use super::{ApiError, ConnId, Effect, Relay, Reply, Ticket, issue};
+use super::{ApiError, ConnId, Effect, Relay, Ticket, Write, issue};
 use crate::store::message::{Framed, Message, Parts};
 use crate::store::record::{Outcome, Record};
 use crate::store::redis::{Answered, Event, Head, Known, Msg, RedisStore, Snapshot, Then};
@@ -36,130 +35,81 @@ fn head_of(parts: &Parts) -> String {
     d
 }
 
+/// Sends a write to Redis (which is up) for `ticket`. A deletion names a
+/// valid session id (else `404` here): the copy may not hold the session.
+pub(super) fn submit(
+    r: &mut RedisStore,
+    store: &MemStore,
+    ticket: Ticket,
+    w: Write,
+    unix_ms: u64,
+) -> Result<(), ApiError> {
+    match w {
+        Write::Prompt(p) => {
+            let given = p
+                .client_msg_id
+                .as_ref()
+                .map(|(id, raw)| (id.clone(), raw.get().to_string()));
+            let (id, literal) = r.id_and_literal(given.as_ref());
+            let ts = p.ts.unwrap_or(unix_ms);
+            let head = head_of(&Parts {
+                session_id: &p.session_id,
+                id_literal: &literal,
+                prompt_id: None,
+                text: p.prompt.get(),
+                metadata: p.metadata.map(|m| m.get()),
+                ts,
+                seq: Seq(0),
+            });
+            r.prompt(
+                ticket,
+                &p.session_id,
+                id,
+                head,
+                ts,
+                known(store, &p.session_id),
+            );
+        }
+        Write::Response(p) => {
+            let given = p
+                .assistant_msg_id
+                .as_ref()
+                .map(|(id, raw)| (id.clone(), raw.get().to_string()));
+            let (id, literal) = r.id_and_literal(given.as_ref());
+            let ts = p.ts.unwrap_or(unix_ms);
+            let text = p.text.get();
+            let head = head_of(&Parts {
+                session_id: &p.session_id,
+                id_literal: &literal,
+                prompt_id: Some(&p.client_msg_id),
+                text,
+                metadata: p.metadata.map(|m| m.get()),
+                ts,
+                seq: Seq(0),
+            });
+            let write = crate::store::redis::ResponseWrite {
+                client_msg_id: &p.client_msg_id,
+                id: &id,
+                given: given.is_some(),
+                text,
+                head: &head,
+                ts,
+            };
+            r.response(ticket, &p.session_id, write, known(store, &p.session_id));
+        }
+        Write::Create { sid, put } => r.create(ticket, sid, put, known(store, sid)),
+        Write::Delete { sid } => {
+            let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
+            r.delete(ticket, &sid);
+        }
+    }
+    Ok(())
+}
+
 impl Relay {
     /// The Redis engine, when sessions are shared.
     pub fn redis(&mut self) -> Option<&mut RedisStore> {
-        self.shared.as_mut()
-    }
-
-    /// The Redis engine, if it can take a request now; `503` otherwise.
-    fn redis_up(&mut self) -> Result<Option<&mut RedisStore>, ApiError> {
-        match &mut self.shared {
-            None => Ok(None),
-            Some(r) if r.up() => Ok(Some(r)),
-            Some(_) => Err(ApiError::storage_unavailable()),
-        }
-    }
-
-    pub(super) fn shared_prompt(
-        &mut self,
-        conn: ConnId,
-        p: &NewPrompt,
-        unix_ms: u64,
-    ) -> Result<bool, ApiError> {
-        let Some(r) = self.shared.as_mut() else {
-            return Ok(false);
-        };
-        if !r.up() {
-            return Err(ApiError::storage_unavailable());
-        }
-        let given = p
-            .client_msg_id
-            .as_ref()
-            .map(|(id, raw)| (id.clone(), raw.get().to_string()));
-        let (id, literal) = r.id_and_literal(given.as_ref());
-        let ts = p.ts.unwrap_or(unix_ms);
-        let head = head_of(&Parts {
-            session_id: &p.session_id,
-            id_literal: &literal,
-            prompt_id: None,
-            text: p.prompt.get(),
-            metadata: p.metadata.map(|m| m.get()),
-            ts,
-            seq: Seq(0),
-        });
-        let known = known(&self.store, &p.session_id);
-        let t = issue(&mut self.tickets, &mut self.issued, conn);
-        r.prompt(t, &p.session_id, id, head, ts, known);
-        Ok(true)
-    }
-
-    pub(super) fn shared_response(
-        &mut self,
-        conn: ConnId,
-        p: &NewResponse,
-        unix_ms: u64,
-    ) -> Result<bool, ApiError> {
-        let Some(r) = self.shared.as_mut() else {
-            return Ok(false);
-        };
-        if !r.up() {
-            return Err(ApiError::storage_unavailable());
-        }
-        let given = p
-            .assistant_msg_id
-            .as_ref()
-            .map(|(id, raw)| (id.clone(), raw.get().to_string()));
-        let (id, literal) = r.id_and_literal(given.as_ref());
-        let ts = p.ts.unwrap_or(unix_ms);
-        let text = p.text.get();
-        let head = head_of(&Parts {
-            session_id: &p.session_id,
-            id_literal: &literal,
-            prompt_id: Some(&p.client_msg_id),
-            text,
-            metadata: p.metadata.map(|m| m.get()),
-            ts,
-            seq: Seq(0),
-        });
-        let known = known(&self.store, &p.session_id);
-        let write = crate::store::redis::ResponseWrite {
-            client_msg_id: &p.client_msg_id,
-            id: &id,
-            given: given.is_some(),
-            text,
-            head: &head,
-            ts,
-        };
-        let t = issue(&mut self.tickets, &mut self.issued, conn);
-        r.response(t, &p.session_id, write, known);
-        Ok(true)
-    }
-
-    /// `PUT /sessions` and a WebSocket connect to a session this copy does
-    /// not hold: created (or found) in Redis.
-    pub(super) fn shared_create(
-        &mut self,
-        conn: ConnId,
-        sid: &SessionId,
-        put: bool,
-    ) -> Result<bool, ApiError> {
-        let store = &self.store;
-        let Some(r) = self.shared.as_mut() else {
-            return Ok(false);
-        };
-        if !r.up() {
-            return Err(ApiError::storage_unavailable());
-        }
-        let t = issue(&mut self.tickets, &mut self.issued, conn);
-        r.create(t, sid, put, known(store, sid));
-        Ok(true)
-    }
-
-    pub(super) fn shared_delete(
-        &mut self,
-        conn: ConnId,
-        sid: &str,
-    ) -> Result<Option<Reply>, ApiError> {
-        if self.redis_up()?.is_none() {
-            return Ok(None);
-        }
-        let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
-        let t = issue(&mut self.tickets, &mut self.issued, conn);
-        if let Some(r) = self.shared.as_mut() {
-            r.delete(t, &sid);
-        }
-        Ok(Some(Reply::Wait))
+        self.engine.redis()
     }
 
     /// Before a read of `sid`: with Redis, makes sure the copy holds
@@ -170,7 +120,7 @@ impl Relay {
     /// read as it is.
     pub fn sync_first(&mut self, conn: ConnId, sid: &SessionId) -> Result<bool, ApiError> {
         let store = &self.store;
-        let Some(r) = self.shared.as_mut() else {
+        let Some(r) = self.engine.redis() else {
             return Ok(false);
         };
         if !r.up() {
@@ -196,7 +146,7 @@ impl Relay {
     fn barrier_passed(&mut self, to: Ticket, sid: &SessionId) {
         let store = &self.store;
         let held = store.contains(sid);
-        match self.shared.as_mut() {
+        match self.engine.redis() {
             Some(r) if r.up() && !(held && r.follows(sid)) => {
                 r.sync(Some(to), sid, known(store, sid));
             }
@@ -214,7 +164,7 @@ impl Relay {
     /// shell handed Redis's bytes to the engine.
     #[inline(never)]
     pub fn redis_done(&mut self, now: Millis) {
-        let Some(r) = &mut self.shared else {
+        let Some(r) = self.engine.redis() else {
             return;
         };
         let lost = r.take_lost();
@@ -267,7 +217,7 @@ impl Relay {
             None => false,
         } || a.delivered;
         if let Then::Resynced(sid) = &a.then
-            && let Some(r) = self.shared.as_mut()
+            && let Some(r) = self.engine.redis()
         {
             r.resynced(sid);
         }
@@ -396,7 +346,7 @@ impl Relay {
     #[inline(never)]
     fn store_lost(&mut self) {
         self.store.forget_all();
-        if let Some(r) = self.shared.as_mut().filter(|r| r.up()) {
+        if let Some(r) = self.engine.redis().filter(|r| r.up()) {
             for sid in self.presence.keys() {
                 r.recreate(sid);
             }
@@ -408,7 +358,7 @@ impl Relay {
     /// failed then) is created again.
     fn resync(&mut self, sid: &SessionId) {
         let store = &self.store;
-        if let Some(r) = self.shared.as_mut()
+        if let Some(r) = self.engine.redis()
             && r.up()
         {
             match store.get(sid) {
@@ -434,7 +384,7 @@ impl Relay {
         let present: Vec<&str> = self.presence.keys().map(|s| s.as_str()).collect();
         let grace = watch_grace(ttl_ms);
         let store = &self.store;
-        if let Some(r) = self.shared.as_mut() {
+        if let Some(r) = self.engine.redis() {
             r.unlisten_unless(&|sid| presence.contains_key(sid));
             r.sweep(&present, ttl_ms);
             let until = r.unix_ms + grace;
@@ -458,7 +408,7 @@ impl Relay {
     /// again soon), and at most about twice as many as are waited on.
     pub(super) fn listen(&mut self, sid: &SessionId) {
         let presence = &self.presence;
-        if let Some(r) = self.shared.as_mut() {
+        if let Some(r) = self.engine.redis() {
             if r.listened() >= 2 * presence.len() + 1024 {
                 r.unlisten_unless(&|sid| presence.contains_key(sid));
             }
@@ -470,7 +420,7 @@ impl Relay {
     /// Redis is told, for the `delivered` of answers stored elsewhere.
     pub(super) fn watching(&mut self, sid: &str, on: bool) {
         let grace = watch_grace(self.limits.session_ttl_ms);
-        if let Some(r) = self.shared.as_mut() {
+        if let Some(r) = self.engine.redis() {
             let until = if on { r.unix_ms + grace } else { 0 };
             r.watch(sid, until);
         }

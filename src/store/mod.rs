@@ -16,6 +16,7 @@
 //! - [`sqlite`]: persistence on one machine (the storage thread).
 //! - [`types`]: the keys of the log ([`SessionId`], [`Seq`]).
 
+pub mod engine;
 pub mod idmap;
 pub mod log;
 pub mod mem;
