@@ -59,6 +59,12 @@ if [[ ! -x /usr/bin/openssl ]]; then
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
 fi
 
+if ! command -v jq >/dev/null 2>&1; then
+  echo "install-test-deps: installing jq (apt; the model example of the README and the book)" >&2
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq
+fi
+
 # The end-to-end encryption test (tests/e2e.rs) searches relay.db for clear
 # text through the sqlite3 shell as well as byte by byte.
 if ! command -v sqlite3 >/dev/null 2>&1; then

@@ -397,13 +397,147 @@ fn a_failing_command_answers_with_its_exit_code() {
     srv.prompt(&sid, "fail", Some("m1"));
     let answer = ws.recv_json_skip_pings();
     assert_eq!(answer["data"]["text"], "oops");
-    assert_eq!(answer["data"]["metadata"], json!({"exit_code": 3}));
+    assert_eq!(
+        answer["data"]["metadata"],
+        json!({"error": "the command exited with code 3", "exit_code": 3})
+    );
     srv.prompt(&sid, "kill", Some("m2"));
     let answer = ws.recv_json_skip_pings();
     assert_eq!(answer["data"]["text"], "");
     assert_eq!(
         answer["data"]["metadata"],
-        json!({"exit_code": 137, "signal": 9})
+        json!({"error": "the command was killed by signal 9", "exit_code": 137, "signal": 9})
+    );
+}
+
+#[test]
+fn a_failure_is_an_error_answer_with_stderr_and_send_exits_three() {
+    let srv = Server::start();
+    let sid = unique_session();
+    // A model runner that cannot load its model: a reason on stderr, exit 3.
+    let script =
+        r#"cat > /dev/null; echo 'loading...' >&2; echo 'model not found: tiny' >&2; exit 3"#;
+    let agent = Agent::start(&srv, &sid, &[], &["sh", "-c", script]);
+    srv.wait_health("parked_polls", 1);
+    let out = send(&srv, &sid, &["hello"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(out.stdout.is_empty(), "no empty line: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("loading...\nmodel not found: tiny (exit code 3)"),
+        "{stderr}"
+    );
+    let stored = &answers(&srv, &sid)[0];
+    assert_eq!(stored["text"], "");
+    assert_eq!(
+        stored["metadata"],
+        json!({"error": "loading...\nmodel not found: tiny", "exit_code": 3})
+    );
+    let logged = &agent.wait_events("prompt answered", 1)[0];
+    assert_eq!(logged["error"], "true", "{logged}");
+}
+
+#[test]
+fn a_command_that_cannot_start_is_an_error_answer_with_a_null_exit_code() {
+    let srv = Server::start();
+    let sid = unique_session();
+    // Found and executable at start, but its interpreter is missing: exec fails.
+    let scratch = Scratch::new();
+    let broken = scratch.path("broken");
+    std::fs::write(&broken, "#!/nonexistent/interpreter\n").unwrap();
+    let chmod = Command::new("chmod")
+        .args(["+x", &broken])
+        .status()
+        .unwrap();
+    assert!(chmod.success());
+    let agent = Agent::start(&srv, &sid, &[], &[&broken]);
+    srv.prompt(&sid, "one", Some("m1"));
+    srv.prompt(&sid, "two", Some("m2"));
+    agent.wait_events("prompt answered", 2);
+    let stored = answers(&srv, &sid);
+    assert_eq!(stored.len(), 2, "the agent goes on to the next prompt");
+    let meta = &stored[0]["metadata"];
+    assert_eq!(meta["exit_code"], Value::Null, "{meta}");
+    assert!(
+        meta.as_object().unwrap().contains_key("exit_code"),
+        "{meta}"
+    );
+    let error = meta["error"].as_str().unwrap();
+    assert!(
+        error.starts_with(&format!("cannot start {broken}: ")),
+        "{error}"
+    );
+    assert_eq!(stored[0]["text"], "");
+}
+
+#[test]
+fn a_missing_command_exits_two_before_any_request() {
+    // A closed port: had the agent polled, it would retry, not exit.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let scratch = Scratch::new();
+    let plain = scratch.path("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    for (command, why) in [
+        ("no-such-model-runner", "command not found"),
+        ("/nonexistent/runner", "/nonexistent/runner"),
+        (plain.as_str(), "not executable"),
+    ] {
+        let out = relay()
+            .args([
+                "agent",
+                "--url",
+                &format!("http://{addr}"),
+                "--session",
+                "s",
+            ])
+            .args(["--", command, "--flag"])
+            .output()
+            .expect("run relay agent");
+        assert_eq!(out.status.code(), Some(2), "{command}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("cannot run the command") && stderr.contains(why),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn the_agent_logs_its_url_and_says_when_it_cannot_reach_it() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let url = format!("http://{addr}");
+    let mut cmd = relay();
+    cmd.args(["agent", "--url", &url, "--session", "s", "--", "cat"])
+        .env("RELAY_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn relay agent");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let mut next = || -> Value {
+        let line = lines.next().expect("a log line").expect("UTF-8 log");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    let started = next();
+    let unreachable = next();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(started["event"], "agent started", "{started}");
+    assert_eq!(started["url"], url, "{started}");
+    assert_eq!(
+        unreachable["event"], "cannot reach the server",
+        "{unreachable}"
+    );
+    assert_eq!(unreachable["url"], url, "{unreachable}");
+    assert!(
+        unreachable["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot connect")
     );
 }
 
@@ -466,7 +600,9 @@ fn the_agent_survives_a_server_restart() {
     let answer = ws.recv_json_skip_pings();
     assert_eq!(answer["data"]["client_msg_id"], "m2");
     assert_eq!(answer["data"]["text"], "AFTER");
-    assert!(!agent.events("request failed").is_empty());
+    let failures =
+        agent.events("request failed").len() + agent.events("cannot reach the server").len();
+    assert!(failures > 0, "the restart was noticed");
 }
 
 #[test]

@@ -57,13 +57,18 @@ impl Agent {
 
     #[track_caller]
     fn start_with(srv: &Server, sid: &str, key: Option<&str>) -> Agent {
+        Agent::start_command(srv, sid, key, &["tr", "a-z", "A-Z"])
+    }
+
+    #[track_caller]
+    fn start_command(srv: &Server, sid: &str, key: Option<&str>, command: &[&str]) -> Agent {
         let mut cmd = relay();
         if let Some(key) = key {
             cmd.env("RELAY_E2E_KEY", key);
         }
         let child = cmd
-            .args(["agent", "--url", &url(srv), "--session", sid])
-            .args(["--", "tr", "a-z", "A-Z"])
+            .args(["agent", "--url", &url(srv), "--session", sid, "--"])
+            .args(command)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -133,10 +138,16 @@ fn a_prompt_that_does_not_decrypt_gets_an_error_answer_and_is_not_run() {
     let sid = unique_session();
     let key = new_key();
     let _agent = Agent::start(&srv, &sid, &key);
-    // Another key: the sender cannot read the error answer either.
+    // Another key: the sender cannot read the error answer's text either,
+    // but is told why (its metadata is in clear) and exits 3.
     let out = send(&srv, &sid, &new_key(), "hello");
-    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "cannot decrypt\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("error: cannot decrypt the prompt"),
+        "{stderr}"
+    );
     // A ciphertext made for another session, one made for another message
     // of this session, both moved here, and a clear prompt.
     let other = unique_session();
@@ -173,6 +184,8 @@ fn a_prompt_that_does_not_decrypt_gets_an_error_answer_and_is_not_run() {
     assert_eq!(answers.len(), 4, "{answers:?}");
     for a in &answers {
         assert_eq!(a["text"], "cannot decrypt", "{a}");
+        assert_eq!(a["metadata"]["exit_code"], Value::Null, "{a}");
+        assert!(a["metadata"].get("exit_code").is_some(), "{a}");
         assert!(
             a["metadata"]["error"]
                 .as_str()
@@ -192,7 +205,7 @@ fn an_agent_without_a_key_answers_an_encrypted_prompt_with_an_error_and_does_not
     let sid = unique_session();
     let _agent = Agent::start_with(&srv, &sid, None);
     let out = send(&srv, &sid, &new_key(), "hello");
-    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.status.code(), Some(3), "an error answer: {out:?}");
     let history = srv.messages(&sid, "");
     let answers: Vec<&Value> = history["messages"]
         .as_array()
@@ -209,6 +222,37 @@ fn an_agent_without_a_key_answers_an_encrypted_prompt_with_an_error_and_does_not
         !history.to_string().contains("E2E1:"),
         "the command never ran on the ciphertext: {history}"
     );
+}
+
+/// With a key, a failed command's error answer says how it ended but not
+/// what it wrote on stderr: metadata travels in clear.
+#[test]
+fn an_error_answer_keeps_stderr_out_of_clear_metadata() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let key = new_key();
+    let _agent = Agent::start_command(
+        &srv,
+        &sid,
+        Some(&key),
+        &[
+            "sh",
+            "-c",
+            "tr a-z A-Z; echo \"secret plan failed\" >&2; exit 4",
+        ],
+    );
+    let out = send(&srv, &sid, &key, "the plan");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "THE PLAN\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the command exited with code 4 (exit code 4)"),
+        "{stderr}"
+    );
+    let history = srv.messages(&sid, "").to_string();
+    for clear in ["secret", "plan", "PLAN"] {
+        assert!(!history.contains(clear), "{clear} in /messages: {history}");
+    }
 }
 
 #[test]

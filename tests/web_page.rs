@@ -5,7 +5,9 @@
 //! answer shown once, the client token asked for, a token for one session
 //! taken from the URL fragment and sent as the WebSocket subprotocol, and
 //! an end-to-end encrypted conversation with a real `relay agent` and
-//! `relay send` holding the key given in the fragment.
+//! `relay send` holding the key given in the fragment, answers rendered as
+//! Markdown elements with hostile HTML and links left as text, and error
+//! answers shown as errors.
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -344,6 +346,50 @@ fn browser_encrypts_end_to_end_with_the_key_in_the_fragment() {
     }
 }
 
+/// An answer in Markdown shows as elements, hostile parts of it as text;
+/// an error answer shows as an error.
+#[test]
+fn browser_renders_markdown_safely_and_error_answers_as_errors() {
+    if skip_with_tls("the browser opens the page over http://") {
+        return;
+    }
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    require_browser();
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&["--scenario", "markdown", "--url", &url, "--session", &sid]);
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
+    let text = r#"# Plan
+
+Some *emphasis*, **strong** and `code <i>`; snake_case_name stays.
+
+- one with [a link](https://example.com/docs)
+- two, and https://example.com/a_b.
+  - nested
+
+3. first
+4. second
+
+```sh
+echo "<b>hi</b>"
+echo *not emphasis*
+```
+
+<img src=x onerror="window.pwned=1"> <script>window.pwned=2</script>
+[bad](javascript:alert(1)) [bad2](javascript:void)"#;
+    answer(&s, &sid, &cmid, "a-md", text);
+    let failing = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], failing.as_str());
+    let metadata = json!({"error": "loading
+model not found: tiny", "exit_code": 3});
+    answer_with(&s, &sid, &failing, "a-err", "", metadata);
+    let shot = browser.expect("SCREENSHOT ");
+    println!("screenshot: {shot}");
+    browser.finish();
+}
+
 /// The binary with the caller's `RELAY_*` settings removed.
 fn relay() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
@@ -441,6 +487,15 @@ fn long_poll_as(s: &Server, sid: &str, headers: &[(&str, &str)]) -> Value {
 #[track_caller]
 fn answer(s: &Server, sid: &str, cmid: &str, amid: &str, text: &str) {
     answer_as(s, sid, cmid, amid, text, &[]);
+}
+
+/// `answer` with metadata (an error answer).
+#[track_caller]
+fn answer_with(s: &Server, sid: &str, cmid: &str, amid: &str, text: &str, metadata: Value) {
+    let body = json!({"session_id": sid, "client_msg_id": cmid, "assistant_msg_id": amid,
+        "text": text, "metadata": metadata});
+    let r = s.post_json("/response", &body);
+    assert_eq!(r.status, 200, "POST /response: {}", r.text());
 }
 
 /// `answer` with extra headers (an agent token).

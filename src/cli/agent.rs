@@ -50,10 +50,14 @@ const HELP: &str =
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_SESSION_ID, RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's
 metadata as JSON, {} when it has none) in its environment. Its stdout,
-trailing newlines removed, is posted as the answer; a non-zero exit adds
-{\"exit_code\":N} to the answer's metadata (128+N and \"signal\":N when killed
-by signal N). Network errors and 5xx are retried with backoff (0.1 s doubling
-to 5 s); the session is created when missing. SIGTERM or SIGINT lets the
+trailing newlines removed, is posted as the answer. CMD is checked at start
+(found and executable). A failure is posted as an error answer: its metadata
+has \"error\" (the last 2 KiB of the command's stderr, else what went wrong)
+and \"exit_code\" (N for exit N; 128+N and \"signal\":N when killed by
+signal N; null when CMD could not start or the prompt could not be
+decrypted); its text is whatever CMD printed to stdout, possibly nothing.
+Network errors and 5xx are retried with backoff (0.1 s doubling to 5 s); the
+session is created when missing. SIGTERM or SIGINT lets the
 command in hand finish and its answer be posted, then exits 0; a second
 signal exits at once.
 
@@ -68,11 +72,13 @@ signal exits at once.
                       only ciphertext. A prompt that does not decrypt (sent
                       without the key, or with another) is not run: it is
                       answered with an error answer. Without a key, an
-                      encrypted prompt is answered so too
+                      encrypted prompt is answered so too. With a key, an
+                      error answer does not carry CMD's stderr (metadata
+                      travels in clear), only its exit
   --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
 
-exit codes: 0 stopped by a signal, 1 a fatal error (token refused, CMD cannot
-start), 2 bad usage
+exit codes: 0 stopped by a signal, 1 a fatal error (token refused, the
+server refuses the session), 2 bad usage or CMD not found or not executable
 ";
 
 const SPEC: Spec = Spec {
@@ -132,6 +138,10 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         Ok(o) => o,
         Err(e) => return super::usage_error("agent", &e),
     };
+    if let Err(e) = command::check(&opts.command[0], super::env_value(env, "PATH")) {
+        eprintln!("relay agent: cannot run the command: {e}");
+        return 2;
+    }
     if let Err(e) = init_logging(env) {
         return super::usage_error("agent", &e);
     }
@@ -232,8 +242,13 @@ struct Reply {
 /// Why a step did not complete.
 #[derive(Debug)]
 enum Fail {
-    /// Worth retrying after a delay (at least `wait` when the server said).
-    Retry { why: String, wait: Option<Duration> },
+    /// Worth retrying after a delay (at least `wait` when the server said);
+    /// `unreachable` when no connection could be made at all.
+    Retry {
+        why: String,
+        wait: Option<Duration>,
+        unreachable: bool,
+    },
     /// Retrying cannot help: the agent exits 1.
     Fatal(String),
     /// A stop signal ended the wait.
@@ -244,6 +259,7 @@ fn retry(why: impl Into<String>) -> Fail {
     Fail::Retry {
         why: why.into(),
         wait: None,
+        unreachable: false,
     }
 }
 
@@ -252,10 +268,16 @@ fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
     match result {
         Err(client::Error::Cancelled) => Err(Fail::Stopped),
         Err(client::Error::Tls(why)) => Err(Fail::Fatal(why)),
+        Err(e @ client::Error::Connect(_)) => Err(Fail::Retry {
+            why: e.to_string(),
+            wait: None,
+            unreachable: true,
+        }),
         Err(e) => Err(retry(e.to_string())),
         Ok(r) if r.status >= 500 || r.status == 429 || r.status == 408 => Err(Fail::Retry {
             why: r.describe(),
             wait: r.retry_after.map(Duration::from_secs),
+            unreachable: false,
         }),
         Ok(r) if r.status == 401 || r.status == 403 => Err(Fail::Fatal(format!(
             "{}: check --token or RELAY_AGENT_TOKEN",
@@ -323,13 +345,23 @@ impl Agent {
 
     /// Serves until a stop signal (`Ok`) or a fatal error.
     fn run(&mut self) -> Result<(), String> {
-        log::info!(session_id = self.session.as_str(), command = self.command.join(" ").as_str(); "agent started");
+        let url = self.client.url().http("");
+        log::info!(url = url.as_str(), session_id = self.session.as_str(), command = self.command.join(" ").as_str(); "agent started");
         while !self.stopping() {
             match self.turn() {
                 Ok(()) => self.backoff = Backoff::new(),
-                Err(Fail::Retry { why, wait }) => {
+                Err(Fail::Retry {
+                    why,
+                    wait,
+                    unreachable,
+                }) => {
                     let delay = self.backoff.delay(wait);
-                    log::warn!(error = why.as_str(), retry_ms = delay.as_millis() as u64; "request failed");
+                    let retry_ms = delay.as_millis() as u64;
+                    if unreachable {
+                        log::warn!(url = url.as_str(), error = why.as_str(), retry_ms = retry_ms; "cannot reach the server");
+                    } else {
+                        log::warn!(url = url.as_str(), error = why.as_str(), retry_ms = retry_ms; "request failed");
+                    }
                     self.synced = false;
                     self.pause(delay);
                 }
@@ -414,9 +446,11 @@ impl Agent {
     /// Answers `prompt` with an error answer (`metadata.error`) without
     /// running the command.
     fn refuse(&mut self, prompt: &Prompt, error: &str) -> Result<(), Fail> {
+        // `exit_code: null`: every error answer has both fields, and no
+        // command ran.
         let reply = Reply {
             text: "cannot decrypt".to_string(),
-            metadata: Some(json!({ "error": error })),
+            metadata: Some(json!({ "error": error, "exit_code": null })),
             exit_code: None,
         };
         self.post(prompt, &reply)?;
@@ -462,8 +496,20 @@ impl Agent {
             ("RELAY_CLIENT_MSG_ID", prompt.client_msg_id.as_str()),
             ("RELAY_METADATA", metadata.as_str()),
         ];
-        let outcome = command::run(&self.command, &env, clear.as_bytes())
-            .map_err(|e| Fail::Fatal(format!("cannot run {}: {e}", self.command[0])))?;
+        let outcome = match command::run(&self.command, &env, clear.as_bytes()) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                // Checked at start, so removed or broken since (a bad
+                // interpreter line, a full process table): the person
+                // waiting hears why, and the next prompt tries again.
+                let error = format!("cannot start {}: {e}", self.command[0]);
+                log::error!(client_msg_id = id, error = error.as_str(); "command not started: answered with an error");
+                let reply = self.error_reply(prompt, &error)?;
+                self.post(prompt, &reply)?;
+                self.after = prompt.seq;
+                return Ok(());
+            }
+        };
         if self.stopping() && matches!(outcome.exit, Exit::Signal(_)) {
             // Most likely the same Ctrl-C reached the command: its output is
             // not an answer. The prompt stays pending for the next run.
@@ -476,23 +522,52 @@ impl Agent {
         Ok(())
     }
 
-    /// The answer to post for a command's outcome: encrypted (cut to what
-    /// fits encrypted, `metadata.e2e` set) when there is a key.
+    /// The error answer for a command that could not start: no text,
+    /// `exit_code: null` (there is none).
+    fn error_reply(&self, prompt: &Prompt, error: &str) -> Result<Reply, Fail> {
+        let metadata = json!({ "error": error, "exit_code": null });
+        self.seal_reply(prompt, String::new(), metadata, None)
+    }
+
+    /// The answer to post for a command's outcome: an error answer for a
+    /// failed run; encrypted when there is a key, whose error then carries
+    /// no stderr (metadata travels in clear, and stderr may quote the
+    /// prompt).
     fn reply(&self, prompt: &Prompt, outcome: &Outcome) -> Result<Reply, Fail> {
         let exit_code = Some(match outcome.exit {
             Exit::Code(c) => i64::from(c),
             Exit::Signal(s) => 128 + i64::from(s),
         });
-        let Some(key) = &self.key else {
+        let metadata = outcome.metadata(self.key.is_none());
+        if self.key.is_none() {
             return Ok(Reply {
                 text: outcome.text.clone(),
-                metadata: outcome.metadata(),
+                metadata,
+                exit_code,
+            });
+        }
+        let metadata = metadata.unwrap_or_else(|| json!({}));
+        self.seal_reply(prompt, outcome.text.clone(), metadata, exit_code)
+    }
+
+    /// `text` and `metadata` as posted: as they are without a key; with
+    /// one, the text encrypted (cut to what fits encrypted, then
+    /// `metadata.truncated`) and `metadata.e2e` set.
+    fn seal_reply(
+        &self,
+        prompt: &Prompt,
+        mut text: String,
+        mut metadata: serde_json::Value,
+        exit_code: Option<i64>,
+    ) -> Result<Reply, Fail> {
+        let Some(key) = &self.key else {
+            return Ok(Reply {
+                text,
+                metadata: Some(metadata),
                 exit_code,
             });
         };
-        let mut text = outcome.text.clone();
         let cut = e2e::cut(&mut text, e2e::MAX_CLEAR_BYTES);
-        let mut metadata = outcome.metadata().unwrap_or_else(|| json!({}));
         metadata["e2e"] = json!(1);
         if cut {
             metadata["truncated"] = json!(true);
@@ -535,7 +610,7 @@ impl Agent {
             );
             match classify(result) {
                 Ok(resp) => return self.posted(prompt, reply, &resp),
-                Err(Fail::Retry { why, wait }) => {
+                Err(Fail::Retry { why, wait, .. }) => {
                     let now = Instant::now();
                     if self.stopping() && now >= *give_up.get_or_insert(now + STOP_GRACE) {
                         log::warn!(client_msg_id = prompt.client_msg_id.as_str(), error = why.as_str(); "answer not posted before stopping: the prompt stays pending");
@@ -555,10 +630,14 @@ impl Agent {
     fn posted(&self, prompt: &Prompt, reply: &Reply, resp: &Response) -> Result<(), Fail> {
         let id = prompt.client_msg_id.as_str();
         let exit_code = reply.exit_code.unwrap_or(-1);
+        let error = reply
+            .metadata
+            .as_ref()
+            .is_some_and(|m| m.get("error").is_some());
         match resp.status {
             200 => {
                 let duplicate = resp.json().is_some_and(|v| v["duplicate"] == true);
-                log::info!(client_msg_id = id, exit_code = exit_code, duplicate = duplicate; "prompt answered");
+                log::info!(client_msg_id = id, exit_code = exit_code, error = error, duplicate = duplicate; "prompt answered");
             }
             409 => {
                 log::info!(client_msg_id = id; "prompt already answered with a different text");

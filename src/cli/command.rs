@@ -1,9 +1,12 @@
 //! Running the agent's command for one prompt: the prompt on stdin, the
 //! prompt's identity in the environment, stdout captured (capped) as the
-//! answer, stderr passed through to the agent's own.
+//! answer, stderr passed through to the agent's own with its last 2 KiB
+//! kept for an error answer.
 
 use std::io::{self, Read, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 
 use crate::relay::model::MAX_TEXT_BYTES;
@@ -11,6 +14,11 @@ use crate::relay::model::MAX_TEXT_BYTES;
 /// Environment variables removed from the command's environment: the
 /// command needs no token, and should not be able to leak one.
 const HIDDEN_ENV: &[&str] = &["RELAY_AGENT_TOKEN", "RELAY_CLIENT_TOKEN"];
+/// How much of the end of a failed command's stderr its error answer
+/// carries: the reason is usually in the last lines.
+pub const STDERR_TAIL_BYTES: usize = 2048;
+/// Where a program is looked for when `PATH` is unset (what `execvp` does).
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// How the command ended and what it printed.
 #[derive(Debug, PartialEq, Eq)]
@@ -21,6 +29,8 @@ pub struct Outcome {
     /// Whether stdout was longer than the limit.
     pub truncated: bool,
     pub exit: Exit,
+    /// The last [`STDERR_TAIL_BYTES`] of stderr (lossy UTF-8, trimmed).
+    pub stderr_tail: String,
 }
 
 /// How a command ended.
@@ -42,11 +52,34 @@ impl Exit {
 }
 
 impl Outcome {
-    /// The answer's metadata: absent for a clean run, else `exit_code`
-    /// (128 + N for a command killed by signal N, as shells report it, with
-    /// `signal: N`) and `truncated`.
-    pub fn metadata(&self) -> Option<serde_json::Value> {
+    /// Whether the command failed: a non-zero exit or a signal.
+    pub fn failed(&self) -> bool {
+        self.exit != Exit::Code(0)
+    }
+
+    /// What went wrong, in words, for a failed command.
+    pub fn describe_exit(&self) -> String {
+        match self.exit {
+            Exit::Code(code) => format!("the command exited with code {code}"),
+            Exit::Signal(sig) => format!("the command was killed by signal {sig}"),
+        }
+    }
+
+    /// The answer's metadata: absent for a clean run. A failed run is an
+    /// error answer: `error` (the stderr tail when `with_stderr` and there is
+    /// one, else [`Outcome::describe_exit`]) and `exit_code` (128 + N for a
+    /// command killed by signal N, as shells report it, with `signal: N`).
+    /// `truncated` when stdout was cut.
+    pub fn metadata(&self, with_stderr: bool) -> Option<serde_json::Value> {
         let mut meta = serde_json::Map::new();
+        if self.failed() {
+            let error = if with_stderr && !self.stderr_tail.is_empty() {
+                self.stderr_tail.clone()
+            } else {
+                self.describe_exit()
+            };
+            meta.insert("error".into(), error.into());
+        }
         match self.exit {
             Exit::Code(0) => {}
             Exit::Code(code) => {
@@ -64,6 +97,38 @@ impl Outcome {
     }
 }
 
+/// Checks at start that `program` can be run: a path (it contains a `/`)
+/// must name an executable file; a bare name must be one in a directory of
+/// `path_var` (the agent's `PATH`). `Err` says what is wrong.
+pub fn check(program: &str, path_var: Option<&str>) -> Result<(), String> {
+    let executable = |p: &Path| -> Result<(), String> {
+        let meta = std::fs::metadata(p).map_err(|e| e.to_string())?;
+        if !meta.is_file() {
+            Err("not a file".into())
+        } else if meta.permissions().mode() & 0o111 == 0 {
+            Err("not executable (chmod +x?)".into())
+        } else {
+            Ok(())
+        }
+    };
+    if program.is_empty() {
+        return Err("the command is empty".into());
+    }
+    if program.contains('/') {
+        return executable(Path::new(program)).map_err(|why| format!("{program}: {why}"));
+    }
+    let path_var = path_var.unwrap_or(DEFAULT_PATH);
+    let found = path_var
+        .split(':')
+        .filter(|dir| !dir.is_empty())
+        .any(|dir| executable(&Path::new(dir).join(program)).is_ok());
+    if found {
+        Ok(())
+    } else {
+        Err(format!("{program}: command not found (searched PATH)"))
+    }
+}
+
 /// Runs `argv` once with `input` on stdin and `env` added to the
 /// environment; waits for it to exit. `Err` only when it cannot be started.
 pub fn run(argv: &[String], env: &[(&str, &str)], input: &[u8]) -> io::Result<Outcome> {
@@ -77,25 +142,29 @@ pub fn run(argv: &[String], env: &[(&str, &str)], input: &[u8]) -> io::Result<Ou
         .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .stderr(Stdio::piped());
     for name in HIDDEN_ENV {
         cmd.env_remove(name);
     }
     let mut child = cmd.spawn()?;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
-    // The prompt is written from a second thread: a command that prints
-    // before it has read all of a large prompt would otherwise block on a
-    // full pipe while we block writing to it.
-    let (captured, status) = std::thread::scope(|scope| {
+    let stderr = child.stderr.take();
+    // The prompt is written from a second thread, and stderr read from a
+    // third: a command that prints before it has read all of a large
+    // prompt, or fills its stderr pipe, would otherwise block on a full
+    // pipe while we block on another.
+    let (captured, tail, status) = std::thread::scope(|scope| {
         scope.spawn(move || {
             if let Some(mut stdin) = stdin {
                 // A command that exits without reading its input is fine.
                 let _ = stdin.write_all(input);
             }
         });
+        let tail = scope.spawn(move || stderr.map(pass_stderr).unwrap_or_default());
         let captured = stdout.map(capture).unwrap_or_default();
-        (captured, child.wait())
+        let status = child.wait();
+        (captured, tail.join().unwrap_or_default(), status)
     });
     let (bytes, overflow) = captured;
     let (text, cut) = answer_text(&bytes, overflow);
@@ -103,7 +172,44 @@ pub fn run(argv: &[String], env: &[(&str, &str)], input: &[u8]) -> io::Result<Ou
         text,
         truncated: overflow || cut,
         exit: Exit::of(status?),
+        stderr_tail: tail_text(&tail),
     })
+}
+
+/// Copies the command's stderr to the agent's own as it comes (the
+/// operator sees it live) and keeps its last [`STDERR_TAIL_BYTES`].
+fn pass_stderr(mut err: impl Read) -> Vec<u8> {
+    let mut tail = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match err.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                // Our stderr gone (closed by a supervisor) is no reason to
+                // stop reading the command's.
+                let _ = io::stderr().write_all(&chunk[..n]);
+                tail.extend_from_slice(&chunk[..n]);
+                if tail.len() > STDERR_TAIL_BYTES {
+                    tail.drain(..tail.len() - STDERR_TAIL_BYTES);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    tail
+}
+
+/// The stderr tail as text: a character cut at the front by the 2 KiB
+/// window is skipped (not shown as a replacement mark), surrounding
+/// whitespace removed.
+fn tail_text(tail: &[u8]) -> String {
+    let start = tail
+        .iter()
+        .take(3)
+        .take_while(|b| (**b & 0xC0) == 0x80)
+        .count();
+    String::from_utf8_lossy(&tail[start..]).trim().to_string()
 }
 
 /// Reads stdout to its end, keeping the first `MAX_TEXT_BYTES + 1` bytes
@@ -162,19 +268,26 @@ mod tests {
         let out = sh(r#"printf '%s|' "$X_NAME"; tr a-z A-Z; echo; echo"#, "hi");
         assert_eq!(out.text, "x-value|HI");
         assert_eq!(out.exit, Exit::Code(0));
-        assert_eq!(out.metadata(), None);
+        assert_eq!(out.metadata(true), None);
     }
 
     #[test]
     fn exit_codes_and_signals_are_reported() {
-        let out = sh("echo partial; exit 3", "");
+        let out = sh("echo partial; echo 'no model' >&2; exit 3", "");
         assert_eq!((out.text.as_str(), out.exit), ("partial", Exit::Code(3)));
-        assert_eq!(out.metadata(), Some(serde_json::json!({"exit_code": 3})));
+        assert_eq!(
+            out.metadata(true),
+            Some(serde_json::json!({"error": "no model", "exit_code": 3}))
+        );
+        let hidden = serde_json::json!({"error": "the command exited with code 3", "exit_code": 3});
+        assert_eq!(out.metadata(false), Some(hidden), "stderr withheld");
         let out = sh("kill -9 $$", "");
         assert_eq!(out.exit, Exit::Signal(9));
         assert_eq!(
-            out.metadata(),
-            Some(serde_json::json!({"exit_code": 137, "signal": 9}))
+            out.metadata(true),
+            Some(serde_json::json!({
+                "error": "the command was killed by signal 9", "exit_code": 137, "signal": 9
+            }))
         );
     }
 
@@ -185,7 +298,10 @@ mod tests {
         let out = sh(&script, "");
         assert!(out.truncated);
         assert!(out.text.len() <= MAX_TEXT_BYTES && out.text.len() > MAX_TEXT_BYTES - 4);
-        assert_eq!(out.metadata(), Some(serde_json::json!({"truncated": true})));
+        assert_eq!(
+            out.metadata(true),
+            Some(serde_json::json!({"truncated": true}))
+        );
     }
 
     #[test]
@@ -209,5 +325,41 @@ mod tests {
     #[test]
     fn a_missing_program_is_an_error() {
         assert!(run(&["/nonexistent/cmd".to_string()], &[], b"").is_err());
+    }
+
+    #[test]
+    fn only_the_end_of_a_long_stderr_is_kept() {
+        // 1000 lines of 'é' (3 bytes each with the newline) then a last
+        // line: the 2 KiB window starts on the second byte of an 'é', which
+        // is skipped.
+        let out = sh(
+            "yes é | head -c 3000 >&2; echo the last words >&2; exit 1",
+            "",
+        );
+        assert!(
+            out.stderr_tail.ends_with("é\nthe last words"),
+            "{}",
+            out.stderr_tail
+        );
+        assert!(out.stderr_tail.len() <= STDERR_TAIL_BYTES);
+        assert!(!out.stderr_tail.contains('\u{fffd}'));
+        assert_eq!(tail_text(b"\x80\xA9ok \n"), "ok");
+    }
+
+    #[test]
+    fn commands_are_checked_before_they_are_needed() {
+        assert_eq!(check("sh", Some("/nonexistent:/bin:/usr/bin")), Ok(()));
+        assert_eq!(check("/bin/sh", None), Ok(()));
+        let e = check("no-such-relay-cmd", Some("/bin:/usr/bin")).unwrap_err();
+        assert!(e.contains("not found"), "{e}");
+        let e = check("/nonexistent/cmd", None).unwrap_err();
+        assert!(e.contains("/nonexistent/cmd"), "{e}");
+        let plain = std::env::temp_dir().join(format!("relay-check-{}", std::process::id()));
+        std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = check(plain.to_str().unwrap(), None).unwrap_err();
+        let _ = std::fs::remove_file(&plain);
+        assert!(e.contains("not executable"), "{e}");
+        assert!(check("/tmp", None).unwrap_err().contains("not a file"));
     }
 }

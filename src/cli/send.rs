@@ -28,7 +28,9 @@ const HELP: &str =
 Posts TEXT (the words joined by spaces; - reads it from stdin) as a prompt
 of the session and prints each answer's text on its own line as it arrives.
 The WebSocket is connected first, so no answer is missed. The generated
-client_msg_id is printed to stderr.
+client_msg_id is printed to stderr. An error answer (its metadata has
+\"error\": the agent's command failed) has its error printed to stderr, and
+its text, if any, to stdout.
 
   --session ID     the session (required; created if missing)
   --url URL        the server (default RELAY_URL, else http://127.0.0.1:8000)
@@ -45,8 +47,9 @@ client_msg_id is printed to stderr.
                    exiting after the first answer
   --timeout S      seconds to wait for answers (default 120)
 
-exit codes: 0 at least one answer printed, 1 no answer before the timeout or
-the prompt could not be posted, 2 bad usage
+exit codes: 0 an answer printed, 1 no answer before the timeout or the prompt
+could not be posted, 2 bad usage, 3 an error answer (with --all: any of the
+answers printed was one)
 ";
 
 const SPEC: Spec = Spec {
@@ -124,14 +127,15 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         Err(e) => return super::usage_error("send", &e),
     };
     match run(&mut opts) {
-        Ok(0) => {
+        Ok(Tally { answers: 0, .. }) => {
             eprintln!(
                 "relay send: no answer within {} s",
                 opts.timeout.as_secs_f64()
             );
             1
         }
-        Ok(_) => 0,
+        Ok(Tally { errors: 0, .. }) => 0,
+        Ok(_) => 3,
         Err(e) => {
             eprintln!("relay send: {e}");
             1
@@ -139,14 +143,21 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
     }
 }
 
-/// Subscribes, posts, prints answers; returns how many were printed.
-fn run(opts: &mut Options) -> Result<usize, String> {
+/// How many answers were printed, and how many of them were error answers.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    answers: usize,
+    errors: usize,
+}
+
+/// Subscribes, posts, prints answers; returns what was printed.
+fn run(opts: &mut Options) -> Result<Tally, String> {
     let deadline = Instant::now() + opts.timeout;
     let mut ws = subscribe(opts)?;
     let client_msg_id = uuid::Uuid::new_v4().to_string();
     eprintln!("relay send: client_msg_id {client_msg_id}");
     post(opts, &client_msg_id)?;
-    let mut printed = 0;
+    let mut printed = Tally::default();
     let result = loop {
         match next_answer(
             &mut ws,
@@ -155,18 +166,16 @@ fn run(opts: &mut Options) -> Result<usize, String> {
             opts.key.as_ref(),
             deadline,
         ) {
-            Ok(Some(text)) => {
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "{text}")
-                    .and_then(|()| out.flush())
-                    .map_err(|e| format!("cannot print the answer: {e}"))?;
-                printed += 1;
+            Ok(Some(answer)) => {
+                print_answer(&answer)?;
+                printed.answers += 1;
+                printed.errors += usize::from(answer.error.is_some());
                 if !opts.all {
                     break Ok(printed);
                 }
             }
             Ok(None) => break Ok(printed),
-            Err(e) if printed > 0 => {
+            Err(e) if printed.answers > 0 => {
                 eprintln!("relay send: {e}");
                 break Ok(printed);
             }
@@ -244,6 +253,21 @@ fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
     }
 }
 
+/// Prints an answer: its text on stdout (an error answer's only when it
+/// has one: an empty line says nothing), its error on stderr.
+fn print_answer(answer: &Answer) -> Result<(), String> {
+    if let Some(error) = &answer.error {
+        eprintln!("relay send: the agent answered with an error: {error}");
+        if answer.text.is_empty() {
+            return Ok(());
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", answer.text)
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot print the answer: {e}"))
+}
+
 /// What to do about a refused token.
 fn token_hint(status: u16) -> &'static str {
     match status {
@@ -252,14 +276,24 @@ fn token_hint(status: u16) -> &'static str {
     }
 }
 
-/// The text of the next answer to `client_msg_id`, `None` at the deadline.
+/// An answer to our prompt, as printed.
+#[derive(Debug, PartialEq, Eq)]
+struct Answer {
+    /// The clear text ("cannot decrypt" when it does not open).
+    text: String,
+    /// For an error answer: `metadata.error`, with the exit code when the
+    /// metadata has one.
+    error: Option<String>,
+}
+
+/// The next answer to `client_msg_id`, `None` at the deadline.
 fn next_answer(
     ws: &mut WebSocket<Stream>,
     session: &str,
     client_msg_id: &str,
     key: Option<&e2e::Key>,
     deadline: Instant,
-) -> Result<Option<String>, String> {
+) -> Result<Option<Answer>, String> {
     loop {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
             return Ok(None);
@@ -273,8 +307,8 @@ fn next_answer(
             .map_err(|e| e.to_string())?;
         match ws.read() {
             Ok(Message::Text(frame)) => {
-                if let Some(text) = answer_text(frame.as_str(), session, client_msg_id, key) {
-                    return Ok(Some(text));
+                if let Some(answer) = answer_of(frame.as_str(), session, client_msg_id, key) {
+                    return Ok(Some(answer));
                 }
             }
             Ok(Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed) => {
@@ -291,20 +325,47 @@ fn next_answer(
     }
 }
 
-/// The text of a `{"type":"message"}` frame answering `client_msg_id`,
-/// decrypted with `key` when there is one ("cannot decrypt" when it does
-/// not open, or is encrypted and there is no key: never the ciphertext).
-fn answer_text(
+/// The answer a `{"type":"message"}` frame carries for `client_msg_id`.
+fn answer_of(
     frame: &str,
     session: &str,
     client_msg_id: &str,
     key: Option<&e2e::Key>,
-) -> Option<String> {
+) -> Option<Answer> {
     let v: Value = serde_json::from_str(frame).ok()?;
     let data = &v["data"];
     if v["type"] != "message" || data["client_msg_id"] != client_msg_id {
         return None;
     }
+    let text = answer_text(data, session, client_msg_id, key)?;
+    Some(Answer {
+        text,
+        error: error_of(&data["metadata"]),
+    })
+}
+
+/// An error answer's error: `metadata.error` (a string as it is, anything
+/// else as JSON), with `metadata.exit_code` when it is a number.
+fn error_of(metadata: &Value) -> Option<String> {
+    let error = match metadata.get("error")? {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    Some(match metadata["exit_code"].as_i64() {
+        Some(code) => format!("{error} (exit code {code})"),
+        None => error,
+    })
+}
+
+/// An answer's text, decrypted with `key` when there is one ("cannot
+/// decrypt" when it does not open, or is encrypted and there is no key:
+/// never the ciphertext).
+fn answer_text(
+    data: &Value,
+    session: &str,
+    client_msg_id: &str,
+    key: Option<&e2e::Key>,
+) -> Option<String> {
     let text = data["text"].as_str()?;
     let Some(key) = key else {
         if text.starts_with(e2e::PREFIX) {
@@ -332,7 +393,7 @@ mod tests {
         let frame = |cid: &str| {
             json!({"type":"message","data":{"client_msg_id":cid,"text":"hi","seq":2}}).to_string()
         };
-        let text = |f: &str, cid: &str| answer_text(f, "s", cid, None);
+        let text = |f: &str, cid: &str| answer_of(f, "s", cid, None).map(|a| a.text);
         assert_eq!(text(&frame("m1"), "m1").as_deref(), Some("hi"));
         assert_eq!(text(&frame("m2"), "m1"), None);
         assert_eq!(text(r#"{"type":"ping","ts":1}"#, "m1"), None);
@@ -350,10 +411,32 @@ mod tests {
         let sealed = key.seal("secret answer", answer("s")).unwrap();
         let frame = json!({"type":"message","data":{"client_msg_id":"m1","assistant_msg_id":"a1","text":sealed}})
             .to_string();
-        let open = |sid| answer_text(&frame, sid, "m1", Some(&key));
-        assert_eq!(open("s").as_deref(), Some("secret answer"));
-        assert_eq!(open("other").as_deref(), Some("cannot decrypt"));
-        let keyless = answer_text(&frame, "s", "m1", None);
-        assert_eq!(keyless.as_deref(), Some("cannot decrypt"), "no key");
+        let open = |sid, key| answer_of(&frame, sid, "m1", key).map(|a| a.text);
+        assert_eq!(open("s", Some(&key)).as_deref(), Some("secret answer"));
+        assert_eq!(open("other", Some(&key)).as_deref(), Some("cannot decrypt"));
+        assert_eq!(open("s", None).as_deref(), Some("cannot decrypt"), "no key");
+    }
+
+    #[test]
+    fn error_answers_carry_their_error_and_exit_code() {
+        let frame = |metadata: Value| {
+            json!({"type":"message","data":{"client_msg_id":"m1","text":"","metadata":metadata}})
+                .to_string()
+        };
+        let error = |metadata| answer_of(&frame(metadata), "s", "m1", None).and_then(|a| a.error);
+        assert_eq!(error(json!({})), None);
+        assert_eq!(error(json!({"exit_code": 0})), None);
+        assert_eq!(
+            error(json!({"error": "no model", "exit_code": 3})).as_deref(),
+            Some("no model (exit code 3)")
+        );
+        assert_eq!(
+            error(json!({"error": "cannot start", "exit_code": null})).as_deref(),
+            Some("cannot start")
+        );
+        assert_eq!(
+            error(json!({"error": {"k": 1}})).as_deref(),
+            Some(r#"{"k":1}"#)
+        );
     }
 }

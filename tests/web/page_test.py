@@ -24,6 +24,11 @@ Scenarios:
            text (its own prompt gets the agent's error answer, `WRONG
            <client_msg_id>`), one without a key too, never the ciphertext;
            a key that is no key stops the page from sending.
+  markdown an answer in Markdown (heading, emphasis, code span, nested
+           list, ordered list, link, fenced code with a copy button) shows
+           as elements; raw HTML and javascript: links in it show as text
+           and make no element; a second prompt gets an error answer
+           (`metadata.error`, no text), shown as an error.
 """
 
 import argparse
@@ -289,6 +294,7 @@ def e2e(page, watch, args):
     say(f"PROMPTED {cmid}")
     answer = page.locator("article.answer")
     expect(answer.locator(".text")).to_have_text(["ATTACK AT DAWN"], timeout=WAIT_MS)
+    expect(answer.locator(".text > p")).to_have_text(["ATTACK AT DAWN"])  # decrypted, then rendered
     expect(prompt).not_to_have_class(PENDING, timeout=WAIT_MS)
 
     # Only ciphertext left the page and came back to it; the key went nowhere.
@@ -365,9 +371,65 @@ def e2e(page, watch, args):
     bare_watch.check_clean()
 
 
+def markdown(page, watch, args):
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=args.url.rstrip("/"))
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    _, cmid = send_prompt(page, "Show me some Markdown")
+    say(f"PROMPTED {cmid}")
+    answer = page.locator(f'article.answer[data-for="{cmid}"] .text')
+    expect(answer.locator("h1")).to_have_text("Plan", timeout=WAIT_MS)
+    expect(answer.locator("em")).to_have_text(["emphasis"])
+    expect(answer.locator("strong")).to_have_text(["strong"])
+    expect(answer.locator(":not(pre) > code")).to_have_text(["code <i>"])
+    expect(answer.locator("p").first).to_contain_text("snake_case_name stays")
+    expect(answer.locator("> ul > li")).to_have_count(2)
+    expect(answer.locator("> ul > li > ul > li")).to_have_text(["nested"])
+    expect(answer.locator("> ol > li")).to_have_text(["first", "second"])
+    expect(answer.locator("> ol")).to_have_attribute("start", "3")
+    links = answer.locator("a")
+    expect(links).to_have_count(2)
+    expect(links.first).to_have_text("a link")
+    expect(links.first).to_have_attribute("href", "https://example.com/docs")
+    for i in range(2):
+        expect(links.nth(i)).to_have_attribute("target", "_blank")
+        expect(links.nth(i)).to_have_attribute("rel", "noopener noreferrer")
+    expect(links.nth(1)).to_have_attribute("href", "https://example.com/a_b")
+    code = answer.locator("pre > code")
+    expect(code).to_have_text('echo "<b>hi</b>"\necho *not emphasis*')
+    expect(code).to_have_attribute("data-lang", "sh")
+    copy = answer.get_by_role("button", name="Copy")
+    # The label says "Copied" for a moment: watched, not polled for.
+    page.evaluate("""b => { window.labels = []; new MutationObserver(() => labels.push(b.textContent))
+        .observe(b, { childList: true, subtree: true }); }""", copy.element_handle())
+    copy.click()
+    source = 'echo "<b>hi</b>"\necho *not emphasis*'
+    wait_until(page, lambda: page.evaluate("navigator.clipboard.readText()") == source, "the code in the clipboard")
+    wait_until(page, lambda: "Copied" in page.evaluate("labels"), "the Copied label")
+    # Hostile parts are text, not elements, and nothing ran.
+    expect(answer.locator("img, script, b, i, iframe")).to_have_count(0)
+    whole = answer.inner_text()
+    for raw in ["<img src=x onerror=", "<script>window.pwned=2</script>", "[bad](javascript:alert(1))", "bad2"]:
+        assert raw in whole, f"{raw!r} not shown as text in {whole!r}"
+    assert page.evaluate("window.pwned") is None, "an answer ran code"
+
+    failing, fid = send_prompt(page, "Now fail")
+    say(f"PROMPTED {fid}")
+    failed = page.locator(f'article.answer[data-for="{fid}"]')
+    expect(failed).to_have_class(re.compile(r"\bfailed\b"), timeout=WAIT_MS)
+    expect(failed.locator(".err")).to_have_text("Error (exit code 3): loading\nmodel not found: tiny")
+    expect(failed.locator(".text")).to_have_count(0)
+    expect(failing).not_to_have_class(PENDING)
+    os.makedirs(args.out, exist_ok=True)
+    shot = os.path.join(args.out, "page-markdown.png")
+    page.screenshot(path=shot, full_page=True)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", choices=["restart", "token", "fragment", "e2e"], required=True)
+    ap.add_argument("--scenario", choices=["restart", "token", "fragment", "e2e", "markdown"], required=True)
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -389,7 +451,8 @@ def main():
             ctx.set_default_timeout(WAIT_MS)
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
-            {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e}[args.scenario](page, watch, args)
+            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown}
+            scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()
     say("DONE")
