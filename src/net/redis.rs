@@ -141,7 +141,7 @@ impl RedisLinks {
                     if registry.register(&mut sock, s.token, interest).is_ok() {
                         let stream = match &self.tls {
                             None => Stream::Plain(sock),
-                            Some(t) => match rustls::ClientConnection::new(
+                            Some(t) => match rustls::client::UnbufferedClientConnection::new(
                                 Arc::clone(&t.config),
                                 t.name.clone(),
                             ) {

@@ -1,28 +1,37 @@
 //! A connection's byte stream: the TCP socket itself, or TLS over it. The
 //! stages read and write through [`Stream`] and never know which it is.
 //!
-//! TLS is a layer with no socket of its own: rustls takes the bytes read
-//! from the socket (`read_tls`), hands back plaintext (`reader`), and queues
-//! the records to send (`write_tls`). Under the loop's edge-triggered rules
-//! that layer keeps three promises:
+//! TLS is a layer with no socket of its own: rustls's unbuffered API
+//! processes the records read from the socket, decrypting application data
+//! in place, and encodes the records to send, while every buffer is this
+//! module's: ciphertext read and not yet processed (a record cut by the
+//! socket), plaintext not yet read by the stage, records not yet written.
+//! Each is released when it empties, so an idle connection holds only
+//! rustls's own state (its keys), not a read buffer of several KiB. Under
+//! the loop's edge-triggered rules that layer keeps three promises:
 //!
-//! - A read returns fewer bytes than asked only when rustls holds no more
-//!   plaintext and the socket said `WouldBlock` (or ended): the stages'
-//!   "a short read proves the socket drained" then stays true, and plaintext
-//!   left inside rustls keeps `readable` set, as bytes left in the kernel do.
+//! - A read returns fewer bytes than asked only when no plaintext is left
+//!   and the socket said `WouldBlock` (or ended): the stages' "a short read
+//!   proves the socket drained" then stays true, and plaintext left here
+//!   keeps `readable` set, as bytes left in the kernel do.
 //! - The ciphertext read per drive is bounded ([`TLS_READ_BUDGET`]); a read
 //!   stopped by it, or an end of stream found behind plaintext, is reported
 //!   by [`Stream::take_unfinished`], and the loop re-runs the connection
 //!   (no edge will come for bytes already in the socket).
-//! - Records rustls produced (handshake flights, alerts, encrypted output)
-//!   count as output: [`Stream::flush_records`] writes them, and the output
-//!   queue is not "drained" while any is left.
+//! - Records produced (handshake flights, alerts, encrypted output) count
+//!   as output: [`Stream::flush_records`] writes them, and the output queue
+//!   is not "drained" while any is left.
 
+use std::cell::RefCell;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 
 use mio::net::TcpStream;
-use rustls::Connection;
+use rustls::client::UnbufferedClientConnection;
+use rustls::server::UnbufferedServerConnection;
+use rustls::unbuffered::{
+    ConnectionState, EncodeError, EncryptError, InsufficientSizeError, UnbufferedStatus,
+};
 
 use super::buffer::WriteStatus;
 
@@ -30,10 +39,30 @@ use super::buffer::WriteStatus;
 /// their turn: the plaintext budget plus what records add to it.
 pub const TLS_READ_BUDGET: usize = 96 * 1024;
 
-/// Records rustls may hold for one connection: a plaintext write is
+/// Records that may wait unwritten for one connection: a plaintext write is
 /// encrypted at most this far ahead of the socket. Output above it waits
 /// in the connection's own queue, which the stages already bound.
 pub const TLS_WRITE_LIMIT: usize = 64 * 1024;
+
+/// Ciphertext read from the socket at a time: one whole record and more.
+const READ_CHUNK: usize = 18 * 1024;
+
+/// Ciphertext held waiting for the rest of a record or handshake message:
+/// a handshake message may take 64 KiB over several records; more than
+/// this is no peer's honest need.
+const MAX_INCOMING: usize = 100 * 1024;
+
+/// Room for the record overhead of encrypting `n` bytes (headers, tags and
+/// padding of each 16 KiB record); more is asked for if it falls short.
+fn sealed_room(n: usize) -> usize {
+    n + (n / (16 * 1024) + 1) * 64
+}
+
+thread_local! {
+    /// The socket is read into this, and what a read brings is appended
+    /// to a connection's own buffer only while a record is incomplete.
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; READ_CHUNK]);
+}
 
 /// See the module doc.
 pub enum Stream {
@@ -41,10 +70,36 @@ pub enum Stream {
     Tls(Box<Tls>),
 }
 
+/// A TLS connection, server or client side (the Redis link).
+pub enum Side {
+    Server(UnbufferedServerConnection),
+    Client(UnbufferedClientConnection),
+}
+
+impl From<UnbufferedServerConnection> for Side {
+    fn from(c: UnbufferedServerConnection) -> Side {
+        Side::Server(c)
+    }
+}
+
+impl From<UnbufferedClientConnection> for Side {
+    fn from(c: UnbufferedClientConnection) -> Side {
+        Side::Client(c)
+    }
+}
+
 /// TLS over a socket; see the module doc.
 pub struct Tls {
-    tls: Connection,
+    side: Side,
     sock: TcpStream,
+    /// Ciphertext read and not yet processed.
+    incoming: Vec<u8>,
+    /// Plaintext decrypted and not yet read, from `plain_at` on.
+    plain: Vec<u8>,
+    plain_at: usize,
+    /// Records to write, from `sent` on.
+    out: Vec<u8>,
+    sent: usize,
     /// Ciphertext read since the last [`Stream::take_unfinished`].
     raw_read: usize,
     /// Most ciphertext read between two [`Stream::take_unfinished`].
@@ -53,23 +108,224 @@ pub struct Tls {
     budget_hit: bool,
     /// The end of the stream was found behind plaintext returned first.
     end_behind: bool,
-    /// `close_notify` was queued.
+    /// The stream ended: `close_notify` came, or TCP ended without it.
+    ended: bool,
+    /// `close_notify` was asked for.
     notified: bool,
+    /// rustls failed (and its alert went out): nothing is processed again.
+    failed: bool,
+}
+
+/// What to encrypt when the handshake is done: application data (as much
+/// as `limit` allows), and `close_notify`.
+struct Sealing<'a, 'b> {
+    data: &'a [IoSlice<'b>],
+    limit: usize,
+    close: bool,
+    /// Plaintext bytes encrypted.
+    sealed: usize,
+}
+
+impl Sealing<'_, '_> {
+    fn nothing() -> Sealing<'static, 'static> {
+        Sealing {
+            data: &[],
+            limit: 0,
+            close: false,
+            sealed: 0,
+        }
+    }
+}
+
+/// What rustls needs next, after one state was handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Call it again.
+    More,
+    /// The records read are processed: more ciphertext is needed to go on
+    /// (the handshake, or the next record).
+    Input,
+    /// Both sides sent `close_notify`.
+    Closed,
+}
+
+/// Handles one state of the connection: decrypts application data into
+/// `plain`, encodes records into `out`, encrypts what `sealing` holds once
+/// the handshake is done. Returns the ciphertext to discard from the front
+/// of the input, with what comes next (or rustls's error).
+fn handle<Data>(
+    status: UnbufferedStatus<'_, '_, Data>,
+    plain: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    sent: usize,
+    sealing: &mut Sealing,
+    peer_closed: &mut bool,
+) -> (usize, Result<Next, rustls::Error>) {
+    let UnbufferedStatus { mut discard, state } = status;
+    let state = match state {
+        Ok(state) => state,
+        Err(e) => return (discard, Err(e)),
+    };
+    let next = match state {
+        ConnectionState::ReadTraffic(mut traffic) => {
+            while let Some(record) = traffic.next_record() {
+                match record {
+                    Ok(r) => {
+                        discard += r.discard;
+                        plain.extend_from_slice(r.payload);
+                    }
+                    Err(e) => return (discard, Err(e)),
+                }
+            }
+            Next::More
+        }
+        ConnectionState::EncodeTlsData(mut encode) => {
+            let at = out.len();
+            let mut room = 512;
+            loop {
+                out.resize(at + room, 0);
+                match encode.encode(&mut out[at..]) {
+                    Ok(n) => {
+                        out.truncate(at + n);
+                        break;
+                    }
+                    Err(EncodeError::InsufficientSize(InsufficientSizeError { required_size })) => {
+                        room = required_size;
+                    }
+                    Err(EncodeError::AlreadyEncoded) => {
+                        out.truncate(at);
+                        break;
+                    }
+                }
+            }
+            Next::More
+        }
+        // The records are in `out`, written before anything after them.
+        ConnectionState::TransmitTlsData(transmit) => {
+            transmit.done();
+            Next::More
+        }
+        ConnectionState::BlockedHandshake => Next::Input,
+        ConnectionState::PeerClosed => {
+            *peer_closed = true;
+            Next::More
+        }
+        ConnectionState::Closed => Next::Closed,
+        ConnectionState::WriteTraffic(mut traffic) => {
+            let room = |out: &Vec<u8>| sealing.limit.saturating_sub(out.len() - sent);
+            for buf in sealing.data {
+                let free = room(out);
+                if free == 0 {
+                    break;
+                }
+                let part = &buf[..buf.len().min(free)];
+                if part.is_empty() {
+                    continue;
+                }
+                if let Err(e) = seal(out, part.len(), |dst| traffic.encrypt(part, dst)) {
+                    return (discard, Err(e));
+                }
+                sealing.sealed += part.len();
+                if part.len() < buf.len() {
+                    break;
+                }
+            }
+            sealing.data = &[];
+            if std::mem::take(&mut sealing.close)
+                && let Err(e) = seal(out, 0, |dst| traffic.queue_close_notify(dst))
+            {
+                return (discard, Err(e));
+            }
+            Next::Input
+        }
+        // Early data (0-RTT), which the server's configuration never
+        // accepts, and states of later rustls versions.
+        _ => {
+            return (
+                discard,
+                Err(rustls::Error::General("unexpected TLS state".into())),
+            );
+        }
+    };
+    (discard, Ok(next))
+}
+
+/// A record rustls queued (an alert after an error), appended to `out`;
+/// false when it queued none.
+fn take_queued<Data>(status: UnbufferedStatus<'_, '_, Data>, out: &mut Vec<u8>) -> bool {
+    let Ok(ConnectionState::EncodeTlsData(mut encode)) = status.state else {
+        return false;
+    };
+    let at = out.len();
+    let mut room = 512;
+    loop {
+        out.resize(at + room, 0);
+        match encode.encode(&mut out[at..]) {
+            Ok(n) => {
+                out.truncate(at + n);
+                return true;
+            }
+            Err(EncodeError::InsufficientSize(InsufficientSizeError { required_size }))
+                if required_size > room =>
+            {
+                room = required_size;
+            }
+            Err(_) => {
+                out.truncate(at);
+                return false;
+            }
+        }
+    }
+}
+
+/// Appends what `write` encrypts to `out`, with room for `n` plaintext
+/// bytes (more if rustls asks for it).
+fn seal(
+    out: &mut Vec<u8>,
+    n: usize,
+    mut write: impl FnMut(&mut [u8]) -> Result<usize, EncryptError>,
+) -> Result<(), rustls::Error> {
+    let at = out.len();
+    let mut room = sealed_room(n);
+    loop {
+        out.resize(at + room, 0);
+        match write(&mut out[at..]) {
+            Ok(k) => {
+                out.truncate(at + k);
+                return Ok(());
+            }
+            Err(EncryptError::InsufficientSize(InsufficientSizeError { required_size }))
+                if required_size > room =>
+            {
+                room = required_size;
+            }
+            Err(e) => {
+                out.truncate(at);
+                return Err(rustls::Error::General(e.to_string()));
+            }
+        }
+    }
 }
 
 impl Stream {
     /// TLS over `sock` with a fresh rustls connection (server or client
     /// side) that may read at most `budget` ciphertext bytes per drive.
-    pub fn tls(sock: TcpStream, mut tls: Connection, budget: usize) -> Stream {
-        tls.set_buffer_limit(Some(TLS_WRITE_LIMIT));
+    pub fn tls(sock: TcpStream, side: Side, budget: usize) -> Stream {
         Stream::Tls(Box::new(Tls {
-            tls,
+            side,
             sock,
+            incoming: Vec::new(),
+            plain: Vec::new(),
+            plain_at: 0,
+            out: Vec::new(),
+            sent: 0,
             raw_read: 0,
             budget,
             budget_hit: false,
             end_behind: false,
+            ended: false,
             notified: false,
+            failed: false,
         }))
     }
 
@@ -86,7 +342,7 @@ impl Stream {
     pub fn has_records(&self) -> bool {
         match self {
             Stream::Plain(_) => false,
-            Stream::Tls(t) => t.tls.wants_write(),
+            Stream::Tls(t) => t.out.len() > t.sent,
         }
     }
 
@@ -136,24 +392,137 @@ impl Stream {
             && !t.notified
         {
             t.notified = true;
-            t.tls.send_close_notify();
-            let _ = t.push_records();
+            let mut sealing = Sealing {
+                close: true,
+                ..Sealing::nothing()
+            };
+            if t.process(&mut sealing).is_ok() {
+                let _ = t.push_records();
+            }
         }
     }
 }
 
 impl Tls {
-    /// Writes queued records until none is left or the socket blocks.
+    /// Runs rustls over the ciphertext read until it needs more (or the
+    /// connection closed), handling every state on the way (see
+    /// [`handle`]). A TLS error is answered with rustls's alert, as far as
+    /// the socket takes it, and is an `InvalidData` error.
+    fn process(&mut self, sealing: &mut Sealing) -> io::Result<Next> {
+        if self.failed {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "TLS failed"));
+        }
+        let mut peer_closed = false;
+        let result = loop {
+            let (discard, next) = match &mut self.side {
+                Side::Server(c) => handle(
+                    c.process_tls_records(&mut self.incoming),
+                    &mut self.plain,
+                    &mut self.out,
+                    self.sent,
+                    sealing,
+                    &mut peer_closed,
+                ),
+                Side::Client(c) => handle(
+                    c.process_tls_records(&mut self.incoming),
+                    &mut self.plain,
+                    &mut self.out,
+                    self.sent,
+                    sealing,
+                    &mut peer_closed,
+                ),
+            };
+            self.incoming.drain(..discard.min(self.incoming.len()));
+            match next {
+                Ok(Next::More) => continue,
+                other => break other,
+            }
+        };
+        if peer_closed {
+            self.ended = true;
+        }
+        if self.incoming.is_empty() {
+            // Nothing waits for the rest of a record: no buffer is kept.
+            self.incoming = Vec::new();
+        }
+        match result {
+            Ok(next) => Ok(next),
+            Err(e) => {
+                self.failed = true;
+                self.incoming = Vec::new();
+                self.encode_alert();
+                let _ = self.push_records();
+                Err(io::Error::new(io::ErrorKind::InvalidData, e))
+            }
+        }
+    }
+
+    /// After an error, the alert rustls queued for the peer, encoded. Only
+    /// what it queued: the input that failed is never processed again.
+    fn encode_alert(&mut self) {
+        for _ in 0..4 {
+            let encoded = match &mut self.side {
+                Side::Server(c) => take_queued(c.process_tls_records(&mut []), &mut self.out),
+                Side::Client(c) => take_queued(c.process_tls_records(&mut []), &mut self.out),
+            };
+            if !encoded {
+                break;
+            }
+        }
+    }
+
+    /// Writes queued records until none is left or the socket blocks; the
+    /// buffer goes once it is written.
     fn push_records(&mut self) -> io::Result<()> {
-        while self.tls.wants_write() {
-            match self.tls.write_tls(&mut self.sock) {
+        while self.sent < self.out.len() {
+            match self.sock.write(&self.out[self.sent..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(_) => {}
+                Ok(k) => self.sent += k,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
+        self.out = Vec::new();
+        self.sent = 0;
         Ok(())
+    }
+
+    /// [`push_records`](Self::push_records), a full socket being no error:
+    /// the records wait for the writable edge.
+    fn push_records_now(&mut self) -> io::Result<()> {
+        match self.push_records() {
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Moves decrypted plaintext into `buf`; the buffer goes once it is read.
+    fn take_plain(&mut self, buf: &mut [u8]) -> usize {
+        let left = &self.plain[self.plain_at..];
+        let n = left.len().min(buf.len());
+        buf[..n].copy_from_slice(&left[..n]);
+        self.plain_at += n;
+        if self.plain_at == self.plain.len() {
+            self.plain = Vec::new();
+            self.plain_at = 0;
+        }
+        n
+    }
+
+    /// Reads ciphertext from the socket and appends it to the input.
+    fn read_tls(&mut self) -> io::Result<usize> {
+        if self.incoming.len() >= MAX_INCOMING {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "TLS record or handshake message too large",
+            ));
+        }
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let k = self.sock.read(&mut scratch[..])?;
+            self.incoming.extend_from_slice(&scratch[..k]);
+            Ok(k)
+        })
     }
 
     /// Plaintext into `buf`, reading and decrypting records as needed; see
@@ -161,27 +530,31 @@ impl Tls {
     fn read_plain(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut n = 0;
         loop {
-            match self.tls.reader().read(&mut buf[n..]) {
-                // `close_notify` received, or `buf` is full.
-                Ok(0) => {
-                    self.end_behind = n > 0 && n < buf.len();
-                    return Ok(n);
-                }
-                Ok(k) => {
-                    n += k;
-                    if n == buf.len() {
-                        return Ok(n);
-                    }
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                // The peer closed TCP without `close_notify`: an end of
-                // stream like any other (every answer is framed on its own).
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    self.end_behind = n > 0;
-                    return Ok(n);
-                }
-                Err(e) => return Err(e),
+            n += self.take_plain(&mut buf[n..]);
+            if n == buf.len() {
+                return Ok(n);
+            }
+            if self.ended {
+                // `close_notify` received, or TCP ended without it: an end
+                // of stream like any other (every answer is framed on its
+                // own). Returned on its own after the plaintext before it.
+                self.end_behind = n > 0;
+                return Ok(n);
+            }
+            // Records already read first; handshake flights and key-update
+            // answers go out at once (a full socket keeps them queued for
+            // the writable edge).
+            let next = self.process(&mut Sealing::nothing())?;
+            self.push_records_now()?;
+            if self.plain_at < self.plain.len() {
+                continue;
+            }
+            if next == Next::Closed {
+                self.ended = true;
+                continue;
+            }
+            if self.ended {
+                continue;
             }
             if self.raw_read >= self.budget {
                 self.budget_hit = true;
@@ -191,24 +564,11 @@ impl Tls {
                     Err(io::ErrorKind::WouldBlock.into())
                 };
             }
-            match self.tls.read_tls(&mut self.sock) {
-                // End of stream: the reader says how (clean or not) above.
-                Ok(0) => {}
+            match self.read_tls() {
+                Ok(0) => self.ended = true,
                 Ok(k) => self.raw_read = self.raw_read.saturating_add(k),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-            if let Err(e) = self.tls.process_new_packets() {
-                // The alert rustls queued for the peer, if the socket takes it.
-                let _ = self.push_records();
-                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-            }
-            // Handshake flights and key-update answers go out at once; a
-            // full socket keeps them queued for the writable edge.
-            match self.push_records() {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
@@ -218,18 +578,19 @@ impl Tls {
     /// before it are written, and writes what the socket takes.
     fn write_plain(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.push_records()?;
-        let n = self.tls.writer().write_vectored(bufs)?;
-        match self.push_records() {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-        if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
-            // Before the handshake ends rustls holds plaintext back, up to
-            // its limit: wait for the handshake.
+        let mut sealing = Sealing {
+            data: bufs,
+            limit: TLS_WRITE_LIMIT,
+            close: false,
+            sealed: 0,
+        };
+        self.process(&mut sealing)?;
+        self.push_records_now()?;
+        if sealing.sealed == 0 && bufs.iter().any(|b| !b.is_empty()) {
+            // Before the handshake ends nothing is encrypted: wait for it.
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        Ok(n)
+        Ok(sealing.sealed)
     }
 }
 

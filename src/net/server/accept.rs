@@ -46,14 +46,16 @@ impl Server {
             let max_body = self.cx.cfg.max_body_bytes;
             let sock = match &self.tls {
                 None => Stream::Plain(sock),
-                Some(config) => match rustls::ServerConnection::new(Arc::clone(config)) {
-                    Ok(tls) => Stream::tls(sock, tls.into(), TLS_READ_BUDGET),
-                    Err(e) => {
-                        warn!(error = e.to_string().as_str(); "cannot start TLS");
-                        let _ = self.poll.registry().deregister(&mut sock);
-                        continue;
+                Some(config) => {
+                    match rustls::server::UnbufferedServerConnection::new(Arc::clone(config)) {
+                        Ok(tls) => Stream::tls(sock, tls.into(), TLS_READ_BUDGET),
+                        Err(e) => {
+                            warn!(error = e.to_string().as_str(); "cannot start TLS");
+                            let _ = self.poll.registry().deregister(&mut sock);
+                            continue;
+                        }
                     }
-                },
+                }
             };
             let conn = entry.insert(Conn::new(generation, sock, addr.ip(), max_body, now));
             let id = ConnId {
