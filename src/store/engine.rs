@@ -47,11 +47,6 @@ impl Engine {
         }
     }
 
-    /// Whether writes wait for a storage (and come back by ticket).
-    pub fn stores_later(&self) -> bool {
-        !matches!(self, Engine::Memory)
-    }
-
     /// Whether the records the relay applies are its own writes, counted
     /// and logged as they are applied. With Redis, records also come from
     /// other instances: a write is counted when Redis answers it.
