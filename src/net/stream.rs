@@ -30,7 +30,8 @@ use mio::net::TcpStream;
 use rustls::client::UnbufferedClientConnection;
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{
-    ConnectionState, EncodeError, EncryptError, InsufficientSizeError, UnbufferedStatus,
+    ConnectionState, EncodeError, EncodeTlsData, EncryptError, InsufficientSizeError,
+    UnbufferedStatus,
 };
 
 use super::buffer::WriteStatus;
@@ -180,24 +181,7 @@ fn handle<Data>(
             Next::More
         }
         ConnectionState::EncodeTlsData(mut encode) => {
-            let at = out.len();
-            let mut room = 512;
-            loop {
-                out.resize(at + room, 0);
-                match encode.encode(&mut out[at..]) {
-                    Ok(n) => {
-                        out.truncate(at + n);
-                        break;
-                    }
-                    Err(EncodeError::InsufficientSize(InsufficientSizeError { required_size })) => {
-                        room = required_size;
-                    }
-                    Err(EncodeError::AlreadyEncoded) => {
-                        out.truncate(at);
-                        break;
-                    }
-                }
-            }
+            encode_record(&mut encode, out);
             Next::More
         }
         // The records are in `out`, written before anything after them.
@@ -253,9 +237,15 @@ fn handle<Data>(
 /// A record rustls queued (an alert after an error), appended to `out`;
 /// false when it queued none.
 fn take_queued<Data>(status: UnbufferedStatus<'_, '_, Data>, out: &mut Vec<u8>) -> bool {
-    let Ok(ConnectionState::EncodeTlsData(mut encode)) = status.state else {
-        return false;
-    };
+    match status.state {
+        Ok(ConnectionState::EncodeTlsData(mut encode)) => encode_record(&mut encode, out),
+        _ => false,
+    }
+}
+
+/// Appends the record rustls has to send (a handshake message, an alert)
+/// to `out`; false if there was none.
+fn encode_record<Data>(encode: &mut EncodeTlsData<'_, Data>, out: &mut Vec<u8>) -> bool {
     let at = out.len();
     let mut room = 512;
     loop {
