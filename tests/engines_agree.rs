@@ -295,22 +295,14 @@ struct Engines {
     list: Vec<Engine>,
     trials: usize,
     _redis: Redis,
-    _dir: TempDir,
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    _dir: Dir,
 }
 
 impl Engines {
     fn start() -> Engines {
         let redis = Redis::start();
-        let dir = TempDir(std::env::temp_dir().join(format!("relay-agree-{}", unique_session())));
-        let data_dir = dir.0.to_str().expect("utf-8 temp dir").to_string();
+        let dir = Dir::new("agree");
+        let data_dir = dir.path().to_string();
         let prefix = format!("{}:", unique_session());
         let history = ("RELAY_HISTORY_LIMIT", HISTORY);
         let memory = Server::start_single_with(&[history]);

@@ -19,31 +19,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// A fresh data directory under the temp dir, removed at the end.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("relay-fault-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        Dir(p)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("UTF-8 temp path")
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = Command::new("chmod")
-            .args(["-R", "u+w"])
-            .arg(&self.0)
-            .status();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// strace attached to a running server, detached (SIGINT) when dropped.
 struct Strace {
     child: Child,

@@ -18,10 +18,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{Server, assert_error, skip_with_tls, unique_session};
+use common::{Dir, Server, assert_error, skip_with_tls, unique_session};
 use serde_json::{Value, json};
 
 const PAGE: &[u8] = include_bytes!("../src/web/index.html");
@@ -107,9 +107,9 @@ fn invalid_web_setting_stops_the_server() {
 
 #[test]
 fn browser_chat_survives_a_relay_restart() {
-    if skip_with_tls("the browser opens the page over http://") {
+    let Some(_one) = browser_turn() else {
         return;
-    }
+    };
     restart_scenario(None);
 }
 
@@ -117,20 +117,16 @@ fn browser_chat_survives_a_relay_restart() {
 /// resumes with no resync, and still shows every answer once.
 #[test]
 fn browser_chat_survives_a_restart_of_a_persistent_relay_without_a_resync() {
-    if skip_with_tls("the browser opens the page over http://") {
+    let Some(_one) = browser_turn() else {
         return;
-    }
-    let dir = std::env::temp_dir().join(format!("relay-page-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    restart_scenario(Some(dir.to_str().expect("UTF-8 temp path")));
-    let _ = std::fs::remove_dir_all(&dir);
+    };
+    let dir = Dir::new("page");
+    restart_scenario(Some(dir.path()));
 }
 
 /// The restart scenario; `data_dir` gives both relays the same data
 /// directory.
 fn restart_scenario(data_dir: Option<&str>) {
-    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    require_browser();
     let mut env = vec![PING];
     if let Some(dir) = data_dir {
         env.push(("RELAY_DATA_DIR", dir));
@@ -196,11 +192,9 @@ fn restart_scenario(data_dir: Option<&str>) {
 
 #[test]
 fn browser_asks_for_the_client_token() {
-    if skip_with_tls("the browser opens the page over http://") {
+    let Some(_one) = browser_turn() else {
         return;
-    }
-    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    require_browser();
+    };
     let s = Server::start_with(&[PING, ("RELAY_CLIENT_TOKEN", "page-secret")]);
     let sid = unique_session();
     let url = format!("http://{}/", s.addr());
@@ -223,11 +217,9 @@ fn browser_asks_for_the_client_token() {
 
 #[test]
 fn browser_takes_a_session_token_from_the_fragment() {
-    if skip_with_tls("the browser opens the page over http://") {
+    let Some(_one) = browser_turn() else {
         return;
-    }
-    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    require_browser();
+    };
     const SECRET: &str = "page-token-secret-0123456789abcdefghij";
     let s = Server::start_with(&[
         PING,
@@ -273,11 +265,9 @@ fn browser_takes_a_session_token_from_the_fragment() {
 /// prompt it cannot read with an error answer.
 #[test]
 fn browser_encrypts_end_to_end_with_the_key_in_the_fragment() {
-    if skip_with_tls("the browser opens the page over http://") {
+    let Some(_one) = browser_turn() else {
         return;
-    }
-    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    require_browser();
+    };
     let s = Server::start_with(&[PING]);
     let sid = unique_session();
     let (key, other) = (relay_key(), relay_key());
@@ -350,11 +340,9 @@ fn browser_encrypts_end_to_end_with_the_key_in_the_fragment() {
 /// an error answer shows as an error.
 #[test]
 fn browser_renders_markdown_safely_and_error_answers_as_errors() {
-    if skip_with_tls("the browser opens the page over http://") {
+    let Some(_one) = browser_turn() else {
         return;
-    }
-    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    require_browser();
+    };
     let s = Server::start_with(&[PING]);
     let sid = unique_session();
     let url = format!("http://{}/", s.addr());
@@ -437,6 +425,17 @@ impl Drop for E2eAgent {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The browser for this test, one test at a time; `None` (skipped) over
+/// TLS, since the page is opened over http://.
+fn browser_turn() -> Option<MutexGuard<'static, ()>> {
+    if skip_with_tls("the browser opens the page over http://") {
+        return None;
+    }
+    let one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    require_browser();
+    Some(one)
 }
 
 /// Fails, naming what to install, when the browser or Playwright is missing.

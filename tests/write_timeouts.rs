@@ -8,38 +8,11 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Http, Server, skip_with_redis, unique_session};
+use common::{Dir, Http, Server, skip_with_redis, unique_session};
 use serde_json::{Value, json};
-
-/// A data directory of this test alone, removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Dir {
-        let p = std::env::temp_dir().join(format!(
-            "relay-stall-{}-{}",
-            std::process::id(),
-            unique_session()
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("data dir");
-        Dir(p)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("utf-8 path")
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// strace attached to every thread of a process, holding each of its
 /// `fsync` and `fdatasync` calls for `delay` before it runs. Detached on
@@ -174,7 +147,7 @@ fn a_write_held_by_the_disk_past_its_timeout_gets_its_own_answer_and_a_queued_on
     if skip_with_redis("a stalled disk is the data directory's") {
         return;
     }
-    let dir = Dir::new();
+    let dir = Dir::created("stall");
     let env = [
         ("RELAY_DATA_DIR", dir.path()),
         ("RELAY_STORE_TIMEOUT", "0.3"),
@@ -225,7 +198,7 @@ fn a_shutdown_does_not_wait_for_a_stalled_disk_and_answers_every_waiting_write()
     if skip_with_redis("a stalled disk is the data directory's") {
         return;
     }
-    let dir = Dir::new();
+    let dir = Dir::created("stall");
     let env = [("RELAY_DATA_DIR", dir.path())];
     let mut srv = Server::start_single_with(&env);
     let sid = unique_session();

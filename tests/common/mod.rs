@@ -18,12 +18,15 @@
 //! a test that reads the raw socket returns early there with `skip_with_tls("why")`.
 #![allow(dead_code)]
 
+mod dir;
 mod good;
 mod http;
 mod redis;
 mod tls;
 mod ws;
 
+#[allow(unused_imports)] // used by the tests that keep a data directory
+pub use dir::Dir;
 #[allow(unused_imports)] // only the tests of clients under abuse use it
 pub use good::Good;
 pub use http::{Http, Response};
