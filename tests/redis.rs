@@ -19,19 +19,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-/// A relay instance on `redis`, with a prefix of this test's own.
-fn instance(redis: &Redis, prefix: &str) -> Server {
-    Server::start_with(&[
-        ("RELAY_REDIS_URL", &redis.url()),
-        ("RELAY_REDIS_PREFIX", prefix),
-    ])
-}
-
-fn instances(redis: &Redis, n: usize) -> Vec<Server> {
-    let prefix = format!("{}:", unique_session());
-    (0..n).map(|_| instance(redis, &prefix)).collect()
-}
-
 /// Polls `path` on `srv` (bounded, 10 s) until it answers `status`.
 #[track_caller]
 fn wait_status(srv: &Server, path: &str, status: u16) {
@@ -73,7 +60,7 @@ fn all_messages(srv: &Server, sid: &str) -> Value {
 #[test]
 fn every_flow_of_the_seed_works_across_instances() {
     let redis = Redis::start();
-    let [a, b, c]: [Server; 3] = instances(&redis, 3).try_into().ok().unwrap();
+    let [a, b, c]: [Server; 3] = redis.relays(3, &[]).try_into().ok().unwrap();
     let sid = unique_session();
 
     // Flow 1: the web client's socket on A comes first and creates the session.
@@ -161,7 +148,7 @@ fn every_flow_of_the_seed_works_across_instances() {
 #[test]
 fn a_long_poll_parked_on_one_instance_is_woken_by_a_prompt_on_another() {
     let redis = Redis::start();
-    let [a, b]: [Server; 2] = instances(&redis, 2).try_into().ok().unwrap();
+    let [a, b]: [Server; 2] = redis.relays(2, &[]).try_into().ok().unwrap();
     let sid = unique_session();
     a.put(&format!("/sessions/{sid}"));
     for round in 0..20 {
@@ -196,7 +183,7 @@ fn counter(srv: &Server, name: &str) -> u64 {
 #[test]
 fn each_instance_counts_the_messages_stored_through_it() {
     let redis = Redis::start();
-    let [a, b]: [Server; 2] = instances(&redis, 2).try_into().ok().unwrap();
+    let [a, b]: [Server; 2] = redis.relays(2, &[]).try_into().ok().unwrap();
     let sid = unique_session();
     // The first write of the session goes to A, which holds no copy of it.
     a.prompt(&sid, "one", Some("p1"));
@@ -223,7 +210,7 @@ fn a_poll_parked_on_a_session_new_to_its_instance_is_woken_however_soon_the_prom
     // waits on there: this poll's session gets listened to as it parks,
     // and a prompt stored just before that must still wake it.
     let redis = Redis::start();
-    let [a, b]: [Server; 2] = instances(&redis, 2).try_into().ok().unwrap();
+    let [a, b]: [Server; 2] = redis.relays(2, &[]).try_into().ok().unwrap();
     for round in 0..40 {
         let sid = unique_session();
         b.put(&format!("/sessions/{sid}"));
@@ -304,7 +291,7 @@ fn a_write_acknowledged_by_one_instance_is_read_at_once_on_another() {
     // its reads wait for one PING rather than a script call; B's writes
     // must be in them all the same, however soon the read follows.
     let redis = Redis::start();
-    let [a, b]: [Server; 2] = instances(&redis, 2).try_into().ok().unwrap();
+    let [a, b]: [Server; 2] = redis.relays(2, &[]).try_into().ok().unwrap();
     let sid = unique_session();
     let mut ws = a.ws(&format!("/ws/{sid}"));
     a.wait_health("subscribers", 1);
@@ -398,7 +385,7 @@ fn the_prompts_of_one_turn_are_stored_in_one_call_each_as_alone() {
     // each turn's prompts go to Redis as one script call: 32 ids, each
     // posted twice (sometimes in the same call), over 4 sessions.
     let redis = Redis::start();
-    let srv = instance(&redis, &format!("{}:", unique_session()));
+    let srv = redis.relays(1, &[]).remove(0);
     let sids: Vec<String> = (0..4).map(|_| unique_session()).collect();
     let before = redis.commands("evalsha");
     let barrier = Arc::new(Barrier::new(64));
@@ -445,7 +432,7 @@ fn the_prompts_of_one_turn_are_stored_in_one_call_each_as_alone() {
 #[test]
 fn one_id_posted_fifty_times_over_three_instances_is_stored_once() {
     let redis = Redis::start();
-    let servers = instances(&redis, 3);
+    let servers = redis.relays(3, &[]);
     let sid = unique_session();
 
     let acks = race(
@@ -567,19 +554,12 @@ fn read_all(ws: &mut Ws, want: &BTreeSet<String>) -> Vec<u64> {
 #[test]
 fn redis_restarted_in_the_middle_of_traffic_loses_nothing_acknowledged() {
     let mut redis = Redis::start_durable();
-    let servers = instances(&redis, 2);
+    let servers = redis.relays(2, &[]);
     let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
     let sid = unique_session();
-    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
     // A subscriber on each instance, and a long-poll parked on B for a
     // session that gets its prompt only after the outage.
-    let mut subscribers: Vec<Ws> = servers
-        .iter()
-        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
-        .collect();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers, &sid);
     let quiet = unique_session();
     servers[0].put(&format!("/sessions/{quiet}"));
     let mut parked = servers[1].conn();
@@ -680,7 +660,7 @@ fn redis_restarted_in_the_middle_of_traffic_loses_nothing_acknowledged() {
 #[test]
 fn the_clients_of_a_killed_instance_resume_on_another_without_resync() {
     let redis = Redis::start();
-    let mut servers = instances(&redis, 2);
+    let mut servers = redis.relays(2, &[]);
     let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
     let sid = unique_session();
     let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]

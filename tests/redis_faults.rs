@@ -18,21 +18,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// `n` relays on `redis` sharing a prefix of this test's own.
-fn instances(redis: &Redis, n: usize) -> Vec<Server> {
-    instances_with(redis, n, &[])
-}
-
-/// `instances`, with more settings.
-fn instances_with(redis: &Redis, n: usize, env: &[(&str, &str)]) -> Vec<Server> {
-    let prefix = format!("{}:", unique_session());
-    let url = redis.url();
-    let mut env = env.to_vec();
-    env.push(("RELAY_REDIS_URL", url.as_str()));
-    env.push(("RELAY_REDIS_PREFIX", prefix.as_str()));
-    (0..n).map(|_| Server::start_with(&env)).collect()
-}
-
 /// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`;
 /// returns that answer's body.
 #[track_caller]
@@ -344,16 +329,9 @@ fn read_answers(ws: &mut Ws, want: &BTreeSet<String>, refused: &BTreeSet<String>
 #[test]
 fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
     let redis = Redis::start();
-    let servers = instances(&redis, 2);
+    let servers = redis.relays(2, &[]);
     let sid = unique_session();
-    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mut subscribers: Vec<Ws> = servers
-        .iter()
-        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
-        .collect();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers, &sid);
     for s in &servers {
         s.wait_health("subscribers", 1);
     }
@@ -380,7 +358,7 @@ fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
 #[test]
 fn readyz_follows_redis_refusing_writes_and_hanging_both_ways_without_client_writes() {
     let mut redis = Redis::start();
-    let servers = instances(&redis, 2);
+    let servers = redis.relays(2, &[]);
     let sid = unique_session();
     servers[0].prompt(&sid, "before", Some("before"));
     for srv in &servers {
@@ -465,16 +443,9 @@ fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Val
 #[test]
 fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion() {
     let mut redis = Redis::start();
-    let servers = instances(&redis, 2);
+    let servers = redis.relays(2, &[]);
     let sid = unique_session();
-    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mut subscribers: Vec<Ws> = servers
-        .iter()
-        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
-        .collect();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers, &sid);
     // A long-poll parked on B on a quiet session, through both losses.
     let quiet = unique_session();
     servers[0].put(&format!("/sessions/{quiet}"));
@@ -560,16 +531,9 @@ fn a_store_lost_while_redis_refuses_writes_is_renewed_once_it_takes_them() {
     // The sweep, every 2.5 s with this TTL, creates again a session
     // someone waits on that could not be created when the loss was seen.
     let redis = Redis::start();
-    let servers = instances_with(&redis, 2, &[("RELAY_SESSION_TTL", "10")]);
+    let servers = redis.relays(2, &[("RELAY_SESSION_TTL", "10")]);
     let sid = unique_session();
-    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mut subscribers: Vec<Ws> = servers
-        .iter()
-        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
-        .collect();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers, &sid);
     for s in &servers {
         s.wait_health("subscribers", 1);
     }

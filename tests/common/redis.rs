@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::unique_session;
+use super::{Server, Ws, unique_session};
 
 const BIN: &str = "/usr/bin/redis-server";
 
@@ -208,6 +208,18 @@ impl Redis {
         }
     }
 
+    /// `n` relays on this Redis sharing a key prefix of their own, with
+    /// `env` besides.
+    #[track_caller]
+    pub fn relays(&self, n: usize, env: &[(&str, &str)]) -> Vec<Server> {
+        let prefix = format!("{}:", unique_session());
+        let url = self.url();
+        let mut env = env.to_vec();
+        env.push(("RELAY_REDIS_URL", url.as_str()));
+        env.push(("RELAY_REDIS_PREFIX", prefix.as_str()));
+        (0..n).map(|_| Server::start_with(&env)).collect()
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -230,4 +242,20 @@ impl Drop for Redis {
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     l.local_addr().expect("local addr").port()
+}
+
+/// Creates session `sid` through the first of `servers` and opens a
+/// subscriber of it from the start on each; the session's epoch and the
+/// subscribers.
+#[track_caller]
+pub fn subscribed_on_each(servers: &[Server], sid: &str) -> (String, Vec<Ws>) {
+    let epoch = servers[0].put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .expect("an epoch")
+        .to_string();
+    let subscribers = servers
+        .iter()
+        .map(|s| s.ws(&format!("/ws/{sid}?after=0&epoch={epoch}")))
+        .collect();
+    (epoch, subscribers)
 }
