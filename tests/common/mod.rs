@@ -33,7 +33,7 @@ pub use http::{Http, Response};
 #[allow(unused_imports)] // used by the tests that start a Redis of their own
 pub use redis::{Redis, free_port, subscribed_on_each};
 #[allow(unused_imports)] // used by the tests that speak to the socket themselves
-pub use tls::{Stream, files as tls_files, skip_with_tls, tls_mode};
+pub use tls::{Stream, files as tls_files, openssl, skip_with_tls, tls_mode};
 pub use ws::Ws;
 
 use std::io::{BufRead, BufReader, Read, Write};

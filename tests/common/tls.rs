@@ -81,8 +81,10 @@ pub fn files() -> &'static Files {
     })
 }
 
+/// Runs openssl with `args` split at whitespace (the tests' paths have
+/// none).
 #[track_caller]
-fn openssl(args: &str) {
+pub fn openssl(args: &str) {
     let out = Command::new("openssl")
         .args(args.split_whitespace())
         .output()

@@ -4,7 +4,6 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,7 @@ use rustls::pki_types::ServerName;
 use rustls::{ClientConnection, StreamOwned};
 use serde_json::Value;
 
-use crate::common::Server;
+use crate::common::{Server, openssl};
 
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -127,21 +126,6 @@ static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
 /// A new P-256 key, unencrypted.
 const NEW_KEY: &str = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
-
-/// Runs openssl with `args` split at whitespace (the test's paths have
-/// none).
-#[track_caller]
-fn openssl(args: &str) {
-    let out = Command::new("openssl")
-        .args(args.split_whitespace())
-        .output()
-        .expect("run openssl (scripts/install-test-deps.sh installs it)");
-    assert!(
-        out.status.success(),
-        "openssl {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 pub type Tls = StreamOwned<ClientConnection, TcpStream>;
 
