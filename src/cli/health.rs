@@ -37,16 +37,9 @@ const SPEC: Spec = Spec {
 
 /// `relay health ARGS`: returns the exit code.
 pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
-    let parsed = match super::parse_flags(args, &SPEC) {
-        Ok(p) if p.help => {
-            print!("{HELP}");
-            return 0;
-        }
-        Ok(p) if !p.rest.is_empty() => {
-            return super::usage_error("health", &format!("unexpected '{}'", p.rest[0]));
-        }
+    let parsed = match super::flags_only("health", args, &SPEC, HELP) {
         Ok(p) => p,
-        Err(e) => return super::usage_error("health", &e),
+        Err(code) => return code,
     };
     // `--url`, else `RELAY_URL` as the other tools read it, else the
     // server's own address.

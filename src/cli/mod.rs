@@ -267,6 +267,22 @@ fn seconds_of(parsed: &Parsed, flag: &str, default: Duration) -> Result<Duration
     }
 }
 
+/// The flags of `relay <command>`, a command that takes nothing else:
+/// `Err(exit code)` once it printed its help (0) or a usage error (2).
+fn flags_only(command: &str, args: &[String], spec: &Spec, help: &str) -> Result<Parsed, u8> {
+    match parse_flags(args, spec) {
+        Ok(p) if p.help => {
+            print!("{help}");
+            Err(0)
+        }
+        Ok(p) if !p.rest.is_empty() => {
+            Err(usage_error(command, &format!("unexpected '{}'", p.rest[0])))
+        }
+        Ok(p) => Ok(p),
+        Err(e) => Err(usage_error(command, &e)),
+    }
+}
+
 /// Prints a usage error the way the server does and returns exit code 2.
 fn usage_error(command: &str, why: &str) -> u8 {
     eprintln!("relay {command}: {why} (see relay {command} --help)");

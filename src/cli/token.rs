@@ -37,16 +37,9 @@ const SPEC: Spec = Spec {
 
 /// `relay token ARGS`: returns the exit code.
 pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
-    let parsed = match super::parse_flags(args, &SPEC) {
-        Ok(p) if p.help => {
-            print!("{HELP}");
-            return 0;
-        }
-        Ok(p) if !p.rest.is_empty() => {
-            return super::usage_error("token", &format!("unexpected '{}'", p.rest[0]));
-        }
+    let parsed = match super::flags_only("token", args, &SPEC, HELP) {
         Ok(p) => p,
-        Err(e) => return super::usage_error("token", &e),
+        Err(code) => return code,
     };
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
