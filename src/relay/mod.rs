@@ -503,7 +503,7 @@ impl Relay {
                 if !r.up() {
                     return Err(ApiError::storage_unavailable());
                 }
-                let ticket = issue(&mut self.tickets, &mut self.issued, conn);
+                let ticket = || issue(&mut self.tickets, &mut self.issued, conn);
                 shared::submit(r, &self.store, ticket, w, unix_ms)?;
                 return Ok(Reply::Wait);
             }

@@ -35,12 +35,13 @@ fn head_of(parts: &Parts) -> String {
     d
 }
 
-/// Sends a write to Redis (which is up) for `ticket`. A deletion names a
-/// valid session id (else `404` here): the copy may not hold the session.
+/// Sends a write to Redis (which is up) under the ticket `ticket` issues,
+/// once the write is known to be sent: a deletion names a valid session id
+/// (else `404` here, and no ticket): the copy may not hold the session.
 pub(super) fn submit(
     r: &mut RedisStore,
     store: &MemStore,
-    ticket: Ticket,
+    ticket: impl FnOnce() -> Ticket,
     w: Write,
     unix_ms: u64,
 ) -> Result<(), ApiError> {
@@ -62,7 +63,7 @@ pub(super) fn submit(
                 seq: Seq(0),
             });
             r.prompt(
-                ticket,
+                ticket(),
                 &p.session_id,
                 id,
                 head,
@@ -95,12 +96,12 @@ pub(super) fn submit(
                 head: &head,
                 ts,
             };
-            r.response(ticket, &p.session_id, write, known(store, &p.session_id));
+            r.response(ticket(), &p.session_id, write, known(store, &p.session_id));
         }
-        Write::Create { sid, put } => r.create(ticket, sid, put, known(store, sid)),
+        Write::Create { sid, put } => r.create(ticket(), sid, put, known(store, sid)),
         Write::Delete { sid } => {
             let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
-            r.delete(ticket, &sid);
+            r.delete(ticket(), &sid);
         }
     }
     Ok(())
