@@ -6,7 +6,7 @@
 
 use log::{debug, info};
 
-use super::{ApiError, ConnId, Effect, Engine, Relay, Ticket, Write};
+use super::{ApiError, ConnId, Effect, Engine, Relay, Write, next_ticket};
 use crate::store::MemStore;
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::store::sqlite::StoreStats;
@@ -131,11 +131,7 @@ impl Relay {
             && let Engine::Durable(d) = &mut self.engine
         {
             debug!(count = n; "idle sessions to collect");
-            self.tickets += 1;
-            let ticket = Ticket {
-                conn: NOBODY,
-                n: self.tickets,
-            };
+            let ticket = next_ticket(&mut self.tickets, NOBODY);
             d.submit(Command {
                 ticket,
                 op: Op::Collect { sids },

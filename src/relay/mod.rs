@@ -38,11 +38,17 @@ use crate::store::sqlite::Durable;
 use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
-/// The next ticket, remembered as the one issued (borrows only what it
-/// needs, so a caller holding an engine can issue one).
-fn issue(tickets: &mut u64, issued: &mut Option<Ticket>, conn: ConnId) -> Ticket {
+/// The next ticket (borrows only what it needs, so a caller holding an
+/// engine can take one).
+fn next_ticket(tickets: &mut u64, conn: ConnId) -> Ticket {
     *tickets += 1;
-    let t = Ticket { conn, n: *tickets };
+    Ticket { conn, n: *tickets }
+}
+
+/// The next ticket, remembered as the one issued: the request being
+/// handled waits under it.
+fn issue(tickets: &mut u64, issued: &mut Option<Ticket>, conn: ConnId) -> Ticket {
+    let t = next_ticket(tickets, conn);
     *issued = Some(t);
     t
 }
