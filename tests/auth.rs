@@ -12,8 +12,6 @@ use serde_json::{Value, json};
 const CLIENT: &str = "client-tok-7Qz1fK";
 const AGENT: &str = "agent-tok-Lm93xP";
 const WRONG: &str = "wrong-tok-Hb5vR0";
-/// A fixed key: the tests do not check the accept value, only the status.
-const WS_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
 fn both_tokens() -> Server {
     Server::start_with(&[("RELAY_CLIENT_TOKEN", CLIENT), ("RELAY_AGENT_TOKEN", AGENT)])
@@ -39,22 +37,6 @@ fn call(
         headers.push(("Content-Type", "application/json"));
     }
     srv.request(method, path, &headers, bytes.as_deref())
-}
-
-/// A raw WebSocket upgrade request with optional extra headers; returns the
-/// answer's head (101 or a refusal with its body).
-#[track_caller]
-fn upgrade(srv: &Server, path: &str, extra: &[(&str, &str)]) -> Response {
-    let mut headers = vec![
-        ("Upgrade", "websocket"),
-        ("Connection", "Upgrade"),
-        ("Sec-WebSocket-Version", "13"),
-        ("Sec-WebSocket-Key", WS_KEY),
-    ];
-    headers.extend_from_slice(extra);
-    let mut http = srv.conn();
-    http.send("GET", path, &headers, None);
-    http.read_response()
 }
 
 #[track_caller]
@@ -162,11 +144,11 @@ fn client_endpoints_need_the_client_token() {
     let ws = format!("/ws/{sid}");
     for token in [AGENT, WRONG] {
         let auth = format!("Bearer {token}");
-        assert_401(&upgrade(&srv, &ws, &[("Authorization", &auth)]), "upgrade");
+        assert_401(&srv.upgrade(&ws, &[("Authorization", &auth)]), "upgrade");
     }
-    assert_401(&upgrade(&srv, &ws, &[]), "upgrade without a token");
+    assert_401(&srv.upgrade(&ws, &[]), "upgrade without a token");
     let auth = format!("Bearer {CLIENT}");
-    assert_eq!(upgrade(&srv, &ws, &[("Authorization", &auth)]).status, 101);
+    assert_eq!(srv.upgrade(&ws, &[("Authorization", &auth)]).status, 101);
     let session = format!("/sessions/{sid}");
     assert_only(&srv, CLIENT, AGENT, "DELETE", &session, None);
     ok(&srv, "DELETE", &session, Some(CLIENT), None);
@@ -298,7 +280,7 @@ fn websocket_query_token_is_percent_decoded() {
     let encoded = "tok%2Fwith%2Bplus%3Deq%26amp%25pct";
     let _ws = srv.ws(&format!("/ws/{sid}?token={encoded}"));
     srv.wait_health("subscribers", 1);
-    let r = upgrade(&srv, &format!("/ws/{sid}?token=tok%2Fwith"), &[]);
+    let r = srv.upgrade(&format!("/ws/{sid}?token=tok%2Fwith"), &[]);
     assert_401(&r, "a truncated token");
 }
 
@@ -307,7 +289,7 @@ fn wrong_query_token_gets_401_before_the_upgrade() {
     let srv = both_tokens();
     let sid = unique_session();
     for token in [WRONG, AGENT, ""] {
-        let r = upgrade(&srv, &format!("/ws/{sid}?token={token}"), &[]);
+        let r = srv.upgrade(&format!("/ws/{sid}?token={token}"), &[]);
         assert_401(&r, &format!("?token={token}"));
         assert!(
             r.header("Sec-WebSocket-Accept").is_none(),
@@ -400,7 +382,7 @@ fn only_a_client_token_leaves_the_agent_role_open_and_warns() {
         None,
         Some(&response_body(&sid, "c1")),
     );
-    assert_401(&upgrade(&srv, &format!("/ws/{sid}"), &[]), "upgrade");
+    assert_401(&srv.upgrade(&format!("/ws/{sid}"), &[]), "upgrade");
     denied(&srv, "GET", &format!("/messages/{sid}"), None, None);
     denied(&srv, "DELETE", &format!("/sessions/{sid}"), None, None);
 }
@@ -476,14 +458,8 @@ fn tokens_never_appear_in_the_logs() {
         Some(&prompt_body(&sid, "c2")),
     );
     denied(&srv, "GET", &format!("/messages/{sid}"), Some(WRONG), None);
-    assert_401(
-        &upgrade(&srv, &format!("/ws/{sid}?token={WRONG}"), &[]),
-        "x",
-    );
-    assert_401(
-        &upgrade(&srv, &format!("/ws/{sid}?token={AGENT}"), &[]),
-        "x",
-    );
+    assert_401(&srv.upgrade(&format!("/ws/{sid}?token={WRONG}"), &[]), "x");
+    assert_401(&srv.upgrade(&format!("/ws/{sid}?token={AGENT}"), &[]), "x");
     // A malformed request carrying a token (bad JSON, then bad framing).
     let auth = format!("Bearer {CLIENT}");
     let headers = [

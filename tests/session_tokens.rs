@@ -19,7 +19,6 @@ const SECRET: &str = "test-secret-0123456789-abcdefghij-KLMNOP";
 const OTHER_SECRET: &str = "another-secret-0123456789-abcdefghijklm";
 const CLIENT: &str = "server-wide-client-Qx81";
 const AGENT: &str = "server-wide-agent-Vb27";
-const WS_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
 fn with_secret() -> Server {
     Server::start_with(&[
@@ -96,21 +95,6 @@ fn answer(sid: &str, id: &str) -> Value {
     json!({"session_id": sid, "client_msg_id": id, "text": "a"})
 }
 
-/// A raw upgrade request for `path` with extra headers; the answer's head.
-#[track_caller]
-fn upgrade(srv: &Server, path: &str, extra: &[(&str, &str)]) -> Response {
-    let mut headers = vec![
-        ("Upgrade", "websocket"),
-        ("Connection", "Upgrade"),
-        ("Sec-WebSocket-Version", "13"),
-        ("Sec-WebSocket-Key", WS_KEY),
-    ];
-    headers.extend_from_slice(extra);
-    let mut http = srv.conn();
-    http.send("GET", path, &headers, None);
-    http.read_response()
-}
-
 #[test]
 fn a_session_token_opens_its_roles_endpoints_in_its_session() {
     let srv = with_secret();
@@ -172,7 +156,7 @@ fn a_session_token_opens_its_roles_endpoints_in_its_session() {
     let r = call(&srv, "DELETE", &format!("/sessions/{sid}"), &agent, None);
     expect(&r, 401, need_client, "delete, agent");
     let auth = format!("Bearer {agent}");
-    let r = upgrade(&srv, &format!("/ws/{sid}"), &[("Authorization", &auth)]);
+    let r = srv.upgrade(&format!("/ws/{sid}"), &[("Authorization", &auth)]);
     expect(&r, 401, need_client, "upgrade, agent");
     let r = call(&srv, "GET", "/metrics", &client, None);
     assert_eq!(
@@ -237,12 +221,11 @@ fn another_session_gets_403_and_nothing_changes() {
     forbidden(&r, "response");
     let auth = format!("Bearer {client}");
     forbidden(
-        &upgrade(&srv, &format!("/ws/{other}"), &[("Authorization", &auth)]),
+        &srv.upgrade(&format!("/ws/{other}"), &[("Authorization", &auth)]),
         "upgrade",
     );
     let offer = format!("relay.v1, bearer.{client}");
-    let r = upgrade(
-        &srv,
+    let r = srv.upgrade(
         &format!("/ws/{other}"),
         &[("Sec-WebSocket-Protocol", &offer)],
     );
@@ -308,7 +291,7 @@ fn expired_forged_truncated_and_foreign_tokens_get_401() {
     ] {
         let r = call(&srv, "GET", &path, bad, None);
         expect(&r, 401, Some("client token required"), what);
-        let r = upgrade(&srv, &format!("/ws/{sid}?token={bad}"), &[]);
+        let r = srv.upgrade(&format!("/ws/{sid}?token={bad}"), &[]);
         expect(&r, 401, Some("client token required"), what);
     }
     let r = call(&srv, "GET", &format!("/messages/{sid}"), CLIENT, None);
@@ -394,23 +377,14 @@ fn a_websocket_token_offered_as_a_subprotocol_is_answered_with_relay_v1() {
         (&json!("message"), &json!("c1"))
     );
     // The answer's header, read raw: relay.v1 alone, never the token.
-    let r = upgrade(
-        &srv,
-        &format!("/ws/{sid}"),
-        &[("Sec-WebSocket-Protocol", &offer)],
-    );
+    let r = srv.upgrade(&format!("/ws/{sid}"), &[("Sec-WebSocket-Protocol", &offer)]);
     assert_eq!(r.status, 101, "{}", r.text());
     assert_eq!(r.header("Sec-WebSocket-Protocol"), Some("relay.v1"));
     // Server-wide tokens work there too; a bad one is refused before the upgrade.
     let offer = format!("relay.v1, bearer.{CLIENT}");
-    let r = upgrade(
-        &srv,
-        &format!("/ws/{sid}"),
-        &[("Sec-WebSocket-Protocol", &offer)],
-    );
+    let r = srv.upgrade(&format!("/ws/{sid}"), &[("Sec-WebSocket-Protocol", &offer)]);
     assert_eq!(r.status, 101, "{}", r.text());
-    let r = upgrade(
-        &srv,
+    let r = srv.upgrade(
         &format!("/ws/{sid}"),
         &[("Sec-WebSocket-Protocol", "relay.v1, bearer.x")],
     );
@@ -422,11 +396,7 @@ fn a_websocket_token_offered_as_a_subprotocol_is_answered_with_relay_v1() {
     );
     // Without relay.v1 offered, none is named in the answer.
     let offer = format!("bearer.{client}");
-    let r = upgrade(
-        &srv,
-        &format!("/ws/{sid}"),
-        &[("Sec-WebSocket-Protocol", &offer)],
-    );
+    let r = srv.upgrade(&format!("/ws/{sid}"), &[("Sec-WebSocket-Protocol", &offer)]);
     assert_eq!(r.status, 101, "{}", r.text());
     assert_eq!(r.header("Sec-WebSocket-Protocol"), None);
 }

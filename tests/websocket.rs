@@ -71,31 +71,12 @@ fn read_to_end(ws: &mut Ws) -> Option<u16> {
     panic!("the stream never ended")
 }
 
-/// A raw upgrade request; its answer (101 or a refusal, whose whole body the
-/// harness's HTTP client reads). `extra` headers override, empty ones remove.
-#[track_caller]
-fn upgrade(srv: &Server, path: &str, extra: &[(&str, &str)]) -> Response {
-    let key = generate_key();
-    let mut headers = vec![
-        ("Upgrade", "websocket"),
-        ("Connection", "Upgrade"),
-        ("Sec-WebSocket-Version", "13"),
-        ("Sec-WebSocket-Key", key.as_str()),
-    ];
-    headers.retain(|(k, _)| !extra.iter().any(|(e, _)| e.eq_ignore_ascii_case(k)));
-    headers.extend_from_slice(extra);
-    headers.retain(|(_, v)| !v.is_empty());
-    let mut http = srv.conn();
-    http.send("GET", path, &headers, None);
-    http.read_response()
-}
-
 #[test]
 fn upgrade_answers_101_with_accept_key_and_creates_the_session() {
     let srv = Server::start();
     let sid = unique_session();
     let key = generate_key();
-    let r = upgrade(&srv, &format!("/ws/{sid}"), &[("Sec-WebSocket-Key", &key)]);
+    let r = srv.upgrade(&format!("/ws/{sid}"), &[("Sec-WebSocket-Key", &key)]);
     assert_eq!(r.status, 101, "{}", r.text());
     assert_eq!(
         r.header("Sec-WebSocket-Accept"),
@@ -121,7 +102,7 @@ fn invalid_session_id_is_refused_with_400_before_upgrade() {
         "/ws/a!b".into(),
         "/ws/".into(),
     ] {
-        let r = upgrade(&srv, &path, &[]);
+        let r = srv.upgrade(&path, &[]);
         assert_eq!(r.status, 400, "{path}: {}", r.text());
         assert!(r.json()["error"].is_string(), "{path}: {}", r.text());
     }
@@ -142,10 +123,10 @@ fn invalid_session_id_is_refused_with_400_before_upgrade() {
 fn upgrade_without_key_or_with_wrong_version_gets_400_json() {
     let srv = Server::start();
     let path = format!("/ws/{}", unique_session());
-    let r = upgrade(&srv, &path, &[("Sec-WebSocket-Key", "")]);
+    let r = srv.upgrade(&path, &[("Sec-WebSocket-Key", "")]);
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.json()["error"].is_string(), "{}", r.text());
-    let r = upgrade(&srv, &path, &[("Sec-WebSocket-Version", "8")]);
+    let r = srv.upgrade(&path, &[("Sec-WebSocket-Version", "8")]);
     // RFC 6455 4.2.2 also allows 426 naming the version the server speaks.
     let ok =
         r.status == 400 || (r.status == 426 && r.header("Sec-WebSocket-Version") == Some("13"));
@@ -158,11 +139,7 @@ fn upgrade_without_key_or_with_wrong_version_gets_400_json() {
 fn origin_outside_the_allow_list_gets_403_and_no_origin_is_allowed() {
     let srv = Server::start_with(&[("RELAY_CORS_ORIGINS", "https://app.example")]);
     let sid = unique_session();
-    let r = upgrade(
-        &srv,
-        &format!("/ws/{sid}"),
-        &[("Origin", "https://evil.example")],
-    );
+    let r = srv.upgrade(&format!("/ws/{sid}"), &[("Origin", "https://evil.example")]);
     assert_eq!(r.status, 403, "{}", r.text());
     assert!(r.json()["error"].is_string());
     let _listed = srv
@@ -181,12 +158,12 @@ fn the_servers_own_origin_is_allowed_whatever_the_allow_list() {
     // from: the request's own Host. The harness sends `Host: <addr>`.
     let addr = srv.addr().to_string();
     for origin in [format!("http://{addr}"), format!("https://{addr}")] {
-        let ok = upgrade(&srv, &path, &[("Origin", &origin), ("Host", &addr)]);
+        let ok = srv.upgrade(&path, &[("Origin", &origin), ("Host", &addr)]);
         assert_eq!(ok.status, 101, "{origin}: {}", ok.text());
     }
     // Another port or host of the same name is another origin.
     let other = format!("http://{addr}0");
-    let r = upgrade(&srv, &path, &[("Origin", &other), ("Host", &addr)]);
+    let r = srv.upgrade(&path, &[("Origin", &other), ("Host", &addr)]);
     assert_eq!(r.status, 403, "{}", r.text());
 }
 
@@ -510,7 +487,7 @@ fn subscriber_cap_answers_503_before_upgrade() {
     let sid = unique_session();
     let _a = srv.ws(&format!("/ws/{sid}"));
     let mut b = srv.ws(&format!("/ws/{sid}"));
-    let r = upgrade(&srv, &format!("/ws/{sid}"), &[]);
+    let r = srv.upgrade(&format!("/ws/{sid}"), &[]);
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.json()["error"].is_string());
     let _elsewhere = srv.ws(&format!("/ws/{}", unique_session()));

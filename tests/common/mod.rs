@@ -425,6 +425,26 @@ impl Server {
         Http::connect(self.addr())
     }
 
+    /// A raw WebSocket upgrade request for `path` (a fresh key); its
+    /// answer (101, or a refusal with its whole body). `extra` headers
+    /// override the standard ones, and empty ones remove them.
+    #[track_caller]
+    pub fn upgrade(&self, path: &str, extra: &[(&str, &str)]) -> Response {
+        let key = tungstenite::handshake::client::generate_key();
+        let mut headers = vec![
+            ("Upgrade", "websocket"),
+            ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Version", "13"),
+            ("Sec-WebSocket-Key", key.as_str()),
+        ];
+        headers.retain(|(k, _)| !extra.iter().any(|(e, _)| e.eq_ignore_ascii_case(k)));
+        headers.extend_from_slice(extra);
+        headers.retain(|(_, v)| !v.is_empty());
+        let mut http = self.conn();
+        http.send("GET", path, &headers, None);
+        http.read_response()
+    }
+
     /// A WebSocket client; panics if the upgrade does not succeed.
     #[track_caller]
     pub fn ws(&self, path: &str) -> Ws {
