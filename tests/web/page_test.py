@@ -29,6 +29,25 @@ Scenarios:
            as elements; raw HTML and javascript: links in it show as text
            and make no element; a second prompt gets an error answer
            (`metadata.error`, no text), shown as an error.
+  stream   a prompt gets a "fetched" mark and the agent shows online once
+           the agent fetched it (`FETCHED`); the answer streams in as one
+           draft bubble that grows part by part (`PART <n>` after each
+           part seen), rendered as Markdown with hostile HTML left as text;
+           a reload mid-stream shows the draft again from the relay's
+           snapshot (`RELOADED`); the final answer replaces the draft in
+           the same element, one bubble, not two. A second prompt's draft
+           ends as an error answer.
+  presence the agent shows offline (`OFFLINE`), online while the test
+           parks a long-poll (`ONLINE`), offline again once the poll ended
+           and the relay's short grace passed (`GONE`); a draft the relay
+           drops (short draft timeout) shows as interrupted, keeping its
+           text (`INTERRUPTED`); a new part 1 starts it anew (`RESUMED`)
+           and the final answer takes the bubble over.
+  e2e-stream with `key=`, parts sealed one by one show decrypted as they
+           arrive, a reload decrypts the snapshot (the parts' tokens
+           concatenated, `RELOADED`), a part sealed for another message
+           makes the draft read "cannot decrypt" (`PART 3`), and the sealed
+           final answer replaces it.
 """
 
 import argparse
@@ -427,9 +446,183 @@ def markdown(page, watch, args):
     watch.check_clean()
 
 
+def answer_of(page, amid):
+    return page.locator(f'article.answer[data-amid="{amid}"]')
+
+
+def mark(page, amid):
+    """Remembers the answer's element, to check later that it is the same."""
+    page.evaluate(f"""window.marked = document.querySelector('article.answer[data-amid="{amid}"]')""")
+
+
+def same_element(page, amid):
+    return page.evaluate(f"""document.querySelector('article.answer[data-amid="{amid}"]') === window.marked""")
+
+
+def expect_agent(page, state):
+    agent = page.locator("#agent")
+    expect(agent).to_have_attribute("data-state", state, timeout=WAIT_MS)
+    expect(agent).to_have_text(f"Agent {state}")
+    expect(agent).to_have_attribute("title", re.compile(rf"^{state.capitalize()} since "))
+
+
+def stream(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    prompt, cmid = send_prompt(page, "Stream me an answer")
+    say(f"PROMPTED {cmid}")
+    # The agent fetched it: a mark on the prompt, and the agent is online.
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"), timeout=WAIT_MS)
+    expect(prompt.locator(".state")).to_have_text("Fetched by the agent")
+    expect(page.locator("#pending")).to_have_text("1 waiting for an answer")
+    expect_agent(page, "online")
+    say("FETCHED")
+
+    draft = answer_of(page, "a-s")
+    expect(draft.locator(".text")).to_have_text("Hello", timeout=WAIT_MS)
+    expect(draft).to_have_class(re.compile(r"\bdraft\b"))
+    expect(draft.locator(".state")).to_have_text("Writing…")
+    mark(page, "a-s")
+    say("PART 1")
+    expect(draft.locator(".text")).to_have_text("Hello, world", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("world")
+    assert same_element(page, "a-s"), "the draft was redrawn in another bubble"
+    expect(page.locator("article.answer")).to_have_count(1)
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"))
+    shot = os.path.join(args.out, "page-draft.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+
+    # A reload mid-stream: the history has no draft, the snapshot brings it.
+    page.reload()
+    connected(page)
+    expect(draft.locator(".text")).to_have_text("Hello, world", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("world")
+    expect(draft).to_have_class(re.compile(r"\bdraft\b"))
+    snapshots = [f for f in watch.frames(watch.received, "delta") if f["data"].get("snapshot")]
+    assert snapshots and snapshots[-1]["data"]["text"] == "Hello, **world**", snapshots
+    mark(page, "a-s")
+    say("RELOADED")
+
+    # Hostile HTML in a part is text, and nothing runs.
+    expect(draft.locator(".text")).to_contain_text("<script>window.pwned=1</script>", timeout=WAIT_MS)
+    expect(draft.locator(".text img, .text script, .text a")).to_have_count(0)
+    whole = draft.locator(".text").inner_text()
+    for raw in ['<img src=x onerror="window.pwned=2">', "[x](javascript:alert(3))", "y"]:
+        assert raw in whole, f"{raw!r} not shown as text in {whole!r}"
+    assert page.evaluate("window.pwned") is None, "a draft ran code"
+    say("PART 3")
+
+    # The final answer takes over the draft's element: one bubble.
+    expect(draft.locator(".text")).to_have_text("Hello, world. Done.", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    expect(draft.locator(".state")).to_have_count(0)
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-s"), "the final answer is another bubble than the draft"
+    prompt = page.locator(f'article.prompt[data-cmid="{cmid}"]')
+    expect(prompt).not_to_have_class(re.compile(r"\b(pending|fetched)\b"))
+    expect(page.locator("#pending")).to_have_text("")
+
+    # A draft whose final answer is an error answer.
+    failing, fid = send_prompt(page, "Now fail while streaming")
+    say(f"PROMPTED {fid}")
+    failed = answer_of(page, "a-sf")
+    expect(failed.locator(".text")).to_have_text("partial output", timeout=WAIT_MS)
+    mark(page, "a-sf")
+    say("PART 1")
+    expect(failed).to_have_class(re.compile(r"\bfailed\b"), timeout=WAIT_MS)
+    expect(failed.locator(".err")).to_have_text("Error (exit code 1): it broke")
+    expect(failed.locator(".text")).to_have_text("partial output")
+    assert same_element(page, "a-sf")
+    expect(page.locator("article.answer")).to_have_count(2)
+    expect(failing).not_to_have_class(re.compile(r"\b(pending|fetched)\b"))
+    shot = os.path.join(args.out, "page-stream.png")
+    page.screenshot(path=shot, full_page=True)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
+def presence(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    say("OFFLINE")
+    expect_agent(page, "online")
+    say("ONLINE")
+    # The poll ends and the short grace passes: offline again, by itself.
+    expect_agent(page, "offline")
+    states = [f["data"]["agent"] for f in watch.frames(watch.received, "presence")]
+    assert states == ["offline", "online", "offline"], states
+    say("GONE")
+
+    prompt, cmid = send_prompt(page, "Answer slowly")
+    say(f"PROMPTED {cmid}")
+    draft = answer_of(page, "a-p")
+    expect(draft.locator(".text")).to_have_text("Half an answer", timeout=WAIT_MS)
+    mark(page, "a-p")
+    # The relay drops the draft after its short timeout: the text stays,
+    # marked as interrupted, and the prompt still waits.
+    expect(draft).to_have_class(re.compile(r"\binterrupted\b"), timeout=WAIT_MS)
+    expect(draft.locator(".state")).to_have_text("Interrupted: the agent stopped sending")
+    expect(draft.locator(".text")).to_have_text("Half an answer")
+    ends = watch.frames(watch.received, "delta_end")
+    assert [e["data"]["reason"] for e in ends] == ["timeout"], ends
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"))
+    shot = os.path.join(args.out, "page-interrupted.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    say("INTERRUPTED")
+    # A new part 1 starts the draft anew in the same bubble.
+    resumed = page.locator('article.answer.draft:not(.interrupted)[data-amid="a-p"] .text')
+    expect(resumed).to_have_text("Resumed", timeout=WAIT_MS)
+    assert same_element(page, "a-p")
+    say("RESUMED")
+    expect(draft.locator(".text")).to_have_text("The whole answer", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\b(draft|interrupted)\b"))
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-p")
+    expect(prompt).not_to_have_class(re.compile(r"\b(pending|fetched)\b"))
+    watch.check_clean()
+
+
+def e2e_stream(page, watch, args):
+    page.goto(f"{args.url}#{args.session}&key={args.key}")
+    connected(page)
+    expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
+    _, cmid = send_prompt(page, "a secret, slowly")
+    say(f"PROMPTED {cmid}")
+    draft = answer_of(page, "a-e")
+    expect(draft.locator(".text")).to_have_text("Top", timeout=WAIT_MS)
+    say("PART 1")
+    expect(draft.locator(".text")).to_have_text("Top secret", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("secret")
+    page.reload()
+    connected(page)
+    expect(draft.locator(".text")).to_have_text("Top secret", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("secret")
+    snapshots = [f for f in watch.frames(watch.received, "delta") if f["data"].get("snapshot")]
+    assert snapshots and snapshots[-1]["data"]["text"].count("e2e1:") == 2, snapshots
+    mark(page, "a-e")
+    say("RELOADED")
+    expect(draft.locator(".text")).to_have_text("cannot decrypt", timeout=WAIT_MS)
+    expect(draft.locator(".text")).to_have_class(re.compile(r"\bundecryptable\b"))
+    say("PART 3")
+    expect(draft.locator(".text")).to_have_text("Top secret, all of it.", timeout=WAIT_MS)
+    expect(draft.locator(".text")).not_to_have_class(re.compile(r"\bundecryptable\b"))
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-e")
+    assert not any("secret" in str(f) for f in watch.received), "clear text came over the WebSocket"
+    watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", choices=["restart", "token", "fragment", "e2e", "markdown"], required=True)
+    ap.add_argument("--scenario", required=True,
+                    choices=["restart", "token", "fragment", "e2e", "markdown", "stream", "presence", "e2e-stream"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -451,7 +644,8 @@ def main():
             ctx.set_default_timeout(WAIT_MS)
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
-            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown}
+            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown,
+                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream}
             scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()
