@@ -501,6 +501,21 @@ fn browser_decrypts_streamed_parts_end_to_end() {
     browser.finish();
 }
 
+/// The page's side of the part numbering, with frames the relay would not
+/// send on cue added to its socket by the browser script: parts out of
+/// order, snapshots, a draft the relay forgot across a reconnect, a part
+/// after the final answer.
+#[test]
+fn browser_follows_the_part_numbering_rules() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    Browser::start(&["--scenario", "frames", "--url", &url, "--session", &sid]).finish();
+}
+
 /// Posts one part of answer `amid` (`"partial": true`).
 #[track_caller]
 fn part(s: &Server, sid: &str, cmid: &str, amid: &str, text: &str) {

@@ -48,6 +48,12 @@ Scenarios:
            concatenated, `RELOADED`), a part sealed for another message
            makes the draft read "cannot decrypt" (`PART 3`), and the sealed
            final answer replaces it.
+  frames   the relay's socket passes through Playwright, which adds frames
+           of its own for the page's prompt: a part out of order is
+           ignored, a snapshot replaces the draft, a receipt marks the
+           prompt; after a reconnect whose snapshots do not name the
+           draft, it shows as interrupted; a new part 1 restarts it, the
+           final answer replaces it, and a late part changes nothing.
 """
 
 import argparse
@@ -554,7 +560,8 @@ def presence(page, watch, args):
     # The poll ends and the short grace passes: offline again, by itself.
     expect_agent(page, "offline")
     states = [f["data"]["agent"] for f in watch.frames(watch.received, "presence")]
-    assert states == ["offline", "online", "offline"], states
+    changes = [a for i, a in enumerate(states) if i == 0 or states[i - 1] != a]
+    assert changes == ["offline", "online", "offline"], states
     say("GONE")
 
     prompt, cmid = send_prompt(page, "Answer slowly")
@@ -619,10 +626,70 @@ def e2e_stream(page, watch, args):
     watch.check_clean()
 
 
+def frames(page, watch, args):
+    sockets = []
+
+    def through(ws):
+        ws.connect_to_server()  # frames pass both ways, and ws.send adds some
+        sockets.append(ws)
+
+    page.route_web_socket(re.compile(r"/ws/"), through)
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    prompt, cmid = send_prompt(page, "Frames by hand")
+    ids = {"session_id": args.session, "client_msg_id": cmid, "assistant_msg_id": "a-x"}
+
+    def inject(kind, **data):
+        sockets[-1].send(json.dumps({"type": kind, "data": {**ids, **data}}))
+
+    draft = answer_of(page, "a-x")
+    inject("delta", part=1, text="One")
+    expect(draft.locator(".text")).to_have_text("One", timeout=WAIT_MS)
+    mark(page, "a-x")
+    inject("delta", part=3, text=" IGNORED")
+    inject("delta", part=2, text=" two")
+    expect(draft.locator(".text")).to_have_text("One two", timeout=WAIT_MS)
+    inject("delta", part=4, text="Replaced *whole*", snapshot=True)
+    inject("delta", part=5, text=" and on")
+    expect(draft.locator(".text")).to_have_text("Replaced whole and on", timeout=WAIT_MS)
+    expect(draft.locator(".text em")).to_have_text("whole")
+    inject("receipt", state="fetched", ts=1)
+    expect(prompt.locator(".state")).to_have_text("Fetched by the agent", timeout=WAIT_MS)
+
+    # The socket drops; the relay's snapshots on the new one do not name
+    # the draft (it never knew it): once the presence frame that follows
+    # them arrives, the draft shows as interrupted, text kept.
+    n = len(sockets)
+    sockets[-1].close()
+    expect(page.locator("#agent")).to_be_hidden(timeout=WAIT_MS)
+    wait_until(page, lambda: len(sockets) > n, "the page reconnecting")
+    connected(page)
+    expect_agent(page, "offline")
+    expect(draft).to_have_class(re.compile(r"\binterrupted\b"), timeout=WAIT_MS)
+    expect(draft.locator(".text")).to_have_text("Replaced whole and on")
+    inject("delta", part=2, text="not next")
+    inject("delta", part=1, text="Anew")
+    expect(draft.locator(".text")).to_have_text("Anew", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\binterrupted\b"))
+    inject("message", text="Final", seq=2, ts=2)
+    expect(draft.locator(".text")).to_have_text("Final", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    inject("delta", part=2, text=" late")
+    inject("presence", agent="online", since=1)  # a frame to wait for
+    expect_agent(page, "online")
+    expect(draft.locator(".text")).to_have_text("Final")
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-x")
+    expect(prompt).not_to_have_class(re.compile(r"\b(pending|fetched)\b"))
+    watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True,
-                    choices=["restart", "token", "fragment", "e2e", "markdown", "stream", "presence", "e2e-stream"])
+                    choices=["restart", "token", "fragment", "e2e", "markdown", "stream", "presence", "e2e-stream",
+                             "frames"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -645,7 +712,7 @@ def main():
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
             scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown,
-                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream}
+                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames}
             scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()
