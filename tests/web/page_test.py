@@ -79,8 +79,12 @@ ARGS = [
 ]
 WAIT_MS = 20_000
 PHONE = {"width": 390, "height": 760}
-PENDING = re.compile(r"\bpending\b")
-LABELS = {"pending": "Waiting for an answer", "unsent": "Not sent yet"}
+# Waiting for an answer, fetched by an agent or not.
+PENDING = re.compile(r"\b(pending|fetched)\b")
+LABELS = {"pending": "Waiting for an answer", "fetched": "Fetched by the agent", "unsent": "Not sent yet"}
+# Stored and not answered: an agent already parked on the session fetches
+# it at once, and the page marks it so.
+WAITING = ("pending", "fetched")
 
 
 def say(line):
@@ -129,17 +133,19 @@ class Watch:
 
 
 def send_prompt(page, text, state="pending"):
-    """Types a prompt, sends it, waits until it shows in `state` (None: any,
-    for a real agent that may answer before the state is seen); returns its
-    node and id."""
+    """Types a prompt, sends it, waits until it shows in `state` (a tuple:
+    one of them; None: any, for a real agent that may answer before the
+    state is seen); returns its node and id."""
     before = page.locator("article.prompt").count()
     page.get_by_label("Prompt").fill(text)
     page.get_by_role("button", name="Send").click()
     prompt = page.locator("article.prompt").nth(before)
     expect(prompt.locator(".text")).to_have_text(text, timeout=WAIT_MS)
     if state:
-        expect(prompt).to_have_class(re.compile(rf"\b{state}\b"), timeout=WAIT_MS)
-        expect(prompt.locator(".state")).to_contain_text(LABELS[state])
+        states = state if isinstance(state, tuple) else (state,)
+        expect(prompt).to_have_class(re.compile(rf"\b({'|'.join(states)})\b"), timeout=WAIT_MS)
+        labels = "|".join(re.escape(LABELS[s]) for s in states)
+        expect(prompt.locator(".state")).to_contain_text(re.compile(labels))
     expect(prompt).to_have_attribute("data-cmid", re.compile("."))
     cmid = prompt.get_attribute("data-cmid")
     assert cmid and len(cmid) == 36, f"client_msg_id is not a UUID: {cmid!r}"
@@ -191,7 +197,7 @@ def restart(page, watch, args):
     connected(page)
     expect(page.locator("#empty")).to_be_visible()
 
-    first, cmid = send_prompt(page, "What is 6 times 7?")
+    first, cmid = send_prompt(page, "What is 6 times 7?", WAITING)
     expect(page.locator("#pending")).to_have_text("1 waiting for an answer")
     say(f"PROMPTED {cmid}")
     wait_answer(page, first, "a-1", "42, as always.")
@@ -223,7 +229,7 @@ def restart(page, watch, args):
 
     wait_answer(page, queued, "a-2", "Got it once.")
 
-    third, cmid3 = send_prompt(page, "And the answer\nover two lines?")
+    third, cmid3 = send_prompt(page, "And the answer\nover two lines?", WAITING)
     say(f"PROMPTED {cmid3}")
     wait_answer(page, third, "a-3", "Still 42.\n<b>not bold</b>")
     # Text is shown as text, never parsed as markup.
@@ -528,7 +534,7 @@ def stream(page, watch, args):
     expect(page.locator("article.answer")).to_have_count(1)
     assert same_element(page, "a-s"), "the final answer is another bubble than the draft"
     prompt = page.locator(f'article.prompt[data-cmid="{cmid}"]')
-    expect(prompt).not_to_have_class(re.compile(r"\b(pending|fetched)\b"))
+    expect(prompt).not_to_have_class(PENDING)
     expect(page.locator("#pending")).to_have_text("")
 
     # A draft whose final answer is an error answer.
@@ -543,7 +549,7 @@ def stream(page, watch, args):
     expect(failed.locator(".text")).to_have_text("partial output")
     assert same_element(page, "a-sf")
     expect(page.locator("article.answer")).to_have_count(2)
-    expect(failing).not_to_have_class(re.compile(r"\b(pending|fetched)\b"))
+    expect(failing).not_to_have_class(PENDING)
     shot = os.path.join(args.out, "page-stream.png")
     page.screenshot(path=shot, full_page=True)
     say(f"SCREENSHOT {shot}")
@@ -591,7 +597,7 @@ def presence(page, watch, args):
     expect(draft).not_to_have_class(re.compile(r"\b(draft|interrupted)\b"))
     expect(page.locator("article.answer")).to_have_count(1)
     assert same_element(page, "a-p")
-    expect(prompt).not_to_have_class(re.compile(r"\b(pending|fetched)\b"))
+    expect(prompt).not_to_have_class(PENDING)
     watch.check_clean()
 
 
@@ -681,7 +687,7 @@ def frames(page, watch, args):
     expect(draft.locator(".text")).to_have_text("Final")
     expect(page.locator("article.answer")).to_have_count(1)
     assert same_element(page, "a-x")
-    expect(prompt).not_to_have_class(re.compile(r"\b(pending|fetched)\b"))
+    expect(prompt).not_to_have_class(PENDING)
     watch.check_clean()
 
 
