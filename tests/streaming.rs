@@ -78,7 +78,11 @@ fn parts_reach_subscribers_and_the_final_answer_replaces_the_draft() {
     assert_eq!(ack["ok"], true);
     assert_eq!(ack["assistant_msg_id"], "a-1");
     assert_eq!(ack["partial"], true);
-    assert_eq!(ack["delivered"], true);
+    if !common::redis_mode() {
+        // With two relays, the subscriber's relay may not have told Redis
+        // yet that it has one (the contract's `delivered` is best effort).
+        assert_eq!(ack["delivered"], true);
+    }
     assert_eq!(
         content(&mut ws),
         json!({"type": "delta", "data": {"session_id": sid, "client_msg_id": cid,

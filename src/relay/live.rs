@@ -113,6 +113,12 @@ impl Live {
         }
         let mut announce = None;
         if shared {
+            // Announced as online until a little later than it will be
+            // (by `slack`), and again only once that is passed: the other
+            // instances never see it offline early, and hear of it at
+            // most once per `slack` however often the agent asks. Going
+            // offline is announced at once.
+            let slack = at.grace.min(LEASE) / 2;
             let want = if parked {
                 at.unix + LEASE
             } else if let Some(u) = local_until.filter(|_| local) {
@@ -120,17 +126,17 @@ impl Live {
             } else {
                 0
             };
-            let slack = at.grace.min(LEASE) / 2;
-            if (want == 0 && self.announced != 0) || (want > 0 && want > self.announced + slack) {
-                announce = Some(want);
-                self.announced = want;
+            if want == 0 && self.announced != 0 {
+                announce = Some(0);
+                self.announced = 0;
+            } else if want > self.announced {
+                self.announced = want + slack;
+                announce = Some(self.announced);
             }
             if parked {
                 // Announced again before the lease runs out.
-                soon(
-                    at.now
-                        .after_ms(self.announced.saturating_sub(slack + at.unix)),
-                );
+                let due = self.announced.saturating_sub(LEASE + at.unix);
+                soon(at.now.after_ms(due.max(1)));
             }
         }
         let changed = (online != self.online).then(|| {
