@@ -1,6 +1,8 @@
 //! Streamed answers in the tools, the parts that need no socket: how
 //! `relay agent` turns a command's stdout, arriving in pieces, into the
-//! texts of parts.
+//! texts of parts, and how `relay send` keeps its copy of a draft from
+//! `delta` frames (the contract's rule: a snapshot replaces, the next part
+//! appends, anything else waits for the next snapshot or the final answer).
 
 /// Turns stdout, read in pieces, into part texts whose concatenation is
 /// always a prefix of the final answer's text (`command::answer_text`):
@@ -57,6 +59,65 @@ impl Decoder {
     }
 }
 
+/// What a client holds of one streamed answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Draft {
+    /// The number of the last part in `text`; `None` while the copy is
+    /// stale (a part was missed or did not decrypt) until a snapshot.
+    last_part: Option<u64>,
+    /// The clear text so far.
+    text: String,
+}
+
+impl Default for Draft {
+    /// A draft seen for the first time: its first part is number 1.
+    fn default() -> Draft {
+        Draft {
+            last_part: Some(0),
+            text: String::new(),
+        }
+    }
+}
+
+impl Draft {
+    /// The clear text so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Applies one `delta` frame: `part` its number, `text` its clear text
+    /// (`None` when it did not decrypt). Returns whether the text changed.
+    /// Called for every `delta` frame of the answer.
+    pub fn apply(&mut self, part: Option<u64>, snapshot: bool, text: Option<&str>) -> bool {
+        match text {
+            None => {
+                // Nothing after this part can be appended until a snapshot
+                // that opens.
+                self.last_part = None;
+                false
+            }
+            Some(text) if snapshot => {
+                self.last_part = part;
+                let changed = self.text != text;
+                self.text = text.to_string();
+                changed
+            }
+            Some(text) => {
+                let next = self.last_part.and_then(|n| n.checked_add(1));
+                if part.is_none() || part != next {
+                    // A gap or a part seen twice: wait for a snapshot or
+                    // the final answer.
+                    self.last_part = self.last_part.filter(|n| part.is_some_and(|p| p <= *n));
+                    return false;
+                }
+                self.last_part = part;
+                self.text.push_str(text);
+                !text.is_empty()
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +158,25 @@ mod tests {
                 assert!(unfinished || streamed == complete, "{sample:?} {size}");
             }
         }
+    }
+
+    #[test]
+    fn a_draft_appends_the_next_part_and_waits_after_a_gap() {
+        let mut d = Draft::default();
+        assert!(d.apply(Some(1), false, Some("Hel")));
+        assert!(d.apply(Some(2), false, Some("lo")));
+        assert!(!d.apply(Some(2), false, Some("lo")), "seen twice");
+        assert_eq!(d.text(), "Hello");
+        assert!(!d.apply(Some(4), false, Some("!!")), "part 3 missed");
+        assert!(!d.apply(Some(5), false, Some("??")), "still waiting");
+        assert_eq!(d.text(), "Hello");
+        assert!(d.apply(Some(4), true, Some("Hello, wo")), "a snapshot");
+        assert!(d.apply(Some(5), false, Some("rld")));
+        assert_eq!(d.text(), "Hello, world");
+        assert!(!d.apply(Some(6), false, None), "does not decrypt");
+        assert!(!d.apply(Some(7), false, Some("x")));
+        assert!(!d.apply(None, true, Some("Hello, world")), "same text");
+        assert!(!d.apply(Some(8), false, Some("x")), "no number: wait");
+        assert_eq!(d.text(), "Hello, world");
     }
 }
