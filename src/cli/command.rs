@@ -22,8 +22,8 @@ const HIDDEN_ENV: &[&str] = &["RELAY_AGENT_TOKEN", "RELAY_CLIENT_TOKEN"];
 pub const STDERR_TAIL_BYTES: usize = 2048;
 /// Where a program is looked for when `PATH` is unset (what `execvp` does).
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-/// The shortest time between two batches of output handed on while the
-/// command runs: a part per batch, not per token.
+/// How long output is gathered before it is handed on while the command
+/// runs: a part per batch, not per token.
 pub const BATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How the command ended and what it printed.
@@ -137,10 +137,10 @@ pub fn check(program: &str, path_var: Option<&str>) -> Result<(), String> {
 
 /// Runs `argv` once with `input` on stdin and `env` added to the
 /// environment; waits for it to exit. While it runs, `on_output` gets what
-/// it printed on stdout since the last call (never nothing), at most once
-/// per [`BATCH_INTERVAL`], up to the answer's limit; a call that takes long
-/// only delays the next one, since stdout is read meanwhile. `Err` only
-/// when it cannot be started.
+/// it printed on stdout since the last call (never nothing), in batches
+/// (see `hand_on`), up to the answer's limit; a call that takes long only
+/// delays the next one, since stdout is read meanwhile. `Err` only when it
+/// cannot be started.
 pub fn run(
     argv: &[String],
     env: &[(&str, &str)],
@@ -240,31 +240,31 @@ fn tail_text(tail: &[u8]) -> String {
     String::from_utf8_lossy(&tail[start..]).trim().to_string()
 }
 
-/// Hands the output arriving on `rx` to `on_output` in batches: at once
-/// after a quiet [`BATCH_INTERVAL`], else when the interval since the last
-/// batch has passed. Returns when stdout ended (what is left over is in the
-/// final answer anyway).
+/// Hands the output arriving on `rx` to `on_output` in batches, each
+/// [`BATCH_INTERVAL`] after its first byte arrived: a steady stream goes
+/// out about every interval, and a command that is done within one
+/// interval has nothing streamed (its final answer follows at once).
+/// Returns when stdout ended; what is left over is in the final answer.
 fn hand_on(rx: &Receiver<Vec<u8>>, on_output: &mut dyn FnMut(&[u8])) {
     let mut batch = Vec::new();
-    let mut last: Option<Instant> = None;
+    let mut due: Option<Instant> = None;
     loop {
-        let due = last.map(|t| t + BATCH_INTERVAL);
         let got = match due {
-            Some(due) if !batch.is_empty() => {
-                rx.recv_timeout(due.saturating_duration_since(Instant::now()))
-            }
-            _ => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match got {
-            Ok(chunk) => batch.extend_from_slice(&chunk),
+            Ok(chunk) => {
+                batch.extend_from_slice(&chunk);
+                due.get_or_insert_with(|| Instant::now() + BATCH_INTERVAL);
+            }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        let now = Instant::now();
-        if !batch.is_empty() && due.is_none_or(|due| now >= due) {
-            last = Some(now);
+        if due.is_some_and(|due| Instant::now() >= due) {
             on_output(&batch);
             batch.clear();
+            due = None;
         }
     }
 }
