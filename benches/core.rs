@@ -26,6 +26,8 @@ fn limits() -> Limits {
         max_waiters: 100,
         max_subscribers: 1000,
         session_ttl_ms: 86_400_000,
+        draft_timeout_ms: 60_000,
+        agent_grace_ms: 30_000,
     }
 }
 

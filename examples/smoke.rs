@@ -81,7 +81,11 @@ fn run(addr: &str) -> Result<(), String> {
     )?;
     loop {
         let msg = ws.read().map_err(|e| format!("ws read: {e}"))?;
-        if let tungstenite::Message::Text(t) = msg {
+        // Frames of other types (the agent's presence) are skipped, as
+        // every client skips the types it does not know.
+        if let tungstenite::Message::Text(t) = msg
+            && t.starts_with("{\"type\":\"message\"")
+        {
             return check(
                 "WebSocket message",
                 t.contains("\"text\":\"pong\""),

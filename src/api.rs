@@ -181,7 +181,7 @@ fn role(route: &Route) -> Role {
         Route::PostPrompt | Route::WebSocket(_) | Route::Messages(_) | Route::DeleteSession(_) => {
             Role::Client
         }
-        Route::PutSession(_) => Role::Either,
+        Route::PutSession(_) | Route::GetSession(_) => Role::Either,
         Route::Metrics => Role::Metrics,
         Route::WebPage
         | Route::Healthz
@@ -200,6 +200,7 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::WebSocket(sid)
         | Route::Messages(sid)
         | Route::PutSession(sid)
+        | Route::GetSession(sid)
         | Route::DeleteSession(sid) => Some(sid),
         _ => None,
     }
@@ -369,6 +370,12 @@ impl Api {
                     return Ok(Outcome::Wait);
                 }
                 Answer::ok(relay.messages(now, &sid, q)?)
+            }
+            Route::GetSession(sid) => {
+                if !facts.synced && relay.sync_first(conn, &sid)? {
+                    return Ok(Outcome::Wait);
+                }
+                Answer::ok(relay.session_info(now, &sid)?)
             }
             Route::PutSession(sid) => return Ok(reply(relay.put_session(now, conn, &sid)?)),
             Route::DeleteSession(sid) => return Ok(reply(relay.delete_session(now, conn, &sid)?)),

@@ -86,6 +86,10 @@ pub struct Config {
     pub redis_ca: Option<std::path::PathBuf>,
     /// Signs and checks tokens for one session; set: no role is open.
     pub token_secret: Option<crate::token::Secret>,
+    /// A streamed answer with no new part for this long is dropped.
+    pub draft_timeout: Duration,
+    /// An agent counts as online this long after its last request ended.
+    pub agent_grace: Duration,
 }
 
 impl Config {
@@ -100,6 +104,8 @@ impl Config {
             session_ttl_ms: self
                 .session_ttl
                 .map_or(NEVER, |t| u64::try_from(t.as_millis()).unwrap_or(NEVER)),
+            draft_timeout_ms: millis(self.draft_timeout),
+            agent_grace_ms: millis(self.agent_grace),
         }
     }
 }
@@ -138,6 +144,8 @@ impl Default for Config {
             tls: None,
             redis_ca: None,
             token_secret: None,
+            draft_timeout: Duration::from_secs(60),
+            agent_grace: Duration::from_secs(30),
         }
     }
 }
@@ -183,6 +191,22 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         "seconds between WebSocket pings (default 30)",
         |c, v| {
             c.ping_interval = seconds(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_DRAFT_TIMEOUT",
+        "seconds an unfinished streamed answer waits for its next part (default 60)",
+        |c, v| {
+            c.draft_timeout = seconds(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_AGENT_GRACE",
+        "seconds an agent counts as online after its last request (default 30)",
+        |c, v| {
+            c.agent_grace = seconds(v)?;
             Ok(())
         },
     ),
@@ -503,6 +527,11 @@ fn proxies(v: &str) -> Result<Vec<IpAddr>, String> {
 }
 
 /// A positive number of seconds, fractions allowed, at most a year.
+/// A setting's duration in milliseconds (settings are at most a year).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn seconds(v: &str) -> Result<Duration, String> {
     match v.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= 31_536_000.0 => Ok(Duration::from_secs_f64(s)),

@@ -18,6 +18,11 @@ impl Millis {
         )
     }
 
+    /// `self + ms`, saturating.
+    pub fn after_ms(self, ms: u64) -> Millis {
+        Millis(self.0.saturating_add(ms))
+    }
+
     /// Milliseconds from `earlier` to `self`, zero if `earlier` is later.
     pub fn since(self, earlier: Millis) -> u64 {
         self.0.saturating_sub(earlier.0)

@@ -295,7 +295,7 @@ fn wrong_method_is_405_with_allow() {
         ("DELETE", "/messages/s", "GET"),
         ("POST", "/healthz", "GET"),
         ("POST", "/readyz", "GET"),
-        ("GET", "/sessions/s", "PUT"),
+        ("POST", "/sessions/s", "PUT"),
     ];
     for (method, path, allowed) in cases {
         let resp = srv.request(method, path, &[], None);

@@ -89,7 +89,9 @@ fn the_exposition_parses_and_counts_the_traffic() {
         ),
         1.0
     );
-    assert_eq!(value(&samples, "relay_frames_sent_total", Value::Null), 3.0);
+    // Three answers, and the agent's presence: offline at connect, online
+    // with its first answer.
+    assert_eq!(value(&samples, "relay_frames_sent_total", Value::Null), 5.0);
     assert_eq!(value(&samples, "relay_subscribers", Value::Null), 1.0);
     assert_eq!(value(&samples, "relay_sessions", Value::Null), 1.0);
     assert_eq!(

@@ -23,6 +23,7 @@ const SETUP_BATCH: usize = 256;
 const LIMIT: Duration = Duration::from_secs(120);
 const MESSAGE: &[u8] = b"{\"type\":\"message\"";
 const PING: &[u8] = b"{\"type\":\"ping\"";
+const PRESENCE: &[u8] = b"{\"type\":\"presence\"";
 
 struct Sub {
     connected_at: Instant,
@@ -297,10 +298,11 @@ impl Run<'_> {
     }
 }
 
-/// The `seq` of an answer frame; `None` for a ping; an error for anything
-/// else (a `resync` means history was trimmed: RELAY_HISTORY_LIMIT too low).
+/// The `seq` of an answer frame; `None` for a ping or the agent's
+/// presence; an error for anything else (a `resync` means history was
+/// trimmed: RELAY_HISTORY_LIMIT too low).
 fn answer_seq(text: &[u8]) -> Result<Option<u64>, String> {
-    if text.starts_with(PING) {
+    if text.starts_with(PING) || text.starts_with(PRESENCE) {
         return Ok(None);
     }
     let head = || String::from_utf8_lossy(&text[..text.len().min(60)]).into_owned();

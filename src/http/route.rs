@@ -29,6 +29,8 @@ pub enum Route {
     PostResponse,
     WebSocket(SessionId),
     Messages(SessionId),
+    /// `GET /sessions/{sid}`: counters and the agent's state.
+    GetSession(SessionId),
     PutSession(SessionId),
     DeleteSession(SessionId),
     /// `OPTIONS` on a known path: a CORS preflight.
@@ -80,8 +82,9 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
                 "ws" => ("GET, OPTIONS", (method == Get).then_some(Route::WebSocket)),
                 "messages" => ("GET, OPTIONS", (method == Get).then_some(Route::Messages)),
                 "sessions" => (
-                    "PUT, DELETE, OPTIONS",
+                    "GET, PUT, DELETE, OPTIONS",
                     match method {
+                        Get => Some(Route::GetSession),
                         Put => Some(Route::PutSession),
                         Delete => Some(Route::DeleteSession),
                         _ => None,

@@ -53,7 +53,8 @@ pub struct Ctx {
 
 impl Ctx {
     /// The context of a server with these settings, at `turn`.
-    pub fn new(cfg: Config, relay: Relay, turn: Turn) -> Ctx {
+    pub fn new(cfg: Config, mut relay: Relay, turn: Turn) -> Ctx {
+        relay.set_clock(turn.now, turn.unix_ms);
         Ctx {
             api: Api::new(&cfg),
             cfg,

@@ -190,6 +190,9 @@ impl Server {
             }
             let woke_us = self.clock.micros();
             self.cx.turn = self.clock.turn();
+            self.cx
+                .relay
+                .set_clock(self.cx.turn.now, self.cx.turn.unix_ms);
             if let Some(r) = self.cx.relay.redis() {
                 r.unix_ms = self.cx.turn.unix_ms;
             }
@@ -264,6 +267,10 @@ impl Server {
             }
         }
         self.expire_timers();
+        if self.cx.relay.next_tick().is_some_and(|t| now >= t) {
+            self.cx.relay.tick(now);
+            self.apply_effects();
+        }
         if now >= self.next_sweep {
             self.cx.relay.collect_idle(now);
             self.cx.api.sweep(now);
@@ -320,6 +327,9 @@ impl Server {
             next = next.min(d);
         }
         if let Some(d) = self.cx.timers.next_deadline() {
+            next = next.min(d);
+        }
+        if let Some(d) = self.cx.relay.next_tick() {
             next = next.min(d);
         }
         if let Some(d) = self.cx.shutdown {

@@ -132,6 +132,40 @@ pub fn deliver(
     }
 }
 
+/// A live frame of `sid` (a part, presence, a receipt): queued on every
+/// subscriber that is caught up with the log and has room. One that is
+/// behind, or full, gets the live state when it catches up instead.
+pub fn broadcast(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str, frame: Rc<[u8]>) {
+    let cap = cx.cfg.subscriber_buffer_bytes;
+    let Ctx {
+        relay,
+        pending_writes,
+        metrics,
+        ..
+    } = cx;
+    for &sub in relay.subscribers(sid) {
+        let Some(conn) = lookup(conns, sub) else {
+            continue;
+        };
+        let Phase::WebSocket(ws) = &mut conn.phase else {
+            continue;
+        };
+        if ws.lagging {
+            continue;
+        }
+        if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap {
+            conn.out.push_shared(frame.clone());
+            metrics.frames_sent += 1;
+        } else {
+            ws.lagging = true;
+        }
+        if !conn.write_listed {
+            conn.write_listed = true;
+            pending_writes.push_back(sub);
+        }
+    }
+}
+
 /// The log of `sid` was read again whole: every subscriber reads it from
 /// its cursor when its socket drains, after a `resync` frame first when
 /// `resync` (the log starts again under a new epoch).

@@ -41,7 +41,7 @@ impl Relay {
                         debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, seq = seq.get(); "prompt stored");
                         self.stats.prompts_stored += 1;
                     }
-                    self.wake_waiters(&sid);
+                    self.wake_waiters(now, &sid);
                 }
                 Applied::Response {
                     sid,
@@ -55,6 +55,7 @@ impl Relay {
                         debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, assistant_msg_id = &*assistant_msg_id, seq = seq.get(); "response posted");
                         self.stats.responses_stored += 1;
                     }
+                    self.draft_done(&sid, &assistant_msg_id);
                     delivered |= self.stored_response(&sid, seq, prev, frame);
                 }
                 Applied::Deleted { sid } => self.session_gone(&sid),
@@ -120,7 +121,7 @@ impl Relay {
     }
 
     /// Answers every waiter of `sid` whose pending set is now non-empty.
-    pub(super) fn wake_waiters(&mut self, sid: &str) {
+    pub(super) fn wake_waiters(&mut self, now: Millis, sid: &str) {
         let Some(here) = self.presence.get_mut(sid) else {
             return;
         };
@@ -129,6 +130,7 @@ impl Relay {
         };
         let waiting = here.waiters.len();
         let mut woken = 0;
+        let mut pages = Vec::new();
         here.waiters.retain(|w| {
             if !log.has_pending_after(w.after) {
                 return true;
@@ -147,12 +149,21 @@ impl Relay {
                 status,
                 body,
             });
+            if status == 200 && !pages.contains(&w.after) {
+                pages.push(w.after);
+            }
             woken += 1;
             false
         });
         self.counts.parked_polls -= woken;
         if here.is_empty() {
             self.presence.remove(sid);
+        }
+        for after in pages {
+            self.fetched(now, sid, after);
+        }
+        if woken > 0 {
+            self.agent_left(now, sid);
         }
         if woken > 0 {
             debug!(session_id = sid, woken = woken, waiting = waiting; "prompts fetched");
@@ -180,6 +191,7 @@ impl Relay {
     /// close with 1000. The deletion is logged by whoever asked for it
     /// (`DELETE`, the storage thread's sweep), not here.
     fn session_gone(&mut self, sid: &str) {
+        self.live.remove(sid);
         let Some(here) = self.presence.remove(sid) else {
             return;
         };

@@ -17,6 +17,7 @@
 
 mod commit;
 mod durable;
+mod live;
 
 pub mod model;
 pub mod presence;
@@ -81,6 +82,10 @@ pub enum Effect {
     /// Run a request that waited for the storage thread again: what it
     /// needed (its session) is now committed.
     Retry { to: Ticket },
+    /// A frame for the subscribers of `sid` that are caught up with its
+    /// log (a streamed part, the agent's presence, a receipt); one that
+    /// is behind gets the live state when it catches up instead.
+    Broadcast { sid: SessionId, frame: Rc<[u8]> },
     /// The log of `sid` was read again whole: its subscribers here refill
     /// from their cursors, after a `resync` frame when `resync` (the log
     /// was lost and starts again under a new epoch).
@@ -122,6 +127,10 @@ pub struct Limits {
     pub max_waiters: usize,
     pub max_subscribers: usize,
     pub session_ttl_ms: u64,
+    /// A draft with no new part for this long is dropped.
+    pub draft_timeout_ms: u64,
+    /// An agent is online this long after its last request ended.
+    pub agent_grace_ms: u64,
 }
 
 impl Limits {
@@ -184,6 +193,15 @@ pub struct Relay {
     /// The ticket of the request being handled, if its write went to the
     /// storage (the shell takes it to park the request).
     issued: Option<Ticket>,
+    /// Drafts, the agent's presence and receipts, per session.
+    live: live::LiveMap,
+    /// When [`Relay::tick`] is due.
+    next_tick: Option<Millis>,
+    /// The loop clock and the wall clock read at the same instant, for
+    /// the wall-clock stamps of live frames.
+    clock: (Millis, UnixMillis),
+    /// The wall-clock time the relay started.
+    started: UnixMillis,
 }
 
 impl Relay {
@@ -206,7 +224,20 @@ impl Relay {
             records: Vec::new(),
             tickets: 0,
             issued: None,
+            live: live::LiveMap::new(),
+            next_tick: None,
+            clock: (Millis(0), 0),
+            started: 0,
         }
+    }
+
+    /// The turn's clocks: wall-clock stamps (presence, receipts) are
+    /// taken from them.
+    pub fn set_clock(&mut self, now: Millis, unix_ms: UnixMillis) {
+        if self.started == 0 {
+            self.started = unix_ms;
+        }
+        self.clock = (now, unix_ms);
     }
 
     /// A relay whose sessions live in Redis.
@@ -298,10 +329,13 @@ impl Relay {
         let log = self.store.existing(now, sid)?;
         if !q.wait || log.has_pending_after(q.after) {
             debug!(session_id = sid; "prompts fetched");
-            let page = log.pending_page(q.after);
-            return page.map(Fetch::Ready).inspect_err(|e| damaged(sid, e));
+            let page = log.pending_page(q.after).inspect_err(|e| damaged(sid, e))?;
+            self.fetched(now, sid, q.after);
+            self.agent_seen(now, sid, true);
+            return Ok(Fetch::Ready(page));
         }
         if q.timeout_ms == 0 {
+            self.agent_seen(now, sid, true);
             return Ok(Fetch::Ready(Rc::from(&b"[]"[..])));
         }
         // The session exists (checked above): its stored id keys the
@@ -326,6 +360,7 @@ impl Relay {
         self.counts.parked_polls += 1;
         let key = key.clone();
         self.listen(&key);
+        self.agent_seen(now, sid, false);
         Ok(Fetch::Park {
             deadline: Millis(now.0.saturating_add(q.timeout_ms)),
         })
@@ -336,13 +371,17 @@ impl Relay {
         let Some(here) = self.presence.get_mut(sid) else {
             return;
         };
-        if here.remove_waiter(conn) {
+        let left = here.remove_waiter(conn);
+        if left {
             self.counts.parked_polls -= 1;
             // The idle time of a session starts when its last poll ends.
             let _ = self.store.existing(now, sid);
         }
         if here.is_empty() {
             self.presence.remove(sid);
+        }
+        if left {
+            self.agent_left(now, sid);
         }
     }
 
@@ -370,6 +409,11 @@ impl Relay {
     ) -> Result<Reply, ApiError> {
         let r = NewResponse::parse(body)?;
         gate(&r.session_id)?;
+        // The agent is online from its request on, whatever its answer.
+        self.agent_seen(now, &r.session_id, true);
+        if r.partial {
+            return self.post_partial(now, r);
+        }
         self.write(now, unix_ms, conn, Write::Response(r))
     }
 
@@ -428,9 +472,23 @@ impl Relay {
         empty: bool,
         out: &mut Vec<Rc<[u8]>>,
     ) -> bool {
+        let had = out.len();
         let done = self.store.refill(sid, cursor, room, empty, out);
         self.stats.resyncs += u64::from(done.resynced);
-        done.caught_up
+        if !done.caught_up {
+            return false;
+        }
+        // Caught up: the open drafts and the agent's state, all at once
+        // (when they do not fit, they come at the next refill).
+        let mut used: usize = out[had..].iter().map(|f| f.len()).sum();
+        let at = out.len();
+        self.live_frames(sid, out);
+        used += out[at..].iter().map(|f| f.len()).sum::<usize>();
+        if used > room && !(empty && had == 0 && at == had) {
+            out.truncate(at);
+            return false;
+        }
+        true
     }
 
     /// Forgets a subscriber (closed for any reason).

@@ -49,6 +49,8 @@ struct RawResponse<'a> {
     metadata: Option<&'a RawValue>,
     #[serde(borrow)]
     ts: Option<&'a RawValue>,
+    #[serde(borrow)]
+    partial: Option<&'a RawValue>,
 }
 
 /// The fields of `keys` found by the one-pass scan ([`scan::fields`]) in
@@ -194,6 +196,15 @@ fn metadata(raw: Option<Raw>) -> Result<Option<Raw>, ApiError> {
     }
 }
 
+/// `partial`: a boolean when present (`null` means absent).
+fn partial(raw: Option<Raw>) -> Result<bool, ApiError> {
+    match raw.map(|r| r.get()) {
+        None | Some("null" | "false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(_) => Err(ApiError::bad_request("Invalid partial: must be a boolean")),
+    }
+}
+
 fn ts(raw: Option<Raw>) -> Result<Option<UnixMillis>, ApiError> {
     match raw {
         None => Ok(None),
@@ -247,16 +258,17 @@ impl<'a> NewResponse<'a> {
 
     /// [`NewResponse::parse`], with the one-pass scan tried first or not.
     fn parse_by(body: &'a [u8], scan_first: bool) -> Result<NewResponse<'a>, ApiError> {
-        const KEYS: [&str; 6] = [
+        const KEYS: [&str; 7] = [
             "session_id",
             "client_msg_id",
             "text",
             "assistant_msg_id",
             "metadata",
             "ts",
+            "partial",
         ];
         let utf8 = std::str::from_utf8(body).ok();
-        let [sid, cid, body_text, aid, meta, at] = match scanned(utf8, &KEYS, scan_first) {
+        let [sid, cid, body_text, aid, meta, at, part] = match scanned(utf8, &KEYS, scan_first) {
             Some(fields) => fields,
             None => {
                 let raw: RawResponse = parse_object(body, utf8)?;
@@ -267,6 +279,7 @@ impl<'a> NewResponse<'a> {
                     raw.assistant_msg_id,
                     raw.metadata,
                     raw.ts,
+                    raw.partial,
                 ]
                 .map(raw_of)
             }
@@ -275,13 +288,20 @@ impl<'a> NewResponse<'a> {
         let client_msg_id = message_id(Some(required(cid, "client_msg_id")?), "client_msg_id")?
             .map(|(id, _)| id)
             .unwrap_or_default();
+        let text = text(required(body_text, "text")?, "text")?;
+        let assistant_msg_id = message_id(aid, "assistant_msg_id")?;
+        let partial = partial(part)?;
+        if partial && assistant_msg_id.is_none() {
+            return Err(ApiError::missing_field("assistant_msg_id"));
+        }
         Ok(NewResponse {
             session_id,
             client_msg_id,
-            text: text(required(body_text, "text")?, "text")?,
-            assistant_msg_id: message_id(aid, "assistant_msg_id")?,
+            text,
+            assistant_msg_id,
             metadata: metadata(meta)?,
             ts: ts(at)?,
+            partial,
         })
     }
 }

@@ -283,7 +283,7 @@ impl Relay {
                 // on lost its copy with the store: its subscribers start
                 // the new epoch with a `resync`.
                 if same || local.is_none() {
-                    self.wake_waiters(&sid);
+                    self.wake_waiters(now, &sid);
                     let resync = local.is_none();
                     self.effects.push(Effect::Refill { sid, resync });
                 }

@@ -17,6 +17,8 @@ fn limits() -> Limits {
         max_waiters: 3,
         max_subscribers: 2,
         session_ttl_ms: TTL,
+        draft_timeout_ms: 60_000,
+        agent_grace_ms: 30_000,
     }
 }
 
@@ -123,6 +125,9 @@ fn subscribe_frames(
         .expect("in memory, a subscriber is registered at once");
     let mut frames = Vec::new();
     assert!(r.refill(sid, &mut cursor, usize::MAX, true, &mut frames));
+    // The log's frames: the agent's presence always comes last.
+    let live = frames.pop().map(|f| payload_text(&f));
+    assert!(live.is_some_and(|f| f.contains("\"presence\"")));
     Ok(frames.iter().map(|f| payload_text(f)).collect())
 }
 
@@ -137,9 +142,11 @@ fn payload_text(frame: &[u8]) -> String {
     String::from_utf8(frame[at..].to_vec()).expect("UTF-8 payload")
 }
 
+/// The effects queued, but for live frames (presence, receipts, parts).
 fn effects(r: &mut Relay) -> Vec<Effect> {
     let mut out = Vec::new();
     r.take_effects(&mut out);
+    out.retain(|e| !matches!(e, Effect::Broadcast { .. }));
     out
 }
 

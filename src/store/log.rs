@@ -385,6 +385,24 @@ impl SessionLog {
         Ok(body)
     }
 
+    /// The prompts [`pending_page`](Self::pending_page) carries for
+    /// `after`, by the same size rule.
+    pub fn page_prompts(&self, after: Option<Seq>) -> impl Iterator<Item = &Rc<Message>> {
+        let from = after.map_or(Seq(0), Seq::next);
+        let mut len = 1usize;
+        self.pending.from(from).take_while(move |msg| {
+            let n = msg.data().len();
+            if len > 1 {
+                if len + n + 2 > MAX_PAGE_BYTES {
+                    return false;
+                }
+                len += 1;
+            }
+            len += n;
+            true
+        })
+    }
+
     /// History, pending set, prompt ids and answer ids held: the bounds
     /// the unit tests check.
     #[cfg(test)]

@@ -163,6 +163,9 @@ pub struct NewResponse<'a> {
     pub assistant_msg_id: Option<(String, Raw<'a>)>,
     pub metadata: Option<Raw<'a>>,
     pub ts: Option<UnixMillis>,
+    /// `"partial": true`: a part of a streamed answer, appended to its
+    /// draft (the `assistant_msg_id` is then present).
+    pub partial: bool,
 }
 
 /// A connection's identity: slab key plus a generation, so a stale reference

@@ -24,9 +24,27 @@ impl Ws {
         }
     }
 
-    /// Next Text frame as JSON; skips protocol Ping/Pong frames.
+    /// Next Text frame as JSON; skips protocol Ping/Pong frames and the
+    /// live frames (`presence`, `receipt`, `delta`, `delta_end`), as a
+    /// client that does not know them does: [`recv_any`](Self::recv_any)
+    /// returns those too.
     #[track_caller]
     pub fn recv_json(&mut self) -> Value {
+        loop {
+            let v = self.recv_any();
+            if !matches!(
+                v["type"].as_str(),
+                Some("presence" | "receipt" | "delta" | "delta_end")
+            ) {
+                return v;
+            }
+        }
+    }
+
+    /// Next Text frame as JSON, whatever its type; skips protocol
+    /// Ping/Pong frames.
+    #[track_caller]
+    pub fn recv_any(&mut self) -> Value {
         loop {
             match self.recv() {
                 Message::Text(t) => {

@@ -39,6 +39,9 @@ impl Server {
                     parked::committed(to, conn, &mut self.cx, result);
                 }
             }
+            Effect::Broadcast { sid, frame } => {
+                subscriber::broadcast(&mut self.conns, &mut self.cx, &sid, frame)
+            }
             Effect::Refill { sid, resync } => {
                 subscriber::refill_all(&mut self.conns, &mut self.cx, &sid, resync)
             }

@@ -309,6 +309,7 @@ fn decide(log: &mut MemStore, op: &mut Op, out: &mut Vec<Record>) -> Result<Outc
                 assistant_msg_id: id.as_ref().map(|(id, lit)| (id.clone(), Raw::new(lit))),
                 metadata: metadata.as_deref().map(Raw::new),
                 ts: Some(*ts),
+                partial: false,
             };
             log.response(NOW, *ts, r, out)
         }

@@ -1,0 +1,450 @@
+//! What the person waiting sees of the agent at work, which no engine
+//! stores: the drafts of streamed answers, whether an agent is there, and
+//! which prompts an agent has fetched. Kept per session beside the log and
+//! never persisted (after a restart only final answers exist). Frames for
+//! them go to the subscribers that are caught up ([`Effect::Broadcast`]); a
+//! subscriber that joins or falls behind gets a snapshot of every open
+//! draft and the agent's state when it catches up ([`Relay::live_frames`]).
+//!
+//! Time: a draft ends when no part came for the draft timeout, an agent is
+//! offline once no poll is parked and the grace after its last request has
+//! passed. Both are found by [`Relay::tick`], which the shell runs at
+//! [`Relay::next_tick`], rounded up to [`TICK`] so a busy server does not
+//! scan its sessions for every request.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use log::debug;
+
+use super::{ApiError, Effect, Relay, Reply};
+use crate::store::types::NewResponse;
+use crate::store::{Seq, SessionId};
+use crate::time::{Millis, UnixMillis};
+use crate::wire::{push_json_str, push_u64, wsframe};
+
+/// A draft holds at most this many bytes of text (the contract's limit of
+/// one message).
+pub const MAX_DRAFT_BYTES: usize = 131_072;
+
+/// The granularity of draft and presence deadlines, in milliseconds.
+pub const TICK: u64 = 250;
+
+/// One streamed answer in progress.
+#[derive(Debug)]
+pub struct Draft {
+    pub assistant_msg_id: Rc<str>,
+    pub client_msg_id: Rc<str>,
+    /// The text so far as the inside of a JSON string literal: each
+    /// part's literal without its quotes, so parts are never decoded and
+    /// encoded again.
+    escaped: String,
+    /// The decoded length of the text so far, for the cap.
+    bytes: usize,
+    /// Parts appended so far.
+    parts: u32,
+    /// Dropped when no part came by then.
+    deadline: Millis,
+}
+
+/// A session's live state (see the module doc).
+#[derive(Debug, Default)]
+pub struct Live {
+    drafts: Vec<Draft>,
+    /// When the last agent request to the session ended (loop clock).
+    agent_end: Option<Millis>,
+    /// The wall-clock time of the agent's last request, for `GET /sessions`.
+    agent_seen: Option<UnixMillis>,
+    /// The state subscribers were last told, and since when.
+    online: bool,
+    since: UnixMillis,
+    /// The highest `seq` of a prompt whose receipt was sent.
+    fetched: Seq,
+}
+
+/// The live state of every session that had any (dropped with its session).
+pub type LiveMap = HashMap<SessionId, Live>;
+
+impl Relay {
+    /// `POST /response` with `"partial": true`: appends the text to its
+    /// draft and sends the part to the caught-up subscribers. In memory
+    /// and with a data directory the loop's copy of the log knows every
+    /// committed prompt, so a part is decided here, at once.
+    pub(super) fn post_partial(&mut self, now: Millis, r: NewResponse) -> Result<Reply, ApiError> {
+        let log = self.store.existing(now, &r.session_id)?;
+        let Some((id, _)) = r.assistant_msg_id else {
+            return Err(ApiError::missing_field("assistant_msg_id"));
+        };
+        if log.response(&id).is_some() {
+            return Err(ApiError::conflict());
+        }
+        let Some(prompt) = log.prompt_id(&r.client_msg_id) else {
+            return Err(ApiError::prompt_not_found());
+        };
+        let lit = r.text.get();
+        let inner = &lit[1..lit.len() - 1];
+        let bytes = if inner.contains('\\') {
+            crate::wire::decode(lit).len()
+        } else {
+            inner.len()
+        };
+        let deadline = now.after_ms(self.limits.draft_timeout_ms);
+        let max_drafts = self.limits.max_pending;
+        let live = self.live.entry(r.session_id.clone()).or_default();
+        let at = match live.drafts.iter().position(|d| *d.assistant_msg_id == *id) {
+            Some(at) => {
+                let d = &live.drafts[at];
+                if *d.client_msg_id != *r.client_msg_id {
+                    return Err(ApiError::conflict());
+                }
+                if d.bytes + bytes > MAX_DRAFT_BYTES {
+                    return Err(ApiError::too_large_field());
+                }
+                at
+            }
+            None => {
+                if live.drafts.len() >= max_drafts {
+                    return Err(ApiError::unavailable(
+                        "draft limit reached for this session",
+                    ));
+                }
+                if bytes > MAX_DRAFT_BYTES {
+                    return Err(ApiError::too_large_field());
+                }
+                live.drafts.push(Draft {
+                    assistant_msg_id: Rc::from(id.as_str()),
+                    client_msg_id: prompt,
+                    escaped: String::new(),
+                    bytes: 0,
+                    parts: 0,
+                    deadline,
+                });
+                live.drafts.len() - 1
+            }
+        };
+        let d = &mut live.drafts[at];
+        d.escaped.push_str(inner);
+        d.bytes += bytes;
+        d.parts += 1;
+        d.deadline = deadline;
+        let frame = delta_frame(&r.session_id, d, Some(lit), false);
+        self.wake_at(deadline);
+        let delivered = !self.subscribers(&r.session_id).is_empty();
+        if delivered {
+            self.effects.push(Effect::Broadcast {
+                sid: r.session_id.clone(),
+                frame,
+            });
+        }
+        Ok(Reply::Now(partial_ack(&id, delivered)))
+    }
+
+    /// A final answer with this id is stored: its `message` frame replaces
+    /// the draft in every client.
+    pub(super) fn draft_done(&mut self, sid: &str, assistant_msg_id: &str) {
+        if let Some(live) = self.live.get_mut(sid) {
+            live.drafts
+                .retain(|d| *d.assistant_msg_id != *assistant_msg_id);
+        }
+    }
+
+    /// An agent request to `sid` (a poll or an answer) arrived: the agent
+    /// is online from now. `ended`: the request is answered now (not
+    /// parked), so the grace starts now too.
+    pub(super) fn agent_seen(&mut self, now: Millis, sid: &str, ended: bool) {
+        let unix = self.unix_at(now);
+        let Some(key) = self.store.key(sid) else {
+            return;
+        };
+        let live = self.live.entry(key.clone()).or_default();
+        live.agent_seen = Some(unix);
+        if ended {
+            live.agent_end = Some(now);
+        }
+        self.refresh_presence(now, sid);
+    }
+
+    /// A parked poll of `sid` ended (answered, timed out, hung up): the
+    /// grace starts now.
+    pub(super) fn agent_left(&mut self, now: Millis, sid: &str) {
+        if let Some(live) = self.live.get_mut(sid) {
+            live.agent_end = Some(now);
+            self.refresh_presence(now, sid);
+        }
+    }
+
+    /// Tells the subscribers of `sid` when the agent's state changed, and
+    /// schedules the end of its grace.
+    fn refresh_presence(&mut self, now: Millis, sid: &str) {
+        let parked = self
+            .presence
+            .get(sid)
+            .is_some_and(|p| !p.waiters.is_empty());
+        let grace = self.limits.agent_grace_ms;
+        let unix = self.unix_at(now);
+        let Some(live) = self.live.get_mut(sid) else {
+            return;
+        };
+        let until = live.agent_end.map(|t| t.after_ms(grace));
+        let online = parked || until.is_some_and(|u| now < u);
+        if online
+            && !parked
+            && let Some(u) = until
+        {
+            self.next_tick = Some(self.next_tick.map_or(u, |t| t.min(u)));
+        }
+        if online == live.online {
+            return;
+        }
+        live.online = online;
+        live.since = unix;
+        debug!(session_id = sid, online = online; "agent presence changed");
+        let frame = presence_frame(sid, online, unix);
+        if let Some(key) = self.store.key(sid)
+            && !self.subscribers(sid).is_empty()
+        {
+            self.effects.push(Effect::Broadcast {
+                sid: key.clone(),
+                frame,
+            });
+        }
+    }
+
+    /// The prompts of `sid` after `after` are in an answer to an agent's
+    /// poll: a `receipt` for each one not fetched before.
+    pub(super) fn fetched(&mut self, now: Millis, sid: &str, after: Option<Seq>) {
+        let unix = self.unix_at(now);
+        let Some(key) = self.store.key(sid).cloned() else {
+            return;
+        };
+        let Some(log) = self.store.get(sid) else {
+            return;
+        };
+        let live = self.live.entry(key.clone()).or_default();
+        let to_tell = !self
+            .presence
+            .get(sid)
+            .is_none_or(|p| p.subscribers.is_empty());
+        for msg in log.page_prompts(after) {
+            if msg.seq <= live.fetched {
+                continue;
+            }
+            live.fetched = msg.seq;
+            if to_tell {
+                self.effects.push(Effect::Broadcast {
+                    sid: key.clone(),
+                    frame: receipt_frame(sid, &msg.client_msg_id, unix),
+                });
+            }
+        }
+    }
+
+    /// Frames a subscriber of `sid` needs once it is caught up with the
+    /// log: a snapshot of every open draft and the agent's state.
+    pub(super) fn live_frames(&self, sid: &str, out: &mut Vec<Rc<[u8]>>) {
+        let Some(live) = self.live.get(sid) else {
+            out.push(presence_frame(sid, false, self.started));
+            return;
+        };
+        for d in &live.drafts {
+            out.push(delta_frame(sid, d, None, true));
+        }
+        let since = if live.since == 0 {
+            self.started
+        } else {
+            live.since
+        };
+        out.push(presence_frame(sid, live.online, since));
+    }
+
+    /// When [`tick`](Self::tick) is next due, if anything waits on time.
+    pub fn next_tick(&self) -> Option<Millis> {
+        self.next_tick
+    }
+
+    /// Drops the drafts that stopped (`delta_end` to subscribers) and
+    /// turns offline the agents whose grace passed.
+    pub fn tick(&mut self, now: Millis) {
+        if self.next_tick.is_none_or(|t| now < t) {
+            return;
+        }
+        self.next_tick = None;
+        let unix = self.unix_at(now);
+        let grace = self.limits.agent_grace_ms;
+        let mut next: Option<Millis> = None;
+        let mut soon = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
+        for (sid, live) in &mut self.live {
+            let here = self.presence.get(&**sid);
+            let watched = here.is_some_and(|p| !p.subscribers.is_empty());
+            live.drafts.retain(|d| {
+                if now < d.deadline {
+                    soon(d.deadline);
+                    return true;
+                }
+                debug!(session_id = sid.as_str(), assistant_msg_id = &*d.assistant_msg_id; "draft timed out");
+                if watched {
+                    self.effects.push(Effect::Broadcast {
+                        sid: sid.clone(),
+                        frame: delta_end_frame(sid, d),
+                    });
+                }
+                false
+            });
+            if !live.online || here.is_some_and(|p| !p.waiters.is_empty()) {
+                continue;
+            }
+            let until = live.agent_end.map_or(now, |t| t.after_ms(grace));
+            if now < until {
+                soon(until);
+                continue;
+            }
+            live.online = false;
+            live.since = unix;
+            debug!(session_id = sid.as_str(), online = false; "agent presence changed");
+            if watched {
+                self.effects.push(Effect::Broadcast {
+                    sid: sid.clone(),
+                    frame: presence_frame(sid, false, unix),
+                });
+            }
+        }
+        self.next_tick = next.map(round_up);
+    }
+
+    /// Schedules a tick by `deadline`.
+    fn wake_at(&mut self, deadline: Millis) {
+        let t = round_up(deadline);
+        if self.next_tick.is_none_or(|n| t < n) {
+            self.next_tick = Some(t);
+        }
+    }
+
+    /// `GET /sessions/{sid}`: the session's counters and the agent's state.
+    pub fn session_info(&mut self, now: Millis, sid: &str) -> Result<Vec<u8>, ApiError> {
+        let log = self.store.existing(now, sid)?;
+        let (next, ..) = log.counters();
+        let mut out = String::with_capacity(192);
+        out.push_str("{\"session_id\":");
+        push_json_str(&mut out, sid);
+        out.push_str(",\"epoch\":");
+        push_json_str(&mut out, log.epoch());
+        out.push_str(",\"last_seq\":");
+        push_u64(&mut out, next.0.saturating_sub(1));
+        out.push_str(",\"pending\":");
+        push_u64(&mut out, log.pending_len() as u64);
+        let live = self.live.get(sid);
+        let parked = self
+            .presence
+            .get(sid)
+            .is_some_and(|p| !p.waiters.is_empty());
+        let online = parked || live.is_some_and(|l| l.online);
+        out.push_str(if online {
+            ",\"agent\":\"online\",\"agent_seen_ts\":"
+        } else {
+            ",\"agent\":\"offline\",\"agent_seen_ts\":"
+        });
+        match live.and_then(|l| l.agent_seen) {
+            Some(ts) => push_u64(&mut out, ts),
+            None => out.push_str("null"),
+        }
+        out.push('}');
+        Ok(out.into_bytes())
+    }
+
+    /// The wall-clock time at loop time `now`.
+    fn unix_at(&self, now: Millis) -> UnixMillis {
+        self.clock
+            .1
+            .saturating_add(now.0.saturating_sub(self.clock.0.0))
+    }
+}
+
+/// A deadline rounded up to the tick granularity.
+fn round_up(t: Millis) -> Millis {
+    Millis(t.0.div_ceil(TICK).saturating_mul(TICK))
+}
+
+fn frame(json: &str) -> Rc<[u8]> {
+    Rc::from(wsframe::text_frame(&[json.as_bytes()]))
+}
+
+/// The draft's ids as the head of a `delta` or `delta_end` object.
+fn head(out: &mut String, kind: &str, sid: &str, d: &Draft) {
+    out.push_str("{\"type\":\"");
+    out.push_str(kind);
+    out.push_str("\",\"data\":{\"session_id\":");
+    push_json_str(out, sid);
+    out.push_str(",\"client_msg_id\":");
+    push_json_str(out, &d.client_msg_id);
+    out.push_str(",\"assistant_msg_id\":");
+    push_json_str(out, &d.assistant_msg_id);
+}
+
+/// A `delta` frame: the part just appended (`part`, its literal), or the
+/// whole draft as a snapshot.
+fn delta_frame(sid: &str, d: &Draft, part: Option<&str>, snapshot: bool) -> Rc<[u8]> {
+    let mut out = String::with_capacity(160 + d.escaped.len());
+    head(&mut out, "delta", sid, d);
+    out.push_str(",\"part\":");
+    push_u64(&mut out, u64::from(d.parts));
+    out.push_str(",\"text\":");
+    match part {
+        Some(lit) => out.push_str(lit),
+        None => {
+            out.push('"');
+            out.push_str(&d.escaped);
+            out.push('"');
+        }
+    }
+    if snapshot {
+        out.push_str(",\"snapshot\":true");
+    }
+    out.push_str("}}");
+    frame(&out)
+}
+
+fn delta_end_frame(sid: &str, d: &Draft) -> Rc<[u8]> {
+    let mut out = String::with_capacity(160);
+    head(&mut out, "delta_end", sid, d);
+    out.push_str(",\"reason\":\"timeout\"}}");
+    frame(&out)
+}
+
+fn presence_frame(sid: &str, online: bool, since: UnixMillis) -> Rc<[u8]> {
+    let mut out = String::with_capacity(96);
+    out.push_str("{\"type\":\"presence\",\"data\":{\"session_id\":");
+    push_json_str(&mut out, sid);
+    out.push_str(if online {
+        ",\"agent\":\"online\",\"since\":"
+    } else {
+        ",\"agent\":\"offline\",\"since\":"
+    });
+    push_u64(&mut out, since);
+    out.push_str("}}");
+    frame(&out)
+}
+
+fn receipt_frame(sid: &str, client_msg_id: &str, ts: UnixMillis) -> Rc<[u8]> {
+    let mut out = String::with_capacity(128);
+    out.push_str("{\"type\":\"receipt\",\"data\":{\"session_id\":");
+    push_json_str(&mut out, sid);
+    out.push_str(",\"client_msg_id\":");
+    push_json_str(&mut out, client_msg_id);
+    out.push_str(",\"state\":\"fetched\",\"ts\":");
+    push_u64(&mut out, ts);
+    out.push_str("}}");
+    frame(&out)
+}
+
+/// `{"ok":true,"assistant_msg_id":…,"delivered":…,"partial":true}`.
+fn partial_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
+    let mut ack = String::with_capacity(80 + assistant_msg_id.len());
+    ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
+    push_json_str(&mut ack, assistant_msg_id);
+    ack.push_str(if delivered {
+        ",\"delivered\":true,\"partial\":true}"
+    } else {
+        ",\"delivered\":false,\"partial\":true}"
+    });
+    ack.into_bytes()
+}
