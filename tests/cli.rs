@@ -858,13 +858,24 @@ fn whole() -> String {
     format!("{FIRST}{REST}")
 }
 
+/// The next text frame of any type but `ping`, the live ones included.
+#[track_caller]
+fn next_frame(ws: &mut common::Ws) -> Value {
+    loop {
+        let frame = ws.recv_any();
+        if frame["type"] != "ping" {
+            return frame;
+        }
+    }
+}
+
 /// Frames of a session's subscriber up to the first `message`: the `delta`
 /// frames seen before it, and the message's data.
 #[track_caller]
 fn deltas_then_message(ws: &mut common::Ws) -> (Vec<Value>, Value) {
     let mut deltas = Vec::new();
     loop {
-        let frame = ws.recv_json_skip_pings();
+        let frame = next_frame(ws);
         match frame["type"].as_str() {
             Some("delta") => deltas.push(frame["data"].clone()),
             Some("message") => return (deltas, frame["data"].clone()),
@@ -879,7 +890,7 @@ fn deltas_then_message(ws: &mut common::Ws) -> (Vec<Value>, Value) {
 fn deltas_until(ws: &mut common::Ws, want: &str) -> Vec<Value> {
     let mut deltas: Vec<Value> = Vec::new();
     loop {
-        let frame = ws.recv_json_skip_pings();
+        let frame = next_frame(ws);
         match frame["type"].as_str() {
             Some("delta") => deltas.push(frame["data"].clone()),
             Some("message") => panic!("the answer came before its parts: {frame}"),
@@ -996,19 +1007,25 @@ fn the_agent_streams_the_commands_output_before_it_exits() {
 #[test]
 fn no_stream_posts_only_the_whole_answer() {
     let srv = Server::start();
-    let sid = unique_session();
-    let gate = Gate::new();
-    let flags = ["--no-stream"];
+    let (quiet, control) = (unique_session(), unique_session());
+    let (gate, control_gate) = (Gate::new(), Gate::new());
     let command = ["sh", "-c", GATED];
-    let _agent = Agent::start_with_flags(&srv, &sid, &gate.env(), &flags, &command);
-    let mut ws = srv.ws(&format!("/ws/{sid}"));
-    srv.wait_health("parked_polls", 1);
-    srv.prompt(&sid, "go on", Some("m1"));
+    let _quiet = Agent::start_with_flags(&srv, &quiet, &gate.env(), &["--no-stream"], &command);
+    let _control = Agent::start(&srv, &control, &control_gate.env(), &command);
+    let mut ws = srv.ws(&format!("/ws/{quiet}"));
+    let mut control_ws = srv.ws(&format!("/ws/{control}"));
+    srv.wait_health("parked_polls", 2);
+    srv.prompt(&quiet, "go on", Some("m1"));
     wait_file(&gate.marker);
+    // A streaming agent whose command printed later has posted its first
+    // part: a streaming agent would have posted this one's by now too.
+    srv.prompt(&control, "go on", Some("m1"));
+    deltas_until(&mut control_ws, FIRST);
     gate.open();
     let (deltas, message) = deltas_then_message(&mut ws);
     assert_eq!(deltas, Vec::<Value>::new());
     assert_eq!(message["text"], whole());
+    control_gate.open();
 }
 
 #[test]
