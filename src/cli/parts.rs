@@ -132,3 +132,128 @@ impl<'a> Parts<'a> {
         log::warn!(client_msg_id = self.answer.client_msg_id, parts = self.posted, error = why; "a part was not posted: streaming stopped, the answer is posted whole when the command exits");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::client::Url;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    /// A server on one keep-alive connection that answers each request
+    /// with the next of `replies` (status, body) and reports the bodies
+    /// it got; the connection closes after the last reply.
+    fn server(replies: Vec<(u16, &'static str)>) -> (Url, mpsc::Receiver<serde_json::Value>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let (peer, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(peer.try_clone().unwrap());
+            let mut writer = peer;
+            for (status, body) in replies {
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                }
+                let mut got = vec![0; length];
+                reader.read_exact(&mut got).unwrap();
+                tx.send(serde_json::from_slice(&got).unwrap()).unwrap();
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                writer.write_all(reply.as_bytes()).unwrap();
+            }
+        });
+        (url, rx)
+    }
+
+    const TAKEN: &str = r#"{"ok":true,"assistant_msg_id":"a1","delivered":true,"partial":true}"#;
+    const ANSWER: Answer = Answer {
+        session: "s",
+        client_msg_id: "m1",
+        assistant_msg_id: "a1",
+    };
+
+    #[test]
+    fn parts_are_posted_until_one_is_refused() {
+        let (url, bodies) = server(vec![(200, TAKEN), (503, r#"{"error":"busy"}"#)]);
+        let mut client = Client::new(url, None, None);
+        let mut parts = Parts::new(&mut client, ANSWER, None);
+        parts.output(b"Hello\n");
+        parts.output(b"\n");
+        parts.output(b"world");
+        parts.output(b", again");
+        assert_eq!(parts.posted(), 1);
+        let first = bodies.recv().unwrap();
+        assert_eq!(
+            first,
+            json!({"session_id": "s", "client_msg_id": "m1", "assistant_msg_id": "a1",
+                   "text": "Hello", "partial": true})
+        );
+        assert_eq!(bodies.recv().unwrap()["text"], "\n\nworld");
+        assert!(bodies.recv().is_err(), "nothing after the refusal");
+    }
+
+    #[test]
+    fn a_server_that_stores_a_part_as_the_answer_gets_no_more() {
+        let stored = r#"{"ok":true,"assistant_msg_id":"a1","delivered":true}"#;
+        let (url, bodies) = server(vec![(200, stored)]);
+        let mut client = Client::new(url, None, None);
+        let mut parts = Parts::new(&mut client, ANSWER, None);
+        parts.output(b"Hel");
+        parts.output(b"lo");
+        assert_eq!(parts.posted(), 0);
+        assert_eq!(bodies.recv().unwrap()["text"], "Hel");
+        assert!(bodies.recv().is_err());
+    }
+
+    #[test]
+    fn a_draft_stops_before_the_text_limit() {
+        let (url, bodies) = server(vec![(200, TAKEN), (200, TAKEN)]);
+        let mut client = Client::new(url, None, None);
+        let mut parts = Parts::new(&mut client, ANSWER, None);
+        let half = "x".repeat(MAX_TEXT_BYTES / 2);
+        parts.output(half.as_bytes());
+        parts.output(half.as_bytes());
+        parts.output(b"y");
+        parts.output(b"z");
+        assert_eq!(parts.posted(), 2);
+        assert_eq!(bodies.iter().count(), 2);
+    }
+
+    #[test]
+    fn encrypted_parts_are_one_token_each() {
+        let (url, bodies) = server(vec![(200, TAKEN), (200, TAKEN)]);
+        let key = e2e::Key::parse(&e2e::new_key().unwrap()).unwrap();
+        let mut client = Client::new(url, None, None);
+        let mut parts = Parts::new(&mut client, ANSWER, Some(&key));
+        parts.output(b"secret ");
+        parts.output(b"words");
+        let texts: Vec<String> = bodies
+            .iter()
+            .map(|b| b["text"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(texts.len(), 2);
+        let message = e2e::Message::Answer {
+            session: "s",
+            client_msg_id: "m1",
+            assistant_msg_id: "a1",
+        };
+        assert!(texts.iter().all(|t| !t.contains("secret")));
+        let draft = texts.concat();
+        assert_eq!(
+            e2e::open_parts(&key, &draft, message).as_deref(),
+            Some("secret words")
+        );
+    }
+}
