@@ -54,8 +54,9 @@ any, to stdout.
                    sees only ciphertext. An answer that does not decrypt is
                    printed as \"cannot decrypt\" (so is an encrypted one
                    when no key is given)
-  --all            keep printing answer parts until the timeout, instead of
-                   exiting after the first answer
+  --all            keep printing answers (an agent may answer in several
+                   messages) until the timeout, instead of exiting after
+                   the first answer
   --timeout S      seconds to wait for answers (default 120)
 
 exit codes: 0 an answer printed, 1 no answer before the timeout or the prompt
