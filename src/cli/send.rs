@@ -441,12 +441,14 @@ impl<'a> Watch<'a> {
         self.drafts.remove(id);
         let printed = match self.live.take() {
             Some((live, printed)) if live == id => printed,
-            Some((_, other)) => {
-                // Another answer was streaming: end its line, its own final
-                // answer is printed whole.
-                if !other.is_empty() {
+            Some((other, printed)) => {
+                // Another answer was streaming: end its line and follow it
+                // no more (its next part finds no draft and waits), so
+                // that its final answer is printed whole, once.
+                if !printed.is_empty() {
                     writeln!(out)?;
                 }
+                self.drafts.remove(&other);
                 String::new()
             }
             None => String::new(),
@@ -642,6 +644,18 @@ mod tests {
             err,
             "relay send: the agent answered with an error: oom (exit code 137)\n"
         );
+        // Two answers streaming at once (--all): the second one's final
+        // answer ends the first one's line, which is then printed whole.
+        let frames = [
+            delta("a1", 1, "first"),
+            delta("a2", 1, "sec"),
+            message("a2", "second"),
+            delta("a1", 2, " answer"),
+            message("a1", "first answer"),
+        ];
+        let (out, _, answers) = watch(&frames, None);
+        assert_eq!(out, "first\nsecond\nfirst answer\n");
+        assert_eq!(answers, ["second", "first answer"]);
         // Parts with no answer before the end: the line is ended.
         assert_eq!(watch(&[delta("a1", 1, "Hel")], None).0, "Hel\n");
     }
