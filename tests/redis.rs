@@ -843,3 +843,99 @@ fn a_write_redis_holds_past_the_store_timeout_gets_its_own_answer_and_the_next_r
     assert_eq!(ids, ["p0", "p1", "p2"]);
     assert_eq!(seqs(&history), [1, 2, 3]);
 }
+
+/// The next frame of `ws` that is not a ping.
+#[track_caller]
+fn live_frame(ws: &mut Ws) -> Value {
+    loop {
+        let v = ws.recv_any();
+        if v["type"] != "ping" {
+            return v;
+        }
+    }
+}
+
+#[test]
+fn parts_presence_and_receipts_reach_every_instance() {
+    let redis = Redis::start();
+    let env = [("RELAY_AGENT_GRACE", "0.5")];
+    let [a, b]: [Server; 2] = redis.relays(2, &env).try_into().ok().unwrap();
+    let sid = unique_session();
+    let cid = a.prompt(&sid, "tell me", None)["client_msg_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let part = |srv: &Server, text: &str| {
+        srv.post_json(
+            "/response",
+            &json!({"session_id": sid, "client_msg_id": cid, "assistant_msg_id": "x-1",
+                    "text": text, "partial": true}),
+        )
+    };
+    // Two parts through `a` before `b` has anyone on the session: `b`
+    // serves the snapshot from Redis.
+    assert_eq!(part(&a, "one ").status, 200);
+    assert_eq!(part(&a, "two ").status, 200);
+    let mut ws = b.ws(&format!("/ws/{sid}"));
+    let mut snapshot = None;
+    let mut online = false;
+    // The snapshot may come with the catch-up or after the read of the
+    // session; the agent (seen through `a`) is online either way.
+    while snapshot.is_none() || !online {
+        let v = live_frame(&mut ws);
+        match v["type"].as_str() {
+            Some("delta") => snapshot = Some(v["data"].clone()),
+            Some("presence") => online = v["data"]["agent"] == "online",
+            other => panic!("unexpected frame {other:?}: {v}"),
+        }
+    }
+    let snapshot = snapshot.unwrap();
+    assert_eq!(snapshot["text"], "one two ");
+    assert_eq!(snapshot["part"], 2);
+    assert_eq!(snapshot["snapshot"], true);
+    // A live part through `a` reaches `b`'s subscriber.
+    assert_eq!(part(&a, "three").status, 200);
+    let v = live_frame(&mut ws);
+    assert_eq!(v["type"], "delta", "{v}");
+    assert_eq!(v["data"]["part"], 3);
+    assert_eq!(v["data"]["text"], "three");
+    // The final answer through `a` replaces the draft everywhere.
+    let fin = answer(&a, &sid, &cid, "x-1", "one two three");
+    assert_eq!(fin.status, 200, "{}", fin.text());
+    assert_eq!(fin.json()["delivered"], true);
+    let v = live_frame(&mut ws);
+    assert_eq!(v["type"], "message", "{v}");
+    // The agent's grace passes on `a`: offline on `b` too.
+    loop {
+        let v = live_frame(&mut ws);
+        if v["type"] == "presence" {
+            assert_eq!(v["data"]["agent"], "offline", "{v}");
+            break;
+        }
+    }
+    // An agent parked on `a` is online for `b`'s subscriber; its fetch of
+    // a new prompt is a receipt there.
+    let mut poll = a.conn();
+    poll.send("GET", &format!("/prompts/{sid}?timeout=10"), &[], None);
+    let v = live_frame(&mut ws);
+    assert_eq!(v["data"]["agent"], "online", "{v}");
+    let info = b.get(&format!("/sessions/{sid}")).json();
+    assert_eq!(info["agent"], "online", "{info}");
+    assert_eq!(info["last_seq"], 2);
+    let next = b.prompt(&sid, "and then?", None)["client_msg_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(poll.read_response().status, 200);
+    loop {
+        let v = live_frame(&mut ws);
+        if v["type"] == "receipt" {
+            assert_eq!(v["data"]["client_msg_id"], next.as_str());
+            break;
+        }
+        assert_eq!(v["type"], "presence", "{v}");
+    }
+    // Nothing of the draft is left in Redis.
+    let keys = redis.cli(&["KEYS", "*d:*"]);
+    assert!(keys.trim().is_empty(), "{keys}");
+}

@@ -6,8 +6,10 @@
 //! taken from the URL fragment and sent as the WebSocket subprotocol, and
 //! an end-to-end encrypted conversation with a real `relay agent` and
 //! `relay send` holding the key given in the fragment, answers rendered as
-//! Markdown elements with hostile HTML and links left as text, and error
-//! answers shown as errors.
+//! Markdown elements with hostile HTML and links left as text, error
+//! answers shown as errors, streamed answers drawn as they arrive (across a
+//! reload, encrypted too) and replaced in place by the final answer, the
+//! agent's presence, the "fetched" mark and drafts the relay dropped.
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -376,6 +378,153 @@ model not found: tiny", "exit_code": 3});
     let shot = browser.expect("SCREENSHOT ");
     println!("screenshot: {shot}");
     browser.finish();
+}
+
+/// Parts of an answer appear in one bubble as they are posted, survive a
+/// reload (the relay's snapshot), and the final answer replaces the draft;
+/// the prompt is marked fetched once the agent took it.
+#[test]
+fn browser_streams_an_answer_into_one_bubble() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&["--scenario", "stream", "--url", &url, "--session", &sid]);
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
+    browser.expect("FETCHED");
+    part(&s, &sid, &cmid, "a-s", "Hello");
+    browser.expect("PART 1");
+    part(&s, &sid, &cmid, "a-s", ", **world**");
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.expect("RELOADED");
+    let hostile = r#" And <script>window.pwned=1</script> <img src=x onerror="window.pwned=2"> [x](javascript:alert(3)) [y](javascript:void)"#;
+    part(&s, &sid, &cmid, "a-s", hostile);
+    browser.expect("PART 3");
+    answer(&s, &sid, &cmid, "a-s", "Hello, **world**. Done.");
+
+    let failing = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], failing.as_str());
+    part(&s, &sid, &failing, "a-sf", "partial output");
+    browser.expect("PART 1");
+    let metadata = json!({"error": "it broke", "exit_code": 1});
+    answer_with(&s, &sid, &failing, "a-sf", "partial output", metadata);
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.finish();
+}
+
+/// The header follows the agent: offline, online while a poll is parked,
+/// offline again after the poll and the grace; a draft the relay drops
+/// shows as interrupted until a new part or the final answer.
+#[test]
+fn browser_shows_presence_and_interrupted_drafts() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[
+        PING,
+        ("RELAY_AGENT_GRACE", "0.5"),
+        ("RELAY_DRAFT_TIMEOUT", "1"),
+    ]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&["--scenario", "presence", "--url", &url, "--session", &sid]);
+    browser.expect("OFFLINE");
+    std::thread::scope(|scope| {
+        let poll = scope.spawn(|| s.get(&format!("/prompts/{sid}?timeout=3")));
+        browser.expect("ONLINE");
+        let r = poll.join().expect("the poll");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json(), json!([]));
+    });
+    browser.expect("GONE");
+
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
+    part(&s, &sid, &cmid, "a-p", "Half an answer");
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.expect("INTERRUPTED");
+    part(&s, &sid, &cmid, "a-p", "Resumed");
+    browser.expect("RESUMED");
+    answer(&s, &sid, &cmid, "a-p", "The whole answer");
+    browser.finish();
+}
+
+/// With `key=`, each part is sealed on its own: the page opens the parts,
+/// the snapshot (their concatenation) after a reload, and says "cannot
+/// decrypt" for a part sealed for another message.
+#[test]
+fn browser_decrypts_streamed_parts_end_to_end() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let key_text = relay_key();
+    let key = relay::cli::e2e::Key::parse(&key_text).expect("a key");
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "e2e-stream",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        "--key",
+        &key_text,
+    ]);
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
+    let seal = |amid: &str, text: &str| {
+        let message = relay::cli::e2e::Message::Answer {
+            session: &sid,
+            client_msg_id: &cmid,
+            assistant_msg_id: amid,
+        };
+        key.seal(text, message).expect("sealed")
+    };
+    part(&s, &sid, &cmid, "a-e", &seal("a-e", "Top"));
+    browser.expect("PART 1");
+    part(&s, &sid, &cmid, "a-e", &seal("a-e", " **secret**"));
+    browser.expect("RELOADED");
+    part(&s, &sid, &cmid, "a-e", &seal("another", ", moved here"));
+    browser.expect("PART 3");
+    answer(
+        &s,
+        &sid,
+        &cmid,
+        "a-e",
+        &seal("a-e", "Top **secret**, all of it."),
+    );
+    browser.finish();
+}
+
+/// The page's side of the part numbering, with frames the relay would not
+/// send on cue added to its socket by the browser script: parts out of
+/// order, snapshots, a draft the relay forgot across a reconnect, a part
+/// after the final answer.
+#[test]
+fn browser_follows_the_part_numbering_rules() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    Browser::start(&["--scenario", "frames", "--url", &url, "--session", &sid]).finish();
+}
+
+/// Posts one part of answer `amid` (`"partial": true`).
+#[track_caller]
+fn part(s: &Server, sid: &str, cmid: &str, amid: &str, text: &str) {
+    let body = json!({"session_id": sid, "client_msg_id": cmid, "assistant_msg_id": amid,
+        "text": text, "partial": true});
+    let r = s.post_json("/response", &body);
+    assert_eq!(r.status, 200, "POST /response (part): {}", r.text());
+    assert_eq!(r.json()["partial"], true, "{}", r.text());
+    assert_eq!(r.json()["delivered"], true, "the page is subscribed");
 }
 
 /// The binary with the caller's `RELAY_*` settings removed.

@@ -83,6 +83,7 @@ impl Relay {
                 duplicate_ack(&id)
             }
             Outcome::Response { id, .. } => response_ack(&id, delivered),
+            Outcome::Part { id } => super::live::partial_ack(&id, delivered),
             Outcome::Session {
                 sid,
                 epoch,

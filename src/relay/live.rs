@@ -17,7 +17,8 @@ use std::rc::Rc;
 
 use log::debug;
 
-use super::{ApiError, Effect, Relay, Reply};
+use super::{ApiError, Effect, Engine, Relay, Reply};
+use crate::store::redis::{AgentState, DraftState};
 use crate::store::types::NewResponse;
 use crate::store::{Seq, SessionId};
 use crate::time::{Millis, UnixMillis};
@@ -60,6 +61,128 @@ pub struct Live {
     since: UnixMillis,
     /// The highest `seq` of a prompt whose receipt was sent.
     fetched: Seq,
+    /// With Redis: the other instances' agent states, and the `until`
+    /// this instance last announced (0: offline).
+    remote: Vec<AgentState>,
+    announced: UnixMillis,
+}
+
+/// How long an instance's parked poll counts as an online agent for the
+/// other instances without being announced again (it is, halfway).
+const LEASE: u64 = 60_000;
+
+/// The clocks of a presence step.
+#[derive(Clone, Copy)]
+struct At {
+    now: Millis,
+    unix: UnixMillis,
+    grace: u64,
+}
+
+/// What a presence step found.
+struct Step {
+    /// The state subscribers see changed to this.
+    changed: Option<bool>,
+    /// With Redis: this instance's `until` to announce.
+    announce: Option<UnixMillis>,
+    /// When to look again.
+    wake: Option<Millis>,
+}
+
+impl Live {
+    /// Recomputes the agent's state: online while a poll is parked here
+    /// (`parked`), for the grace after the last agent request here ended,
+    /// and (with Redis, `shared`) while another instance says so.
+    fn step(&mut self, at: At, parked: bool, shared: bool) -> Step {
+        let local_until = self.agent_end.map(|t| t.after_ms(at.grace));
+        let local = parked || local_until.is_some_and(|u| at.now < u);
+        let remote = self
+            .remote
+            .iter()
+            .map(|a| a.until)
+            .filter(|u| *u > at.unix)
+            .min();
+        let online = local || remote.is_some();
+        let mut wake = None;
+        let mut soon = |t: Millis| wake = Some(wake.map_or(t, |w: Millis| w.min(t)));
+        if let Some(u) = local_until.filter(|_| local && !parked) {
+            soon(u);
+        }
+        if let Some(u) = remote {
+            soon(at.now.after_ms(u - at.unix));
+        }
+        let mut announce = None;
+        if shared {
+            let want = if parked {
+                at.unix + LEASE
+            } else if let Some(u) = local_until.filter(|_| local) {
+                at.unix + u.since(at.now)
+            } else {
+                0
+            };
+            let slack = at.grace.min(LEASE) / 2;
+            if (want == 0 && self.announced != 0) || (want > 0 && want > self.announced + slack) {
+                announce = Some(want);
+                self.announced = want;
+            }
+            if parked {
+                // Announced again before the lease runs out.
+                soon(
+                    at.now
+                        .after_ms(self.announced.saturating_sub(slack + at.unix)),
+                );
+            }
+        }
+        let changed = (online != self.online).then(|| {
+            self.online = online;
+            self.since = at.unix;
+            online
+        });
+        Step {
+            changed,
+            announce,
+            wake,
+        }
+    }
+
+    /// When another instance last saw an agent, or this one did.
+    fn seen(&self) -> Option<UnixMillis> {
+        let remote = self.remote.iter().map(|a| a.seen).max();
+        self.agent_seen.max(remote)
+    }
+}
+
+impl Step {
+    /// Tells the subscribers here (`watched`) and the other instances,
+    /// and schedules the next look in `next`.
+    #[allow(clippy::too_many_arguments)]
+    fn carry_out(
+        self,
+        sid: &SessionId,
+        live: &Live,
+        watched: bool,
+        effects: &mut Vec<Effect>,
+        engine: &mut Engine,
+        next: &mut Option<Millis>,
+        at: At,
+    ) {
+        if let Some(online) = self.changed {
+            debug!(session_id = sid.as_str(), online = online; "agent presence changed");
+            if watched {
+                effects.push(Effect::Broadcast {
+                    sid: sid.clone(),
+                    frame: presence_frame(sid, online, at.unix),
+                });
+            }
+        }
+        if let (Some(until), Some(r)) = (self.announce, engine.redis()) {
+            r.agent(sid, until, live.agent_seen.unwrap_or(0));
+        }
+        if let Some(w) = self.wake {
+            let w = round_up(w);
+            *next = Some(next.map_or(w, |n| n.min(w)));
+        }
+    }
 }
 
 /// The live state of every session that had any (dropped with its session).
@@ -83,11 +206,7 @@ impl Relay {
         };
         let lit = r.text.get();
         let inner = &lit[1..lit.len() - 1];
-        let bytes = if inner.contains('\\') {
-            crate::wire::decode(lit).len()
-        } else {
-            inner.len()
-        };
+        let bytes = decoded_len(lit);
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
         let max_drafts = self.limits.max_pending;
         let live = self.live.entry(r.session_id.clone()).or_default();
@@ -173,41 +292,28 @@ impl Relay {
         }
     }
 
-    /// Tells the subscribers of `sid` when the agent's state changed, and
-    /// schedules the end of its grace.
-    fn refresh_presence(&mut self, now: Millis, sid: &str) {
-        let parked = self
-            .presence
-            .get(sid)
-            .is_some_and(|p| !p.waiters.is_empty());
-        let grace = self.limits.agent_grace_ms;
-        let unix = self.unix_at(now);
-        let Some(live) = self.live.get_mut(sid) else {
+    /// Tells the subscribers of `sid` when the agent's state changed,
+    /// tells the other instances (with Redis), and schedules the next look.
+    pub(super) fn refresh_presence(&mut self, now: Millis, sid: &str) {
+        let at = self.at(now);
+        let parked = self.parked(sid);
+        let Relay {
+            live,
+            engine,
+            effects,
+            presence,
+            next_tick,
+            ..
+        } = self;
+        let Some(key) = live.get_key_value(sid).map(|(k, _)| k.clone()) else {
             return;
         };
-        let until = live.agent_end.map(|t| t.after_ms(grace));
-        let online = parked || until.is_some_and(|u| now < u);
-        if online
-            && !parked
-            && let Some(u) = until
-        {
-            self.next_tick = Some(self.next_tick.map_or(u, |t| t.min(u)));
-        }
-        if online == live.online {
+        let Some(entry) = live.get_mut(sid) else {
             return;
-        }
-        live.online = online;
-        live.since = unix;
-        debug!(session_id = sid, online = online; "agent presence changed");
-        let frame = presence_frame(sid, online, unix);
-        if let Some(key) = self.store.key(sid)
-            && !self.subscribers(sid).is_empty()
-        {
-            self.effects.push(Effect::Broadcast {
-                sid: key.clone(),
-                frame,
-            });
-        }
+        };
+        let watched = presence.get(sid).is_some_and(|p| !p.subscribers.is_empty());
+        let step = entry.step(at, parked, engine.redis().is_some());
+        step.carry_out(&key, entry, watched, effects, engine, next_tick, at);
     }
 
     /// The prompts of `sid` after `after` are in an answer to an agent's
@@ -225,6 +331,7 @@ impl Relay {
             .presence
             .get(sid)
             .is_none_or(|p| p.subscribers.is_empty());
+        let mut told: Vec<Rc<str>> = Vec::new();
         for msg in log.page_prompts(after) {
             if msg.seq <= live.fetched {
                 continue;
@@ -236,6 +343,170 @@ impl Relay {
                     frame: receipt_frame(sid, &msg.client_msg_id, unix),
                 });
             }
+            told.push(msg.client_msg_id.clone());
+        }
+        if let Some(r) = self.engine.redis()
+            && !told.is_empty()
+        {
+            let ids: Vec<&str> = told.iter().map(|id| &**id).collect();
+            r.receipts(&key, unix, &ids);
+        }
+    }
+
+    /// With Redis: a part another instance (or this one) took, published
+    /// to the instances that follow the session. Appended to the copy of
+    /// its draft when it is the next part; a gap (the copy began after the
+    /// draft did) makes the session read again, drafts included.
+    pub(super) fn part_published(
+        &mut self,
+        now: Millis,
+        sid: &SessionId,
+        aid: &str,
+        cid: &str,
+        part: u32,
+        lit: &str,
+    ) {
+        if lit.len() < 2 {
+            return;
+        }
+        let deadline = now.after_ms(self.limits.draft_timeout_ms);
+        let live = self.live.entry(sid.clone()).or_default();
+        let at = live.drafts.iter().position(|d| *d.assistant_msg_id == *aid);
+        let d = match at {
+            Some(at) if live.drafts[at].parts + 1 == part => &mut live.drafts[at],
+            Some(at) if live.drafts[at].parts >= part => return,
+            None if part == 1 => {
+                live.drafts.push(Draft {
+                    assistant_msg_id: Rc::from(aid),
+                    client_msg_id: Rc::from(cid),
+                    escaped: String::new(),
+                    bytes: 0,
+                    parts: 0,
+                    deadline,
+                });
+                let last = live.drafts.len() - 1;
+                &mut live.drafts[last]
+            }
+            _ => {
+                self.resync(sid);
+                return;
+            }
+        };
+        d.escaped.push_str(&lit[1..lit.len() - 1]);
+        d.bytes += decoded_len(lit);
+        d.parts = part;
+        d.deadline = deadline;
+        let frame = delta_frame(sid, d, Some(lit), false);
+        self.wake_at(deadline);
+        if !self.subscribers(sid).is_empty() {
+            self.effects.push(Effect::Broadcast {
+                sid: sid.clone(),
+                frame,
+            });
+        }
+    }
+
+    /// With Redis: the drafts and agent states a read of `sid` found.
+    /// The drafts replace the copy's; when they differ, the subscribers
+    /// here get snapshots.
+    pub(super) fn live_synced(
+        &mut self,
+        now: Millis,
+        sid: &SessionId,
+        drafts: Vec<DraftState>,
+        agents: Vec<AgentState>,
+    ) {
+        let unix = self.unix_at(now);
+        let own = self.engine.redis().map(|r| r.instance().to_string());
+        let drafts: Vec<DraftState> = drafts.into_iter().filter(|d| d.deadline > unix).collect();
+        let live = self.live.entry(sid.clone()).or_default();
+        let same = drafts.len() == live.drafts.len()
+            && drafts.iter().all(|d| {
+                live.drafts
+                    .iter()
+                    .any(|l| *l.assistant_msg_id == *d.assistant_msg_id && l.parts == d.parts)
+            });
+        if !same {
+            live.drafts = drafts
+                .into_iter()
+                .map(|d| Draft {
+                    assistant_msg_id: Rc::from(d.assistant_msg_id),
+                    client_msg_id: Rc::from(d.client_msg_id),
+                    escaped: d.escaped,
+                    bytes: d.bytes,
+                    parts: d.parts,
+                    deadline: now.after_ms(d.deadline - unix),
+                })
+                .collect();
+        }
+        live.remote = agents
+            .into_iter()
+            .filter(|a| own.as_deref() != Some(a.instance.as_str()))
+            .collect();
+        let deadlines: Vec<Millis> = live.drafts.iter().map(|d| d.deadline).collect();
+        let snapshots: Vec<Rc<[u8]>> = if same {
+            Vec::new()
+        } else {
+            live.drafts
+                .iter()
+                .map(|d| delta_frame(sid, d, None, true))
+                .collect()
+        };
+        for d in deadlines {
+            self.wake_at(d);
+        }
+        if !self.subscribers(sid).is_empty() {
+            for frame in snapshots {
+                self.effects.push(Effect::Broadcast {
+                    sid: sid.clone(),
+                    frame,
+                });
+            }
+        }
+        self.refresh_presence(now, sid);
+    }
+
+    /// With Redis: another instance's agent state in `sid` changed.
+    pub(super) fn agent_published(&mut self, now: Millis, sid: &SessionId, state: &AgentState) {
+        if self
+            .engine
+            .redis()
+            .is_some_and(|r| r.instance() == state.instance)
+        {
+            return;
+        }
+        let live = self.live.entry(sid.clone()).or_default();
+        live.remote.retain(|a| a.instance != state.instance);
+        if state.until > 0 {
+            live.remote.push(AgentState {
+                instance: state.instance.clone(),
+                until: state.until,
+                seen: state.seen,
+            });
+        }
+        self.refresh_presence(now, sid);
+    }
+
+    /// With Redis: prompts an agent fetched through another instance.
+    pub(super) fn receipts_published(
+        &mut self,
+        sid: &SessionId,
+        instance: &str,
+        ts: UnixMillis,
+        ids: &[String],
+    ) {
+        let own = self
+            .engine
+            .redis()
+            .is_some_and(|r| r.instance() == instance);
+        if own || self.subscribers(sid).is_empty() {
+            return;
+        }
+        for id in ids {
+            self.effects.push(Effect::Broadcast {
+                sid: sid.clone(),
+                frame: receipt_frame(sid, id, ts),
+            });
         }
     }
 
@@ -269,8 +540,7 @@ impl Relay {
             return;
         }
         self.next_tick = None;
-        let unix = self.unix_at(now);
-        let grace = self.limits.agent_grace_ms;
+        let at = self.at(now);
         let mut next: Option<Millis> = None;
         let mut soon = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
         for (sid, live) in &mut self.live {
@@ -290,22 +560,20 @@ impl Relay {
                 }
                 false
             });
-            if !live.online || here.is_some_and(|p| !p.waiters.is_empty()) {
-                continue;
-            }
-            let until = live.agent_end.map_or(now, |t| t.after_ms(grace));
-            if now < until {
-                soon(until);
-                continue;
-            }
-            live.online = false;
-            live.since = unix;
-            debug!(session_id = sid.as_str(), online = false; "agent presence changed");
-            if watched {
-                self.effects.push(Effect::Broadcast {
-                    sid: sid.clone(),
-                    frame: presence_frame(sid, false, unix),
-                });
+            let parked = here.is_some_and(|p| !p.waiters.is_empty());
+            let step = live.step(at, parked, self.engine.redis().is_some());
+            let mut later = None;
+            step.carry_out(
+                sid,
+                live,
+                watched,
+                &mut self.effects,
+                &mut self.engine,
+                &mut later,
+                at,
+            );
+            if let Some(t) = later {
+                soon(t);
             }
         }
         self.next_tick = next.map(round_up);
@@ -343,7 +611,7 @@ impl Relay {
         } else {
             ",\"agent\":\"offline\",\"agent_seen_ts\":"
         });
-        match live.and_then(|l| l.agent_seen) {
+        match live.and_then(Live::seen) {
             Some(ts) => push_u64(&mut out, ts),
             None => out.push_str("null"),
         }
@@ -351,11 +619,37 @@ impl Relay {
         Ok(out.into_bytes())
     }
 
+    /// The clocks and the grace, for a presence step.
+    fn at(&self, now: Millis) -> At {
+        At {
+            now,
+            unix: self.unix_at(now),
+            grace: self.limits.agent_grace_ms,
+        }
+    }
+
+    /// Whether an agent's poll of `sid` is parked here.
+    fn parked(&self, sid: &str) -> bool {
+        self.presence
+            .get(sid)
+            .is_some_and(|p| !p.waiters.is_empty())
+    }
+
     /// The wall-clock time at loop time `now`.
     fn unix_at(&self, now: Millis) -> UnixMillis {
         self.clock
             .1
             .saturating_add(now.0.saturating_sub(self.clock.0.0))
+    }
+}
+
+/// The decoded length of a validated string literal.
+pub(super) fn decoded_len(lit: &str) -> usize {
+    let inner = &lit[1..lit.len() - 1];
+    if inner.contains('\\') {
+        crate::wire::decode(lit).len()
+    } else {
+        inner.len()
     }
 }
 
@@ -437,7 +731,7 @@ fn receipt_frame(sid: &str, client_msg_id: &str, ts: UnixMillis) -> Rc<[u8]> {
 }
 
 /// `{"ok":true,"assistant_msg_id":…,"delivered":…,"partial":true}`.
-fn partial_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
+pub(super) fn partial_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
     let mut ack = String::with_capacity(80 + assistant_msg_id.len());
     ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
     push_json_str(&mut ack, assistant_msg_id);

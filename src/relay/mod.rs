@@ -412,7 +412,16 @@ impl Relay {
         // The agent is online from its request on, whatever its answer.
         self.agent_seen(now, &r.session_id, true);
         if r.partial {
-            return self.post_partial(now, r);
+            let timeout = self.limits.draft_timeout_ms;
+            let Engine::Shared(redis) = &mut self.engine else {
+                return self.post_partial(now, r);
+            };
+            if !redis.up() {
+                return Err(ApiError::storage_unavailable());
+            }
+            let ticket = issue(&mut self.tickets, &mut self.issued, conn);
+            shared::submit_part(redis, &self.store, ticket, &r, timeout);
+            return Ok(Reply::Wait);
         }
         self.write(now, unix_ms, conn, Write::Response(r))
     }

@@ -107,6 +107,31 @@ pub(super) fn submit(
     Ok(())
 }
 
+/// Sends a part of a streamed answer to Redis (which is up) under the
+/// ticket `ticket` issues.
+pub(super) fn submit_part(
+    r: &mut RedisStore,
+    store: &MemStore,
+    ticket: Ticket,
+    p: &crate::store::types::NewResponse,
+    timeout_ms: u64,
+) {
+    let id = p
+        .assistant_msg_id
+        .as_ref()
+        .map_or("", |(id, _)| id.as_str());
+    let text = p.text.get();
+    let write = crate::store::redis::PartWrite {
+        client_msg_id: &p.client_msg_id,
+        id,
+        text,
+        bytes: super::live::decoded_len(text),
+        timeout_ms,
+        max_bytes: super::live::MAX_DRAFT_BYTES,
+    };
+    r.part(ticket, &p.session_id, write, known(store, &p.session_id));
+}
+
 impl Relay {
     /// The Redis engine, when sessions are shared.
     pub fn redis(&mut self) -> Option<&mut RedisStore> {
@@ -243,7 +268,30 @@ impl Relay {
     /// whether a new answer went to a subscriber here.
     #[inline(never)]
     fn catch_up(&mut self, now: Millis, s: Snapshot) -> bool {
-        let Snapshot { sid, head, msgs } = s;
+        let Snapshot {
+            sid,
+            head,
+            msgs,
+            live,
+        } = s;
+        let key = sid.clone();
+        let delivered = self.catch_up_log(now, sid, head, msgs);
+        if let Some((drafts, agents)) = live
+            && self.store.contains(&key)
+        {
+            self.live_synced(now, &key, drafts, agents);
+        }
+        delivered
+    }
+
+    /// [`catch_up`](Self::catch_up) for the log.
+    fn catch_up_log(
+        &mut self,
+        now: Millis,
+        sid: SessionId,
+        head: Option<Head>,
+        msgs: Vec<Msg>,
+    ) -> bool {
         let local = self
             .store
             .get(&sid)
@@ -309,6 +357,34 @@ impl Relay {
                 }
                 return;
             }
+            Event::Part {
+                sid,
+                epoch,
+                assistant_msg_id,
+                client_msg_id,
+                part,
+                lit,
+            } => {
+                if self.store.get(sid).is_some_and(|l| **l.epoch() == **epoch) {
+                    self.part_published(now, sid, assistant_msg_id, client_msg_id, *part, lit);
+                }
+                return;
+            }
+            Event::Agent { sid, state } => {
+                if self.store.contains(sid) {
+                    self.agent_published(now, sid, state);
+                }
+                return;
+            }
+            Event::Receipts {
+                sid,
+                instance,
+                ts,
+                ids,
+            } => {
+                self.receipts_published(sid, instance, *ts, ids);
+                return;
+            }
             Event::Created { sid, epoch }
             | Event::Deleted { sid, epoch }
             | Event::Message { sid, epoch, .. } => (sid, epoch),
@@ -334,7 +410,11 @@ impl Relay {
             Event::Created { sid, .. }
             | Event::Deleted { sid, .. }
             | Event::Message { sid, .. } => self.resync(&sid),
-            Event::Listening { .. } | Event::Refused { .. } => {}
+            Event::Listening { .. }
+            | Event::Refused { .. }
+            | Event::Part { .. }
+            | Event::Agent { .. }
+            | Event::Receipts { .. } => {}
         }
     }
 
@@ -357,7 +437,7 @@ impl Relay {
     /// Reads a session again, for nobody in particular. One waited on
     /// here without a copy (Redis lost its data, and creating it again
     /// failed then) is created again.
-    fn resync(&mut self, sid: &SessionId) {
+    pub(super) fn resync(&mut self, sid: &SessionId) {
         let store = &self.store;
         if let Some(r) = self.engine.redis()
             && r.up()

@@ -65,6 +65,10 @@ pub enum Outcome {
         id: String,
         duplicate: bool,
     },
+    /// A part of a streamed answer, appended to its draft.
+    Part {
+        id: String,
+    },
     Session {
         sid: SessionId,
         epoch: String,

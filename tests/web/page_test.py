@@ -29,6 +29,31 @@ Scenarios:
            as elements; raw HTML and javascript: links in it show as text
            and make no element; a second prompt gets an error answer
            (`metadata.error`, no text), shown as an error.
+  stream   a prompt gets a "fetched" mark and the agent shows online once
+           the agent fetched it (`FETCHED`); the answer streams in as one
+           draft bubble that grows part by part (`PART <n>` after each
+           part seen), rendered as Markdown with hostile HTML left as text;
+           a reload mid-stream shows the draft again from the relay's
+           snapshot (`RELOADED`); the final answer replaces the draft in
+           the same element, one bubble, not two. A second prompt's draft
+           ends as an error answer.
+  presence the agent shows offline (`OFFLINE`), online while the test
+           parks a long-poll (`ONLINE`), offline again once the poll ended
+           and the relay's short grace passed (`GONE`); a draft the relay
+           drops (short draft timeout) shows as interrupted, keeping its
+           text (`INTERRUPTED`); a new part 1 starts it anew (`RESUMED`)
+           and the final answer takes the bubble over.
+  e2e-stream with `key=`, parts sealed one by one show decrypted as they
+           arrive, a reload decrypts the snapshot (the parts' tokens
+           concatenated, `RELOADED`), a part sealed for another message
+           makes the draft read "cannot decrypt" (`PART 3`), and the sealed
+           final answer replaces it.
+  frames   the relay's socket passes through Playwright, which adds frames
+           of its own for the page's prompt: a part out of order is
+           ignored, a snapshot replaces the draft, a receipt marks the
+           prompt; after a reconnect whose snapshots do not name the
+           draft, it shows as interrupted; a new part 1 restarts it, the
+           final answer replaces it, and a late part changes nothing.
 """
 
 import argparse
@@ -54,8 +79,12 @@ ARGS = [
 ]
 WAIT_MS = 20_000
 PHONE = {"width": 390, "height": 760}
-PENDING = re.compile(r"\bpending\b")
-LABELS = {"pending": "Waiting for an answer", "unsent": "Not sent yet"}
+# Waiting for an answer, fetched by an agent or not.
+PENDING = re.compile(r"\b(pending|fetched)\b")
+LABELS = {"pending": "Waiting for an answer", "fetched": "Fetched by the agent", "unsent": "Not sent yet"}
+# Stored and not answered: an agent already parked on the session fetches
+# it at once, and the page marks it so.
+WAITING = ("pending", "fetched")
 
 
 def say(line):
@@ -104,17 +133,19 @@ class Watch:
 
 
 def send_prompt(page, text, state="pending"):
-    """Types a prompt, sends it, waits until it shows in `state` (None: any,
-    for a real agent that may answer before the state is seen); returns its
-    node and id."""
+    """Types a prompt, sends it, waits until it shows in `state` (a tuple:
+    one of them; None: any, for a real agent that may answer before the
+    state is seen); returns its node and id."""
     before = page.locator("article.prompt").count()
     page.get_by_label("Prompt").fill(text)
     page.get_by_role("button", name="Send").click()
     prompt = page.locator("article.prompt").nth(before)
     expect(prompt.locator(".text")).to_have_text(text, timeout=WAIT_MS)
     if state:
-        expect(prompt).to_have_class(re.compile(rf"\b{state}\b"), timeout=WAIT_MS)
-        expect(prompt.locator(".state")).to_contain_text(LABELS[state])
+        states = state if isinstance(state, tuple) else (state,)
+        expect(prompt).to_have_class(re.compile(rf"\b({'|'.join(states)})\b"), timeout=WAIT_MS)
+        labels = "|".join(re.escape(LABELS[s]) for s in states)
+        expect(prompt.locator(".state")).to_contain_text(re.compile(labels))
     expect(prompt).to_have_attribute("data-cmid", re.compile("."))
     cmid = prompt.get_attribute("data-cmid")
     assert cmid and len(cmid) == 36, f"client_msg_id is not a UUID: {cmid!r}"
@@ -166,7 +197,7 @@ def restart(page, watch, args):
     connected(page)
     expect(page.locator("#empty")).to_be_visible()
 
-    first, cmid = send_prompt(page, "What is 6 times 7?")
+    first, cmid = send_prompt(page, "What is 6 times 7?", WAITING)
     expect(page.locator("#pending")).to_have_text("1 waiting for an answer")
     say(f"PROMPTED {cmid}")
     wait_answer(page, first, "a-1", "42, as always.")
@@ -198,7 +229,7 @@ def restart(page, watch, args):
 
     wait_answer(page, queued, "a-2", "Got it once.")
 
-    third, cmid3 = send_prompt(page, "And the answer\nover two lines?")
+    third, cmid3 = send_prompt(page, "And the answer\nover two lines?", WAITING)
     say(f"PROMPTED {cmid3}")
     wait_answer(page, third, "a-3", "Still 42.\n<b>not bold</b>")
     # Text is shown as text, never parsed as markup.
@@ -427,9 +458,244 @@ def markdown(page, watch, args):
     watch.check_clean()
 
 
+def answer_of(page, amid):
+    return page.locator(f'article.answer[data-amid="{amid}"]')
+
+
+def mark(page, amid):
+    """Remembers the answer's element, to check later that it is the same."""
+    page.evaluate(f"""window.marked = document.querySelector('article.answer[data-amid="{amid}"]')""")
+
+
+def same_element(page, amid):
+    return page.evaluate(f"""document.querySelector('article.answer[data-amid="{amid}"]') === window.marked""")
+
+
+def expect_agent(page, state):
+    agent = page.locator("#agent")
+    expect(agent).to_have_attribute("data-state", state, timeout=WAIT_MS)
+    expect(agent).to_have_text(f"Agent {state}")
+    expect(agent).to_have_attribute("title", re.compile(rf"^{state.capitalize()} since "))
+
+
+def stream(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    prompt, cmid = send_prompt(page, "Stream me an answer")
+    say(f"PROMPTED {cmid}")
+    # The agent fetched it: a mark on the prompt, and the agent is online.
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"), timeout=WAIT_MS)
+    expect(prompt.locator(".state")).to_have_text("Fetched by the agent")
+    expect(page.locator("#pending")).to_have_text("1 waiting for an answer")
+    expect_agent(page, "online")
+    say("FETCHED")
+
+    draft = answer_of(page, "a-s")
+    expect(draft.locator(".text")).to_have_text("Hello", timeout=WAIT_MS)
+    expect(draft).to_have_class(re.compile(r"\bdraft\b"))
+    expect(draft.locator(".state")).to_have_text("Writing…")
+    mark(page, "a-s")
+    say("PART 1")
+    expect(draft.locator(".text")).to_have_text("Hello, world", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("world")
+    assert same_element(page, "a-s"), "the draft was redrawn in another bubble"
+    expect(page.locator("article.answer")).to_have_count(1)
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"))
+    shot = os.path.join(args.out, "page-draft.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+
+    # A reload mid-stream: the history has no draft, the snapshot brings it.
+    page.reload()
+    connected(page)
+    expect(draft.locator(".text")).to_have_text("Hello, world", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("world")
+    expect(draft).to_have_class(re.compile(r"\bdraft\b"))
+    snapshots = [f for f in watch.frames(watch.received, "delta") if f["data"].get("snapshot")]
+    assert snapshots and snapshots[-1]["data"]["text"] == "Hello, **world**", snapshots
+    mark(page, "a-s")
+    say("RELOADED")
+
+    # Hostile HTML in a part is text, and nothing runs.
+    expect(draft.locator(".text")).to_contain_text("<script>window.pwned=1</script>", timeout=WAIT_MS)
+    expect(draft.locator(".text img, .text script, .text a")).to_have_count(0)
+    whole = draft.locator(".text").inner_text()
+    for raw in ['<img src=x onerror="window.pwned=2">', "[x](javascript:alert(3))", "y"]:
+        assert raw in whole, f"{raw!r} not shown as text in {whole!r}"
+    assert page.evaluate("window.pwned") is None, "a draft ran code"
+    say("PART 3")
+
+    # The final answer takes over the draft's element: one bubble.
+    expect(draft.locator(".text")).to_have_text("Hello, world. Done.", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    expect(draft.locator(".state")).to_have_count(0)
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-s"), "the final answer is another bubble than the draft"
+    prompt = page.locator(f'article.prompt[data-cmid="{cmid}"]')
+    expect(prompt).not_to_have_class(PENDING)
+    expect(page.locator("#pending")).to_have_text("")
+
+    # A draft whose final answer is an error answer.
+    failing, fid = send_prompt(page, "Now fail while streaming")
+    say(f"PROMPTED {fid}")
+    failed = answer_of(page, "a-sf")
+    expect(failed.locator(".text")).to_have_text("partial output", timeout=WAIT_MS)
+    mark(page, "a-sf")
+    say("PART 1")
+    expect(failed).to_have_class(re.compile(r"\bfailed\b"), timeout=WAIT_MS)
+    expect(failed.locator(".err")).to_have_text("Error (exit code 1): it broke")
+    expect(failed.locator(".text")).to_have_text("partial output")
+    assert same_element(page, "a-sf")
+    expect(page.locator("article.answer")).to_have_count(2)
+    expect(failing).not_to_have_class(PENDING)
+    shot = os.path.join(args.out, "page-stream.png")
+    page.screenshot(path=shot, full_page=True)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
+def presence(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    say("OFFLINE")
+    expect_agent(page, "online")
+    say("ONLINE")
+    # The poll ends and the short grace passes: offline again, by itself.
+    expect_agent(page, "offline")
+    states = [f["data"]["agent"] for f in watch.frames(watch.received, "presence")]
+    changes = [a for i, a in enumerate(states) if i == 0 or states[i - 1] != a]
+    assert changes == ["offline", "online", "offline"], states
+    say("GONE")
+
+    prompt, cmid = send_prompt(page, "Answer slowly")
+    say(f"PROMPTED {cmid}")
+    draft = answer_of(page, "a-p")
+    expect(draft.locator(".text")).to_have_text("Half an answer", timeout=WAIT_MS)
+    mark(page, "a-p")
+    # The relay drops the draft after its short timeout: the text stays,
+    # marked as interrupted, and the prompt still waits.
+    expect(draft).to_have_class(re.compile(r"\binterrupted\b"), timeout=WAIT_MS)
+    expect(draft.locator(".state")).to_have_text("Interrupted: the agent stopped sending")
+    expect(draft.locator(".text")).to_have_text("Half an answer")
+    ends = watch.frames(watch.received, "delta_end")
+    assert [e["data"]["reason"] for e in ends] == ["timeout"], ends
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"))
+    shot = os.path.join(args.out, "page-interrupted.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    say("INTERRUPTED")
+    # A new part 1 starts the draft anew in the same bubble.
+    resumed = page.locator('article.answer.draft:not(.interrupted)[data-amid="a-p"] .text')
+    expect(resumed).to_have_text("Resumed", timeout=WAIT_MS)
+    assert same_element(page, "a-p")
+    say("RESUMED")
+    expect(draft.locator(".text")).to_have_text("The whole answer", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\b(draft|interrupted)\b"))
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-p")
+    expect(prompt).not_to_have_class(PENDING)
+    watch.check_clean()
+
+
+def e2e_stream(page, watch, args):
+    page.goto(f"{args.url}#{args.session}&key={args.key}")
+    connected(page)
+    expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
+    _, cmid = send_prompt(page, "a secret, slowly")
+    say(f"PROMPTED {cmid}")
+    draft = answer_of(page, "a-e")
+    expect(draft.locator(".text")).to_have_text("Top", timeout=WAIT_MS)
+    say("PART 1")
+    expect(draft.locator(".text")).to_have_text("Top secret", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("secret")
+    page.reload()
+    connected(page)
+    expect(draft.locator(".text")).to_have_text("Top secret", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("secret")
+    snapshots = [f for f in watch.frames(watch.received, "delta") if f["data"].get("snapshot")]
+    assert snapshots and snapshots[-1]["data"]["text"].count("e2e1:") == 2, snapshots
+    mark(page, "a-e")
+    say("RELOADED")
+    expect(draft.locator(".text")).to_have_text("cannot decrypt", timeout=WAIT_MS)
+    expect(draft.locator(".text")).to_have_class(re.compile(r"\bundecryptable\b"))
+    say("PART 3")
+    expect(draft.locator(".text")).to_have_text("Top secret, all of it.", timeout=WAIT_MS)
+    expect(draft.locator(".text")).not_to_have_class(re.compile(r"\bundecryptable\b"))
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-e")
+    assert not any("secret" in str(f) for f in watch.received), "clear text came over the WebSocket"
+    watch.check_clean()
+
+
+def frames(page, watch, args):
+    sockets = []
+
+    def through(ws):
+        ws.connect_to_server()  # frames pass both ways, and ws.send adds some
+        sockets.append(ws)
+
+    page.route_web_socket(re.compile(r"/ws/"), through)
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    prompt, cmid = send_prompt(page, "Frames by hand")
+    ids = {"session_id": args.session, "client_msg_id": cmid, "assistant_msg_id": "a-x"}
+
+    def inject(kind, **data):
+        sockets[-1].send(json.dumps({"type": kind, "data": {**ids, **data}}))
+
+    draft = answer_of(page, "a-x")
+    inject("delta", part=1, text="One")
+    expect(draft.locator(".text")).to_have_text("One", timeout=WAIT_MS)
+    mark(page, "a-x")
+    inject("delta", part=3, text=" IGNORED")
+    inject("delta", part=2, text=" two")
+    expect(draft.locator(".text")).to_have_text("One two", timeout=WAIT_MS)
+    inject("delta", part=4, text="Replaced *whole*", snapshot=True)
+    inject("delta", part=5, text=" and on")
+    expect(draft.locator(".text")).to_have_text("Replaced whole and on", timeout=WAIT_MS)
+    expect(draft.locator(".text em")).to_have_text("whole")
+    inject("receipt", state="fetched", ts=1)
+    expect(prompt.locator(".state")).to_have_text("Fetched by the agent", timeout=WAIT_MS)
+
+    # The socket drops; the relay's snapshots on the new one do not name
+    # the draft (it never knew it): once the presence frame that follows
+    # them arrives, the draft shows as interrupted, text kept.
+    n = len(sockets)
+    sockets[-1].close()
+    expect(page.locator("#agent")).to_be_hidden(timeout=WAIT_MS)
+    wait_until(page, lambda: len(sockets) > n, "the page reconnecting")
+    connected(page)
+    expect_agent(page, "offline")
+    expect(draft).to_have_class(re.compile(r"\binterrupted\b"), timeout=WAIT_MS)
+    expect(draft.locator(".text")).to_have_text("Replaced whole and on")
+    inject("delta", part=2, text="not next")
+    inject("delta", part=1, text="Anew")
+    expect(draft.locator(".text")).to_have_text("Anew", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\binterrupted\b"))
+    inject("message", text="Final", seq=2, ts=2)
+    expect(draft.locator(".text")).to_have_text("Final", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    inject("delta", part=2, text=" late")
+    inject("presence", agent="online", since=1)  # a frame to wait for
+    expect_agent(page, "online")
+    expect(draft.locator(".text")).to_have_text("Final")
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-x")
+    expect(prompt).not_to_have_class(PENDING)
+    watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", choices=["restart", "token", "fragment", "e2e", "markdown"], required=True)
+    ap.add_argument("--scenario", required=True,
+                    choices=["restart", "token", "fragment", "e2e", "markdown", "stream", "presence", "e2e-stream",
+                             "frames"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -451,7 +717,8 @@ def main():
             ctx.set_default_timeout(WAIT_MS)
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
-            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown}
+            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown,
+                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames}
             scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()

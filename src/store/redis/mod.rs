@@ -59,7 +59,7 @@ use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
 
 pub use health::{Trouble, note};
-pub use reply::{Event, Head, Msg, Snapshot};
+pub use reply::{AgentState, DraftState, Event, Head, Msg, Snapshot};
 pub use url::RedisUrl;
 
 use super::mem::{IdGen, StoreLimits};
@@ -138,6 +138,7 @@ pub struct Known<'a> {
 enum Write {
     Prompt { id: String },
     Response { id: String },
+    Part { id: String },
     Create { put: bool },
     Delete,
 }
@@ -224,6 +225,18 @@ pub struct RedisStore {
     /// This instance's name in Redis (a UUID chosen at start).
     instance: String,
     health: Health,
+}
+
+/// A part of a streamed answer for the script.
+pub struct PartWrite<'a> {
+    pub client_msg_id: &'a str,
+    pub id: &'a str,
+    /// The `text` literal as sent.
+    pub text: &'a str,
+    /// Its decoded length.
+    pub bytes: usize,
+    pub timeout_ms: u64,
+    pub max_bytes: usize,
 }
 
 /// `POST /response` for the script.
@@ -564,6 +577,7 @@ impl RedisStore {
             "ok" | "dup" => match write {
                 Write::Prompt { id } => Then::Reply(Ok(Outcome::Prompt { id, duplicate: dup })),
                 Write::Response { id } => Then::Reply(Ok(Outcome::Response { id, duplicate: dup })),
+                Write::Part { id } => Then::Reply(Ok(Outcome::Part { id })),
                 Write::Create { put: false } => Then::Retry,
                 Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {
                     epoch: snapshot
@@ -584,6 +598,10 @@ impl RedisStore {
             "e503p" => Then::Reply(Err(ApiError::unavailable(
                 "pending prompt limit reached for this session",
             ))),
+            "e503d" => Then::Reply(Err(ApiError::unavailable(
+                "draft limit reached for this session",
+            ))),
+            "e400t" => Then::Reply(Err(ApiError::too_large_field())),
             other => {
                 self.answered.push(Answered {
                     conn: Some(conn),
@@ -875,6 +893,65 @@ impl RedisStore {
             },
         };
         self.call(sid, "response", known, &extra, expect);
+    }
+
+    /// A part of a streamed answer (`"partial": true`): appended to its
+    /// draft in Redis and published to every instance.
+    pub fn part(&mut self, conn: Ticket, sid: &SessionId, w: PartWrite, known: Known) {
+        let (bytes, timeout) = (w.bytes.to_string(), w.timeout_ms.to_string());
+        let max = w.max_bytes.to_string();
+        let extra: [&[u8]; 6] = [
+            w.client_msg_id.as_bytes(),
+            w.id.as_bytes(),
+            w.text.as_bytes(),
+            bytes.as_bytes(),
+            timeout.as_bytes(),
+            max.as_bytes(),
+        ];
+        let expect = Expect::Write {
+            conn,
+            sid: sid.clone(),
+            write: Write::Part {
+                id: w.id.to_string(),
+            },
+        };
+        self.call(sid, "part", known, &extra, expect);
+    }
+
+    /// This instance's agent state in `sid`: online until `until` (unix
+    /// ms; 0: offline), last seen at `seen`. Stored for instances that
+    /// start serving the session later, and published to the others.
+    pub fn agent(&mut self, sid: &SessionId, until: u64, seen: u64) {
+        let (until, seen) = (until.to_string(), seen.to_string());
+        let instance = self.instance.clone();
+        let extra: [&[u8]; 3] = [instance.as_bytes(), until.as_bytes(), seen.as_bytes()];
+        self.call(sid, "agent", Known::default(), &extra, Expect::Quiet);
+    }
+
+    /// Prompts of `sid` an agent fetched here for the first time: told
+    /// to the other instances' subscribers (published, nothing stored).
+    pub fn receipts(&mut self, sid: &SessionId, ts: u64, ids: &[&str]) {
+        if !self.cmd.up {
+            return;
+        }
+        self.send_batch();
+        let mut msg = format!("R\n{sid}\n{}\n{ts}", self.instance);
+        for id in ids {
+            msg.push('\n');
+            msg.push_str(id);
+        }
+        let channel = format!("{}e:{sid}", self.prefix);
+        push_command(
+            &mut self.cmd.out,
+            &[b"PUBLISH", channel.as_bytes(), msg.as_bytes()],
+        );
+        self.expect.push_back(Expect::Quiet);
+    }
+
+    /// This instance's name in Redis: its own published agent states and
+    /// receipts are known here already.
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// `PUT /sessions` (`put`) or a WebSocket connect.

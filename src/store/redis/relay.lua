@@ -18,6 +18,14 @@
 --                       a:<assistant_msg_id> -> seq
 --   P w:<sid>  hash   instance -> unix ms until which it has subscribers
 --                     of the session (an answer's `delivered`)
+--   P d:<sid>  hash   the session's streamed answers in progress:
+--                     assistant_msg_id -> "cid\nparts\nbytes\ndeadline\ntext"
+--                     (text: the parts' JSON literals without quotes);
+--                     a draft past its deadline (unix ms) is dead, and the
+--                     key expires with the newest deadline
+--   P g:<sid>  hash   instance -> "until\nseen": the unix ms until which
+--                     an agent is online there, and when it was last seen;
+--                     the key expires with its newest entry
 --   P sessions zset   sid -> last activity (unix ms, to the second: a
 --                     write moves it once a second at most): the TTL and
 --                     the cap
@@ -191,6 +199,23 @@ local function append(S, fields, head)
   return seq, { q, body }
 end
 
+-- '1' when an instance has subscribers of the session (`delivered`).
+local function watched()
+  local watching = redis.call('HGETALL', w)
+  for i = 2, #watching, 2 do
+    if tonumber(watching[i]) > now then
+      return '1'
+    end
+  end
+  return '0'
+end
+
+-- A draft's fields: cid, parts, bytes, deadline, text.
+local function draft_of(v)
+  local cid, parts, bytes, deadline, text = string.match(v, '^([^\n]*)\n(%d+)\n(%d+)\n(%d+)\n(.*)$')
+  return cid, tonumber(parts), tonumber(bytes), tonumber(deadline), text
+end
+
 local function text_of(data)
   local ok, v = pcall(cjson.decode, data)
   if ok and type(v) == 'table' then
@@ -303,15 +328,73 @@ elseif op == 'response' then
     end
   end
   save(S, fields)
-  local watching = redis.call('HGETALL', w)
-  local delivered = '0'
-  for i = 2, #watching, 2 do
-    if tonumber(watching[i]) > now then
-      delivered = '1'
-      break
+  -- The final answer replaces its draft.
+  redis.call('HDEL', prefix .. 'd:' .. sid, aid)
+  return done(answer('ok', S, watched()))
+elseif op == 'part' then
+  -- A part of a streamed answer: appended to its draft and published
+  -- (P sid epoch aid cid part literal); nothing else is stored.
+  local cid, aid, lit, bytes = ARGV[12], ARGV[13], ARGV[14], tonumber(ARGV[15])
+  local timeout, max_bytes = tonumber(ARGV[16]), tonumber(ARGV[17])
+  local S, v = session('c:' .. cid, 'a:' .. aid)
+  if not S then
+    return done(gone('e404s'))
+  end
+  if v[8] then
+    return done(answer('e409', S))
+  end
+  if not v[7] then
+    return done(answer('e404p', S))
+  end
+  local d = prefix .. 'd:' .. sid
+  local cur = redis.call('HGET', d, aid)
+  local parts, size, text = 0, 0, ''
+  local live = false
+  if cur then
+    local dcid, dparts, dbytes, ddeadline, dtext = draft_of(cur)
+    if ddeadline and ddeadline > now then
+      if dcid ~= cid then
+        return done(answer('e409', S))
+      end
+      live, parts, size, text = true, dparts, dbytes, dtext
     end
   end
-  return done(answer('ok', S, delivered))
+  if not live then
+    local open = 0
+    local all = redis.call('HGETALL', d)
+    for i = 2, #all, 2 do
+      local _, _, _, ddeadline = draft_of(all[i])
+      if ddeadline and ddeadline > now then
+        open = open + 1
+      end
+    end
+    if open >= max_pending then
+      return done(answer('e503d', S))
+    end
+  end
+  if size + bytes > max_bytes then
+    return done(answer('e400t', S))
+  end
+  parts = parts + 1
+  redis.call('HSET', d, aid, cid .. '\n' .. str(parts) .. '\n' .. str(size + bytes) .. '\n'
+    .. str(now + timeout) .. '\n' .. text .. string.sub(lit, 2, -2))
+  redis.call('PEXPIRE', d, timeout)
+  publish(channel, 'P\n' .. sid .. '\n' .. S.e .. '\n' .. aid .. '\n' .. cid .. '\n' .. str(parts) .. '\n' .. lit)
+  return done(answer('ok', S, watched()))
+elseif op == 'agent' then
+  -- This instance's agent state: online until ARGV[13] (0: offline).
+  local g = prefix .. 'g:' .. sid
+  local inst, untl, seen = ARGV[12], tonumber(ARGV[13]), ARGV[14]
+  if untl > now then
+    redis.call('HSET', g, inst, str(untl) .. '\n' .. seen)
+    if redis.call('PTTL', g) < untl - now then
+      redis.call('PEXPIRE', g, untl - now)
+    end
+  else
+    redis.call('HDEL', g, inst)
+  end
+  publish(channel, 'A\n' .. sid .. '\n' .. inst .. '\n' .. str(untl) .. '\n' .. seen)
+  return done({ 'ok', '' })
 elseif op == 'create' then
   local S = session()
   local extra = '0'
@@ -330,7 +413,7 @@ elseif op == 'delete' then
   if not S then
     return done(gone('e404s'))
   end
-  redis.call('DEL', s, w)
+  redis.call('DEL', s, w, prefix .. 'd:' .. sid, prefix .. 'g:' .. sid)
   redis.call('ZREM', all, sid)
   publish(channel, 'D\n' .. sid .. '\n' .. S.e)
   return done(gone('ok'))
@@ -339,14 +422,25 @@ elseif op == 'sync' then
   if not S then
     return done(gone('ok'))
   end
-  return done(answer('ok', S))
+  -- After the records: the open drafts ("d\naid\n" and the draft) and
+  -- the instances' agent states ("g\ninstance\n" and the state).
+  local out = answer('ok', S, 'sync')
+  local kv = redis.call('HGETALL', prefix .. 'd:' .. sid)
+  for i = 1, #kv, 2 do
+    out[#out + 1] = 'd\n' .. kv[i] .. '\n' .. kv[i + 1]
+  end
+  kv = redis.call('HGETALL', prefix .. 'g:' .. sid)
+  for i = 1, #kv, 2 do
+    out[#out + 1] = 'g\n' .. kv[i] .. '\n' .. kv[i + 1]
+  end
+  return done(out)
 elseif op == 'collect' then
   local ttl = tonumber(ARGV[12])
   local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
   for _, id in ipairs(idle) do
     local sk = prefix .. 's:' .. id
     local e = redis.call('HGET', sk, 'e')
-    redis.call('DEL', sk, prefix .. 'w:' .. id)
+    redis.call('DEL', sk, prefix .. 'w:' .. id, prefix .. 'd:' .. id, prefix .. 'g:' .. id)
     redis.call('ZREM', all, id)
     if e then
       publish(prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)

@@ -16,6 +16,31 @@ pub struct Snapshot {
     /// Oldest first: the whole session when `head.full`, else what
     /// follows the `seq` the caller holds.
     pub msgs: Vec<Msg>,
+    /// A read (`sync`) also brings the open drafts and the instances'
+    /// agent states; `None` for a write's answer.
+    pub live: Option<(Vec<DraftState>, Vec<AgentState>)>,
+}
+
+/// A draft as Redis holds it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DraftState {
+    pub assistant_msg_id: String,
+    pub client_msg_id: String,
+    pub parts: u32,
+    pub bytes: usize,
+    /// Unix ms.
+    pub deadline: u64,
+    /// The text as the inside of a JSON string literal.
+    pub escaped: String,
+}
+
+/// One instance's agent state in a session.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AgentState {
+    pub instance: String,
+    /// Online until then (unix ms).
+    pub until: u64,
+    pub seen: u64,
 }
 
 /// A session's counters.
@@ -54,6 +79,27 @@ pub enum Event {
     Deleted {
         sid: SessionId,
         epoch: String,
+    },
+    /// A part of a streamed answer (`lit`: its text's JSON literal).
+    Part {
+        sid: SessionId,
+        epoch: String,
+        assistant_msg_id: String,
+        client_msg_id: String,
+        part: u32,
+        lit: String,
+    },
+    /// An instance's agent state changed.
+    Agent {
+        sid: SessionId,
+        state: AgentState,
+    },
+    /// Prompts an agent fetched through `instance` for the first time.
+    Receipts {
+        sid: SessionId,
+        instance: String,
+        ts: u64,
+        ids: Vec<String>,
     },
     /// The session's channel is listened to (first, or again after a
     /// loss): what was published before is unknown, so the session is
@@ -115,6 +161,7 @@ pub fn parse_snapshot(
                 sid,
                 head: None,
                 msgs: Vec::new(),
+                live: None,
             },
         ));
     }
@@ -126,8 +173,22 @@ pub fn parse_snapshot(
         full,
     };
     let mut msgs = Vec::with_capacity(parts.len().saturating_sub(8));
+    let mut live: Option<(Vec<DraftState>, Vec<AgentState>)> = None;
     for p in parts.iter().skip(8) {
-        msgs.push(parse_msg(&text_of(p)?).ok_or("a stored message is malformed")?);
+        let text = text_of(p)?;
+        if let Some(d) = text.strip_prefix("d\n") {
+            let draft = parse_draft(d).ok_or("a stored draft is malformed")?;
+            live.get_or_insert_default().0.push(draft);
+        } else if let Some(g) = text.strip_prefix("g\n") {
+            let (instance, state) = g.split_once('\n').ok_or("an agent state is malformed")?;
+            let state = parse_agent(instance, state).ok_or("an agent state is malformed")?;
+            live.get_or_insert_default().1.push(state);
+        } else {
+            msgs.push(parse_msg(&text).ok_or("a stored message is malformed")?);
+        }
+    }
+    if live.is_none() && full_read(&status) {
+        live = Some(Default::default());
     }
     Ok((
         status,
@@ -135,8 +196,38 @@ pub fn parse_snapshot(
             sid,
             head: Some(head),
             msgs,
+            live,
         },
     ))
+}
+
+/// Whether an answer is a read's (`sync`), which carries the live state
+/// (possibly none of it).
+fn full_read(status: &(String, String)) -> bool {
+    status.1 == "sync"
+}
+
+/// `aid\ncid\nparts\nbytes\ndeadline\ntext`.
+fn parse_draft(s: &str) -> Option<DraftState> {
+    let mut it = s.splitn(6, '\n');
+    Some(DraftState {
+        assistant_msg_id: it.next()?.to_string(),
+        client_msg_id: it.next()?.to_string(),
+        parts: it.next()?.parse().ok()?,
+        bytes: it.next()?.parse().ok()?,
+        deadline: it.next()?.parse().ok()?,
+        escaped: it.next()?.to_string(),
+    })
+}
+
+/// `until\nseen` of `instance`.
+fn parse_agent(instance: &str, s: &str) -> Option<AgentState> {
+    let (until, seen) = s.split_once('\n')?;
+    Some(AgentState {
+        instance: instance.to_string(),
+        until: until.parse().ok()?,
+        seen: seen.parse().ok()?,
+    })
 }
 
 /// `seq\nkind\nclient_msg_id\nassistant_msg_id\nts\ndata`.
@@ -161,6 +252,33 @@ pub fn parse_msg(s: &str) -> Option<Msg> {
 /// `C\nsid\nepoch`, `D\nsid\nepoch`, `M\nsid\nepoch\n<message>`.
 pub fn parse_event(payload: &[u8]) -> Option<Event> {
     let s = std::str::from_utf8(payload).ok()?;
+    if let Some(rest) = s.strip_prefix("P\n") {
+        let mut it = rest.splitn(6, '\n');
+        return Some(Event::Part {
+            sid: SessionId::new(it.next()?)?,
+            epoch: it.next()?.to_string(),
+            assistant_msg_id: it.next()?.to_string(),
+            client_msg_id: it.next()?.to_string(),
+            part: it.next()?.parse().ok()?,
+            lit: it.next()?.to_string(),
+        });
+    }
+    if let Some(rest) = s.strip_prefix("A\n") {
+        let mut it = rest.splitn(3, '\n');
+        let sid = SessionId::new(it.next()?)?;
+        let instance = it.next()?;
+        let state = parse_agent(instance, it.next()?)?;
+        return Some(Event::Agent { sid, state });
+    }
+    if let Some(rest) = s.strip_prefix("R\n") {
+        let mut it = rest.split('\n');
+        return Some(Event::Receipts {
+            sid: SessionId::new(it.next()?)?,
+            instance: it.next()?.to_string(),
+            ts: it.next()?.parse().ok()?,
+            ids: it.map(str::to_string).collect(),
+        });
+    }
     let mut it = s.splitn(4, '\n');
     let kind = it.next()?;
     let sid = SessionId::new(it.next()?)?;
