@@ -1,13 +1,20 @@
 //! The command line tools against the real server: `relay agent`, `relay
 //! send` and `relay health` run as the real binary, the server through the
 //! harness. Waits are readiness checks: a log line of the agent, a counter
-//! in `/healthz`, a marker file the command creates, a WebSocket frame.
+//! in `/healthz`, a marker file the command creates, a WebSocket frame,
+//! what a tool printed so far.
+//!
+//! Streaming is shown without timing: the command prints a first word, then
+//! waits for a file that the test creates only once it saw that word arrive
+//! (as a `delta` frame, or on `relay send`'s stdout), so the word cannot
+//! have come with the final answer.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,8 +59,22 @@ struct Agent {
 impl Agent {
     #[track_caller]
     fn start(srv: &Server, sid: &str, env: &[(&str, &str)], command: &[&str]) -> Agent {
+        Agent::start_with_flags(srv, sid, env, &[], command)
+    }
+
+    /// `start` with more flags for the agent (before the `--`).
+    #[track_caller]
+    fn start_with_flags(
+        srv: &Server,
+        sid: &str,
+        env: &[(&str, &str)],
+        flags: &[&str],
+        command: &[&str],
+    ) -> Agent {
         let mut cmd = relay();
-        cmd.args(["agent", "--url", &url(srv), "--session", sid, "--"])
+        cmd.args(["agent", "--url", &url(srv), "--session", sid])
+            .args(flags)
+            .arg("--")
             .args(command)
             .env("RELAY_LOG_FORMAT", "json")
             .envs(env.iter().copied())
@@ -726,10 +747,13 @@ fn help_lists_the_commands_and_bad_usage_exits_two() {
             String::from_utf8_lossy(&out.stdout).starts_with(&format!("usage: relay {command}"))
         );
     }
+    let out = relay().args(["agent", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--no-stream"));
     for args in [
         &["agent", "--session", "s"][..],
         &["agent", "--session", "bad/id", "--", "cat"],
         &["send", "--session", "s", "--nope", "x"],
+        &["agent", "--session", "s", "--no-stream=yes", "--", "cat"],
         &["send", "hello"],
     ] {
         let out = relay().args(args).output().unwrap();
@@ -785,4 +809,290 @@ fn the_agent_loses_nothing_when_a_persistent_server_crashes_under_it() {
     );
     drop(second);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A command that prints [`FIRST`], creates `$MARKER`, waits until `$GO`
+/// exists, then prints [`REST`]: what it printed first can only be seen
+/// before it exits if it was streamed. It gives up when the marker is
+/// removed with the test's scratch directory (a failed test).
+const GATED: &str = r#"printf '%s' "$FIRST"; touch "$MARKER"; while [ ! -e "$GO" ]; do [ -e "$MARKER" ] || exit 1; sleep 0.01; done; printf '%s\n\n' "$REST""#;
+const FIRST: &str = "Streamed-One ";
+const REST: &str = "and the rest";
+
+/// The files of a [`GATED`] command.
+struct Gate {
+    _scratch: Scratch,
+    marker: String,
+    go: String,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        let scratch = Scratch::new();
+        let (marker, go) = (scratch.path("printed"), scratch.path("go"));
+        Gate {
+            _scratch: scratch,
+            marker,
+            go,
+        }
+    }
+
+    /// The command's environment.
+    fn env(&self) -> [(&str, &str); 4] {
+        [
+            ("MARKER", self.marker.as_str()),
+            ("GO", self.go.as_str()),
+            ("FIRST", FIRST),
+            ("REST", REST),
+        ]
+    }
+
+    /// Lets the command print the rest and exit.
+    fn open(&self) {
+        std::fs::write(&self.go, b"").expect("create the go file");
+    }
+}
+
+/// The whole answer of a [`GATED`] command.
+fn whole() -> String {
+    format!("{FIRST}{REST}")
+}
+
+/// The next text frame of any type but `ping`, the live ones included.
+#[track_caller]
+fn next_frame(ws: &mut common::Ws) -> Value {
+    loop {
+        let frame = ws.recv_any();
+        if frame["type"] != "ping" {
+            return frame;
+        }
+    }
+}
+
+/// Frames of a session's subscriber up to the first `message`: the `delta`
+/// frames seen before it, and the message's data.
+#[track_caller]
+fn deltas_then_message(ws: &mut common::Ws) -> (Vec<Value>, Value) {
+    let mut deltas = Vec::new();
+    loop {
+        let frame = next_frame(ws);
+        match frame["type"].as_str() {
+            Some("delta") => deltas.push(frame["data"].clone()),
+            Some("message") => return (deltas, frame["data"].clone()),
+            _ => {}
+        }
+    }
+}
+
+/// Reads `delta` frames until their texts make `want`; returns them. Other
+/// frames are skipped.
+#[track_caller]
+fn deltas_until(ws: &mut common::Ws, want: &str) -> Vec<Value> {
+    let mut deltas: Vec<Value> = Vec::new();
+    loop {
+        let frame = next_frame(ws);
+        match frame["type"].as_str() {
+            Some("delta") => deltas.push(frame["data"].clone()),
+            Some("message") => panic!("the answer came before its parts: {frame}"),
+            _ => continue,
+        }
+        let text: String = deltas.iter().map(|d| d["text"].as_str().unwrap()).collect();
+        if text == want {
+            return deltas;
+        }
+        assert!(
+            want.starts_with(&text),
+            "{text:?} is not a prefix of {want:?}"
+        );
+    }
+}
+
+/// A `relay send` still running, its stdout read as it comes.
+struct Sending {
+    child: Child,
+    stdout: Receiver<Vec<u8>>,
+    printed: Vec<u8>,
+}
+
+impl Sending {
+    #[track_caller]
+    fn start(srv: &Server, sid: &str, args: &[&str]) -> Sending {
+        let mut child = relay()
+            .args(["send", "--url", &url(srv), "--session", sid])
+            .args(["--timeout", "20"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn relay send");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || forward(stdout, &tx));
+        Sending {
+            child,
+            stdout: rx,
+            printed: Vec::new(),
+        }
+    }
+
+    /// Waits until stdout holds `want` so far.
+    #[track_caller]
+    fn wait_printed(&mut self, want: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !String::from_utf8_lossy(&self.printed).contains(want) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stdout.recv_timeout(left) {
+                Ok(bytes) => self.printed.extend_from_slice(&bytes),
+                Err(_) => panic!(
+                    "relay send never printed {want:?}; stdout so far: {:?}",
+                    String::from_utf8_lossy(&self.printed)
+                ),
+            }
+        }
+    }
+
+    /// Waits for the exit; returns the status, all of stdout and stderr.
+    #[track_caller]
+    fn finish(mut self) -> (ExitStatus, String, String) {
+        let mut stderr = String::new();
+        self.child
+            .stderr
+            .take()
+            .expect("piped stderr")
+            .read_to_string(&mut stderr)
+            .expect("read stderr");
+        let status = self.child.wait().expect("wait for relay send");
+        self.printed.extend(self.stdout.iter().flatten());
+        let stdout = String::from_utf8(self.printed).expect("UTF-8 stdout");
+        (status, stdout, stderr)
+    }
+}
+
+/// Copies what a child prints to `tx` as it comes.
+fn forward(mut stdout: ChildStdout, tx: &mpsc::Sender<Vec<u8>>) {
+    let mut chunk = [0u8; 4096];
+    while let Ok(n) = stdout.read(&mut chunk) {
+        if n == 0 || tx.send(chunk[..n].to_vec()).is_err() {
+            break;
+        }
+    }
+}
+
+#[test]
+fn the_agent_streams_the_commands_output_before_it_exits() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let gate = Gate::new();
+    let _agent = Agent::start(&srv, &sid, &gate.env(), &["sh", "-c", GATED]);
+    let mut ws = srv.ws(&format!("/ws/{sid}"));
+    srv.wait_health("parked_polls", 1);
+    srv.prompt(&sid, "go on", Some("m1"));
+    // The command waits for the go file: these parts came while it ran.
+    let first = deltas_until(&mut ws, FIRST);
+    gate.open();
+    let (rest, message) = deltas_then_message(&mut ws);
+    assert_eq!(message["text"], whole(), "trailing newlines dropped");
+    let parts: Vec<&Value> = first.iter().chain(&rest).collect();
+    let streamed: String = parts.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    assert!(whole().starts_with(&streamed), "{streamed:?}");
+    for (n, part) in parts.iter().enumerate() {
+        assert_eq!(part["part"], n + 1, "{part}");
+        assert_eq!(part["session_id"], sid.as_str());
+        assert_eq!(part["client_msg_id"], "m1");
+        assert_eq!(part["assistant_msg_id"], message["assistant_msg_id"]);
+    }
+    assert_eq!(answers(&srv, &sid).len(), 1, "the parts are not stored");
+}
+
+#[test]
+fn no_stream_posts_only_the_whole_answer() {
+    let srv = Server::start();
+    let (quiet, control) = (unique_session(), unique_session());
+    let (gate, control_gate) = (Gate::new(), Gate::new());
+    let command = ["sh", "-c", GATED];
+    let _quiet = Agent::start_with_flags(&srv, &quiet, &gate.env(), &["--no-stream"], &command);
+    let _control = Agent::start(&srv, &control, &control_gate.env(), &command);
+    let mut ws = srv.ws(&format!("/ws/{quiet}"));
+    let mut control_ws = srv.ws(&format!("/ws/{control}"));
+    srv.wait_health("parked_polls", 2);
+    srv.prompt(&quiet, "go on", Some("m1"));
+    wait_file(&gate.marker);
+    // A streaming agent whose command printed later has posted its first
+    // part: a streaming agent would have posted this one's by now too.
+    srv.prompt(&control, "go on", Some("m1"));
+    deltas_until(&mut control_ws, FIRST);
+    gate.open();
+    let (deltas, message) = deltas_then_message(&mut ws);
+    assert_eq!(deltas, Vec::<Value>::new());
+    assert_eq!(message["text"], whole());
+    control_gate.open();
+}
+
+#[test]
+fn send_prints_the_first_words_before_the_agent_finished() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let gate = Gate::new();
+    let _agent = Agent::start(&srv, &sid, &gate.env(), &["sh", "-c", GATED]);
+    srv.wait_health("parked_polls", 1);
+    let mut sending = Sending::start(&srv, &sid, &["hello"]);
+    sending.wait_printed(FIRST);
+    gate.open();
+    let (status, stdout, stderr) = sending.finish();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout, format!("{}\n", whole()));
+    assert!(!stderr.contains("no agent"), "{stderr}");
+}
+
+#[test]
+fn send_says_when_no_agent_is_online() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let out = send(&srv, &sid, &["--timeout", "0.5", "anyone?"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let notice = format!(
+        "relay send: no agent is online in session {sid}; the prompt waits until one fetches it"
+    );
+    assert!(stderr.contains(&notice), "{stderr}");
+    // With an agent parked on the session, nothing is said.
+    let _agent = Agent::start(&srv, &sid, &[], &["tr", "a-z", "A-Z"]);
+    srv.wait_health("parked_polls", 1);
+    let out = send(&srv, &sid, &["hello"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO\n");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("no agent"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn encrypted_parts_stream_to_send_and_stay_sealed_on_the_wire() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let gate = Gate::new();
+    let key = relay().arg("key").output().expect("run relay key");
+    let key = String::from_utf8(key.stdout).unwrap().trim().to_string();
+    let mut env = gate.env().to_vec();
+    env.push(("RELAY_E2E_KEY", key.as_str()));
+    let _agent = Agent::start(&srv, &sid, &env, &["sh", "-c", GATED]);
+    let mut observer = srv.ws(&format!("/ws/{sid}"));
+    srv.wait_health("parked_polls", 1);
+    let mut sending = Sending::start(&srv, &sid, &["--e2e-key", &key, "hello"]);
+    sending.wait_printed(FIRST);
+    gate.open();
+    let (status, stdout, stderr) = sending.finish();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout, format!("{}\n", whole()));
+    let (deltas, message) = deltas_then_message(&mut observer);
+    assert!(!deltas.is_empty(), "the answer was streamed");
+    for text in deltas.iter().map(|d| &d["text"]).chain([&message["text"]]) {
+        let text = text.as_str().unwrap();
+        assert!(text.starts_with("e2e1:"), "{text}");
+        assert!(
+            !text.contains("Streamed") && !text.contains("rest"),
+            "{text}"
+        );
+    }
 }

@@ -7,8 +7,10 @@
 //! prompt sent with another key, or a ciphertext moved into another
 //! session or message, is answered with an error and not run.
 //!
-//! `relay agent` posts whole answers (no streamed parts), so the round
-//! trips carry a prompt and its answer.
+//! The agent's command here (`tr`) prints its whole answer at once and
+//! exits, within the agent's 100 ms batch, so the round trips carry a
+//! prompt and its answer, no streamed parts; encrypted parts are tested
+//! in `tests/cli.rs`.
 
 mod common;
 

@@ -8,6 +8,11 @@
 //! a duplicate (same text) or a conflict (different text), and both mean
 //! "already answered".
 //!
+//! While the command runs, its stdout is streamed as parts of the answer
+//! (see `parts`), when the server takes them: a server without streamed
+//! answers would store the first part as the whole answer, so the agent
+//! first asks for `GET /sessions/{id}`, which came with them.
+//!
 //! The agent's cursor (`after`) is only valid for one incarnation of the
 //! session: it learns the session's `epoch` from `PUT /sessions` whenever it
 //! (re)connects or finds the queue empty, and starts over from `after=0`
@@ -22,6 +27,7 @@ use serde_json::json;
 
 use super::client::{self, Client, Limit, Response};
 use super::command::{self, Exit, Outcome};
+use super::parts::{self, Parts};
 use super::{Parsed, Spec, e2e};
 
 /// The first retry delay; it doubles on each failure in a row.
@@ -45,12 +51,14 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token T] [--ca FILE] [--e2e-key KEY] [--poll-timeout S] -- CMD [ARGS...]
+    "usage: relay agent --session ID [--url URL] [--token T] [--ca FILE] [--e2e-key KEY] [--poll-timeout S] [--no-stream] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_SESSION_ID, RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's
 metadata as JSON, {} when it has none) in its environment. Its stdout,
-trailing newlines removed, is posted as the answer. CMD is checked at start
+trailing newlines removed, is posted as the answer; while CMD runs, what it
+prints is streamed as parts of the answer (about every 0.1 s), which relay
+send and the page show as they come. CMD is checked at start
 (found and executable). A failure is posted as an error answer: its metadata
 has \"error\" (the last 2 KiB of the command's stderr, else what went wrong)
 and \"exit_code\" (N for exit N; 128+N and \"signal\":N when killed by
@@ -74,8 +82,10 @@ signal exits at once.
                       answered with an error answer. Without a key, an
                       encrypted prompt is answered so too. With a key, an
                       error answer does not carry CMD's stderr (metadata
-                      travels in clear), only its exit
+                      travels in clear), only its exit. Each streamed part
+                      is encrypted on its own
   --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
+  --no-stream         post only the whole answer when CMD exits, no parts
 
 exit codes: 0 stopped by a signal, 1 a fatal error (token refused, the
 server refuses the session), 2 bad usage or CMD not found or not executable
@@ -90,7 +100,7 @@ const SPEC: Spec = Spec {
         "--poll-timeout",
         "--e2e-key",
     ],
-    switches: &[],
+    switches: &["--no-stream"],
     interleaved: false,
 };
 
@@ -102,6 +112,8 @@ pub struct Options {
     pub command: Vec<String>,
     /// End-to-end encryption, when a key is given.
     pub key: Option<e2e::Key>,
+    /// Whether to stream stdout as parts while the command runs.
+    pub stream: bool,
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
@@ -120,6 +132,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         poll_timeout,
         command: parsed.rest.clone(),
         key,
+        stream: !parsed.switch("--no-stream"),
     })
 }
 
@@ -314,6 +327,11 @@ struct Agent {
     poll_timeout: Duration,
     command: Vec<String>,
     key: Option<e2e::Key>,
+    /// Whether to stream parts (not `--no-stream`).
+    stream: bool,
+    /// Whether the server takes streamed parts, as found by the last
+    /// `sync`; `None` before the first.
+    server_streams: Option<bool>,
     stop: Arc<AtomicBool>,
     /// The `seq` of the last prompt handled in this epoch.
     after: u64,
@@ -331,6 +349,8 @@ impl Agent {
             poll_timeout: opts.poll_timeout,
             command: opts.command,
             key: opts.key,
+            stream: opts.stream,
+            server_streams: None,
             stop,
             after: 0,
             epoch: None,
@@ -418,7 +438,32 @@ impl Agent {
             self.after = 0;
             self.epoch = epoch;
         }
+        if self.stream {
+            self.check_streaming()?;
+        }
         self.synced = true;
+        Ok(())
+    }
+
+    /// Whether the server takes streamed parts: one that answers
+    /// `GET /sessions/{id}` does (both came with streamed answers). Asked
+    /// at every `sync`, so a server replaced by another version is seen.
+    fn check_streaming(&mut self) -> Result<(), Fail> {
+        let path = format!("/sessions/{}", self.session);
+        let resp =
+            classify(
+                self.client
+                    .request("GET", &path, None, Limit::within(REQUEST_TIMEOUT)),
+            )?;
+        let streams = resp.status == 200 && resp.json().is_some_and(|v| v.get("agent").is_some());
+        if self.server_streams != Some(streams) {
+            if streams {
+                log::debug!(session_id = self.session.as_str(); "the server takes streamed parts");
+            } else {
+                log::info!(session_id = self.session.as_str(); "the server does not take streamed parts: answers are posted whole");
+            }
+        }
+        self.server_streams = Some(streams);
         Ok(())
     }
 
@@ -496,7 +541,23 @@ impl Agent {
             ("RELAY_CLIENT_MSG_ID", prompt.client_msg_id.as_str()),
             ("RELAY_METADATA", metadata.as_str()),
         ];
-        let outcome = match command::run(&self.command, &env, clear.as_bytes()) {
+        let assistant_msg_id = answer_id(&self.session, id);
+        let answer = parts::Answer {
+            session: &self.session,
+            client_msg_id: id,
+            assistant_msg_id: &assistant_msg_id,
+        };
+        let mut parts = (self.stream && self.server_streams == Some(true))
+            .then(|| Parts::new(&mut self.client, answer, self.key.as_ref()));
+        let ran = command::run(&self.command, &env, clear.as_bytes(), &mut |batch| {
+            if let Some(parts) = parts.as_mut() {
+                parts.output(batch);
+            }
+        });
+        if let Some(parts) = parts.filter(|p| p.posted() > 0) {
+            log::debug!(client_msg_id = id, parts = parts.posted(); "answer streamed");
+        }
+        let outcome = match ran {
             Ok(outcome) => outcome,
             Err(e) => {
                 // Checked at start, so removed or broken since (a bad

@@ -1,6 +1,7 @@
 //! Running the agent's command for one prompt: the prompt on stdin, the
 //! prompt's identity in the environment, stdout captured (capped) as the
-//! answer, stderr passed through to the agent's own with its last 2 KiB
+//! answer and handed on in batches while the command runs (the streamed
+//! parts), stderr passed through to the agent's own with its last 2 KiB
 //! kept for an error answer.
 
 use std::io::{self, Read, Write};
@@ -8,6 +9,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use crate::relay::model::MAX_TEXT_BYTES;
 
@@ -19,6 +22,9 @@ const HIDDEN_ENV: &[&str] = &["RELAY_AGENT_TOKEN", "RELAY_CLIENT_TOKEN"];
 pub const STDERR_TAIL_BYTES: usize = 2048;
 /// Where a program is looked for when `PATH` is unset (what `execvp` does).
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// How long output is gathered before it is handed on while the command
+/// runs: a part per batch, not per token.
+pub const BATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How the command ended and what it printed.
 #[derive(Debug, PartialEq, Eq)]
@@ -130,8 +136,17 @@ pub fn check(program: &str, path_var: Option<&str>) -> Result<(), String> {
 }
 
 /// Runs `argv` once with `input` on stdin and `env` added to the
-/// environment; waits for it to exit. `Err` only when it cannot be started.
-pub fn run(argv: &[String], env: &[(&str, &str)], input: &[u8]) -> io::Result<Outcome> {
+/// environment; waits for it to exit. While it runs, `on_output` gets what
+/// it printed on stdout since the last call (never nothing), in batches
+/// (see `hand_on`), up to the answer's limit; a call that takes long only
+/// delays the next one, since stdout is read meanwhile. `Err` only when it
+/// cannot be started.
+pub fn run(
+    argv: &[String],
+    env: &[(&str, &str)],
+    input: &[u8],
+    on_output: &mut dyn FnMut(&[u8]),
+) -> io::Result<Outcome> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
@@ -153,7 +168,9 @@ pub fn run(argv: &[String], env: &[(&str, &str)], input: &[u8]) -> io::Result<Ou
     // The prompt is written from a second thread, and stderr read from a
     // third: a command that prints before it has read all of a large
     // prompt, or fills its stderr pipe, would otherwise block on a full
-    // pipe while we block on another.
+    // pipe while we block on another. Stdout is read by a fourth, so that
+    // this one can hand on a batch when the command pauses (a read cannot
+    // wait with a deadline) and the command is not held up while it does.
     let (captured, tail, status) = std::thread::scope(|scope| {
         scope.spawn(move || {
             if let Some(mut stdin) = stdin {
@@ -162,7 +179,18 @@ pub fn run(argv: &[String], env: &[(&str, &str)], input: &[u8]) -> io::Result<Ou
             }
         });
         let tail = scope.spawn(move || stderr.map(pass_stderr).unwrap_or_default());
-        let captured = stdout.map(capture).unwrap_or_default();
+        let (tx, rx) = mpsc::channel();
+        let captured = scope.spawn(move || {
+            let mut forward = |chunk: &[u8]| {
+                // The receiver stops listening only once stdout ended.
+                let _ = tx.send(chunk.to_vec());
+            };
+            stdout
+                .map(|out| capture(out, &mut forward))
+                .unwrap_or_default()
+        });
+        hand_on(&rx, on_output);
+        let captured = captured.join().unwrap_or_default();
         let status = child.wait();
         (captured, tail.join().unwrap_or_default(), status)
     });
@@ -212,10 +240,40 @@ fn tail_text(tail: &[u8]) -> String {
     String::from_utf8_lossy(&tail[start..]).trim().to_string()
 }
 
+/// Hands the output arriving on `rx` to `on_output` in batches, each
+/// [`BATCH_INTERVAL`] after its first byte arrived: a steady stream goes
+/// out about every interval, and a command that is done within one
+/// interval has nothing streamed (its final answer follows at once).
+/// Returns when stdout ended; what is left over is in the final answer.
+fn hand_on(rx: &Receiver<Vec<u8>>, on_output: &mut dyn FnMut(&[u8])) {
+    let mut batch = Vec::new();
+    let mut due: Option<Instant> = None;
+    loop {
+        let got = match due {
+            Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match got {
+            Ok(chunk) => {
+                batch.extend_from_slice(&chunk);
+                due.get_or_insert_with(|| Instant::now() + BATCH_INTERVAL);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if due.is_some_and(|due| Instant::now() >= due) {
+            on_output(&batch);
+            batch.clear();
+            due = None;
+        }
+    }
+}
+
 /// Reads stdout to its end, keeping the first `MAX_TEXT_BYTES + 1` bytes
 /// (one more than fits, so an overflow is seen) and discarding the rest, so
-/// a verbose command neither blocks nor grows our memory.
-fn capture(mut out: impl Read) -> (Vec<u8>, bool) {
+/// a verbose command neither blocks nor grows our memory. `kept_piece`
+/// sees each piece as it is kept.
+fn capture(mut out: impl Read, kept_piece: &mut dyn FnMut(&[u8])) -> (Vec<u8>, bool) {
     let mut kept = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     let mut overflow = false;
@@ -224,7 +282,11 @@ fn capture(mut out: impl Read) -> (Vec<u8>, bool) {
             Ok(0) => break,
             Ok(n) => {
                 let room = (MAX_TEXT_BYTES + 1).saturating_sub(kept.len());
-                kept.extend_from_slice(&chunk[..n.min(room)]);
+                let piece = &chunk[..n.min(room)];
+                if !piece.is_empty() {
+                    kept_piece(piece);
+                }
+                kept.extend_from_slice(piece);
                 overflow |= n > room;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -260,7 +322,13 @@ mod tests {
 
     fn sh(script: &str, input: &str) -> Outcome {
         let argv = ["sh".to_string(), "-c".to_string(), script.to_string()];
-        run(&argv, &[("X_NAME", "x-value")], input.as_bytes()).unwrap()
+        run(
+            &argv,
+            &[("X_NAME", "x-value")],
+            input.as_bytes(),
+            &mut |_| {},
+        )
+        .unwrap()
     }
 
     #[test]
@@ -312,19 +380,46 @@ mod tests {
     }
 
     #[test]
+    fn output_is_handed_on_while_the_command_runs() {
+        // The command prints its second word only once the first was
+        // handed on: it would wait forever for a batch made at its exit.
+        let go = std::env::temp_dir().join(format!("relay-batch-{}", std::process::id()));
+        let _ = std::fs::remove_file(&go);
+        let script = r#"printf first; while [ ! -e "$GO" ]; do sleep 0.01; done; printf ' second'"#;
+        let argv = ["sh".to_string(), "-c".to_string(), script.to_string()];
+        let mut batches: Vec<Vec<u8>> = Vec::new();
+        let go_path = go.to_string_lossy().into_owned();
+        let out = run(&argv, &[("GO", &go_path)], b"", &mut |batch| {
+            if batches.is_empty() {
+                std::fs::write(&go, b"").unwrap();
+            }
+            batches.push(batch.to_vec());
+        })
+        .unwrap();
+        let _ = std::fs::remove_file(&go);
+        assert_eq!(out.text, "first second");
+        assert_eq!(batches[0], b"first");
+        assert!(
+            b"first second".starts_with(&batches.concat()),
+            "{batches:?}"
+        );
+        assert!(batches.iter().all(|b| !b.is_empty()));
+    }
+
+    #[test]
     fn a_nul_in_a_value_does_not_stop_the_command() {
         let argv = [
             "sh".to_string(),
             "-c".to_string(),
             "printf %s \"$V\"".to_string(),
         ];
-        let out = run(&argv, &[("V", "a\0b")], b"").unwrap();
+        let out = run(&argv, &[("V", "a\0b")], b"", &mut |_| {}).unwrap();
         assert_eq!(out.text, "a\u{fffd}b");
     }
 
     #[test]
     fn a_missing_program_is_an_error() {
-        assert!(run(&["/nonexistent/cmd".to_string()], &[], b"").is_err());
+        assert!(run(&["/nonexistent/cmd".to_string()], &[], b"", &mut |_| {}).is_err());
     }
 
     #[test]

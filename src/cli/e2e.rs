@@ -128,6 +128,28 @@ impl Key {
     }
 }
 
+/// The clear text of a streamed answer's draft: each part is sealed on
+/// its own, with the answer's associated data, so a draft (a snapshot) is
+/// their tokens one after the other. It is split before each `e2e1:`
+/// (base64url has no `:`, so a `:` only ever ends the prefix) and every
+/// token opened; `None` when one does not open, or the text does not start
+/// with a token. An empty draft is an empty text.
+pub fn open_parts(key: &Key, draft: &str, message: Message) -> Option<String> {
+    if !draft.is_empty() && !draft.starts_with(PREFIX) {
+        return None;
+    }
+    let mut clear = String::new();
+    let mut rest = draft;
+    while !rest.is_empty() {
+        let end = rest[PREFIX.len()..]
+            .find(PREFIX)
+            .map_or(rest.len(), |at| at + PREFIX.len());
+        clear.push_str(&key.open(&rest[..end], message)?);
+        rest = &rest[end..];
+    }
+    Some(clear)
+}
+
 /// Cuts `text` to at most `max` bytes, at a character boundary.
 pub fn cut(text: &mut String, max: usize) -> bool {
     if text.len() <= max {
@@ -200,6 +222,33 @@ mod tests {
         for bad in ["", "short", &k[..42], &format!("{k}A"), "+/+/"] {
             assert!(Key::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_draft_of_sealed_parts_opens_token_by_token() {
+        let key = Key::parse(&new_key().unwrap()).unwrap();
+        let answer = Message::Answer {
+            session: "s",
+            client_msg_id: "m1",
+            assistant_msg_id: "a1",
+        };
+        let parts = ["Hel", "lo, ", "wörld"];
+        let draft: String = parts.iter().map(|p| key.seal(p, answer).unwrap()).collect();
+        assert_eq!(
+            open_parts(&key, &draft, answer).as_deref(),
+            Some("Hello, wörld")
+        );
+        let one = key.seal("Hello", answer).unwrap();
+        assert_eq!(open_parts(&key, &one, answer).as_deref(), Some("Hello"));
+        let other = Message::Answer {
+            session: "s",
+            client_msg_id: "m1",
+            assistant_msg_id: "a2",
+        };
+        assert_eq!(open_parts(&key, &draft, other), None, "other answer");
+        assert_eq!(open_parts(&key, &format!("x{draft}"), answer), None);
+        assert_eq!(open_parts(&key, &format!("{draft}e2e1:"), answer), None);
+        assert_eq!(open_parts(&key, "", answer).as_deref(), Some(""));
     }
 
     #[test]

@@ -11,7 +11,9 @@ pub mod client;
 mod command;
 pub mod e2e;
 pub mod health;
+mod parts;
 pub mod send;
+mod stream;
 pub mod token;
 
 use std::time::Duration;

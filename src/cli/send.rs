@@ -1,9 +1,14 @@
-//! `relay send`: posts one prompt and prints the answers to it.
+//! `relay send`: posts one prompt and prints the answers to it, as they
+//! stream.
 //!
 //! The WebSocket is connected before the prompt is posted, so no answer can
-//! arrive unseen; answers to other prompts of the session are skipped.
+//! arrive unseen; answers to other prompts of the session are skipped. The
+//! parts of an answer (`delta` frames) are printed as they come, and its
+//! final `message` completes the line; `presence` frames say whether an
+//! agent is there to take the prompt.
 
-use std::io::{ErrorKind, Read, Write};
+use std::collections::HashMap;
+use std::io::{self, ErrorKind, Read, Write};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -11,6 +16,7 @@ use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
 use super::client::{Client, Limit, Stream, Upgraded};
+use super::stream::Draft;
 use super::{Parsed, Spec, e2e};
 use crate::relay::model::MAX_TEXT_BYTES;
 
@@ -21,16 +27,21 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest WebSocket message accepted (an answer is at most 128 KiB of
 /// text plus its metadata).
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// Drafts of answers to the prompt followed at once; parts of others are
+/// not shown (their final answers are).
+const MAX_DRAFTS: usize = 16;
 
 const HELP: &str =
     "usage: relay send --session ID [--url URL] [--token T] [--ca FILE] [--e2e-key KEY] [--all] [--timeout S] TEXT...
 
 Posts TEXT (the words joined by spaces; - reads it from stdin) as a prompt
-of the session and prints each answer's text on its own line as it arrives.
-The WebSocket is connected first, so no answer is missed. The generated
-client_msg_id is printed to stderr. An error answer (its metadata has
-\"error\": the agent's command failed) has its error printed to stderr, and
-its text, if any, to stdout.
+of the session and prints each answer's text on its own line as it arrives,
+its streamed parts as they come. The WebSocket is connected first, so no
+answer is missed. The generated client_msg_id is printed to stderr, and so
+is a notice when no agent is online in the session (the prompt then waits
+until one fetches it). An error answer (its metadata has \"error\": the
+agent's command failed) has its error printed to stderr, and its text, if
+any, to stdout.
 
   --session ID     the session (required; created if missing)
   --url URL        the server (default RELAY_URL, else http://127.0.0.1:8000)
@@ -43,8 +54,9 @@ its text, if any, to stdout.
                    sees only ciphertext. An answer that does not decrypt is
                    printed as \"cannot decrypt\" (so is an encrypted one
                    when no key is given)
-  --all            keep printing answer parts until the timeout, instead of
-                   exiting after the first answer
+  --all            keep printing answers (an agent may answer in several
+                   messages) until the timeout, instead of exiting after
+                   the first answer
   --timeout S      seconds to wait for answers (default 120)
 
 exit codes: 0 an answer printed, 1 no answer before the timeout or the prompt
@@ -157,23 +169,22 @@ fn run(opts: &mut Options) -> Result<Tally, String> {
     let client_msg_id = uuid::Uuid::new_v4().to_string();
     eprintln!("relay send: client_msg_id {client_msg_id}");
     post(opts, &client_msg_id)?;
+    let mut watch = Watch::new(&opts.session, &client_msg_id, opts.key.as_ref());
+    let (mut out, mut err) = (io::stdout().lock(), io::stderr());
     let mut printed = Tally::default();
     let result = loop {
-        match next_answer(
-            &mut ws,
-            &opts.session,
-            &client_msg_id,
-            opts.key.as_ref(),
-            deadline,
-        ) {
-            Ok(Some(answer)) => {
-                print_answer(&answer)?;
-                printed.answers += 1;
-                printed.errors += usize::from(answer.error.is_some());
-                if !opts.all {
-                    break Ok(printed);
+        match next_frame(&mut ws, deadline) {
+            Ok(Some(frame)) => match watch.frame(&frame, &mut out, &mut err) {
+                Ok(Some(answer)) => {
+                    printed.answers += 1;
+                    printed.errors += usize::from(answer.error.is_some());
+                    if !opts.all {
+                        break Ok(printed);
+                    }
                 }
-            }
+                Ok(None) => {}
+                Err(e) => break Err(format!("cannot print the answer: {e}")),
+            },
             Ok(None) => break Ok(printed),
             Err(e) if printed.answers > 0 => {
                 eprintln!("relay send: {e}");
@@ -182,6 +193,8 @@ fn run(opts: &mut Options) -> Result<Tally, String> {
             Err(e) => break Err(e),
         }
     };
+    // Parts printed without their answer: end their line.
+    let _ = watch.close(&mut out);
     let _ = ws.close(None);
     let _ = ws.flush();
     result
@@ -253,21 +266,6 @@ fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
     }
 }
 
-/// Prints an answer: its text on stdout (an error answer's only when it
-/// has one: an empty line says nothing), its error on stderr.
-fn print_answer(answer: &Answer) -> Result<(), String> {
-    if let Some(error) = &answer.error {
-        eprintln!("relay send: the agent answered with an error: {error}");
-        if answer.text.is_empty() {
-            return Ok(());
-        }
-    }
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", answer.text)
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("cannot print the answer: {e}"))
-}
-
 /// What to do about a refused token.
 fn token_hint(status: u16) -> &'static str {
     match status {
@@ -286,14 +284,8 @@ struct Answer {
     error: Option<String>,
 }
 
-/// The next answer to `client_msg_id`, `None` at the deadline.
-fn next_answer(
-    ws: &mut WebSocket<Stream>,
-    session: &str,
-    client_msg_id: &str,
-    key: Option<&e2e::Key>,
-    deadline: Instant,
-) -> Result<Option<Answer>, String> {
+/// The next text frame, `None` at the deadline.
+fn next_frame(ws: &mut WebSocket<Stream>, deadline: Instant) -> Result<Option<String>, String> {
     loop {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
             return Ok(None);
@@ -306,11 +298,7 @@ fn next_answer(
             .set_read_timeout(Some(left))
             .map_err(|e| e.to_string())?;
         match ws.read() {
-            Ok(Message::Text(frame)) => {
-                if let Some(answer) = answer_of(frame.as_str(), session, client_msg_id, key) {
-                    return Ok(Some(answer));
-                }
-            }
+            Ok(Message::Text(frame)) => return Ok(Some(frame.as_str().to_string())),
             Ok(Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed) => {
                 return Err("the server closed the connection".into());
             }
@@ -325,23 +313,207 @@ fn next_answer(
     }
 }
 
-/// The answer a `{"type":"message"}` frame carries for `client_msg_id`.
-fn answer_of(
-    frame: &str,
-    session: &str,
-    client_msg_id: &str,
-    key: Option<&e2e::Key>,
-) -> Option<Answer> {
-    let v: Value = serde_json::from_str(frame).ok()?;
-    let data = &v["data"];
-    if v["type"] != "message" || data["client_msg_id"] != client_msg_id {
-        return None;
+/// What `relay send` makes of the frames of its session: the answers to
+/// its prompt, printed as they stream, and notices about the agent. Fed
+/// every text frame by `run`; writes to the `out` and `err` it is given.
+struct Watch<'a> {
+    session: &'a str,
+    client_msg_id: &'a str,
+    key: Option<&'a e2e::Key>,
+    /// Drafts of answers to our prompt, by `assistant_msg_id`.
+    drafts: HashMap<String, Draft>,
+    /// The answer being printed as it streams: its `assistant_msg_id` and
+    /// what of it is on stdout.
+    live: Option<(String, String)>,
+    /// Whether an agent has taken the prompt (a receipt or a part came).
+    fetched: bool,
+    /// Whether the no-agent notice was printed, and then the online one.
+    said_offline: bool,
+    said_online: bool,
+}
+
+impl<'a> Watch<'a> {
+    fn new(session: &'a str, client_msg_id: &'a str, key: Option<&'a e2e::Key>) -> Self {
+        Watch {
+            session,
+            client_msg_id,
+            key,
+            drafts: HashMap::new(),
+            live: None,
+            fetched: false,
+            said_offline: false,
+            said_online: false,
+        }
     }
-    let text = answer_text(data, session, client_msg_id, key)?;
-    Some(Answer {
-        text,
-        error: error_of(&data["metadata"]),
-    })
+
+    /// Handles one text frame; returns the answer a final `message` to our
+    /// prompt carried, once it is printed. Frames of other prompts and
+    /// unknown types are skipped.
+    fn frame(
+        &mut self,
+        frame: &str,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+    ) -> io::Result<Option<Answer>> {
+        let Ok(v) = serde_json::from_str::<Value>(frame) else {
+            return Ok(None);
+        };
+        let data = &v["data"];
+        let ours = data["client_msg_id"] == self.client_msg_id;
+        match v["type"].as_str() {
+            Some("message") if ours => self.answer(data, out, err),
+            Some("delta") if ours => self.delta(data, out).map(|()| None),
+            Some("delta_end") if ours => {
+                if let Some(id) = data["assistant_msg_id"].as_str() {
+                    self.drafts.remove(id);
+                }
+                Ok(None)
+            }
+            Some("receipt") if ours => {
+                self.fetched = true;
+                Ok(None)
+            }
+            Some("presence") => self.presence(data, err).map(|()| None),
+            _ => Ok(None),
+        }
+    }
+
+    /// A part or a snapshot of an answer to our prompt: kept, and printed
+    /// when it is the answer being printed.
+    fn delta(&mut self, data: &Value, out: &mut dyn Write) -> io::Result<()> {
+        self.fetched = true;
+        let Some(id) = data["assistant_msg_id"].as_str() else {
+            return Ok(());
+        };
+        if !self.drafts.contains_key(id) && self.drafts.len() >= MAX_DRAFTS {
+            return Ok(());
+        }
+        let text = data["text"].as_str().and_then(|text| {
+            let message = e2e::Message::Answer {
+                session: self.session,
+                client_msg_id: self.client_msg_id,
+                assistant_msg_id: id,
+            };
+            match self.key {
+                Some(key) => e2e::open_parts(key, text, message),
+                // Encrypted and no key: nothing to show until the answer
+                // says "cannot decrypt".
+                None if text.starts_with(e2e::PREFIX) => None,
+                None => Some(text.to_string()),
+            }
+        });
+        let snapshot = data["snapshot"] == true;
+        let draft = self.drafts.entry(id.to_string()).or_default();
+        if !draft.apply(data["part"].as_u64(), snapshot, text.as_deref()) {
+            return Ok(());
+        }
+        let text = draft.text();
+        let live = self
+            .live
+            .get_or_insert_with(|| (id.to_string(), String::new()));
+        // Only one answer is printed as it streams; a copy that no longer
+        // extends what is printed waits for the final answer.
+        if live.0 != id || !text.starts_with(live.1.as_str()) || text.len() == live.1.len() {
+            return Ok(());
+        }
+        out.write_all(&text.as_bytes()[live.1.len()..])?;
+        out.flush()?;
+        live.1 = text.to_string();
+        Ok(())
+    }
+
+    /// A final answer to our prompt: what of it is not printed yet, then
+    /// its error on stderr for an error answer.
+    fn answer(
+        &mut self,
+        data: &Value,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+    ) -> io::Result<Option<Answer>> {
+        let Some(text) = answer_text(data, self.session, self.client_msg_id, self.key) else {
+            return Ok(None);
+        };
+        let answer = Answer {
+            text,
+            error: error_of(&data["metadata"]),
+        };
+        let id = data["assistant_msg_id"].as_str().unwrap_or_default();
+        self.drafts.remove(id);
+        let printed = match self.live.take() {
+            Some((live, printed)) if live == id => printed,
+            Some((other, printed)) => {
+                // Another answer was streaming: end its line and follow it
+                // no more (its next part finds no draft and waits), so
+                // that its final answer is printed whole, once.
+                if !printed.is_empty() {
+                    writeln!(out)?;
+                }
+                self.drafts.remove(&other);
+                String::new()
+            }
+            None => String::new(),
+        };
+        if printed.is_empty() {
+            // An error answer without text: an empty line says nothing.
+            if answer.error.is_none() || !answer.text.is_empty() {
+                writeln!(out, "{}", answer.text)?;
+            }
+        } else if let Some(rest) = answer.text.strip_prefix(printed.as_str()) {
+            writeln!(out, "{rest}")?;
+        } else {
+            writeln!(out)?;
+            writeln!(out, "{}", answer.text)?;
+        }
+        out.flush()?;
+        if let Some(error) = &answer.error {
+            writeln!(err, "relay send: the agent answered with an error: {error}")?;
+        }
+        Ok(Some(answer))
+    }
+
+    /// Says when no agent is online to take the prompt, and when one comes
+    /// online after that: each once.
+    fn presence(&mut self, data: &Value, err: &mut dyn Write) -> io::Result<()> {
+        if data["session_id"]
+            .as_str()
+            .is_some_and(|s| s != self.session)
+        {
+            return Ok(());
+        }
+        match data["agent"].as_str() {
+            Some("offline") if !self.fetched && !self.said_offline => {
+                self.said_offline = true;
+                writeln!(
+                    err,
+                    "relay send: no agent is online in session {}; the prompt waits until one fetches it",
+                    self.session
+                )
+            }
+            Some("online") if self.said_offline && !self.said_online => {
+                self.said_online = true;
+                writeln!(
+                    err,
+                    "relay send: an agent is online in session {} now",
+                    self.session
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Ends the line of an answer whose parts were printed but whose final
+    /// answer never came. Called once, at the end.
+    fn close(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        if self
+            .live
+            .take()
+            .is_some_and(|(_, printed)| !printed.is_empty())
+        {
+            writeln!(out)?;
+            out.flush()?;
+        }
+        Ok(())
+    }
 }
 
 /// An error answer's error: `metadata.error` (a string as it is, anything
@@ -387,6 +559,156 @@ fn answer_text(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The answer one frame carries for `client_msg_id`, as a fresh `Watch`
+    /// sees it.
+    fn answer_of(
+        frame: &str,
+        session: &str,
+        client_msg_id: &str,
+        key: Option<&e2e::Key>,
+    ) -> Option<Answer> {
+        let mut watch = Watch::new(session, client_msg_id, key);
+        watch
+            .frame(frame, &mut Vec::new(), &mut Vec::new())
+            .unwrap()
+    }
+
+    /// Frames fed to one `Watch` of prompt `m1` in session `s`; what it
+    /// printed on stdout and stderr, and the answers' texts.
+    fn watch(frames: &[Value], key: Option<&e2e::Key>) -> (String, String, Vec<String>) {
+        let mut watch = Watch::new("s", "m1", key);
+        let (mut out, mut err, mut answers) = (Vec::new(), Vec::new(), Vec::new());
+        for frame in frames {
+            let answer = watch.frame(&frame.to_string(), &mut out, &mut err).unwrap();
+            answers.extend(answer.map(|a| a.text));
+        }
+        watch.close(&mut out).unwrap();
+        let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+        (text(out), text(err), answers)
+    }
+
+    fn delta(aid: &str, part: u64, text: &str) -> Value {
+        json!({"type":"delta","data":{"session_id":"s","client_msg_id":"m1","assistant_msg_id":aid,"part":part,"text":text}})
+    }
+
+    fn snapshot(aid: &str, part: u64, text: &str) -> Value {
+        let mut frame = delta(aid, part, text);
+        frame["data"]["snapshot"] = true.into();
+        frame
+    }
+
+    fn message(aid: &str, text: &str) -> Value {
+        json!({"type":"message","data":{"session_id":"s","client_msg_id":"m1","assistant_msg_id":aid,"text":text,"seq":2}})
+    }
+
+    #[test]
+    fn parts_are_printed_as_they_come_and_the_answer_completes_them() {
+        let frames = [
+            delta("a1", 1, "Hel"),
+            json!({"type":"delta","data":{"client_msg_id":"other","assistant_msg_id":"x","part":1,"text":"NO"}}),
+            delta("a1", 2, "lo"),
+            delta("a1", 4, " skipped"),
+            snapshot("a1", 4, "Hello, wor"),
+            delta("a1", 5, "ld"),
+            json!({"type":"receipt","data":{"session_id":"s","client_msg_id":"m1","state":"fetched","ts":1}}),
+            json!({"type":"something-new","data":{}}),
+            message("a1", "Hello, world!"),
+        ];
+        let (out, err, answers) = watch(&frames, None);
+        assert_eq!(out, "Hello, world!\n");
+        assert_eq!(err, "");
+        assert_eq!(answers, ["Hello, world!"]);
+    }
+
+    #[test]
+    fn an_answer_that_differs_from_its_parts_is_printed_whole() {
+        let frames = [delta("a1", 1, "draft"), message("a1", "final")];
+        assert_eq!(watch(&frames, None).0, "draft\nfinal\n");
+        // A draft dropped and streamed again from the start: nothing is
+        // printed twice, the new copy goes on once it passes the old one.
+        let frames = [
+            delta("a1", 1, "Hello"),
+            json!({"type":"delta_end","data":{"session_id":"s","client_msg_id":"m1","assistant_msg_id":"a1","reason":"timeout"}}),
+            delta("a1", 1, "He"),
+            delta("a1", 2, "llo, w"),
+            message("a1", "Hello, world"),
+        ];
+        assert_eq!(watch(&frames, None).0, "Hello, world\n");
+        // An error answer: its text completed on stdout, then its error.
+        let mut failed = message("a1", "Hello");
+        failed["data"]["metadata"] = json!({"error": "oom", "exit_code": 137});
+        let (out, err, _) = watch(&[delta("a1", 1, "Hel"), failed], None);
+        assert_eq!(out, "Hello\n");
+        assert_eq!(
+            err,
+            "relay send: the agent answered with an error: oom (exit code 137)\n"
+        );
+        // Two answers streaming at once (--all): the second one's final
+        // answer ends the first one's line, which is then printed whole.
+        let frames = [
+            delta("a1", 1, "first"),
+            delta("a2", 1, "sec"),
+            message("a2", "second"),
+            delta("a1", 2, " answer"),
+            message("a1", "first answer"),
+        ];
+        let (out, _, answers) = watch(&frames, None);
+        assert_eq!(out, "first\nsecond\nfirst answer\n");
+        assert_eq!(answers, ["second", "first answer"]);
+        // Parts with no answer before the end: the line is ended.
+        assert_eq!(watch(&[delta("a1", 1, "Hel")], None).0, "Hel\n");
+    }
+
+    #[test]
+    fn encrypted_parts_are_opened_one_by_one() {
+        let key = e2e::Key::parse(&e2e::new_key().unwrap()).unwrap();
+        let message_of = |aid| e2e::Message::Answer {
+            session: "s",
+            client_msg_id: "m1",
+            assistant_msg_id: aid,
+        };
+        let seal = |text, aid| key.seal(text, message_of(aid)).unwrap();
+        let two = format!("{}{}", seal("Hel", "a1"), seal("lo", "a1"));
+        let frames = [
+            delta("a1", 1, &seal("Hel", "a1")),
+            delta("a1", 2, &seal("lo", "a2")),
+            delta("a1", 3, &seal("!", "a1")),
+            snapshot("a1", 2, &two),
+            delta("a1", 3, &seal(", you", "a1")),
+            message("a1", &seal("Hello, you", "a1")),
+        ];
+        let (out, _, answers) = watch(&frames, Some(&key));
+        assert_eq!(out, "Hello, you\n");
+        assert_eq!(answers, ["Hello, you"]);
+        // Without the key: no ciphertext on the screen.
+        let (out, _, _) = watch(&frames, None);
+        assert_eq!(out, "cannot decrypt\n");
+    }
+
+    #[test]
+    fn no_agent_online_is_said_once_and_so_is_its_arrival() {
+        let presence = |agent: &str| json!({"type":"presence","data":{"session_id":"s","agent":agent,"since":1}});
+        let (_, err, _) = watch(&[presence("online"), message("a1", "hi")], None);
+        assert_eq!(err, "", "an agent is there");
+        let frames = [
+            presence("offline"),
+            presence("offline"),
+            presence("online"),
+            presence("offline"),
+            presence("online"),
+        ];
+        let (_, err, _) = watch(&frames, None);
+        assert_eq!(
+            err,
+            "relay send: no agent is online in session s; the prompt waits until one fetches it\n\
+             relay send: an agent is online in session s now\n"
+        );
+        // Once the prompt is fetched, an agent that goes away is no news.
+        let fetched = json!({"type":"receipt","data":{"session_id":"s","client_msg_id":"m1","state":"fetched","ts":1}});
+        let (_, err, _) = watch(&[fetched, presence("offline")], None);
+        assert_eq!(err, "");
+    }
 
     #[test]
     fn only_answers_to_our_prompt_are_printed() {
