@@ -308,3 +308,30 @@ fn get_session_needs_a_token_and_knows_unknown_sessions() {
         assert_error(&r, 404, "Session not found");
     }
 }
+
+#[test]
+fn drafts_are_never_persisted_and_do_not_survive_a_restart() {
+    let dir = common::Dir::new("drafts");
+    let env = [("RELAY_DATA_DIR", dir.path())];
+    let mut srv = Server::start_with(&env);
+    let (sid, cid) = session_with_prompt(&srv);
+    let secret = "a draft that is never written down";
+    assert_eq!(part(&srv, &sid, &cid, "p-1", secret).status, 200);
+    // A write after the part is committed, so the part had its chance
+    // to reach the disk too.
+    srv.prompt(&sid, "later", None);
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap_or_default();
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "a draft reached the data directory"
+        );
+    }
+    srv.kill9();
+    let srv = Server::start_with(&env);
+    let (_ws, got) = subscribe(&srv, &sid);
+    assert_eq!(got.len(), 1, "no snapshot after a restart: {got:?}");
+    // The prompt is still pending and the answer can be posted whole.
+    assert_eq!(srv.pending(&sid).len(), 2);
+    srv.respond(&sid, &cid, "the whole answer");
+}
