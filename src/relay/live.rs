@@ -67,6 +67,9 @@ pub struct Live {
     announced: UnixMillis,
 }
 
+/// Other instances' agent states kept per session, at most.
+const MAX_INSTANCES: usize = 64;
+
 /// How long an instance's parked poll counts as an online agent for the
 /// other instances without being announced again (it is, halfway).
 const LEASE: u64 = 60_000;
@@ -376,12 +379,14 @@ impl Relay {
             return;
         }
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
+        let max_drafts = self.limits.max_pending;
         let live = self.live.entry(sid.clone()).or_default();
         let at = live.drafts.iter().position(|d| *d.assistant_msg_id == *aid);
         let d = match at {
             Some(at) if live.drafts[at].parts + 1 == part => &mut live.drafts[at],
             Some(at) if live.drafts[at].parts >= part => return,
-            None if part == 1 => {
+            // Redis holds the cap; a copy never holds more than it.
+            None if part == 1 && live.drafts.len() < max_drafts => {
                 live.drafts.push(Draft {
                     assistant_msg_id: Rc::from(aid),
                     client_msg_id: Rc::from(cid),
@@ -423,6 +428,7 @@ impl Relay {
         agents: Vec<AgentState>,
     ) {
         let unix = self.unix_at(now);
+        let max_drafts = self.limits.max_pending;
         let own = self.engine.redis().map(|r| r.instance().to_string());
         let drafts: Vec<DraftState> = drafts.into_iter().filter(|d| d.deadline > unix).collect();
         let live = self.live.entry(sid.clone()).or_default();
@@ -448,7 +454,9 @@ impl Relay {
         live.remote = agents
             .into_iter()
             .filter(|a| own.as_deref() != Some(a.instance.as_str()))
+            .take(MAX_INSTANCES)
             .collect();
+        live.drafts.truncate(max_drafts);
         let deadlines: Vec<Millis> = live.drafts.iter().map(|d| d.deadline).collect();
         let snapshots: Vec<Rc<[u8]>> = if same {
             Vec::new()
@@ -483,6 +491,9 @@ impl Relay {
         }
         let live = self.live.entry(sid.clone()).or_default();
         live.remote.retain(|a| a.instance != state.instance);
+        if live.remote.len() >= MAX_INSTANCES {
+            live.remote.remove(0);
+        }
         if state.until > 0 {
             live.remote.push(AgentState {
                 instance: state.instance.clone(),

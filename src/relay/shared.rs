@@ -427,6 +427,7 @@ impl Relay {
     #[inline(never)]
     fn store_lost(&mut self) {
         self.store.forget_all();
+        self.live.clear();
         if let Some(r) = self.engine.redis().filter(|r| r.up()) {
             for sid in self.presence.keys() {
                 r.recreate(sid);
@@ -461,6 +462,7 @@ impl Relay {
         });
         for sid in &idle {
             self.store.forget(sid);
+            self.live.remove(sid);
         }
         let present: Vec<&str> = self.presence.keys().map(|s| s.as_str()).collect();
         let grace = watch_grace(ttl_ms);
