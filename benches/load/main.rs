@@ -10,6 +10,8 @@
 //! load ingest    --rate R [--connections C] [common]   (prompts at R/s, open loop)
 //! load handshake [--connections C] [common]   (TLS: new connections, one request each)
 //! load stream    --subscribers N [--window W] [common]   (relay only: one agent streams parts)
+//! load partcost  --subscribers N --posts M [--publishers P] [--window W] [common]
+//!                (relay only: CPU per part, per answer, per prompt)
 //! common: --target relay|base|nchan --addr HOST:PORT [--server-pid PID[,PID]] [--seconds T]
 //!   [--redis-pid PID] (Redis's CPU apart) [--addr2 HOST:PORT] (fan-out: half the subscribers there)
 //!         [--warmup SECS] [--size BYTES] [--figure NAME]
@@ -31,6 +33,7 @@ mod handshake;
 mod idle;
 mod ingest;
 mod net;
+mod partcost;
 mod roundtrip;
 mod stats;
 mod stream;
@@ -159,7 +162,7 @@ fn run(words: &[String]) -> Result<(), String> {
         // `cargo bench` and `cargo test --all-targets` run every bench binary
         // without arguments: nothing to measure, say how to use it.
         println!(
-            "usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest|handshake|stream"
+            "usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest|handshake|stream|partcost"
         );
         println!("(see benches/load/main.rs and benches/load/run.sh)");
         return Ok(());
@@ -211,8 +214,22 @@ fn run(words: &[String]) -> Result<(), String> {
             let figure = format!("stream/N={subscribers}/window={window}");
             stream::run(&args.common(figure)?, subscribers, window)
         }
+        "partcost" => {
+            let subscribers: usize = args.get("subscribers", Some(1))?;
+            let posts: u64 = args.get("posts", Some(60_000))?;
+            let publishers: usize = args.get("publishers", Some(8))?;
+            let window: u64 = args.get("window", Some(16))?;
+            let figure = format!("partcost/N={subscribers}/M={posts}");
+            partcost::run(
+                &args.common(figure)?,
+                subscribers,
+                posts,
+                publishers,
+                window,
+            )
+        }
         other => Err(format!(
-            "unknown mode {other}: roundtrip, fanout, catchup, idle, ingest, handshake or stream"
+            "unknown mode {other}: roundtrip, fanout, catchup, idle, ingest, handshake, stream or partcost"
         )),
     }
 }

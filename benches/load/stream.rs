@@ -17,6 +17,9 @@
 //! previous draft streamed (one `POST /prompt` per draft, counted in the
 //! server's CPU). Drafts are left open: they end by the draft timeout,
 //! after the run. relay only: nchan has no streamed answers.
+//!
+//! The module also holds what the part-cost figure (partcost.rs) shares:
+//! the subscribers' setup and the reading of their frames.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
