@@ -38,6 +38,8 @@ use crate::{Common, Errors};
 const ROUNDS: u64 = 3;
 /// Sessions the prompt kind posts to, in turn (as the ingest figure does).
 const PROMPT_SESSIONS: u64 = 1000;
+/// Server CPU seconds a kind must have used for a ratio to it.
+const MIN_CPU_S: f64 = 0.1;
 /// A block that makes no progress for this long has lost something.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -441,14 +443,21 @@ impl Run<'_> {
             }
             line.num(&format!("{name}s_per_s"), t.posts as f64 / t.secs);
         }
-        // A ratio to a kind whose CPU stayed below one clock tick of /proc
-        // (prompts, next to parts delivered to many) would be noise.
-        let ratio = |of: Option<f64>, to: Option<f64>| of.zip(to.filter(|&t| t > 0.0));
-        if let Some((p, a)) = ratio(part.us_per_post(), answer.us_per_post()) {
-            line.num("part_over_answer", p / a);
+        // /proc counts CPU in clock ticks (10 ms at 100 Hz): a ratio to a
+        // kind that used only a few of them (prompts, beside parts
+        // delivered to many) would be noise.
+        let ratio = |of: &Tally, to: &Tally| -> Option<f64> {
+            let enough = |t: &Tally| t.server_s.is_some_and(|s| s >= MIN_CPU_S);
+            if !(enough(of) && enough(to)) {
+                return None;
+            }
+            Some(of.us_per_post()? / to.us_per_post()?)
+        };
+        if let Some(r) = ratio(part, answer) {
+            line.num("part_over_answer", r);
         }
-        if let Some((p, q)) = ratio(part.us_per_post(), prompt.us_per_post()) {
-            line.num("part_over_prompt", p / q);
+        if let Some(r) = ratio(part, prompt) {
+            line.num("part_over_prompt", r);
         }
         let secs: f64 = tallies.iter().map(|t| t.secs).sum();
         let generator: f64 = tallies.iter().map(|t| t.generator_s).sum();
