@@ -9,6 +9,9 @@
 //! load idle      --connections N --kind ws|poll [--hold SECS] [common]
 //! load ingest    --rate R [--connections C] [common]   (prompts at R/s, open loop)
 //! load handshake [--connections C] [common]   (TLS: new connections, one request each)
+//! load stream    --subscribers N [--window W] [common]   (relay only: one agent streams parts)
+//! load partcost  --subscribers N --posts M [--publishers P] [--window W] [common]
+//!                (relay only: CPU per part, per answer, per prompt)
 //! common: --target relay|base|nchan --addr HOST:PORT [--server-pid PID[,PID]] [--seconds T]
 //!   [--redis-pid PID] (Redis's CPU apart) [--addr2 HOST:PORT] (fan-out: half the subscribers there)
 //!         [--warmup SECS] [--size BYTES] [--figure NAME]
@@ -30,8 +33,10 @@ mod handshake;
 mod idle;
 mod ingest;
 mod net;
+mod partcost;
 mod roundtrip;
 mod stats;
+mod stream;
 mod target;
 
 use std::collections::HashMap;
@@ -157,7 +162,7 @@ fn run(words: &[String]) -> Result<(), String> {
         // `cargo bench` and `cargo test --all-targets` run every bench binary
         // without arguments: nothing to measure, say how to use it.
         println!(
-            "usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest|handshake"
+            "usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest|handshake|stream|partcost"
         );
         println!("(see benches/load/main.rs and benches/load/run.sh)");
         return Ok(());
@@ -203,8 +208,28 @@ fn run(words: &[String]) -> Result<(), String> {
             let connections: usize = args.get("connections", Some(8))?;
             handshake::run(&args.common("handshake".to_owned())?, connections)
         }
+        "stream" => {
+            let subscribers: usize = args.get("subscribers", Some(1000))?;
+            let window: u64 = args.get("window", Some(4))?;
+            let figure = format!("stream/N={subscribers}/window={window}");
+            stream::run(&args.common(figure)?, subscribers, window)
+        }
+        "partcost" => {
+            let subscribers: usize = args.get("subscribers", Some(1))?;
+            let posts: u64 = args.get("posts", Some(60_000))?;
+            let publishers: usize = args.get("publishers", Some(8))?;
+            let window: u64 = args.get("window", Some(16))?;
+            let figure = format!("partcost/N={subscribers}/M={posts}");
+            partcost::run(
+                &args.common(figure)?,
+                subscribers,
+                posts,
+                publishers,
+                window,
+            )
+        }
         other => Err(format!(
-            "unknown mode {other}: roundtrip, fanout, catchup, idle, ingest or handshake"
+            "unknown mode {other}: roundtrip, fanout, catchup, idle, ingest, handshake, stream or partcost"
         )),
     }
 }

@@ -68,6 +68,17 @@
 #                    latency from when each was due (the load binary's
 #                    `ingest` mode, polling without sleep on its core): the
 #                    ingest latency below saturation; nginx-static runs it too
+#   stream:N[:W]     one agent connection streams parts of answers (POST
+#                    /response with "partial": true) to N subscribers, at
+#                    most W (default 4) not yet delivered everywhere; every
+#                    subscriber must get every part as a delta frame, in
+#                    order, or the run fails. stream:1:1 is the part latency
+#                    (one part at a time, as rt:1 is one round at a time)
+#   partcost:N:M     server CPU per part, per final answer and per small
+#                    POST /prompt, M of each in turns, parts and answers
+#                    delivered to N subscribers; part/answer and part/prompt
+#                    ratios. stream and partcost run on relay and base only:
+#                    nchan has no streamed answers
 #   handshake        TLS=1 only: new connections, 8 at a time, each a full
 #                    TLS handshake and one GET /healthz (the load binary's
 #                    `handshake` mode); 1e6 / server_us_per_op is handshakes
@@ -95,7 +106,7 @@ IDLE_N="${IDLE_N:-19000}"
 SERVER_CORE="${SERVER_CORE:-0}"
 LOAD_CORE="${LOAD_CORE:-1}"
 TARGETS="${TARGETS:-relay nchan}"
-FIGURES="${FIGURES:-rt:1 rt:100 rt:1000 fan:1000 fan:10000 catchup:1000:10000 rate:1000:50 rate:10000:5 idle:ws:$IDLE_N idle:poll:$IDLE_N ingest}"
+FIGURES="${FIGURES:-rt:1 rt:100 rt:1000 fan:1000 fan:10000 catchup:1000:10000 rate:1000:50 rate:10000:5 idle:ws:$IDLE_N idle:poll:$IDLE_N ingest stream:1:1 stream:1000 partcost:1:60000 partcost:100:6000 partcost:1000:1200}"
 NCHAN_DIR="${NCHAN_DIR:-$root/benches/load/nchan}"
 RELAY_BUILD="${RELAY_BUILD:-musl}"
 BASE_BIN="${BASE_BIN:-}"
@@ -389,9 +400,13 @@ run_ingest() {
 }
 
 # runs KIND TARGET: can this target run this kind of figure? nchan has no
-# replay by cursor; nginx-static answers the ingest requests only.
+# replay by cursor and no streamed answers; nginx-static answers the ingest
+# requests only; the streamed answers' figures run on relay in memory (and
+# base, its before/after).
 runs() {
   case "$2:$1" in
+    relay:stream | relay:partcost | base:stream | base:partcost) return 0 ;;
+    *:stream | *:partcost) return 1 ;;
     nchan:catchup) return 1 ;;
     redis:ingest | script:ingest) return 0 ;;
     redis:* | script:*) return 1 ;;
@@ -415,6 +430,11 @@ run_figure() {
       relay_env=(RELAY_HISTORY_LIMIT=$((2 * b)))
       ;;
     rate) figure="fanout/N=$a/rate=$b"; args=(fanout --subscribers "$a" --rate "$b") ;;
+    stream) figure="stream/N=$a/window=${b:-4}"; args=(stream --subscribers "$a" --window "${b:-4}") ;;
+    partcost)
+      [ -n "$b" ] || { echo "run.sh: partcost needs partcost:N:M" >&2; exit 2; }
+      figure="partcost/N=$a/M=$b"; args=(partcost --subscribers "$a" --posts "$b")
+      ;;
     idle) figure="idle/$a/N=$b"; args=(idle --kind "$a" --connections "$b") ;;
     ingest) figure="ingest" ;;
     irate) figure="ingest/rate=$a"; args=(ingest --rate "$a" --connections 64) ;;
@@ -455,7 +475,7 @@ run_figure() {
   echo "$line" | tee -a "$results" >&2
   case "$line" in
     *failed=1*) echo "PROBLEM $t $figure: generator failed, see $OUT/gen.log" >>"$OUT/problems.txt" ;;
-    *" missing="[1-9]* | *" out_of_order="[1-9]* | *" errors="[1-9]* | *" non_2xx="[1-9]* | *" socket_errors="[1-9]*)
+    *" missing="[1-9]* | *" out_of_order="[1-9]* | *" snapshots="[1-9]* | *" errors="[1-9]* | *" non_2xx="[1-9]* | *" socket_errors="[1-9]*)
       echo "PROBLEM $t $figure: lost, reordered or failed messages, see $OUT/gen.log" >>"$OUT/problems.txt" ;;
   esac
   stop_server "$t" "$figure"

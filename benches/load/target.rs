@@ -148,6 +148,24 @@ impl Target {
     }
 }
 
+/// relay's `POST /response` with the caller's `assistant_msg_id`: a part
+/// appended to that answer's draft (`partial`), or the final answer.
+/// relay only: nchan has no streamed answers.
+pub fn relay_response(
+    host: &str,
+    sid: &str,
+    msg_id: &str,
+    assistant_msg_id: &str,
+    text: &str,
+    partial: bool,
+) -> Vec<u8> {
+    let tail = if partial { r#","partial":true}"# } else { "}" };
+    let body = format!(
+        r#"{{"session_id":"{sid}","client_msg_id":"{msg_id}","assistant_msg_id":"{assistant_msg_id}","text":"{text}"{tail}"#
+    );
+    post(host, "/response", &body)
+}
+
 fn post(host: &str, path: &str, body: &str) -> Vec<u8> {
     format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
