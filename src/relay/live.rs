@@ -289,6 +289,11 @@ impl Relay {
         if ended {
             live.agent_end = Some(now);
         }
+        // Online already, and one server: nothing changes now, and the
+        // tick due by the grace's old end looks again then.
+        if live.online && !matches!(self.engine, Engine::Shared(_)) {
+            return;
+        }
         self.refresh_presence(now, sid);
     }
 
