@@ -288,6 +288,14 @@ fn presence_follows_the_agent_and_receipts_mark_fetched_prompts() {
     assert_eq!(srv.pending(&sid).len(), 1);
     assert_eq!(part(&srv, &sid, cid, "e-1", "working").status, 200);
     assert_eq!(next(&mut ws)["type"], "delta");
+    // A subscriber that connects now is told the prompt was fetched, then
+    // gets the draft so far and the agent's state.
+    let (_late, got) = subscribe(&srv, &sid);
+    let types: Vec<_> = got.iter().map(|v| v["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["receipt", "delta", "presence"], "{got:?}");
+    assert_eq!(got[0]["data"]["client_msg_id"], cid);
+    assert_eq!(got[1]["data"]["snapshot"], true);
+    assert_eq!(got[2]["data"]["agent"], "online");
 
     // No poll and the grace passed: offline.
     let v = next(&mut ws);

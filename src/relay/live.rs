@@ -59,13 +59,17 @@ pub struct Live {
     /// The state subscribers were last told, and since when.
     online: bool,
     since: UnixMillis,
-    /// The highest `seq` of a prompt whose receipt was sent.
+    /// The highest `seq` of a prompt whose receipt was sent, and when.
     fetched: Seq,
+    fetched_at: UnixMillis,
     /// With Redis: the other instances' agent states, and the `until`
     /// this instance last announced (0: offline).
     remote: Vec<AgentState>,
     announced: UnixMillis,
 }
+
+/// Receipts a subscriber gets when it catches up, at most.
+const MAX_RECEIPTS: usize = 64;
 
 /// Other instances' agent states kept per session, at most.
 const MAX_INSTANCES: usize = 64;
@@ -351,6 +355,7 @@ impl Relay {
                 continue;
             }
             live.fetched = msg.seq;
+            live.fetched_at = unix;
             if to_tell {
                 self.effects.push(Effect::Broadcast {
                     sid: key.clone(),
@@ -521,7 +526,19 @@ impl Relay {
             .engine
             .redis()
             .is_some_and(|r| r.instance() == instance);
-        if own || self.subscribers(sid).is_empty() {
+        if own {
+            return;
+        }
+        // Known here too, for the receipts of a subscriber that connects.
+        if let Some(log) = self.store.get(sid) {
+            let newest = ids.iter().filter_map(|id| log.prompt_seq(id)).max();
+            let live = self.live.entry(sid.clone()).or_default();
+            if let Some(seq) = newest.filter(|s| *s > live.fetched) {
+                live.fetched = seq;
+                live.fetched_at = ts;
+            }
+        }
+        if self.subscribers(sid).is_empty() {
             return;
         }
         for id in ids {
@@ -539,6 +556,19 @@ impl Relay {
             out.push(presence_frame(sid, false, self.started));
             return;
         };
+        // The pending prompts an agent fetched already (the oldest
+        // MAX_RECEIPTS of them), stamped with the latest fetch.
+        if let Some(log) = self.store.get(sid)
+            && live.fetched.get() > 0
+        {
+            for msg in log
+                .page_prompts(None)
+                .take_while(|m| m.seq <= live.fetched)
+                .take(MAX_RECEIPTS)
+            {
+                out.push(receipt_frame(sid, &msg.client_msg_id, live.fetched_at));
+            }
+        }
         for d in &live.drafts {
             out.push(delta_frame(sid, d, None, true));
         }
