@@ -42,6 +42,9 @@ pub(super) fn op(store: &MemStore, w: Write, unix_ms: u64) -> Result<Op, ApiErro
             sid: sid.clone(),
             put,
         },
+        // Decided by the loop before a write reaches the storage (see
+        // `Relay::write`): a draft is never persisted.
+        Write::Part(_) => return Err(ApiError::storage_unavailable()),
         Write::Delete { sid } => Op::Delete {
             sid: store
                 .key(sid)

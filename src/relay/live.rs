@@ -188,8 +188,8 @@ impl Step {
                 });
             }
         }
-        if let (Some(until), Some(r)) = (self.announce, engine.redis()) {
-            r.agent(sid, until, live.agent_seen.unwrap_or(0));
+        if let Some(until) = self.announce {
+            engine.announce_agent(sid, until, live.agent_seen.unwrap_or(0));
         }
         if let Some(w) = self.wake {
             let w = round_up(w);
@@ -295,7 +295,7 @@ impl Relay {
         }
         // Online already, and one server: nothing changes now, and the
         // tick due by the grace's old end looks again then.
-        if live.online && !matches!(self.engine, Engine::Shared(_)) {
+        if live.online && !self.engine.shared() {
             return;
         }
         self.refresh_presence(now, sid);
@@ -330,7 +330,7 @@ impl Relay {
             return;
         };
         let watched = presence.get(sid).is_some_and(|p| !p.subscribers.is_empty());
-        let step = entry.step(at, parked, engine.redis().is_some());
+        let step = entry.step(at, parked, engine.shared());
         step.carry_out(&key, entry, watched, effects, engine, next_tick, at);
     }
 
@@ -364,11 +364,9 @@ impl Relay {
             }
             told.push(msg.client_msg_id.clone());
         }
-        if let Some(r) = self.engine.redis()
-            && !told.is_empty()
-        {
+        if self.engine.shared() && !told.is_empty() {
             let ids: Vec<&str> = told.iter().map(|id| &**id).collect();
-            r.receipts(&key, unix, &ids);
+            self.engine.publish_receipts(&key, unix, &ids);
         }
     }
 
@@ -439,7 +437,6 @@ impl Relay {
     ) {
         let unix = self.unix_at(now);
         let max_drafts = self.limits.max_pending;
-        let own = self.engine.redis().map(|r| r.instance().to_string());
         let drafts: Vec<DraftState> = drafts.into_iter().filter(|d| d.deadline > unix).collect();
         let live = self.live.entry(sid.clone()).or_default();
         let same = drafts.len() == live.drafts.len()
@@ -461,9 +458,10 @@ impl Relay {
                 })
                 .collect();
         }
+        let engine = &self.engine;
         live.remote = agents
             .into_iter()
-            .filter(|a| own.as_deref() != Some(a.instance.as_str()))
+            .filter(|a| !engine.is_own(&a.instance))
             .take(MAX_INSTANCES)
             .collect();
         live.drafts.truncate(max_drafts);
@@ -492,11 +490,7 @@ impl Relay {
 
     /// With Redis: another instance's agent state in `sid` changed.
     pub(super) fn agent_published(&mut self, now: Millis, sid: &SessionId, state: &AgentState) {
-        if self
-            .engine
-            .redis()
-            .is_some_and(|r| r.instance() == state.instance)
-        {
+        if self.engine.is_own(&state.instance) {
             return;
         }
         let live = self.live.entry(sid.clone()).or_default();
@@ -522,11 +516,7 @@ impl Relay {
         ts: UnixMillis,
         ids: &[String],
     ) {
-        let own = self
-            .engine
-            .redis()
-            .is_some_and(|r| r.instance() == instance);
-        if own {
+        if self.engine.is_own(instance) {
             return;
         }
         // Known here too, for the receipts of a subscriber that connects.
@@ -613,7 +603,7 @@ impl Relay {
                 false
             });
             let parked = here.is_some_and(|p| !p.waiters.is_empty());
-            let step = live.step(at, parked, self.engine.redis().is_some());
+            let step = live.step(at, parked, self.engine.shared());
             let mut later = None;
             step.carry_out(
                 sid,

@@ -104,6 +104,9 @@ pub enum Reply {
 pub(crate) enum Write<'a> {
     Prompt(NewPrompt<'a>),
     Response(NewResponse<'a>),
+    /// A part of a streamed answer: decided by the loop's copy of the log
+    /// unless sessions are shared (drafts are never persisted).
+    Part(NewResponse<'a>),
     /// `PUT /sessions` (`put`), or a WebSocket connect to a session this
     /// copy does not hold.
     Create {
@@ -140,6 +143,7 @@ impl Limits {
             history_limit: self.history_limit,
             max_sessions: self.max_sessions,
             max_pending: self.max_pending,
+            draft_timeout_ms: self.draft_timeout_ms,
         }
     }
 }
@@ -411,19 +415,12 @@ impl Relay {
         gate(&r.session_id)?;
         // The agent is online from its request on, whatever its answer.
         self.agent_seen(now, &r.session_id, true);
-        if r.partial {
-            let timeout = self.limits.draft_timeout_ms;
-            let Engine::Shared(redis) = &mut self.engine else {
-                return self.post_partial(now, r);
-            };
-            if !redis.up() {
-                return Err(ApiError::storage_unavailable());
-            }
-            let ticket = issue(&mut self.tickets, &mut self.issued, conn);
-            shared::submit_part(redis, &self.store, ticket, &r, timeout);
-            return Ok(Reply::Wait);
-        }
-        self.write(now, unix_ms, conn, Write::Response(r))
+        let w = if r.partial {
+            Write::Part(r)
+        } else {
+            Write::Response(r)
+        };
+        self.write(now, unix_ms, conn, w)
     }
 
     /// The subscribers of `sid` on this server, for a delivery.
@@ -562,6 +559,10 @@ impl Relay {
         conn: ConnId,
         w: Write,
     ) -> Result<Reply, ApiError> {
+        let w = match w {
+            Write::Part(r) if !self.engine.shared() => return self.post_partial(now, r),
+            w => w,
+        };
         match &mut self.engine {
             Engine::Memory => {}
             Engine::Durable(_) if matches!(w, Write::Create { sid, .. } if self.store.contains(sid)) =>
@@ -591,6 +592,7 @@ impl Relay {
             Write::Create { sid, put } => {
                 self.commit_now(now, |store, out| store.create(now, sid, put, out))
             }
+            Write::Part(r) => self.post_partial(now, r),
             Write::Delete { sid } => {
                 let reply = self.commit_now(now, |store, out| store.delete(sid, out))?;
                 info!(session_id = sid; "session deleted");

@@ -98,6 +98,7 @@ pub(super) fn submit(
             };
             r.response(ticket(), &p.session_id, write, known(store, &p.session_id));
         }
+        Write::Part(p) => submit_part(r, store, ticket(), &p),
         Write::Create { sid, put } => r.create(ticket(), sid, put, known(store, sid)),
         Write::Delete { sid } => {
             let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
@@ -107,14 +108,12 @@ pub(super) fn submit(
     Ok(())
 }
 
-/// Sends a part of a streamed answer to Redis (which is up) under the
-/// ticket `ticket` issues.
-pub(super) fn submit_part(
+/// Sends a part of a streamed answer to Redis under `ticket`.
+fn submit_part(
     r: &mut RedisStore,
     store: &MemStore,
     ticket: Ticket,
     p: &crate::store::types::NewResponse,
-    timeout_ms: u64,
 ) {
     let id = p
         .assistant_msg_id
@@ -126,7 +125,6 @@ pub(super) fn submit_part(
         id,
         text,
         bytes: super::live::decoded_len(text),
-        timeout_ms,
         max_bytes: super::live::MAX_DRAFT_BYTES,
     };
     r.part(ticket, &p.session_id, write, known(store, &p.session_id));

@@ -16,7 +16,7 @@
 
 use super::redis::RedisStore;
 use super::sqlite::{Durable, STOP_BOUND, StoreStats};
-use super::types::Ticket;
+use super::types::{SessionId, Ticket};
 
 // One per process: its size costs nothing, and a box would add an
 // indirection to every write.
@@ -45,6 +45,34 @@ impl Engine {
             Engine::Shared(r) => Some(r),
             _ => None,
         }
+    }
+
+    /// Whether other instances share the sessions (and their changes,
+    /// parts, agent states and receipts come as published events).
+    pub fn shared(&self) -> bool {
+        matches!(self, Engine::Shared(_))
+    }
+
+    /// Tells the other instances this one's agent state in `sid`: online
+    /// until `until` (unix ms; 0: offline), last seen at `seen`. Alone,
+    /// there is nobody to tell.
+    pub fn announce_agent(&mut self, sid: &SessionId, until: u64, seen: u64) {
+        if let Engine::Shared(r) = self {
+            r.agent(sid, until, seen);
+        }
+    }
+
+    /// Tells the other instances' subscribers that an agent fetched these
+    /// prompts of `sid` here, at `ts`.
+    pub fn publish_receipts(&mut self, sid: &SessionId, ts: u64, ids: &[&str]) {
+        if let Engine::Shared(r) = self {
+            r.receipts(sid, ts, ids);
+        }
+    }
+
+    /// Whether a published change named `instance` came from this one.
+    pub fn is_own(&self, instance: &str) -> bool {
+        matches!(self, Engine::Shared(r) if r.instance() == instance)
     }
 
     /// Whether the records the relay applies are its own writes, counted

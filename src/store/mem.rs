@@ -30,6 +30,9 @@ pub struct StoreLimits {
     pub history_limit: usize,
     pub max_sessions: usize,
     pub max_pending: usize,
+    /// How long a draft waits for its next part (drafts live in the
+    /// store only with Redis).
+    pub draft_timeout_ms: u64,
 }
 
 /// What applying a committed change means for the relay. The ids are the
@@ -500,6 +503,7 @@ mod tests {
             history_limit: 10,
             max_sessions: 1,
             max_pending: 2,
+            draft_timeout_ms: 60_000,
         })
     }
 

@@ -235,7 +235,6 @@ pub struct PartWrite<'a> {
     pub text: &'a str,
     /// Its decoded length.
     pub bytes: usize,
-    pub timeout_ms: u64,
     pub max_bytes: usize,
 }
 
@@ -898,7 +897,8 @@ impl RedisStore {
     /// A part of a streamed answer (`"partial": true`): appended to its
     /// draft in Redis and published to every instance.
     pub fn part(&mut self, conn: Ticket, sid: &SessionId, w: PartWrite, known: Known) {
-        let (bytes, timeout) = (w.bytes.to_string(), w.timeout_ms.to_string());
+        let bytes = w.bytes.to_string();
+        let timeout = self.limits.draft_timeout_ms.to_string();
         let max = w.max_bytes.to_string();
         let extra: [&[u8]; 6] = [
             w.client_msg_id.as_bytes(),
