@@ -80,6 +80,8 @@ pub struct Server {
     cx: Ctx,
     next_gen: u32,
     effects: Vec<Effect>,
+    /// The subscribers an effect goes to, reused.
+    targets: Vec<ConnId>,
     clock: Clock,
     next_sweep: Millis,
     /// When the queued-bytes gauge is summed next.
@@ -162,6 +164,7 @@ impl Server {
             conns: Slab::new(),
             next_gen: 0,
             effects: Vec::new(),
+            targets: Vec::new(),
             clock,
             local_addr,
             accept_retry: false,
@@ -543,7 +546,7 @@ impl Server {
 
 /// The connection `id` names, checked by generation: a slot reused by a
 /// newer connection is not it.
-pub(super) fn lookup(conns: &mut Slab<Conn>, id: ConnId) -> Option<&mut Conn> {
+fn lookup(conns: &mut Slab<Conn>, id: ConnId) -> Option<&mut Conn> {
     conns
         .get_mut(id.key as usize)
         .filter(|c| c.generation == id.generation)

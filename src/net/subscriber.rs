@@ -10,12 +10,10 @@
 use std::rc::Rc;
 
 use log::{debug, info};
-use slab::Slab;
 
 use super::closing;
 use super::conn::{Conn, Next, Phase};
 use super::ctx::Ctx;
-use super::server::lookup;
 use super::ws::{self, ReadOutcome};
 use crate::relay::ConnId;
 use crate::store::{Live, Seq};
@@ -87,105 +85,63 @@ pub fn close(id: ConnId, conn: &mut Conn, cx: &mut Ctx, code: u16, reason: &'sta
     closing::begin(id, conn, cx);
 }
 
-/// A new assistant message of `sid` (seq `seq`, the one before it at
-/// `prev`): queued, as the same shared bytes, on every subscriber for
-/// which it is the next message and whose queue has room. Any other
-/// subscriber is left lagging and reads it from the log when it drains.
-pub fn deliver(
-    conns: &mut Slab<Conn>,
-    cx: &mut Ctx,
-    sid: &str,
-    seq: Seq,
-    prev: Seq,
-    frame: Rc<[u8]>,
-) {
+/// A new assistant message (seq `seq`, the one before it at `prev`) for
+/// one subscriber of its session; the loop calls it for each of them with
+/// the same shared bytes. Queued if it is the subscriber's next message and
+/// its queue has room; otherwise the subscriber is left lagging and reads
+/// it from the log when it drains.
+pub fn deliver(id: ConnId, conn: &mut Conn, cx: &mut Ctx, seq: Seq, prev: Seq, frame: &Rc<[u8]>) {
     let cap = cx.cfg.subscriber_buffer_bytes;
-    let Ctx {
-        relay,
-        pending_writes,
-        metrics,
-        ..
-    } = cx;
-    for &sub in relay.subscribers(sid) {
-        let Some(conn) = lookup(conns, sub) else {
-            continue;
-        };
-        let Phase::WebSocket(ws) = &mut conn.phase else {
-            continue;
-        };
-        if ws.lagging {
-            continue;
-        }
-        match ws.cursor.live(seq, prev) {
-            Live::Skip => continue,
-            Live::Next if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap => {
-                conn.out.push_shared(frame.clone());
-                ws.cursor.advance(seq);
-                metrics.frames_sent += 1;
-            }
-            Live::Next | Live::Behind => ws.lagging = true,
-        }
-        if !conn.write_listed {
-            conn.write_listed = true;
-            pending_writes.push_back(sub);
-        }
+    let Phase::WebSocket(ws) = &mut conn.phase else {
+        return;
+    };
+    if ws.lagging {
+        return;
     }
-}
-
-/// A live frame of `sid` (a part, presence, a receipt): queued on every
-/// subscriber that is caught up with the log and has room. One that is
-/// behind, or full, gets the live state when it catches up instead.
-pub fn broadcast(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str, frame: Rc<[u8]>) {
-    let cap = cx.cfg.subscriber_buffer_bytes;
-    let Ctx {
-        relay,
-        pending_writes,
-        metrics,
-        ..
-    } = cx;
-    for &sub in relay.subscribers(sid) {
-        let Some(conn) = lookup(conns, sub) else {
-            continue;
-        };
-        let Phase::WebSocket(ws) = &mut conn.phase else {
-            continue;
-        };
-        if ws.lagging {
-            continue;
-        }
-        if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap {
+    match ws.cursor.live(seq, prev) {
+        Live::Skip => return,
+        Live::Next if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap => {
             conn.out.push_shared(frame.clone());
-            metrics.frames_sent += 1;
-        } else {
-            ws.lagging = true;
+            ws.cursor.advance(seq);
+            cx.metrics.frames_sent += 1;
         }
-        if !conn.write_listed {
-            conn.write_listed = true;
-            pending_writes.push_back(sub);
-        }
+        Live::Next | Live::Behind => ws.lagging = true,
     }
+    cx.mark_write(id, conn);
 }
 
-/// The log of `sid` was read again whole: every subscriber reads it from
-/// its cursor when its socket drains, after a `resync` frame first when
-/// `resync` (the log starts again under a new epoch).
-pub fn refill_all(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str, resync: bool) {
-    for &sub in cx.relay.subscribers(sid) {
-        let Some(conn) = lookup(conns, sub) else {
-            continue;
-        };
-        let Phase::WebSocket(ws) = &mut conn.phase else {
-            continue;
-        };
-        if resync {
-            ws.cursor.owe_resync();
-        }
-        ws.lagging = true;
-        if !conn.write_listed {
-            conn.write_listed = true;
-            cx.pending_writes.push_back(sub);
-        }
+/// A live frame (a part, presence, a receipt) for one subscriber of its
+/// session: queued if it is caught up with the log and has room. One that
+/// is behind, or full, gets the live state when it catches up instead.
+pub fn broadcast(id: ConnId, conn: &mut Conn, cx: &mut Ctx, frame: &Rc<[u8]>) {
+    let cap = cx.cfg.subscriber_buffer_bytes;
+    let Phase::WebSocket(ws) = &mut conn.phase else {
+        return;
+    };
+    if ws.lagging {
+        return;
     }
+    if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap {
+        conn.out.push_shared(frame.clone());
+        cx.metrics.frames_sent += 1;
+    } else {
+        ws.lagging = true;
+    }
+    cx.mark_write(id, conn);
+}
+
+/// The log of the subscriber's session was read again whole: it reads it
+/// from its cursor when its socket drains, after a `resync` frame first
+/// when `resync` (the log starts again under a new epoch).
+pub fn refill(id: ConnId, conn: &mut Conn, cx: &mut Ctx, resync: bool) {
+    let Phase::WebSocket(ws) = &mut conn.phase else {
+        return;
+    };
+    if resync {
+        ws.cursor.owe_resync();
+    }
+    ws.lagging = true;
+    cx.mark_write(id, conn);
 }
 
 /// Refills a lagging subscriber from the log once its queue is at or below
