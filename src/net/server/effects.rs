@@ -7,12 +7,12 @@ use super::*;
 impl Server {
     /// Applies the relay's queued effects to other connections.
     pub(super) fn apply_effects(&mut self) {
-        self.cx.relay.take_effects(&mut self.effects);
+        self.cx.take_effects(&mut self.effects);
         while !self.effects.is_empty() {
             for effect in std::mem::take(&mut self.effects) {
                 self.apply(effect);
             }
-            self.cx.relay.take_effects(&mut self.effects);
+            self.cx.take_effects(&mut self.effects);
         }
     }
 
@@ -67,7 +67,7 @@ impl Server {
     /// (the stage needs the context the relay lives in).
     fn each_subscriber(&mut self, sid: &str, mut stage: impl FnMut(ConnId, &mut Conn, &mut Ctx)) {
         let mut targets = std::mem::take(&mut self.targets);
-        targets.extend_from_slice(self.cx.relay.subscribers(sid));
+        targets.extend_from_slice(self.cx.subscribers(sid));
         for &id in &targets {
             if let Some(conn) = lookup(&mut self.conns, id) {
                 stage(id, conn, &mut self.cx);
