@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::conn::{Closing, Conn, Got, LINGER_BYTES, Next, Phase, read_once};
+use super::conn::{Conn, Got, LINGER_BYTES, Next, Phase};
 use super::ctx::{Ctx, READ_BUDGET};
 use crate::api::Answer;
 use crate::relay::{ApiError, ConnId};
@@ -15,22 +15,22 @@ pub const LINGER: Duration = Duration::from_secs(2);
 /// then the write side shut, and the linger deadline bounds how long that
 /// may take. Every path into the closing stage goes through here.
 pub fn begin(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
-    conn.phase = Phase::Closing(Closing::default());
+    conn.begin_closing();
     let deadline = cx.now().after(LINGER);
     cx.set_deadline(id, conn, deadline);
-    cx.mark_write(id, conn);
+    cx.queue_write(id, conn);
 }
 
 /// Sends an error answer and closes the connection after it (bad framing:
 /// the next request's start can no longer be trusted).
 pub fn reply_error(id: ConnId, conn: &mut Conn, cx: &mut Ctx, err: &ApiError) {
-    if !matches!(conn.phase, Phase::Http(_)) {
+    if !matches!(conn.phase(), Phase::Http(_)) {
         return;
     }
     let meta = cx.meta(None, false);
     let answer = Answer::from(err.clone());
     let bytes = crate::http::response::encode(answer.status, &[], answer.body.bytes(), &meta);
-    conn.out.push_owned(bytes);
+    conn.out().push_owned(bytes);
     begin(id, conn, cx);
 }
 
@@ -39,35 +39,25 @@ pub fn reply_error(id: ConnId, conn: &mut Conn, cx: &mut Ctx, err: &ApiError) {
 /// for the whole linger time: past that the connection just closes).
 pub fn drain(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     let mut read = 0;
-    while conn.readable {
-        let Phase::Closing(closing) = &mut conn.phase else {
+    while conn.readable() {
+        let Phase::Closing(closing) = conn.phase() else {
             return Next::Stay;
         };
+        let shut = closing.shut;
         if closing.drained >= LINGER_BYTES {
             return Next::Close;
         }
         if read >= READ_BUDGET {
-            cx.reprocess.push(id);
+            cx.run_again(id);
             return Next::Stay;
         }
-        match read_once(
-            &mut conn.sock,
-            &mut cx.scratch,
-            &mut conn.readable,
-            conn.read_closed,
-        ) {
-            Got::Bytes(n) => {
-                read += n;
-                closing.drained += n;
-            }
+        match conn.discard(cx.read_buf(READ_BUDGET)) {
+            Got::Bytes(n) => read += n,
             Got::Blocked => break,
-            Got::Eof if closing.shut => return Next::Close,
-            Got::Eof => {
-                // The peer is done sending; finish writing, then close
-                // (after_drained sees `eof`).
-                conn.eof = true;
-                conn.readable = false;
-            }
+            Got::Eof if shut => return Next::Close,
+            // The peer is done sending; finish writing, then close
+            // (after_drained sees `eof`).
+            Got::Eof => conn.mark_eof(),
             Got::Failed => return Next::Close,
         }
     }

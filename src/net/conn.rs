@@ -12,10 +12,14 @@ use std::io::{self, Read};
 use std::net::IpAddr;
 use std::rc::Rc;
 
-use super::buffer::OutQueue;
+use mio::Registry;
+use mio::event::Event;
+
+use super::buffer::{OutQueue, WriteStatus};
 use super::stream::Stream;
-use super::ws::WsState;
+use super::ws::{self, ReadOutcome, WsState};
 use crate::http::parse::RequestReader;
+use crate::relay::{ConnId, Ticket};
 use crate::store::SessionId;
 use crate::time::Millis;
 
@@ -45,6 +49,12 @@ impl HttpState {
             answered: 0,
         }
     }
+
+    /// A request was answered at `now`: the idle time counts from here.
+    pub fn answered_at(&mut self, now: Millis) {
+        self.idle_since = now;
+        self.answered += 1;
+    }
 }
 
 /// A parked `GET /prompts`: what is needed to answer it later.
@@ -68,7 +78,7 @@ pub struct Committing {
     pub since: Millis,
     /// The ticket its write's result comes back under: any other result
     /// is not this request's.
-    pub ticket: crate::relay::Ticket,
+    pub ticket: Ticket,
 }
 
 /// The connection's stage.
@@ -101,32 +111,44 @@ pub struct Closing {
 /// Input a closing connection discards before it is simply closed.
 pub const LINGER_BYTES: usize = 1 << 20;
 
-/// A connection owned by the loop's slab.
+/// A connection owned by the loop's slab. Its fields are its own: stages
+/// and the loop go through the methods below, named for what they do.
 pub struct Conn {
-    pub generation: u32,
+    generation: u32,
     /// The socket, or TLS over it.
-    pub sock: Stream,
-    pub peer: IpAddr,
-    pub readable: bool,
-    pub writable: bool,
+    sock: Stream,
+    peer: IpAddr,
+    readable: bool,
+    writable: bool,
     /// The peer shut its write side or reset (EPOLLRDHUP/ERR): reads go on
     /// to EOF, short reads prove nothing.
-    pub read_closed: bool,
+    read_closed: bool,
     /// A read returned EOF: no more requests will come, but the ones
     /// already buffered are still answered (a client may half-close and
     /// wait for its answers).
-    pub eof: bool,
+    eof: bool,
     /// Already on the pending-write list this turn.
-    pub write_listed: bool,
+    write_listed: bool,
     /// Reading stopped because unsent output passed the high-water mark; it
     /// resumes when the output drains.
-    pub out_paused: bool,
-    pub out: OutQueue,
-    pub phase: Phase,
+    out_paused: bool,
+    out: OutQueue,
+    phase: Phase,
     /// When this stage's timer is due (request/idle, poll, ping, linger).
-    pub deadline: Option<Millis>,
+    deadline: Option<Millis>,
     /// The earliest wheel entry scheduled for this connection.
-    pub timer_at: Option<Millis>,
+    timer_at: Option<Millis>,
+}
+
+/// What a wheel entry of a connection found when it fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fired {
+    /// Replaced by an earlier entry, or the deadline was lifted: nothing.
+    Stale,
+    /// The deadline moved later since the entry was made: schedule this.
+    Later(Millis),
+    /// The deadline passed: the stage acts on it.
+    Due,
 }
 
 impl Conn {
@@ -146,6 +168,315 @@ impl Conn {
             phase: Phase::Http(HttpState::new(max_body, now)),
             deadline: None,
             timer_at: None,
+        }
+    }
+
+    /// Its id when it sits in slab slot `key`.
+    pub fn id(&self, key: usize) -> ConnId {
+        ConnId {
+            key: key as u32,
+            generation: self.generation,
+        }
+    }
+
+    /// Whether it is the connection `id` names: a slot reused by a newer
+    /// connection is not.
+    pub fn is(&self, id: ConnId) -> bool {
+        self.generation == id.generation
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> IpAddr {
+        self.peer
+    }
+
+    /// Records a readiness event: the flags it sets are cleared only by
+    /// `WouldBlock` (or a short read).
+    pub fn on_event(&mut self, ev: &Event) {
+        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+            self.readable = true;
+        }
+        if ev.is_read_closed() || ev.is_error() {
+            self.read_closed = true;
+        }
+        if ev.is_writable() || ev.is_write_closed() || ev.is_error() {
+            self.writable = true;
+        }
+    }
+
+    /// The stage, to see which one it is.
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// The HTTP stage's state, if it is in that stage.
+    pub fn http(&mut self) -> Option<&mut HttpState> {
+        match &mut self.phase {
+            Phase::Http(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// The request reader of a stage that holds one (HTTP, parked,
+    /// committing).
+    fn requests(&mut self) -> Option<&mut HttpState> {
+        match &mut self.phase {
+            Phase::Http(h) | Phase::Parked(h, _) | Phase::Committing(h, _) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// Bytes the request reader takes next (0: none, or no reader).
+    pub fn want(&mut self) -> usize {
+        self.requests().map_or(0, |h| h.reader.want())
+    }
+
+    /// A subscriber's state and its output queue, if it is one.
+    pub fn subscriber(&mut self) -> Option<(&mut WsState, &mut OutQueue)> {
+        match &mut self.phase {
+            Phase::WebSocket(ws) => Some((ws, &mut self.out)),
+            _ => None,
+        }
+    }
+
+    /// The output queue, for an answer or a frame.
+    pub fn out(&mut self) -> &mut OutQueue {
+        &mut self.out
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn queued(&self) -> usize {
+        self.out.queued()
+    }
+
+    /// The socket may have bytes to read (an edge was seen and no
+    /// `WouldBlock` since).
+    pub fn readable(&self) -> bool {
+        self.readable
+    }
+
+    /// The peer shut its write side or reset.
+    pub fn read_closed(&self) -> bool {
+        self.read_closed
+    }
+
+    /// The peer's last byte was read.
+    pub fn eof(&self) -> bool {
+        self.eof
+    }
+
+    /// No more input comes: what is buffered is answered, then the
+    /// connection closes.
+    pub fn mark_eof(&mut self) {
+        self.eof = true;
+        self.readable = false;
+    }
+
+    /// Reads once into the stage's request reader (HTTP, parked,
+    /// committing), through `buf`.
+    pub fn read_requests(&mut self, buf: &mut [u8]) -> Got {
+        let got = read_once(&mut self.sock, buf, &mut self.readable, self.read_closed);
+        if let Got::Bytes(n) = got
+            && let Some(h) = self.requests()
+        {
+            h.reader.push(&buf[..n]);
+        }
+        got
+    }
+
+    /// Reads once into `buf` and throws it away, counting it against the
+    /// closing stage's linger allowance.
+    pub fn discard(&mut self, buf: &mut [u8]) -> Got {
+        let got = read_once(&mut self.sock, buf, &mut self.readable, self.read_closed);
+        if let (Got::Bytes(n), Phase::Closing(c)) = (got, &mut self.phase) {
+            c.drained += n;
+        }
+        got
+    }
+
+    /// Reads a subscriber's client frames (see [`ws::read_frames`]); its
+    /// outcome and the keep-alive deadline after it.
+    pub fn read_frames(&mut self, now: Millis) -> Option<(ReadOutcome, Millis)> {
+        let Phase::WebSocket(ws) = &mut self.phase else {
+            return None;
+        };
+        let outcome = ws::read_frames(
+            ws,
+            &mut self.sock,
+            &mut self.readable,
+            self.read_closed,
+            &mut self.out,
+            now,
+        );
+        Some((outcome, ws.keepalive.deadline()))
+    }
+
+    /// Stops reading requests until the output drains.
+    pub fn pause_reading(&mut self) {
+        self.out_paused = true;
+    }
+
+    /// Reading waited for the output to drain.
+    pub fn reading_paused(&self) -> bool {
+        self.out_paused
+    }
+
+    /// The output drained: reading may go on.
+    pub fn resume_reading(&mut self) {
+        self.out_paused = false;
+    }
+
+    /// Parks the HTTP stage for a long-poll.
+    pub fn park(&mut self, parked: Parked) {
+        self.phase = match std::mem::replace(&mut self.phase, Phase::Closing(Closing::default())) {
+            Phase::Http(h) => Phase::Parked(h, parked),
+            other => other,
+        };
+    }
+
+    /// Holds the HTTP stage until the storage commits its request.
+    pub fn await_commit(&mut self, waiting: Committing) {
+        self.phase = match std::mem::replace(&mut self.phase, Phase::Closing(Closing::default())) {
+            Phase::Http(h) => Phase::Committing(h, waiting),
+            other => other,
+        };
+    }
+
+    /// Back from a parked poll to reading requests (the poll answered at
+    /// `now`); what it was parked with.
+    pub fn unpark(&mut self, now: Millis) -> Option<Parked> {
+        let phase = std::mem::replace(&mut self.phase, Phase::Closing(Closing::default()));
+        let Phase::Parked(mut h, parked) = phase else {
+            self.phase = phase;
+            return None;
+        };
+        h.answered_at(now);
+        self.phase = Phase::Http(h);
+        Some(parked)
+    }
+
+    /// Back to the HTTP stage if the connection waits under `ticket`; what
+    /// it waited with.
+    pub fn resume_commit(&mut self, ticket: Ticket) -> Option<Committing> {
+        if !matches!(&self.phase, Phase::Committing(_, w) if w.ticket == ticket) {
+            return None;
+        }
+        let phase = std::mem::replace(&mut self.phase, Phase::Closing(Closing::default()));
+        let Phase::Committing(mut h, waiting) = phase else {
+            self.phase = phase;
+            return None;
+        };
+        h.request_started = None;
+        self.phase = Phase::Http(h);
+        Some(waiting)
+    }
+
+    /// Moves the HTTP stage to the WebSocket stage in place: `make` gets
+    /// the bytes that followed the request head. Frames may already be
+    /// buffered behind the head, so the socket counts as readable.
+    pub fn upgrade(&mut self, make: impl FnOnce(Vec<u8>) -> WsState) {
+        let leftover = match std::mem::replace(&mut self.phase, Phase::Closing(Closing::default()))
+        {
+            Phase::Http(mut h) => h.reader.take_rest(),
+            _ => Vec::new(),
+        };
+        self.phase = Phase::WebSocket(Box::new(make(leftover)));
+        self.readable = true;
+    }
+
+    /// Enters the closing stage (see `closing::begin`).
+    pub fn begin_closing(&mut self) {
+        self.phase = Phase::Closing(Closing::default());
+    }
+
+    /// Shuts the write side of a closing connection, once: its output is
+    /// written.
+    pub fn shut_write(&mut self) {
+        if let Phase::Closing(c) = &mut self.phase {
+            c.shut = true;
+            let _ = self.sock.shutdown_write();
+        }
+    }
+
+    /// Output waits to be written: queued bytes or TLS records.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || self.sock.has_records()
+    }
+
+    /// The socket takes writes (an edge was seen and no `WouldBlock` since).
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Writes the queued output, then any TLS records, within `budget`;
+    /// `WouldBlock` clears `writable`.
+    pub fn write_out(&mut self, budget: usize) -> WriteStatus {
+        // TLS records still queued count as output not yet written.
+        let status = match self.out.write_to(&mut self.sock, budget) {
+            WriteStatus::Drained => self.sock.flush_records(),
+            other => other,
+        };
+        if status == WriteStatus::WouldBlock {
+            self.writable = false;
+        }
+        status
+    }
+
+    /// After a stage ran: TLS input may be left that no edge will announce;
+    /// if so the socket counts as readable and true is returned.
+    pub fn take_unfinished(&mut self) -> bool {
+        let more = self.sock.take_unfinished();
+        if more {
+            self.readable = true;
+        }
+        more
+    }
+
+    /// Ends the connection's socket: a TLS `close_notify` as far as it
+    /// goes, then out of the poll.
+    pub fn release(&mut self, registry: &Registry) {
+        self.sock.notify_close();
+        let _ = registry.deregister(self.sock.tcp());
+    }
+
+    /// Puts it on the pending-write list: false if it already is.
+    pub fn list_write(&mut self) -> bool {
+        !std::mem::replace(&mut self.write_listed, true)
+    }
+
+    /// Taken off the pending-write list, to be written.
+    pub fn unlist_write(&mut self) {
+        self.write_listed = false;
+    }
+
+    /// Sets the stage's deadline; true when the wheel needs an entry for
+    /// it (it is earlier than the one scheduled: lazy re-arming).
+    pub fn schedule(&mut self, deadline: Millis) -> bool {
+        self.deadline = Some(deadline);
+        if self.timer_at.is_none_or(|t| deadline < t) {
+            self.timer_at = Some(deadline);
+            return true;
+        }
+        false
+    }
+
+    /// A wheel entry for this connection at `at` fired at `now`.
+    pub fn fire(&mut self, at: Millis, now: Millis) -> Fired {
+        if self.timer_at != Some(at) {
+            return Fired::Stale; // an earlier entry replaced it
+        }
+        self.timer_at = None;
+        match self.deadline {
+            None => Fired::Stale,
+            Some(deadline) if deadline > now => {
+                // Moved later since this entry was scheduled: re-arm.
+                self.timer_at = Some(deadline);
+                Fired::Later(deadline)
+            }
+            Some(_) => {
+                self.deadline = None;
+                Fired::Due
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::closing;
-use super::conn::{Closing, Committing, Conn, Got, HttpState, Next, Parked, Phase, read_once};
+use super::conn::{Committing, Conn, Got, Next, Parked, Phase};
 use super::ctx::{Ctx, READ_BUDGET};
 use super::ws::WsState;
 use crate::api::{Answer, Body, Outcome};
@@ -33,67 +33,57 @@ const SHARE_ABOVE: usize = 4096;
 /// Reads, parses and answers requests until the connection has no complete
 /// request left, parks, upgrades, or used its turn's budget.
 pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
+    let peer = conn.peer();
     let mut handled = 0;
     let mut read = 0;
     loop {
-        if conn.out.queued() > OUT_HIGH_WATER {
-            conn.out_paused = true; // resumes once the output drains
+        if conn.queued() > OUT_HIGH_WATER {
+            conn.pause_reading(); // resumes once the output drains
             break;
         }
-        if cx.relay.store_saturated() {
-            cx.stalled.push(id); // resumes once the storage thread answers
+        if cx.store_saturated() {
+            cx.stall(id); // resumes once the storage thread answers
             break;
         }
-        let Phase::Http(h) = &mut conn.phase else {
+        let Some(h) = conn.http() else {
             return Next::Stay;
         };
         match h.reader.next_step() {
             Ok(Step::NeedMore) => {
-                if conn.eof {
+                let want = h.reader.want().min(READ_BUDGET - read);
+                if conn.eof() {
                     // The peer sent its last byte and everything complete
                     // is answered: flush, then close.
                     closing::begin(id, conn, cx);
                     return Next::Stay;
                 }
-                let want = h.reader.want().min(READ_BUDGET - read);
-                if !conn.readable || want == 0 {
-                    if conn.readable {
-                        cx.reprocess.push(id); // the budget ran out
+                if !conn.readable() || want == 0 {
+                    if conn.readable() {
+                        cx.run_again(id); // the budget ran out
                     }
                     break;
                 }
-                let buf = &mut cx.scratch[..want];
-                match read_once(&mut conn.sock, buf, &mut conn.readable, conn.read_closed) {
-                    Got::Bytes(n) => {
-                        h.reader.push(&buf[..n]);
-                        read += n;
-                    }
+                match conn.read_requests(cx.read_buf(want)) {
+                    Got::Bytes(n) => read += n,
                     Got::Blocked => {}
-                    Got::Eof => {
-                        // Answer what is buffered first, then close.
-                        conn.eof = true;
-                        conn.readable = false;
-                    }
+                    // Answer what is buffered first, then close.
+                    Got::Eof => conn.mark_eof(),
                     Got::Failed => return Next::Close,
                 }
             }
-            Ok(Step::SendContinue) => conn.out.push_owned(CONTINUE.to_vec()),
+            Ok(Step::SendContinue) => conn.out().push_owned(CONTINUE.to_vec()),
             Ok(Step::Request(head)) => {
                 let started = h.request_started.take().unwrap_or(cx.now());
                 let facts = cx.facts();
-                let body = h.reader.body();
-                let _ = cx.relay.take_ticket(); // none is left from before
-                let outcome =
-                    cx.api
-                        .handle(&mut cx.relay, cx.turn, id, conn.peer, &head, body, facts);
+                let outcome = cx.handle(id, peer, &head, h.reader.body(), facts);
                 h.reader.finish();
                 apply(id, conn, cx, &head, outcome, started);
                 handled += 1;
-                if !matches!(conn.phase, Phase::Http(_)) {
+                if !matches!(conn.phase(), Phase::Http(_)) {
                     return Next::Stay; // parked, upgraded or closing
                 }
                 if handled >= REQUESTS_PER_TURN {
-                    cx.reprocess.push(id);
+                    cx.run_again(id);
                     break;
                 }
             }
@@ -115,17 +105,18 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
 /// (a socket that never sends a byte does not hold a slot for long).
 pub fn rearm(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
     let now = cx.now();
-    let Phase::Http(h) = &mut conn.phase else {
+    let cfg = cx.cfg();
+    let Some(h) = conn.http() else {
         return;
     };
     let deadline = if h.reader.mid_request() {
         h.request_started
             .get_or_insert(now)
-            .after(cx.cfg.request_timeout)
+            .after(cfg.request_timeout)
     } else if h.answered == 0 {
-        h.idle_since.after(cx.cfg.request_timeout)
+        h.idle_since.after(cfg.request_timeout)
     } else {
-        h.idle_since.after(cx.cfg.keepalive_timeout)
+        h.idle_since.after(cfg.keepalive_timeout)
     };
     cx.set_deadline(id, conn, deadline);
 }
@@ -141,7 +132,7 @@ pub fn apply(
 ) {
     match outcome {
         Outcome::Wait => {
-            let Some(ticket) = cx.relay.take_ticket() else {
+            let Some(ticket) = cx.take_ticket() else {
                 // Every write that waits was issued a ticket.
                 let e = crate::relay::ApiError::storage_unavailable();
                 respond(id, conn, cx, head, Answer::from(e), started);
@@ -152,12 +143,8 @@ pub fn apply(
                 since: started,
                 ticket,
             };
-            let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
-            conn.phase = match phase {
-                Phase::Http(h) => Phase::Committing(h, waiting),
-                other => other,
-            };
-            let deadline = cx.now().after(cx.cfg.store_timeout);
+            conn.await_commit(waiting);
+            let deadline = cx.now().after(cx.cfg().store_timeout);
             cx.set_deadline(id, conn, deadline);
         }
         Outcome::Answer(answer) => respond(id, conn, cx, head, answer, started),
@@ -176,11 +163,7 @@ pub fn apply(
                 origin: head.origin.as_deref().map(Rc::from),
                 since: started,
             };
-            let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
-            conn.phase = match phase {
-                Phase::Http(h) => Phase::Parked(h, parked),
-                other => other,
-            };
+            conn.park(parked);
             cx.set_deadline(id, conn, deadline);
         }
         Outcome::Upgrade {
@@ -189,25 +172,19 @@ pub fn apply(
             cursor,
             after,
         } => {
-            conn.out.push_owned(accept);
-            let leftover =
-                match std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default())) {
-                    Phase::Http(mut h) => h.reader.take_rest(),
-                    _ => Vec::new(),
-                };
-            let ping_ms = cx.cfg.ping_interval.as_millis() as u64;
+            conn.out().push_owned(accept);
+            let ping_ms = cx.cfg().ping_interval.as_millis() as u64;
             let keepalive = Keepalive::new(cx.now(), ping_ms);
             let deadline = keepalive.deadline();
             info!(session_id = &*sid, after = after.map_or(0, Seq::get), resume = after.is_some(); "client connected");
             log_request(head, 101, 0, cx.now().since(started), None);
-            cx.metrics.request(head.method(), &head.path, 101);
-            conn.phase = Phase::WebSocket(Box::new(WsState::new(leftover, sid, keepalive, cursor)));
+            cx.count_request(head.method(), &head.path, 101);
+            conn.upgrade(|leftover| WsState::new(leftover, sid, keepalive, cursor));
             // Frames may already be buffered behind the head: read them now.
             // The replay is the first refill, done when its output is written.
-            conn.readable = true;
             cx.set_deadline(id, conn, deadline);
-            cx.mark_write(id, conn);
-            cx.reprocess.push(id);
+            cx.queue_write(id, conn);
+            cx.run_again(id);
         }
     }
 }
@@ -230,10 +207,9 @@ pub fn respond(
     let (status, reason) = (answer.status, answer.reason.take());
     let bytes = queue(conn, answer, &meta);
     log_request(head, status, bytes, now.since(started), reason.as_deref());
-    cx.metrics.request(head.method(), &head.path, status);
-    if let Phase::Http(h) = &mut conn.phase {
-        h.idle_since = now;
-        h.answered += 1;
+    cx.count_request(head.method(), &head.path, status);
+    if let Some(h) = conn.http() {
+        h.answered_at(now);
     }
     if !keep_alive {
         closing::begin(id, conn, cx);
@@ -255,12 +231,13 @@ pub fn queue(conn: &mut Conn, answer: Answer, meta: &Meta) -> usize {
         response::encode_typed(status, ct, &extra, answer.body.bytes(), meta)
     };
     let total = head.len() + if apart { body_len } else { 0 };
-    conn.out.push_owned(head);
+    let out = conn.out();
+    out.push_owned(head);
     if apart {
         match answer.body {
-            Body::Shared(b) => conn.out.push_shared(b),
-            Body::Static(b) => conn.out.push_static(b),
-            Body::Owned(b) => conn.out.push_owned(b),
+            Body::Shared(b) => out.push_shared(b),
+            Body::Static(b) => out.push_static(b),
+            Body::Owned(b) => out.push_owned(b),
         }
     }
     total
@@ -296,10 +273,4 @@ pub fn log_line(
             debug!(method = method, path = path, status = status, bytes = bytes, duration_ms = ms; "request")
         }
     }
-}
-
-/// A connection back from a parked poll to reading requests.
-pub fn resume(h: &mut HttpState, now: Millis) {
-    h.idle_since = now;
-    h.answered += 1;
 }

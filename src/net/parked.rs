@@ -8,15 +8,13 @@
 use std::rc::Rc;
 
 use super::closing;
-use super::conn::{Closing, Conn, Got, Next, Phase, read_once};
+use super::conn::{Committing, Conn, Got, Next, Phase};
 use super::ctx::{Ctx, READ_BUDGET};
 use super::http;
 use crate::api::{Answer, Body};
-use crate::http::RequestHead;
 use log::debug;
 
 use crate::relay::{Abandon, ApiError, ConnId, Ticket};
-use crate::time::Millis;
 
 /// Reads what a parked poll's client sent; a hang-up (EOF, reset) closes
 /// the connection, which cancels the wait. A reader that is full reads no
@@ -27,34 +25,27 @@ use crate::time::Millis;
 /// once they are written.
 pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     let mut read = 0;
-    while conn.readable {
-        let committing = matches!(conn.phase, Phase::Committing(..));
-        let (Phase::Parked(h, _) | Phase::Committing(h, _)) = &mut conn.phase else {
+    while conn.readable() {
+        let committing = matches!(conn.phase(), Phase::Committing(..));
+        if !matches!(conn.phase(), Phase::Parked(..) | Phase::Committing(..)) {
             return Next::Stay;
-        };
-        let want = h.reader.want().min(READ_BUDGET - read);
+        }
+        let want = conn.want().min(READ_BUDGET - read);
         if want == 0 {
             if read >= READ_BUDGET {
-                cx.reprocess.push(id);
+                cx.run_again(id);
                 return Next::Stay;
             }
-            return if conn.read_closed && !committing {
+            return if conn.read_closed() && !committing {
                 Next::Close
             } else {
                 Next::Stay
             };
         }
-        let buf = &mut cx.scratch[..want];
-        match read_once(&mut conn.sock, buf, &mut conn.readable, conn.read_closed) {
-            Got::Bytes(n) => {
-                h.reader.push(&buf[..n]);
-                read += n;
-            }
+        match conn.read_requests(cx.read_buf(want)) {
+            Got::Bytes(n) => read += n,
             Got::Blocked => break,
-            Got::Eof if committing => {
-                conn.eof = true;
-                conn.readable = false;
-            }
+            Got::Eof if committing => conn.mark_eof(),
             Got::Eof | Got::Failed => return Next::Close,
         }
     }
@@ -67,14 +58,10 @@ pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
 /// place every answer's do (`Ctx::meta`).
 pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[u8]>) {
     let now = cx.now();
-    let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
-    let Phase::Parked(mut h, parked) = phase else {
-        conn.phase = phase;
+    let Some(parked) = conn.unpark(now) else {
         return;
     };
-    cx.relay.cancel_wait(id, &parked.sid, now);
-    http::resume(&mut h, now);
-    conn.phase = Phase::Http(h);
+    cx.cancel_wait(id, &parked.sid);
     let mut meta = cx.meta(parked.origin.as_deref(), parked.keep_alive);
     meta.http10 = parked.http10;
     let keep_alive = meta.keep_alive;
@@ -86,11 +73,11 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
     let bytes = http::queue(conn, answer, &meta);
     let path = format!("/prompts/{}", parked.sid);
     http::log_line("GET", &path, status, bytes, now.since(parked.since), None);
-    cx.metrics.request(crate::http::Method::Get, &path, status);
+    cx.count_request(crate::http::Method::Get, &path, status);
     if keep_alive {
         http::rearm(id, conn, cx);
-        cx.reprocess.push(id);
-        cx.mark_write(id, conn);
+        cx.run_again(id);
+        cx.queue_write(id, conn);
     } else {
         closing::begin(id, conn, cx);
     }
@@ -102,7 +89,7 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
 /// this request's and is dropped.
 pub fn committed(to: Ticket, conn: &mut Conn, cx: &mut Ctx, result: Result<Vec<u8>, ApiError>) {
     let id = to.conn;
-    let Some((head, since)) = resume_committing(conn, to) else {
+    let Some(Committing { head, since, .. }) = conn.resume_commit(to) else {
         debug!(ticket = to.n; "a storage result after its request was answered");
         return;
     };
@@ -118,17 +105,14 @@ pub fn committed(to: Ticket, conn: &mut Conn, cx: &mut Ctx, result: Result<Vec<u
 /// is committed now).
 pub fn retry(to: Ticket, conn: &mut Conn, cx: &mut Ctx) {
     let id = to.conn;
-    let Some((head, since)) = resume_committing(conn, to) else {
+    let Some(Committing { head, since, .. }) = conn.resume_commit(to) else {
         return;
     };
     let facts = crate::api::Facts {
         synced: true,
         ..cx.facts()
     };
-    let _ = cx.relay.take_ticket();
-    let outcome = cx
-        .api
-        .handle(&mut cx.relay, cx.turn, id, conn.peer, &head, &[], facts);
+    let outcome = cx.handle(id, conn.peer(), &head, &[], facts);
     http::apply(id, conn, cx, &head, outcome, since);
     after_commit(id, conn, cx);
 }
@@ -139,18 +123,19 @@ pub fn retry(to: Ticket, conn: &mut Conn, cx: &mut Ctx) {
 /// waited for (`last_call` false: another timeout's worth), or at shutdown
 /// answered `504`, saying it may be stored.
 pub fn commit_timed_out(id: ConnId, conn: &mut Conn, cx: &mut Ctx, last_call: bool) {
-    let Phase::Committing(_, waiting) = &conn.phase else {
+    let Phase::Committing(_, waiting) = conn.phase() else {
         return;
     };
     let ticket = waiting.ticket;
-    let result = match cx.relay.abandon(ticket) {
+    let result = match cx.abandon(ticket) {
         Abandon::Cancelled => ApiError::storage_unavailable(),
         Abandon::InFlight if last_call => {
             ApiError::storage_uncertain("the server shut down before the storage confirmed it")
         }
         Abandon::InFlight => {
-            debug!(waited_s = cx.cfg.store_timeout.as_secs(); "a write waits for the storage beyond its timeout");
-            let deadline = cx.now().after(cx.cfg.store_timeout);
+            let timeout = cx.cfg().store_timeout;
+            debug!(waited_s = timeout.as_secs(); "a write waits for the storage beyond its timeout");
+            let deadline = cx.now().after(timeout);
             cx.set_deadline(id, conn, deadline);
             return;
         }
@@ -158,27 +143,11 @@ pub fn commit_timed_out(id: ConnId, conn: &mut Conn, cx: &mut Ctx, last_call: bo
     committed(ticket, conn, cx, Err(result));
 }
 
-/// Back to the HTTP stage if the connection waits under `ticket`; the
-/// request's head and when it began.
-fn resume_committing(conn: &mut Conn, ticket: Ticket) -> Option<(Box<RequestHead>, Millis)> {
-    if !matches!(&conn.phase, Phase::Committing(_, w) if w.ticket == ticket) {
-        return None;
-    }
-    let phase = std::mem::replace(&mut conn.phase, Phase::Closing(Closing::default()));
-    let Phase::Committing(mut h, waiting) = phase else {
-        conn.phase = phase;
-        return None;
-    };
-    h.request_started = None;
-    conn.phase = Phase::Http(h);
-    Some((waiting.head, waiting.since))
-}
-
 /// After the answer: buffered pipelined requests run this turn.
 fn after_commit(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
-    if matches!(conn.phase, Phase::Http(_)) {
+    if matches!(conn.phase(), Phase::Http(_)) {
         http::rearm(id, conn, cx);
-        cx.reprocess.push(id);
+        cx.run_again(id);
     }
-    cx.mark_write(id, conn);
+    cx.queue_write(id, conn);
 }

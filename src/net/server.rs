@@ -26,10 +26,9 @@ use super::conn::{Conn, Next, Phase};
 use super::ctx::Ctx;
 use super::redis::{self, RedisLinks};
 use super::stream::{Stream, TLS_READ_BUDGET};
-use super::{http, parked, subscriber, ws};
+use super::{http, parked, subscriber};
 use crate::api::Answer;
 use crate::config::Config;
-use crate::keepalive::Action;
 use crate::relay::{ApiError, ConnId, Effect, Relay};
 use crate::store::redis::RedisStore;
 use crate::store::sqlite::{Durable, Opened};
@@ -80,6 +79,8 @@ pub struct Server {
     cx: Ctx,
     next_gen: u32,
     effects: Vec<Effect>,
+    /// The subscribers an effect goes to, reused.
+    targets: Vec<ConnId>,
     clock: Clock,
     next_sweep: Millis,
     /// When the queued-bytes gauge is summed next.
@@ -162,6 +163,7 @@ impl Server {
             conns: Slab::new(),
             next_gen: 0,
             effects: Vec::new(),
+            targets: Vec::new(),
             clock,
             local_addr,
             accept_retry: false,
@@ -189,13 +191,7 @@ impl Server {
                 return Err(e);
             }
             let woke_us = self.clock.micros();
-            self.cx.turn = self.clock.turn();
-            self.cx
-                .relay
-                .set_clock(self.cx.turn.now, self.cx.turn.unix_ms);
-            if let Some(r) = self.cx.relay.redis() {
-                r.unix_ms = self.cx.turn.unix_ms;
-            }
+            self.cx.start_turn(self.clock.turn());
             self.slice_left = FLUSH_SLICE;
             // Woken from sleep with little to do: write as each is handled.
             let early = woke_us.saturating_sub(slept_from) >= SLEPT_US
@@ -206,28 +202,15 @@ impl Server {
                     redis::COMMAND | redis::EVENTS => self.on_redis(ev),
                     SIGNALS => self.on_signal(),
                     STORE => {
-                        self.cx.relay.store_done(self.cx.turn.now);
-                        let stalled = std::mem::take(&mut self.cx.stalled);
-                        self.cx.reprocess.extend(stalled);
+                        self.cx.store_done();
                         self.apply_effects();
                     }
                     Token(key) => {
                         let Some(conn) = self.conns.get_mut(key) else {
                             continue;
                         };
-                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            conn.readable = true;
-                        }
-                        if ev.is_read_closed() || ev.is_error() {
-                            conn.read_closed = true;
-                        }
-                        if ev.is_writable() || ev.is_write_closed() || ev.is_error() {
-                            conn.writable = true;
-                        }
-                        let id = ConnId {
-                            key: key as u32,
-                            generation: conn.generation,
-                        };
+                        conn.on_event(ev);
+                        let id = conn.id(key);
                         self.drive(id);
                         if early {
                             self.flush_pending();
@@ -237,13 +220,13 @@ impl Server {
             }
             self.turn_end();
             let took = self.clock.micros().saturating_sub(woke_us);
-            self.cx.metrics.turns.observe_us(took);
+            self.cx.observe_turn(took);
             let now = self.cx.now();
-            if let Some(deadline) = self.cx.shutdown
+            if let Some(deadline) = self.cx.shutdown_at()
                 && (self.conns.is_empty() || now >= deadline)
             {
                 self.answer_waiting_writes();
-                self.cx.relay.stop_store();
+                self.cx.stop_store();
                 info!(open = self.conns.len(); "shutdown complete");
                 return Ok(());
             }
@@ -259,31 +242,31 @@ impl Server {
             self.accept();
         }
         for _ in 0..4 {
-            if self.cx.reprocess.is_empty() {
+            let reprocess = self.cx.take_reprocess();
+            if reprocess.is_empty() {
                 break;
             }
-            for id in std::mem::take(&mut self.cx.reprocess) {
+            for id in reprocess {
                 self.drive(id);
             }
         }
         self.expire_timers();
-        if self.cx.relay.next_tick().is_some_and(|t| now >= t) {
-            self.cx.relay.tick(now);
+        if self.cx.tick_if_due() {
             self.apply_effects();
         }
         if now >= self.next_sweep {
-            self.cx.relay.collect_idle(now);
-            self.cx.api.sweep(now);
-            self.next_sweep = now.after(sweep_interval(&self.cx.cfg));
+            self.cx.sweep();
+            self.next_sweep = now.after(sweep_interval(self.cx.cfg()));
         }
         if now >= self.next_gauge {
             // The queued-bytes gauge of /metrics, sampled once a second.
-            self.cx.bytes_queued = self.conns.iter().map(|(_, c)| c.out.queued()).sum();
+            let queued = self.conns.iter().map(|(_, c)| c.queued()).sum();
+            self.cx.set_bytes_queued(queued);
             self.next_gauge = now.after(Duration::from_secs(1));
         }
         self.flush_pending();
-        self.cx.relay.flush_store();
-        if let (Some(links), Some(store)) = (&mut self.redis, self.cx.relay.redis()) {
+        self.cx.flush_store();
+        if let (Some(links), Some(store)) = (&mut self.redis, self.cx.redis()) {
             links.tick(self.poll.registry(), now);
             store.tick(now);
             links.flush(store, self.poll.registry(), now);
@@ -294,28 +277,15 @@ impl Server {
     /// the requests that waited for them answered.
     fn on_redis(&mut self, ev: &mio::event::Event) {
         let now = self.cx.now();
-        let cx = &mut self.cx;
-        if let (Some(links), Some(store)) = (&mut self.redis, cx.relay.redis()) {
-            links.on_event(
-                ev.token(),
-                ev,
-                store,
-                self.poll.registry(),
-                now,
-                &mut cx.scratch,
-            );
+        if let (Some(links), Some((store, buf))) = (&mut self.redis, self.cx.redis_and_buf()) {
+            links.on_event(ev.token(), ev, store, self.poll.registry(), now, buf);
         }
-        self.cx.relay.redis_done(now);
-        let stalled = std::mem::take(&mut self.cx.stalled);
-        self.cx.reprocess.extend(stalled);
+        self.cx.redis_done();
         self.apply_effects();
     }
 
     fn poll_timeout(&mut self, now: Millis) -> Option<Duration> {
-        if !self.cx.reprocess.is_empty()
-            || !self.cx.pending_writes.is_empty()
-            || self.accept_retry
-            || self.redis.as_ref().is_some_and(|r| r.busy())
+        if self.cx.has_work() || self.accept_retry || self.redis.as_ref().is_some_and(|r| r.busy())
         {
             return Some(Duration::ZERO);
         }
@@ -323,45 +293,23 @@ impl Server {
         if let Some(d) = self.redis.as_ref().and_then(|r| r.next_deadline()) {
             next = next.min(d);
         }
-        if let Some(d) = self.cx.relay.redis().and_then(|r| r.next_deadline()) {
-            next = next.min(d);
-        }
-        if let Some(d) = self.cx.timers.next_deadline() {
-            next = next.min(d);
-        }
-        if let Some(d) = self.cx.relay.next_tick() {
-            next = next.min(d);
-        }
-        if let Some(d) = self.cx.shutdown {
+        if let Some(d) = self.cx.next_deadline() {
             next = next.min(d);
         }
         Some(Duration::from_millis(next.since(now)))
     }
 
     fn expire_timers(&mut self) {
-        let now = self.cx.now();
         let mut fired = Vec::new();
-        self.cx.timers.expire(now, &mut fired);
+        self.cx.expire(&mut fired);
         for entry in fired {
             let id = entry.key;
             let Some(conn) = lookup(&mut self.conns, id) else {
                 continue;
             };
-            if conn.timer_at != Some(entry.deadline) {
-                continue; // stale: an earlier entry replaced it
+            if self.cx.deadline_passed(id, conn, &entry) {
+                self.on_deadline(id);
             }
-            conn.timer_at = None;
-            let Some(deadline) = conn.deadline else {
-                continue;
-            };
-            if deadline > now {
-                // Moved later since this entry was scheduled: re-arm.
-                conn.timer_at = Some(deadline);
-                self.cx.timers.insert(deadline, id);
-                continue;
-            }
-            conn.deadline = None;
-            self.on_deadline(id);
         }
     }
 
@@ -371,34 +319,16 @@ impl Server {
             return;
         };
         let cx = &mut self.cx;
-        let now = cx.now();
-        match &mut conn.phase {
+        match conn.phase() {
             Phase::Http(h) if h.reader.mid_request() => {
-                debug!(peer = conn.peer.to_string().as_str(); "request timeout");
+                debug!(peer = conn.peer().to_string().as_str(); "request timeout");
                 closing::reply_error(id, conn, cx, &ApiError::timeout());
             }
             // Idle past its timeout, or done lingering.
             Phase::Http(_) | Phase::Closing(_) => self.close(id),
             Phase::Parked(..) => parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..])),
             Phase::Committing(..) => parked::commit_timed_out(id, conn, cx, false),
-            Phase::WebSocket(ws) => {
-                let action = ws.keepalive.on_timer(now);
-                let next = ws.keepalive.deadline();
-                match action {
-                    Action::Close => {
-                        debug!("subscriber silent for two ping intervals");
-                        subscriber::close(id, conn, cx, 1000, "ping timeout");
-                    }
-                    Action::SendPing => {
-                        let ping = format!("{{\"type\":\"ping\",\"ts\":{}}}", cx.turn.unix_ms);
-                        conn.out.push_owned(ws::encode_text(&ping));
-                        conn.out.push_owned(ws::encode_ping());
-                        cx.set_deadline(id, conn, next);
-                        cx.mark_write(id, conn);
-                    }
-                    Action::Nothing => cx.set_deadline(id, conn, next),
-                }
-            }
+            Phase::WebSocket(_) => subscriber::on_deadline(id, conn, cx),
         }
     }
 
@@ -412,7 +342,7 @@ impl Server {
             return;
         };
         let cx = &mut self.cx;
-        let next = match conn.phase {
+        let next = match conn.phase() {
             Phase::Http(_) => http::drive(id, conn, cx),
             Phase::Parked(..) | Phase::Committing(..) => parked::read(id, conn, cx),
             Phase::WebSocket(_) => subscriber::drive(id, conn, cx),
@@ -427,12 +357,11 @@ impl Server {
         // are written before the requester's own answer.
         self.apply_effects();
         if let Some(conn) = lookup(&mut self.conns, id) {
-            if conn.sock.take_unfinished() {
+            if conn.take_unfinished() {
                 // TLS input may be left that no edge will announce.
-                conn.readable = true;
-                self.cx.reprocess.push(id);
+                self.cx.run_again(id);
             }
-            self.cx.mark_write(id, conn);
+            self.cx.queue_write(id, conn);
         }
     }
 
@@ -443,22 +372,17 @@ impl Server {
             return;
         };
         subscriber::top_up(conn, &mut self.cx);
-        if conn.out.is_empty() && !conn.sock.has_records() {
+        if !conn.has_output() {
             self.after_drained(id);
             return;
         }
-        if !conn.writable {
+        if !conn.writable() {
             return;
         }
-        // TLS records still queued count as output not yet written.
-        let status = match conn.out.write_to(&mut conn.sock, WRITE_BUDGET) {
-            WriteStatus::Drained => conn.sock.flush_records(),
-            other => other,
-        };
-        match status {
+        match conn.write_out(WRITE_BUDGET) {
             WriteStatus::Drained => self.after_drained(id),
-            WriteStatus::WouldBlock => conn.writable = false,
-            WriteStatus::Budget => self.cx.mark_write(id, conn),
+            WriteStatus::WouldBlock => {}
+            WriteStatus::Budget => self.cx.queue_write(id, conn),
             WriteStatus::Failed => self.close(id),
         }
     }
@@ -471,34 +395,33 @@ impl Server {
             return;
         };
         let cx = &mut self.cx;
-        match &mut conn.phase {
-            Phase::Closing(_) if conn.eof => {
+        match conn.phase() {
+            Phase::Closing(_) if conn.eof() => {
                 self.close(id);
             }
             Phase::Closing(c) if !c.shut => {
-                c.shut = true;
-                let _ = conn.sock.shutdown_write();
-                if conn.readable {
-                    cx.reprocess.push(id);
+                conn.shut_write();
+                if conn.readable() {
+                    cx.run_again(id);
                 }
             }
             // Only a connection whose requests waited for its output to
             // drain has anything to resume; one waiting for more bytes gets
             // its readable edge (re-listing it would spin the loop).
-            Phase::Http(_) if conn.out_paused => {
-                conn.out_paused = false;
-                cx.reprocess.push(id);
+            Phase::Http(_) if conn.reading_paused() => {
+                conn.resume_reading();
+                cx.run_again(id);
             }
             Phase::WebSocket(ws) => {
                 let lagging = ws.lagging;
-                if conn.out_paused {
-                    conn.out_paused = false;
-                    cx.reprocess.push(id);
+                if conn.reading_paused() {
+                    conn.resume_reading();
+                    cx.run_again(id);
                 }
                 if lagging {
                     // More is waiting in the log: refill and write again in
                     // the next slice, after the others had their turn.
-                    cx.mark_write(id, conn);
+                    cx.queue_write(id, conn);
                 }
             }
             _ => {}
@@ -510,14 +433,14 @@ impl Server {
     fn flush_pending(&mut self) {
         // Only those listed before this pass: one re-listed while it is
         // written (a subscriber refilled from the log) waits for the next.
-        let n = self.slice_left.min(self.cx.pending_writes.len());
+        let n = self.slice_left.min(self.cx.writes_pending());
         self.slice_left -= n;
         for _ in 0..n {
-            let Some(id) = self.cx.pending_writes.pop_front() else {
+            let Some(id) = self.cx.next_write() else {
                 break;
             };
             if let Some(conn) = lookup(&mut self.conns, id) {
-                conn.write_listed = false;
+                conn.unlist_write();
             }
             self.flush(id);
         }
@@ -529,24 +452,21 @@ impl Server {
             return;
         };
         let cx = &mut self.cx;
-        match &conn.phase {
-            Phase::Parked(_, p) => cx.relay.cancel_wait(id, &p.sid, cx.turn.now),
+        match conn.phase() {
+            Phase::Parked(_, p) => cx.cancel_wait(id, &p.sid),
             Phase::WebSocket(_) => subscriber::leave(id, conn, cx),
             _ => {}
         }
         let mut conn = self.conns.remove(id.key as usize);
-        conn.sock.notify_close();
-        let _ = self.poll.registry().deregister(conn.sock.tcp());
-        self.cx.connections = self.conns.len();
+        conn.release(self.poll.registry());
+        self.cx.closed(self.conns.len());
     }
 }
 
 /// The connection `id` names, checked by generation: a slot reused by a
 /// newer connection is not it.
-pub(super) fn lookup(conns: &mut Slab<Conn>, id: ConnId) -> Option<&mut Conn> {
-    conns
-        .get_mut(id.key as usize)
-        .filter(|c| c.generation == id.generation)
+fn lookup(conns: &mut Slab<Conn>, id: ConnId) -> Option<&mut Conn> {
+    conns.get_mut(id.key as usize).filter(|c| c.is(id))
 }
 
 /// How often idle sessions are swept: a quarter of the TTL, between 100 ms

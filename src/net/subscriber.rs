@@ -10,13 +10,12 @@
 use std::rc::Rc;
 
 use log::{debug, info};
-use slab::Slab;
 
 use super::closing;
 use super::conn::{Conn, Next, Phase};
 use super::ctx::Ctx;
-use super::server::lookup;
 use super::ws::{self, ReadOutcome};
+use crate::keepalive::Action;
 use crate::relay::ConnId;
 use crate::store::{Live, Seq};
 
@@ -25,35 +24,25 @@ use crate::store::{Live, Seq};
 /// whose queue is over the cap (it sends without reading our replies) is
 /// not read until the queue drains, unless it hung up.
 pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
-    let now = cx.now();
-    if !conn.readable {
+    if !conn.readable() {
         return Next::Stay;
     }
-    if conn.out.queued() > cx.cfg.subscriber_buffer_bytes && !conn.read_closed {
-        conn.out_paused = true; // resumed by after_drained
+    if conn.queued() > cx.cfg().subscriber_buffer_bytes && !conn.read_closed() {
+        conn.pause_reading(); // resumed by after_drained
         return Next::Stay;
     }
-    let Phase::WebSocket(ws_state) = &mut conn.phase else {
+    let Some((outcome, deadline)) = conn.read_frames(cx.now()) else {
         return Next::Stay;
     };
-    let outcome = ws::read_frames(
-        ws_state,
-        &mut conn.sock,
-        &mut conn.readable,
-        conn.read_closed,
-        &mut conn.out,
-        now,
-    );
-    let deadline = ws_state.keepalive.deadline();
     match outcome {
         ReadOutcome::Drained => {}
-        ReadOutcome::More => cx.reprocess.push(id),
+        ReadOutcome::More => cx.run_again(id),
         ReadOutcome::PeerClosed => {
             leave(id, conn, cx);
             // The peer is done: once the Close reply (if any) is written,
             // the server closes the TCP connection first, as RFC 6455 asks,
             // instead of lingering for an EOF.
-            conn.eof = true;
+            conn.mark_eof();
             closing::begin(id, conn, cx);
             return Next::Stay;
         }
@@ -67,148 +56,123 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     Next::Stay
 }
 
-/// Unregisters a subscriber from its session and logs the disconnect.
-pub fn leave(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
-    let Phase::WebSocket(ws) = &conn.phase else {
+/// A subscriber's deadline: a ping is due, or the client stayed silent for
+/// two ping intervals and is closed.
+pub fn on_deadline(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    let now = cx.now();
+    let unix_ms = cx.unix_ms();
+    let Some((ws, out)) = conn.subscriber() else {
         return;
     };
-    cx.relay.unsubscribe(id, &ws.sid, cx.turn.now);
+    let action = ws.keepalive.on_timer(now);
+    let next = ws.keepalive.deadline();
+    match action {
+        Action::Close => {
+            debug!("subscriber silent for two ping intervals");
+            close(id, conn, cx, 1000, "ping timeout");
+        }
+        Action::SendPing => {
+            let ping = format!("{{\"type\":\"ping\",\"ts\":{unix_ms}}}");
+            out.push_owned(ws::encode_text(&ping));
+            out.push_owned(ws::encode_ping());
+            cx.set_deadline(id, conn, next);
+            cx.queue_write(id, conn);
+        }
+        Action::Nothing => cx.set_deadline(id, conn, next),
+    }
+}
+
+/// Unregisters a subscriber from its session and logs the disconnect.
+pub fn leave(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    let Phase::WebSocket(ws) = conn.phase() else {
+        return;
+    };
+    cx.unsubscribe(id, &ws.sid);
     info!(session_id = &*ws.sid; "client disconnected");
 }
 
 /// Starts a WebSocket close: queue a Close frame with `code`, leave the
 /// session, flush, then shut down.
 pub fn close(id: ConnId, conn: &mut Conn, cx: &mut Ctx, code: u16, reason: &'static str) {
-    if !matches!(conn.phase, Phase::WebSocket(_)) {
+    if !matches!(conn.phase(), Phase::WebSocket(_)) {
         return;
     }
     leave(id, conn, cx);
-    conn.out.push_owned(ws::encode_close(code, reason));
+    conn.out().push_owned(ws::encode_close(code, reason));
     closing::begin(id, conn, cx);
 }
 
-/// A new assistant message of `sid` (seq `seq`, the one before it at
-/// `prev`): queued, as the same shared bytes, on every subscriber for
-/// which it is the next message and whose queue has room. Any other
-/// subscriber is left lagging and reads it from the log when it drains.
-pub fn deliver(
-    conns: &mut Slab<Conn>,
-    cx: &mut Ctx,
-    sid: &str,
-    seq: Seq,
-    prev: Seq,
-    frame: Rc<[u8]>,
-) {
-    let cap = cx.cfg.subscriber_buffer_bytes;
-    let Ctx {
-        relay,
-        pending_writes,
-        metrics,
-        ..
-    } = cx;
-    for &sub in relay.subscribers(sid) {
-        let Some(conn) = lookup(conns, sub) else {
-            continue;
-        };
-        let Phase::WebSocket(ws) = &mut conn.phase else {
-            continue;
-        };
-        if ws.lagging {
-            continue;
-        }
-        match ws.cursor.live(seq, prev) {
-            Live::Skip => continue,
-            Live::Next if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap => {
-                conn.out.push_shared(frame.clone());
-                ws.cursor.advance(seq);
-                metrics.frames_sent += 1;
-            }
-            Live::Next | Live::Behind => ws.lagging = true,
-        }
-        if !conn.write_listed {
-            conn.write_listed = true;
-            pending_writes.push_back(sub);
-        }
+/// A new assistant message (seq `seq`, the one before it at `prev`) for
+/// one subscriber of its session; the loop calls it for each of them with
+/// the same shared bytes. Queued if it is the subscriber's next message and
+/// its queue has room; otherwise the subscriber is left lagging and reads
+/// it from the log when it drains.
+pub fn deliver(id: ConnId, conn: &mut Conn, cx: &mut Ctx, seq: Seq, prev: Seq, frame: &Rc<[u8]>) {
+    let cap = cx.cfg().subscriber_buffer_bytes;
+    let Some((ws, out)) = conn.subscriber() else {
+        return;
+    };
+    if ws.lagging {
+        return;
     }
+    match ws.cursor.live(seq, prev) {
+        Live::Skip => return,
+        Live::Next if out.is_empty() || out.queued() + frame.len() <= cap => {
+            out.push_shared(frame.clone());
+            ws.cursor.advance(seq);
+            cx.count_frame();
+        }
+        Live::Next | Live::Behind => ws.lagging = true,
+    }
+    cx.queue_write(id, conn);
 }
 
-/// A live frame of `sid` (a part, presence, a receipt): queued on every
-/// subscriber that is caught up with the log and has room. One that is
-/// behind, or full, gets the live state when it catches up instead.
-pub fn broadcast(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str, frame: Rc<[u8]>) {
-    let cap = cx.cfg.subscriber_buffer_bytes;
-    let Ctx {
-        relay,
-        pending_writes,
-        metrics,
-        ..
-    } = cx;
-    for &sub in relay.subscribers(sid) {
-        let Some(conn) = lookup(conns, sub) else {
-            continue;
-        };
-        let Phase::WebSocket(ws) = &mut conn.phase else {
-            continue;
-        };
-        if ws.lagging {
-            continue;
-        }
-        if conn.out.is_empty() || conn.out.queued() + frame.len() <= cap {
-            conn.out.push_shared(frame.clone());
-            metrics.frames_sent += 1;
-        } else {
-            ws.lagging = true;
-        }
-        if !conn.write_listed {
-            conn.write_listed = true;
-            pending_writes.push_back(sub);
-        }
+/// A live frame (a part, presence, a receipt) for one subscriber of its
+/// session: queued if it is caught up with the log and has room. One that
+/// is behind, or full, gets the live state when it catches up instead.
+pub fn broadcast(id: ConnId, conn: &mut Conn, cx: &mut Ctx, frame: &Rc<[u8]>) {
+    let cap = cx.cfg().subscriber_buffer_bytes;
+    let Some((ws, out)) = conn.subscriber() else {
+        return;
+    };
+    if ws.lagging {
+        return;
     }
-}
-
-/// The log of `sid` was read again whole: every subscriber reads it from
-/// its cursor when its socket drains, after a `resync` frame first when
-/// `resync` (the log starts again under a new epoch).
-pub fn refill_all(conns: &mut Slab<Conn>, cx: &mut Ctx, sid: &str, resync: bool) {
-    for &sub in cx.relay.subscribers(sid) {
-        let Some(conn) = lookup(conns, sub) else {
-            continue;
-        };
-        let Phase::WebSocket(ws) = &mut conn.phase else {
-            continue;
-        };
-        if resync {
-            ws.cursor.owe_resync();
-        }
+    if out.is_empty() || out.queued() + frame.len() <= cap {
+        out.push_shared(frame.clone());
+        cx.count_frame();
+    } else {
         ws.lagging = true;
-        if !conn.write_listed {
-            conn.write_listed = true;
-            cx.pending_writes.push_back(sub);
-        }
     }
+    cx.queue_write(id, conn);
+}
+
+/// The log of the subscriber's session was read again whole: it reads it
+/// from its cursor when its socket drains, after a `resync` frame first
+/// when `resync` (the log starts again under a new epoch).
+pub fn refill(id: ConnId, conn: &mut Conn, cx: &mut Ctx, resync: bool) {
+    let Some((ws, _)) = conn.subscriber() else {
+        return;
+    };
+    if resync {
+        ws.cursor.owe_resync();
+    }
+    ws.lagging = true;
+    cx.queue_write(id, conn);
 }
 
 /// Refills a lagging subscriber from the log once its queue is at or below
 /// half the cap, up to the cap. Called before its output is written, so a
 /// replay of any length is paced by the client's reading.
 pub fn top_up(conn: &mut Conn, cx: &mut Ctx) {
-    let cap = cx.cfg.subscriber_buffer_bytes;
-    let Phase::WebSocket(ws) = &mut conn.phase else {
+    let cap = cx.cfg().subscriber_buffer_bytes;
+    let Some((ws, out)) = conn.subscriber() else {
         return;
     };
-    let queued = conn.out.queued();
+    let queued = out.queued();
     if !ws.lagging || queued > cap / 2 {
         return;
     }
-    let mut frames = std::mem::take(&mut cx.frames);
     let room = cap.saturating_sub(queued);
-    let caught_up = cx
-        .relay
-        .refill(&ws.sid, &mut ws.cursor, room, queued == 0, &mut frames);
-    ws.lagging = !caught_up;
-    cx.metrics.frames_sent += frames.len() as u64;
-    for frame in frames.drain(..) {
-        conn.out.push_shared(frame);
-    }
-    cx.frames = frames;
+    ws.lagging = !cx.refill(&ws.sid, &mut ws.cursor, room, out);
 }

@@ -21,7 +21,7 @@ impl Server {
                     return;
                 }
             };
-            let max = self.cx.cfg.max_connections;
+            let max = self.cx.cfg().max_connections;
             let full = self.conns.len() >= max;
             if full && (self.conns.len() >= max + REJECT_SLOTS || self.tls.is_some()) {
                 // Dropped: the cap and the reject slots are full, or the
@@ -29,6 +29,7 @@ impl Server {
                 continue;
             }
             let _ = sock.set_nodelay(true);
+            let open = self.conns.len() + 1;
             let entry = self.conns.vacant_entry();
             let key = entry.key();
             let interest = Interest::READABLE | Interest::WRITABLE;
@@ -43,7 +44,7 @@ impl Server {
             self.next_gen = self.next_gen.wrapping_add(1);
             let generation = self.next_gen;
             let now = self.cx.now();
-            let max_body = self.cx.cfg.max_body_bytes;
+            let max_body = self.cx.cfg().max_body_bytes;
             let sock = match &self.tls {
                 None => Stream::Plain(sock),
                 Some(config) => {
@@ -62,8 +63,7 @@ impl Server {
                 key: key as u32,
                 generation,
             };
-            self.cx.connections += 1;
-            self.cx.metrics.accepted += 1;
+            self.cx.accepted(open);
             if full {
                 let err = ApiError::unavailable("connection limit reached");
                 let answer = Answer::from(err);
@@ -71,7 +71,7 @@ impl Server {
                 http::queue(conn, answer, &meta);
                 closing::begin(id, conn, &mut self.cx);
             } else {
-                let deadline = now.after(self.cx.cfg.request_timeout);
+                let deadline = now.after(self.cx.cfg().request_timeout);
                 self.cx.set_deadline(id, conn, deadline);
             }
         }

@@ -30,7 +30,7 @@ impl Server {
     /// use the new pair, open ones keep theirs. A pair that fails to load
     /// is logged and the one in use stays.
     pub(super) fn reload_tls(&mut self) {
-        let Some(files) = &self.cx.cfg.tls else {
+        let Some(files) = &self.cx.cfg().tls else {
             info!("SIGHUP: no TLS certificate to reload");
             return;
         };
@@ -51,30 +51,23 @@ impl Server {
     /// gone or the grace period ends.
     pub fn begin_shutdown(&mut self) {
         let now = self.cx.now();
-        if self.cx.shutdown.is_some() {
+        if self.cx.shutdown_at().is_some() {
             // A second signal: stop now.
-            self.cx.shutdown = Some(now);
+            self.cx.shut_down_by(now);
             return;
         }
         info!("shutting down");
-        self.cx.shutdown = Some(now.after(SHUTDOWN_GRACE));
+        self.cx.shut_down_by(now.after(SHUTDOWN_GRACE));
         if let Some(mut l) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut l);
         }
-        let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .map(|(k, c)| ConnId {
-                key: k as u32,
-                generation: c.generation,
-            })
-            .collect();
+        let ids: Vec<ConnId> = self.conns.iter().map(|(k, c)| c.id(k)).collect();
         for id in ids {
             let Some(conn) = lookup(&mut self.conns, id) else {
                 continue;
             };
             let cx = &mut self.cx;
-            let idle = match &conn.phase {
+            let idle = match conn.phase() {
                 Phase::Parked(..) => {
                     parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..]));
                     false
@@ -85,7 +78,7 @@ impl Server {
                 }
                 // An answer still going out is finished, then closed.
                 Phase::Http(h) if !h.reader.mid_request() => {
-                    conn.out.is_empty() || {
+                    conn.queued() == 0 || {
                         closing::begin(id, conn, cx);
                         false
                     }
@@ -106,11 +99,8 @@ impl Server {
         let waiting: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Committing(..)))
-            .map(|(k, c)| ConnId {
-                key: k as u32,
-                generation: c.generation,
-            })
+            .filter(|(_, c)| matches!(c.phase(), Phase::Committing(..)))
+            .map(|(k, c)| c.id(k))
             .collect();
         if waiting.is_empty() {
             return;
