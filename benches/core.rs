@@ -78,6 +78,9 @@ struct Inputs {
     prompts: Vec<Vec<u8>>,
     responses: Vec<Vec<u8>>,
     polls: Vec<Vec<u8>>,
+    /// Parts of one draft per session, and as many final answers.
+    parts: Vec<Vec<u8>>,
+    answers: Vec<Vec<u8>>,
     sids: Vec<String>,
     /// A client token for one session per op (`SESSIONS` distinct ones).
     tokens: Vec<String>,
@@ -89,6 +92,8 @@ fn inputs(ops: usize, text_len: usize) -> Inputs {
         prompts: Vec::with_capacity(ops),
         responses: Vec::with_capacity(ops),
         polls: Vec::with_capacity(ops),
+        parts: Vec::with_capacity(ops),
+        answers: Vec::with_capacity(ops),
         sids: Vec::with_capacity(ops),
         tokens: Vec::with_capacity(ops),
     };
@@ -102,6 +107,15 @@ fn inputs(ops: usize, text_len: usize) -> Inputs {
         i.polls.push(
             format!("GET /prompts/{sid}?timeout=30 HTTP/1.1\r\nHost: bench\r\n\r\n").into_bytes(),
         );
+        let s = n % SESSIONS;
+        let d = format!(
+            r#"{{"session_id":"{sid}","client_msg_id":"p{s}","assistant_msg_id":"d{s}","text":"{text}","partial":true}}"#
+        );
+        i.parts.push(post("/response", &d));
+        let a = format!(
+            r#"{{"session_id":"{sid}","client_msg_id":"p{s}","assistant_msg_id":"f{n}","text":"{text}"}}"#
+        );
+        i.answers.push(post("/response", &a));
         i.tokens
             .push(secret.mint(Role::Client, &sid, Some(2_000_000_000)));
         i.sids.push(sid);
@@ -234,6 +248,57 @@ fn measure_roundtrip(inp: &Inputs) -> usize {
     out
 }
 
+/// A part of a streamed answer with 256 bytes of text, to a session with
+/// one subscriber: parse, route, append to the draft, the `delta` frame
+/// for the subscriber, the ack. One open draft per session, 1000 sessions.
+#[inline(never)]
+fn measure_part(inp: &Inputs) -> usize {
+    answer_or_part(&inp.parts)
+}
+
+/// The same as [`measure_part`] with final answers (a new id each, several
+/// per prompt): what a part is compared with.
+#[inline(never)]
+fn measure_answer(inp: &Inputs) -> usize {
+    answer_or_part(&inp.answers)
+}
+
+/// Posts `bodies` to 1000 sessions that each have a prompt `p<n>` and a
+/// subscriber (set up first, the same in every run, so the callgrind
+/// difference of two op counts cancels it).
+fn answer_or_part(bodies: &[Vec<u8>]) -> usize {
+    let mut relay = Relay::new(limits());
+    let mut reader = RequestReader::new(1 << 20);
+    let subscriber = ConnId {
+        key: 2,
+        generation: 1,
+    };
+    for s in 0..SESSIONS {
+        let p = format!(r#"{{"session_id":"s{s}","client_msg_id":"p{s}","prompt":"q"}}"#);
+        parse(&mut reader, &post("/prompt", &p));
+        let _ = relay.post_prompt(Millis(0), 1_700_000_000_000, CLIENT, reader.body());
+        let sid = relay::store::SessionId::new(&format!("s{s}")).expect("a valid id");
+        let _ = relay.subscribe(Millis(0), subscriber, &sid, None, None);
+    }
+    let mut effects = Vec::new();
+    let mut out = 0;
+    for (n, body) in bodies.iter().enumerate() {
+        parse(&mut reader, body);
+        let ack = relay.post_response(Millis(n as u64), 1_700_000_000_000, CLIENT, reader.body());
+        out += response::encode(200, &[], &now_body(ack), &meta()).len();
+        relay.take_effects(&mut effects);
+        for e in effects.drain(..) {
+            match e {
+                Effect::Deliver { frame, .. } | Effect::Broadcast { frame, .. } => {
+                    out += frame.len()
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let ops: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(20_000);
@@ -244,6 +309,8 @@ fn main() {
     let workloads = [
         ("ingest", measure_ingest as fn(&Inputs) -> usize),
         ("roundtrip", measure_roundtrip),
+        ("part", measure_part),
+        ("answer", measure_answer),
         ("token", measure_token),
     ];
     for (name, f) in workloads {

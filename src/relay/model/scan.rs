@@ -1,13 +1,14 @@
 //! One pass over the body every `POST /prompt` and `POST /response` sends:
-//! a flat JSON object of known keys whose values are strings, integers or
-//! `null`. It finds each field's raw literal, the slice serde_json's
+//! a flat JSON object of known keys whose values are strings, integers,
+//! `true`, `false` or `null` (`"partial": true` on every part of a
+//! streamed answer). It finds each field's raw literal, the slice serde_json's
 //! `RawValue` would borrow, without serde's second look at every string
 //! (its syntax check, then its UTF-8 check).
 //!
 //! It accepts only what serde_json accepts, and yields the same slices:
 //! anything else (an unknown, escaped or repeated key, a `\u` escape, a
 //! control character, a nested value, a float, a number with a leading
-//! zero, `true`, `false`, trailing bytes, a truncated body) makes it give
+//! zero, trailing bytes, a truncated body) makes it give
 //! up, and the caller parses the body with serde, which decides and words
 //! the error. The body is UTF-8 already (the caller checked it), so the
 //! scan only looks for quotes, backslashes and control characters, eight
@@ -80,6 +81,20 @@ fn value(text: &str, i: usize) -> Option<(Option<Raw<'_>>, usize)> {
             Some((Some(Raw { lit, plain }), end + 1))
         }
         b'n' if b.get(i..i + 4) == Some(b"null") => Some((None, i + 4)),
+        b't' if b.get(i..i + 4) == Some(b"true") => Some((
+            Some(Raw {
+                lit: text.get(i..i + 4)?,
+                plain: true,
+            }),
+            i + 4,
+        )),
+        b'f' if b.get(i..i + 5) == Some(b"false") => Some((
+            Some(Raw {
+                lit: text.get(i..i + 5)?,
+                plain: true,
+            }),
+            i + 5,
+        )),
         b'0'..=b'9' => {
             let mut end = i;
             while b.get(end).is_some_and(u8::is_ascii_digit) {
@@ -203,7 +218,9 @@ mod tests {
             r#"{"a":1.5}"#,
             r#"{"a":1e3}"#,
             r#"{"a":-1}"#,
-            r#"{"a":true}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":truex}"#,
+            r#"{"a":fals}"#,
             r#"{"a":{}}"#,
             r#"{"a":nul}"#,
             r#"{"a":nullx}"#,
