@@ -22,7 +22,7 @@ use crate::store::redis::{AgentState, DraftState};
 use crate::store::types::NewResponse;
 use crate::store::{Seq, SessionId};
 use crate::time::{Millis, UnixMillis};
-use crate::wire::{push_json_str, push_u64, wsframe};
+use crate::wire::{push_decimal_str, push_json_str, wsframe};
 
 /// A draft holds at most this many bytes of text (the contract's limit of
 /// one message).
@@ -285,29 +285,45 @@ impl Relay {
     /// parked), so the grace starts now too.
     pub(super) fn agent_seen(&mut self, now: Millis, sid: &str, ended: bool) {
         let unix = self.unix_at(now);
-        let Some(key) = self.store.key(sid) else {
-            return;
+        let alone = !self.engine.shared();
+        let seen = |live: &mut Live| {
+            live.agent_seen = Some(unix);
+            if ended {
+                live.agent_end = Some(now);
+            }
+            // Online already, and one server: nothing changes now, and
+            // the tick due by the grace's old end looks again then.
+            live.online && alone
         };
-        let live = self.live.entry(key.clone()).or_default();
-        live.agent_seen = Some(unix);
-        if ended {
-            live.agent_end = Some(now);
+        let unchanged = match self.live.get_mut(sid) {
+            Some(live) => seen(live),
+            None => {
+                let Some(key) = self.store.key(sid) else {
+                    return;
+                };
+                seen(self.live.entry(key.clone()).or_default())
+            }
+        };
+        if !unchanged {
+            self.refresh_presence(now, sid);
         }
-        // Online already, and one server: nothing changes now, and the
-        // tick due by the grace's old end looks again then.
-        if live.online && !self.engine.shared() {
-            return;
-        }
-        self.refresh_presence(now, sid);
     }
 
     /// A parked poll of `sid` ended (answered, timed out, hung up): the
     /// grace starts now.
     pub(super) fn agent_left(&mut self, now: Millis, sid: &str) {
-        if let Some(live) = self.live.get_mut(sid) {
-            live.agent_end = Some(now);
-            self.refresh_presence(now, sid);
+        let alone = !self.engine.shared();
+        let grace = self.limits.agent_grace_ms;
+        let Some(live) = self.live.get_mut(sid) else {
+            return;
+        };
+        live.agent_end = Some(now);
+        if live.online && alone {
+            // Still online for the grace: only the tick that may end it.
+            self.wake_at(now.after_ms(grace));
+            return;
         }
+        self.refresh_presence(now, sid);
     }
 
     /// Tells the subscribers of `sid` when the agent's state changed,
@@ -338,12 +354,10 @@ impl Relay {
     /// poll: a `receipt` for each one not fetched before.
     pub(super) fn fetched(&mut self, now: Millis, sid: &str, after: Option<Seq>) {
         let unix = self.unix_at(now);
-        let Some(key) = self.store.key(sid).cloned() else {
+        let Some((key, log)) = self.store.key_and_log(sid) else {
             return;
         };
-        let Some(log) = self.store.get(sid) else {
-            return;
-        };
+        let key = key.clone();
         let live = self.live.entry(key.clone()).or_default();
         let to_tell = !self
             .presence
@@ -639,9 +653,9 @@ impl Relay {
         out.push_str(",\"epoch\":");
         push_json_str(&mut out, log.epoch());
         out.push_str(",\"last_seq\":");
-        push_u64(&mut out, next.0.saturating_sub(1));
+        push_decimal_str(&mut out, next.0.saturating_sub(1));
         out.push_str(",\"pending\":");
-        push_u64(&mut out, log.pending_len() as u64);
+        push_decimal_str(&mut out, log.pending_len() as u64);
         let live = self.live.get(sid);
         let parked = self
             .presence
@@ -654,7 +668,7 @@ impl Relay {
             ",\"agent\":\"offline\",\"agent_seen_ts\":"
         });
         match live.and_then(Live::seen) {
-            Some(ts) => push_u64(&mut out, ts),
+            Some(ts) => push_decimal_str(&mut out, ts),
             None => out.push_str("null"),
         }
         out.push('}');
@@ -722,7 +736,7 @@ fn delta_frame(sid: &str, d: &Draft, part: Option<&str>, snapshot: bool) -> Rc<[
     let mut out = String::with_capacity(160 + d.escaped.len());
     head(&mut out, "delta", sid, d);
     out.push_str(",\"part\":");
-    push_u64(&mut out, u64::from(d.parts));
+    push_decimal_str(&mut out, u64::from(d.parts));
     out.push_str(",\"text\":");
     match part {
         Some(lit) => out.push_str(lit),
@@ -755,7 +769,7 @@ fn presence_frame(sid: &str, online: bool, since: UnixMillis) -> Rc<[u8]> {
     } else {
         ",\"agent\":\"offline\",\"since\":"
     });
-    push_u64(&mut out, since);
+    push_decimal_str(&mut out, since);
     out.push_str("}}");
     frame(&out)
 }
@@ -767,7 +781,7 @@ fn receipt_frame(sid: &str, client_msg_id: &str, ts: UnixMillis) -> Rc<[u8]> {
     out.push_str(",\"client_msg_id\":");
     push_json_str(&mut out, client_msg_id);
     out.push_str(",\"state\":\"fetched\",\"ts\":");
-    push_u64(&mut out, ts);
+    push_decimal_str(&mut out, ts);
     out.push_str("}}");
     frame(&out)
 }

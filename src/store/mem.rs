@@ -114,6 +114,11 @@ impl MemStore {
         self.sessions.get_key_value(sid).map(|(k, _)| k)
     }
 
+    /// The id as stored and the session, in one lookup.
+    pub fn key_and_log(&self, sid: &str) -> Option<(&SessionId, &SessionLog)> {
+        self.sessions.get_key_value(sid)
+    }
+
     /// The session, without touching it, if it exists.
     pub fn get(&self, sid: &str) -> Option<&SessionLog> {
         self.sessions.get(sid)
