@@ -38,6 +38,12 @@
 #                 relay sends it; redis-benchmark cannot), one HGET.
 #                 SCRIPT_RATE (default 20000) times INGEST_SECS calls.
 #   nchan         nginx + nchan (NCHAN_DIR) mapped onto relay's data paths.
+#   nchan-redis   nginx + nchan with its channels in Redis (NCHAN_DIR's
+#                 nginx-redis.conf; Debian redis-server without persistence,
+#                 pinned to the server's core): the peer of shared, set up
+#                 the same way. Fan-out puts every other subscriber on a
+#                 second nginx on the same Redis; its figures add
+#                 redis_cpu_pct and redis_us_per_op as shared's do.
 #   nginx-static  nginx answering every request with a static
 #                 {"stored":true} (nginx-static/): the ingest figure only,
 #                 the floor for that HTTP exchange on this kernel.
@@ -111,12 +117,12 @@ ulimit -n "$(ulimit -Hn)"
 
 for t in $TARGETS; do
   case "$t" in
-    relay | nchan | nginx-static | durable | redis | shared | script) ;;
+    relay | nchan | nchan-redis | nginx-static | durable | redis | shared | script) ;;
     base | shared-base | durable-base)
       [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
       BASE_BIN="$(realpath "$BASE_BIN")"
       ;;
-    *) echo "run.sh: unknown target $t (relay, base, durable, durable-base, redis, shared, shared-base, script, nchan, nginx-static)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown target $t (relay, base, durable, durable-base, redis, shared, shared-base, script, nchan, nchan-redis, nginx-static)" >&2; exit 2 ;;
   esac
   case "$TLS:$t" in
     0:* | 1:relay | 1:base | 1:nchan | 1:nginx-static) ;;
@@ -192,7 +198,7 @@ relay_env=()
 bin_of() { case "$1" in base | shared-base | durable-base) echo "$BASE_BIN" ;; *) echo "$relay_bin" ;; esac; }
 
 # The protocol a target speaks to the load generator and wrk's script.
-proto_of() { case "$1" in durable | durable-base | shared | shared-base) echo relay ;; *) echo "$1" ;; esac; }
+proto_of() { case "$1" in durable | durable-base | shared | shared-base) echo relay ;; nchan-redis) echo nchan ;; *) echo "$1" ;; esac; }
 
 # The storage thread's commits so far (one fsync each with RELAY_SYNC=always).
 commits() {
@@ -240,6 +246,26 @@ start_server() {
       stop_pid=$!
       wait_healthy "$2"
       server_pid=$stop_pid
+      ;;
+    nchan-redis)
+      # Redis first, as for shared, then nginx on it, and for fan-out a
+      # second nginx on the same Redis.
+      local rport=$(($2 + 2000))
+      mkdir -p "$OUT/nchan-redis-$2"
+      taskset -c "$SERVER_CORE" redis-server --port "$rport" --bind 127.0.0.1 --dir "$OUT/nchan-redis-$2" \
+        --save '' --appendonly no --daemonize no >"$OUT/nchan-redis-redis-$2.log" 2>&1 &
+      redis_pid=$!
+      for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+      taskset -c "$SERVER_CORE" "$NCHAN_DIR/run.sh" "$2" "$rport" 2>"$log" &
+      stop_pid=$!
+      wait_healthy "$2"
+      server_pid="$(pgrep -P "$stop_pid" | head -1)"
+      if [ -n "${SECOND:-}" ]; then
+        taskset -c "$SERVER_CORE" "$NCHAN_DIR/run.sh" "$SECOND" "$rport" 2>"$log.2" &
+        second_pid=$!
+        wait_healthy "$SECOND"
+        server_pid="$server_pid,$(pgrep -P "$second_pid" | head -1)"
+      fi
       ;;
     shared | shared-base)
       # Redis first (no persistence: the engine's cost), then the relay
@@ -392,7 +418,7 @@ run_ingest() {
 # replay by cursor; nginx-static answers the ingest requests only.
 runs() {
   case "$2:$1" in
-    nchan:catchup) return 1 ;;
+    nchan:catchup | nchan-redis:catchup) return 1 ;;
     redis:ingest | script:ingest) return 0 ;;
     redis:* | script:*) return 1 ;;
     nginx-static:ingest | nginx-static:irate | nginx-static:handshake) return 0 ;;
@@ -426,7 +452,7 @@ run_figure() {
   esac
   port=$((port + 1))
   SECOND=""
-  case "$t:$kind" in shared:fan | shared-base:fan) SECOND=$((port + 4000)) ;; esac
+  case "$t:$kind" in shared:fan | shared-base:fan | nchan-redis:fan) SECOND=$((port + 4000)) ;; esac
   start_server "$t" "$port"
   local extra=()
   [ -n "$redis_pid" ] && extra+=(--redis-pid "$redis_pid")
@@ -444,7 +470,7 @@ run_figure() {
     line="$(taskset -c "$LOAD_CORE" "$load_bin" "${args[@]}" --target "$(proto_of "$t")" --addr "127.0.0.1:$port" \
       --server-pid "$server_pid" "${extra[@]}" "${tls_args[@]}" --seconds "$SECS" --figure "$figure" 2>>"$OUT/gen.log" | grep '^RESULT')" ||
       line="RESULT figure=$figure target=$t failed=1"
-    line="${line/target=relay /target=$t }"
+    line="${line/target=$(proto_of "$t") /target=$t }"
   fi
   if [[ "$t" == durable* ]]; then
     c1="$(commits "$port")"
@@ -468,6 +494,7 @@ run_figure() {
     durable*) rm -rf "$OUT/data-$port"; sync ;;
     redis) rm -rf "$OUT/redis-$port"; sync ;;
     shared | shared-base) rm -rf "$OUT/shared-$port" ;;
+    nchan-redis) rm -rf "$OUT/nchan-redis-$port" ;;
     script) rm -rf "$OUT/script-$port" ;;
   esac
 }
@@ -487,6 +514,7 @@ run_figure() {
     case "$t" in
       relay | base | durable | durable-base) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
       shared | shared-base) echo "- $t: $(describe_bin "$(bin_of "$t")") on $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
+      nchan-redis) echo "- nchan-redis: $(nginx -v 2>&1 | cut -d' ' -f3), nchan $(dpkg-query -W -f '${Version}' libnginx-mod-nchan 2>/dev/null || echo '?'), channels in $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
       redis) echo "- redis: $(redis-server --version | cut -d' ' -f1-3), appendonly yes, appendfsync always" ;;
       script) echo "- script: $(redis-server --version | cut -d' ' -f1-3), no persistence, src/store/redis/relay.lua by redis-benchmark" ;;
     esac
