@@ -24,11 +24,17 @@ now="$(date +%s%3N)"
 keys=(3 b:s:x b:sessions b:w:x)
 limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
 head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
+# The record the relay sends (src/store/redis/mod.rs, `record`).
+record="P
+m0-0000000000
+
+$now
+$head"
 # The relay sends the cursor its copy holds; redis-benchmark cannot, so
 # lines in front of the script read it (one HGET, in every script).
 cursor="if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end
 if ARGV[1] == 'prompts' then local n = redis.call('HGET', KEYS[4], 'n') or '1'
-for i = 14, #ARGV, 7 do ARGV[i] = n end end"
+for i = 14, #ARGV, 6 do ARGV[i] = n end end"
 
 # measure SCRIPT_FILE: instructions per call.
 measure() {
@@ -42,14 +48,14 @@ measure() {
   call() {
     if [ "${BATCH:-1}" = 1 ]; then
       redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 evalsha "$sha" "${keys[@]}" \
-        prompt x "$now" 00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now" >/dev/null 2>&1
+        prompt x "$now" 00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$record" >/dev/null 2>&1
     else
       # The cursor each prompt sends is the one before the call (the
       # answers carry what the later ones wrote), as the relay sends it.
       local groups=() bkeys=() i
       for i in $(seq 1 "$BATCH"); do
         bkeys+=(b:s:x)
-        groups+=(x 00000000-0000-4000-8000-000000000000 next 00000000-0000-4000-8000-000000000000 "m${i}__rand_int__" "$head" "$now")
+        groups+=(x 00000000-0000-4000-8000-000000000000 next 00000000-0000-4000-8000-000000000000 "m${i}__rand_int__" "$record")
       done
       redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 evalsha "$sha" $((3 + BATCH)) "" b:sessions "" "${bkeys[@]}" \
         prompts "" "$now" "" 0 10000 100000 1000000000 "" "" b: "${groups[@]}" >/dev/null 2>&1

@@ -149,8 +149,8 @@ struct Gathered {
     conn: Ticket,
     sid: SessionId,
     id: String,
-    head: String,
-    ts: u64,
+    /// The record the script stores (see [`record`]).
+    record: String,
     known_epoch: String,
     known_next: u64,
 }
@@ -225,6 +225,20 @@ pub struct RedisStore {
     /// This instance's name in Redis (a UUID chosen at start).
     instance: String,
     health: Health,
+}
+
+/// A message as the script stores it (`kind\ncid\naid\nts\nhead`, the
+/// message being `head`, its seq and `}`): Redis stores, publishes and
+/// answers these bytes as they are, and only the relays parse them.
+fn record(kind: &str, cid: &str, aid: &str, ts: u64, head: &str) -> String {
+    let mut r = String::with_capacity(kind.len() + cid.len() + aid.len() + head.len() + 24);
+    for part in [kind, "\n", cid, "\n", aid, "\n"] {
+        r.push_str(part);
+    }
+    crate::wire::push_decimal_str(&mut r, ts);
+    r.push('\n');
+    r.push_str(head);
+    r
 }
 
 /// A part of a streamed answer for the script.
@@ -796,12 +810,12 @@ impl RedisStore {
             self.fail(expect, ApiError::storage_unavailable());
             return;
         }
+        let record = record("P", &id, "", ts, &head);
         self.batch.push(Gathered {
             conn,
             sid: sid.clone(),
             id,
-            head,
-            ts,
+            record,
             known_epoch: known.epoch.to_string(),
             known_next: known.next,
         });
@@ -817,8 +831,7 @@ impl RedisStore {
         let mut batch = std::mem::take(&mut self.batch);
         if batch.len() <= 1 {
             if let Some(g) = batch.pop() {
-                let ts = g.ts.to_string();
-                let extra: [&[u8]; 3] = [g.id.as_bytes(), g.head.as_bytes(), ts.as_bytes()];
+                let extra: [&[u8]; 2] = [g.id.as_bytes(), g.record.as_bytes()];
                 let known = Known {
                     epoch: &g.known_epoch,
                     next: g.known_next,
@@ -835,7 +848,7 @@ impl RedisStore {
         let n = batch.len();
         let p = self.prefix.as_bytes();
         let out = &mut self.cmd.out;
-        push_array(out, 17 + n * 8);
+        push_array(out, 17 + n * 7);
         push_bulk(out, &[b"EVALSHA"]);
         push_bulk(out, &[self.sha.as_bytes()]);
         push_number(out, 3 + n as u64);
@@ -864,8 +877,7 @@ impl RedisStore {
             push_number(out, g.known_next);
             push_bulk(out, &[epoch.as_bytes()]);
             push_bulk(out, &[g.id.as_bytes()]);
-            push_bulk(out, &[g.head.as_bytes()]);
-            push_number(out, g.ts);
+            push_bulk(out, &[g.record.as_bytes()]);
         }
         self.stats.commands += 1;
         let waiting = batch.drain(..).map(|g| (g.conn, g.sid, g.id)).collect();
@@ -875,15 +887,14 @@ impl RedisStore {
     /// `POST /response`.
     #[inline(never)]
     pub fn response(&mut self, conn: Ticket, sid: &SessionId, w: ResponseWrite, known: Known) {
-        let ts = w.ts.to_string();
+        let record = record("A", w.client_msg_id, w.id, w.ts, w.head);
         let given: &[u8] = if w.given { b"1" } else { b"0" };
-        let extra: [&[u8]; 6] = [
+        let extra: [&[u8]; 5] = [
             w.client_msg_id.as_bytes(),
             w.id.as_bytes(),
             given,
             w.text.as_bytes(),
-            w.head.as_bytes(),
-            ts.as_bytes(),
+            record.as_bytes(),
         ];
         let expect = Expect::Write {
             conn,

@@ -10,10 +10,16 @@
 --                     needs in one call and writes it in another:
 --                       e epoch, n next seq, la newest answer's seq,
 --                       da newest answer history dropped, pc pending
---                       count, t when the session's score in `sessions`
---                       was set;
---                       <seq> -> "kind\ncid\naid\nts\ndata" (kind p or a):
---                       history, and the pending prompts it dropped;
+--                       count, t the second (unix) in which the
+--                       session's score in `sessions` was set;
+--                       <seq> -> a record, as the relay sent it:
+--                       "P\ncid\n\nts\nhead" (a prompt) or
+--                       "A\ncid\naid\nts\nhead" (an answer), where the
+--                       message's JSON is head .. seq .. "}" (the script
+--                       never builds or parses it; records written
+--                       before this format, kind p or a, hold the whole
+--                       JSON): history, and the pending prompts it
+--                       dropped;
 --                       c:<client_msg_id> -> seq (negative once answered);
 --                       a:<assistant_msg_id> -> seq
 --   P w:<sid>  hash   instance -> unix ms until which it has subscribers
@@ -38,7 +44,8 @@
 --
 -- Answer: {status, extra, epoch, n, la, da, full, generation, records...}:
 -- the session as it is after the call, as the records the caller lacks
--- (it says what it holds in known_epoch and known_next); `full` says they
+-- (it says what it holds in known_epoch and known_next), each as two
+-- elements, its seq and the record; `full` says they
 -- are the whole session rather than what follows known_next, and only
 -- then is `generation` given. An empty epoch: the session does not exist
 -- (the generation follows it).
@@ -48,14 +55,28 @@
 -- cost of a call (EVALSHA, and the locals and helpers below, made again
 -- on every call) is paid once for all of them. Its keys are
 -- (unused, sessions, unused, then P s:<sid> of each prompt); its
--- arguments after the common ones are 7 per prompt: sid, known_epoch,
--- known_next, new_epoch, client_msg_id, head, ts.
+-- arguments after the common ones are 6 per prompt: sid, known_epoch,
+-- known_next, new_epoch, client_msg_id, record.
+--
+-- What a call costs Redis is mostly this script's own work (the Lua
+-- around each redis.call, the strings it makes, their garbage), so the
+-- hot path (a prompt) makes no string it can take as sent, converts
+-- between numbers and strings only where it computes, and writes only
+-- the counters it changed.
 
 local s, all, w = KEYS[1], KEYS[2], KEYS[3]
-local op, sid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local known_epoch, known_next = ARGV[4], tonumber(ARGV[5])
-local limit, max_sessions, max_pending = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local op, sid, now_ms = ARGV[1], ARGV[2], ARGV[3]
+-- known_next stays a string until a call needs its value (see `answer`).
+local known_epoch, known_next = ARGV[4], ARGV[5]
+local limit, max_pending = tonumber(ARGV[6]), tonumber(ARGV[8])
 local new_epoch, channel, prefix = ARGV[9], ARGV[10], ARGV[11]
+-- The unix second of now: the activity score moves when it changes.
+local second = string.sub(now_ms, 1, -4)
+-- Now as a number, for the ops that compare times.
+local now = 0
+if op ~= 'prompt' and op ~= 'prompts' then
+  now = tonumber(now_ms)
+end
 
 -- A number as Redis takes it. Lua's own conversion (`..`, or a number
 -- passed to redis.call) prints a double with "%.14g", which costs more
@@ -82,29 +103,28 @@ end
 local drops = {}
 
 -- The session's counters, and the fields named after them (v[7] on):
--- what a write needs to know, in one call.
+-- what a write needs to know, in one call. `q` is n as stored (the seq
+-- of the next message); la and da stay strings (the answer carries them
+-- as they are).
 local function session(...)
   local v = redis.call('HMGET', s, 'e', 'n', 'la', 'da', 'pc', 't', ...)
   if not v[1] then
     return nil, v
   end
-  return { e = v[1], n = tonumber(v[2]), la = tonumber(v[3]), da = tonumber(v[4]), pc = tonumber(v[5]),
-    t = tonumber(v[6] or '0') }, v
+  return { e = v[1], n = tonumber(v[2]), q = v[2], la = v[3], da = v[4], pc = tonumber(v[5]), t = v[6] }, v
 end
 
 -- A redis.call costs about as much as the Lua around it, so a write makes
--- as few as it can: one HSET of the counters and `fields` (field, value,
--- ...), and the activity score moves once a second; then the deletions
--- `append` gathered.
+-- as few as it can: one HSET of `fields` (field, value, ...: the records
+-- and the counters the write changed), and the activity score moves once
+-- a second; then the deletions `append` gathered.
 local function save(S, fields)
-  local n = #fields
-  fields[n + 1], fields[n + 2] = 'n', str(S.n)
-  fields[n + 3], fields[n + 4] = 'la', str(S.la)
-  fields[n + 5], fields[n + 6] = 'da', str(S.da)
-  fields[n + 7], fields[n + 8] = 'pc', str(S.pc)
-  if now - S.t >= 1000 then
-    redis.call('ZADD', all, ARGV[3], sid)
-    fields[n + 9], fields[n + 10] = 't', ARGV[3]
+  if S.dropped then
+    fields[#fields + 1], fields[#fields + 2] = 'da', S.da
+  end
+  if S.t ~= second then
+    redis.call('ZADD', all, now_ms, sid)
+    fields[#fields + 1], fields[#fields + 2] = 't', second
   end
   redis.call('HSET', s, unpack(fields))
   if #drops > 0 then
@@ -114,30 +134,36 @@ local function save(S, fields)
 end
 
 local function create()
-  if redis.call('ZCARD', all) >= max_sessions then
+  if redis.call('ZCARD', all) >= tonumber(ARGV[7]) then
     return nil
   end
-  redis.call('HSET', s, 'e', new_epoch, 'n', 1, 'la', 0, 'da', 0, 'pc', 0, 't', now)
-  redis.call('ZADD', all, now, sid)
+  redis.call('HSET', s, 'e', new_epoch, 'n', '1', 'la', '0', 'da', '0', 'pc', '0', 't', second)
+  redis.call('ZADD', all, now_ms, sid)
   publish(channel, 'C\n' .. sid .. '\n' .. new_epoch)
-  return { e = new_epoch, n = 1, la = 0, da = 0, pc = 0, t = now }
+  return { e = new_epoch, n = 1, q = '1', la = '0', da = '0', pc = 0, t = second }
 end
 
--- The records this call wrote ("seq\nrecord"), by seq: the answer
--- carries them without reading them back.
-local written = {}
+-- The record this call wrote, its seq as a number and as a string: the
+-- answer carries it without reading it back.
+local wn, wq, wv
 
 local function answer(status, S, extra)
   local out = { status, extra or '', S.e, S.n, S.la, S.da, '0', '' }
-  if S.e == known_epoch and known_next >= S.n - limit and known_next <= S.n then
-    for q = known_next, S.n - 1 do
-      local w = written[q]
-      if w then
-        out[#out + 1] = w
+  -- The usual case: the caller held everything before the one record
+  -- this call wrote.
+  if S.e == known_epoch and wn and (known_next == wq or known_next == wn) and S.n == wn + 1 then
+    out[9], out[10] = wq, wv
+    return out
+  end
+  local kn = tonumber(known_next)
+  if S.e == known_epoch and kn and kn >= S.n - limit and kn <= S.n then
+    for q = kn, S.n - 1 do
+      if q == wn then
+        out[#out + 1], out[#out + 2] = wq, wv
       else
         local r = redis.call('HGET', s, q)
         if r then
-          out[#out + 1] = str(q) .. '\n' .. r
+          out[#out + 1], out[#out + 2] = str(q), r
         end
       end
     end
@@ -156,7 +182,7 @@ local function answer(status, S, extra)
     end
     table.sort(seqs)
     for _, q in ipairs(seqs) do
-      out[#out + 1] = str(q) .. '\n' .. byseq[q]
+      out[#out + 1], out[#out + 2] = str(q), byseq[q]
     end
   end
   return out
@@ -166,24 +192,22 @@ local function gone(status)
   return { status, '', '', '', '', '', '', generation() }
 end
 
--- Appends a message, `fields` then `head` then its seq, and marks what
--- history no longer keeps for `save` to drop. Returns the message's seq
--- and the fields that store it, for `save`.
-local function append(S, fields, head)
+-- Appends `record` (as the relay sent it), and marks what history no
+-- longer keeps for `save` to drop. Returns the message's seq and the
+-- fields that store it and the new next seq, for `save`.
+local function append(S, record)
   local seq = S.n
-  local q = str(seq)
+  local q = S.q
   S.n = seq + 1
-  local body = fields .. head .. q .. '}'
-  local record = q .. '\n' .. body
-  written[seq] = record
-  publish(channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. record)
+  wn, wq, wv = seq, q, record
+  publish(channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. q .. '\n' .. record)
   local d = seq - limit
   if d >= 1 then
     local ds = str(d)
     local old = redis.call('HGET', s, ds)
     if old then
       local kind, cid, aid = string.match(old, '^(%a)\n([^\n]*)\n([^\n]*)\n')
-      if kind == 'p' then
+      if kind == 'p' or kind == 'P' then
         if tonumber(redis.call('HGET', s, 'c:' .. cid) or '0') < 0 then
           drops[#drops + 1], drops[#drops + 2] = ds, 'c:' .. cid
         end
@@ -192,11 +216,11 @@ local function append(S, fields, head)
         if tonumber(redis.call('HGET', s, 'a:' .. aid) or '0') == d then
           drops[#drops + 1] = 'a:' .. aid
         end
-        S.da = d
+        S.da, S.dropped = ds, true
       end
     end
   end
-  return seq, { q, body }
+  return seq, { q, record, 'n', str(seq + 1) }
 end
 
 -- '1' when an instance has subscribers of the session (`delivered`).
@@ -216,6 +240,15 @@ local function draft_of(v)
   return cid, tonumber(parts), tonumber(bytes), tonumber(deadline), text
 end
 
+-- A stored record's message JSON (kind: p, a, or P, A: without its
+-- seq, which does not matter here).
+local function json_of(kind, data)
+  if kind == 'P' or kind == 'A' then
+    return data .. '0}'
+  end
+  return data
+end
+
 local function text_of(data)
   local ok, v = pcall(cjson.decode, data)
   if ok and type(v) == 'table' then
@@ -224,9 +257,10 @@ local function text_of(data)
   return nil
 end
 
-local function prompt(cid, head, ts)
+local function prompt(cid, record)
   -- The counters and the id's entry (dedupe) in one call.
-  local S, v = session('c:' .. cid)
+  local ckey = 'c:' .. cid
+  local S, v = session(ckey)
   local extra = '0'
   if not S then
     S = create()
@@ -239,10 +273,14 @@ local function prompt(cid, head, ts)
     -- same id is refused. A stored prompt that cannot be read back, or one
     -- only the id of is remembered, counts as a resend.
     local r = redis.call('HGET', s, str(math.abs(tonumber(v[7]) or 0)))
-    local data = r and string.match(r, '^p\n[^\n]*\n[^\n]*\n[^\n]*\n(.*)$')
+    local kind, data = nil, nil
+    if r then
+      kind, data = string.match(r, '^([pP])\n[^\n]*\n[^\n]*\n[^\n]*\n(.*)$')
+    end
     if data then
-      local ok_stored, stored = pcall(cjson.decode, data)
-      local ok_sent, sent = pcall(cjson.decode, head .. '0}')
+      local ok_stored, stored = pcall(cjson.decode, json_of(kind, data))
+      local sent_data = string.match(record, '^P\n[^\n]*\n[^\n]*\n[^\n]*\n(.*)$') or ''
+      local ok_sent, sent = pcall(cjson.decode, sent_data .. '0}')
       if ok_stored and ok_sent and type(stored) == 'table' and type(sent) == 'table'
           and stored.prompt ~= sent.prompt then
         return answer('e409c', S, extra)
@@ -253,9 +291,10 @@ local function prompt(cid, head, ts)
   if S.pc >= max_pending then
     return answer('e503p', S, extra)
   end
-  local seq, fields = append(S, 'p\n' .. cid .. '\n\n' .. ts .. '\n', head)
-  fields[3], fields[4] = 'c:' .. cid, str(seq)
+  local _, fields = append(S, record)
   S.pc = S.pc + 1
+  fields[5], fields[6] = ckey, fields[1]
+  fields[7], fields[8] = 'pc', str(S.pc)
   save(S, fields)
   return answer('ok', S, extra)
 end
@@ -270,7 +309,7 @@ local function done(result)
 end
 
 if op == 'prompt' then
-  return done(prompt(ARGV[12], ARGV[13], ARGV[14]))
+  return done(prompt(ARGV[12], ARGV[13]))
 elseif op == 'prompts' then
   local out = {}
   -- What the caller holds of a session once it applied the answers so
@@ -278,7 +317,7 @@ elseif op == 'prompts' then
   -- again from what it held before the call.
   local held = {}
   for i = 1, #KEYS - 3 do
-    local a = 12 + 7 * (i - 1)
+    local a = 12 + 6 * (i - 1)
     s, sid = KEYS[3 + i], ARGV[a]
     known_epoch, known_next, new_epoch = ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
     local h = held[sid]
@@ -286,8 +325,8 @@ elseif op == 'prompts' then
       known_epoch, known_next = h[1], h[2]
     end
     channel = prefix .. 'e:' .. sid
-    written = {}
-    local r = prompt(ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
+    wn, wq, wv = nil, nil, nil
+    local r = prompt(ARGV[a + 4], ARGV[a + 5])
     if r[3] ~= '' then
       held[sid] = { r[3], r[4] }
     end
@@ -295,7 +334,7 @@ elseif op == 'prompts' then
   end
   return done(out)
 elseif op == 'response' then
-  local cid, aid, given, text, head, ts = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
+  local cid, aid, given, text, record = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16]
   -- The counters and both ids' entries in one call.
   local S, v = session('c:' .. cid, 'a:' .. aid)
   if not S then
@@ -304,9 +343,9 @@ elseif op == 'response' then
   local pv, prev = v[7], v[8]
   if given == '1' and prev then
     local r = redis.call('HGET', s, prev) or ''
-    local pcid, data = string.match(r, '^a\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
+    local kind, pcid, data = string.match(r, '^([aA])\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
     local sent_ok, sent = pcall(cjson.decode, text)
-    if pcid == cid and sent_ok and data and text_of(data) == sent then
+    if pcid == cid and sent_ok and data and text_of(json_of(kind, data)) == sent then
       return done(answer('dup', S))
     end
     return done(answer('e409', S))
@@ -314,17 +353,19 @@ elseif op == 'response' then
   if not pv then
     return done(answer('e404p', S))
   end
-  local seq, fields = append(S, 'a\n' .. cid .. '\n' .. aid .. '\n' .. ts .. '\n', head)
-  fields[3], fields[4] = 'a:' .. aid, str(seq)
-  S.la = seq
+  local seq, fields = append(S, record)
+  fields[5], fields[6] = 'a:' .. aid, fields[1]
+  S.la = fields[1]
+  fields[7], fields[8] = 'la', S.la
   local pseq = tonumber(pv)
   if pseq > 0 then
     S.pc = S.pc - 1
-    if pseq <= S.n - 1 - limit then
+    fields[9], fields[10] = 'pc', str(S.pc)
+    if pseq <= seq - limit then
       -- Out of history and now answered: the prompt is forgotten.
       drops[#drops + 1], drops[#drops + 2] = pv, 'c:' .. cid
     else
-      fields[5], fields[6] = 'c:' .. cid, '-' .. pv
+      fields[11], fields[12] = 'c:' .. cid, '-' .. pv
     end
   end
   save(S, fields)
