@@ -52,8 +52,8 @@
 --
 -- `prompts` stores the prompts of one loop turn of the caller, in order,
 -- each as `prompt` would, and answers the list of their answers: the
--- cost of a call (EVALSHA, and the locals and helpers below, made again
--- on every call) is paid once for all of them. Its keys are
+-- cost of a call (FCALL or EVALSHA, and with EVALSHA the helpers
+-- below, made again on every call) is paid once for all of them. Its keys are
 -- (unused, sessions, unused, then P s:<sid> of each prompt); its
 -- arguments after the common ones are 6 per prompt: sid, known_epoch,
 -- known_next, new_epoch, client_msg_id, record.
@@ -64,18 +64,43 @@
 -- between numbers and strings only where it computes, and writes only
 -- the counters it changed.
 
-local s, all, w = KEYS[1], KEYS[2], KEYS[3]
-local op, sid, now_ms = ARGV[1], ARGV[2], ARGV[3]
+-- The call's keys and arguments, and what they say; set by `run` at
+-- the start of every call (the helpers below read them).
+local K, A
+local s, all, w
+local op, sid, now_ms
 -- known_next stays a string until a call needs its value (see `answer`).
-local known_epoch, known_next = ARGV[4], ARGV[5]
-local limit, max_pending = tonumber(ARGV[6]), tonumber(ARGV[8])
-local new_epoch, channel, prefix = ARGV[9], ARGV[10], ARGV[11]
+local known_epoch, known_next
+local limit, max_pending
+local new_epoch, channel, prefix
 -- The unix second of now: the activity score moves when it changes.
-local second = string.sub(now_ms, 1, -4)
+local second
 -- Now as a number, for the ops that compare times.
-local now = 0
-if op ~= 'prompt' and op ~= 'prompts' then
-  now = tonumber(now_ms)
+local now
+local generation_key
+-- Messages to publish, {channel, message}, sent by `done`.
+local published
+-- Fields of the session to delete once its growing write went through.
+local drops
+-- The record this call wrote, its seq as a number and as a string: the
+-- answer carries it without reading it back.
+local wn, wq, wv
+
+local function begin(keys, argv)
+  K, A = keys, argv
+  s, all, w = K[1], K[2], K[3]
+  op, sid, now_ms = A[1], A[2], A[3]
+  known_epoch, known_next = A[4], A[5]
+  limit, max_pending = tonumber(A[6]), tonumber(A[8])
+  new_epoch, channel, prefix = A[9], A[10], A[11]
+  second = string.sub(now_ms, 1, -4)
+  now = 0
+  if op ~= 'prompt' and op ~= 'prompts' then
+    now = tonumber(now_ms)
+  end
+  generation_key = prefix .. 'generation'
+  published, drops = {}, {}
+  wn, wq, wv = nil, nil, nil
 end
 
 -- A number as Redis takes it. Lua's own conversion (`..`, or a number
@@ -85,22 +110,14 @@ local function str(n)
   return string.format('%d', n)
 end
 
-local generation_key = prefix .. 'generation'
-
 -- The store's generation, or '' (a read never sets it).
 local function generation()
   return redis.call('GET', generation_key) or ''
 end
 
--- Messages to publish, {channel, message}, sent by `done`.
-local published = {}
-
 local function publish(ch, message)
   published[#published + 1] = { ch, message }
 end
-
--- Fields of the session to delete once its growing write went through.
-local drops = {}
 
 -- The session's counters, and the fields named after them (v[7] on):
 -- what a write needs to know, in one call. `q` is n as stored (the seq
@@ -134,7 +151,7 @@ local function save(S, fields)
 end
 
 local function create()
-  if redis.call('ZCARD', all) >= tonumber(ARGV[7]) then
+  if redis.call('ZCARD', all) >= tonumber(A[7]) then
     return nil
   end
   redis.call('HSET', s, 'e', new_epoch, 'n', '1', 'la', '0', 'da', '0', 'pc', '0', 't', second)
@@ -142,10 +159,6 @@ local function create()
   publish(channel, 'C\n' .. sid .. '\n' .. new_epoch)
   return { e = new_epoch, n = 1, q = '1', la = '0', da = '0', pc = 0, t = second }
 end
-
--- The record this call wrote, its seq as a number and as a string: the
--- answer carries it without reading it back.
-local wn, wq, wv
 
 local function answer(status, S, extra)
   local out = { status, extra or '', S.e, S.n, S.la, S.da, '0', '' }
@@ -308,203 +321,217 @@ local function done(result)
   return result
 end
 
-if op == 'prompt' then
-  return done(prompt(ARGV[12], ARGV[13]))
-elseif op == 'prompts' then
-  local out = {}
-  -- What the caller holds of a session once it applied the answers so
-  -- far: a later prompt of that session is answered from there, not
-  -- again from what it held before the call.
-  local held = {}
-  for i = 1, #KEYS - 3 do
-    local a = 12 + 6 * (i - 1)
-    s, sid = KEYS[3 + i], ARGV[a]
-    known_epoch, known_next, new_epoch = ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
-    local h = held[sid]
-    if h then
-      known_epoch, known_next = h[1], h[2]
-    end
-    channel = prefix .. 'e:' .. sid
-    wn, wq, wv = nil, nil, nil
-    local r = prompt(ARGV[a + 4], ARGV[a + 5])
-    if r[3] ~= '' then
-      held[sid] = { r[3], r[4] }
-    end
-    out[i] = r
-  end
-  return done(out)
-elseif op == 'response' then
-  local cid, aid, given, text, record = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16]
-  -- The counters and both ids' entries in one call.
-  local S, v = session('c:' .. cid, 'a:' .. aid)
-  if not S then
-    return done(gone('e404s'))
-  end
-  local pv, prev = v[7], v[8]
-  if given == '1' and prev then
-    local r = redis.call('HGET', s, prev) or ''
-    local kind, pcid, data = string.match(r, '^([aA])\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
-    local sent_ok, sent = pcall(cjson.decode, text)
-    if pcid == cid and sent_ok and data and text_of(json_of(kind, data)) == sent then
-      return done(answer('dup', S))
-    end
-    return done(answer('e409', S))
-  end
-  if not pv then
-    return done(answer('e404p', S))
-  end
-  local seq, fields = append(S, record)
-  fields[5], fields[6] = 'a:' .. aid, fields[1]
-  S.la = fields[1]
-  fields[7], fields[8] = 'la', S.la
-  local pseq = tonumber(pv)
-  if pseq > 0 then
-    S.pc = S.pc - 1
-    fields[9], fields[10] = 'pc', str(S.pc)
-    if pseq <= seq - limit then
-      -- Out of history and now answered: the prompt is forgotten.
-      drops[#drops + 1], drops[#drops + 2] = pv, 'c:' .. cid
-    else
-      fields[11], fields[12] = 'c:' .. cid, '-' .. pv
-    end
-  end
-  save(S, fields)
-  -- The final answer replaces its draft.
-  redis.call('HDEL', prefix .. 'd:' .. sid, aid)
-  return done(answer('ok', S, watched()))
-elseif op == 'part' then
-  -- A part of a streamed answer: appended to its draft and published
-  -- (P sid epoch aid cid part literal); nothing else is stored.
-  local cid, aid, lit, bytes = ARGV[12], ARGV[13], ARGV[14], tonumber(ARGV[15])
-  local timeout, max_bytes = tonumber(ARGV[16]), tonumber(ARGV[17])
-  local S, v = session('c:' .. cid, 'a:' .. aid)
-  if not S then
-    return done(gone('e404s'))
-  end
-  if v[8] then
-    return done(answer('e409', S))
-  end
-  if not v[7] then
-    return done(answer('e404p', S))
-  end
-  local d = prefix .. 'd:' .. sid
-  local cur = redis.call('HGET', d, aid)
-  local parts, size, text = 0, 0, ''
-  local live = false
-  if cur then
-    local dcid, dparts, dbytes, ddeadline, dtext = draft_of(cur)
-    if ddeadline and ddeadline > now then
-      if dcid ~= cid then
-        return done(answer('e409', S))
+-- The op the call names, run on the session it names.
+local function dispatch()
+  if op == 'prompt' then
+    return done(prompt(A[12], A[13]))
+  elseif op == 'prompts' then
+    local out = {}
+    -- What the caller holds of a session once it applied the answers so
+    -- far: a later prompt of that session is answered from there, not
+    -- again from what it held before the call.
+    local held = {}
+    for i = 1, #K - 3 do
+      local a = 12 + 6 * (i - 1)
+      s, sid = K[3 + i], A[a]
+      known_epoch, known_next, new_epoch = A[a + 1], A[a + 2], A[a + 3]
+      local h = held[sid]
+      if h then
+        known_epoch, known_next = h[1], h[2]
       end
-      live, parts, size, text = true, dparts, dbytes, dtext
-    end
-  end
-  if not live then
-    local open = 0
-    local all = redis.call('HGETALL', d)
-    for i = 2, #all, 2 do
-      local _, _, _, ddeadline = draft_of(all[i])
-      if ddeadline and ddeadline > now then
-        open = open + 1
+      channel = prefix .. 'e:' .. sid
+      wn, wq, wv = nil, nil, nil
+      local r = prompt(A[a + 4], A[a + 5])
+      if r[3] ~= '' then
+        held[sid] = { r[3], r[4] }
       end
+      out[i] = r
     end
-    if open >= max_pending then
-      return done(answer('e503d', S))
-    end
-  end
-  if size + bytes > max_bytes then
-    return done(answer('e400t', S))
-  end
-  parts = parts + 1
-  redis.call('HSET', d, aid, cid .. '\n' .. str(parts) .. '\n' .. str(size + bytes) .. '\n'
-    .. str(now + timeout) .. '\n' .. text .. string.sub(lit, 2, -2))
-  redis.call('PEXPIRE', d, timeout)
-  publish(channel, 'P\n' .. sid .. '\n' .. S.e .. '\n' .. aid .. '\n' .. cid .. '\n' .. str(parts) .. '\n' .. lit)
-  return done(answer('ok', S, watched()))
-elseif op == 'agent' then
-  -- This instance's agent state: online until ARGV[13] (0: offline).
-  local g = prefix .. 'g:' .. sid
-  local inst, untl, seen = ARGV[12], tonumber(ARGV[13]), ARGV[14]
-  if untl > now then
-    redis.call('HSET', g, inst, str(untl) .. '\n' .. seen)
-    if redis.call('PTTL', g) < untl - now then
-      redis.call('PEXPIRE', g, untl - now)
-    end
-  else
-    redis.call('HDEL', g, inst)
-  end
-  publish(channel, 'A\n' .. sid .. '\n' .. inst .. '\n' .. str(untl) .. '\n' .. seen)
-  return done({ 'ok', '' })
-elseif op == 'create' then
-  local S = session()
-  local extra = '0'
-  if not S then
-    S = create()
+    return done(out)
+  elseif op == 'response' then
+    local cid, aid, given, text, record = A[12], A[13], A[14], A[15], A[16]
+    -- The counters and both ids' entries in one call.
+    local S, v = session('c:' .. cid, 'a:' .. aid)
     if not S then
-      return done(gone('e503s'))
+      return done(gone('e404s'))
     end
-    extra = '1'
-  else
-    redis.call('ZADD', all, now, sid)
-  end
-  return done(answer('ok', S, extra))
-elseif op == 'delete' then
-  local S = session()
-  if not S then
-    return done(gone('e404s'))
-  end
-  redis.call('DEL', s, w, prefix .. 'd:' .. sid, prefix .. 'g:' .. sid)
-  redis.call('ZREM', all, sid)
-  publish(channel, 'D\n' .. sid .. '\n' .. S.e)
-  return done(gone('ok'))
-elseif op == 'sync' then
-  local S = session()
-  if not S then
+    local pv, prev = v[7], v[8]
+    if given == '1' and prev then
+      local r = redis.call('HGET', s, prev) or ''
+      local kind, pcid, data = string.match(r, '^([aA])\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
+      local sent_ok, sent = pcall(cjson.decode, text)
+      if pcid == cid and sent_ok and data and text_of(json_of(kind, data)) == sent then
+        return done(answer('dup', S))
+      end
+      return done(answer('e409', S))
+    end
+    if not pv then
+      return done(answer('e404p', S))
+    end
+    local seq, fields = append(S, record)
+    fields[5], fields[6] = 'a:' .. aid, fields[1]
+    S.la = fields[1]
+    fields[7], fields[8] = 'la', S.la
+    local pseq = tonumber(pv)
+    if pseq > 0 then
+      S.pc = S.pc - 1
+      fields[9], fields[10] = 'pc', str(S.pc)
+      if pseq <= seq - limit then
+        -- Out of history and now answered: the prompt is forgotten.
+        drops[#drops + 1], drops[#drops + 2] = pv, 'c:' .. cid
+      else
+        fields[11], fields[12] = 'c:' .. cid, '-' .. pv
+      end
+    end
+    save(S, fields)
+    -- The final answer replaces its draft.
+    redis.call('HDEL', prefix .. 'd:' .. sid, aid)
+    return done(answer('ok', S, watched()))
+  elseif op == 'part' then
+    -- A part of a streamed answer: appended to its draft and published
+    -- (P sid epoch aid cid part literal); nothing else is stored.
+    local cid, aid, lit, bytes = A[12], A[13], A[14], tonumber(A[15])
+    local timeout, max_bytes = tonumber(A[16]), tonumber(A[17])
+    local S, v = session('c:' .. cid, 'a:' .. aid)
+    if not S then
+      return done(gone('e404s'))
+    end
+    if v[8] then
+      return done(answer('e409', S))
+    end
+    if not v[7] then
+      return done(answer('e404p', S))
+    end
+    local d = prefix .. 'd:' .. sid
+    local cur = redis.call('HGET', d, aid)
+    local parts, size, text = 0, 0, ''
+    local live = false
+    if cur then
+      local dcid, dparts, dbytes, ddeadline, dtext = draft_of(cur)
+      if ddeadline and ddeadline > now then
+        if dcid ~= cid then
+          return done(answer('e409', S))
+        end
+        live, parts, size, text = true, dparts, dbytes, dtext
+      end
+    end
+    if not live then
+      local open = 0
+      local all = redis.call('HGETALL', d)
+      for i = 2, #all, 2 do
+        local _, _, _, ddeadline = draft_of(all[i])
+        if ddeadline and ddeadline > now then
+          open = open + 1
+        end
+      end
+      if open >= max_pending then
+        return done(answer('e503d', S))
+      end
+    end
+    if size + bytes > max_bytes then
+      return done(answer('e400t', S))
+    end
+    parts = parts + 1
+    redis.call('HSET', d, aid, cid .. '\n' .. str(parts) .. '\n' .. str(size + bytes) .. '\n'
+      .. str(now + timeout) .. '\n' .. text .. string.sub(lit, 2, -2))
+    redis.call('PEXPIRE', d, timeout)
+    publish(channel, 'P\n' .. sid .. '\n' .. S.e .. '\n' .. aid .. '\n' .. cid .. '\n' .. str(parts) .. '\n' .. lit)
+    return done(answer('ok', S, watched()))
+  elseif op == 'agent' then
+    -- This instance's agent state: online until A[13] (0: offline).
+    local g = prefix .. 'g:' .. sid
+    local inst, untl, seen = A[12], tonumber(A[13]), A[14]
+    if untl > now then
+      redis.call('HSET', g, inst, str(untl) .. '\n' .. seen)
+      if redis.call('PTTL', g) < untl - now then
+        redis.call('PEXPIRE', g, untl - now)
+      end
+    else
+      redis.call('HDEL', g, inst)
+    end
+    publish(channel, 'A\n' .. sid .. '\n' .. inst .. '\n' .. str(untl) .. '\n' .. seen)
+    return done({ 'ok', '' })
+  elseif op == 'create' then
+    local S = session()
+    local extra = '0'
+    if not S then
+      S = create()
+      if not S then
+        return done(gone('e503s'))
+      end
+      extra = '1'
+    else
+      redis.call('ZADD', all, now, sid)
+    end
+    return done(answer('ok', S, extra))
+  elseif op == 'delete' then
+    local S = session()
+    if not S then
+      return done(gone('e404s'))
+    end
+    redis.call('DEL', s, w, prefix .. 'd:' .. sid, prefix .. 'g:' .. sid)
+    redis.call('ZREM', all, sid)
+    publish(channel, 'D\n' .. sid .. '\n' .. S.e)
     return done(gone('ok'))
-  end
-  -- After the records: the open drafts ("d\naid\n" and the draft) and
-  -- the instances' agent states ("g\ninstance\n" and the state).
-  local out = answer('ok', S, 'sync')
-  local kv = redis.call('HGETALL', prefix .. 'd:' .. sid)
-  for i = 1, #kv, 2 do
-    out[#out + 1] = 'd\n' .. kv[i] .. '\n' .. kv[i + 1]
-  end
-  kv = redis.call('HGETALL', prefix .. 'g:' .. sid)
-  for i = 1, #kv, 2 do
-    out[#out + 1] = 'g\n' .. kv[i] .. '\n' .. kv[i + 1]
-  end
-  return done(out)
-elseif op == 'collect' then
-  local ttl = tonumber(ARGV[12])
-  local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
-  for _, id in ipairs(idle) do
-    local sk = prefix .. 's:' .. id
-    local e = redis.call('HGET', sk, 'e')
-    redis.call('DEL', sk, prefix .. 'w:' .. id, prefix .. 'd:' .. id, prefix .. 'g:' .. id)
-    redis.call('ZREM', all, id)
-    if e then
-      publish(prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
+  elseif op == 'sync' then
+    local S = session()
+    if not S then
+      return done(gone('ok'))
     end
+    -- After the records: the open drafts ("d\naid\n" and the draft) and
+    -- the instances' agent states ("g\ninstance\n" and the state).
+    local out = answer('ok', S, 'sync')
+    local kv = redis.call('HGETALL', prefix .. 'd:' .. sid)
+    for i = 1, #kv, 2 do
+      out[#out + 1] = 'd\n' .. kv[i] .. '\n' .. kv[i + 1]
+    end
+    kv = redis.call('HGETALL', prefix .. 'g:' .. sid)
+    for i = 1, #kv, 2 do
+      out[#out + 1] = 'g\n' .. kv[i] .. '\n' .. kv[i + 1]
+    end
+    return done(out)
+  elseif op == 'collect' then
+    local ttl = tonumber(A[12])
+    local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
+    for _, id in ipairs(idle) do
+      local sk = prefix .. 's:' .. id
+      local e = redis.call('HGET', sk, 'e')
+      redis.call('DEL', sk, prefix .. 'w:' .. id, prefix .. 'd:' .. id, prefix .. 'g:' .. id)
+      redis.call('ZREM', all, id)
+      if e then
+        publish(prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
+      end
+    end
+    return done({ 'ok', tostring(#idle) })
+  elseif op == 'watch' then
+    if A[13] == '0' then
+      redis.call('HDEL', w, A[12])
+    elseif redis.call('EXISTS', s) == 1 then
+      redis.call('HSET', w, A[12], A[13])
+    end
+    return done({ 'ok', '' })
+  elseif op == 'probe' then
+    -- A growing write (refused while Redis refuses writes) that gives a
+    -- store without a generation a new one.
+    local g = redis.call('GET', generation_key) or new_epoch
+    redis.call('SET', generation_key, g)
+    return done({ 'ok', g })
+  elseif op == 'touch' then
+    for i = 12, #A do
+      redis.call('ZADD', all, 'XX', now, A[i])
+    end
+    return done({ 'ok', '' })
   end
-  return done({ 'ok', tostring(#idle) })
-elseif op == 'watch' then
-  if ARGV[13] == '0' then
-    redis.call('HDEL', w, ARGV[12])
-  elseif redis.call('EXISTS', s) == 1 then
-    redis.call('HSET', w, ARGV[12], ARGV[13])
-  end
-  return done({ 'ok', '' })
-elseif op == 'probe' then
-  -- A growing write (refused while Redis refuses writes) that gives a
-  -- store without a generation a new one.
-  local g = redis.call('GET', generation_key) or new_epoch
-  redis.call('SET', generation_key, g)
-  return done({ 'ok', g })
-elseif op == 'touch' then
-  for i = 12, #ARGV do
-    redis.call('ZADD', all, 'XX', now, ARGV[i])
-  end
-  return done({ 'ok', '' })
+  return redis.error_reply('relay: unknown op ' .. tostring(op))
 end
-return redis.error_reply('relay: unknown op ' .. tostring(op))
+
+-- Loaded as a library (Redis 7 and later), the relay's functions call
+-- `run` (mod.rs replaces the line below with their registration), and
+-- the helpers above are made once; called as a script (Redis 6.2),
+-- every call runs the whole file.
+local function run(keys, argv)
+  begin(keys, argv)
+  return dispatch()
+end
+
+return run(KEYS, ARGV)
