@@ -77,8 +77,7 @@ local new_epoch, channel, prefix
 local second
 -- Now as a number, for the ops that compare times.
 local now
-local generation_key
--- Messages to publish, {channel, message}, sent by `done`.
+-- Messages to publish, channel then message, sent by `done`.
 local published
 -- Fields of the session to delete once its growing write went through.
 local drops
@@ -98,7 +97,6 @@ local function begin(keys, argv)
   if op ~= 'prompt' and op ~= 'prompts' then
     now = tonumber(now_ms)
   end
-  generation_key = prefix .. 'generation'
   published, drops = {}, {}
   wn, wq, wv = nil, nil, nil
 end
@@ -112,11 +110,12 @@ end
 
 -- The store's generation, or '' (a read never sets it).
 local function generation()
-  return redis.call('GET', generation_key) or ''
+  return redis.call('GET', prefix .. 'generation') or ''
 end
 
 local function publish(ch, message)
-  published[#published + 1] = { ch, message }
+  local n = #published
+  published[n + 1], published[n + 2] = ch, message
 end
 
 -- The session's counters, and the fields named after them (v[7] on):
@@ -161,13 +160,12 @@ local function create()
 end
 
 local function answer(status, S, extra)
-  local out = { status, extra or '', S.e, S.n, S.la, S.da, '0', '' }
   -- The usual case: the caller held everything before the one record
   -- this call wrote.
   if S.e == known_epoch and wn and (known_next == wq or known_next == wn) and S.n == wn + 1 then
-    out[9], out[10] = wq, wv
-    return out
+    return { status, extra or '', S.e, S.n, S.la, S.da, '0', '', wq, wv }
   end
+  local out = { status, extra or '', S.e, S.n, S.la, S.da, '0', '' }
   local kn = tonumber(known_next)
   if S.e == known_epoch and kn and kn >= S.n - limit and kn <= S.n then
     for q = kn, S.n - 1 do
@@ -206,8 +204,9 @@ local function gone(status)
 end
 
 -- Appends `record` (as the relay sent it), and marks what history no
--- longer keeps for `save` to drop. Returns the message's seq and the
--- fields that store it and the new next seq, for `save`.
+-- longer keeps for `save` to drop. Returns the message's seq, and the
+-- fields that store it and the new next seq, for `save` (room for four
+-- more, made in one step).
 local function append(S, record)
   local seq = S.n
   local q = S.q
@@ -233,7 +232,7 @@ local function append(S, record)
       end
     end
   end
-  return seq, { q, record, 'n', str(seq + 1) }
+  return seq, { q, record, 'n', str(seq + 1), false, false, false, false }
 end
 
 -- '1' when an instance has subscribers of the session (`delivered`).
@@ -315,8 +314,8 @@ end
 -- Every answer below goes through here: what the call publishes is sent
 -- once every write of it went through.
 local function done(result)
-  for _, p in ipairs(published) do
-    redis.call('PUBLISH', p[1], p[2])
+  for i = 1, #published, 2 do
+    redis.call('PUBLISH', published[i], published[i + 1])
   end
   return result
 end
@@ -513,8 +512,9 @@ local function dispatch()
   elseif op == 'probe' then
     -- A growing write (refused while Redis refuses writes) that gives a
     -- store without a generation a new one.
-    local g = redis.call('GET', generation_key) or new_epoch
-    redis.call('SET', generation_key, g)
+    local key = prefix .. 'generation'
+    local g = redis.call('GET', key) or new_epoch
+    redis.call('SET', key, g)
     return done({ 'ok', g })
   elseif op == 'touch' then
     for i = 12, #A do
