@@ -32,10 +32,12 @@
 #                 before/after in one interleaved run.
 #   script        the floor of shared: redis-benchmark -c 64 -P 1 calling the
 #                 engine's script (src/store/redis/relay.lua) directly with
-#                 the prompt of the ingest figure, no relay: the ingest
-#                 figure only; its server_* figures are Redis's. One line
-#                 in front of the script fills in the caller's cursor (the
-#                 relay sends it; redis-benchmark cannot), one HGET.
+#                 the prompt of the ingest figure, no relay, as the relay
+#                 calls it (its library by FCALL on Redis 7, EVALSHA on
+#                 6.2): the ingest figure only; its server_* figures are
+#                 Redis's. One line in front of the script fills in the
+#                 caller's cursor (the relay sends it; redis-benchmark
+#                 cannot), one HGET.
 #                 SCRIPT_RATE (default 20000) times INGEST_SECS calls.
 #   nchan         nginx + nchan (NCHAN_DIR) mapped onto relay's data paths.
 #   nchan-redis   nginx + nchan with its channels in Redis (NCHAN_DIR's
@@ -353,16 +355,27 @@ run_redis_ingest() {
 # calls it for a prompt of the ingest figure (a 256-byte prompt, a fresh
 # client_msg_id each time), into one session.
 run_script_ingest() {
-  local sha now head
-  sha="$({ echo "if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end"
-    cat "$root/src/store/redis/relay.lua"; } | redis-cli -p "$port" -x script load)"
+  local now head record how
+  local cursor="if A[5] == 'next' then A[5] = redis.call('HGET', K[1], 'n') or '1' end"
+  if redis-server --version | grep -q 'v=[7-9]'; then
+    # As the relay calls it on Redis 7: the library, by FCALL.
+    { echo "#!lua name=bench"; sed '$d' "$root/src/store/redis/relay.lua"
+      echo "redis.register_function('bench', function(K, A) $cursor return run(K, A) end)"; } |
+      redis-cli -p "$port" -x function load >/dev/null
+    how=(fcall bench)
+  else
+    how=(evalsha "$({ echo "local K, A = KEYS, ARGV $cursor"; cat "$root/src/store/redis/relay.lua"; } |
+      redis-cli -p "$port" -x script load)")
+  fi
   now="$(date +%s%3N)"
   local keys=(3 b:s:x b:sessions b:w:x)
   local limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
-  redis-cli -p "$port" evalsha "$sha" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
+  redis-cli -p "$port" "${how[@]}" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
   head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
-  run_benchmark_ingest script "${SCRIPT_RATE:-20000}" -r 1000000000 evalsha "$sha" "${keys[@]}" prompt x "$now" \
-    00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now"
+  # The record the relay sends (src/store/redis/mod.rs, `record`).
+  record="$(printf 'P\nm0-0000000000\n\n%s\n%s' "$now" "$head")"
+  run_benchmark_ingest script "${SCRIPT_RATE:-20000}" -r 1000000000 "${how[@]}" "${keys[@]}" prompt x "$now" \
+    00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$record"
 }
 
 # run_benchmark_ingest TARGET RATE ARGS...: redis-benchmark -c 64 -P 1 with
@@ -381,8 +394,10 @@ run_benchmark_ingest() {
   w1="$(date +%s.%N)"
   read -r t1 k1 < <(ticks "$server_pid")
   awk -F, -v t="$t" -v n="$n" -v d="$((t1 - t0))" -v k="$((k1 - k0))" -v hz="$clk_tck" -v w0="$w0" -v w1="$w1" '
-    NR == 2 { gsub(/"/, ""); rps = $(NF - 6); p50 = $(NF - 3) * 1000; p99 = $(NF - 1) * 1000 }
-    END { secs = w1 - w0; cpu = d / hz
+    NR >= 2 { last = $0 }
+    # The figures end the last line (the test name may span lines).
+    END { $0 = last; gsub(/"/, ""); rps = $(NF - 6); p50 = $(NF - 3) * 1000; p99 = $(NF - 1) * 1000
+      secs = w1 - w0; cpu = d / hz
       printf "RESULT figure=ingest target=%s requests=%d secs=%.1f req_per_s=%.0f p50_us=%.1f p99_us=%.1f server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f\n",
         t, n, secs, rps, p50, p99, 100 * cpu / secs, 1e6 * cpu / n, 1e6 * k / hz / n }' "$out"
 }
