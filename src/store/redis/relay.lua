@@ -79,7 +79,8 @@ local second
 local now
 -- Messages to publish, channel then message, sent by `done`.
 local published
--- Fields of the session to delete once its growing write went through.
+-- Fields of the session to delete once its growing write went through
+-- (nil: none).
 local drops
 -- The record this call wrote, its seq as a number and as a string: the
 -- answer carries it without reading it back.
@@ -90,14 +91,16 @@ local function begin(keys, argv)
   s, all, w = K[1], K[2], K[3]
   op, sid, now_ms = A[1], A[2], A[3]
   known_epoch, known_next = A[4], A[5]
-  limit, max_pending = tonumber(A[6]), tonumber(A[8])
+  -- `x + 0` where x is always a number: Lua 5.1's tonumber parses its
+  -- argument twice (strtod each time), arithmetic once.
+  limit, max_pending = A[6] + 0, A[8] + 0
   new_epoch, channel, prefix = A[9], A[10], A[11]
   second = string.sub(now_ms, 1, -4)
   now = 0
   if op ~= 'prompt' and op ~= 'prompts' then
     now = tonumber(now_ms)
   end
-  published, drops = {}, {}
+  published, drops = {}, nil
   wn, wq, wv = nil, nil, nil
 end
 
@@ -127,7 +130,7 @@ local function session(...)
   if not v[1] then
     return nil, v
   end
-  return { e = v[1], n = tonumber(v[2]), q = v[2], la = v[3], da = v[4], pc = tonumber(v[5]), t = v[6] }, v
+  return { e = v[1], n = v[2] + 0, q = v[2], la = v[3], da = v[4], pc = v[5] + 0, t = v[6] }, v
 end
 
 -- A redis.call costs about as much as the Lua around it, so a write makes
@@ -143,9 +146,9 @@ local function save(S, fields)
     fields[#fields + 1], fields[#fields + 2] = 't', second
   end
   redis.call('HSET', s, unpack(fields))
-  if #drops > 0 then
+  if drops then
     redis.call('HDEL', s, unpack(drops))
-    drops = {}
+    drops = nil
   end
 end
 
@@ -221,12 +224,12 @@ local function append(S, record)
       local kind, cid, aid = string.match(old, '^(%a)\n([^\n]*)\n([^\n]*)\n')
       if kind == 'p' or kind == 'P' then
         if tonumber(redis.call('HGET', s, 'c:' .. cid) or '0') < 0 then
-          drops[#drops + 1], drops[#drops + 2] = ds, 'c:' .. cid
+          drops = { ds, 'c:' .. cid }
         end
       else
-        drops[#drops + 1] = ds
+        drops = { ds }
         if tonumber(redis.call('HGET', s, 'a:' .. aid) or '0') == d then
-          drops[#drops + 1] = 'a:' .. aid
+          drops[2] = 'a:' .. aid
         end
         S.da, S.dropped = ds, true
       end
@@ -377,6 +380,7 @@ local function dispatch()
       fields[9], fields[10] = 'pc', str(S.pc)
       if pseq <= seq - limit then
         -- Out of history and now answered: the prompt is forgotten.
+        drops = drops or {}
         drops[#drops + 1], drops[#drops + 2] = pv, 'c:' .. cid
       else
         fields[11], fields[12] = 'c:' .. cid, '-' .. pv
