@@ -8,7 +8,9 @@
 # the counters are zeroed and 3,000 more are counted. The same for a
 # script that returns at once, with the same arguments: the cost of the
 # EVALSHA itself; and for the `prompts` call carrying 8 prompts (what the
-# relay sends when a loop turn holds several), counted per prompt.
+# relay sends when a loop turn holds several), counted per prompt. On
+# Redis 7 and later the same three for the library the relay loads there
+# and calls with FCALL (see mod.rs).
 #
 #   benches/script-callgrind.sh
 #
@@ -24,34 +26,48 @@ now="$(date +%s%3N)"
 keys=(3 b:s:x b:sessions b:w:x)
 limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
 head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
-# The relay sends the cursor its copy holds; redis-benchmark cannot, so
-# lines in front of the script read it (one HGET, in every script).
-cursor="if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end
-if ARGV[1] == 'prompts' then local n = redis.call('HGET', KEYS[4], 'n') or '1'
-for i = 14, #ARGV, 7 do ARGV[i] = n end end"
+# The record the relay sends (src/store/redis/mod.rs, `record`).
+record="P
+m0-0000000000
 
-# measure SCRIPT_FILE: instructions per call.
+$now
+$head"
+# The relay sends the cursor its copy holds; redis-benchmark cannot, so
+# lines in front of the script read it (one HGET, in every variant).
+cursor() {
+  echo "if $2[5] == 'next' then $2[5] = redis.call('HGET', $1[1], 'n') or '1' end
+if $2[1] == 'prompts' then local n = redis.call('HGET', $1[4], 'n') or '1'
+for i = 14, #$2, 6 do $2[i] = n end end"
+}
+
+# measure FILE [FUNCTION]: instructions per call of the script FILE
+# (EVALSHA), or of FUNCTION in the library FILE (FCALL).
 measure() {
-  local out="$work/out" sha
+  local out="$work/out" how
   rm -f "$out".*
   valgrind --tool=callgrind --callgrind-out-file="$out.%p" \
     redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no >"$work/log" 2>&1 &
   for _ in $(seq 1 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-  sha="$(redis-cli -p "$port" -x script load <"$1")"
-  redis-cli -p "$port" evalsha "$sha" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
+  if [ -n "${2:-}" ]; then
+    redis-cli -p "$port" -x function load <"$1" >/dev/null
+    how=(fcall "$2")
+  else
+    how=(evalsha "$(redis-cli -p "$port" -x script load <"$1")")
+  fi
+  redis-cli -p "$port" "${how[@]}" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
   call() {
     if [ "${BATCH:-1}" = 1 ]; then
-      redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 evalsha "$sha" "${keys[@]}" \
-        prompt x "$now" 00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now" >/dev/null 2>&1
+      redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 "${how[@]}" "${keys[@]}" \
+        prompt x "$now" 00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$record" >/dev/null 2>&1
     else
       # The cursor each prompt sends is the one before the call (the
       # answers carry what the later ones wrote), as the relay sends it.
       local groups=() bkeys=() i
       for i in $(seq 1 "$BATCH"); do
         bkeys+=(b:s:x)
-        groups+=(x 00000000-0000-4000-8000-000000000000 next 00000000-0000-4000-8000-000000000000 "m${i}__rand_int__" "$head" "$now")
+        groups+=(x 00000000-0000-4000-8000-000000000000 next 00000000-0000-4000-8000-000000000000 "m${i}__rand_int__" "$record")
       done
-      redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 evalsha "$sha" $((3 + BATCH)) "" b:sessions "" "${bkeys[@]}" \
+      redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 "${how[@]}" $((3 + BATCH)) "" b:sessions "" "${bkeys[@]}" \
         prompts "" "$now" "" 0 10000 100000 1000000000 "" "" b: "${groups[@]}" >/dev/null 2>&1
     fi
   }
@@ -64,9 +80,27 @@ measure() {
   awk -v b="${BATCH:-1}" '/^summary:/ { printf "%.0f\n", $2 / 3000 / b }' "$(ls "$out".*.1)"
 }
 
-{ echo "$cursor"; cat "$root/src/store/redis/relay.lua"; } >"$work/script.lua"
-{ echo "$cursor"; echo "do return {'ok'} end"; cat "$root/src/store/redis/relay.lua"; } >"$work/empty.lua"
+script="$root/src/store/redis/relay.lua"
+{ cursor KEYS ARGV; cat "$script"; } >"$work/script.lua"
+{ cursor KEYS ARGV; echo "do return {'ok'} end"; cat "$script"; } >"$work/empty.lua"
+# The library the relay loads on Redis 7 (mod.rs): the script without its
+# last line, which runs it as a script, and a function calling `run`.
+library() {
+  echo "#!lua name=bench"
+  sed '$d' "$script"
+  echo "redis.register_function('bench', function(keys, argv)"
+  cursor keys argv
+  echo "$1"
+  echo "end)"
+}
+library "return run(keys, argv)" >"$work/library.lua"
+library "do return {'ok'} end" >"$work/library-empty.lua"
 echo "instructions per call ($(redis-server --version | cut -d' ' -f1-3)):"
-echo "  prompt call of relay.lua: $(measure "$work/script.lua")"
+echo "  prompt call of relay.lua (EVALSHA): $(measure "$work/script.lua")"
 echo "  the same call, script returning at once: $(measure "$work/empty.lua")"
 echo "  per prompt of a prompts call carrying 8: $(BATCH=8 measure "$work/script.lua")"
+if redis-server --version | grep -q 'v=[7-9]'; then
+  echo "  prompt call of the library (FCALL): $(measure "$work/library.lua" bench)"
+  echo "  the same call, function returning at once: $(measure "$work/library-empty.lua" bench)"
+  echo "  per prompt of a prompts call carrying 8 (FCALL): $(BATCH=8 measure "$work/library.lua" bench)"
+fi

@@ -404,7 +404,7 @@ impl Api {
         let query = head.query.as_deref();
         let after = uint_param(query, "after")?.map(Seq);
         let epoch = query_param(query, "epoch")?;
-        if !synced && relay.sync_first(conn, &sid)? {
+        if !synced && relay.sync_first_listening(conn, &sid)? {
             return Ok(Outcome::Wait);
         }
         let Some(cursor) = relay.subscribe(now, conn, &sid, after, epoch.as_deref())? else {

@@ -32,12 +32,20 @@
 #                 before/after in one interleaved run.
 #   script        the floor of shared: redis-benchmark -c 64 -P 1 calling the
 #                 engine's script (src/store/redis/relay.lua) directly with
-#                 the prompt of the ingest figure, no relay: the ingest
-#                 figure only; its server_* figures are Redis's. One line
-#                 in front of the script fills in the caller's cursor (the
-#                 relay sends it; redis-benchmark cannot), one HGET.
+#                 the prompt of the ingest figure, no relay, as the relay
+#                 calls it (its library by FCALL on Redis 7, EVALSHA on
+#                 6.2): the ingest figure only; its server_* figures are
+#                 Redis's. One line in front of the script fills in the
+#                 caller's cursor (the relay sends it; redis-benchmark
+#                 cannot), one HGET.
 #                 SCRIPT_RATE (default 20000) times INGEST_SECS calls.
 #   nchan         nginx + nchan (NCHAN_DIR) mapped onto relay's data paths.
+#   nchan-redis   nginx + nchan with its channels in Redis (NCHAN_DIR's
+#                 nginx-redis.conf; Debian redis-server without persistence,
+#                 pinned to the server's core): the peer of shared, set up
+#                 the same way. Fan-out puts every other subscriber on a
+#                 second nginx on the same Redis; its figures add
+#                 redis_cpu_pct and redis_us_per_op as shared's do.
 #   nginx-static  nginx answering every request with a static
 #                 {"stored":true} (nginx-static/): the ingest figure only,
 #                 the floor for that HTTP exchange on this kernel.
@@ -122,12 +130,12 @@ ulimit -n "$(ulimit -Hn)"
 
 for t in $TARGETS; do
   case "$t" in
-    relay | nchan | nginx-static | durable | redis | shared | script) ;;
+    relay | nchan | nchan-redis | nginx-static | durable | redis | shared | script) ;;
     base | shared-base | durable-base)
       [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
       BASE_BIN="$(realpath "$BASE_BIN")"
       ;;
-    *) echo "run.sh: unknown target $t (relay, base, durable, durable-base, redis, shared, shared-base, script, nchan, nginx-static)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown target $t (relay, base, durable, durable-base, redis, shared, shared-base, script, nchan, nchan-redis, nginx-static)" >&2; exit 2 ;;
   esac
   case "$TLS:$t" in
     0:* | 1:relay | 1:base | 1:nchan | 1:nginx-static) ;;
@@ -203,7 +211,7 @@ relay_env=()
 bin_of() { case "$1" in base | shared-base | durable-base) echo "$BASE_BIN" ;; *) echo "$relay_bin" ;; esac; }
 
 # The protocol a target speaks to the load generator and wrk's script.
-proto_of() { case "$1" in durable | durable-base | shared | shared-base) echo relay ;; *) echo "$1" ;; esac; }
+proto_of() { case "$1" in durable | durable-base | shared | shared-base) echo relay ;; nchan-redis) echo nchan ;; *) echo "$1" ;; esac; }
 
 # The storage thread's commits so far (one fsync each with RELAY_SYNC=always).
 commits() {
@@ -251,6 +259,26 @@ start_server() {
       stop_pid=$!
       wait_healthy "$2"
       server_pid=$stop_pid
+      ;;
+    nchan-redis)
+      # Redis first, as for shared, then nginx on it, and for fan-out a
+      # second nginx on the same Redis.
+      local rport=$(($2 + 2000))
+      mkdir -p "$OUT/nchan-redis-$2"
+      taskset -c "$SERVER_CORE" redis-server --port "$rport" --bind 127.0.0.1 --dir "$OUT/nchan-redis-$2" \
+        --save '' --appendonly no --daemonize no >"$OUT/nchan-redis-redis-$2.log" 2>&1 &
+      redis_pid=$!
+      for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+      taskset -c "$SERVER_CORE" "$NCHAN_DIR/run.sh" "$2" "$rport" 2>"$log" &
+      stop_pid=$!
+      wait_healthy "$2"
+      server_pid="$(pgrep -P "$stop_pid" | head -1)"
+      if [ -n "${SECOND:-}" ]; then
+        taskset -c "$SERVER_CORE" "$NCHAN_DIR/run.sh" "$SECOND" "$rport" 2>"$log.2" &
+        second_pid=$!
+        wait_healthy "$SECOND"
+        server_pid="$server_pid,$(pgrep -P "$second_pid" | head -1)"
+      fi
       ;;
     shared | shared-base)
       # Redis first (no persistence: the engine's cost), then the relay
@@ -338,16 +366,27 @@ run_redis_ingest() {
 # calls it for a prompt of the ingest figure (a 256-byte prompt, a fresh
 # client_msg_id each time), into one session.
 run_script_ingest() {
-  local sha now head
-  sha="$({ echo "if ARGV[5] == 'next' then ARGV[5] = redis.call('HGET', KEYS[1], 'n') or '1' end"
-    cat "$root/src/store/redis/relay.lua"; } | redis-cli -p "$port" -x script load)"
+  local now head record how
+  local cursor="if A[5] == 'next' then A[5] = redis.call('HGET', K[1], 'n') or '1' end"
+  if redis-server --version | grep -q 'v=[7-9]'; then
+    # As the relay calls it on Redis 7: the library, by FCALL.
+    { echo "#!lua name=bench"; sed '$d' "$root/src/store/redis/relay.lua"
+      echo "redis.register_function('bench', function(K, A) $cursor return run(K, A) end)"; } |
+      redis-cli -p "$port" -x function load >/dev/null
+    how=(fcall bench)
+  else
+    how=(evalsha "$({ echo "local K, A = KEYS, ARGV $cursor"; cat "$root/src/store/redis/relay.lua"; } |
+      redis-cli -p "$port" -x script load)")
+  fi
   now="$(date +%s%3N)"
   local keys=(3 b:s:x b:sessions b:w:x)
   local limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
-  redis-cli -p "$port" evalsha "$sha" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
+  redis-cli -p "$port" "${how[@]}" "${keys[@]}" create x "$now" '' 0 "${limits[@]}" >/dev/null
   head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
-  run_benchmark_ingest script "${SCRIPT_RATE:-20000}" -r 1000000000 evalsha "$sha" "${keys[@]}" prompt x "$now" \
-    00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$head" "$now"
+  # The record the relay sends (src/store/redis/mod.rs, `record`).
+  record="$(printf 'P\nm0-0000000000\n\n%s\n%s' "$now" "$head")"
+  run_benchmark_ingest script "${SCRIPT_RATE:-20000}" -r 1000000000 "${how[@]}" "${keys[@]}" prompt x "$now" \
+    00000000-0000-4000-8000-000000000000 next "${limits[@]}" "m__rand_int__" "$record"
 }
 
 # run_benchmark_ingest TARGET RATE ARGS...: redis-benchmark -c 64 -P 1 with
@@ -366,8 +405,10 @@ run_benchmark_ingest() {
   w1="$(date +%s.%N)"
   read -r t1 k1 < <(ticks "$server_pid")
   awk -F, -v t="$t" -v n="$n" -v d="$((t1 - t0))" -v k="$((k1 - k0))" -v hz="$clk_tck" -v w0="$w0" -v w1="$w1" '
-    NR == 2 { gsub(/"/, ""); rps = $(NF - 6); p50 = $(NF - 3) * 1000; p99 = $(NF - 1) * 1000 }
-    END { secs = w1 - w0; cpu = d / hz
+    NR >= 2 { last = $0 }
+    # The figures end the last line (the test name may span lines).
+    END { $0 = last; gsub(/"/, ""); rps = $(NF - 6); p50 = $(NF - 3) * 1000; p99 = $(NF - 1) * 1000
+      secs = w1 - w0; cpu = d / hz
       printf "RESULT figure=ingest target=%s requests=%d secs=%.1f req_per_s=%.0f p50_us=%.1f p99_us=%.1f server_cpu_pct=%.1f server_us_per_op=%.2f server_kernel_us_per_op=%.2f\n",
         t, n, secs, rps, p50, p99, 100 * cpu / secs, 1e6 * cpu / n, 1e6 * k / hz / n }' "$out"
 }
@@ -407,7 +448,7 @@ runs() {
   case "$2:$1" in
     relay:stream | relay:partcost | base:stream | base:partcost) return 0 ;;
     *:stream | *:partcost) return 1 ;;
-    nchan:catchup) return 1 ;;
+    nchan:catchup | nchan-redis:catchup) return 1 ;;
     redis:ingest | script:ingest) return 0 ;;
     redis:* | script:*) return 1 ;;
     nginx-static:ingest | nginx-static:irate | nginx-static:handshake) return 0 ;;
@@ -446,7 +487,7 @@ run_figure() {
   esac
   port=$((port + 1))
   SECOND=""
-  case "$t:$kind" in shared:fan | shared-base:fan) SECOND=$((port + 4000)) ;; esac
+  case "$t:$kind" in shared:fan | shared-base:fan | nchan-redis:fan) SECOND=$((port + 4000)) ;; esac
   start_server "$t" "$port"
   local extra=()
   [ -n "$redis_pid" ] && extra+=(--redis-pid "$redis_pid")
@@ -464,7 +505,7 @@ run_figure() {
     line="$(taskset -c "$LOAD_CORE" "$load_bin" "${args[@]}" --target "$(proto_of "$t")" --addr "127.0.0.1:$port" \
       --server-pid "$server_pid" "${extra[@]}" "${tls_args[@]}" --seconds "$SECS" --figure "$figure" 2>>"$OUT/gen.log" | grep '^RESULT')" ||
       line="RESULT figure=$figure target=$t failed=1"
-    line="${line/target=relay /target=$t }"
+    line="${line/target=$(proto_of "$t") /target=$t }"
   fi
   if [[ "$t" == durable* ]]; then
     c1="$(commits "$port")"
@@ -488,6 +529,7 @@ run_figure() {
     durable*) rm -rf "$OUT/data-$port"; sync ;;
     redis) rm -rf "$OUT/redis-$port"; sync ;;
     shared | shared-base) rm -rf "$OUT/shared-$port" ;;
+    nchan-redis) rm -rf "$OUT/nchan-redis-$port" ;;
     script) rm -rf "$OUT/script-$port" ;;
   esac
 }
@@ -507,6 +549,7 @@ run_figure() {
     case "$t" in
       relay | base | durable | durable-base) echo "- $t: $(describe_bin "$(bin_of "$t")")" ;;
       shared | shared-base) echo "- $t: $(describe_bin "$(bin_of "$t")") on $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
+      nchan-redis) echo "- nchan-redis: $(nginx -v 2>&1 | cut -d' ' -f3), nchan $(dpkg-query -W -f '${Version}' libnginx-mod-nchan 2>/dev/null || echo '?'), channels in $(redis-server --version | cut -d' ' -f1-3), no persistence" ;;
       redis) echo "- redis: $(redis-server --version | cut -d' ' -f1-3), appendonly yes, appendfsync always" ;;
       script) echo "- script: $(redis-server --version | cut -d' ' -f1-3), no persistence, src/store/redis/relay.lua by redis-benchmark" ;;
     esac

@@ -440,8 +440,8 @@ impl Relay {
     }
 
     /// With Redis: the drafts and agent states a read of `sid` found.
-    /// The drafts replace the copy's; when they differ, the subscribers
-    /// here get snapshots.
+    /// A draft the read holds further than the copy replaces it, and the
+    /// subscribers here get its snapshot.
     pub(super) fn live_synced(
         &mut self,
         now: Millis,
@@ -451,26 +451,35 @@ impl Relay {
     ) {
         let unix = self.unix_at(now);
         let max_drafts = self.limits.max_pending;
-        let drafts: Vec<DraftState> = drafts.into_iter().filter(|d| d.deadline > unix).collect();
         let live = self.live.entry(sid.clone()).or_default();
-        let same = drafts.len() == live.drafts.len()
-            && drafts.iter().all(|d| {
-                live.drafts
-                    .iter()
-                    .any(|l| *l.assistant_msg_id == *d.assistant_msg_id && l.parts == d.parts)
-            });
-        if !same {
-            live.drafts = drafts
-                .into_iter()
-                .map(|d| Draft {
-                    assistant_msg_id: Rc::from(d.assistant_msg_id),
-                    client_msg_id: Rc::from(d.client_msg_id),
-                    escaped: d.escaped,
-                    bytes: d.bytes,
-                    parts: d.parts,
-                    deadline: now.after_ms(d.deadline - unix),
-                })
-                .collect();
+        // A read's drafts may be older than parts published since it ran:
+        // Redis writes to the two links in either order, so a part heard
+        // on the channel can arrive before the answer to a read it
+        // followed. A draft is taken from the read only where the read
+        // holds more parts than the copy; a draft the read lacks stays
+        // until its deadline or its final answer.
+        let mut snapshots: Vec<Rc<[u8]>> = Vec::new();
+        for d in drafts.into_iter().filter(|d| d.deadline > unix) {
+            let at = live
+                .drafts
+                .iter()
+                .position(|l| *l.assistant_msg_id == *d.assistant_msg_id);
+            if at.is_some_and(|at| live.drafts[at].parts >= d.parts) {
+                continue;
+            }
+            let draft = Draft {
+                assistant_msg_id: Rc::from(d.assistant_msg_id),
+                client_msg_id: Rc::from(d.client_msg_id),
+                escaped: d.escaped,
+                bytes: d.bytes,
+                parts: d.parts,
+                deadline: now.after_ms(d.deadline - unix),
+            };
+            snapshots.push(delta_frame(sid, &draft, None, true));
+            match at {
+                Some(at) => live.drafts[at] = draft,
+                None => live.drafts.push(draft),
+            }
         }
         let engine = &self.engine;
         live.remote = agents
@@ -480,14 +489,6 @@ impl Relay {
             .collect();
         live.drafts.truncate(max_drafts);
         let deadlines: Vec<Millis> = live.drafts.iter().map(|d| d.deadline).collect();
-        let snapshots: Vec<Rc<[u8]>> = if same {
-            Vec::new()
-        } else {
-            live.drafts
-                .iter()
-                .map(|d| delta_frame(sid, d, None, true))
-                .collect()
-        };
         for d in deadlines {
             self.wake_at(d);
         }

@@ -143,6 +143,37 @@ impl Relay {
     /// it lacks. While Redis is unreachable, a session this copy holds is
     /// read as it is.
     pub fn sync_first(&mut self, conn: ConnId, sid: &SessionId) -> Result<bool, ApiError> {
+        self.sync_first_as(conn, sid, false)
+    }
+
+    /// [`sync_first`](Self::sync_first) for a WebSocket upgrade: the
+    /// session's channel is listened to from the read on, not from the
+    /// subscription after it, so that what is published once the
+    /// subscriber has its first frames reaches it as it happens (what
+    /// was published before Redis confirmed the subscription comes with
+    /// the read that follows the confirmation).
+    pub fn sync_first_listening(
+        &mut self,
+        conn: ConnId,
+        sid: &SessionId,
+    ) -> Result<bool, ApiError> {
+        self.sync_first_as(conn, sid, true)
+    }
+
+    fn sync_first_as(
+        &mut self,
+        conn: ConnId,
+        sid: &SessionId,
+        listen: bool,
+    ) -> Result<bool, ApiError> {
+        if listen
+            && self
+                .engine
+                .redis()
+                .is_some_and(|r| r.up() && !r.follows(sid))
+        {
+            self.listen(sid);
+        }
         let store = &self.store;
         let Some(r) = self.engine.redis() else {
             return Ok(false);
@@ -344,7 +375,9 @@ impl Relay {
     fn published(&mut self, now: Millis, e: Event) {
         let (sid, epoch) = match &e {
             Event::Listening { sid } => {
-                if self.presence.contains_key(sid) {
+                // Held here: someone waits on it, or a subscriber's
+                // upgrade read it and is being set up.
+                if self.presence.contains_key(sid) || self.store.contains(sid) {
                     self.resync(sid);
                 }
                 return;

@@ -26,14 +26,22 @@
 //! messages and replies in order). The reads of one loop turn share one
 //! `PING`. Any other session is read through the script.
 //!
+//! The script is loaded twice: as a library of functions (`FUNCTION
+//! LOAD`, Redis 7 and later), called with `FCALL`, and as a script
+//! (`SCRIPT LOAD`), called with `EVALSHA` until Redis confirmed the
+//! library, and always on Redis 6.2, which has no functions. A library's
+//! helpers are made once, where a script makes them again on every call.
+//!
 //! A write Redis refuses leaves no trace. Out of memory (`maxmemory` with
-//! `noeviction`), Redis refuses a write command that may grow memory only
-//! while the script has written nothing yet, and aborts the script there
-//! (`redis.call` raises; the script never uses `redis.pcall`); once a
-//! write went through, the rest are run, over the limit. The script
-//! declares no flags (a `#!lua` line, which Redis 6.2 would not parse;
-//! Redis 7 refuses a script with flags but without `allow-oom` up front),
-//! so Redis runs it and checks memory at that first write. Debian's 7.0.15
+//! `noeviction`), Redis refuses a function that may write up front,
+//! before it runs; reads go to a `no-writes` function, which runs, and
+//! the writes that only delete to an `allow-oom` one, as they ran as a
+//! script. As a script, which declares no flags (a `#!lua` line, which
+//! Redis 6.2 would not parse), Redis refuses a write command that may
+//! grow memory only while the script has written nothing yet, and aborts
+//! the script there (`redis.call` raises; the script never uses
+//! `redis.pcall`); once a write went through, the rest are run, over the
+//! limit. Debian's 7.0.15
 //! does so: a PUBLISH before the refused write still goes out, and an HDEL
 //! before an HSET lets the HSET through. So every write path of the script
 //! makes its growing write (HSET, ZADD) first, deletes (HDEL, DEL) after
@@ -81,8 +89,60 @@ use reply::{bytes_of, parse_event, parse_snapshot};
 // once per request or reply, and inlined into the poll loop they cost the
 // static binary about 9 KB, which it does not have under 2 MiB.
 
-/// The script every instance loads (`SCRIPT LOAD`) and calls by its SHA-1.
+/// The script every instance loads (`SCRIPT LOAD`) and calls by its SHA-1
+/// where Redis has no functions (6.2).
 pub const SCRIPT: &str = include_str!("relay.lua");
+
+/// The script's last line, which runs it as a script; the library has
+/// the functions' registration in its place.
+const ENTRY: &str = "return run(KEYS, ARGV)\n";
+
+/// The functions of the library (Redis 7 and later), named after the
+/// script's SHA-1 so that relays of different versions on one Redis each
+/// call their own: one for writes (refused up front while Redis is out
+/// of memory: nothing ran, nothing was published), one for reads
+/// (`no-writes`: runs out of memory too, as reads did as a script), and
+/// one for the writes that only delete (`allow-oom`: they ran out of
+/// memory as a script too).
+struct Functions {
+    write: String,
+    read: String,
+    delete: String,
+    /// `FUNCTION LOAD`'s argument.
+    library: String,
+}
+
+impl Functions {
+    fn new(sha: &str) -> Functions {
+        let v = &sha[..16];
+        let (write, read, delete) = (
+            format!("relay_{v}"),
+            format!("relay_r_{v}"),
+            format!("relay_d_{v}"),
+        );
+        let body = SCRIPT.strip_suffix(ENTRY).unwrap_or(SCRIPT);
+        let library = format!(
+            "#!lua name=relay_{v}\n{body}redis.register_function('{write}', run)\n\
+             redis.register_function{{function_name = '{read}', callback = run, flags = {{ 'no-writes' }}}}\n\
+             redis.register_function{{function_name = '{delete}', callback = run, flags = {{ 'allow-oom' }}}}\n"
+        );
+        Functions {
+            write,
+            read,
+            delete,
+            library,
+        }
+    }
+
+    /// The function that runs `op`.
+    fn of(&self, op: &str) -> &str {
+        match op {
+            "sync" => &self.read,
+            "delete" | "collect" => &self.delete,
+            _ => &self.write,
+        }
+    }
+}
 
 /// Requests sent and not answered above which the loop takes no new
 /// request until some are answered (the pipeline stays bounded).
@@ -149,8 +209,8 @@ struct Gathered {
     conn: Ticket,
     sid: SessionId,
     id: String,
-    head: String,
-    ts: u64,
+    /// The record the script stores (see [`record`]).
+    record: String,
     known_epoch: String,
     known_next: u64,
 }
@@ -164,6 +224,8 @@ const MAX_BATCH: usize = 64;
 enum Expect {
     /// `AUTH`, `SELECT`, `SCRIPT LOAD`.
     Setup,
+    /// `FUNCTION LOAD`: once answered, calls go by `FCALL`.
+    Library,
     /// The `prompts` call of one turn: one answer per prompt, in order.
     Prompts(Vec<(Ticket, SessionId, String)>),
     Write {
@@ -212,6 +274,10 @@ pub struct RedisStore {
     sessions_key: String,
     limits: StoreLimits,
     sha: String,
+    functions: Functions,
+    /// The library is loaded: calls go by `FCALL` (Redis 7 and later),
+    /// not `EVALSHA`.
+    fcall: bool,
     ids: IdGen,
     cmd: Side,
     ev: Side,
@@ -225,6 +291,20 @@ pub struct RedisStore {
     /// This instance's name in Redis (a UUID chosen at start).
     instance: String,
     health: Health,
+}
+
+/// A message as the script stores it (`kind\ncid\naid\nts\nhead`, the
+/// message being `head`, its seq and `}`): Redis stores, publishes and
+/// answers these bytes as they are, and only the relays parse them.
+fn record(kind: &str, cid: &str, aid: &str, ts: u64, head: &str) -> String {
+    let mut r = String::with_capacity(kind.len() + cid.len() + aid.len() + head.len() + 24);
+    for part in [kind, "\n", cid, "\n", aid, "\n"] {
+        r.push_str(part);
+    }
+    crate::wire::push_decimal_str(&mut r, ts);
+    r.push('\n');
+    r.push_str(head);
+    r
 }
 
 /// A part of a streamed answer for the script.
@@ -269,6 +349,8 @@ impl RedisStore {
             batch: Vec::new(),
             sessions_key: format!("{prefix}sessions"),
             limits,
+            functions: Functions::new(&sha),
+            fcall: false,
             sha,
             ids: IdGen::new(),
             cmd: Side::default(),
@@ -363,6 +445,12 @@ impl RedisStore {
                 for _ in 0..=replies {
                     self.expect.push_back(Expect::Setup);
                 }
+                // Calls go by EVALSHA until Redis confirms the library
+                // (Redis 6.2 has no FUNCTION, and keeps them so).
+                self.fcall = false;
+                let library = self.functions.library.as_bytes();
+                push_command(&mut setup, &[b"FUNCTION", b"LOAD", library]);
+                self.expect.push_back(Expect::Library);
             }
             Link::Events => {
                 push_command(&mut setup, &[b"SUBSCRIBE", self.channel.as_bytes()]);
@@ -388,6 +476,7 @@ impl RedisStore {
         let side = self.side(link);
         *side = Side::default();
         if link == Link::Command {
+            self.fcall = false;
             self.health.link_lost();
             // A write sent is Redis's to run or not: whether it did is not
             // known now (a resend with the same id tells). A read changed
@@ -474,12 +563,29 @@ impl RedisStore {
         let Some(expect) = self.expect.pop_front() else {
             return Err("a reply nobody asked for".into());
         };
+        if let Expect::Library = expect {
+            // Loaded, or loaded before by a relay of this version; any
+            // other error (no FUNCTION: Redis 6.2) keeps EVALSHA.
+            self.fcall = match &frame {
+                OwnedFrame::Error(e) => e.contains("already exists"),
+                _ => true,
+            };
+            return Ok(());
+        }
         if let OwnedFrame::Error(e) = &frame {
             self.stats.errors += 1;
             if e.starts_with("NOSCRIPT") {
                 // Redis lost its scripts (SCRIPT FLUSH): load it again.
                 push_command(&mut self.cmd.out, &[b"SCRIPT", b"LOAD", SCRIPT.as_bytes()]);
                 self.expect.push_back(Expect::Setup);
+            }
+            if self.fcall && e.contains("Function not found") {
+                // Redis lost its functions (FUNCTION FLUSH): EVALSHA
+                // until the library is loaded again.
+                self.fcall = false;
+                let library = self.functions.library.as_bytes();
+                push_command(&mut self.cmd.out, &[b"FUNCTION", b"LOAD", library]);
+                self.expect.push_back(Expect::Library);
             }
             if matches!(expect, Expect::Setup) {
                 return Err(format!("Redis refused the connection's setup: {e}"));
@@ -518,7 +624,7 @@ impl RedisStore {
                     self.set_up();
                 }
             }
-            Expect::Quiet => {}
+            Expect::Quiet | Expect::Library => {}
             Expect::Probe => {
                 let generation = match &frame {
                     OwnedFrame::Array(parts) => parts.get(1).map_or(&b""[..], bytes_of),
@@ -749,8 +855,13 @@ impl RedisStore {
         let (p, sid) = (self.prefix.as_bytes(), sid.as_bytes());
         let out = &mut self.cmd.out;
         push_array(out, 17 + extra.len());
-        push_bulk(out, &[b"EVALSHA"]);
-        push_bulk(out, &[self.sha.as_bytes()]);
+        if self.fcall {
+            push_bulk(out, &[b"FCALL"]);
+            push_bulk(out, &[self.functions.of(op).as_bytes()]);
+        } else {
+            push_bulk(out, &[b"EVALSHA"]);
+            push_bulk(out, &[self.sha.as_bytes()]);
+        }
         push_bulk(out, &[b"3"]);
         push_bulk(out, &[p, b"s:", sid]);
         push_bulk(out, &[self.sessions_key.as_bytes()]);
@@ -795,12 +906,12 @@ impl RedisStore {
             self.fail(expect, ApiError::storage_unavailable());
             return;
         }
+        let record = record("P", &id, "", ts, &head);
         self.batch.push(Gathered {
             conn,
             sid: sid.clone(),
             id,
-            head,
-            ts,
+            record,
             known_epoch: known.epoch.to_string(),
             known_next: known.next,
         });
@@ -816,8 +927,7 @@ impl RedisStore {
         let mut batch = std::mem::take(&mut self.batch);
         if batch.len() <= 1 {
             if let Some(g) = batch.pop() {
-                let ts = g.ts.to_string();
-                let extra: [&[u8]; 3] = [g.id.as_bytes(), g.head.as_bytes(), ts.as_bytes()];
+                let extra: [&[u8]; 2] = [g.id.as_bytes(), g.record.as_bytes()];
                 let known = Known {
                     epoch: &g.known_epoch,
                     next: g.known_next,
@@ -834,9 +944,14 @@ impl RedisStore {
         let n = batch.len();
         let p = self.prefix.as_bytes();
         let out = &mut self.cmd.out;
-        push_array(out, 17 + n * 8);
-        push_bulk(out, &[b"EVALSHA"]);
-        push_bulk(out, &[self.sha.as_bytes()]);
+        push_array(out, 17 + n * 7);
+        if self.fcall {
+            push_bulk(out, &[b"FCALL"]);
+            push_bulk(out, &[self.functions.write.as_bytes()]);
+        } else {
+            push_bulk(out, &[b"EVALSHA"]);
+            push_bulk(out, &[self.sha.as_bytes()]);
+        }
         push_number(out, 3 + n as u64);
         push_bulk(out, &[]);
         push_bulk(out, &[self.sessions_key.as_bytes()]);
@@ -863,8 +978,7 @@ impl RedisStore {
             push_number(out, g.known_next);
             push_bulk(out, &[epoch.as_bytes()]);
             push_bulk(out, &[g.id.as_bytes()]);
-            push_bulk(out, &[g.head.as_bytes()]);
-            push_number(out, g.ts);
+            push_bulk(out, &[g.record.as_bytes()]);
         }
         self.stats.commands += 1;
         let waiting = batch.drain(..).map(|g| (g.conn, g.sid, g.id)).collect();
@@ -874,15 +988,14 @@ impl RedisStore {
     /// `POST /response`.
     #[inline(never)]
     pub fn response(&mut self, conn: Ticket, sid: &SessionId, w: ResponseWrite, known: Known) {
-        let ts = w.ts.to_string();
+        let record = record("A", w.client_msg_id, w.id, w.ts, w.head);
         let given: &[u8] = if w.given { b"1" } else { b"0" };
-        let extra: [&[u8]; 6] = [
+        let extra: [&[u8]; 5] = [
             w.client_msg_id.as_bytes(),
             w.id.as_bytes(),
             given,
             w.text.as_bytes(),
-            w.head.as_bytes(),
-            ts.as_bytes(),
+            record.as_bytes(),
         ];
         let expect = Expect::Write {
             conn,
@@ -1034,5 +1147,21 @@ impl RedisStore {
                 (uuid, lit)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_is_the_script_with_its_functions_in_place_of_its_last_line() {
+        assert!(SCRIPT.ends_with(ENTRY));
+        let f = Functions::new("0123456789abcdef0123");
+        assert!(f.library.starts_with("#!lua name=relay_0123456789abcdef\n"));
+        assert!(!f.library.contains(ENTRY));
+        assert_eq!(f.of("prompt"), "relay_0123456789abcdef");
+        assert_eq!(f.of("sync"), "relay_r_0123456789abcdef");
+        assert_eq!(f.of("delete"), "relay_d_0123456789abcdef");
     }
 }

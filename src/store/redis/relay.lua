@@ -10,10 +10,16 @@
 --                     needs in one call and writes it in another:
 --                       e epoch, n next seq, la newest answer's seq,
 --                       da newest answer history dropped, pc pending
---                       count, t when the session's score in `sessions`
---                       was set;
---                       <seq> -> "kind\ncid\naid\nts\ndata" (kind p or a):
---                       history, and the pending prompts it dropped;
+--                       count, t the second (unix) in which the
+--                       session's score in `sessions` was set;
+--                       <seq> -> a record, as the relay sent it:
+--                       "P\ncid\n\nts\nhead" (a prompt) or
+--                       "A\ncid\naid\nts\nhead" (an answer), where the
+--                       message's JSON is head .. seq .. "}" (the script
+--                       never builds or parses it; records written
+--                       before this format, kind p or a, hold the whole
+--                       JSON): history, and the pending prompts it
+--                       dropped;
 --                       c:<client_msg_id> -> seq (negative once answered);
 --                       a:<assistant_msg_id> -> seq
 --   P w:<sid>  hash   instance -> unix ms until which it has subscribers
@@ -38,24 +44,65 @@
 --
 -- Answer: {status, extra, epoch, n, la, da, full, generation, records...}:
 -- the session as it is after the call, as the records the caller lacks
--- (it says what it holds in known_epoch and known_next); `full` says they
+-- (it says what it holds in known_epoch and known_next), each as two
+-- elements, its seq and the record; `full` says they
 -- are the whole session rather than what follows known_next, and only
 -- then is `generation` given. An empty epoch: the session does not exist
 -- (the generation follows it).
 --
 -- `prompts` stores the prompts of one loop turn of the caller, in order,
 -- each as `prompt` would, and answers the list of their answers: the
--- cost of a call (EVALSHA, and the locals and helpers below, made again
--- on every call) is paid once for all of them. Its keys are
+-- cost of a call (FCALL or EVALSHA, and with EVALSHA the helpers
+-- below, made again on every call) is paid once for all of them. Its keys are
 -- (unused, sessions, unused, then P s:<sid> of each prompt); its
--- arguments after the common ones are 7 per prompt: sid, known_epoch,
--- known_next, new_epoch, client_msg_id, head, ts.
+-- arguments after the common ones are 6 per prompt: sid, known_epoch,
+-- known_next, new_epoch, client_msg_id, record.
+--
+-- What a call costs Redis is mostly this script's own work (the Lua
+-- around each redis.call, the strings it makes, their garbage), so the
+-- hot path (a prompt) makes no string it can take as sent, converts
+-- between numbers and strings only where it computes, and writes only
+-- the counters it changed.
 
-local s, all, w = KEYS[1], KEYS[2], KEYS[3]
-local op, sid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local known_epoch, known_next = ARGV[4], tonumber(ARGV[5])
-local limit, max_sessions, max_pending = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local new_epoch, channel, prefix = ARGV[9], ARGV[10], ARGV[11]
+-- The call's keys and arguments, and what they say; set by `run` at
+-- the start of every call (the helpers below read them).
+local K, A
+local s, all, w
+local op, sid, now_ms
+-- known_next stays a string until a call needs its value (see `answer`).
+local known_epoch, known_next
+local limit, max_pending
+local new_epoch, channel, prefix
+-- The unix second of now: the activity score moves when it changes.
+local second
+-- Now as a number, for the ops that compare times.
+local now
+-- Messages to publish, channel then message, sent by `done`.
+local published
+-- Fields of the session to delete once its growing write went through
+-- (nil: none).
+local drops
+-- The record this call wrote, its seq as a number and as a string: the
+-- answer carries it without reading it back.
+local wn, wq, wv
+
+local function begin(keys, argv)
+  K, A = keys, argv
+  s, all, w = K[1], K[2], K[3]
+  op, sid, now_ms = A[1], A[2], A[3]
+  known_epoch, known_next = A[4], A[5]
+  -- `x + 0` where x is always a number: Lua 5.1's tonumber parses its
+  -- argument twice (strtod each time), arithmetic once.
+  limit, max_pending = A[6] + 0, A[8] + 0
+  new_epoch, channel, prefix = A[9], A[10], A[11]
+  second = string.sub(now_ms, 1, -4)
+  now = 0
+  if op ~= 'prompt' and op ~= 'prompts' then
+    now = tonumber(now_ms)
+  end
+  published, drops = {}, nil
+  wn, wq, wv = nil, nil, nil
+end
 
 -- A number as Redis takes it. Lua's own conversion (`..`, or a number
 -- passed to redis.call) prints a double with "%.14g", which costs more
@@ -64,80 +111,73 @@ local function str(n)
   return string.format('%d', n)
 end
 
-local generation_key = prefix .. 'generation'
-
 -- The store's generation, or '' (a read never sets it).
 local function generation()
-  return redis.call('GET', generation_key) or ''
+  return redis.call('GET', prefix .. 'generation') or ''
 end
-
--- Messages to publish, {channel, message}, sent by `done`.
-local published = {}
 
 local function publish(ch, message)
-  published[#published + 1] = { ch, message }
+  local n = #published
+  published[n + 1], published[n + 2] = ch, message
 end
 
--- Fields of the session to delete once its growing write went through.
-local drops = {}
-
 -- The session's counters, and the fields named after them (v[7] on):
--- what a write needs to know, in one call.
+-- what a write needs to know, in one call. `q` is n as stored (the seq
+-- of the next message); la and da stay strings (the answer carries them
+-- as they are).
 local function session(...)
   local v = redis.call('HMGET', s, 'e', 'n', 'la', 'da', 'pc', 't', ...)
   if not v[1] then
     return nil, v
   end
-  return { e = v[1], n = tonumber(v[2]), la = tonumber(v[3]), da = tonumber(v[4]), pc = tonumber(v[5]),
-    t = tonumber(v[6] or '0') }, v
+  return { e = v[1], n = v[2] + 0, q = v[2], la = v[3], da = v[4], pc = v[5] + 0, t = v[6] }, v
 end
 
 -- A redis.call costs about as much as the Lua around it, so a write makes
--- as few as it can: one HSET of the counters and `fields` (field, value,
--- ...), and the activity score moves once a second; then the deletions
--- `append` gathered.
+-- as few as it can: one HSET of `fields` (field, value, ...: the records
+-- and the counters the write changed), and the activity score moves once
+-- a second; then the deletions `append` gathered.
 local function save(S, fields)
-  local n = #fields
-  fields[n + 1], fields[n + 2] = 'n', str(S.n)
-  fields[n + 3], fields[n + 4] = 'la', str(S.la)
-  fields[n + 5], fields[n + 6] = 'da', str(S.da)
-  fields[n + 7], fields[n + 8] = 'pc', str(S.pc)
-  if now - S.t >= 1000 then
-    redis.call('ZADD', all, ARGV[3], sid)
-    fields[n + 9], fields[n + 10] = 't', ARGV[3]
+  if S.dropped then
+    fields[#fields + 1], fields[#fields + 2] = 'da', S.da
+  end
+  if S.t ~= second then
+    redis.call('ZADD', all, now_ms, sid)
+    fields[#fields + 1], fields[#fields + 2] = 't', second
   end
   redis.call('HSET', s, unpack(fields))
-  if #drops > 0 then
+  if drops then
     redis.call('HDEL', s, unpack(drops))
-    drops = {}
+    drops = nil
   end
 end
 
 local function create()
-  if redis.call('ZCARD', all) >= max_sessions then
+  if redis.call('ZCARD', all) >= tonumber(A[7]) then
     return nil
   end
-  redis.call('HSET', s, 'e', new_epoch, 'n', 1, 'la', 0, 'da', 0, 'pc', 0, 't', now)
-  redis.call('ZADD', all, now, sid)
+  redis.call('HSET', s, 'e', new_epoch, 'n', '1', 'la', '0', 'da', '0', 'pc', '0', 't', second)
+  redis.call('ZADD', all, now_ms, sid)
   publish(channel, 'C\n' .. sid .. '\n' .. new_epoch)
-  return { e = new_epoch, n = 1, la = 0, da = 0, pc = 0, t = now }
+  return { e = new_epoch, n = 1, q = '1', la = '0', da = '0', pc = 0, t = second }
 end
 
--- The records this call wrote ("seq\nrecord"), by seq: the answer
--- carries them without reading them back.
-local written = {}
-
 local function answer(status, S, extra)
+  -- The usual case: the caller held everything before the one record
+  -- this call wrote.
+  if S.e == known_epoch and wn and (known_next == wq or known_next == wn) and S.n == wn + 1 then
+    return { status, extra or '', S.e, S.n, S.la, S.da, '0', '', wq, wv }
+  end
   local out = { status, extra or '', S.e, S.n, S.la, S.da, '0', '' }
-  if S.e == known_epoch and known_next >= S.n - limit and known_next <= S.n then
-    for q = known_next, S.n - 1 do
-      local w = written[q]
-      if w then
-        out[#out + 1] = w
+  local kn = tonumber(known_next)
+  if S.e == known_epoch and kn and kn >= S.n - limit and kn <= S.n then
+    for q = kn, S.n - 1 do
+      if q == wn then
+        out[#out + 1], out[#out + 2] = wq, wv
       else
         local r = redis.call('HGET', s, q)
         if r then
-          out[#out + 1] = str(q) .. '\n' .. r
+          out[#out + 1], out[#out + 2] = str(q), r
         end
       end
     end
@@ -156,7 +196,7 @@ local function answer(status, S, extra)
     end
     table.sort(seqs)
     for _, q in ipairs(seqs) do
-      out[#out + 1] = str(q) .. '\n' .. byseq[q]
+      out[#out + 1], out[#out + 2] = str(q), byseq[q]
     end
   end
   return out
@@ -166,37 +206,36 @@ local function gone(status)
   return { status, '', '', '', '', '', '', generation() }
 end
 
--- Appends a message, `fields` then `head` then its seq, and marks what
--- history no longer keeps for `save` to drop. Returns the message's seq
--- and the fields that store it, for `save`.
-local function append(S, fields, head)
+-- Appends `record` (as the relay sent it), and marks what history no
+-- longer keeps for `save` to drop. Returns the message's seq, and the
+-- fields that store it and the new next seq, for `save` (room for four
+-- more, made in one step).
+local function append(S, record)
   local seq = S.n
-  local q = str(seq)
+  local q = S.q
   S.n = seq + 1
-  local body = fields .. head .. q .. '}'
-  local record = q .. '\n' .. body
-  written[seq] = record
-  publish(channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. record)
+  wn, wq, wv = seq, q, record
+  publish(channel, 'M\n' .. sid .. '\n' .. S.e .. '\n' .. q .. '\n' .. record)
   local d = seq - limit
   if d >= 1 then
     local ds = str(d)
     local old = redis.call('HGET', s, ds)
     if old then
       local kind, cid, aid = string.match(old, '^(%a)\n([^\n]*)\n([^\n]*)\n')
-      if kind == 'p' then
+      if kind == 'p' or kind == 'P' then
         if tonumber(redis.call('HGET', s, 'c:' .. cid) or '0') < 0 then
-          drops[#drops + 1], drops[#drops + 2] = ds, 'c:' .. cid
+          drops = { ds, 'c:' .. cid }
         end
       else
-        drops[#drops + 1] = ds
+        drops = { ds }
         if tonumber(redis.call('HGET', s, 'a:' .. aid) or '0') == d then
-          drops[#drops + 1] = 'a:' .. aid
+          drops[2] = 'a:' .. aid
         end
-        S.da = d
+        S.da, S.dropped = ds, true
       end
     end
   end
-  return seq, { q, body }
+  return seq, { q, record, 'n', str(seq + 1), false, false, false, false }
 end
 
 -- '1' when an instance has subscribers of the session (`delivered`).
@@ -216,6 +255,15 @@ local function draft_of(v)
   return cid, tonumber(parts), tonumber(bytes), tonumber(deadline), text
 end
 
+-- A stored record's message JSON (kind: p, a, or P, A: without its
+-- seq, which does not matter here).
+local function json_of(kind, data)
+  if kind == 'P' or kind == 'A' then
+    return data .. '0}'
+  end
+  return data
+end
+
 local function text_of(data)
   local ok, v = pcall(cjson.decode, data)
   if ok and type(v) == 'table' then
@@ -224,9 +272,10 @@ local function text_of(data)
   return nil
 end
 
-local function prompt(cid, head, ts)
+local function prompt(cid, record)
   -- The counters and the id's entry (dedupe) in one call.
-  local S, v = session('c:' .. cid)
+  local ckey = 'c:' .. cid
+  local S, v = session(ckey)
   local extra = '0'
   if not S then
     S = create()
@@ -239,10 +288,14 @@ local function prompt(cid, head, ts)
     -- same id is refused. A stored prompt that cannot be read back, or one
     -- only the id of is remembered, counts as a resend.
     local r = redis.call('HGET', s, str(math.abs(tonumber(v[7]) or 0)))
-    local data = r and string.match(r, '^p\n[^\n]*\n[^\n]*\n[^\n]*\n(.*)$')
+    local kind, data = nil, nil
+    if r then
+      kind, data = string.match(r, '^([pP])\n[^\n]*\n[^\n]*\n[^\n]*\n(.*)$')
+    end
     if data then
-      local ok_stored, stored = pcall(cjson.decode, data)
-      local ok_sent, sent = pcall(cjson.decode, head .. '0}')
+      local ok_stored, stored = pcall(cjson.decode, json_of(kind, data))
+      local sent_data = string.match(record, '^P\n[^\n]*\n[^\n]*\n[^\n]*\n(.*)$') or ''
+      local ok_sent, sent = pcall(cjson.decode, sent_data .. '0}')
       if ok_stored and ok_sent and type(stored) == 'table' and type(sent) == 'table'
           and stored.prompt ~= sent.prompt then
         return answer('e409c', S, extra)
@@ -253,9 +306,10 @@ local function prompt(cid, head, ts)
   if S.pc >= max_pending then
     return answer('e503p', S, extra)
   end
-  local seq, fields = append(S, 'p\n' .. cid .. '\n\n' .. ts .. '\n', head)
-  fields[3], fields[4] = 'c:' .. cid, str(seq)
+  local _, fields = append(S, record)
   S.pc = S.pc + 1
+  fields[5], fields[6] = ckey, fields[1]
+  fields[7], fields[8] = 'pc', str(S.pc)
   save(S, fields)
   return answer('ok', S, extra)
 end
@@ -263,207 +317,225 @@ end
 -- Every answer below goes through here: what the call publishes is sent
 -- once every write of it went through.
 local function done(result)
-  for _, p in ipairs(published) do
-    redis.call('PUBLISH', p[1], p[2])
+  for i = 1, #published, 2 do
+    redis.call('PUBLISH', published[i], published[i + 1])
   end
   return result
 end
 
-if op == 'prompt' then
-  return done(prompt(ARGV[12], ARGV[13], ARGV[14]))
-elseif op == 'prompts' then
-  local out = {}
-  -- What the caller holds of a session once it applied the answers so
-  -- far: a later prompt of that session is answered from there, not
-  -- again from what it held before the call.
-  local held = {}
-  for i = 1, #KEYS - 3 do
-    local a = 12 + 7 * (i - 1)
-    s, sid = KEYS[3 + i], ARGV[a]
-    known_epoch, known_next, new_epoch = ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
-    local h = held[sid]
-    if h then
-      known_epoch, known_next = h[1], h[2]
-    end
-    channel = prefix .. 'e:' .. sid
-    written = {}
-    local r = prompt(ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
-    if r[3] ~= '' then
-      held[sid] = { r[3], r[4] }
-    end
-    out[i] = r
-  end
-  return done(out)
-elseif op == 'response' then
-  local cid, aid, given, text, head, ts = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
-  -- The counters and both ids' entries in one call.
-  local S, v = session('c:' .. cid, 'a:' .. aid)
-  if not S then
-    return done(gone('e404s'))
-  end
-  local pv, prev = v[7], v[8]
-  if given == '1' and prev then
-    local r = redis.call('HGET', s, prev) or ''
-    local pcid, data = string.match(r, '^a\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
-    local sent_ok, sent = pcall(cjson.decode, text)
-    if pcid == cid and sent_ok and data and text_of(data) == sent then
-      return done(answer('dup', S))
-    end
-    return done(answer('e409', S))
-  end
-  if not pv then
-    return done(answer('e404p', S))
-  end
-  local seq, fields = append(S, 'a\n' .. cid .. '\n' .. aid .. '\n' .. ts .. '\n', head)
-  fields[3], fields[4] = 'a:' .. aid, str(seq)
-  S.la = seq
-  local pseq = tonumber(pv)
-  if pseq > 0 then
-    S.pc = S.pc - 1
-    if pseq <= S.n - 1 - limit then
-      -- Out of history and now answered: the prompt is forgotten.
-      drops[#drops + 1], drops[#drops + 2] = pv, 'c:' .. cid
-    else
-      fields[5], fields[6] = 'c:' .. cid, '-' .. pv
-    end
-  end
-  save(S, fields)
-  -- The final answer replaces its draft.
-  redis.call('HDEL', prefix .. 'd:' .. sid, aid)
-  return done(answer('ok', S, watched()))
-elseif op == 'part' then
-  -- A part of a streamed answer: appended to its draft and published
-  -- (P sid epoch aid cid part literal); nothing else is stored.
-  local cid, aid, lit, bytes = ARGV[12], ARGV[13], ARGV[14], tonumber(ARGV[15])
-  local timeout, max_bytes = tonumber(ARGV[16]), tonumber(ARGV[17])
-  local S, v = session('c:' .. cid, 'a:' .. aid)
-  if not S then
-    return done(gone('e404s'))
-  end
-  if v[8] then
-    return done(answer('e409', S))
-  end
-  if not v[7] then
-    return done(answer('e404p', S))
-  end
-  local d = prefix .. 'd:' .. sid
-  local cur = redis.call('HGET', d, aid)
-  local parts, size, text = 0, 0, ''
-  local live = false
-  if cur then
-    local dcid, dparts, dbytes, ddeadline, dtext = draft_of(cur)
-    if ddeadline and ddeadline > now then
-      if dcid ~= cid then
-        return done(answer('e409', S))
+-- The op the call names, run on the session it names.
+local function dispatch()
+  if op == 'prompt' then
+    return done(prompt(A[12], A[13]))
+  elseif op == 'prompts' then
+    local out = {}
+    -- What the caller holds of a session once it applied the answers so
+    -- far: a later prompt of that session is answered from there, not
+    -- again from what it held before the call.
+    local held = {}
+    for i = 1, #K - 3 do
+      local a = 12 + 6 * (i - 1)
+      s, sid = K[3 + i], A[a]
+      known_epoch, known_next, new_epoch = A[a + 1], A[a + 2], A[a + 3]
+      local h = held[sid]
+      if h then
+        known_epoch, known_next = h[1], h[2]
       end
-      live, parts, size, text = true, dparts, dbytes, dtext
-    end
-  end
-  if not live then
-    local open = 0
-    local all = redis.call('HGETALL', d)
-    for i = 2, #all, 2 do
-      local _, _, _, ddeadline = draft_of(all[i])
-      if ddeadline and ddeadline > now then
-        open = open + 1
+      channel = prefix .. 'e:' .. sid
+      wn, wq, wv = nil, nil, nil
+      local r = prompt(A[a + 4], A[a + 5])
+      if r[3] ~= '' then
+        held[sid] = { r[3], r[4] }
       end
+      out[i] = r
     end
-    if open >= max_pending then
-      return done(answer('e503d', S))
-    end
-  end
-  if size + bytes > max_bytes then
-    return done(answer('e400t', S))
-  end
-  parts = parts + 1
-  redis.call('HSET', d, aid, cid .. '\n' .. str(parts) .. '\n' .. str(size + bytes) .. '\n'
-    .. str(now + timeout) .. '\n' .. text .. string.sub(lit, 2, -2))
-  redis.call('PEXPIRE', d, timeout)
-  publish(channel, 'P\n' .. sid .. '\n' .. S.e .. '\n' .. aid .. '\n' .. cid .. '\n' .. str(parts) .. '\n' .. lit)
-  return done(answer('ok', S, watched()))
-elseif op == 'agent' then
-  -- This instance's agent state: online until ARGV[13] (0: offline).
-  local g = prefix .. 'g:' .. sid
-  local inst, untl, seen = ARGV[12], tonumber(ARGV[13]), ARGV[14]
-  if untl > now then
-    redis.call('HSET', g, inst, str(untl) .. '\n' .. seen)
-    if redis.call('PTTL', g) < untl - now then
-      redis.call('PEXPIRE', g, untl - now)
-    end
-  else
-    redis.call('HDEL', g, inst)
-  end
-  publish(channel, 'A\n' .. sid .. '\n' .. inst .. '\n' .. str(untl) .. '\n' .. seen)
-  return done({ 'ok', '' })
-elseif op == 'create' then
-  local S = session()
-  local extra = '0'
-  if not S then
-    S = create()
+    return done(out)
+  elseif op == 'response' then
+    local cid, aid, given, text, record = A[12], A[13], A[14], A[15], A[16]
+    -- The counters and both ids' entries in one call.
+    local S, v = session('c:' .. cid, 'a:' .. aid)
     if not S then
-      return done(gone('e503s'))
+      return done(gone('e404s'))
     end
-    extra = '1'
-  else
-    redis.call('ZADD', all, now, sid)
-  end
-  return done(answer('ok', S, extra))
-elseif op == 'delete' then
-  local S = session()
-  if not S then
-    return done(gone('e404s'))
-  end
-  redis.call('DEL', s, w, prefix .. 'd:' .. sid, prefix .. 'g:' .. sid)
-  redis.call('ZREM', all, sid)
-  publish(channel, 'D\n' .. sid .. '\n' .. S.e)
-  return done(gone('ok'))
-elseif op == 'sync' then
-  local S = session()
-  if not S then
+    local pv, prev = v[7], v[8]
+    if given == '1' and prev then
+      local r = redis.call('HGET', s, prev) or ''
+      local kind, pcid, data = string.match(r, '^([aA])\n([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
+      local sent_ok, sent = pcall(cjson.decode, text)
+      if pcid == cid and sent_ok and data and text_of(json_of(kind, data)) == sent then
+        return done(answer('dup', S))
+      end
+      return done(answer('e409', S))
+    end
+    if not pv then
+      return done(answer('e404p', S))
+    end
+    local seq, fields = append(S, record)
+    fields[5], fields[6] = 'a:' .. aid, fields[1]
+    S.la = fields[1]
+    fields[7], fields[8] = 'la', S.la
+    local pseq = tonumber(pv)
+    if pseq > 0 then
+      S.pc = S.pc - 1
+      fields[9], fields[10] = 'pc', str(S.pc)
+      if pseq <= seq - limit then
+        -- Out of history and now answered: the prompt is forgotten.
+        drops = drops or {}
+        drops[#drops + 1], drops[#drops + 2] = pv, 'c:' .. cid
+      else
+        fields[11], fields[12] = 'c:' .. cid, '-' .. pv
+      end
+    end
+    save(S, fields)
+    -- The final answer replaces its draft.
+    redis.call('HDEL', prefix .. 'd:' .. sid, aid)
+    return done(answer('ok', S, watched()))
+  elseif op == 'part' then
+    -- A part of a streamed answer: appended to its draft and published
+    -- (P sid epoch aid cid part literal); nothing else is stored.
+    local cid, aid, lit, bytes = A[12], A[13], A[14], tonumber(A[15])
+    local timeout, max_bytes = tonumber(A[16]), tonumber(A[17])
+    local S, v = session('c:' .. cid, 'a:' .. aid)
+    if not S then
+      return done(gone('e404s'))
+    end
+    if v[8] then
+      return done(answer('e409', S))
+    end
+    if not v[7] then
+      return done(answer('e404p', S))
+    end
+    local d = prefix .. 'd:' .. sid
+    local cur = redis.call('HGET', d, aid)
+    local parts, size, text = 0, 0, ''
+    local live = false
+    if cur then
+      local dcid, dparts, dbytes, ddeadline, dtext = draft_of(cur)
+      if ddeadline and ddeadline > now then
+        if dcid ~= cid then
+          return done(answer('e409', S))
+        end
+        live, parts, size, text = true, dparts, dbytes, dtext
+      end
+    end
+    if not live then
+      local open = 0
+      local all = redis.call('HGETALL', d)
+      for i = 2, #all, 2 do
+        local _, _, _, ddeadline = draft_of(all[i])
+        if ddeadline and ddeadline > now then
+          open = open + 1
+        end
+      end
+      if open >= max_pending then
+        return done(answer('e503d', S))
+      end
+    end
+    if size + bytes > max_bytes then
+      return done(answer('e400t', S))
+    end
+    parts = parts + 1
+    redis.call('HSET', d, aid, cid .. '\n' .. str(parts) .. '\n' .. str(size + bytes) .. '\n'
+      .. str(now + timeout) .. '\n' .. text .. string.sub(lit, 2, -2))
+    redis.call('PEXPIRE', d, timeout)
+    publish(channel, 'P\n' .. sid .. '\n' .. S.e .. '\n' .. aid .. '\n' .. cid .. '\n' .. str(parts) .. '\n' .. lit)
+    return done(answer('ok', S, watched()))
+  elseif op == 'agent' then
+    -- This instance's agent state: online until A[13] (0: offline).
+    local g = prefix .. 'g:' .. sid
+    local inst, untl, seen = A[12], tonumber(A[13]), A[14]
+    if untl > now then
+      redis.call('HSET', g, inst, str(untl) .. '\n' .. seen)
+      if redis.call('PTTL', g) < untl - now then
+        redis.call('PEXPIRE', g, untl - now)
+      end
+    else
+      redis.call('HDEL', g, inst)
+    end
+    publish(channel, 'A\n' .. sid .. '\n' .. inst .. '\n' .. str(untl) .. '\n' .. seen)
+    return done({ 'ok', '' })
+  elseif op == 'create' then
+    local S = session()
+    local extra = '0'
+    if not S then
+      S = create()
+      if not S then
+        return done(gone('e503s'))
+      end
+      extra = '1'
+    else
+      redis.call('ZADD', all, now, sid)
+    end
+    return done(answer('ok', S, extra))
+  elseif op == 'delete' then
+    local S = session()
+    if not S then
+      return done(gone('e404s'))
+    end
+    redis.call('DEL', s, w, prefix .. 'd:' .. sid, prefix .. 'g:' .. sid)
+    redis.call('ZREM', all, sid)
+    publish(channel, 'D\n' .. sid .. '\n' .. S.e)
     return done(gone('ok'))
-  end
-  -- After the records: the open drafts ("d\naid\n" and the draft) and
-  -- the instances' agent states ("g\ninstance\n" and the state).
-  local out = answer('ok', S, 'sync')
-  local kv = redis.call('HGETALL', prefix .. 'd:' .. sid)
-  for i = 1, #kv, 2 do
-    out[#out + 1] = 'd\n' .. kv[i] .. '\n' .. kv[i + 1]
-  end
-  kv = redis.call('HGETALL', prefix .. 'g:' .. sid)
-  for i = 1, #kv, 2 do
-    out[#out + 1] = 'g\n' .. kv[i] .. '\n' .. kv[i + 1]
-  end
-  return done(out)
-elseif op == 'collect' then
-  local ttl = tonumber(ARGV[12])
-  local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
-  for _, id in ipairs(idle) do
-    local sk = prefix .. 's:' .. id
-    local e = redis.call('HGET', sk, 'e')
-    redis.call('DEL', sk, prefix .. 'w:' .. id, prefix .. 'd:' .. id, prefix .. 'g:' .. id)
-    redis.call('ZREM', all, id)
-    if e then
-      publish(prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
+  elseif op == 'sync' then
+    local S = session()
+    if not S then
+      return done(gone('ok'))
     end
+    -- After the records: the open drafts ("d\naid\n" and the draft) and
+    -- the instances' agent states ("g\ninstance\n" and the state).
+    local out = answer('ok', S, 'sync')
+    local kv = redis.call('HGETALL', prefix .. 'd:' .. sid)
+    for i = 1, #kv, 2 do
+      out[#out + 1] = 'd\n' .. kv[i] .. '\n' .. kv[i + 1]
+    end
+    kv = redis.call('HGETALL', prefix .. 'g:' .. sid)
+    for i = 1, #kv, 2 do
+      out[#out + 1] = 'g\n' .. kv[i] .. '\n' .. kv[i + 1]
+    end
+    return done(out)
+  elseif op == 'collect' then
+    local ttl = tonumber(A[12])
+    local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
+    for _, id in ipairs(idle) do
+      local sk = prefix .. 's:' .. id
+      local e = redis.call('HGET', sk, 'e')
+      redis.call('DEL', sk, prefix .. 'w:' .. id, prefix .. 'd:' .. id, prefix .. 'g:' .. id)
+      redis.call('ZREM', all, id)
+      if e then
+        publish(prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
+      end
+    end
+    return done({ 'ok', tostring(#idle) })
+  elseif op == 'watch' then
+    if A[13] == '0' then
+      redis.call('HDEL', w, A[12])
+    elseif redis.call('EXISTS', s) == 1 then
+      redis.call('HSET', w, A[12], A[13])
+    end
+    return done({ 'ok', '' })
+  elseif op == 'probe' then
+    -- A growing write (refused while Redis refuses writes) that gives a
+    -- store without a generation a new one.
+    local key = prefix .. 'generation'
+    local g = redis.call('GET', key) or new_epoch
+    redis.call('SET', key, g)
+    return done({ 'ok', g })
+  elseif op == 'touch' then
+    for i = 12, #A do
+      redis.call('ZADD', all, 'XX', now, A[i])
+    end
+    return done({ 'ok', '' })
   end
-  return done({ 'ok', tostring(#idle) })
-elseif op == 'watch' then
-  if ARGV[13] == '0' then
-    redis.call('HDEL', w, ARGV[12])
-  elseif redis.call('EXISTS', s) == 1 then
-    redis.call('HSET', w, ARGV[12], ARGV[13])
-  end
-  return done({ 'ok', '' })
-elseif op == 'probe' then
-  -- A growing write (refused while Redis refuses writes) that gives a
-  -- store without a generation a new one.
-  local g = redis.call('GET', generation_key) or new_epoch
-  redis.call('SET', generation_key, g)
-  return done({ 'ok', g })
-elseif op == 'touch' then
-  for i = 12, #ARGV do
-    redis.call('ZADD', all, 'XX', now, ARGV[i])
-  end
-  return done({ 'ok', '' })
+  return redis.error_reply('relay: unknown op ' .. tostring(op))
 end
-return redis.error_reply('relay: unknown op ' .. tostring(op))
+
+-- Loaded as a library (Redis 7 and later), the relay's functions call
+-- `run` (mod.rs replaces the line below with their registration), and
+-- the helpers above are made once; called as a script (Redis 6.2),
+-- every call runs the whole file.
+local function run(keys, argv)
+  begin(keys, argv)
+  return dispatch()
+end
+
+return run(KEYS, ARGV)

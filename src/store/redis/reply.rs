@@ -172,9 +172,13 @@ pub fn parse_snapshot(
         dropped_assistant: Seq(num(5)?),
         full,
     };
-    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(8));
+    // The records, each as two elements (its seq, then the record), and
+    // after them a read's drafts and agent states, one element each,
+    // starting "d\n" or "g\n" (where a seq has digits).
+    let mut msgs = Vec::with_capacity(parts.len().saturating_sub(8) / 2);
     let mut live: Option<(Vec<DraftState>, Vec<AgentState>)> = None;
-    for p in parts.iter().skip(8) {
+    let mut rest = parts.iter().skip(8);
+    while let Some(p) = rest.next() {
         let text = text_of(p)?;
         if let Some(d) = text.strip_prefix("d\n") {
             let draft = parse_draft(d).ok_or("a stored draft is malformed")?;
@@ -184,7 +188,9 @@ pub fn parse_snapshot(
             let state = parse_agent(instance, state).ok_or("an agent state is malformed")?;
             live.get_or_insert_default().1.push(state);
         } else {
-            msgs.push(parse_msg(&text).ok_or("a stored message is malformed")?);
+            let record = rest.next().ok_or("a stored message is missing")?;
+            let msg = parse_record(&text, &text_of(record)?);
+            msgs.push(msg.ok_or("a stored message is malformed")?);
         }
     }
     if live.is_none() && full_read(&status) {
@@ -230,22 +236,47 @@ fn parse_agent(instance: &str, s: &str) -> Option<AgentState> {
     })
 }
 
-/// `seq\nkind\nclient_msg_id\nassistant_msg_id\nts\ndata`.
+/// `seq\n` and a record.
 pub fn parse_msg(s: &str) -> Option<Msg> {
-    let mut it = s.splitn(6, '\n');
-    let seq = it.next()?.parse().ok()?;
-    let prompt = match it.next()? {
-        "p" => true,
-        "a" => false,
+    let (seq, record) = s.split_once('\n')?;
+    parse_record(seq, record)
+}
+
+/// A stored record of the message `seq`:
+/// `kind\nclient_msg_id\nassistant_msg_id\nts\nhead` where the message
+/// is `head` then its seq then `}` (kind `P` or `A`, as the relay sends
+/// them), or `kind\n...\ndata` with the whole message (kind `p` or `a`,
+/// as earlier versions stored them).
+pub fn parse_record(seq: &str, record: &str) -> Option<Msg> {
+    let seq: u64 = seq.parse().ok()?;
+    let mut it = record.splitn(5, '\n');
+    let (prompt, whole) = match it.next()? {
+        "P" => (true, false),
+        "A" => (false, false),
+        "p" => (true, true),
+        "a" => (false, true),
         _ => return None,
+    };
+    let client_msg_id = it.next()?.to_string();
+    let assistant_msg_id = it.next()?.to_string();
+    let ts = it.next()?.parse().ok()?;
+    let rest = it.next()?;
+    let data = if whole {
+        rest.to_string()
+    } else {
+        let mut d = String::with_capacity(rest.len() + 21);
+        d.push_str(rest);
+        crate::wire::push_decimal_str(&mut d, seq);
+        d.push('}');
+        d
     };
     Some(Msg {
         seq: Seq(seq),
         prompt,
-        client_msg_id: it.next()?.to_string(),
-        assistant_msg_id: it.next()?.to_string(),
-        ts: it.next()?.parse().ok()?,
-        data: it.next()?.to_string(),
+        client_msg_id,
+        assistant_msg_id,
+        ts,
+        data,
     })
 }
 
@@ -305,6 +336,9 @@ mod tests {
         assert_eq!((m.seq, m.prompt, m.ts), (Seq(7), false, 12));
         assert_eq!(m.data, "{\"x\":\"a\nb\"}");
         assert!(parse_msg("7\nq\nc\n\n1\n{}").is_none());
+        let m = parse_record("12", "P\nc1\n\n5\n{\"x\":\"a\nb\",\"seq\":").unwrap();
+        assert_eq!((m.seq, m.prompt, m.ts), (Seq(12), true, 5));
+        assert_eq!(m.data, "{\"x\":\"a\nb\",\"seq\":12}");
         match parse_event(b"D\ns1\nE") {
             Some(Event::Deleted { sid, epoch }) => assert_eq!((&*sid, &*epoch), ("s1", "E")),
             other => panic!("{other:?}"),
