@@ -345,7 +345,7 @@ impl Api {
             }
             Route::GetPrompts(sid) => {
                 let q = prompts_query(head.query.as_deref())?;
-                if !facts.synced && relay.sync_first(conn, &sid)? {
+                if !facts.synced && relay.sync_first_poll(conn, &sid, &q)? {
                     return Ok(Outcome::Wait);
                 }
                 match relay.get_prompts(now, conn, &sid, q)? {

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use log::{debug, info};
 
-use super::{ApiError, ConnId, Effect, Relay, Ticket, Write, issue};
+use super::{ApiError, ConnId, Effect, PromptsQuery, Relay, Ticket, Write, issue};
 use crate::store::message::{Framed, Message, Parts};
 use crate::store::record::{Outcome, Record};
 use crate::store::redis::{Answered, Event, Head, Known, Msg, RedisStore, Snapshot, Then};
@@ -144,6 +144,35 @@ impl Relay {
     /// read as it is.
     pub fn sync_first(&mut self, conn: ConnId, sid: &SessionId) -> Result<bool, ApiError> {
         self.sync_first_as(conn, sid, false)
+    }
+
+    /// [`sync_first`](Self::sync_first) for `GET /prompts` with `q`: a
+    /// poll that would park on a copy following the session's channel
+    /// parks at once, without the `PING`. Whatever was stored before it
+    /// that the copy lacks is published, and wakes it when it arrives,
+    /// as a later prompt would; the agent's loop (answer, poll again)
+    /// then waits for Redis only on its writes.
+    pub fn sync_first_poll(
+        &mut self,
+        conn: ConnId,
+        sid: &SessionId,
+        q: &PromptsQuery,
+    ) -> Result<bool, ApiError> {
+        let parks = q.wait
+            && q.timeout_ms > 0
+            && self
+                .store
+                .get(sid)
+                .is_some_and(|log| !log.has_pending_after(q.after));
+        if parks
+            && self
+                .engine
+                .redis()
+                .is_some_and(|r| r.up() && r.follows(sid))
+        {
+            return Ok(false);
+        }
+        self.sync_first(conn, sid)
     }
 
     /// [`sync_first`](Self::sync_first) for a WebSocket upgrade: the
