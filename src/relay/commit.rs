@@ -83,7 +83,7 @@ impl Relay {
                 duplicate_ack(&id)
             }
             Outcome::Response { id, .. } => response_ack(&id, delivered),
-            Outcome::Part { id } => super::live::partial_ack(&id, delivered),
+            Outcome::Part { id } => partial_ack(&id, delivered),
             Outcome::Session {
                 sid,
                 epoch,
@@ -216,7 +216,8 @@ impl Relay {
 /// `{"ok":true,"assistant_msg_id":…,"delivered":…}`, the answer to a stored
 /// `POST /response`.
 fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
-    let mut ack = String::with_capacity(64 + assistant_msg_id.len());
+    // Room for the `duplicate` or `partial` its variants add.
+    let mut ack = String::with_capacity(80 + assistant_msg_id.len());
     ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
     push_json_str(&mut ack, assistant_msg_id);
     ack.push_str(if delivered {
@@ -232,6 +233,15 @@ fn duplicate_ack(assistant_msg_id: &str) -> Vec<u8> {
     let mut ack = response_ack(assistant_msg_id, false);
     ack.pop();
     ack.extend_from_slice(b",\"duplicate\":true}");
+    ack
+}
+
+/// The answer to a part of a streamed answer: a response's, with
+/// `"partial":true`.
+pub(super) fn partial_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
+    let mut ack = response_ack(assistant_msg_id, delivered);
+    ack.pop();
+    ack.extend_from_slice(b",\"partial\":true}");
     ack
 }
 

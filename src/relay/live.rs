@@ -24,9 +24,8 @@ use crate::store::{Seq, SessionId};
 use crate::time::{Millis, UnixMillis};
 use crate::wire::{push_decimal_str, push_json_str, wsframe};
 
-/// A draft holds at most this many bytes of text (the contract's limit of
-/// one message).
-pub const MAX_DRAFT_BYTES: usize = 131_072;
+/// A draft holds at most this many bytes of text: one message's limit.
+pub const MAX_DRAFT_BYTES: usize = super::model::MAX_TEXT_BYTES;
 
 /// The granularity of draft and presence deadlines, in milliseconds.
 pub const TICK: u64 = 250;
@@ -46,6 +45,30 @@ pub struct Draft {
     parts: u32,
     /// Dropped when no part came by then.
     deadline: Millis,
+}
+
+impl Draft {
+    /// A draft with no part yet.
+    fn new(assistant_msg_id: Rc<str>, client_msg_id: Rc<str>, deadline: Millis) -> Draft {
+        Draft {
+            assistant_msg_id,
+            client_msg_id,
+            escaped: String::new(),
+            bytes: 0,
+            parts: 0,
+            deadline,
+        }
+    }
+
+    /// Appends the next part: its text's literal (quotes included) and
+    /// decoded length. Returns its `delta` frame.
+    fn append(&mut self, sid: &str, lit: &str, bytes: usize, deadline: Millis) -> Rc<[u8]> {
+        self.escaped.push_str(&lit[1..lit.len() - 1]);
+        self.bytes += bytes;
+        self.parts += 1;
+        self.deadline = deadline;
+        delta_frame(sid, self, Some(lit), false)
+    }
 }
 
 /// A session's live state (see the module doc).
@@ -218,7 +241,6 @@ impl Relay {
             return Err(ApiError::prompt_not_found());
         };
         let lit = r.text.get();
-        let inner = &lit[1..lit.len() - 1];
         let bytes = decoded_len(lit);
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
         let max_drafts = self.limits.max_pending;
@@ -243,32 +265,29 @@ impl Relay {
                 if bytes > MAX_DRAFT_BYTES {
                     return Err(ApiError::too_large_field());
                 }
-                live.drafts.push(Draft {
-                    assistant_msg_id: Rc::from(id.as_str()),
-                    client_msg_id: prompt,
-                    escaped: String::new(),
-                    bytes: 0,
-                    parts: 0,
-                    deadline,
-                });
+                live.drafts
+                    .push(Draft::new(Rc::from(id.as_str()), prompt, deadline));
                 live.drafts.len() - 1
             }
         };
-        let d = &mut live.drafts[at];
-        d.escaped.push_str(inner);
-        d.bytes += bytes;
-        d.parts += 1;
-        d.deadline = deadline;
-        let frame = delta_frame(&r.session_id, d, Some(lit), false);
+        let frame = live.drafts[at].append(&r.session_id, lit, bytes, deadline);
+        let delivered = self.send_part(&r.session_id, frame, deadline);
+        Ok(Reply::Now(super::commit::partial_ack(&id, delivered)))
+    }
+
+    /// A part was appended to a draft of `sid` (`frame`, its `delta`),
+    /// which now waits until `deadline`: to the subscribers here. Returns
+    /// whether there were any.
+    fn send_part(&mut self, sid: &SessionId, frame: Rc<[u8]>, deadline: Millis) -> bool {
         self.wake_at(deadline);
-        let delivered = !self.subscribers(&r.session_id).is_empty();
+        let delivered = !self.subscribers(sid).is_empty();
         if delivered {
             self.effects.push(Effect::Broadcast {
-                sid: r.session_id.clone(),
+                sid: sid.clone(),
                 frame,
             });
         }
-        Ok(Reply::Now(partial_ack(&id, delivered)))
+        delivered
     }
 
     /// A final answer with this id is stored: its `message` frame replaces
@@ -363,6 +382,8 @@ impl Relay {
             .presence
             .get(sid)
             .is_none_or(|p| p.subscribers.is_empty());
+        // With Redis, the other instances are told too.
+        let shared = self.engine.shared();
         let mut told: Vec<Rc<str>> = Vec::new();
         for msg in log.page_prompts(after) {
             if msg.seq <= live.fetched {
@@ -376,9 +397,11 @@ impl Relay {
                     frame: receipt_frame(sid, &msg.client_msg_id, unix),
                 });
             }
-            told.push(msg.client_msg_id.clone());
+            if shared {
+                told.push(msg.client_msg_id.clone());
+            }
         }
-        if self.engine.shared() && !told.is_empty() {
+        if !told.is_empty() {
             let ids: Vec<&str> = told.iter().map(|id| &**id).collect();
             self.engine.publish_receipts(&key, unix, &ids);
         }
@@ -409,14 +432,8 @@ impl Relay {
             Some(at) if live.drafts[at].parts >= part => return,
             // Redis holds the cap; a copy never holds more than it.
             None if part == 1 && live.drafts.len() < max_drafts => {
-                live.drafts.push(Draft {
-                    assistant_msg_id: Rc::from(aid),
-                    client_msg_id: Rc::from(cid),
-                    escaped: String::new(),
-                    bytes: 0,
-                    parts: 0,
-                    deadline,
-                });
+                live.drafts
+                    .push(Draft::new(Rc::from(aid), Rc::from(cid), deadline));
                 let last = live.drafts.len() - 1;
                 &mut live.drafts[last]
             }
@@ -425,18 +442,8 @@ impl Relay {
                 return;
             }
         };
-        d.escaped.push_str(&lit[1..lit.len() - 1]);
-        d.bytes += decoded_len(lit);
-        d.parts = part;
-        d.deadline = deadline;
-        let frame = delta_frame(sid, d, Some(lit), false);
-        self.wake_at(deadline);
-        if !self.subscribers(sid).is_empty() {
-            self.effects.push(Effect::Broadcast {
-                sid: sid.clone(),
-                frame,
-            });
-        }
+        let frame = d.append(sid, lit, decoded_len(lit), deadline);
+        self.send_part(sid, frame, deadline);
     }
 
     /// With Redis: the drafts and agent states a read of `sid` found.
@@ -658,10 +665,7 @@ impl Relay {
         out.push_str(",\"pending\":");
         push_decimal_str(&mut out, log.pending_len() as u64);
         let live = self.live.get(sid);
-        let parked = self
-            .presence
-            .get(sid)
-            .is_some_and(|p| !p.waiters.is_empty());
+        let parked = self.parked(sid);
         let online = parked || live.is_some_and(|l| l.online);
         out.push_str(if online {
             ",\"agent\":\"online\",\"agent_seen_ts\":"
@@ -785,17 +789,4 @@ fn receipt_frame(sid: &str, client_msg_id: &str, ts: UnixMillis) -> Rc<[u8]> {
     push_decimal_str(&mut out, ts);
     out.push_str("}}");
     frame(&out)
-}
-
-/// `{"ok":true,"assistant_msg_id":…,"delivered":…,"partial":true}`.
-pub(super) fn partial_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
-    let mut ack = String::with_capacity(80 + assistant_msg_id.len());
-    ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
-    push_json_str(&mut ack, assistant_msg_id);
-    ack.push_str(if delivered {
-        ",\"delivered\":true,\"partial\":true}"
-    } else {
-        ",\"delivered\":false,\"partial\":true}"
-    });
-    ack.into_bytes()
 }
