@@ -216,33 +216,32 @@ impl Relay {
 /// `{"ok":true,"assistant_msg_id":…,"delivered":…}`, the answer to a stored
 /// `POST /response`.
 fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
-    // Room for the `duplicate` or `partial` its variants add.
-    let mut ack = String::with_capacity(80 + assistant_msg_id.len());
-    ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
-    push_json_str(&mut ack, assistant_msg_id);
-    ack.push_str(if delivered {
-        ",\"delivered\":true}"
-    } else {
-        ",\"delivered\":false}"
-    });
-    ack.into_bytes()
+    ack_with(assistant_msg_id, delivered, "")
 }
 
 /// The answer to a resent `POST /response`.
 fn duplicate_ack(assistant_msg_id: &str) -> Vec<u8> {
-    let mut ack = response_ack(assistant_msg_id, false);
-    ack.pop();
-    ack.extend_from_slice(b",\"duplicate\":true}");
-    ack
+    ack_with(assistant_msg_id, false, ",\"duplicate\":true")
 }
 
-/// The answer to a part of a streamed answer: a response's, with
-/// `"partial":true`.
+/// The answer to a part of a streamed answer.
 pub(super) fn partial_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
-    let mut ack = response_ack(assistant_msg_id, delivered);
-    ack.pop();
-    ack.extend_from_slice(b",\"partial\":true}");
-    ack
+    ack_with(assistant_msg_id, delivered, ",\"partial\":true")
+}
+
+/// A `POST /response` answer with `more` fields after `delivered`.
+fn ack_with(assistant_msg_id: &str, delivered: bool, more: &str) -> Vec<u8> {
+    let mut ack = String::with_capacity(64 + assistant_msg_id.len() + more.len());
+    ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
+    push_json_str(&mut ack, assistant_msg_id);
+    ack.push_str(if delivered {
+        ",\"delivered\":true"
+    } else {
+        ",\"delivered\":false"
+    });
+    ack.push_str(more);
+    ack.push('}');
+    ack.into_bytes()
 }
 
 /// `{"session_id":…,"epoch":…,"created":…}`, the answer to `PUT /sessions`.
