@@ -9,14 +9,6 @@ use std::time::{Duration, Instant};
 use common::{Http, Server, assert_error, client_msg_ids, unique_session};
 use serde_json::{Value, json};
 
-/// Starts a long-poll on a fresh connection without reading the answer.
-#[track_caller]
-fn start_poll(srv: &Server, sid: &str, query: &str) -> Http {
-    let mut conn = srv.conn();
-    conn.send("GET", &format!("/prompts/{sid}{query}"), &[], None);
-    conn
-}
-
 /// Reads a poll's answer, asserting a 200 JSON array.
 #[track_caller]
 fn read_list(conn: &mut Http) -> Vec<Value> {
@@ -39,7 +31,7 @@ fn created(srv: &Server) -> String {
 fn parked_poll_is_woken_by_a_new_prompt() {
     let srv = Server::start();
     let sid = created(&srv);
-    let mut poll = start_poll(&srv, &sid, "?timeout=60");
+    let mut poll = srv.start_poll(&sid, "?timeout=60");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "wake up", Some("c1"));
     let items = read_list(&mut poll);
@@ -56,7 +48,7 @@ fn pending_prompt_is_returned_at_once_without_parking() {
     srv.prompt(&sid, "p1", Some("c1"));
     srv.prompt(&sid, "p2", Some("c2"));
     // timeout=60 would exceed the client's 10 s read timeout if the poll parked.
-    let mut poll = start_poll(&srv, &sid, "?timeout=60");
+    let mut poll = srv.start_poll(&sid, "?timeout=60");
     assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c1", "c2"]);
 }
 
@@ -65,7 +57,7 @@ fn one_prompt_wakes_every_parked_poll() {
     let srv = Server::start();
     let sid = created(&srv);
     let mut polls: Vec<Http> = (0..4)
-        .map(|_| start_poll(&srv, &sid, "?timeout=60"))
+        .map(|_| srv.start_poll(&sid, "?timeout=60"))
         .collect();
     srv.wait_health("parked_polls", 4);
     srv.prompt(&sid, "for everyone", Some("c1"));
@@ -79,7 +71,7 @@ fn one_prompt_wakes_every_parked_poll() {
 fn prompt_in_another_session_does_not_wake_the_poll() {
     let srv = Server::start();
     let (sid, other) = (created(&srv), created(&srv));
-    let mut poll = start_poll(&srv, &sid, "?timeout=60");
+    let mut poll = srv.start_poll(&sid, "?timeout=60");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&other, "not yours", Some("x"));
     // Requests are handled in order, so this sees the effects of the prompt above.
@@ -94,7 +86,7 @@ fn duplicate_prompt_wakes_nothing() {
     let srv = Server::start();
     let sid = unique_session();
     srv.prompt(&sid, "p1", Some("c1"));
-    let mut poll = start_poll(&srv, &sid, "?after=1&timeout=60");
+    let mut poll = srv.start_poll(&sid, "?after=1&timeout=60");
     srv.wait_health("parked_polls", 1);
     assert_eq!(srv.prompt(&sid, "p1", Some("c1"))["duplicate"], true);
     assert_eq!(srv.health()["parked_polls"], 1, "still parked");
@@ -108,7 +100,7 @@ fn poll_times_out_with_an_empty_list() {
     let srv = Server::start();
     let sid = created(&srv);
     let started = Instant::now();
-    let mut poll = start_poll(&srv, &sid, "?timeout=0.2");
+    let mut poll = srv.start_poll(&sid, "?timeout=0.2");
     assert!(read_list(&mut poll).is_empty());
     // Never early; the upper bound is left to the 10 s read timeout.
     assert!(
@@ -123,7 +115,7 @@ fn poll_times_out_with_an_empty_list() {
 fn connection_is_reusable_after_a_timed_out_poll() {
     let srv = Server::start();
     let sid = created(&srv);
-    let mut conn = start_poll(&srv, &sid, "?timeout=0.2");
+    let mut conn = srv.start_poll(&sid, "?timeout=0.2");
     assert!(read_list(&mut conn).is_empty());
     srv.prompt(&sid, "p", Some("c"));
     let resp = conn.request("GET", &format!("/prompts/{sid}?wait=false"), &[], None);
@@ -149,8 +141,8 @@ fn wait_false_or_zero_answers_at_once() {
 fn wait_true_or_one_parks() {
     let srv = Server::start();
     let sid = created(&srv);
-    let mut a = start_poll(&srv, &sid, "?wait=true&timeout=60");
-    let mut b = start_poll(&srv, &sid, "?wait=1&timeout=60");
+    let mut a = srv.start_poll(&sid, "?wait=true&timeout=60");
+    let mut b = srv.start_poll(&sid, "?wait=1&timeout=60");
     srv.wait_health("parked_polls", 2);
     srv.prompt(&sid, "p", Some("c"));
     assert_eq!(client_msg_ids(&read_list(&mut a)), ["c"]);
@@ -180,7 +172,7 @@ fn bad_timeout_or_wait_is_400() {
 fn timeout_above_300_is_clamped_not_rejected() {
     let srv = Server::start();
     let sid = created(&srv);
-    let mut poll = start_poll(&srv, &sid, "?timeout=100000");
+    let mut poll = srv.start_poll(&sid, "?timeout=100000");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "p", Some("c"));
     assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c"]);
@@ -190,7 +182,7 @@ fn timeout_above_300_is_clamped_not_rejected() {
 fn fractional_timeout_is_accepted() {
     let srv = Server::start();
     let sid = created(&srv);
-    let mut poll = start_poll(&srv, &sid, "?timeout=0.05");
+    let mut poll = srv.start_poll(&sid, "?timeout=0.05");
     assert!(read_list(&mut poll).is_empty());
 }
 
@@ -213,7 +205,7 @@ fn poll_with_after_parks_despite_older_pending_prompts() {
     let sid = unique_session();
     srv.prompt(&sid, "p1", Some("c1"));
     srv.prompt(&sid, "p2", Some("c2"));
-    let mut poll = start_poll(&srv, &sid, "?after=2&timeout=60");
+    let mut poll = srv.start_poll(&sid, "?after=2&timeout=60");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "p3", Some("c3"));
     assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c3"]);
@@ -231,7 +223,7 @@ fn deleting_the_session_answers_parked_polls_404() {
     let srv = Server::start();
     let sid = created(&srv);
     let mut polls: Vec<Http> = (0..2)
-        .map(|_| start_poll(&srv, &sid, "?timeout=60"))
+        .map(|_| srv.start_poll(&sid, "?timeout=60"))
         .collect();
     srv.wait_health("parked_polls", 2);
     assert_eq!(srv.delete(&format!("/sessions/{sid}")).status, 200);
@@ -245,8 +237,8 @@ fn deleting_the_session_answers_parked_polls_404() {
 fn hanging_up_frees_the_parked_poll() {
     let srv = Server::start();
     let sid = created(&srv);
-    let poll = start_poll(&srv, &sid, "?timeout=60");
-    let _other = start_poll(&srv, &sid, "?timeout=60");
+    let poll = srv.start_poll(&sid, "?timeout=60");
+    let _other = srv.start_poll(&sid, "?timeout=60");
     srv.wait_health("parked_polls", 2);
     drop(poll);
     srv.wait_health("parked_polls", 1);
@@ -257,15 +249,15 @@ fn waiter_beyond_the_cap_is_503() {
     // One relay: the cap counts its own parked polls.
     let srv = Server::start_single_with(&[("RELAY_MAX_WAITERS", "2")]);
     let sid = created(&srv);
-    let mut a = start_poll(&srv, &sid, "?timeout=60");
-    let mut b = start_poll(&srv, &sid, "?timeout=60");
+    let mut a = srv.start_poll(&sid, "?timeout=60");
+    let mut b = srv.start_poll(&sid, "?timeout=60");
     srv.wait_health("parked_polls", 2);
     let over = srv.get(&format!("/prompts/{sid}?timeout=60"));
     assert_eq!(over.status, 503, "{}", over.text());
     assert!(over.json()["error"].is_string());
     // Another session has its own waiter budget.
     let other = created(&srv);
-    let mut c = start_poll(&srv, &other, "?timeout=60");
+    let mut c = srv.start_poll(&other, "?timeout=60");
     srv.wait_health("parked_polls", 3);
     srv.prompt(&sid, "p", Some("s1"));
     srv.prompt(&other, "p", Some("o1"));
@@ -293,7 +285,7 @@ fn prompt_stays_pending_until_its_first_response() {
     assert_eq!(client_msg_ids(&srv.pending(&sid)), ["c2"]);
     srv.respond(&sid, "c2", "done");
     assert!(srv.pending(&sid).is_empty());
-    let mut poll = start_poll(&srv, &sid, "?timeout=0.2");
+    let mut poll = srv.start_poll(&sid, "?timeout=0.2");
     assert!(
         read_list(&mut poll).is_empty(),
         "answered prompts never return"
@@ -304,18 +296,18 @@ fn prompt_stays_pending_until_its_first_response() {
 fn woken_poll_returns_the_whole_pending_set_oldest_first() {
     let srv = Server::start();
     let sid = created(&srv);
-    let mut poll = start_poll(&srv, &sid, "?timeout=60");
+    let mut poll = srv.start_poll(&sid, "?timeout=60");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "p1", Some("c1"));
     assert_eq!(client_msg_ids(&read_list(&mut poll)), ["c1"]);
-    let mut again = start_poll(&srv, &sid, "?timeout=60");
+    let mut again = srv.start_poll(&sid, "?timeout=60");
     assert_eq!(
         client_msg_ids(&read_list(&mut again)),
         ["c1"],
         "still pending"
     );
     srv.respond(&sid, "c1", "ok");
-    let mut third = start_poll(&srv, &sid, "?timeout=60");
+    let mut third = srv.start_poll(&sid, "?timeout=60");
     srv.wait_health("parked_polls", 1);
     srv.prompt(&sid, "p2", Some("c2"));
     let items = read_list(&mut third);

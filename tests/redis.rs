@@ -850,23 +850,12 @@ fn a_write_redis_holds_past_the_store_timeout_gets_its_own_answer_and_the_next_r
     assert_eq!(seqs(&history), [1, 2, 3]);
 }
 
-/// The next frame of `ws` that is not a ping.
-#[track_caller]
-fn live_frame(ws: &mut Ws) -> Value {
-    loop {
-        let v = ws.recv_any();
-        if v["type"] != "ping" {
-            return v;
-        }
-    }
-}
-
 /// The next frame of `ws` that is not a ping or a `presence` (a short
 /// grace on a loaded machine may let the agent go offline and back).
 #[track_caller]
 fn content_frame(ws: &mut Ws) -> Value {
     loop {
-        let v = live_frame(ws);
+        let v = ws.recv_any_skip_pings();
         if v["type"] != "presence" {
             return v;
         }
@@ -900,7 +889,7 @@ fn parts_presence_and_receipts_reach_every_instance() {
     // The snapshot may come with the catch-up or after the read of the
     // session; the agent (seen through `a`) is online either way.
     while snapshot.is_none() || !online {
-        let v = live_frame(&mut ws);
+        let v = ws.recv_any_skip_pings();
         match v["type"].as_str() {
             Some("delta") => snapshot = Some(v["data"].clone()),
             Some("presence") => online = v["data"]["agent"] == "online",
@@ -925,7 +914,7 @@ fn parts_presence_and_receipts_reach_every_instance() {
     assert_eq!(v["type"], "message", "{v}");
     // The agent's grace passes on `a`: offline on `b` too.
     loop {
-        let v = live_frame(&mut ws);
+        let v = ws.recv_any_skip_pings();
         if v["type"] == "presence" {
             assert_eq!(v["data"]["agent"], "offline", "{v}");
             break;
@@ -935,7 +924,7 @@ fn parts_presence_and_receipts_reach_every_instance() {
     // a new prompt is a receipt there.
     let mut poll = a.conn();
     poll.send("GET", &format!("/prompts/{sid}?timeout=10"), &[], None);
-    let v = live_frame(&mut ws);
+    let v = ws.recv_any_skip_pings();
     assert_eq!(v["data"]["agent"], "online", "{v}");
     let info = b.get(&format!("/sessions/{sid}")).json();
     assert_eq!(info["agent"], "online", "{info}");
@@ -946,7 +935,7 @@ fn parts_presence_and_receipts_reach_every_instance() {
         .to_string();
     assert_eq!(poll.read_response().status, 200);
     loop {
-        let v = live_frame(&mut ws);
+        let v = ws.recv_any_skip_pings();
         if v["type"] == "receipt" {
             assert_eq!(v["data"]["client_msg_id"], next.as_str());
             break;

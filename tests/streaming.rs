@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Http, Server, Ws, assert_error, unique_session};
+use common::{Server, Ws, assert_error, unique_session};
 use serde_json::{Value, json};
 
 /// `POST /response` with `"partial": true`.
@@ -23,12 +23,7 @@ fn part(srv: &Server, sid: &str, cid: &str, aid: &str, text: &str) -> common::Re
 /// `delta`, `delta_end`) or a `message`, skipping pings.
 #[track_caller]
 fn next(ws: &mut Ws) -> Value {
-    loop {
-        let v = ws.recv_any();
-        if v["type"] != "ping" {
-            return v;
-        }
-    }
+    ws.recv_any_skip_pings()
 }
 
 /// The next frame that is not a ping, a `presence` or a `receipt`.
@@ -241,13 +236,6 @@ fn bad_parts_get_their_errors_and_change_nothing() {
     assert_eq!(srv.messages(&sid, "")["total"], 3);
 }
 
-/// Starts a long-poll on a fresh connection without reading the answer.
-fn start_poll(srv: &Server, sid: &str, query: &str) -> Http {
-    let mut conn = srv.conn();
-    conn.send("GET", &format!("/prompts/{sid}{query}"), &[], None);
-    conn
-}
-
 #[test]
 fn presence_follows_the_agent_and_receipts_mark_fetched_prompts() {
     let srv = Server::start_with(&[("RELAY_AGENT_GRACE", "0.3")]);
@@ -263,7 +251,7 @@ fn presence_follows_the_agent_and_receipts_mark_fetched_prompts() {
     assert_eq!(got[0]["data"]["session_id"], sid.as_str());
 
     // An agent parks a poll: online.
-    let mut poll = start_poll(&srv, &sid, "?timeout=30");
+    let mut poll = srv.start_poll(&sid, "?timeout=30");
     let v = next(&mut ws);
     assert_eq!(v["type"], "presence");
     assert_eq!(v["data"]["agent"], "online");

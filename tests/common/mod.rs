@@ -583,6 +583,14 @@ impl Server {
         resp.json()
     }
 
+    /// Starts a long-poll on a fresh connection without reading the answer.
+    #[track_caller]
+    pub fn start_poll(&self, sid: &str, query: &str) -> Http {
+        let mut conn = self.conn();
+        conn.send("GET", &format!("/prompts/{sid}{query}"), &[], None);
+        conn
+    }
+
     /// `GET /prompts/{sid}?wait=false` asserting 200; returns the array.
     #[track_caller]
     pub fn pending(&self, sid: &str) -> Vec<Value> {

@@ -57,6 +57,17 @@ impl Ws {
         }
     }
 
+    /// Next Text frame as JSON, whatever its type but `{"type":"ping"}`.
+    #[track_caller]
+    pub fn recv_any_skip_pings(&mut self) -> Value {
+        loop {
+            let v = self.recv_any();
+            if v["type"] != "ping" {
+                return v;
+            }
+        }
+    }
+
     /// Next Text frame as JSON, also skipping `{"type":"ping"}` frames.
     #[track_caller]
     pub fn recv_json_skip_pings(&mut self) -> Value {
