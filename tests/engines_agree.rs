@@ -8,7 +8,9 @@
 //! The operations: prompts with ids drawn from a small pool (so duplicates
 //! and conflicts are frequent), answers to known and unknown prompts with
 //! ids drawn from a small pool (several answers per prompt, duplicates,
-//! conflicts), creates, deletes and re-creates, reads of history and
+//! conflicts), parts of streamed answers under the same ids (a part for a
+//! stored answer, for another prompt than its draft's, for an unknown
+//! prompt), creates, deletes and re-creates, reads of history and
 //! pending prompts with cursors and pages, at a history limit of a few
 //! messages so trims happen all the time. Expiry by TTL is not among them:
 //! it depends on each engine's clock, which a test over the wire cannot
@@ -80,6 +82,13 @@ enum Op {
         text: u64,
         ts: u64,
     },
+    /// A part of a streamed answer (`"partial": true`).
+    Part {
+        s: u64,
+        prompt: u64,
+        id: u64,
+        text: u64,
+    },
     Pending {
         s: u64,
         after: Option<u64>,
@@ -115,6 +124,12 @@ impl fmt::Debug for Op {
                     opt(id)
                 )
             }
+            Op::Part {
+                s,
+                prompt,
+                id,
+                text,
+            } => write!(f, "part s{s} prompt=c{prompt} id=a{id} text=t{text}"),
             Op::Pending { s, after } => write!(f, "pending s{s} after={}", opt(after)),
             Op::Messages {
                 s,
@@ -139,7 +154,7 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
         .map(|_| {
             ts += rng.below(3);
             let s = rng.below(SESSIONS);
-            match rng.below(20) {
+            match rng.below(22) {
                 0 => Op::Create { s },
                 1 => Op::Delete { s },
                 2..=7 => Op::Prompt {
@@ -159,6 +174,12 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
                 14..=16 => Op::Pending {
                     s,
                     after: rng.maybe(12),
+                },
+                17..=18 => Op::Part {
+                    s,
+                    prompt: rng.below(PROMPT_IDS),
+                    id: rng.below(ANSWER_IDS),
+                    text: rng.below(2),
                 },
                 _ => Op::Messages {
                     s,
@@ -235,6 +256,21 @@ impl Engine {
                 if let Some(id) = id {
                     body["assistant_msg_id"] = json!(format!("a{id}"));
                 }
+                self.conn.post_json("/response", &body)
+            }
+            Op::Part {
+                s,
+                prompt,
+                id,
+                text,
+            } => {
+                let body = json!({
+                    "session_id": sid(s),
+                    "client_msg_id": format!("c{prompt}"),
+                    "assistant_msg_id": format!("a{id}"),
+                    "text": format!("t{text}"),
+                    "partial": true,
+                });
                 self.conn.post_json("/response", &body)
             }
             Op::Pending { s, after } => {
