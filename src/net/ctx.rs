@@ -237,22 +237,13 @@ impl Ctx {
     pub fn start_turn(&mut self, turn: Turn) {
         self.turn = turn;
         self.relay.set_clock(turn.now, turn.unix_ms);
-        if let Some(r) = self.relay.redis() {
-            r.unix_ms = turn.unix_ms;
-        }
     }
 
-    /// The storage thread answered: apply what it committed, and re-run
+    /// The storage answered (the storage thread's waker fired, or Redis's
+    /// bytes were read): apply what it committed and heard, and re-run
     /// the connections that stalled on it.
-    pub fn store_done(&mut self) {
-        self.relay.store_done(self.turn.now);
-        self.reprocess.append(&mut self.stalled);
-    }
-
-    /// Redis answered: apply its replies and published changes, and re-run
-    /// the connections that stalled on it.
-    pub fn redis_done(&mut self) {
-        self.relay.redis_done(self.turn.now);
+    pub fn storage_done(&mut self) {
+        self.relay.storage_done(self.turn.now);
         self.reprocess.append(&mut self.stalled);
     }
 

@@ -202,7 +202,7 @@ impl Server {
                     redis::COMMAND | redis::EVENTS => self.on_redis(ev),
                     SIGNALS => self.on_signal(),
                     STORE => {
-                        self.cx.store_done();
+                        self.cx.storage_done();
                         self.apply_effects();
                     }
                     Token(key) => {
@@ -280,7 +280,7 @@ impl Server {
         if let (Some(links), Some((store, buf))) = (&mut self.redis, self.cx.redis_and_buf()) {
             links.on_event(ev.token(), ev, store, self.poll.registry(), now, buf);
         }
-        self.cx.redis_done();
+        self.cx.storage_done();
         self.apply_effects();
     }
 

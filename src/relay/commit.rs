@@ -36,7 +36,7 @@ impl Relay {
                     client_msg_id,
                 } => {
                     // Shared sessions: counted and logged by the instance
-                    // that stored it (see `Relay::answered`).
+                    // that stored it (see `StoreEvent::Answer`).
                     if self.engine.applies_own_writes() {
                         debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, seq = seq.get(); "prompt stored");
                         self.stats.prompts_stored += 1;

@@ -22,10 +22,10 @@ use crate::store::redis::{AgentState, DraftState};
 use crate::store::types::NewResponse;
 use crate::store::{Seq, SessionId};
 use crate::time::{Millis, UnixMillis};
-use crate::wire::{push_decimal_str, push_json_str, wsframe};
+use crate::wire::{decoded_len, push_decimal_str, push_json_str, wsframe};
 
 /// A draft holds at most this many bytes of text: one message's limit.
-pub const MAX_DRAFT_BYTES: usize = super::model::MAX_TEXT_BYTES;
+pub const MAX_DRAFT_BYTES: usize = crate::store::types::MAX_TEXT_BYTES;
 
 /// The granularity of draft and presence deadlines, in milliseconds.
 pub const TICK: u64 = 250;
@@ -438,7 +438,7 @@ impl Relay {
                 &mut live.drafts[last]
             }
             _ => {
-                self.resync(sid);
+                self.engine.resync(&self.store, sid);
                 return;
             }
         };
@@ -701,16 +701,6 @@ impl Relay {
         self.clock
             .1
             .saturating_add(now.0.saturating_sub(self.clock.0.0))
-    }
-}
-
-/// The decoded length of a validated string literal.
-pub(super) fn decoded_len(lit: &str) -> usize {
-    let inner = &lit[1..lit.len() - 1];
-    if inner.contains('\\') {
-        crate::wire::decode(lit).len()
-    } else {
-        inner.len()
     }
 }
 

@@ -16,12 +16,11 @@
 //! is simply not found.
 
 mod commit;
-mod durable;
 mod live;
 
 pub mod model;
 pub mod presence;
-mod shared;
+mod storage;
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -30,11 +29,13 @@ use log::{debug, info};
 
 pub use crate::error::ApiError;
 pub use crate::store::engine::{Abandon, Engine};
+use crate::store::engine::{Collect, NOBODY, Submit};
+pub(crate) use crate::store::types::Write;
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
 use model::{NewPrompt, NewResponse};
 pub use presence::{Presence, Waiter};
 
-use crate::store::record::{Command, Record};
+use crate::store::record::Record;
 use crate::store::sqlite::Durable;
 use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
@@ -98,24 +99,6 @@ pub enum Effect {
 pub enum Reply {
     Now(Vec<u8>),
     Wait,
-}
-
-/// A write, as the relay hands it to its engine (see [`Relay::write`]).
-pub(crate) enum Write<'a> {
-    Prompt(NewPrompt<'a>),
-    Response(NewResponse<'a>),
-    /// A part of a streamed answer: decided by the loop's copy of the log
-    /// unless sessions are shared (drafts are never persisted).
-    Part(NewResponse<'a>),
-    /// `PUT /sessions` (`put`), or a WebSocket connect to a session this
-    /// copy does not hold.
-    Create {
-        sid: &'a SessionId,
-        put: bool,
-    },
-    Delete {
-        sid: &'a str,
-    },
 }
 
 /// A session TTL that never passes (`RELAY_SESSION_TTL=0`).
@@ -242,6 +225,7 @@ impl Relay {
             self.started = unix_ms;
         }
         self.clock = (now, unix_ms);
+        self.engine.set_clock(unix_ms);
     }
 
     /// A relay whose sessions live in Redis.
@@ -559,28 +543,10 @@ impl Relay {
         conn: ConnId,
         w: Write,
     ) -> Result<Reply, ApiError> {
-        let w = match w {
-            Write::Part(r) if !self.engine.shared() => return self.post_partial(now, r),
-            w => w,
-        };
-        match &mut self.engine {
-            Engine::Memory => {}
-            Engine::Durable(_) if matches!(w, Write::Create { sid, .. } if self.store.contains(sid)) =>
-                {}
-            Engine::Durable(d) => {
-                let op = durable::op(&self.store, w, unix_ms)?;
-                let ticket = issue(&mut self.tickets, &mut self.issued, conn);
-                d.submit(Command { ticket, op });
-                return Ok(Reply::Wait);
-            }
-            Engine::Shared(r) => {
-                if !r.up() {
-                    return Err(ApiError::storage_unavailable());
-                }
-                let ticket = || issue(&mut self.tickets, &mut self.issued, conn);
-                shared::submit(r, &self.store, ticket, w, unix_ms)?;
-                return Ok(Reply::Wait);
-            }
+        let (tickets, issued) = (&mut self.tickets, &mut self.issued);
+        let ticket = || issue(tickets, issued, conn);
+        if self.engine.submit(&self.store, ticket, &w, unix_ms)? == Submit::Wait {
+            return Ok(Reply::Wait);
         }
         match w {
             Write::Prompt(p) => {
@@ -602,26 +568,39 @@ impl Relay {
     }
 
     /// Drops sessions nobody here is connected to and nobody touched for the
-    /// TTL. Called from the shell's periodic sweep.
+    /// TTL (with Redis: forgets the copies nobody here used lately, and
+    /// Redis deletes the sessions past the TTL). Called from the shell's
+    /// periodic sweep.
     pub fn collect_idle(&mut self, now: Millis) -> usize {
         let ttl = self.limits.session_ttl_ms;
-        match self.engine {
-            Engine::Shared(_) => return self.sweep_shared(now, ttl),
-            Engine::Durable(_) => return self.collect_durable(now, ttl),
-            Engine::Memory => {}
-        }
+        let after = self.engine.idle_after(ttl);
         let presence = &self.presence;
-        let mut records = std::mem::take(&mut self.records);
-        let collected = self.store.collect(
-            |sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= ttl,
-            &mut records,
-        );
-        self.apply(now, records.drain(..));
-        self.records = records;
-        if collected > 0 {
-            debug!(count = collected; "idle sessions collected");
+        let idle = self
+            .store
+            .idle(|sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= after);
+        let n = idle.len();
+        let ticket = next_ticket(&mut self.tickets, NOBODY);
+        match self
+            .engine
+            .collect(&self.store, idle, ticket, &self.presence, ttl)
+        {
+            Collect::Delete(sids) => {
+                let records = sids.into_iter().map(|sid| Record::Deleted { sid });
+                self.apply(now, records);
+            }
+            Collect::Forget(sids) => {
+                for sid in &sids {
+                    self.store.forget(sid);
+                    self.live.remove(sid);
+                }
+                return n;
+            }
+            Collect::Sent => {}
         }
-        collected
+        if n > 0 {
+            debug!(count = n; "idle sessions collected");
+        }
+        n
     }
 }
 

@@ -17,8 +17,7 @@ mod metadata_check;
 mod scan;
 pub use metadata_check::MAX_METADATA_DEPTH;
 
-/// Largest `prompt` or `text`, in bytes.
-pub const MAX_TEXT_BYTES: usize = 128 * 1024;
+pub use crate::store::types::MAX_TEXT_BYTES;
 /// Largest `client_msg_id` or `assistant_msg_id`, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
 #[derive(Deserialize)]

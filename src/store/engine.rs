@@ -10,13 +10,135 @@
 //!   decides; the relay's log is this instance's copy of the sessions it
 //!   serves.
 //!
-//! A write handed to a storage carries a [`Ticket`]; its result comes back
-//! later as the storage's answer for that ticket, and a requester that
-//! stops waiting [`abandon`](Engine::abandon)s it.
+//! The seam, in the relay's terms:
+//! - [`submit`](Engine::submit) a write: decided on the copy now
+//!   ([`Submit::Decide`]), or taken under a [`Ticket`] ([`Submit::Wait`]),
+//!   whose request is parked until its answer;
+//! - [`before_read`](Engine::before_read): whether a read must wait until
+//!   the copy holds what was acknowledged before it began (a ticket too);
+//! - [`next_event`](Engine::next_event): what the engine has for the
+//!   relay, one [`StoreEvent`] at a time, each read against the copy as
+//!   the events before it left it: committed records, a session read
+//!   whole, the answer to a ticket, other instances' live state;
+//! - [`collect`](Engine::collect) for the idle sweep, and the deadlines
+//!   of the Redis engine's own timers (`next_deadline`, `tick`).
+//!
+//! A requester that stops waiting [`abandon`](Engine::abandon)s its
+//! ticket.
 
-use super::redis::RedisStore;
+use super::SessionLog;
+use super::mem::MemStore;
+use super::record::{Command, Outcome, Record};
+use super::redis::{AgentState, DraftState, RedisStore};
 use super::sqlite::{Durable, STOP_BOUND, StoreStats};
-use super::types::{SessionId, Ticket};
+use super::types::{ConnId, PromptsQuery, SessionId, Ticket, Write};
+use crate::error::ApiError;
+
+/// The connection a write for nobody (the idle sweep) is from.
+pub const NOBODY: ConnId = ConnId {
+    key: u32::MAX,
+    generation: 0,
+};
+
+/// What the engine did with a write.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Submit {
+    /// Decide it on the copy now (the copy is the engine's state, or
+    /// already holds what the write needs, or it is a part of a streamed
+    /// answer decided in memory).
+    Decide,
+    /// Taken under the ticket: its answer comes as an event.
+    Wait,
+}
+
+/// What a read is, for [`Engine::before_read`].
+pub enum Read<'q> {
+    Plain,
+    /// `GET /prompts`: a poll that would park needs no wait where the
+    /// copy follows the session's changes as they are published.
+    Poll(&'q PromptsQuery),
+    /// A WebSocket upgrade: the session's changes are heard from the
+    /// read on, not from the subscription after it.
+    Subscribe,
+}
+
+/// What the idle sweep does with the sessions nobody here used lately.
+pub enum Collect {
+    /// Deleted now (the copy is the whole state).
+    Delete(Vec<SessionId>),
+    /// Forgotten here; the engine keeps them (and deletes them past the
+    /// TTL itself).
+    Forget(Vec<SessionId>),
+    /// Sent to the engine, whose committed deletions come as events.
+    Sent,
+}
+
+/// The sessions someone waits on here (parked polls, subscribers), as the
+/// engine asks about them.
+pub trait Waited {
+    fn waits_on(&self, sid: &str) -> bool;
+    /// How many sessions are waited on.
+    fn count(&self) -> usize;
+    /// Each session waited on, and whether it has subscribers here.
+    fn each(&self, f: &mut dyn FnMut(&SessionId, bool));
+}
+
+/// What an engine has for the relay, in order.
+#[derive(Debug)]
+pub enum StoreEvent {
+    /// Committed changes (this instance's writes, or other instances'),
+    /// applied to the copy and what waits on it here, in order.
+    Records(Vec<Record>),
+    /// A session read whole replaces its copy; with `refill`, what waits
+    /// on it here reads it again (after a `resync` frame when true).
+    Replaced {
+        sid: SessionId,
+        log: Box<SessionLog>,
+        refill: Option<bool>,
+    },
+    /// The answer to a ticket: its `records` are applied first. It was
+    /// `delivered` to a subscriber if an answer among them went to one
+    /// here, or if the engine says one elsewhere has it. `count`: the
+    /// outcome is counted here (an engine whose records come from other
+    /// instances too does not count them as they are applied).
+    Answer {
+        to: Ticket,
+        records: Vec<Record>,
+        result: Result<Outcome, ApiError>,
+        delivered: bool,
+        count: bool,
+    },
+    /// Run the request again: what it waited for (its session, a read's
+    /// barrier) is in the copy now.
+    Retry(Ticket),
+    /// The engine lost every session (Redis restarted empty or was
+    /// flushed): the copies are dropped, and the sessions waited on here
+    /// are read again ([`Engine::reread`]).
+    Lost,
+    /// A part of a streamed answer appended on another instance.
+    Part {
+        sid: SessionId,
+        assistant_msg_id: String,
+        client_msg_id: String,
+        part: u32,
+        lit: String,
+    },
+    /// An instance's agent state in a session.
+    Agent { sid: SessionId, state: AgentState },
+    /// Prompts an agent fetched through another instance.
+    Receipts {
+        sid: SessionId,
+        instance: String,
+        ts: u64,
+        ids: Vec<String>,
+    },
+    /// A session's open drafts and agent states, read with it.
+    LiveRead {
+        sid: SessionId,
+        drafts: Vec<DraftState>,
+        agents: Vec<AgentState>,
+    },
+}
 
 // One per process: its size costs nothing, and a box would add an
 // indirection to every write.
@@ -44,6 +166,144 @@ impl Engine {
         match self {
             Engine::Shared(r) => Some(r),
             _ => None,
+        }
+    }
+
+    /// Hands a write to the engine; `ticket` issues the ticket it waits
+    /// under, called only once the write is taken. A storage that cannot
+    /// take writes refuses with `503` (and no ticket).
+    pub fn submit(
+        &mut self,
+        copy: &MemStore,
+        ticket: impl FnOnce() -> Ticket,
+        w: &Write,
+        unix_ms: u64,
+    ) -> Result<Submit, ApiError> {
+        match self {
+            Engine::Memory => Ok(Submit::Decide),
+            Engine::Durable(_) if matches!(w, Write::Part(_)) => Ok(Submit::Decide),
+            // A session the loop's copy holds exists on disk: creating
+            // it changes nothing.
+            Engine::Durable(_) if matches!(w, Write::Create { sid, .. } if copy.contains(sid)) => {
+                Ok(Submit::Decide)
+            }
+            Engine::Durable(d) => {
+                let op = super::sqlite::op(copy, w, unix_ms)?;
+                d.submit(Command {
+                    ticket: ticket(),
+                    op,
+                });
+                Ok(Submit::Wait)
+            }
+            Engine::Shared(r) => {
+                r.submit(copy, ticket, w, unix_ms)?;
+                Ok(Submit::Wait)
+            }
+        }
+    }
+
+    /// Before a read of `sid`: true when the read must wait (under the
+    /// ticket `ticket` issues) until the copy holds what any instance
+    /// acknowledged before now; it runs again then. Alone, the copy
+    /// always does.
+    pub fn before_read(
+        &mut self,
+        copy: &MemStore,
+        ticket: impl FnOnce() -> Ticket,
+        sid: &SessionId,
+        read: Read,
+        waited: &dyn Waited,
+    ) -> Result<bool, ApiError> {
+        match self {
+            Engine::Shared(r) => r.before_read(copy, ticket, sid, read, waited),
+            _ => Ok(false),
+        }
+    }
+
+    /// The next thing the engine has for the relay, read against the copy
+    /// as the events before it left it; `None` when there is nothing more.
+    pub fn next_event(&mut self, copy: &MemStore, waited: &dyn Waited) -> Option<StoreEvent> {
+        match self {
+            Engine::Memory => None,
+            Engine::Durable(d) => d.next_event(),
+            Engine::Shared(r) => r.next_event(copy, waited),
+        }
+    }
+
+    /// Someone waits on `sid` here: changes made elsewhere must reach
+    /// this instance.
+    pub fn listen(&mut self, sid: &SessionId, waited: &dyn Waited) {
+        if let Engine::Shared(r) = self {
+            r.listen_bounded(sid, waited);
+        }
+    }
+
+    /// The first subscriber of `sid` here came (`on`), or the last one
+    /// left: other instances' answers then say `delivered`.
+    pub fn watching(&mut self, sid: &str, on: bool, ttl_ms: u64) {
+        if let Engine::Shared(r) = self {
+            r.watching(sid, on, ttl_ms);
+        }
+    }
+
+    /// The copies are gone ([`StoreEvent::Lost`]): the sessions waited on
+    /// here are read again, and created again if missing.
+    pub fn reread(&mut self, waited: &dyn Waited) {
+        if let Engine::Shared(r) = self {
+            r.reread_waited(waited);
+        }
+    }
+
+    /// The copy of `sid` missed a change made elsewhere (a part out of
+    /// order): it is read again.
+    pub fn resync(&mut self, copy: &MemStore, sid: &SessionId) {
+        if let Engine::Shared(r) = self {
+            r.resync(copy, sid);
+        }
+    }
+
+    /// How long a session nobody here is connected to stays in the copy
+    /// unused: the TTL, or with Redis at most a minute (Redis keeps it).
+    pub fn idle_after(&self, ttl_ms: u64) -> u64 {
+        match self {
+            Engine::Shared(_) => ttl_ms.min(60_000),
+            _ => ttl_ms,
+        }
+    }
+
+    /// The idle sweep: `idle` are the sessions nobody here used for
+    /// [`idle_after`](Self::idle_after).
+    pub fn collect(
+        &mut self,
+        copy: &MemStore,
+        idle: Vec<SessionId>,
+        ticket: Ticket,
+        waited: &dyn Waited,
+        ttl_ms: u64,
+    ) -> Collect {
+        match self {
+            Engine::Memory => Collect::Delete(idle),
+            Engine::Durable(d) => {
+                if !idle.is_empty() {
+                    d.submit(Command {
+                        ticket,
+                        op: super::record::Op::Collect { sids: idle },
+                    });
+                }
+                Collect::Sent
+            }
+            Engine::Shared(r) => {
+                r.keep_alive(copy, waited, ttl_ms);
+                Collect::Forget(idle)
+            }
+        }
+    }
+
+    /// The turn's wall clock (unix ms), for the activity a Redis write
+    /// records.
+    pub fn set_clock(&mut self, unix_ms: u64) {
+        if let Engine::Shared(r) = self {
+            r.set_clock(unix_ms);
         }
     }
 

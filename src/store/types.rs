@@ -128,6 +128,10 @@ mod tests {
     }
 }
 
+/// Largest `prompt` or `text`, in bytes (and largest draft of a streamed
+/// answer).
+pub const MAX_TEXT_BYTES: usize = 128 * 1024;
+
 /// Longest `session_id`.
 pub const MAX_SESSION_ID: usize = 128;
 
@@ -166,6 +170,25 @@ pub struct NewResponse<'a> {
     /// `"partial": true`: a part of a streamed answer, appended to its
     /// draft (the `assistant_msg_id` is then present).
     pub partial: bool,
+}
+
+/// A validated write, as the relay hands it to its engine (see
+/// [`Engine::submit`](super::engine::Engine::submit)).
+pub enum Write<'a> {
+    Prompt(NewPrompt<'a>),
+    Response(NewResponse<'a>),
+    /// A part of a streamed answer: decided by the loop's copy of the log
+    /// unless sessions are shared (drafts are never persisted).
+    Part(NewResponse<'a>),
+    /// `PUT /sessions` (`put`), or a WebSocket connect to a session this
+    /// copy does not hold.
+    Create {
+        sid: &'a SessionId,
+        put: bool,
+    },
+    Delete {
+        sid: &'a str,
+    },
 }
 
 /// A connection's identity: slab key plus a generation, so a stale reference

@@ -89,3 +89,14 @@ pub fn push_decimal_str(out: &mut String, n: u64) {
         out.push_str(d);
     }
 }
+
+/// The decoded length of a valid JSON string literal (quotes included),
+/// decoding only when it holds an escape.
+pub fn decoded_len(lit: &str) -> usize {
+    let inner = &lit[1..lit.len() - 1];
+    if inner.contains('\\') {
+        decode(lit).len()
+    } else {
+        inner.len()
+    }
+}

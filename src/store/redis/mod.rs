@@ -55,6 +55,7 @@
 //! `redis-protocol`; commands are RESP arrays of bulk strings.
 
 mod codec;
+mod copy;
 mod follow;
 mod health;
 mod reply;
@@ -70,6 +71,7 @@ pub use health::{Trouble, note};
 pub use reply::{AgentState, DraftState, Event, Head, Msg, Snapshot};
 pub use url::RedisUrl;
 
+use super::engine::StoreEvent;
 use super::mem::{IdGen, StoreLimits};
 use super::record::Outcome;
 use super::sqlite::StoreStats;
@@ -282,12 +284,15 @@ pub struct RedisStore {
     cmd: Side,
     ev: Side,
     expect: VecDeque<Expect>,
-    answered: Vec<Answered>,
-    events: Vec<Event>,
+    answered: VecDeque<Answered>,
+    events: VecDeque<Event>,
+    /// Answers and events read against the copy, for the relay (see
+    /// `copy.rs`).
+    ready: VecDeque<StoreEvent>,
     /// Totals for `/metrics` (commands sent, errors).
     pub stats: StoreStats,
     /// The wall clock of the loop turn (unix ms): activity and the TTL.
-    pub unix_ms: u64,
+    unix_ms: u64,
     /// This instance's name in Redis (a UUID chosen at start).
     instance: String,
     health: Health,
@@ -356,8 +361,9 @@ impl RedisStore {
             cmd: Side::default(),
             ev: Side::default(),
             expect: VecDeque::new(),
-            answered: Vec::new(),
-            events: Vec::new(),
+            answered: VecDeque::new(),
+            events: VecDeque::new(),
+            ready: VecDeque::new(),
             stats: StoreStats::default(),
             unix_ms: 0,
             instance: IdGen::new().uuid(),
@@ -497,7 +503,7 @@ impl RedisStore {
             // finds their channels no longer listened to.
             let waiting: Vec<_> = self.pings.drain(..).flatten().collect();
             for (conn, sid) in waiting.into_iter().chain(self.barrier_next.drain(..)) {
-                self.answered.push(Answered {
+                self.answered.push_back(Answered {
                     conn: Some(conn),
                     snapshot: None,
                     then: Then::Barrier(sid),
@@ -546,16 +552,6 @@ impl RedisStore {
         }
         self.side(link).input.drain(..at);
         Ok(())
-    }
-
-    /// What Redis answered since the last call.
-    pub fn take_answered(&mut self) -> Vec<Answered> {
-        std::mem::take(&mut self.answered)
-    }
-
-    /// What was published since the last call.
-    pub fn take_events(&mut self) -> Vec<Event> {
-        std::mem::take(&mut self.events)
     }
 
     #[inline(never)]
@@ -647,7 +643,7 @@ impl RedisStore {
                     Some(_) => Then::Retry,
                     None => Then::Resynced(sid),
                 };
-                self.answered.push(Answered {
+                self.answered.push_back(Answered {
                     conn,
                     snapshot: Some(snapshot.1),
                     then,
@@ -708,7 +704,7 @@ impl RedisStore {
             ))),
             "e400t" => Then::Reply(Err(ApiError::too_large_field())),
             other => {
-                self.answered.push(Answered {
+                self.answered.push_back(Answered {
                     conn: Some(conn),
                     snapshot: None,
                     then: Then::Reply(Err(ApiError::storage_unavailable())),
@@ -717,7 +713,7 @@ impl RedisStore {
                 return Err(format!("unknown status {other}"));
             }
         };
-        self.answered.push(Answered {
+        self.answered.push_back(Answered {
             conn: Some(conn),
             snapshot: Some(snapshot),
             then,
@@ -747,12 +743,12 @@ impl RedisStore {
                     && f.listen.is_some()
                 {
                     f.listen = Some(true);
-                    self.events.push(Event::Listening { sid });
+                    self.events.push_back(Event::Listening { sid });
                 }
             }
             Some(b"pong") => {
                 for (conn, sid) in self.pings.pop_front().unwrap_or_default() {
-                    self.answered.push(Answered {
+                    self.answered.push_back(Answered {
                         conn: Some(conn),
                         snapshot: None,
                         then: Then::Barrier(sid),
@@ -762,7 +758,7 @@ impl RedisStore {
             }
             Some(b"message") => {
                 if let Some(e) = parts.get(2).and_then(|p| parse_event(bytes_of(p))) {
-                    self.events.push(e);
+                    self.events.push_back(e);
                 }
             }
             _ => {}
@@ -797,7 +793,7 @@ impl RedisStore {
 
     fn reread(&mut self, sid: &SessionId) {
         if !self.resyncing(sid) {
-            self.events.push(Event::Refused { sid: sid.clone() });
+            self.events.push_back(Event::Refused { sid: sid.clone() });
         }
     }
 
@@ -807,7 +803,7 @@ impl RedisStore {
         match expect {
             Expect::Prompts(waiting) => {
                 for (conn, ..) in waiting {
-                    self.answered.push(Answered {
+                    self.answered.push_back(Answered {
                         conn: Some(conn),
                         snapshot: None,
                         then: Then::Reply(Err(e.clone())),
@@ -815,7 +811,7 @@ impl RedisStore {
                     });
                 }
             }
-            Expect::Sync { conn: None, sid } => self.answered.push(Answered {
+            Expect::Sync { conn: None, sid } => self.answered.push_back(Answered {
                 conn: None,
                 snapshot: None,
                 then: Then::Resynced(sid),
@@ -824,7 +820,7 @@ impl RedisStore {
             Expect::Write { conn, .. }
             | Expect::Sync {
                 conn: Some(conn), ..
-            } => self.answered.push(Answered {
+            } => self.answered.push_back(Answered {
                 conn: Some(conn),
                 snapshot: None,
                 then: Then::Reply(Err(e)),

@@ -24,6 +24,7 @@ mod generation;
 mod rows;
 mod schema;
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,8 +35,10 @@ use std::time::{Duration, Instant};
 use log::{error, info, warn};
 use rusqlite::{Connection, OpenFlags};
 
+use super::engine::{NOBODY, StoreEvent};
 use super::mem::{MemStore, StoreLimits};
-use super::record::{Command, Done};
+use super::record::{Command, Done, Op, Outcome, Record};
+use super::types::Write;
 use crate::error::ApiError;
 use crate::time::Millis;
 
@@ -552,12 +555,77 @@ pub struct Durable {
     batch: Vec<Command>,
     /// Commands sent and not answered yet.
     inflight: usize,
+    /// What was committed, as the relay takes it (see `next_event`).
+    ready: VecDeque<StoreEvent>,
     /// The storage thread is gone (it could not start, or ended).
     gone: bool,
     health: Arc<Health>,
     frontier: Arc<Mutex<Frontier>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _lock: File,
+}
+
+/// One committed command as the relay takes it: its records, then its
+/// requester's answer (a connect whose session was created runs again; a
+/// sweep has no requester).
+fn events_of(done: Done, out: &mut VecDeque<StoreEvent>) {
+    for record in &done.records {
+        if let Record::Deleted { sid } = record {
+            info!(session_id = sid.as_str(); "session deleted");
+        }
+    }
+    let to = done.ticket;
+    let answered = to.conn != NOBODY && !matches!(done.result, Ok(Outcome::Collected));
+    match done.result {
+        Ok(Outcome::Session { put: false, .. }) => {
+            out.push_back(StoreEvent::Records(done.records));
+            out.push_back(StoreEvent::Retry(to));
+        }
+        result if answered => out.push_back(StoreEvent::Answer {
+            to,
+            records: done.records,
+            result,
+            delivered: false,
+            count: false,
+        }),
+        _ => out.push_back(StoreEvent::Records(done.records)),
+    }
+}
+
+/// A write as the storage thread's operation. A deletion names a session
+/// the loop's copy holds (else `404` here).
+pub fn op(copy: &MemStore, w: &Write, unix_ms: u64) -> Result<Op, ApiError> {
+    let owned = |(id, raw): &(String, crate::wire::Raw)| (id.clone(), raw.get().to_string());
+    Ok(match w {
+        Write::Prompt(p) => Op::Prompt {
+            sid: p.session_id.clone(),
+            id: p.client_msg_id.as_ref().map(owned),
+            prompt: p.prompt.get().to_string(),
+            metadata: p.metadata.as_ref().map(|m| m.get().to_string()),
+            ts: p.ts.unwrap_or(unix_ms),
+        },
+        Write::Response(r) => Op::Response {
+            sid: r.session_id.clone(),
+            client_msg_id: r.client_msg_id.clone(),
+            id: r.assistant_msg_id.as_ref().map(owned),
+            text: r.text.get().to_string(),
+            metadata: r.metadata.as_ref().map(|m| m.get().to_string()),
+            ts: r.ts.unwrap_or(unix_ms),
+        },
+        Write::Create { sid, put } => Op::Create {
+            sid: (*sid).clone(),
+            put: *put,
+        },
+        // Decided by the loop (see `Engine::submit`): a draft is never
+        // persisted.
+        Write::Part(_) => return Err(ApiError::storage_unavailable()),
+        Write::Delete { sid } => Op::Delete {
+            sid: copy
+                .key(sid)
+                .ok_or_else(ApiError::session_not_found)?
+                .clone(),
+        },
+    })
 }
 
 /// Commands in flight above which the loop takes no new request until some
@@ -595,6 +663,7 @@ impl Durable {
             stats: StoreStats::default(),
             batch: Vec::new(),
             inflight: 0,
+            ready: VecDeque::new(),
             gone: thread.is_none(),
             health,
             frontier,
@@ -629,18 +698,22 @@ impl Durable {
         }
     }
 
-    /// What the storage thread answered since the last call.
-    pub fn take_done(&mut self) -> Vec<Done> {
-        let mut all = Vec::new();
-        while let Ok(c) = self.done.try_recv() {
-            self.inflight = self.inflight.saturating_sub(c.done.len());
-            self.stats.commits += 1;
-            self.stats.commands += c.commands as u64;
-            self.stats.errors += u64::from(!c.ok);
-            self.stats.commit_time.observe_us(c.micros);
-            all.extend(c.done);
+    /// The next of what the storage thread committed, for the relay:
+    /// each command's records, then its requester's answer.
+    pub fn next_event(&mut self) -> Option<StoreEvent> {
+        if self.ready.is_empty() {
+            while let Ok(c) = self.done.try_recv() {
+                self.inflight = self.inflight.saturating_sub(c.done.len());
+                self.stats.commits += 1;
+                self.stats.commands += c.commands as u64;
+                self.stats.errors += u64::from(!c.ok);
+                self.stats.commit_time.observe_us(c.micros);
+                for done in c.done {
+                    events_of(done, &mut self.ready);
+                }
+            }
         }
-        all
+        self.ready.pop_front()
     }
 
     /// Whether writes succeed and none is overdue (`/readyz`): follows

@@ -1,0 +1,197 @@
+//! The relay's side of its engine ([`Engine`]): what it committed applied
+//! on the path every change takes (the log, then the parked polls and
+//! subscribers here) before the requests that waited are answered; reads
+//! that wait for the copy; the sessions waited on here, as the engine asks
+//! about them. Nothing here knows which engine it is.
+
+use std::collections::HashMap;
+
+use super::{ApiError, ConnId, Effect, Presence, PromptsQuery, Relay, issue};
+use crate::store::SessionId;
+use crate::store::engine::{Read, StoreEvent, Waited};
+use crate::store::record::Outcome;
+use crate::store::redis::RedisStore;
+use crate::store::sqlite::StoreStats;
+use crate::time::Millis;
+
+impl Waited for HashMap<SessionId, Presence> {
+    fn waits_on(&self, sid: &str) -> bool {
+        self.contains_key(sid)
+    }
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&SessionId, bool)) {
+        for (sid, here) in self {
+            f(sid, !here.subscribers.is_empty());
+        }
+    }
+}
+
+impl Relay {
+    /// The Redis engine, for the shell that owns its sockets.
+    pub fn redis(&mut self) -> Option<&mut RedisStore> {
+        self.engine.redis()
+    }
+
+    /// Sends this turn's writes to the storage; called at the end of every
+    /// loop turn.
+    pub fn flush_store(&mut self) {
+        self.engine.flush();
+    }
+
+    /// Whether the storage's queue is full: the shell takes no new request
+    /// until it drains.
+    pub fn store_saturated(&self) -> bool {
+        self.engine.saturated()
+    }
+
+    /// Whether writes succeed (`/readyz` answers `503 storage` otherwise).
+    pub fn storage_ok(&self) -> bool {
+        self.engine.healthy()
+    }
+
+    /// The storage's totals, with persistence or Redis.
+    pub fn store_stats(&self) -> Option<&StoreStats> {
+        self.engine.stats()
+    }
+
+    /// Stops the storage thread once it committed everything it was sent.
+    pub fn stop_store(&mut self) {
+        self.engine.stop();
+    }
+
+    /// Before a read of `sid`: true when it waits (under a ticket) until
+    /// the copy holds what any instance acknowledged before now; the
+    /// request runs again then.
+    pub fn sync_first(&mut self, conn: ConnId, sid: &SessionId) -> Result<bool, ApiError> {
+        self.before_read(conn, sid, Read::Plain)
+    }
+
+    /// [`sync_first`](Self::sync_first) for `GET /prompts` with `q`.
+    pub fn sync_first_poll(
+        &mut self,
+        conn: ConnId,
+        sid: &SessionId,
+        q: &PromptsQuery,
+    ) -> Result<bool, ApiError> {
+        self.before_read(conn, sid, Read::Poll(q))
+    }
+
+    /// [`sync_first`](Self::sync_first) for a WebSocket upgrade.
+    pub fn sync_first_listening(
+        &mut self,
+        conn: ConnId,
+        sid: &SessionId,
+    ) -> Result<bool, ApiError> {
+        self.before_read(conn, sid, Read::Subscribe)
+    }
+
+    fn before_read(&mut self, conn: ConnId, sid: &SessionId, read: Read) -> Result<bool, ApiError> {
+        let (tickets, issued) = (&mut self.tickets, &mut self.issued);
+        let ticket = || issue(tickets, issued, conn);
+        self.engine
+            .before_read(&self.store, ticket, sid, read, &self.presence)
+    }
+
+    /// Applies what the engine committed, read or heard since the last
+    /// call, and queues the answers of the requests that waited. Called
+    /// when the storage thread's waker fires, or after the shell handed
+    /// Redis's bytes to the engine.
+    #[inline(never)]
+    pub fn storage_done(&mut self, now: Millis) {
+        while let Some(e) = self.engine.next_event(&self.store, &self.presence) {
+            match e {
+                StoreEvent::Records(records) => {
+                    self.apply(now, records);
+                }
+                StoreEvent::Answer {
+                    to,
+                    records,
+                    result,
+                    delivered,
+                    count,
+                } => {
+                    let delivered = self.apply(now, records) || delivered;
+                    if count {
+                        self.count(&result);
+                    }
+                    let result = result.map(|o| self.ack(o, delivered));
+                    self.effects.push(Effect::Reply { to, result });
+                }
+                StoreEvent::Retry(to) => self.effects.push(Effect::Retry { to }),
+                StoreEvent::Replaced {
+                    sid,
+                    mut log,
+                    refill,
+                } => {
+                    log.last_active = now;
+                    self.store.insert(sid.clone(), *log);
+                    if let Some(resync) = refill {
+                        self.wake_waiters(now, &sid);
+                        self.effects.push(Effect::Refill { sid, resync });
+                    }
+                }
+                StoreEvent::Lost => {
+                    // Every copy held here is of sessions that are gone,
+                    // not deleted: dropped without a word (an answer that
+                    // still follows one is then ignored), and the sessions
+                    // waited on here read again.
+                    self.store.forget_all();
+                    self.live.clear();
+                    self.engine.reread(&self.presence);
+                }
+                StoreEvent::Part {
+                    sid,
+                    assistant_msg_id,
+                    client_msg_id,
+                    part,
+                    lit,
+                } => self.part_published(now, &sid, &assistant_msg_id, &client_msg_id, part, &lit),
+                StoreEvent::Agent { sid, state } => self.agent_published(now, &sid, &state),
+                StoreEvent::Receipts {
+                    sid,
+                    instance,
+                    ts,
+                    ids,
+                } => self.receipts_published(&sid, &instance, ts, &ids),
+                StoreEvent::LiveRead {
+                    sid,
+                    drafts,
+                    agents,
+                } => {
+                    if self.store.contains(&sid) {
+                        self.live_synced(now, &sid, drafts, agents);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A new message stored through this instance, counted once here
+    /// (whichever instances' copies apply it).
+    fn count(&mut self, result: &Result<Outcome, ApiError>) {
+        match result {
+            Ok(Outcome::Prompt {
+                duplicate: false, ..
+            }) => self.stats.prompts_stored += 1,
+            Ok(Outcome::Response {
+                duplicate: false, ..
+            }) => self.stats.responses_stored += 1,
+            _ => {}
+        }
+    }
+
+    /// Someone waits on `sid` here (a parked poll, a subscriber): its
+    /// changes made elsewhere must reach this instance.
+    pub(super) fn listen(&mut self, sid: &SessionId) {
+        self.engine.listen(sid, &self.presence);
+    }
+
+    /// The first subscriber of `sid` here came, or the last one left.
+    pub(super) fn watching(&mut self, sid: &str, on: bool) {
+        self.engine.watching(sid, on, self.limits.session_ttl_ms);
+    }
+}

@@ -1,0 +1,607 @@
+//! The Redis engine against this instance's copy of the sessions it serves
+//! (the relay's [`MemStore`]): writes sent with what the copy holds, reads
+//! that wait until the copy holds what was acknowledged before them, and
+//! every reply and published change turned into the [`StoreEvent`]s every
+//! engine gives the relay. A reply brings the copy up to date, and so does
+//! every change published by any instance; one that does not follow the
+//! copy (a gap, another epoch) makes this instance read the session again.
+//!
+//! The copy holds the sessions this instance serves: the sweep forgets the
+//! ones nobody here waits on or used lately (Redis keeps them).
+
+use std::rc::Rc;
+
+use log::{debug, info};
+
+use super::reply::{AgentState, DraftState, Event, Head, Msg, Snapshot};
+use super::{Answered, Known, PartWrite, RedisStore, ResponseWrite, Then};
+use crate::error::ApiError;
+use crate::store::SessionLog;
+use crate::store::engine::{Read, StoreEvent, Waited};
+use crate::store::mem::MemStore;
+use crate::store::message::{Framed, Message, Parts};
+use crate::store::record::{Outcome, Record};
+use crate::store::types::{MAX_TEXT_BYTES, NewResponse, Seq, SessionId, Ticket, Write as Change};
+use crate::time::Millis;
+use crate::wire::decoded_len;
+
+/// What the copy holds of `sid`.
+fn known<'a>(copy: &'a MemStore, sid: &str) -> Known<'a> {
+    copy.get(sid).map_or(Known::default(), |l| Known {
+        epoch: l.epoch(),
+        next: l.next_seq().get(),
+    })
+}
+
+/// A new message's `data` up to its `seq`, which the script appends.
+fn head_of(parts: &Parts) -> String {
+    let mut d = parts.data(); // ends in `"seq":0}`
+    d.truncate(d.len() - 2);
+    d
+}
+
+/// How long Redis counts this instance's subscribers of a session without
+/// hearing again (three sweeps: an instance that died stops counting).
+fn watch_grace(ttl_ms: u64) -> u64 {
+    3 * (ttl_ms / 4).clamp(100, 60_000)
+}
+
+impl RedisStore {
+    /// The turn's wall clock (unix ms).
+    pub fn set_clock(&mut self, unix_ms: u64) {
+        self.unix_ms = unix_ms;
+    }
+
+    /// Sends a write to Redis under the ticket `ticket` issues, once the
+    /// write is known to be sent: Redis is up, and a deletion names a
+    /// valid session id (else `404` here, and no ticket: the copy may not
+    /// hold the session).
+    pub fn submit(
+        &mut self,
+        copy: &MemStore,
+        ticket: impl FnOnce() -> Ticket,
+        w: &Change,
+        unix_ms: u64,
+    ) -> Result<(), ApiError> {
+        if !self.up() {
+            return Err(ApiError::storage_unavailable());
+        }
+        match w {
+            Change::Prompt(p) => {
+                let given = p
+                    .client_msg_id
+                    .as_ref()
+                    .map(|(id, raw)| (id.clone(), raw.get().to_string()));
+                let (id, literal) = self.id_and_literal(given.as_ref());
+                let ts = p.ts.unwrap_or(unix_ms);
+                let head = head_of(&Parts {
+                    session_id: &p.session_id,
+                    id_literal: &literal,
+                    prompt_id: None,
+                    text: p.prompt.get(),
+                    metadata: p.metadata.map(|m| m.get()),
+                    ts,
+                    seq: Seq(0),
+                });
+                let known = known(copy, &p.session_id);
+                self.prompt(ticket(), &p.session_id, id, head, ts, known);
+            }
+            Change::Response(p) => {
+                let given = p
+                    .assistant_msg_id
+                    .as_ref()
+                    .map(|(id, raw)| (id.clone(), raw.get().to_string()));
+                let (id, literal) = self.id_and_literal(given.as_ref());
+                let ts = p.ts.unwrap_or(unix_ms);
+                let text = p.text.get();
+                let head = head_of(&Parts {
+                    session_id: &p.session_id,
+                    id_literal: &literal,
+                    prompt_id: Some(&p.client_msg_id),
+                    text,
+                    metadata: p.metadata.map(|m| m.get()),
+                    ts,
+                    seq: Seq(0),
+                });
+                let write = ResponseWrite {
+                    client_msg_id: &p.client_msg_id,
+                    id: &id,
+                    given: given.is_some(),
+                    text,
+                    head: &head,
+                    ts,
+                };
+                self.response(ticket(), &p.session_id, write, known(copy, &p.session_id));
+            }
+            Change::Part(p) => self.submit_part(copy, ticket(), p),
+            Change::Create { sid, put } => self.create(ticket(), sid, *put, known(copy, sid)),
+            Change::Delete { sid } => {
+                let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
+                self.delete(ticket(), &sid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a part of a streamed answer to Redis under `ticket`.
+    fn submit_part(&mut self, copy: &MemStore, ticket: Ticket, p: &NewResponse) {
+        let id = p
+            .assistant_msg_id
+            .as_ref()
+            .map_or("", |(id, _)| id.as_str());
+        let text = p.text.get();
+        let write = PartWrite {
+            client_msg_id: &p.client_msg_id,
+            id,
+            text,
+            bytes: decoded_len(text),
+            max_bytes: MAX_TEXT_BYTES,
+        };
+        self.part(ticket, &p.session_id, write, known(copy, &p.session_id));
+    }
+
+    /// Before a read of `sid`: makes sure the copy holds what any instance
+    /// acknowledged before now, and returns true (the request runs again
+    /// once it does). A copy that follows the session's channel waits for
+    /// the turn's `PING`; any other asks the script what it lacks. While
+    /// Redis is unreachable, a session the copy holds is read as it is.
+    ///
+    /// A poll that would park on a copy following the session's channel
+    /// parks at once, without the `PING`: whatever was stored before it
+    /// that the copy lacks is published, and wakes it when it arrives, as
+    /// a later prompt would; the agent's loop (answer, poll again) then
+    /// waits for Redis only on its writes. A WebSocket upgrade listens to
+    /// the session's channel from the read on, not from the subscription
+    /// after it, so that what is published once the subscriber has its
+    /// first frames reaches it as it happens (what was published before
+    /// Redis confirmed the subscription comes with the read that follows
+    /// the confirmation).
+    pub fn before_read(
+        &mut self,
+        copy: &MemStore,
+        ticket: impl FnOnce() -> Ticket,
+        sid: &SessionId,
+        read: Read,
+        waited: &dyn Waited,
+    ) -> Result<bool, ApiError> {
+        match read {
+            Read::Poll(q) => {
+                let parks = q.wait
+                    && q.timeout_ms > 0
+                    && copy
+                        .get(sid)
+                        .is_some_and(|log| !log.has_pending_after(q.after));
+                if parks && self.up() && self.follows(sid) {
+                    return Ok(false);
+                }
+            }
+            Read::Subscribe if self.up() && !self.follows(sid) => self.listen_bounded(sid, waited),
+            Read::Subscribe | Read::Plain => {}
+        }
+        if !self.up() {
+            return if copy.contains(sid) {
+                Ok(false)
+            } else {
+                Err(ApiError::storage_unavailable())
+            };
+        }
+        let t = ticket();
+        if copy.contains(sid) && self.follows(sid) {
+            self.barrier(t, sid);
+        } else {
+            self.sync(Some(t), sid, known(copy, sid));
+        }
+        Ok(true)
+    }
+
+    /// Someone waits on `sid` here: its changes made elsewhere must reach
+    /// this instance. Channels stay listened to until the sweep after the
+    /// last one left (a poll parks again soon), and at most about twice as
+    /// many as are waited on.
+    pub fn listen_bounded(&mut self, sid: &SessionId, waited: &dyn Waited) {
+        if self.listened() >= 2 * waited.count() + 1024 {
+            self.unlisten_unless(&|sid| waited.waits_on(sid));
+        }
+        self.listen(sid);
+    }
+
+    /// The first subscriber of `sid` here came (`on`), or the last one
+    /// left: Redis is told, for the `delivered` of answers stored
+    /// elsewhere.
+    pub fn watching(&mut self, sid: &str, on: bool, ttl_ms: u64) {
+        let until = if on {
+            self.unix_ms + watch_grace(ttl_ms)
+        } else {
+            0
+        };
+        self.watch(sid, until);
+    }
+
+    /// The next thing for the relay: Redis lost its data, then each change
+    /// published, then each reply, in the order they came, read against
+    /// the copy as the events before them left it.
+    pub fn next_event(&mut self, copy: &MemStore, waited: &dyn Waited) -> Option<StoreEvent> {
+        loop {
+            if let Some(e) = self.ready.pop_front() {
+                return Some(e);
+            }
+            if self.take_lost() {
+                return Some(StoreEvent::Lost);
+            }
+            if let Some(e) = self.events.pop_front() {
+                self.published(copy, waited, e);
+            } else if let Some(a) = self.answered.pop_front() {
+                self.answered(copy, a);
+            } else {
+                return None;
+            }
+        }
+    }
+
+    /// Redis restarted empty or was flushed, and the copies are dropped:
+    /// each session someone waits on here is read again, created anew if
+    /// missing: its parked polls stay parked and its subscribers get a
+    /// `resync` with the new epoch instead of a close.
+    pub fn reread_waited(&mut self, waited: &dyn Waited) {
+        if self.up() {
+            waited.each(&mut |sid, _| self.recreate(sid));
+        }
+    }
+
+    /// A reply: the copy brought up to what it carries, then the
+    /// requester's answer.
+    #[inline(never)]
+    fn answered(&mut self, copy: &MemStore, a: Answered) {
+        // A new message stored through this instance: counted and logged
+        // here, once, whichever instances' copies apply it. Redis ran the
+        // write alone, so its seq is the last the answer's session holds.
+        let mut count = false;
+        if let (
+            Then::Reply(Ok(o)),
+            Some(Snapshot {
+                sid, head: Some(h), ..
+            }),
+        ) = (&a.then, &a.snapshot)
+        {
+            let seq = h.next.get().saturating_sub(1);
+            count = true;
+            match o {
+                Outcome::Prompt {
+                    id,
+                    duplicate: false,
+                } => {
+                    debug!(session_id = sid.as_str(), client_msg_id = id.as_str(), seq = seq; "prompt stored");
+                }
+                Outcome::Response {
+                    id,
+                    duplicate: false,
+                } => {
+                    debug!(session_id = sid.as_str(), assistant_msg_id = id.as_str(), seq = seq; "response posted");
+                }
+                _ => {}
+            }
+        }
+        let (records, live) = match a.snapshot {
+            Some(s) => {
+                let key = s.sid.clone();
+                let records = self.catch_up_log(copy, s.sid, s.head, s.msgs);
+                (
+                    records,
+                    s.live.map(|(drafts, agents)| (key, drafts, agents)),
+                )
+            }
+            None => (Vec::new(), None),
+        };
+        if let Then::Resynced(sid) = &a.then {
+            self.resynced(sid);
+        }
+        match (a.conn, a.then) {
+            (Some(to), Then::Reply(result)) => {
+                if let Ok(Outcome::Deleted) = &result {
+                    info!("session deleted");
+                }
+                self.ready.push_back(StoreEvent::Answer {
+                    to,
+                    records,
+                    result,
+                    delivered: a.delivered,
+                    count,
+                });
+                self.live_read(live);
+            }
+            (conn, then) => {
+                if !records.is_empty() {
+                    self.ready.push_back(StoreEvent::Records(records));
+                }
+                // A read brings the drafts and agent states: after its
+                // log, so no live frame overtakes the log it follows.
+                self.live_read(live);
+                match (conn, then) {
+                    (Some(to), Then::Retry) => self.ready.push_back(StoreEvent::Retry(to)),
+                    (Some(to), Then::Barrier(sid)) => self.barrier_passed(copy, to, &sid),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn live_read(&mut self, live: Option<(SessionId, Vec<DraftState>, Vec<AgentState>)>) {
+        if let Some((sid, drafts, agents)) = live {
+            // Taken if the copy holds the session once the log is applied.
+            self.ready.push_back(StoreEvent::LiveRead {
+                sid,
+                drafts,
+                agents,
+            });
+        }
+    }
+
+    /// A read's `PING` came back: every change published before it is
+    /// applied. If the copy still follows the channel (no gap was seen
+    /// meanwhile, the subscription held), the read runs on it; otherwise
+    /// the session is read through the script first.
+    fn barrier_passed(&mut self, copy: &MemStore, to: Ticket, sid: &SessionId) {
+        let held = copy.contains(sid);
+        if self.up() && !(held && self.follows(sid)) {
+            self.sync(Some(to), sid, known(copy, sid));
+        } else if !self.up() && !held {
+            // Redis unreachable: the copy is read as it is, if it holds
+            // the session.
+            self.ready.push_back(StoreEvent::Answer {
+                to,
+                records: Vec::new(),
+                result: Err(ApiError::storage_unavailable()),
+                delivered: false,
+                count: false,
+            });
+        } else {
+            self.ready.push_back(StoreEvent::Retry(to));
+        }
+    }
+
+    /// Brings the copy of a session to what Redis answered: returns the
+    /// records that follow what it holds; a deletion, or the session read
+    /// whole, goes to the relay at once.
+    fn catch_up_log(
+        &mut self,
+        copy: &MemStore,
+        sid: SessionId,
+        head: Option<Head>,
+        msgs: Vec<Msg>,
+    ) -> Vec<Record> {
+        let local = copy.get(&sid).map(|l| (l.epoch().clone(), l.next_seq()));
+        let Some(head) = head else {
+            if local.is_some() {
+                info!(session_id = sid.as_str(); "session deleted");
+                self.ready
+                    .push_back(StoreEvent::Records(vec![Record::Deleted { sid }]));
+            }
+            return Vec::new();
+        };
+        match local {
+            Some((epoch, mut next)) if *epoch == *head.epoch && !head.full => {
+                let mut records = Vec::with_capacity(msgs.len());
+                for m in msgs {
+                    if m.seq == next {
+                        next = next.next();
+                        records.push(record(&sid, m));
+                    }
+                }
+                records
+            }
+            Some((epoch, next)) if *epoch == *head.epoch && next == head.next => Vec::new(),
+            // Lacking the base an increment follows (forgotten meanwhile):
+            // the next read takes the whole session.
+            None if !head.full => Vec::new(),
+            _ => {
+                let same = local.as_ref().is_some_and(|(e, _)| **e == *head.epoch);
+                if local.is_some() && !same {
+                    self.ready
+                        .push_back(StoreEvent::Records(vec![Record::Deleted {
+                            sid: sid.clone(),
+                        }]));
+                }
+                let log = Box::new(rebuild(&head, msgs, self.limits.history_limit));
+                // More than history holds went by: what waits here reads
+                // the log again. Without a copy before, a session first
+                // read here has nobody waiting yet, and one someone waits
+                // on lost its copy with the store: its subscribers start
+                // the new epoch with a `resync`.
+                let refill = (same || local.is_none()).then_some(local.is_none());
+                self.ready
+                    .push_back(StoreEvent::Replaced { sid, log, refill });
+                Vec::new()
+            }
+        }
+    }
+
+    /// A change published by an instance: applied when it follows the
+    /// copy; a gap or another epoch makes the copy read again.
+    #[inline(never)]
+    fn published(&mut self, copy: &MemStore, waited: &dyn Waited, e: Event) {
+        let (sid, epoch) = match &e {
+            Event::Listening { sid } => {
+                // Held here: someone waits on it, or a subscriber's
+                // upgrade read it and is being set up.
+                if waited.waits_on(sid) || copy.contains(sid) {
+                    self.resync(copy, sid);
+                }
+                return;
+            }
+            Event::Refused { sid } => {
+                if copy.contains(sid) {
+                    self.resync(copy, sid);
+                }
+                return;
+            }
+            Event::Part { sid, epoch, .. } => {
+                if copy.get(sid).is_none_or(|l| **l.epoch() != **epoch) {
+                    return;
+                }
+                if let Event::Part {
+                    sid,
+                    assistant_msg_id,
+                    client_msg_id,
+                    part,
+                    lit,
+                    ..
+                } = e
+                {
+                    self.ready.push_back(StoreEvent::Part {
+                        sid,
+                        assistant_msg_id,
+                        client_msg_id,
+                        part,
+                        lit,
+                    });
+                }
+                return;
+            }
+            Event::Agent { sid, .. } => {
+                if copy.contains(sid)
+                    && let Event::Agent { sid, state } = e
+                {
+                    self.ready.push_back(StoreEvent::Agent { sid, state });
+                }
+                return;
+            }
+            Event::Receipts { .. } => {
+                if let Event::Receipts {
+                    sid,
+                    instance,
+                    ts,
+                    ids,
+                } = e
+                {
+                    self.ready.push_back(StoreEvent::Receipts {
+                        sid,
+                        instance,
+                        ts,
+                        ids,
+                    });
+                }
+                return;
+            }
+            Event::Created { sid, epoch }
+            | Event::Deleted { sid, epoch }
+            | Event::Message { sid, epoch, .. } => (sid, epoch),
+        };
+        let Some(log) = copy.get(sid) else {
+            return; // not served here: the next read takes it whole
+        };
+        let same = **log.epoch() == **epoch;
+        let next = log.next_seq();
+        match e {
+            Event::Deleted { sid, .. } if same => {
+                info!(session_id = sid.as_str(); "session deleted");
+                self.ready
+                    .push_back(StoreEvent::Records(vec![Record::Deleted { sid }]));
+            }
+            Event::Message { sid, msg, .. } if same => {
+                if msg.seq == next {
+                    self.ready
+                        .push_back(StoreEvent::Records(vec![record(&sid, msg)]));
+                } else if msg.seq > next {
+                    self.resync(copy, &sid);
+                }
+            }
+            Event::Created { .. } | Event::Deleted { .. } if same => {}
+            Event::Created { sid, .. }
+            | Event::Deleted { sid, .. }
+            | Event::Message { sid, .. } => self.resync(copy, &sid),
+            Event::Listening { .. }
+            | Event::Refused { .. }
+            | Event::Part { .. }
+            | Event::Agent { .. }
+            | Event::Receipts { .. } => {}
+        }
+    }
+
+    /// Reads a session again, for nobody in particular. One waited on
+    /// here without a copy (Redis lost its data, and creating it again
+    /// failed then) is created again.
+    pub fn resync(&mut self, copy: &MemStore, sid: &SessionId) {
+        if self.up() {
+            match copy.get(sid) {
+                Some(_) => self.sync(None, sid, known(copy, sid)),
+                None => self.recreate(sid),
+            }
+        }
+    }
+
+    /// The sweep's part in Redis: the sessions someone here waits on are
+    /// marked active (and created again if Redis lost them and that
+    /// failed), and the ones idle for the TTL are deleted (by whichever
+    /// instance sweeps first); channels nobody here waits on any more are
+    /// left.
+    pub fn keep_alive(&mut self, copy: &MemStore, waited: &dyn Waited, ttl_ms: u64) {
+        self.unlisten_unless(&|sid| waited.waits_on(sid));
+        let mut present: Vec<SessionId> = Vec::with_capacity(waited.count());
+        waited.each(&mut |sid, _| present.push(sid.clone()));
+        let names: Vec<&str> = present.iter().map(|s| s.as_str()).collect();
+        self.sweep(&names, ttl_ms);
+        let until = self.unix_ms + watch_grace(ttl_ms);
+        let up = self.up();
+        waited.each(&mut |sid, subscribed| {
+            if subscribed {
+                self.watch(sid, until);
+            }
+            // Waited on without a copy: Redis lost its data and the
+            // session could not be created again then.
+            if !copy.contains(sid) && up {
+                self.recreate(sid);
+            }
+        });
+    }
+}
+
+/// A stored message as a committed record.
+fn record(sid: &SessionId, m: Msg) -> Record {
+    if m.prompt {
+        Record::Prompt {
+            sid: sid.clone(),
+            seq: m.seq,
+            ts: m.ts,
+            client_msg_id: m.client_msg_id,
+            data: m.data,
+        }
+    } else {
+        Record::Response {
+            sid: sid.clone(),
+            seq: m.seq,
+            ts: m.ts,
+            client_msg_id: m.client_msg_id,
+            assistant_msg_id: m.assistant_msg_id,
+            data: Framed::from(m.data.as_str()),
+        }
+    }
+}
+
+/// A whole session, as restoring one from SQLite builds it (its activity
+/// is set when the copy takes it).
+fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
+    let mut log = SessionLog::restored(
+        Millis(0),
+        Rc::from(head.epoch.as_str()),
+        head.next,
+        head.last_assistant,
+        head.dropped_assistant,
+    );
+    for m in msgs {
+        if m.prompt {
+            let cid: Rc<str> = Rc::from(m.client_msg_id);
+            log.append_prompt(
+                Message::prompt_with(cid, m.seq, m.ts, m.data.into_bytes()),
+                limit,
+            );
+        } else {
+            let cid = log
+                .prompt_id(&m.client_msg_id)
+                .unwrap_or_else(|| Rc::from(m.client_msg_id.as_str()));
+            let aid: Rc<str> = Rc::from(m.assistant_msg_id);
+            let msg = Message::assistant_with(cid, aid, m.seq, m.ts, m.data.as_bytes());
+            log.append_response(msg, limit);
+        }
+    }
+    log
+}
