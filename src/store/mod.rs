@@ -13,6 +13,9 @@
 //!   persistence, the loop's copy of the committed state.
 //! - [`record`]: the commands that cross to the storage thread, and the
 //!   outcomes and committed changes every engine answers with.
+//! - [`engine`]: the one type the relay stores through, and what it
+//!   gives back ([`engine::StoreEvent`]).
+//! - [`redis`]: sessions shared by several instances.
 //! - [`sqlite`]: persistence on one machine (the storage thread).
 //! - [`types`]: the keys of the log ([`SessionId`], [`Seq`]).
 

@@ -15,7 +15,8 @@
 //! delivery. Once a channel is listened to, the session is read again, so
 //! nothing published before that is missed. Published records are hints:
 //! one that does not follow the copy (a gap, another epoch) makes the
-//! instance read the session again.
+//! instance read the session again. That side of the engine, which reads
+//! the copy, is `copy.rs`.
 //!
 //! A read waits until the copy holds everything acknowledged before it
 //! began. For a session whose channel is listened to, whose copy follows
