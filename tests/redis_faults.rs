@@ -642,3 +642,144 @@ fn redis_unreachable_or_refusing_the_password_is_logged_once_without_the_passwor
         assert_eq!(log_lines(srv, "Redis unavailable").len(), 1);
     }
 }
+
+/// Parts of answer `a` to prompt `q`, posted through two relays in turn:
+/// those acknowledged and those refused, in order.
+struct Parts {
+    addrs: [SocketAddr; 2],
+    sid: String,
+    acked: Vec<String>,
+    refused: Vec<String>,
+}
+
+impl Parts {
+    /// Posts part `tag` `i` through relay `i % 2`: `200` or `503`.
+    fn post(&mut self, i: usize, tag: &str) -> u16 {
+        let text = format!("{tag}{i}|");
+        let body = json!({"session_id": self.sid, "client_msg_id": "q",
+            "assistant_msg_id": "a", "text": text, "partial": true});
+        let (status, ack) = post(self.addrs[i % 2], "/response", &body).expect("an answer");
+        match status {
+            200 => {
+                assert_eq!(ack["partial"], true, "{ack}");
+                self.acked.push(text);
+            }
+            503 => self.refused.push(text),
+            _ => panic!("{status} {ack}"),
+        }
+        status
+    }
+}
+
+/// The script calls a relay sent to Redis (`/metrics`).
+fn storage_commands(srv: &Server) -> u64 {
+    let metrics = srv.get("/metrics").text();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("relay_storage_commands_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("relay_storage_commands_total")
+}
+
+/// Reads `ws` as a client draws a streamed answer, until the answer `aid`
+/// arrives: a `delta` numbered one more than the last appends its text,
+/// a snapshot replaces the draft, any other waits for the next snapshot.
+/// No text of `refused` may ever show. Returns the draft just before the
+/// answer, and the answer's text.
+#[track_caller]
+fn read_stream(ws: &mut Ws, aid: &str, refused: &[String]) -> (String, String) {
+    let (mut draft, mut parts) = (String::new(), 0);
+    loop {
+        let f = ws.recv_any_skip_pings();
+        let data = &f["data"];
+        match f["type"].as_str() {
+            Some("delta") if data["assistant_msg_id"] == aid => {
+                let text = data["text"].as_str().expect("a part's text");
+                let n = data["part"].as_u64().expect("a part's number");
+                if data["snapshot"] == true {
+                    (draft, parts) = (text.to_string(), n);
+                } else if n == parts + 1 {
+                    draft.push_str(text);
+                    parts = n;
+                }
+                for r in refused {
+                    assert!(!draft.contains(r.as_str()), "refused part {r} shown: {f}");
+                }
+            }
+            Some("delta_end") => panic!("the draft was dropped: {f}"),
+            Some("message") if data["assistant_msg_id"] == aid => {
+                let text = data["text"].as_str().expect("the answer's text");
+                return (draft, text.to_string());
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn a_part_redis_refuses_reaches_nobody_and_one_it_holds_through_a_hang_is_answered() {
+    let redis = Redis::start();
+    let servers = redis.relays(2, &[]);
+    let sid = unique_session();
+    let (_, mut subscribers) = subscribed_on_each(&servers, &sid);
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    servers[0].prompt(&sid, "tell me", Some("q"));
+    let mut parts = Parts {
+        addrs: [servers[0].addr(), servers[1].addr()],
+        sid: sid.clone(),
+        acked: Vec::new(),
+        refused: Vec::new(),
+    };
+    for i in 0..5 {
+        assert_eq!(parts.post(i, "ok"), 200);
+    }
+    // Redis stops taking writes in the middle of the stream, then takes
+    // them again.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    let mut i = 0;
+    while parts.refused.len() < 3 {
+        parts.post(i, "oom");
+        i += 1;
+        assert!(i < 1000, "Redis out of memory never refused a part");
+    }
+    redis.config_set("maxmemory", "0");
+    for i in 0..4 {
+        assert_eq!(parts.post(i, "again"), 200);
+    }
+    // Redis hangs with a part sent to it: the part waits, and is answered
+    // (and shown) once Redis runs again.
+    redis.signal("STOP");
+    let addr = servers[1].addr();
+    let body = json!({"session_id": sid, "client_msg_id": "q",
+        "assistant_msg_id": "a", "text": "hung|", "partial": true});
+    let sent = storage_commands(&servers[1]);
+    let hung = std::thread::spawn(move || post(addr, "/response", &body));
+    wait_until("the part sent to the hung Redis", || {
+        storage_commands(&servers[1]) > sent
+    });
+    redis.signal("CONT");
+    let (status, ack) = hung.join().expect("the poster").expect("an answer");
+    assert_eq!((status, &ack["partial"]), (200, &json!(true)), "{ack}");
+    parts.acked.push("hung|".into());
+    assert_eq!(parts.post(0, "last"), 200);
+
+    let (whole, refused) = (parts.acked.concat(), parts.refused);
+    let done = json!({"session_id": sid, "client_msg_id": "q",
+        "assistant_msg_id": "a", "text": whole});
+    let (status, ack) = post(servers[1].addr(), "/response", &done).expect("an answer");
+    assert_eq!(status, 200, "{ack}");
+    for ws in &mut subscribers {
+        assert_eq!(
+            read_stream(ws, "a", &refused),
+            (whole.clone(), whole.clone())
+        );
+    }
+    for s in &servers {
+        let history = s.messages(&sid, "");
+        assert_eq!(history["total"], 2, "{history}");
+        assert!(!history.to_string().contains("oom"), "{history}");
+    }
+}
