@@ -579,7 +579,8 @@ impl Relay {
             .store
             .idle(|sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= after);
         let n = idle.len();
-        let ticket = next_ticket(&mut self.tickets, NOBODY);
+        let tickets = &mut self.tickets;
+        let ticket = || next_ticket(tickets, NOBODY);
         match self
             .engine
             .collect(&self.store, idle, ticket, &self.presence, ttl)

@@ -112,10 +112,11 @@ impl Relay {
                     records,
                     result,
                     delivered,
-                    count,
                 } => {
                     let delivered = self.apply(now, records) || delivered;
-                    if count {
+                    // Records that may be other instances' are not counted
+                    // as they are applied: a write is counted by its answer.
+                    if !self.engine.applies_own_writes() {
                         self.count(&result);
                     }
                     let result = result.map(|o| self.ack(o, delivered));

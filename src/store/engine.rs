@@ -98,15 +98,12 @@ pub enum StoreEvent {
     },
     /// The answer to a ticket: its `records` are applied first. It was
     /// `delivered` to a subscriber if an answer among them went to one
-    /// here, or if the engine says one elsewhere has it. `count`: the
-    /// outcome is counted here (an engine whose records come from other
-    /// instances too does not count them as they are applied).
+    /// here, or if the engine says one elsewhere has it.
     Answer {
         to: Ticket,
         records: Vec<Record>,
         result: Result<Outcome, ApiError>,
         delivered: bool,
-        count: bool,
     },
     /// Run the request again: what it waited for (its session, a read's
     /// barrier) is in the copy now.
@@ -272,12 +269,13 @@ impl Engine {
     }
 
     /// The idle sweep: `idle` are the sessions nobody here used for
-    /// [`idle_after`](Self::idle_after).
+    /// [`idle_after`](Self::idle_after); `ticket` issues the ticket of a
+    /// collection sent to the storage.
     pub fn collect(
         &mut self,
         copy: &MemStore,
         idle: Vec<SessionId>,
-        ticket: Ticket,
+        ticket: impl FnOnce() -> Ticket,
         waited: &dyn Waited,
         ttl_ms: u64,
     ) -> Collect {
@@ -286,7 +284,7 @@ impl Engine {
             Engine::Durable(d) => {
                 if !idle.is_empty() {
                     d.submit(Command {
-                        ticket,
+                        ticket: ticket(),
                         op: super::record::Op::Collect { sids: idle },
                     });
                 }

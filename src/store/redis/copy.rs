@@ -252,10 +252,10 @@ impl RedisStore {
     /// requester's answer.
     #[inline(never)]
     fn answered(&mut self, copy: &MemStore, a: Answered) {
-        // A new message stored through this instance: counted and logged
-        // here, once, whichever instances' copies apply it. Redis ran the
+        // A new message stored through this instance: logged here, once,
+        // whichever instances' copies apply it (and counted by the relay
+        // as it takes the answer). Redis ran the
         // write alone, so its seq is the last the answer's session holds.
-        let mut count = false;
         if let (
             Then::Reply(Ok(o)),
             Some(Snapshot {
@@ -264,7 +264,6 @@ impl RedisStore {
         ) = (&a.then, &a.snapshot)
         {
             let seq = h.next.get().saturating_sub(1);
-            count = true;
             match o {
                 Outcome::Prompt {
                     id,
@@ -305,7 +304,6 @@ impl RedisStore {
                     records,
                     result,
                     delivered: a.delivered,
-                    count,
                 });
                 self.live_read(live);
             }
@@ -352,7 +350,6 @@ impl RedisStore {
                 records: Vec::new(),
                 result: Err(ApiError::storage_unavailable()),
                 delivered: false,
-                count: false,
             });
         } else {
             self.ready.push_back(StoreEvent::Retry(to));
@@ -419,34 +416,30 @@ impl RedisStore {
     /// copy; a gap or another epoch makes the copy read again.
     #[inline(never)]
     fn published(&mut self, copy: &MemStore, waited: &dyn Waited, e: Event) {
-        let (sid, epoch) = match &e {
+        let e = match e {
             Event::Listening { sid } => {
                 // Held here: someone waits on it, or a subscriber's
                 // upgrade read it and is being set up.
-                if waited.waits_on(sid) || copy.contains(sid) {
-                    self.resync(copy, sid);
+                if waited.waits_on(&sid) || copy.contains(&sid) {
+                    self.resync(copy, &sid);
                 }
                 return;
             }
             Event::Refused { sid } => {
-                if copy.contains(sid) {
-                    self.resync(copy, sid);
+                if copy.contains(&sid) {
+                    self.resync(copy, &sid);
                 }
                 return;
             }
-            Event::Part { sid, epoch, .. } => {
-                if copy.get(sid).is_none_or(|l| **l.epoch() != **epoch) {
-                    return;
-                }
-                if let Event::Part {
-                    sid,
-                    assistant_msg_id,
-                    client_msg_id,
-                    part,
-                    lit,
-                    ..
-                } = e
-                {
+            Event::Part {
+                sid,
+                epoch,
+                assistant_msg_id,
+                client_msg_id,
+                part,
+                lit,
+            } => {
+                if copy.get(&sid).is_some_and(|l| **l.epoch() == *epoch) {
                     self.ready.push_back(StoreEvent::Part {
                         sid,
                         assistant_msg_id,
@@ -457,34 +450,33 @@ impl RedisStore {
                 }
                 return;
             }
-            Event::Agent { sid, .. } => {
-                if copy.contains(sid)
-                    && let Event::Agent { sid, state } = e
-                {
+            Event::Agent { sid, state } => {
+                if copy.contains(&sid) {
                     self.ready.push_back(StoreEvent::Agent { sid, state });
                 }
                 return;
             }
-            Event::Receipts { .. } => {
-                if let Event::Receipts {
+            Event::Receipts {
+                sid,
+                instance,
+                ts,
+                ids,
+            } => {
+                self.ready.push_back(StoreEvent::Receipts {
                     sid,
                     instance,
                     ts,
                     ids,
-                } = e
-                {
-                    self.ready.push_back(StoreEvent::Receipts {
-                        sid,
-                        instance,
-                        ts,
-                        ids,
-                    });
-                }
+                });
                 return;
             }
-            Event::Created { sid, epoch }
-            | Event::Deleted { sid, epoch }
-            | Event::Message { sid, epoch, .. } => (sid, epoch),
+            e => e,
+        };
+        let (Event::Created { sid, epoch }
+        | Event::Deleted { sid, epoch }
+        | Event::Message { sid, epoch, .. }) = &e
+        else {
+            return; // taken above
         };
         let Some(log) = copy.get(sid) else {
             return; // not served here: the next read takes it whole
@@ -505,15 +497,11 @@ impl RedisStore {
                     self.resync(copy, &sid);
                 }
             }
-            Event::Created { .. } | Event::Deleted { .. } if same => {}
+            Event::Created { .. } if same => {}
             Event::Created { sid, .. }
             | Event::Deleted { sid, .. }
             | Event::Message { sid, .. } => self.resync(copy, &sid),
-            Event::Listening { .. }
-            | Event::Refused { .. }
-            | Event::Part { .. }
-            | Event::Agent { .. }
-            | Event::Receipts { .. } => {}
+            _ => {}
         }
     }
 

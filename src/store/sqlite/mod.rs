@@ -586,7 +586,6 @@ fn events_of(done: Done, out: &mut VecDeque<StoreEvent>) {
             records: done.records,
             result,
             delivered: false,
-            count: false,
         }),
         _ => out.push_back(StoreEvent::Records(done.records)),
     }
