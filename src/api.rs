@@ -15,7 +15,9 @@ use crate::http::response::{JSON, Meta};
 use crate::http::route::{Route, messages_query, prompts_query, query_param, route, uint_param};
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
+use crate::relay::model::{NewPrompt, NewResponse};
 use crate::relay::{ApiError, ConnId, Fetch, Relay, Reply};
+use crate::store::types::Write;
 use crate::store::{Cursor, Seq, SessionId};
 use crate::time::{Millis, Turn};
 use crate::{token, web};
@@ -338,10 +340,9 @@ impl Api {
             Route::Readyz => self.readyz(relay, facts),
             Route::PostPrompt => {
                 json_body(head)?;
-                let gate = |sid: &SessionId| grant.admits(sid);
-                return Ok(reply(
-                    relay.post_prompt_gated(now, unix_ms, conn, body, gate)?,
-                ));
+                let p = NewPrompt::parse(body)?;
+                grant.admits(&p.session_id)?;
+                return Ok(reply(relay.write(now, unix_ms, conn, Write::Prompt(p))?));
             }
             Route::GetPrompts(sid) => {
                 let q = prompts_query(head.query.as_deref())?;
@@ -355,10 +356,9 @@ impl Api {
             }
             Route::PostResponse => {
                 json_body(head)?;
-                let gate = |sid: &SessionId| grant.admits(sid);
-                return Ok(reply(
-                    relay.post_response_gated(now, unix_ms, conn, body, gate)?,
-                ));
+                let r = NewResponse::parse(body)?;
+                grant.admits(&r.session_id)?;
+                return Ok(reply(relay.write(now, unix_ms, conn, Write::answer(r))?));
             }
             Route::WebSocket(sid) => {
                 return self.upgrade(relay, now, conn, head, sid, facts.synced);
@@ -377,8 +377,17 @@ impl Api {
                 }
                 Answer::ok(relay.session_info(now, &sid)?)
             }
-            Route::PutSession(sid) => return Ok(reply(relay.put_session(now, conn, &sid)?)),
-            Route::DeleteSession(sid) => return Ok(reply(relay.delete_session(now, conn, &sid)?)),
+            Route::PutSession(sid) => {
+                let w = Write::Create {
+                    sid: &sid,
+                    put: true,
+                };
+                return Ok(reply(relay.write(now, unix_ms, conn, w)?));
+            }
+            Route::DeleteSession(sid) => {
+                let w = Write::Delete { sid: &sid };
+                return Ok(reply(relay.write(now, unix_ms, conn, w)?));
+            }
             Route::Preflight { allow } => preflight(allow),
             Route::MethodNotAllowed { allow } => {
                 let mut a = Answer::from(ApiError::method_not_allowed());

@@ -4,20 +4,18 @@
 //! (later) other instances for changes they made. [`Relay::apply`] applies
 //! records to the log and to what waits on it here, in order: parked polls
 //! woken, answers delivered to caught-up subscribers, a deleted session's
-//! polls answered 404 and its subscribers closed; [`Relay::ack`] then
+//! polls answered 404 and its subscribers closed; [`Outcome::ack`] then
 //! renders the requester's answer.
 
 use std::rc::Rc;
 
 use log::debug;
-use serde::Serialize;
 
 use super::{ApiError, Effect, Relay, Reply};
 use crate::store::mem::{Applied, MemStore};
 use crate::store::record::{Outcome, Record};
 use crate::store::{Seq, SessionId};
 use crate::time::Millis;
-use crate::wire::{push_json_str, to_json};
 
 impl Relay {
     /// Applies committed records, in order: to the log, then to the parked
@@ -66,33 +64,17 @@ impl Relay {
 
     /// The requester's answer to a write whose records are applied
     /// (`delivered` as [`apply`](Self::apply) reported it); counts resends.
-    /// A sweep has no requester: its body is empty and never sent.
     pub(super) fn ack(&mut self, outcome: Outcome, delivered: bool) -> Vec<u8> {
         match outcome {
-            Outcome::Prompt { id, duplicate } => {
-                if duplicate {
-                    self.stats.prompt_duplicates += 1;
-                }
-                prompt_ack(&id, duplicate)
-            }
+            Outcome::Prompt {
+                duplicate: true, ..
+            } => self.stats.prompt_duplicates += 1,
             Outcome::Response {
-                id,
-                duplicate: true,
-            } => {
-                self.stats.response_duplicates += 1;
-                duplicate_ack(&id)
-            }
-            Outcome::Response { id, .. } => response_ack(&id, delivered),
-            Outcome::Part { id } => partial_ack(&id, delivered),
-            Outcome::Session {
-                sid,
-                epoch,
-                created,
-                ..
-            } => put_ack(&sid, &epoch, created),
-            Outcome::Deleted => b"{\"deleted\":true}".to_vec(),
-            Outcome::Collected => Vec::new(),
+                duplicate: true, ..
+            } => self.stats.response_duplicates += 1,
+            _ => {}
         }
+        outcome.ack(delivered)
     }
 
     /// A write the in-memory engine decides (`decide` pushes its records):
@@ -211,64 +193,4 @@ impl Relay {
         self.counts.parked_polls -= here.waiters.len();
         self.counts.subscribers -= here.subscribers.len();
     }
-}
-
-/// `{"ok":true,"assistant_msg_id":…,"delivered":…}`, the answer to a stored
-/// `POST /response`.
-fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
-    ack_with(assistant_msg_id, delivered, "")
-}
-
-/// The answer to a resent `POST /response`.
-fn duplicate_ack(assistant_msg_id: &str) -> Vec<u8> {
-    ack_with(assistant_msg_id, false, ",\"duplicate\":true")
-}
-
-/// The answer to a part of a streamed answer.
-pub(super) fn partial_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
-    ack_with(assistant_msg_id, delivered, ",\"partial\":true")
-}
-
-/// A `POST /response` answer with `more` fields after `delivered`.
-fn ack_with(assistant_msg_id: &str, delivered: bool, more: &str) -> Vec<u8> {
-    let mut ack = String::with_capacity(64 + assistant_msg_id.len() + more.len());
-    ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
-    push_json_str(&mut ack, assistant_msg_id);
-    ack.push_str(if delivered {
-        ",\"delivered\":true"
-    } else {
-        ",\"delivered\":false"
-    });
-    ack.push_str(more);
-    ack.push('}');
-    ack.into_bytes()
-}
-
-/// `{"session_id":…,"epoch":…,"created":…}`, the answer to `PUT /sessions`.
-fn put_ack(sid: &str, epoch: &str, created: bool) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Put<'a> {
-        session_id: &'a str,
-        epoch: &'a str,
-        created: bool,
-    }
-    to_json(&Put {
-        session_id: sid,
-        epoch,
-        created,
-    })
-}
-
-/// `{"stored":true,"client_msg_id":…}`, plus `"duplicate":true` for a resend.
-/// Written by hand, as serde writes it: it is every prompt's answer.
-fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
-    let mut ack = String::with_capacity(56 + id.len());
-    ack.push_str("{\"stored\":true,\"client_msg_id\":");
-    push_json_str(&mut ack, id);
-    ack.push_str(if duplicate {
-        ",\"duplicate\":true}"
-    } else {
-        "}"
-    });
-    ack.into_bytes()
 }

@@ -272,7 +272,9 @@ impl Relay {
         };
         let frame = live.drafts[at].append(&r.session_id, lit, bytes, deadline);
         let delivered = self.send_part(&r.session_id, frame, deadline);
-        Ok(Reply::Now(super::commit::partial_ack(&id, delivered)))
+        Ok(Reply::Now(crate::store::record::partial_ack(
+            &id, delivered,
+        )))
     }
 
     /// A part was appended to a draft of `sid` (`frame`, its `delta`),

@@ -278,7 +278,9 @@ impl Relay {
         self.store.contains(sid)
     }
 
-    /// `POST /prompt`: store, dedupe, and wake every parked poll of the session.
+    /// `POST /prompt` from its body: stored, deduped, and every parked poll
+    /// of the session woken. (The API checks the body's session against
+    /// the caller's grant first, and calls [`write`](Self::write).)
     pub fn post_prompt(
         &mut self,
         now: Millis,
@@ -286,22 +288,7 @@ impl Relay {
         conn: ConnId,
         body: &[u8],
     ) -> Result<Reply, ApiError> {
-        self.post_prompt_gated(now, unix_ms, conn, body, |_| Ok(()))
-    }
-
-    /// [`post_prompt`](Self::post_prompt) behind `gate`, the API's check of
-    /// the body's session (a token for one session opens only that one):
-    /// run once the body is valid, before anything is stored or woken.
-    pub fn post_prompt_gated(
-        &mut self,
-        now: Millis,
-        unix_ms: UnixMillis,
-        conn: ConnId,
-        body: &[u8],
-        gate: impl FnOnce(&SessionId) -> Result<(), ApiError>,
-    ) -> Result<Reply, ApiError> {
         let p = NewPrompt::parse(body)?;
-        gate(&p.session_id)?;
         self.write(now, unix_ms, conn, Write::Prompt(p))
     }
 
@@ -373,8 +360,8 @@ impl Relay {
         }
     }
 
-    /// `POST /response`: store, dedupe or refuse; a new answer becomes an
-    /// [`Effect::Deliver`] for the session's subscribers.
+    /// `POST /response` from its body: stored, deduped or refused; a new
+    /// answer becomes an [`Effect::Deliver`] for the session's subscribers.
     pub fn post_response(
         &mut self,
         now: Millis,
@@ -382,29 +369,8 @@ impl Relay {
         conn: ConnId,
         body: &[u8],
     ) -> Result<Reply, ApiError> {
-        self.post_response_gated(now, unix_ms, conn, body, |_| Ok(()))
-    }
-
-    /// [`post_response`](Self::post_response) behind `gate`, as for
-    /// [`post_prompt_gated`](Self::post_prompt_gated).
-    pub fn post_response_gated(
-        &mut self,
-        now: Millis,
-        unix_ms: UnixMillis,
-        conn: ConnId,
-        body: &[u8],
-        gate: impl FnOnce(&SessionId) -> Result<(), ApiError>,
-    ) -> Result<Reply, ApiError> {
         let r = NewResponse::parse(body)?;
-        gate(&r.session_id)?;
-        // The agent is online from its request on, whatever its answer.
-        self.agent_seen(now, &r.session_id, true);
-        let w = if r.partial {
-            Write::Part(r)
-        } else {
-            Write::Response(r)
-        };
-        self.write(now, unix_ms, conn, w)
+        self.write(now, unix_ms, conn, Write::answer(r))
     }
 
     /// The subscribers of `sid` on this server, for a delivery.
@@ -532,38 +498,35 @@ impl Relay {
         self.write(now, 0, conn, Write::Delete { sid })
     }
 
-    /// Hands a write to the engine. In memory (and for a session the
-    /// loop's copy of the database holds already) it is decided, applied
-    /// and answered at once; a storage takes it with a ticket, and the
-    /// request waits for the answer to that ticket ([`Reply::Wait`]).
-    fn write(
+    /// Every write, validated: handed to the engine. In memory (and for a
+    /// session the loop's copy of the database holds already) it is
+    /// decided, applied and answered at once; a storage takes it with a
+    /// ticket, and the request waits for the answer to that ticket
+    /// ([`Reply::Wait`]).
+    pub fn write(
         &mut self,
         now: Millis,
         unix_ms: UnixMillis,
         conn: ConnId,
         w: Write,
     ) -> Result<Reply, ApiError> {
+        if let Write::Response(r) | Write::Part(r) = &w {
+            // The agent is online from its request on, whatever its answer.
+            self.agent_seen(now, &r.session_id, true);
+        }
         let (tickets, issued) = (&mut self.tickets, &mut self.issued);
         let ticket = || issue(tickets, issued, conn);
         if self.engine.submit(&self.store, ticket, &w, unix_ms)? == Submit::Wait {
             return Ok(Reply::Wait);
         }
         match w {
-            Write::Prompt(p) => {
-                self.commit_now(now, |store, out| store.prompt(now, unix_ms, p, out))
-            }
-            Write::Response(r) => {
-                self.commit_now(now, |store, out| store.response(now, unix_ms, r, out))
-            }
-            Write::Create { sid, put } => {
-                self.commit_now(now, |store, out| store.create(now, sid, put, out))
-            }
             Write::Part(r) => self.post_partial(now, r),
             Write::Delete { sid } => {
                 let reply = self.commit_now(now, |store, out| store.delete(sid, out))?;
                 info!(session_id = sid; "session deleted");
                 Ok(reply)
             }
+            w => self.commit_now(now, |store, out| store.decide(now, unix_ms, w, out)),
         }
     }
 

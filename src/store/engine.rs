@@ -28,10 +28,10 @@
 
 use super::SessionLog;
 use super::mem::MemStore;
-use super::record::{Command, Outcome, Record};
+use super::record::{Command, Op, Outcome, Record};
 use super::redis::{AgentState, DraftState, RedisStore};
 use super::sqlite::{Durable, STOP_BOUND, StoreStats};
-use super::types::{ConnId, PromptsQuery, SessionId, Ticket, Write};
+use super::types::{ConnId, OwnedWrite, PromptsQuery, SessionId, Ticket, Write};
 use crate::error::ApiError;
 
 /// The connection a write for nobody (the idle sweep) is from.
@@ -184,11 +184,14 @@ impl Engine {
             Engine::Durable(_) if matches!(w, Write::Create { sid, .. } if copy.contains(sid)) => {
                 Ok(Submit::Decide)
             }
+            // Only a session the copy holds is on disk.
+            Engine::Durable(_) if matches!(w, Write::Delete { sid } if !copy.contains(sid)) => {
+                Err(ApiError::session_not_found())
+            }
             Engine::Durable(d) => {
-                let op = super::sqlite::op(copy, w, unix_ms)?;
                 d.submit(Command {
                     ticket: ticket(),
-                    op,
+                    op: Op::Write(OwnedWrite::of(w, unix_ms)),
                 });
                 Ok(Submit::Wait)
             }
@@ -285,7 +288,7 @@ impl Engine {
                 if !idle.is_empty() {
                     d.submit(Command {
                         ticket: ticket(),
-                        op: super::record::Op::Collect { sids: idle },
+                        op: Op::Collect { sids: idle },
                     });
                 }
                 Collect::Sent

@@ -18,7 +18,7 @@ use uuid::Builder;
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
 use super::record::{Outcome, Record};
-use super::types::{MessagesQuery, NewPrompt, NewResponse};
+use super::types::{MessagesQuery, NewPrompt, NewResponse, Write};
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
 use crate::time::{Millis, UnixMillis};
@@ -127,6 +127,27 @@ impl MemStore {
     /// The session, without touching it, if it exists.
     pub fn get_mut(&mut self, sid: &str) -> Option<&mut SessionLog> {
         self.sessions.get_mut(sid)
+    }
+
+    /// A client's write, decided by its rule below: its outcome, and its
+    /// records pushed onto `out`. The one entry for every write the log
+    /// decides, here and on the storage thread.
+    pub fn decide(
+        &mut self,
+        now: Millis,
+        unix_ms: UnixMillis,
+        w: Write,
+        out: &mut Vec<Record>,
+    ) -> Result<Outcome, ApiError> {
+        match w {
+            Write::Prompt(p) => self.prompt(now, unix_ms, p, out),
+            Write::Response(r) => self.response(now, unix_ms, r, out),
+            Write::Create { sid, put } => self.create(now, sid, put, out),
+            Write::Delete { sid } => self.delete(sid, out),
+            // A part goes to its draft, which is the relay's live state
+            // (`relay/live.rs`) and never the log's.
+            Write::Part(_) => Err(ApiError::storage_unavailable()),
+        }
     }
 
     /// `POST /prompt`, decided: the session created if needed (503 at the

@@ -8,10 +8,13 @@
 //! path. A [`SessionId`] is `Send` (its text is shared by an `Arc`), so the
 //! same id the loop holds crosses without a copy.
 
+use serde::Serialize;
+
 use super::message::Framed;
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
-use crate::store::types::Ticket;
+use crate::store::types::{OwnedWrite, Ticket};
+use crate::wire::{push_json_str, to_json};
 
 /// A write for the storage thread, for the request holding `ticket`.
 #[derive(Debug)]
@@ -20,38 +23,13 @@ pub struct Command {
     pub op: Op,
 }
 
-/// The writes. Text fields are the validated JSON literals, as sent.
+/// What the storage thread is sent.
 #[derive(Debug)]
 pub enum Op {
-    Prompt {
-        sid: SessionId,
-        /// The client's id and its literal, if it gave one.
-        id: Option<(String, String)>,
-        prompt: String,
-        metadata: Option<String>,
-        ts: u64,
-    },
-    Response {
-        sid: SessionId,
-        client_msg_id: String,
-        id: Option<(String, String)>,
-        text: String,
-        metadata: Option<String>,
-        ts: u64,
-    },
-    /// `PUT /sessions` (`put`), or a WebSocket connect to a session that
-    /// does not exist yet.
-    Create {
-        sid: SessionId,
-        put: bool,
-    },
-    Delete {
-        sid: SessionId,
-    },
+    /// A client's write.
+    Write(OwnedWrite),
     /// Sessions the loop found idle past the TTL.
-    Collect {
-        sids: Vec<SessionId>,
-    },
+    Collect { sids: Vec<SessionId> },
 }
 
 /// The outcome of one write, for its requester.
@@ -77,6 +55,31 @@ pub enum Outcome {
     },
     Deleted,
     Collected,
+}
+
+impl Outcome {
+    /// The requester's answer: `delivered` says whether an answer reached
+    /// a subscriber connected here. A sweep has no requester: its body is
+    /// empty and never sent.
+    pub fn ack(&self, delivered: bool) -> Vec<u8> {
+        match self {
+            Outcome::Prompt { id, duplicate } => prompt_ack(id, *duplicate),
+            Outcome::Response {
+                id,
+                duplicate: true,
+            } => duplicate_ack(id),
+            Outcome::Response { id, .. } => response_ack(id, delivered),
+            Outcome::Part { id } => partial_ack(id, delivered),
+            Outcome::Session {
+                sid,
+                epoch,
+                created,
+                ..
+            } => put_ack(sid, epoch, *created),
+            Outcome::Deleted => b"{\"deleted\":true}".to_vec(),
+            Outcome::Collected => Vec::new(),
+        }
+    }
 }
 
 /// A committed change, to apply to the loop's copy of the log.
@@ -114,4 +117,64 @@ pub struct Done {
     pub ticket: Ticket,
     pub result: Result<Outcome, ApiError>,
     pub records: Vec<Record>,
+}
+
+/// `{"ok":true,"assistant_msg_id":…,"delivered":…}`, the answer to a stored
+/// `POST /response`.
+fn response_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
+    ack_with(assistant_msg_id, delivered, "")
+}
+
+/// The answer to a resent `POST /response`.
+fn duplicate_ack(assistant_msg_id: &str) -> Vec<u8> {
+    ack_with(assistant_msg_id, false, ",\"duplicate\":true")
+}
+
+/// The answer to a part of a streamed answer.
+pub fn partial_ack(assistant_msg_id: &str, delivered: bool) -> Vec<u8> {
+    ack_with(assistant_msg_id, delivered, ",\"partial\":true")
+}
+
+/// A `POST /response` answer with `more` fields after `delivered`.
+fn ack_with(assistant_msg_id: &str, delivered: bool, more: &str) -> Vec<u8> {
+    let mut ack = String::with_capacity(64 + assistant_msg_id.len() + more.len());
+    ack.push_str("{\"ok\":true,\"assistant_msg_id\":");
+    push_json_str(&mut ack, assistant_msg_id);
+    ack.push_str(if delivered {
+        ",\"delivered\":true"
+    } else {
+        ",\"delivered\":false"
+    });
+    ack.push_str(more);
+    ack.push('}');
+    ack.into_bytes()
+}
+
+/// `{"session_id":…,"epoch":…,"created":…}`, the answer to `PUT /sessions`.
+fn put_ack(sid: &str, epoch: &str, created: bool) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Put<'a> {
+        session_id: &'a str,
+        epoch: &'a str,
+        created: bool,
+    }
+    to_json(&Put {
+        session_id: sid,
+        epoch,
+        created,
+    })
+}
+
+/// `{"stored":true,"client_msg_id":…}`, plus `"duplicate":true` for a resend.
+/// Written by hand, as serde writes it: it is every prompt's answer.
+fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
+    let mut ack = String::with_capacity(56 + id.len());
+    ack.push_str("{\"stored\":true,\"client_msg_id\":");
+    push_json_str(&mut ack, id);
+    ack.push_str(if duplicate {
+        ",\"duplicate\":true}"
+    } else {
+        "}"
+    });
+    ack.into_bytes()
 }

@@ -191,6 +191,132 @@ pub enum Write<'a> {
     },
 }
 
+impl<'a> Write<'a> {
+    /// The session the write names.
+    pub fn session(&self) -> &str {
+        match self {
+            Write::Prompt(p) => &p.session_id,
+            Write::Response(r) | Write::Part(r) => &r.session_id,
+            Write::Create { sid, .. } => sid,
+            Write::Delete { sid } => sid,
+        }
+    }
+
+    /// `POST /response`: a part of a streamed answer, or an answer.
+    pub fn answer(r: NewResponse<'a>) -> Write<'a> {
+        if r.partial {
+            Write::Part(r)
+        } else {
+            Write::Response(r)
+        }
+    }
+}
+
+/// A [`Write`] as it crosses to the storage thread: its texts owned, its
+/// time fixed. [`write`](Self::write) gives the rules the same [`Write`]
+/// back, borrowed from it, so the thread decides it as the loop would.
+#[derive(Debug)]
+pub enum OwnedWrite {
+    Prompt {
+        sid: SessionId,
+        /// The client's id and its literal, if it gave one.
+        id: Option<(String, String)>,
+        prompt: String,
+        metadata: Option<String>,
+        ts: UnixMillis,
+    },
+    Response {
+        sid: SessionId,
+        client_msg_id: String,
+        id: Option<(String, String)>,
+        text: String,
+        metadata: Option<String>,
+        ts: UnixMillis,
+        partial: bool,
+    },
+    Create {
+        sid: SessionId,
+        put: bool,
+    },
+    Delete {
+        sid: String,
+    },
+}
+
+impl OwnedWrite {
+    /// `w`, owned; a write without its time gets `unix_ms`.
+    pub fn of(w: &Write, unix_ms: UnixMillis) -> OwnedWrite {
+        let owned = |(id, raw): &(String, Raw)| (id.clone(), raw.get().to_string());
+        let text = |raw: &Option<Raw>| raw.as_ref().map(|m| m.get().to_string());
+        match w {
+            Write::Prompt(p) => OwnedWrite::Prompt {
+                sid: p.session_id.clone(),
+                id: p.client_msg_id.as_ref().map(owned),
+                prompt: p.prompt.get().to_string(),
+                metadata: text(&p.metadata),
+                ts: p.ts.unwrap_or(unix_ms),
+            },
+            Write::Response(r) | Write::Part(r) => OwnedWrite::Response {
+                sid: r.session_id.clone(),
+                client_msg_id: r.client_msg_id.clone(),
+                id: r.assistant_msg_id.as_ref().map(owned),
+                text: r.text.get().to_string(),
+                metadata: text(&r.metadata),
+                ts: r.ts.unwrap_or(unix_ms),
+                partial: r.partial,
+            },
+            Write::Create { sid, put } => OwnedWrite::Create {
+                sid: (*sid).clone(),
+                put: *put,
+            },
+            Write::Delete { sid } => OwnedWrite::Delete {
+                sid: sid.to_string(),
+            },
+        }
+    }
+
+    /// The write, borrowed from this one (a response's id moves out).
+    pub fn write(&mut self) -> Write<'_> {
+        fn borrowed((id, lit): &(String, String)) -> (String, Raw<'_>) {
+            (id.clone(), Raw::new(lit))
+        }
+        match self {
+            OwnedWrite::Prompt {
+                sid,
+                id,
+                prompt,
+                metadata,
+                ts,
+            } => Write::Prompt(NewPrompt {
+                session_id: sid.clone(),
+                prompt: Raw::new(prompt),
+                client_msg_id: id.as_ref().map(borrowed),
+                metadata: metadata.as_deref().map(Raw::new),
+                ts: Some(*ts),
+            }),
+            OwnedWrite::Response {
+                sid,
+                client_msg_id,
+                id,
+                text,
+                metadata,
+                ts,
+                partial,
+            } => Write::answer(NewResponse {
+                session_id: sid.clone(),
+                client_msg_id: std::mem::take(client_msg_id),
+                text: Raw::new(text),
+                assistant_msg_id: id.as_ref().map(borrowed),
+                metadata: metadata.as_deref().map(Raw::new),
+                ts: Some(*ts),
+                partial: *partial,
+            }),
+            OwnedWrite::Create { sid, put } => Write::Create { sid, put: *put },
+            OwnedWrite::Delete { sid } => Write::Delete { sid },
+        }
+    }
+}
+
 /// A connection's identity: slab key plus a generation, so a stale reference
 /// to a reused slot never reaches the next connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

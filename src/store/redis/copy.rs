@@ -14,16 +14,15 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::reply::{AgentState, DraftState, Event, Head, Msg, Snapshot};
-use super::{Answered, Known, PartWrite, RedisStore, ResponseWrite, Then};
+use super::{Answered, Known, RedisStore, Then};
 use crate::error::ApiError;
 use crate::store::SessionLog;
 use crate::store::engine::{Read, StoreEvent, Waited};
 use crate::store::mem::MemStore;
-use crate::store::message::{Framed, Message, Parts};
+use crate::store::message::{Framed, Message};
 use crate::store::record::{Outcome, Record};
-use crate::store::types::{MAX_TEXT_BYTES, NewResponse, Seq, SessionId, Ticket, Write as Change};
+use crate::store::types::{SessionId, Ticket, Write as Change};
 use crate::time::Millis;
-use crate::wire::decoded_len;
 
 /// What the copy holds of `sid`.
 fn known<'a>(copy: &'a MemStore, sid: &str) -> Known<'a> {
@@ -31,13 +30,6 @@ fn known<'a>(copy: &'a MemStore, sid: &str) -> Known<'a> {
         epoch: l.epoch(),
         next: l.next_seq().get(),
     })
-}
-
-/// A new message's `data` up to its `seq`, which the script appends.
-fn head_of(parts: &Parts) -> String {
-    let mut d = parts.data(); // ends in `"seq":0}`
-    d.truncate(d.len() - 2);
-    d
 }
 
 /// How long Redis counts this instance's subscribers of a session without
@@ -66,78 +58,7 @@ impl RedisStore {
         if !self.up() {
             return Err(ApiError::storage_unavailable());
         }
-        match w {
-            Change::Prompt(p) => {
-                let given = p
-                    .client_msg_id
-                    .as_ref()
-                    .map(|(id, raw)| (id.clone(), raw.get().to_string()));
-                let (id, literal) = self.id_and_literal(given.as_ref());
-                let ts = p.ts.unwrap_or(unix_ms);
-                let head = head_of(&Parts {
-                    session_id: &p.session_id,
-                    id_literal: &literal,
-                    prompt_id: None,
-                    text: p.prompt.get(),
-                    metadata: p.metadata.map(|m| m.get()),
-                    ts,
-                    seq: Seq(0),
-                });
-                let known = known(copy, &p.session_id);
-                self.prompt(ticket(), &p.session_id, id, head, ts, known);
-            }
-            Change::Response(p) => {
-                let given = p
-                    .assistant_msg_id
-                    .as_ref()
-                    .map(|(id, raw)| (id.clone(), raw.get().to_string()));
-                let (id, literal) = self.id_and_literal(given.as_ref());
-                let ts = p.ts.unwrap_or(unix_ms);
-                let text = p.text.get();
-                let head = head_of(&Parts {
-                    session_id: &p.session_id,
-                    id_literal: &literal,
-                    prompt_id: Some(&p.client_msg_id),
-                    text,
-                    metadata: p.metadata.map(|m| m.get()),
-                    ts,
-                    seq: Seq(0),
-                });
-                let write = ResponseWrite {
-                    client_msg_id: &p.client_msg_id,
-                    id: &id,
-                    given: given.is_some(),
-                    text,
-                    head: &head,
-                    ts,
-                };
-                self.response(ticket(), &p.session_id, write, known(copy, &p.session_id));
-            }
-            Change::Part(p) => self.submit_part(copy, ticket(), p),
-            Change::Create { sid, put } => self.create(ticket(), sid, *put, known(copy, sid)),
-            Change::Delete { sid } => {
-                let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
-                self.delete(ticket(), &sid);
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends a part of a streamed answer to Redis under `ticket`.
-    fn submit_part(&mut self, copy: &MemStore, ticket: Ticket, p: &NewResponse) {
-        let id = p
-            .assistant_msg_id
-            .as_ref()
-            .map_or("", |(id, _)| id.as_str());
-        let text = p.text.get();
-        let write = PartWrite {
-            client_msg_id: &p.client_msg_id,
-            id,
-            text,
-            bytes: decoded_len(text),
-            max_bytes: MAX_TEXT_BYTES,
-        };
-        self.part(ticket, &p.session_id, write, known(copy, &p.session_id));
+        self.send(ticket, w, known(copy, w.session()), unix_ms)
     }
 
     /// Before a read of `sid`: makes sure the copy holds what any instance

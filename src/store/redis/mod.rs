@@ -55,6 +55,7 @@
 //! [`RedisStore::take_output`] gives. Replies are decoded with
 //! `redis-protocol`; commands are RESP arrays of bulk strings.
 
+mod calls;
 mod codec;
 mod copy;
 mod follow;
@@ -80,7 +81,7 @@ use super::types::SessionId;
 use crate::error::ApiError;
 use crate::store::types::Ticket;
 use crate::time::Millis;
-use crate::wire::push_json_str;
+use calls::Write;
 use codec::{
     Common, push_array, push_bulk, push_channel_command, push_command, push_common, push_number,
 };
@@ -197,15 +198,6 @@ pub struct Known<'a> {
     pub next: u64,
 }
 
-#[derive(Debug)]
-enum Write {
-    Prompt { id: String },
-    Response { id: String },
-    Part { id: String },
-    Create { put: bool },
-    Delete,
-}
-
 /// A prompt gathered for the turn's call.
 #[derive(Debug)]
 struct Gathered {
@@ -297,43 +289,6 @@ pub struct RedisStore {
     /// This instance's name in Redis (a UUID chosen at start).
     instance: String,
     health: Health,
-}
-
-/// A message as the script stores it (`kind\ncid\naid\nts\nhead`, the
-/// message being `head`, its seq and `}`): Redis stores, publishes and
-/// answers these bytes as they are, and only the relays parse them.
-fn record(kind: &str, cid: &str, aid: &str, ts: u64, head: &str) -> String {
-    let mut r = String::with_capacity(kind.len() + cid.len() + aid.len() + head.len() + 24);
-    for part in [kind, "\n", cid, "\n", aid, "\n"] {
-        r.push_str(part);
-    }
-    crate::wire::push_decimal_str(&mut r, ts);
-    r.push('\n');
-    r.push_str(head);
-    r
-}
-
-/// A part of a streamed answer for the script.
-pub struct PartWrite<'a> {
-    pub client_msg_id: &'a str,
-    pub id: &'a str,
-    /// The `text` literal as sent.
-    pub text: &'a str,
-    /// Its decoded length.
-    pub bytes: usize,
-    pub max_bytes: usize,
-}
-
-/// `POST /response` for the script.
-pub struct ResponseWrite<'a> {
-    pub client_msg_id: &'a str,
-    pub id: &'a str,
-    /// The client named the answer (a resend is then a duplicate).
-    pub given: bool,
-    /// The `text` literal as sent.
-    pub text: &'a str,
-    pub head: &'a str,
-    pub ts: u64,
 }
 
 impl RedisStore {
@@ -656,73 +611,6 @@ impl RedisStore {
         Ok(())
     }
 
-    /// The answer to a write: the requester's reply and the session.
-    #[inline(never)]
-    fn written(
-        &mut self,
-        conn: Ticket,
-        sid: SessionId,
-        write: Write,
-        frame: OwnedFrame,
-    ) -> Result<(), String> {
-        let parsed = parse_snapshot(sid.clone(), frame, &mut self.health);
-        let ((status, extra), snapshot) = match parsed {
-            Ok(s) => s,
-            Err(e) => {
-                let expect = Expect::Write { conn, sid, write };
-                self.fail(expect, ApiError::storage_unavailable());
-                return Err(e);
-            }
-        };
-        let dup = status == "dup";
-        let then = match status.as_str() {
-            "ok" | "dup" => match write {
-                Write::Prompt { id } => Then::Reply(Ok(Outcome::Prompt { id, duplicate: dup })),
-                Write::Response { id } => Then::Reply(Ok(Outcome::Response { id, duplicate: dup })),
-                Write::Part { id } => Then::Reply(Ok(Outcome::Part { id })),
-                Write::Create { put: false } => Then::Retry,
-                Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {
-                    epoch: snapshot
-                        .head
-                        .as_ref()
-                        .map_or_else(String::new, |h| h.epoch.clone()),
-                    sid,
-                    created: extra == "1",
-                    put: true,
-                })),
-                Write::Delete => Then::Reply(Ok(Outcome::Deleted)),
-            },
-            "e404s" => Then::Reply(Err(ApiError::session_not_found())),
-            "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
-            "e409" => Then::Reply(Err(ApiError::conflict())),
-            "e409c" => Then::Reply(Err(ApiError::prompt_conflict())),
-            "e503s" => Then::Reply(Err(ApiError::unavailable("session limit reached"))),
-            "e503p" => Then::Reply(Err(ApiError::unavailable(
-                "pending prompt limit reached for this session",
-            ))),
-            "e503d" => Then::Reply(Err(ApiError::unavailable(
-                "draft limit reached for this session",
-            ))),
-            "e400t" => Then::Reply(Err(ApiError::too_large_field())),
-            other => {
-                self.answered.push_back(Answered {
-                    conn: Some(conn),
-                    snapshot: None,
-                    then: Then::Reply(Err(ApiError::storage_unavailable())),
-                    delivered: false,
-                });
-                return Err(format!("unknown status {other}"));
-            }
-        };
-        self.answered.push_back(Answered {
-            conn: Some(conn),
-            snapshot: Some(snapshot),
-            then,
-            delivered: extra == "1",
-        });
-        Ok(())
-    }
-
     #[inline(never)]
     fn on_event(&mut self, frame: OwnedFrame) -> Result<(), String> {
         let parts = match frame {
@@ -881,42 +769,6 @@ impl RedisStore {
         self.expect.push_back(expect);
     }
 
-    /// `POST /prompt`: `head` is the message's `data` up to its `seq`.
-    /// Gathered with the turn's other prompts into one call, sent at the
-    /// end of the turn, before any other call, or when full.
-    #[inline(never)]
-    pub fn prompt(
-        &mut self,
-        conn: Ticket,
-        sid: &SessionId,
-        id: String,
-        head: String,
-        ts: u64,
-        known: Known,
-    ) {
-        if !self.cmd.up {
-            let expect = Expect::Write {
-                conn,
-                sid: sid.clone(),
-                write: Write::Prompt { id },
-            };
-            self.fail(expect, ApiError::storage_unavailable());
-            return;
-        }
-        let record = record("P", &id, "", ts, &head);
-        self.batch.push(Gathered {
-            conn,
-            sid: sid.clone(),
-            id,
-            record,
-            known_epoch: known.epoch.to_string(),
-            known_next: known.next,
-        });
-        if self.batch.len() >= MAX_BATCH {
-            self.send_batch();
-        }
-    }
-
     /// The gathered prompts: one `prompt` call, or one `prompts` call for
     /// several.
     #[inline(never)]
@@ -982,52 +834,6 @@ impl RedisStore {
         self.expect.push_back(Expect::Prompts(waiting));
     }
 
-    /// `POST /response`.
-    #[inline(never)]
-    pub fn response(&mut self, conn: Ticket, sid: &SessionId, w: ResponseWrite, known: Known) {
-        let record = record("A", w.client_msg_id, w.id, w.ts, w.head);
-        let given: &[u8] = if w.given { b"1" } else { b"0" };
-        let extra: [&[u8]; 5] = [
-            w.client_msg_id.as_bytes(),
-            w.id.as_bytes(),
-            given,
-            w.text.as_bytes(),
-            record.as_bytes(),
-        ];
-        let expect = Expect::Write {
-            conn,
-            sid: sid.clone(),
-            write: Write::Response {
-                id: w.id.to_string(),
-            },
-        };
-        self.call(sid, "response", known, &extra, expect);
-    }
-
-    /// A part of a streamed answer (`"partial": true`): appended to its
-    /// draft in Redis and published to every instance.
-    pub fn part(&mut self, conn: Ticket, sid: &SessionId, w: PartWrite, known: Known) {
-        let bytes = w.bytes.to_string();
-        let timeout = self.limits.draft_timeout_ms.to_string();
-        let max = w.max_bytes.to_string();
-        let extra: [&[u8]; 6] = [
-            w.client_msg_id.as_bytes(),
-            w.id.as_bytes(),
-            w.text.as_bytes(),
-            bytes.as_bytes(),
-            timeout.as_bytes(),
-            max.as_bytes(),
-        ];
-        let expect = Expect::Write {
-            conn,
-            sid: sid.clone(),
-            write: Write::Part {
-                id: w.id.to_string(),
-            },
-        };
-        self.call(sid, "part", known, &extra, expect);
-    }
-
     /// This instance's agent state in `sid`: online until `until` (unix
     /// ms; 0: offline), last seen at `seen`. Stored for instances that
     /// start serving the session later, and published to the others.
@@ -1062,26 +868,6 @@ impl RedisStore {
     /// receipts are known here already.
     pub fn instance(&self) -> &str {
         &self.instance
-    }
-
-    /// `PUT /sessions` (`put`) or a WebSocket connect.
-    pub fn create(&mut self, conn: Ticket, sid: &SessionId, put: bool, known: Known) {
-        let expect = Expect::Write {
-            conn,
-            sid: sid.clone(),
-            write: Write::Create { put },
-        };
-        self.call(sid, "create", known, &[], expect);
-    }
-
-    /// `DELETE /sessions`.
-    pub fn delete(&mut self, conn: Ticket, sid: &SessionId) {
-        let expect = Expect::Write {
-            conn,
-            sid: sid.clone(),
-            write: Write::Delete,
-        };
-        self.call(sid, "delete", Known::default(), &[], expect);
     }
 
     /// Reads what the copy of `sid` lacks; `conn`'s request runs again
@@ -1131,19 +917,6 @@ impl RedisStore {
             &[ttl.as_bytes()],
             Expect::Quiet,
         );
-    }
-
-    /// The client's id and its literal, or a new UUID and its literal.
-    pub fn id_and_literal(&mut self, given: Option<&(String, String)>) -> (String, String) {
-        match given {
-            Some((id, lit)) => (id.clone(), lit.clone()),
-            None => {
-                let uuid = self.ids.uuid();
-                let mut lit = String::with_capacity(uuid.len() + 2);
-                push_json_str(&mut lit, &uuid);
-                (uuid, lit)
-            }
-        }
     }
 }
 

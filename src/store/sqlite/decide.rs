@@ -18,9 +18,7 @@ use super::schema;
 use crate::error::ApiError;
 use crate::store::mem::{MemStore, StoreLimits};
 use crate::store::record::{Command, Done, Op, Outcome, Record};
-use crate::store::types::{NewPrompt, NewResponse};
 use crate::time::Millis;
-use crate::wire::Raw;
 
 /// The thread's clock for its copy of the log: only the loop's copy
 /// tracks activity (the loop picks idle sessions and sends their ids).
@@ -278,43 +276,8 @@ fn transaction(
 /// its records pushed onto `out` (none when refused).
 fn decide(log: &mut MemStore, op: &mut Op, out: &mut Vec<Record>) -> Result<Outcome, ApiError> {
     match op {
-        Op::Prompt {
-            sid,
-            id,
-            prompt,
-            metadata,
-            ts,
-        } => {
-            let p = NewPrompt {
-                session_id: sid.clone(),
-                prompt: Raw::new(prompt),
-                client_msg_id: id.as_ref().map(|(id, lit)| (id.clone(), Raw::new(lit))),
-                metadata: metadata.as_deref().map(Raw::new),
-                ts: Some(*ts),
-            };
-            log.prompt(NOW, *ts, p, out)
-        }
-        Op::Response {
-            sid,
-            client_msg_id,
-            id,
-            text,
-            metadata,
-            ts,
-        } => {
-            let r = NewResponse {
-                session_id: sid.clone(),
-                client_msg_id: std::mem::take(client_msg_id),
-                text: Raw::new(text),
-                assistant_msg_id: id.as_ref().map(|(id, lit)| (id.clone(), Raw::new(lit))),
-                metadata: metadata.as_deref().map(Raw::new),
-                ts: Some(*ts),
-                partial: false,
-            };
-            log.response(NOW, *ts, r, out)
-        }
-        Op::Create { sid, put } => log.create(NOW, sid, *put, out),
-        Op::Delete { sid } => log.delete(sid, out),
+        // The write carries its time: the thread's clock is not asked.
+        Op::Write(w) => log.decide(NOW, 0, w.write(), out),
         Op::Collect { sids } => {
             for sid in sids.iter().filter(|sid| log.contains(sid)) {
                 out.push(Record::Deleted { sid: sid.clone() });

@@ -37,8 +37,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::engine::{NOBODY, StoreEvent};
 use super::mem::{MemStore, StoreLimits};
-use super::record::{Command, Done, Op, Outcome, Record};
-use super::types::Write;
+use super::record::{Command, Done, Outcome, Record};
 use crate::error::ApiError;
 use crate::time::Millis;
 
@@ -589,42 +588,6 @@ fn events_of(done: Done, out: &mut VecDeque<StoreEvent>) {
         }),
         _ => out.push_back(StoreEvent::Records(done.records)),
     }
-}
-
-/// A write as the storage thread's operation. A deletion names a session
-/// the loop's copy holds (else `404` here).
-pub fn op(copy: &MemStore, w: &Write, unix_ms: u64) -> Result<Op, ApiError> {
-    let owned = |(id, raw): &(String, crate::wire::Raw)| (id.clone(), raw.get().to_string());
-    Ok(match w {
-        Write::Prompt(p) => Op::Prompt {
-            sid: p.session_id.clone(),
-            id: p.client_msg_id.as_ref().map(owned),
-            prompt: p.prompt.get().to_string(),
-            metadata: p.metadata.as_ref().map(|m| m.get().to_string()),
-            ts: p.ts.unwrap_or(unix_ms),
-        },
-        Write::Response(r) => Op::Response {
-            sid: r.session_id.clone(),
-            client_msg_id: r.client_msg_id.clone(),
-            id: r.assistant_msg_id.as_ref().map(owned),
-            text: r.text.get().to_string(),
-            metadata: r.metadata.as_ref().map(|m| m.get().to_string()),
-            ts: r.ts.unwrap_or(unix_ms),
-        },
-        Write::Create { sid, put } => Op::Create {
-            sid: (*sid).clone(),
-            put: *put,
-        },
-        // Decided by the loop (see `Engine::submit`): a draft is never
-        // persisted.
-        Write::Part(_) => return Err(ApiError::storage_unavailable()),
-        Write::Delete { sid } => Op::Delete {
-            sid: copy
-                .key(sid)
-                .ok_or_else(ApiError::session_not_found)?
-                .clone(),
-        },
-    })
 }
 
 /// Commands in flight above which the loop takes no new request until some

@@ -1,0 +1,279 @@
+//! Each write as one call of the script, and the script's answer read
+//! back as the requester's outcome: what an operation adds on Redis's
+//! side, beside its rule in `relay.lua`. Redis decides; the reply carries
+//! a status (`ok`, `dup`, or a refusal's code) and what the caller's copy
+//! of the session lacks.
+
+use redis_protocol::resp2::types::OwnedFrame;
+
+use super::reply::parse_snapshot;
+use super::{Answered, Expect, Gathered, Known, MAX_BATCH, RedisStore, Then};
+use crate::error::ApiError;
+use crate::store::message::Parts;
+use crate::store::record::Outcome;
+use crate::store::types::{MAX_TEXT_BYTES, NewResponse, Seq, SessionId, Ticket, Write as Change};
+use crate::wire::{decoded_len, push_json_str};
+
+/// What a write's answer is read as (see [`RedisStore::written`]).
+#[derive(Debug)]
+pub(super) enum Write {
+    Prompt { id: String },
+    Response { id: String },
+    Part { id: String },
+    Create { put: bool },
+    Delete,
+}
+
+impl RedisStore {
+    /// Sends `w` as its script call under the ticket `ticket` issues, with
+    /// what the copy holds of its session (`known`). A deletion of an
+    /// invalid session id is refused `404` here, before any ticket.
+    pub(super) fn send(
+        &mut self,
+        ticket: impl FnOnce() -> Ticket,
+        w: &Change,
+        known: Known,
+        unix_ms: u64,
+    ) -> Result<(), ApiError> {
+        match w {
+            Change::Prompt(p) => {
+                let given = p
+                    .client_msg_id
+                    .as_ref()
+                    .map(|(id, raw)| (id.clone(), raw.get().to_string()));
+                let (id, literal) = self.id_and_literal(given.as_ref());
+                let ts = p.ts.unwrap_or(unix_ms);
+                let head = head_of(&Parts {
+                    session_id: &p.session_id,
+                    id_literal: &literal,
+                    prompt_id: None,
+                    text: p.prompt.get(),
+                    metadata: p.metadata.map(|m| m.get()),
+                    ts,
+                    seq: Seq(0),
+                });
+                self.prompt(ticket(), &p.session_id, id, head, ts, known);
+            }
+            Change::Response(r) => self.response(ticket(), r, known, unix_ms),
+            Change::Part(r) => self.part(ticket(), r, known),
+            Change::Create { sid, put } => {
+                let expect = Expect::Write {
+                    conn: ticket(),
+                    sid: (*sid).clone(),
+                    write: Write::Create { put: *put },
+                };
+                self.call(sid, "create", known, &[], expect);
+            }
+            Change::Delete { sid } => {
+                let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
+                let expect = Expect::Write {
+                    conn: ticket(),
+                    sid: sid.clone(),
+                    write: Write::Delete,
+                };
+                self.call(&sid, "delete", Known::default(), &[], expect);
+            }
+        }
+        Ok(())
+    }
+
+    /// `POST /prompt`: `head` is the message's `data` up to its `seq`.
+    /// Gathered with the turn's other prompts into one call, sent at the
+    /// end of the turn, before any other call, or when full.
+    #[inline(never)]
+    fn prompt(
+        &mut self,
+        conn: Ticket,
+        sid: &SessionId,
+        id: String,
+        head: String,
+        ts: u64,
+        known: Known,
+    ) {
+        if !self.cmd.up {
+            let expect = Expect::Write {
+                conn,
+                sid: sid.clone(),
+                write: Write::Prompt { id },
+            };
+            self.fail(expect, ApiError::storage_unavailable());
+            return;
+        }
+        let record = record("P", &id, "", ts, &head);
+        self.batch.push(Gathered {
+            conn,
+            sid: sid.clone(),
+            id,
+            record,
+            known_epoch: known.epoch.to_string(),
+            known_next: known.next,
+        });
+        if self.batch.len() >= MAX_BATCH {
+            self.send_batch();
+        }
+    }
+
+    /// `POST /response`.
+    #[inline(never)]
+    fn response(&mut self, conn: Ticket, r: &NewResponse, known: Known, unix_ms: u64) {
+        let given = r
+            .assistant_msg_id
+            .as_ref()
+            .map(|(id, raw)| (id.clone(), raw.get().to_string()));
+        let (id, literal) = self.id_and_literal(given.as_ref());
+        let ts = r.ts.unwrap_or(unix_ms);
+        let text = r.text.get();
+        let head = head_of(&Parts {
+            session_id: &r.session_id,
+            id_literal: &literal,
+            prompt_id: Some(&r.client_msg_id),
+            text,
+            metadata: r.metadata.map(|m| m.get()),
+            ts,
+            seq: Seq(0),
+        });
+        let record = record("A", &r.client_msg_id, &id, ts, &head);
+        let given: &[u8] = if given.is_some() { b"1" } else { b"0" };
+        let extra: [&[u8]; 5] = [
+            r.client_msg_id.as_bytes(),
+            id.as_bytes(),
+            given,
+            text.as_bytes(),
+            record.as_bytes(),
+        ];
+        let expect = Expect::Write {
+            conn,
+            sid: r.session_id.clone(),
+            write: Write::Response { id: id.clone() },
+        };
+        self.call(&r.session_id, "response", known, &extra, expect);
+    }
+
+    /// A part of a streamed answer (`"partial": true`): appended to its
+    /// draft in Redis and published to every instance.
+    fn part(&mut self, conn: Ticket, r: &NewResponse, known: Known) {
+        let id = r
+            .assistant_msg_id
+            .as_ref()
+            .map_or("", |(id, _)| id.as_str());
+        let text = r.text.get();
+        let bytes = decoded_len(text).to_string();
+        let timeout = self.limits.draft_timeout_ms.to_string();
+        let max = MAX_TEXT_BYTES.to_string();
+        let extra: [&[u8]; 6] = [
+            r.client_msg_id.as_bytes(),
+            id.as_bytes(),
+            text.as_bytes(),
+            bytes.as_bytes(),
+            timeout.as_bytes(),
+            max.as_bytes(),
+        ];
+        let expect = Expect::Write {
+            conn,
+            sid: r.session_id.clone(),
+            write: Write::Part { id: id.to_string() },
+        };
+        self.call(&r.session_id, "part", known, &extra, expect);
+    }
+
+    /// The answer to a write: the requester's reply and the session.
+    #[inline(never)]
+    pub(super) fn written(
+        &mut self,
+        conn: Ticket,
+        sid: SessionId,
+        write: Write,
+        frame: OwnedFrame,
+    ) -> Result<(), String> {
+        let parsed = parse_snapshot(sid.clone(), frame, &mut self.health);
+        let ((status, extra), snapshot) = match parsed {
+            Ok(s) => s,
+            Err(e) => {
+                let expect = Expect::Write { conn, sid, write };
+                self.fail(expect, ApiError::storage_unavailable());
+                return Err(e);
+            }
+        };
+        let dup = status == "dup";
+        let then = match status.as_str() {
+            "ok" | "dup" => match write {
+                Write::Prompt { id } => Then::Reply(Ok(Outcome::Prompt { id, duplicate: dup })),
+                Write::Response { id } => Then::Reply(Ok(Outcome::Response { id, duplicate: dup })),
+                Write::Part { id } => Then::Reply(Ok(Outcome::Part { id })),
+                Write::Create { put: false } => Then::Retry,
+                Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {
+                    epoch: snapshot
+                        .head
+                        .as_ref()
+                        .map_or_else(String::new, |h| h.epoch.clone()),
+                    sid,
+                    created: extra == "1",
+                    put: true,
+                })),
+                Write::Delete => Then::Reply(Ok(Outcome::Deleted)),
+            },
+            "e404s" => Then::Reply(Err(ApiError::session_not_found())),
+            "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
+            "e409" => Then::Reply(Err(ApiError::conflict())),
+            "e409c" => Then::Reply(Err(ApiError::prompt_conflict())),
+            "e503s" => Then::Reply(Err(ApiError::unavailable("session limit reached"))),
+            "e503p" => Then::Reply(Err(ApiError::unavailable(
+                "pending prompt limit reached for this session",
+            ))),
+            "e503d" => Then::Reply(Err(ApiError::unavailable(
+                "draft limit reached for this session",
+            ))),
+            "e400t" => Then::Reply(Err(ApiError::too_large_field())),
+            other => {
+                self.answered.push_back(Answered {
+                    conn: Some(conn),
+                    snapshot: None,
+                    then: Then::Reply(Err(ApiError::storage_unavailable())),
+                    delivered: false,
+                });
+                return Err(format!("unknown status {other}"));
+            }
+        };
+        self.answered.push_back(Answered {
+            conn: Some(conn),
+            snapshot: Some(snapshot),
+            then,
+            delivered: extra == "1",
+        });
+        Ok(())
+    }
+
+    /// The client's id and its literal, or a new UUID and its literal.
+    fn id_and_literal(&mut self, given: Option<&(String, String)>) -> (String, String) {
+        match given {
+            Some((id, lit)) => (id.clone(), lit.clone()),
+            None => {
+                let uuid = self.ids.uuid();
+                let mut lit = String::with_capacity(uuid.len() + 2);
+                push_json_str(&mut lit, &uuid);
+                (uuid, lit)
+            }
+        }
+    }
+}
+
+/// A message as the script stores it (`kind\ncid\naid\nts\nhead`, the
+/// message being `head`, its seq and `}`): Redis stores, publishes and
+/// answers these bytes as they are, and only the relays parse them.
+fn record(kind: &str, cid: &str, aid: &str, ts: u64, head: &str) -> String {
+    let mut r = String::with_capacity(kind.len() + cid.len() + aid.len() + head.len() + 24);
+    for part in [kind, "\n", cid, "\n", aid, "\n"] {
+        r.push_str(part);
+    }
+    crate::wire::push_decimal_str(&mut r, ts);
+    r.push('\n');
+    r.push_str(head);
+    r
+}
+
+/// A new message's `data` up to its `seq`, which the script appends.
+fn head_of(parts: &Parts) -> String {
+    let mut d = parts.data(); // ends in `"seq":0}`
+    d.truncate(d.len() - 2);
+    d
+}
