@@ -20,8 +20,8 @@ use relay::http::route::{
 };
 use relay::http::{RequestHead, upgrade};
 use relay::relay::ApiError;
-use relay::relay::error::SIZE_LIMIT;
-use relay::relay::model::valid_session_id;
+use relay::error::SIZE_LIMIT;
+use relay::store::model::valid_session_id;
 
 /// The reader's chunked-body window (private in parse.rs).
 const CHUNK_WINDOW: usize = 64 * 1024;

@@ -15,8 +15,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use relay::relay::error::SIZE_LIMIT;
-use relay::relay::model::{NewPrompt, NewResponse};
+use relay::error::SIZE_LIMIT;
+use relay::store::model::{NewPrompt, NewResponse};
 use relay::relay::{
     ApiError, ConnId, Effect, Fetch, Limits, MessagesQuery, PromptsQuery, Relay, Reply,
 };
@@ -322,6 +322,10 @@ impl World {
                         .count();
                     assert_eq!(subs, model, "subscriber list vs model");
                 }
+                Effect::Broadcast { frame, .. } => {
+                    // A live frame (a part, presence, a receipt): JSON too.
+                    check_json(payload(&frame));
+                }
                 Effect::Reply { .. } | Effect::Retry { .. } => {
                     panic!("the in-memory engine never defers a reply")
                 }
@@ -533,6 +537,8 @@ fuzz_target!(|data: &[u8]| {
         max_waiters: 1 + usize::from((l >> 6) & 1),
         max_subscribers: 1 + usize::from(l >> 7),
         session_ttl_ms: 1000,
+        draft_timeout_ms: 1000,
+        agent_grace_ms: 1000,
     };
     let mut world = World {
         relay: Relay::new(limits.clone()),

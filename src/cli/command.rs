@@ -12,7 +12,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::relay::model::MAX_TEXT_BYTES;
+use crate::store::model::MAX_TEXT_BYTES;
 
 /// Environment variables removed from the command's environment: the
 /// command needs no token, and should not be able to leak one.

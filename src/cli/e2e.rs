@@ -12,7 +12,7 @@
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::relay::model::MAX_TEXT_BYTES;
+use crate::store::model::MAX_TEXT_BYTES;
 use crate::token::{decode_vec, encode};
 
 /// What an encrypted text starts with.

@@ -245,7 +245,7 @@ fn session_of(parsed: &Parsed) -> Result<String, String> {
     let sid = parsed
         .value("--session")
         .ok_or("--session ID is required")?;
-    if crate::relay::model::valid_session_id(sid) {
+    if crate::store::model::valid_session_id(sid) {
         Ok(sid.to_string())
     } else {
         Err(format!(

@@ -16,7 +16,7 @@ use serde_json::json;
 use super::client::{Client, Limit};
 use super::e2e;
 use super::stream::Decoder;
-use crate::relay::model::MAX_TEXT_BYTES;
+use crate::store::model::MAX_TEXT_BYTES;
 
 /// How long one part may take: a part held up longer is not worth the
 /// wait, the final answer follows anyway.

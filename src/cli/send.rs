@@ -18,7 +18,7 @@ use tungstenite::{Message, WebSocket};
 use super::client::{Client, Limit, Stream, Upgraded};
 use super::stream::Draft;
 use super::{Parsed, Spec, e2e};
-use crate::relay::model::MAX_TEXT_BYTES;
+use crate::store::model::MAX_TEXT_BYTES;
 
 /// How long connecting and posting may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

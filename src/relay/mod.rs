@@ -18,7 +18,6 @@
 mod commit;
 mod live;
 
-pub mod model;
 pub mod presence;
 mod storage;
 
@@ -30,9 +29,9 @@ use log::{debug, info};
 pub use crate::error::ApiError;
 pub use crate::store::engine::{Abandon, Engine};
 use crate::store::engine::{Collect, NOBODY, Submit};
-pub(crate) use crate::store::types::Write;
+pub(crate) use crate::store::model::Write;
+use crate::store::model::{NewPrompt, NewResponse};
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
-use model::{NewPrompt, NewResponse};
 pub use presence::{Presence, Waiter};
 
 use crate::store::record::Record;

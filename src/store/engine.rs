@@ -28,10 +28,11 @@
 
 use super::SessionLog;
 use super::mem::MemStore;
+use super::model::{OwnedWrite, Write};
 use super::record::{Command, Op, Outcome, Record};
 use super::redis::{AgentState, DraftState, RedisStore};
 use super::sqlite::{Durable, STOP_BOUND, StoreStats};
-use super::types::{ConnId, OwnedWrite, PromptsQuery, SessionId, Ticket, Write};
+use super::types::{ConnId, PromptsQuery, SessionId, Ticket};
 use crate::error::ApiError;
 
 /// The connection a write for nobody (the idle sweep) is from.

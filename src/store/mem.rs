@@ -17,8 +17,9 @@ use uuid::Builder;
 
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
+use super::model::{NewPrompt, NewResponse, Write};
 use super::record::{Outcome, Record};
-use super::types::{MessagesQuery, NewPrompt, NewResponse, Write};
+use super::types::MessagesQuery;
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
 use crate::time::{Millis, UnixMillis};

@@ -24,6 +24,7 @@ pub mod idmap;
 pub mod log;
 pub mod mem;
 pub mod message;
+pub mod model;
 mod pending;
 pub mod record;
 pub mod redis;

@@ -13,7 +13,8 @@ use serde::Serialize;
 use super::message::Framed;
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
-use crate::store::types::{OwnedWrite, Ticket};
+use crate::store::model::OwnedWrite;
+use crate::store::types::Ticket;
 use crate::wire::{push_json_str, to_json};
 
 /// A write for the storage thread, for the request holding `ticket`.

@@ -10,8 +10,9 @@ use super::reply::parse_snapshot;
 use super::{Answered, Expect, Gathered, Known, MAX_BATCH, RedisStore, Then};
 use crate::error::ApiError;
 use crate::store::message::Parts;
+use crate::store::model::{NewResponse, Write as Change};
 use crate::store::record::Outcome;
-use crate::store::types::{MAX_TEXT_BYTES, NewResponse, Seq, SessionId, Ticket, Write as Change};
+use crate::store::types::{MAX_TEXT_BYTES, Seq, SessionId, Ticket};
 use crate::wire::{decoded_len, push_json_str};
 
 /// What a write's answer is read as (see [`RedisStore::written`]).

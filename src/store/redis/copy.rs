@@ -20,8 +20,9 @@ use crate::store::SessionLog;
 use crate::store::engine::{Read, StoreEvent, Waited};
 use crate::store::mem::MemStore;
 use crate::store::message::{Framed, Message};
+use crate::store::model::Write as Change;
 use crate::store::record::{Outcome, Record};
-use crate::store::types::{SessionId, Ticket, Write as Change};
+use crate::store::types::{SessionId, Ticket};
 use crate::time::Millis;
 
 /// What the copy holds of `sid`.

@@ -16,7 +16,8 @@
 //! nothing published before that is missed. Published records are hints:
 //! one that does not follow the copy (a gap, another epoch) makes the
 //! instance read the session again. That side of the engine, which reads
-//! the copy, is `copy.rs`.
+//! the copy, is `copy.rs`; each write's call and the reading of its
+//! answer are `calls.rs`.
 //!
 //! A read waits until the copy holds everything acknowledged before it
 //! began. For a session whose channel is listened to, whose copy follows
