@@ -15,6 +15,70 @@ use crate::store::record::Outcome;
 use crate::store::types::{MAX_TEXT_BYTES, Seq, SessionId, Ticket};
 use crate::wire::{decoded_len, push_json_str};
 
+/// The script's operations (its `op` argument), and what each needs of
+/// its call: a new operation is one more line in each match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Op {
+    Prompt,
+    /// Several prompts of one turn, in one call (see `send_batch`).
+    Prompts,
+    Response,
+    Part,
+    Create,
+    Delete,
+    Sync,
+    Agent,
+    Watch,
+    Touch,
+    Collect,
+    Probe,
+}
+
+/// Which of the library's functions runs an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Function {
+    /// Refused up front while Redis is out of memory.
+    Write,
+    /// `no-writes`: runs out of memory too.
+    Read,
+    /// `allow-oom`: only deletes, so it runs out of memory too.
+    Delete,
+}
+
+impl Op {
+    /// The name the script dispatches on.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Op::Prompt => "prompt",
+            Op::Prompts => "prompts",
+            Op::Response => "response",
+            Op::Part => "part",
+            Op::Create => "create",
+            Op::Delete => "delete",
+            Op::Sync => "sync",
+            Op::Agent => "agent",
+            Op::Watch => "watch",
+            Op::Touch => "touch",
+            Op::Collect => "collect",
+            Op::Probe => "probe",
+        }
+    }
+
+    pub(super) fn function(self) -> Function {
+        match self {
+            Op::Sync => Function::Read,
+            Op::Delete | Op::Collect => Function::Delete,
+            _ => Function::Write,
+        }
+    }
+
+    /// Whether it may create a session (or the store's generation): its
+    /// call then carries a new epoch (`prompts`: one per prompt).
+    pub(super) fn creates(self) -> bool {
+        matches!(self, Op::Prompt | Op::Prompts | Op::Create | Op::Probe)
+    }
+}
+
 /// What a write's answer is read as (see [`RedisStore::written`]).
 #[derive(Debug)]
 pub(super) enum Write {
@@ -63,7 +127,7 @@ impl RedisStore {
                     sid: (*sid).clone(),
                     write: Write::Create { put: *put },
                 };
-                self.call(sid, "create", known, &[], expect);
+                self.call(sid, Op::Create, known, &[], expect);
             }
             Change::Delete { sid } => {
                 let sid = SessionId::new(sid).ok_or_else(ApiError::session_not_found)?;
@@ -72,7 +136,7 @@ impl RedisStore {
                     sid: sid.clone(),
                     write: Write::Delete,
                 };
-                self.call(&sid, "delete", Known::default(), &[], expect);
+                self.call(&sid, Op::Delete, Known::default(), &[], expect);
             }
         }
         Ok(())
@@ -147,7 +211,7 @@ impl RedisStore {
             sid: r.session_id.clone(),
             write: Write::Response { id: id.clone() },
         };
-        self.call(&r.session_id, "response", known, &extra, expect);
+        self.call(&r.session_id, Op::Response, known, &extra, expect);
     }
 
     /// A part of a streamed answer (`"partial": true`): appended to its
@@ -174,7 +238,7 @@ impl RedisStore {
             sid: r.session_id.clone(),
             write: Write::Part { id: id.to_string() },
         };
-        self.call(&r.session_id, "part", known, &extra, expect);
+        self.call(&r.session_id, Op::Part, known, &extra, expect);
     }
 
     /// The answer to a write: the requester's reply and the session.

@@ -3,7 +3,7 @@
 //! session is up to date (a barrier `PING` suffices) or must be read.
 
 use super::codec::push_channel_command;
-use super::{Expect, Known, RedisStore};
+use super::{Expect, Known, Op, RedisStore};
 use crate::store::types::{SessionId, Ticket};
 
 /// What this instance does about one session's channel.
@@ -26,7 +26,7 @@ impl RedisStore {
         let until = until_ms.to_string();
         let instance = self.instance.clone();
         let extra: [&[u8]; 2] = [instance.as_bytes(), until.as_bytes()];
-        self.call(sid, "watch", Known::default(), &extra, Expect::Quiet);
+        self.call(sid, Op::Watch, Known::default(), &extra, Expect::Quiet);
     }
 
     pub(super) fn sid_of_channel(&self, channel: &[u8]) -> Option<SessionId> {

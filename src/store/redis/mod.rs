@@ -82,7 +82,7 @@ use super::types::SessionId;
 use crate::error::ApiError;
 use crate::store::types::Ticket;
 use crate::time::Millis;
-use calls::Write;
+use calls::{Function, Op, Write};
 use codec::{
     Common, push_array, push_bulk, push_channel_command, push_command, push_common, push_number,
 };
@@ -140,11 +140,11 @@ impl Functions {
     }
 
     /// The function that runs `op`.
-    fn of(&self, op: &str) -> &str {
-        match op {
-            "sync" => &self.read,
-            "delete" | "collect" => &self.delete,
-            _ => &self.write,
+    fn of(&self, op: Op) -> &str {
+        match op.function() {
+            Function::Read => &self.read,
+            Function::Delete => &self.delete,
+            Function::Write => &self.write,
         }
     }
 }
@@ -351,7 +351,7 @@ impl RedisStore {
     pub fn tick(&mut self, now: Millis) {
         if self.cmd.ready && self.health.tick(now) {
             let probe = self.stats.commands;
-            self.call("", "probe", Known::default(), &[], Expect::Probe);
+            self.call("", Op::Probe, Known::default(), &[], Expect::Probe);
             // Not a write a client asked for: not counted.
             self.stats.commands = probe;
         }
@@ -725,18 +725,17 @@ impl RedisStore {
     /// Written straight into the link's buffer: a prompt's call is about
     /// twenty arguments, and a turn may hold thousands of calls.
     #[inline(never)]
-    fn call(&mut self, sid: &str, op: &str, known: Known, extra: &[&[u8]], expect: Expect) {
+    fn call(&mut self, sid: &str, op: Op, known: Known, extra: &[&[u8]], expect: Expect) {
         if !self.cmd.up {
             self.fail(expect, ApiError::storage_unavailable());
             return;
         }
         // Calls run in the order they were asked for.
         self.send_batch();
-        // Only a write that may create the session (or the store's
-        // generation) needs a new UUID.
-        let epoch = match op {
-            "prompt" | "create" | "probe" => self.ids.uuid(),
-            _ => String::new(),
+        let epoch = if op.creates() {
+            self.ids.uuid()
+        } else {
+            String::new()
         };
         let (p, sid) = (self.prefix.as_bytes(), sid.as_bytes());
         let out = &mut self.cmd.out;
@@ -756,7 +755,7 @@ impl RedisStore {
             unix_ms: self.unix_ms,
             limits: &self.limits,
             prefix: p,
-            op: op.as_bytes(),
+            op: op.name().as_bytes(),
             sid,
             known,
             epoch: epoch.as_bytes(),
@@ -787,7 +786,7 @@ impl RedisStore {
                     sid: g.sid.clone(),
                     write: Write::Prompt { id: g.id.clone() },
                 };
-                self.call(&g.sid, "prompt", known, &extra, expect);
+                self.call(&g.sid, Op::Prompt, known, &extra, expect);
             }
             return;
         }
@@ -797,7 +796,7 @@ impl RedisStore {
         push_array(out, 17 + n * 7);
         if self.fcall {
             push_bulk(out, &[b"FCALL"]);
-            push_bulk(out, &[self.functions.write.as_bytes()]);
+            push_bulk(out, &[self.functions.of(Op::Prompts).as_bytes()]);
         } else {
             push_bulk(out, &[b"EVALSHA"]);
             push_bulk(out, &[self.sha.as_bytes()]);
@@ -814,7 +813,7 @@ impl RedisStore {
             unix_ms: self.unix_ms,
             limits: &self.limits,
             prefix: p,
-            op: b"prompts",
+            op: Op::Prompts.name().as_bytes(),
             sid: b"",
             known: Known::default(),
             epoch: b"",
@@ -842,7 +841,7 @@ impl RedisStore {
         let (until, seen) = (until.to_string(), seen.to_string());
         let instance = self.instance.clone();
         let extra: [&[u8]; 3] = [instance.as_bytes(), until.as_bytes(), seen.as_bytes()];
-        self.call(sid, "agent", Known::default(), &extra, Expect::Quiet);
+        self.call(sid, Op::Agent, Known::default(), &extra, Expect::Quiet);
     }
 
     /// Prompts of `sid` an agent fetched here for the first time: told
@@ -881,7 +880,7 @@ impl RedisStore {
             conn,
             sid: sid.clone(),
         };
-        self.call(sid, "sync", known, &[], expect);
+        self.call(sid, Op::Sync, known, &[], expect);
     }
 
     /// Reads `sid` again for nobody in particular after Redis lost its
@@ -894,7 +893,7 @@ impl RedisStore {
             conn: None,
             sid: sid.clone(),
         };
-        self.call(sid, "create", Known::default(), &[], expect);
+        self.call(sid, Op::Create, Known::default(), &[], expect);
     }
 
     /// The sweep: marks the sessions someone here waits on as active, then
@@ -905,7 +904,7 @@ impl RedisStore {
         }
         for chunk in present.chunks(256) {
             let extra: Vec<&[u8]> = chunk.iter().map(|s| s.as_bytes()).collect();
-            self.call("", "touch", Known::default(), &extra, Expect::Quiet);
+            self.call("", Op::Touch, Known::default(), &extra, Expect::Quiet);
         }
         if ttl_ms == u64::MAX {
             return; // sessions are kept forever
@@ -913,7 +912,7 @@ impl RedisStore {
         let ttl = ttl_ms.to_string();
         self.call(
             "",
-            "collect",
+            Op::Collect,
             Known::default(),
             &[ttl.as_bytes()],
             Expect::Quiet,
@@ -931,8 +930,8 @@ mod tests {
         let f = Functions::new("0123456789abcdef0123");
         assert!(f.library.starts_with("#!lua name=relay_0123456789abcdef\n"));
         assert!(!f.library.contains(ENTRY));
-        assert_eq!(f.of("prompt"), "relay_0123456789abcdef");
-        assert_eq!(f.of("sync"), "relay_r_0123456789abcdef");
-        assert_eq!(f.of("delete"), "relay_d_0123456789abcdef");
+        assert_eq!(f.of(Op::Prompt), "relay_0123456789abcdef");
+        assert_eq!(f.of(Op::Sync), "relay_r_0123456789abcdef");
+        assert_eq!(f.of(Op::Delete), "relay_d_0123456789abcdef");
     }
 }
