@@ -244,8 +244,7 @@ fn browser_takes_a_session_token_from_the_fragment() {
         &url,
         "--session",
         &sid,
-        "--token",
-        token.trim(),
+        &format!("--token={}", token.trim()),
     ]);
     let cmid = browser.expect("PROMPTED ");
     let agent = [("Authorization", "Bearer page-agent")];
@@ -282,10 +281,8 @@ fn browser_encrypts_end_to_end_with_the_key_in_the_fragment() {
         &url,
         "--session",
         &sid,
-        "--key",
-        &key,
-        "--other-key",
-        &other,
+        &format!("--key={key}"),
+        &format!("--other-key={other}"),
     ]);
     let cmid = browser.expect("PROMPTED ");
     browser.expect("READY");
@@ -472,8 +469,7 @@ fn browser_decrypts_streamed_parts_end_to_end() {
         &url,
         "--session",
         &sid,
-        "--key",
-        &key_text,
+        &format!("--key={key_text}"),
     ]);
     let cmid = browser.expect("PROMPTED ");
     assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
@@ -668,6 +664,9 @@ struct Browser {
 }
 
 impl Browser {
+    /// Runs the page script with `args`. A value that may begin with `-`
+    /// (a key, a token) goes as `--flag=value`: argparse would take it for
+    /// a flag.
     #[track_caller]
     fn start(args: &[&str]) -> Browser {
         let out = screenshot_dir();
