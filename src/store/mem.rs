@@ -509,7 +509,10 @@ impl Default for IdGen {
 
 /// A message id as the client sent it, with its JSON literal spelled as
 /// sent, or else a new UUID and its literal.
-fn id_and_literal<'a>(given: Option<(String, Raw<'a>)>, ids: &mut IdGen) -> (String, Cow<'a, str>) {
+pub(super) fn id_and_literal<'a>(
+    given: Option<(String, Raw<'a>)>,
+    ids: &mut IdGen,
+) -> (String, Cow<'a, str>) {
     match given {
         Some((id, raw)) => (id, Cow::Borrowed(raw.get())),
         None => {

@@ -9,11 +9,12 @@ use redis_protocol::resp2::types::OwnedFrame;
 use super::reply::parse_snapshot;
 use super::{Answered, Expect, Gathered, Known, MAX_BATCH, RedisStore, Then};
 use crate::error::ApiError;
+use crate::store::mem::id_and_literal;
 use crate::store::message::Parts;
 use crate::store::model::{NewResponse, Write as Change};
 use crate::store::record::Outcome;
 use crate::store::types::{MAX_TEXT_BYTES, Seq, SessionId, Ticket};
-use crate::wire::{decoded_len, push_json_str};
+use crate::wire::decoded_len;
 
 /// The script's operations (its `op` argument), and what each needs of
 /// its call: a new operation is one more line in each match.
@@ -102,11 +103,7 @@ impl RedisStore {
     ) -> Result<(), ApiError> {
         match w {
             Change::Prompt(p) => {
-                let given = p
-                    .client_msg_id
-                    .as_ref()
-                    .map(|(id, raw)| (id.clone(), raw.get().to_string()));
-                let (id, literal) = self.id_and_literal(given.as_ref());
+                let (id, literal) = id_and_literal(p.client_msg_id.clone(), &mut self.ids);
                 let ts = p.ts.unwrap_or(unix_ms);
                 let head = head_of(&Parts {
                     session_id: &p.session_id,
@@ -181,11 +178,8 @@ impl RedisStore {
     /// `POST /response`.
     #[inline(never)]
     fn response(&mut self, conn: Ticket, r: &NewResponse, known: Known, unix_ms: u64) {
-        let given = r
-            .assistant_msg_id
-            .as_ref()
-            .map(|(id, raw)| (id.clone(), raw.get().to_string()));
-        let (id, literal) = self.id_and_literal(given.as_ref());
+        let given = r.assistant_msg_id.is_some();
+        let (id, literal) = id_and_literal(r.assistant_msg_id.clone(), &mut self.ids);
         let ts = r.ts.unwrap_or(unix_ms);
         let text = r.text.get();
         let head = head_of(&Parts {
@@ -198,7 +192,7 @@ impl RedisStore {
             seq: Seq(0),
         });
         let record = record("A", &r.client_msg_id, &id, ts, &head);
-        let given: &[u8] = if given.is_some() { b"1" } else { b"0" };
+        let given: &[u8] = if given { b"1" } else { b"0" };
         let extra: [&[u8]; 5] = [
             r.client_msg_id.as_bytes(),
             id.as_bytes(),
@@ -306,19 +300,6 @@ impl RedisStore {
             delivered: extra == "1",
         });
         Ok(())
-    }
-
-    /// The client's id and its literal, or a new UUID and its literal.
-    fn id_and_literal(&mut self, given: Option<&(String, String)>) -> (String, String) {
-        match given {
-            Some((id, lit)) => (id.clone(), lit.clone()),
-            None => {
-                let uuid = self.ids.uuid();
-                let mut lit = String::with_capacity(uuid.len() + 2);
-                push_json_str(&mut lit, &uuid);
-                (uuid, lit)
-            }
-        }
     }
 }
 
