@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use super::conn::{Conn, Got, LINGER_BYTES, Next, Phase};
-use super::ctx::{Ctx, READ_BUDGET};
+use super::conn::{Conn, LINGER_BYTES, Next, Phase};
+use super::ctx::Ctx;
+use super::read::{Got, READ_BUDGET};
 use crate::api::Answer;
 use crate::relay::{ApiError, ConnId};
 

@@ -1,6 +1,6 @@
 //! One connection: its socket, readiness flags, output queue, the deadline of
 //! its one timer, and its stage as an enum whose transitions move the data.
-//! The one place the loop reads a socket is [`read_once`].
+//! Its socket is read only through [`read_once`].
 //!
 //! Invariants: a `Parked` connection has exactly one waiter entry in the
 //! relay and its deadline is the poll's; a `WebSocket` connection is in its
@@ -8,7 +8,6 @@
 //! `writable` are set by events and cleared only by `WouldBlock` (or a short
 //! read, which proves the socket drained).
 
-use std::io::{self, Read};
 use std::net::IpAddr;
 use std::rc::Rc;
 
@@ -16,6 +15,7 @@ use mio::Registry;
 use mio::event::Event;
 
 use super::buffer::{OutQueue, WriteStatus};
+use super::read::{Got, read_once};
 use super::stream::Stream;
 use super::ws::{self, ReadOutcome, WsState};
 use crate::http::parse::RequestReader;
@@ -489,47 +489,4 @@ pub enum Next {
     Stay,
     /// Drop it now (the peer is gone, or it is done).
     Close,
-}
-
-/// What one read from a socket gave.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Got {
-    /// This many bytes.
-    Bytes(usize),
-    /// Nothing now: the socket is drained (`readable` was cleared).
-    Blocked,
-    /// The peer closed its side.
-    Eof,
-    /// The connection failed (reset, or another error).
-    Failed,
-}
-
-/// Reads once into `buf`, retrying `Interrupted`. `WouldBlock` clears
-/// `readable`; so does a short read, which proves the socket drained (the
-/// next arrival raises a new edge, so the read that would only say EAGAIN
-/// is skipped, as nginx does), except after the peer's FIN, when no edge
-/// follows and only EOF ends the stream.
-pub fn read_once<S: Read>(
-    sock: &mut S,
-    buf: &mut [u8],
-    readable: &mut bool,
-    read_closed: bool,
-) -> Got {
-    loop {
-        return match sock.read(buf) {
-            Ok(0) if !buf.is_empty() => Got::Eof,
-            Ok(n) => {
-                if n < buf.len() && !read_closed {
-                    *readable = false;
-                }
-                Got::Bytes(n)
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                *readable = false;
-                Got::Blocked
-            }
-            Err(_) => Got::Failed,
-        };
-    }
 }

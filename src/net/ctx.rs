@@ -10,6 +10,7 @@ use std::rc::Rc;
 
 use super::buffer::OutQueue;
 use super::conn::{Conn, Fired};
+use super::read::READ_BUDGET;
 use crate::api::{Api, Facts, Outcome};
 use crate::config::Config;
 use crate::http::response::Meta;
@@ -20,11 +21,6 @@ use crate::store::Cursor;
 use crate::store::redis::RedisStore;
 use crate::time::{Millis, Turn, UnixMillis};
 use crate::timer::{Entry, TimerWheel};
-
-/// Bytes read from one connection per turn before others get their turn:
-/// no client, however fast or hostile, holds the loop (and the timers)
-/// for more than one slice (the Redis model).
-pub const READ_BUDGET: usize = 64 * 1024;
 
 /// See the module doc. The fields are private: stages and the loop use
 /// the methods below, grouped by who calls them.

@@ -9,8 +9,9 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::closing;
-use super::conn::{Committing, Conn, Got, Next, Parked, Phase};
-use super::ctx::{Ctx, READ_BUDGET};
+use super::conn::{Committing, Conn, Next, Parked, Phase};
+use super::ctx::Ctx;
+use super::read::{Got, READ_BUDGET};
 use super::ws::WsState;
 use crate::api::{Answer, Body, Outcome};
 use crate::http::RequestHead;

@@ -4,6 +4,12 @@
 //! context `ctx`; `stream`, the socket or TLS over it, under every stage
 //! and the Redis links. The only code that touches sockets or reads the
 //! clock (through `Clock`, once per loop turn).
+//!
+//! Imports point down (`scripts/check-layers.sh` checks it): `buffer` and
+//! `read` (one socket read, the turn's read budget) at the bottom, then
+//! `stream`, then the codec `ws` and the Redis links, the connection
+//! `conn` above its codec, `ctx` above the connection, the stages above
+//! both, and the loop `server` on top.
 
 pub(crate) mod buffer;
 mod closing;
@@ -11,6 +17,7 @@ mod conn;
 mod ctx;
 mod http;
 mod parked;
+mod read;
 mod redis;
 mod server;
 mod stream;

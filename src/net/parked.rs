@@ -8,8 +8,9 @@
 use std::rc::Rc;
 
 use super::closing;
-use super::conn::{Committing, Conn, Got, Next, Phase};
-use super::ctx::{Ctx, READ_BUDGET};
+use super::conn::{Committing, Conn, Next, Phase};
+use super::ctx::Ctx;
+use super::read::{Got, READ_BUDGET};
 use super::http;
 use crate::api::{Answer, Body};
 use log::debug;

@@ -13,8 +13,7 @@ use tungstenite::protocol::frame::{CloseFrame, Frame};
 use tungstenite::protocol::{Role, WebSocketConfig, WebSocketContext};
 
 use super::buffer::OutQueue;
-use super::conn::{Got, read_once};
-use super::ctx::READ_BUDGET;
+use super::read::{Got, READ_BUDGET, read_once};
 use crate::keepalive::Keepalive;
 use crate::store::{Cursor, SessionId};
 use crate::time::Millis;
