@@ -19,6 +19,7 @@ use super::read::{Got, read_once};
 use super::stream::Stream;
 use super::ws::{self, ReadOutcome, WsState};
 use crate::http::parse::RequestReader;
+use crate::http::{Method, RequestHead};
 use crate::relay::{ConnId, Ticket};
 use crate::store::SessionId;
 use crate::time::Millis;
@@ -70,15 +71,57 @@ pub struct Parked {
     pub since: Millis,
 }
 
-/// A request waiting for its commit: what is needed to answer it then, or
-/// to run it again.
+/// A request waiting for the storage: what is needed to answer it then,
+/// or to run it again.
 #[derive(Debug)]
 pub struct Committing {
-    pub head: Box<crate::http::RequestHead>,
+    pub request: Held,
     pub since: Millis,
     /// The ticket its write's result comes back under: any other result
     /// is not this request's.
     pub ticket: Ticket,
+}
+
+/// What a request waiting for the storage keeps of itself. Its body is
+/// not kept, so only a request that had none can run again.
+#[derive(Debug)]
+pub enum Held {
+    /// Answered when the storage confirms it (a write), never run again.
+    Answer(Box<RequestHead>),
+    /// Run again once what it waited for is in the loop's copy.
+    Rerun(Rerun),
+}
+
+/// A request that may run again: a `GET` without a body, whose head is the
+/// whole of it. Made only by [`Held::new`], so a request with a body, or
+/// one that writes, is never run a second time without what it sent.
+#[derive(Debug)]
+pub struct Rerun(Box<RequestHead>);
+
+impl Rerun {
+    /// The request, all of it.
+    pub fn head(&self) -> &RequestHead {
+        &self.0
+    }
+}
+
+impl Held {
+    /// What a request whose body was `body_len` bytes keeps while it waits.
+    pub fn new(head: &RequestHead, body_len: usize) -> Held {
+        let head = Box::new(head.clone());
+        if head.method() == Method::Get && body_len == 0 {
+            Held::Rerun(Rerun(head))
+        } else {
+            Held::Answer(head)
+        }
+    }
+
+    /// Its head, to answer it.
+    pub fn head(&self) -> &RequestHead {
+        match self {
+            Held::Answer(head) | Held::Rerun(Rerun(head)) => head,
+        }
+    }
 }
 
 /// The connection's stage.
@@ -489,4 +532,25 @@ pub enum Next {
     Stay,
     /// Drop it now (the peer is gone, or it is done).
     Close,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(method: Method) -> RequestHead {
+        RequestHead {
+            method: Some(method),
+            path: "/messages/s".into(),
+            ..RequestHead::default()
+        }
+    }
+
+    #[test]
+    fn only_a_get_without_a_body_is_kept_to_run_again() {
+        assert!(matches!(Held::new(&head(Method::Get), 0), Held::Rerun(_)));
+        assert!(matches!(Held::new(&head(Method::Get), 3), Held::Answer(_)));
+        assert!(matches!(Held::new(&head(Method::Post), 0), Held::Answer(_)));
+        assert!(matches!(Held::new(&head(Method::Delete), 0), Held::Answer(_)));
+    }
 }

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::rc::Rc;
 
 use super::buffer::OutQueue;
-use super::conn::{Conn, Fired};
+use super::conn::{Conn, Fired, Rerun};
 use super::read::READ_BUDGET;
 use crate::api::{Api, Facts, Outcome};
 use crate::config::Config;
@@ -132,6 +132,17 @@ impl Ctx {
         let _ = self.relay.take_ticket();
         self.api
             .handle(&mut self.relay, self.turn, id, peer, head, body, facts)
+    }
+
+    /// Runs a request again that waited for the storage: the copy holds
+    /// what it waited for now, so it does not wait for that again. A
+    /// [`Rerun`] is a request without a body, so none is given.
+    pub fn rerun(&mut self, id: ConnId, peer: IpAddr, rerun: &Rerun) -> Outcome {
+        let facts = Facts {
+            synced: true,
+            ..self.facts()
+        };
+        self.handle(id, peer, rerun.head(), &[], facts)
     }
 
     /// The ticket the request just handled waits under, if it waits.

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::closing;
-use super::conn::{Committing, Conn, Next, Parked, Phase};
+use super::conn::{Committing, Conn, Held, Next, Parked, Phase};
 use super::ctx::Ctx;
 use super::read::{Got, READ_BUDGET};
 use super::ws::WsState;
@@ -77,8 +77,9 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
                 let started = h.request_started.take().unwrap_or(cx.now());
                 let facts = cx.facts();
                 let outcome = cx.handle(id, peer, &head, h.reader.body(), facts);
+                let body_len = h.reader.body().len();
                 h.reader.finish();
-                apply(id, conn, cx, &head, outcome, started);
+                apply(id, conn, cx, &head, body_len, outcome, started);
                 handled += 1;
                 if !matches!(conn.phase(), Phase::Http(_)) {
                     return Next::Stay; // parked, upgraded or closing
@@ -122,12 +123,15 @@ pub fn rearm(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
     cx.set_deadline(id, conn, deadline);
 }
 
-/// Does what the API decided for one request.
+/// Does what the API decided for one request, whose body was `body_len`
+/// bytes (a request that waits for the storage may run again only if it
+/// had none: see [`Held`]).
 pub fn apply(
     id: ConnId,
     conn: &mut Conn,
     cx: &mut Ctx,
     head: &RequestHead,
+    body_len: usize,
     outcome: Outcome,
     started: Millis,
 ) {
@@ -140,7 +144,7 @@ pub fn apply(
                 return;
             };
             let waiting = Committing {
-                head: Box::new(head.clone()),
+                request: Held::new(head, body_len),
                 since: started,
                 ticket,
             };

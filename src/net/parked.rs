@@ -8,10 +8,10 @@
 use std::rc::Rc;
 
 use super::closing;
-use super::conn::{Committing, Conn, Next, Phase};
+use super::conn::{Committing, Conn, Held, Next, Phase};
 use super::ctx::Ctx;
-use super::read::{Got, READ_BUDGET};
 use super::http;
+use super::read::{Got, READ_BUDGET};
 use crate::api::{Answer, Body};
 use log::debug;
 
@@ -90,7 +90,7 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
 /// this request's and is dropped.
 pub fn committed(to: Ticket, conn: &mut Conn, cx: &mut Ctx, result: Result<Vec<u8>, ApiError>) {
     let id = to.conn;
-    let Some(Committing { head, since, .. }) = conn.resume_commit(to) else {
+    let Some(Committing { request, since, .. }) = conn.resume_commit(to) else {
         debug!(ticket = to.n; "a storage result after its request was answered");
         return;
     };
@@ -98,23 +98,31 @@ pub fn committed(to: Ticket, conn: &mut Conn, cx: &mut Ctx, result: Result<Vec<u
         Ok(body) => Answer::ok(body),
         Err(e) => Answer::from(e),
     };
-    http::respond(id, conn, cx, &head, answer, since);
+    http::respond(id, conn, cx, request.head(), answer, since);
     after_commit(id, conn, cx);
 }
 
-/// Runs a request that waited for the storage thread again (what it needed
-/// is committed now).
+/// Runs a request that waited for the storage again (what it needed is in
+/// the loop's copy now). Only a `Held::Rerun` runs again; a request that kept
+/// only its head to be answered (a write, or one that had a body) is
+/// answered `503` instead, since what it sent is gone.
 pub fn retry(to: Ticket, conn: &mut Conn, cx: &mut Ctx) {
     let id = to.conn;
-    let Some(Committing { head, since, .. }) = conn.resume_commit(to) else {
+    let Some(Committing { request, since, .. }) = conn.resume_commit(to) else {
         return;
     };
-    let facts = crate::api::Facts {
-        synced: true,
-        ..cx.facts()
-    };
-    let outcome = cx.handle(id, conn.peer(), &head, &[], facts);
-    http::apply(id, conn, cx, &head, outcome, since);
+    match request {
+        Held::Rerun(rerun) => {
+            let outcome = cx.rerun(id, conn.peer(), &rerun);
+            // A rerun has no body: if it waits again it is kept as one.
+            http::apply(id, conn, cx, rerun.head(), 0, outcome, since);
+        }
+        Held::Answer(head) => {
+            debug!(ticket = to.n; "a request with a body cannot run again");
+            let answer = Answer::from(ApiError::storage_unavailable());
+            http::respond(id, conn, cx, &head, answer, since);
+        }
+    }
     after_commit(id, conn, cx);
 }
 
