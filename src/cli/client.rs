@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
+use crate::http::parse::ChunkedDecoder;
 use crate::http::upgrade::{accept_key, base64};
 
 /// Largest response head accepted.
@@ -626,46 +627,24 @@ fn head_of(resp: &httparse::Response<'_, '_>, len: usize) -> Head {
     }
 }
 
-/// A chunked body (a proxy in front of the server may send one).
+/// A chunked body (a proxy in front of the server may send one), decoded
+/// by the server's own decoder with the CLI's caps: the body's, and the
+/// head's for the trailers. The end of the stream before the last chunk is
+/// an I/O error, as for a short `Content-Length` body.
 fn read_chunked(r: &mut Reader<'_>) -> Result<Vec<u8>, Error> {
-    let mut body = Vec::new();
+    let mut decoder = ChunkedDecoder::new(MAX_BODY_BYTES).with_trailer_cap(MAX_HEAD_BYTES);
     loop {
-        let (line, size) = loop {
-            match httparse::parse_chunk_size(r.buf) {
-                Ok(httparse::Status::Complete((line, size))) => break (line, size),
-                Ok(httparse::Status::Partial) if r.buf.len() < 1024 => {
-                    r.fill_to(r.buf.len() + 1)?
-                }
-                _ => return Err(Error::Protocol("bad chunk size".into())),
-            }
-        };
-        let size = usize::try_from(size).unwrap_or(usize::MAX);
-        if size > MAX_BODY_BYTES - body.len() {
-            return Err(Error::Protocol("chunked body too large".into()));
-        }
-        if size == 0 {
-            r.buf.drain(..line);
-            return skip_trailers(r).map(|()| body);
-        }
-        r.fill_to(line + size + 2)?;
-        body.extend_from_slice(&r.buf[line..line + size]);
-        r.buf.drain(..line + size + 2);
-    }
-}
-
-/// Consumes the trailer section after the last chunk, up to its empty line.
-fn skip_trailers(r: &mut Reader<'_>) -> Result<(), Error> {
-    loop {
-        if r.buf.starts_with(b"\r\n") {
-            r.buf.drain(..2);
-            return Ok(());
-        }
-        if let Some(end) = r.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            r.buf.drain(..end + 4);
-            return Ok(());
-        }
-        if r.buf.len() > MAX_HEAD_BYTES {
-            return Err(Error::Protocol("trailers too large".into()));
+        let used = decoder.feed(r.buf).map_err(|e| match e.status {
+            413 => Error::Protocol("chunked body too large".into()),
+            431 => Error::Protocol("trailers too large".into()),
+            _ => Error::Protocol(format!(
+                "bad chunked body: {}",
+                e.details.as_deref().unwrap_or(&e.error)
+            )),
+        })?;
+        r.buf.drain(..used);
+        if decoder.is_done() {
+            return Ok(decoder.take_body());
         }
         r.fill_to(r.buf.len() + 1)?;
     }
@@ -819,6 +798,25 @@ mod tests {
         assert_eq!((r.status, r.retry_after, reuse), (429, Some(3), false));
         let (r, _) = decode(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true).unwrap();
         assert!(r.body.is_empty());
+    }
+
+    #[test]
+    fn a_garbled_chunked_body_is_an_error() {
+        let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        let bad_size = [&head[..], b"zz\r\nab\r\n0\r\n\r\n"].concat();
+        assert!(matches!(decode(&bad_size, false), Err(Error::Protocol(_))));
+        let no_crlf = [&head[..], b"2\r\nabX\r\n0\r\n\r\n"].concat();
+        assert!(matches!(decode(&no_crlf, false), Err(Error::Protocol(_))));
+        let mut trailers = [&head[..], b"0\r\n"].concat();
+        trailers
+            .extend(std::iter::repeat_n(b"T: v\r\n".as_slice(), MAX_HEAD_BYTES / 6 + 1).flatten());
+        match decode(&trailers, false) {
+            Err(Error::Protocol(why)) => assert_eq!(why, "trailers too large"),
+            other => panic!(
+                "trailers above the head cap: {:?}",
+                other.map(|(r, _)| r.status)
+            ),
+        }
     }
 
     #[test]

@@ -551,6 +551,9 @@ mod tests {
         assert!(matches!(Held::new(&head(Method::Get), 0), Held::Rerun(_)));
         assert!(matches!(Held::new(&head(Method::Get), 3), Held::Answer(_)));
         assert!(matches!(Held::new(&head(Method::Post), 0), Held::Answer(_)));
-        assert!(matches!(Held::new(&head(Method::Delete), 0), Held::Answer(_)));
+        assert!(matches!(
+            Held::new(&head(Method::Delete), 0),
+            Held::Answer(_)
+        ));
     }
 }

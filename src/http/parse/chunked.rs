@@ -49,6 +49,8 @@ pub struct ChunkedDecoder {
     max_body: usize,
     /// Bytes of trailer section seen, capped like a head.
     trailer_bytes: usize,
+    /// The cap on the trailer section: the reader's cap on a head.
+    max_trailers: usize,
     /// Bytes of framing (size lines, data CRLFs, trailers) consumed.
     framing_bytes: usize,
 }
@@ -66,15 +68,25 @@ enum Advance {
 }
 
 impl ChunkedDecoder {
-    /// A decoder that refuses bodies above `max_body` bytes with 413.
+    /// A decoder that refuses bodies above `max_body` bytes with 413, and
+    /// trailers above the server's head cap with 431.
     pub fn new(max_body: usize) -> ChunkedDecoder {
         ChunkedDecoder {
             state: ChunkState::Size,
             body: Vec::new(),
             max_body,
             trailer_bytes: 0,
+            max_trailers: MAX_HEAD_BYTES,
             framing_bytes: 0,
         }
+    }
+
+    /// The same decoder with the trailer section capped at `max` bytes:
+    /// a reader whose own heads may be larger (the CLI reading a response)
+    /// caps the trailers as it caps a head.
+    pub fn with_trailer_cap(mut self, max: usize) -> ChunkedDecoder {
+        self.max_trailers = max;
+        self
     }
 
     /// Consumes what it can of `buf`; returns the bytes consumed. Once
@@ -176,13 +188,13 @@ impl ChunkedDecoder {
     /// dropped, their section capped like a head (431).
     fn trailer_line(&mut self, rest: &[u8]) -> Result<Advance, ApiError> {
         let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
-            if self.trailer_bytes + rest.len() > MAX_HEAD_BYTES {
+            if self.trailer_bytes + rest.len() > self.max_trailers {
                 return Err(ApiError::head_too_large());
             }
             return Ok(Advance::Wait);
         };
         self.trailer_bytes += nl + 1;
-        if self.trailer_bytes > MAX_HEAD_BYTES {
+        if self.trailer_bytes > self.max_trailers {
             return Err(ApiError::head_too_large());
         }
         self.framing(nl + 1)?;
