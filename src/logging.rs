@@ -1,7 +1,8 @@
 //! The log backend. `text` writes `2026-11-24T04:03:32.445Z INFO  [target]
-//! message key=value…` (the layout simple_logger used, whose date
-//! formatting cost the static binary 25 KB); `json` writes one object per
-//! line: `{"ts":…,"level":"info","event":"prompt stored","session_id":…}`.
+//! message key=value…` (the date formatted here in a few lines, rather than
+//! by a date crate whose code the static binary would carry); `json` writes
+//! one object per line:
+//! `{"ts":…,"level":"info","event":"prompt stored","session_id":…}`.
 //! Both write to stderr.
 
 use std::fmt::Write as _;

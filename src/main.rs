@@ -13,17 +13,18 @@ use relay::net::Server;
 
 /// The static (musl) build's allocator: dlmalloc instead of musl's own.
 /// musl's allocator returns freed groups to the kernel eagerly, so a
-/// server that allocates and frees per request pays `mmap`, `munmap` and
-/// page faults over and over: the in-memory ingest spent twice the kernel
-/// time per request of the same code on dlmalloc (README "Footprint").
+/// server that allocates and frees per request would pay `mmap`, `munmap`
+/// and page faults over and over; dlmalloc keeps freed memory for the next
+/// request.
 #[cfg(target_env = "musl")]
 #[global_allocator]
 static ALLOC: Alloc = Alloc;
 
 /// One dlmalloc heap for every thread, behind std's mutex, called out of
 /// line: inlined at every allocation site (as link-time optimization does
-/// with the allocator itself) it took 60 KB, past the 2 MiB the static
-/// binary may take. std's mutex takes one atomic exchange each way when
+/// with the allocator itself), each site would carry its own copy of the
+/// lock and the call, against the static binary's size cap
+/// (`scripts/image.sh`). std's mutex takes one atomic exchange each way when
 /// nobody holds it (the loop's case nearly always); the crate's own global
 /// wrapper locks a pthread mutex, two calls into musl per allocation.
 #[cfg(target_env = "musl")]

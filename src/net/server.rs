@@ -55,12 +55,12 @@ const FLUSH_SLICE: usize = 256;
 /// [`SLEPT_US`]) with at most this many events writes each connection's
 /// output as soon as the connection is handled, rather than at the end of
 /// the turn. A loop that slept is not busy: a peer is waiting on it, and
-/// the wake-up of that peer (tens of microseconds for a sleeping process
-/// on another core) starts with the turn's first write. A prompt that
-/// arrives with the agent's next poll then has its `200` on the way while
-/// the poll is read and answered. A busy loop, whose poll returns at once,
-/// writes at the end of the turn: there, writing early split `writev`s and
-/// raised round trip S=100 p99 (README "Performance").
+/// waking a sleeping peer starts only with the turn's first write. A
+/// prompt that arrives with the agent's next poll then has its `200` on
+/// the way while the poll is read and answered. A busy loop, whose poll
+/// returns at once, writes at the end of the turn: writing early there
+/// would split what one `writev` per connection carries (its answers and
+/// the frames queued on it this turn) into a system call each.
 const EARLY_WRITES: usize = 2;
 /// How long a poll must have waited for its turn to count as woken from
 /// sleep: a poll that finds events ready returns in a few microseconds.

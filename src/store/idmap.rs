@@ -5,9 +5,9 @@
 //! resize otherwise does, and a resize rehashes every key: std's `HashMap`
 //! recomputes each one. Sessions that grow in step (a load spread evenly
 //! over many sessions) resize their maps in the same loop turn, and
-//! recomputing the hashes of 100 maps of 1,792 ids each stalled the loop for
-//! 10 to 30 ms. Here each slot stores its hash, a resize only moves slots,
-//! and a lookup hashes its key once.
+//! recomputing every key's hash in all of them stalls the loop, and every
+//! request waiting on it, for that turn. Here each slot stores its hash, a
+//! resize only moves slots, and a lookup hashes its key once.
 //!
 //! Moving the slots (and touching the new table's fresh pages) is still a
 //! stall when a hundred maps do it in one turn. So each map grows at a

@@ -1,22 +1,21 @@
 //! A session's pending set: its unanswered prompts in `seq` order.
 //!
 //! A new prompt has the highest `seq` of its session, so it goes on the
-//! back of a deque: one cache line touched, where a `BTreeMap` walked three
-//! levels of nodes, each a miss once a thousand sessions share the cache
-//! (the B-tree was three quarters of storing a prompt in `perf record` of
-//! the ingest figure). An answered prompt leaves a hole, found by binary
-//! search; holes at either end are dropped at once, and the holes inside
-//! are squeezed out when they outnumber the prompts, so the deque holds at
-//! most twice the pending prompts (plus a few) and every operation is
-//! `O(log n)` amortized, whatever order prompts are answered in.
+//! back of a deque: one cache line touched, where a `BTreeMap` walks
+//! several levels of nodes, each a cache miss once many sessions share the
+//! cache, on every prompt stored. An answered prompt leaves a hole, found
+//! by binary search; holes at either end are dropped at once, and the holes
+//! inside are squeezed out when they outnumber the prompts, so the deque
+//! holds at most twice the pending prompts (plus a few) and every operation
+//! is `O(log n)` amortized, whatever order prompts are answered in.
 //!
 //! A deque that is full doubles, copying every slot into fresh memory
-//! (fresh pages, each a fault). Sessions fed in step (the ingest figure
-//! posts round robin to a thousand) fill in step and would all double
-//! within a few turns, the loop stalling meanwhile (the ingest p99 rose by
-//! half). So each session's deques grow at a point of their own, between
-//! half and all of their capacity ([`grow_early`], the history's too), as
-//! the dedupe maps do (`relay/idmap.rs`).
+//! (fresh pages, each a fault). Sessions fed in step (a load posting round
+//! robin to many) fill in step and would all double within a few turns, the
+//! loop stalling meanwhile and every request waiting on it. So each
+//! session's deques grow at a point of their own, between half and all of
+//! their capacity ([`grow_early`], the history's too), as the dedupe maps
+//! do (`idmap.rs`).
 
 use std::collections::VecDeque;
 use std::rc::Rc;

@@ -25,8 +25,9 @@ pub fn fields<'a, const N: usize>(text: &'a str, keys: &[&str; N]) -> Option<[Op
     Some(out)
 }
 
-/// [`fields`] for any number of keys (one copy of the code, 1.5 KB less
-/// than one per number of keys): `None` to leave the body to serde.
+/// [`fields`] for any number of keys (one copy of the code, rather than
+/// one per number of keys `fields` is called with): `None` to leave the
+/// body to serde.
 #[inline(never)]
 fn scan_object<'a>(text: &'a str, keys: &[&str], out: &mut [Option<Raw<'a>>]) -> Option<()> {
     let b = text.as_bytes();
