@@ -19,7 +19,7 @@ use log::debug;
 
 use super::{ApiError, Effect, Engine, Relay, Reply};
 use crate::store::model::NewResponse;
-use crate::store::redis::{AgentState, DraftState};
+use crate::store::seam::{AgentState, DraftState};
 use crate::store::{Seq, SessionId};
 use crate::time::{Millis, UnixMillis};
 use crate::wire::{decoded_len, push_decimal_str, push_json_str, wsframe};

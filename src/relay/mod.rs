@@ -27,10 +27,11 @@ use std::rc::Rc;
 use log::{debug, info};
 
 pub use crate::error::ApiError;
-pub use crate::store::engine::{Abandon, Engine};
-use crate::store::engine::{Collect, NOBODY, Submit};
+pub use crate::store::engine::Engine;
 pub(crate) use crate::store::model::Write;
 use crate::store::model::{NewPrompt, NewResponse};
+pub use crate::store::seam::Abandon;
+use crate::store::seam::{Collect, NOBODY, Submit};
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
 pub use presence::{Presence, Waiter};
 

@@ -8,10 +8,9 @@ use std::collections::HashMap;
 
 use super::{ApiError, ConnId, Effect, Presence, PromptsQuery, Relay, issue};
 use crate::store::SessionId;
-use crate::store::engine::{Read, StoreEvent, Waited};
 use crate::store::record::Outcome;
 use crate::store::redis::RedisStore;
-use crate::store::sqlite::StoreStats;
+use crate::store::seam::{Read, StoreEvent, StoreStats, Waited};
 use crate::time::Millis;
 
 impl Waited for HashMap<SessionId, Presence> {

@@ -26,117 +26,14 @@
 //! A requester that stops waiting [`abandon`](Engine::abandon)s its
 //! ticket.
 
-use super::SessionLog;
 use super::mem::MemStore;
 use super::model::{OwnedWrite, Write};
-use super::record::{Command, Op, Outcome, Record};
-use super::redis::{AgentState, DraftState, RedisStore};
-use super::sqlite::{Durable, STOP_BOUND, StoreStats};
-use super::types::{ConnId, PromptsQuery, SessionId, Ticket};
+use super::record::{Command, Op};
+use super::redis::RedisStore;
+use super::seam::{Abandon, Collect, Read, StoreEvent, StoreStats, Submit, Waited};
+use super::sqlite::{Durable, STOP_BOUND};
+use super::types::{SessionId, Ticket};
 use crate::error::ApiError;
-
-/// The connection a write for nobody (the idle sweep) is from.
-pub const NOBODY: ConnId = ConnId {
-    key: u32::MAX,
-    generation: 0,
-};
-
-/// What the engine did with a write.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Submit {
-    /// Decide it on the copy now (the copy is the engine's state, or
-    /// already holds what the write needs, or it is a part of a streamed
-    /// answer decided in memory).
-    Decide,
-    /// Taken under the ticket: its answer comes as an event.
-    Wait,
-}
-
-/// What a read is, for [`Engine::before_read`].
-pub enum Read<'q> {
-    Plain,
-    /// `GET /prompts`: a poll that would park needs no wait where the
-    /// copy follows the session's changes as they are published.
-    Poll(&'q PromptsQuery),
-    /// A WebSocket upgrade: the session's changes are heard from the
-    /// read on, not from the subscription after it.
-    Subscribe,
-}
-
-/// What the idle sweep does with the sessions nobody here used lately.
-pub enum Collect {
-    /// Deleted now (the copy is the whole state).
-    Delete(Vec<SessionId>),
-    /// Forgotten here; the engine keeps them (and deletes them past the
-    /// TTL itself).
-    Forget(Vec<SessionId>),
-    /// Sent to the engine, whose committed deletions come as events.
-    Sent,
-}
-
-/// The sessions someone waits on here (parked polls, subscribers), as the
-/// engine asks about them.
-pub trait Waited {
-    fn waits_on(&self, sid: &str) -> bool;
-    /// How many sessions are waited on.
-    fn count(&self) -> usize;
-    /// Each session waited on, and whether it has subscribers here.
-    fn each(&self, f: &mut dyn FnMut(&SessionId, bool));
-}
-
-/// What an engine has for the relay, in order.
-#[derive(Debug)]
-pub enum StoreEvent {
-    /// Committed changes (this instance's writes, or other instances'),
-    /// applied to the copy and what waits on it here, in order.
-    Records(Vec<Record>),
-    /// A session read whole replaces its copy; with `refill`, what waits
-    /// on it here reads it again (after a `resync` frame when true).
-    Replaced {
-        sid: SessionId,
-        log: Box<SessionLog>,
-        refill: Option<bool>,
-    },
-    /// The answer to a ticket: its `records` are applied first. It was
-    /// `delivered` to a subscriber if an answer among them went to one
-    /// here, or if the engine says one elsewhere has it.
-    Answer {
-        to: Ticket,
-        records: Vec<Record>,
-        result: Result<Outcome, ApiError>,
-        delivered: bool,
-    },
-    /// Run the request again: what it waited for (its session, a read's
-    /// barrier) is in the copy now.
-    Retry(Ticket),
-    /// The engine lost every session (Redis restarted empty or was
-    /// flushed): the copies are dropped, and the sessions waited on here
-    /// are read again ([`Engine::reread`]).
-    Lost,
-    /// A part of a streamed answer appended on another instance.
-    Part {
-        sid: SessionId,
-        assistant_msg_id: String,
-        client_msg_id: String,
-        part: u32,
-        lit: String,
-    },
-    /// An instance's agent state in a session.
-    Agent { sid: SessionId, state: AgentState },
-    /// Prompts an agent fetched through another instance.
-    Receipts {
-        sid: SessionId,
-        instance: String,
-        ts: u64,
-        ids: Vec<String>,
-    },
-    /// A session's open drafts and agent states, read with it.
-    LiveRead {
-        sid: SessionId,
-        drafts: Vec<DraftState>,
-        agents: Vec<AgentState>,
-    },
-}
 
 // One per process: its size costs nothing, and a box would add an
 // indirection to every write.
@@ -145,17 +42,6 @@ pub enum Engine {
     Memory,
     Durable(Durable),
     Shared(RedisStore),
-}
-
-/// What became of a write whose requester stopped waiting for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Abandon {
-    /// The storage had not taken it yet, and now never will: answering
-    /// `503` is the truth.
-    Cancelled,
-    /// The storage holds it (a transaction being committed, a script sent
-    /// to Redis): only the storage can say whether it is stored.
-    InFlight,
 }
 
 impl Engine {

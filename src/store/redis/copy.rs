@@ -13,15 +13,15 @@ use std::rc::Rc;
 
 use log::{debug, info};
 
-use super::reply::{AgentState, DraftState, Event, Head, Msg, Snapshot};
+use super::reply::{Event, Head, Msg, Snapshot};
 use super::{Answered, Known, RedisStore, Then};
 use crate::error::ApiError;
 use crate::store::SessionLog;
-use crate::store::engine::{Read, StoreEvent, Waited};
 use crate::store::mem::MemStore;
 use crate::store::message::{Framed, Message};
 use crate::store::model::Write as Change;
 use crate::store::record::{Outcome, Record};
+use crate::store::seam::{AgentState, DraftState, Read, StoreEvent, Waited};
 use crate::store::types::{SessionId, Ticket};
 use crate::time::Millis;
 

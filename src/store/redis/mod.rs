@@ -71,13 +71,12 @@ use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
 
 pub use health::{Trouble, note};
-pub use reply::{AgentState, DraftState, Event, Head, Msg, Snapshot};
+pub use reply::{Event, Head, Msg, Snapshot};
 pub use url::RedisUrl;
 
-use super::engine::StoreEvent;
 use super::mem::{IdGen, StoreLimits};
 use super::record::Outcome;
-use super::sqlite::StoreStats;
+use super::seam::{StoreEvent, StoreStats};
 use super::types::SessionId;
 use crate::error::ApiError;
 use crate::store::types::Ticket;
