@@ -490,12 +490,7 @@ impl Relay {
                 None => live.drafts.push(draft),
             }
         }
-        let engine = &self.engine;
-        live.remote = agents
-            .into_iter()
-            .filter(|a| !engine.is_own(&a.instance))
-            .take(MAX_INSTANCES)
-            .collect();
+        live.remote = agents.into_iter().take(MAX_INSTANCES).collect();
         live.drafts.truncate(max_drafts);
         let deadlines: Vec<Millis> = live.drafts.iter().map(|d| d.deadline).collect();
         for d in deadlines {
@@ -514,9 +509,6 @@ impl Relay {
 
     /// With Redis: another instance's agent state in `sid` changed.
     pub(super) fn agent_published(&mut self, now: Millis, sid: &SessionId, state: &AgentState) {
-        if self.engine.is_own(&state.instance) {
-            return;
-        }
         let live = self.live.entry(sid.clone()).or_default();
         live.remote.retain(|a| a.instance != state.instance);
         if live.remote.len() >= MAX_INSTANCES {
@@ -533,16 +525,7 @@ impl Relay {
     }
 
     /// With Redis: prompts an agent fetched through another instance.
-    pub(super) fn receipts_published(
-        &mut self,
-        sid: &SessionId,
-        instance: &str,
-        ts: UnixMillis,
-        ids: &[String],
-    ) {
-        if self.engine.is_own(instance) {
-            return;
-        }
+    pub(super) fn receipts_published(&mut self, sid: &SessionId, ts: UnixMillis, ids: &[String]) {
         // Known here too, for the receipts of a subscriber that connects.
         if let Some(log) = self.store.get(sid) {
             let newest = ids.iter().filter_map(|id| log.prompt_seq(id)).max();

@@ -151,12 +151,7 @@ impl Relay {
                     lit,
                 } => self.part_published(now, &sid, &assistant_msg_id, &client_msg_id, part, &lit),
                 StoreEvent::Agent { sid, state } => self.agent_published(now, &sid, &state),
-                StoreEvent::Receipts {
-                    sid,
-                    instance,
-                    ts,
-                    ids,
-                } => self.receipts_published(&sid, &instance, ts, &ids),
+                StoreEvent::Receipts { sid, ts, ids } => self.receipts_published(&sid, ts, &ids),
                 StoreEvent::LiveRead {
                     sid,
                     drafts,

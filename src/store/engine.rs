@@ -218,11 +218,6 @@ impl Engine {
         }
     }
 
-    /// Whether a published change named `instance` came from this one.
-    pub fn is_own(&self, instance: &str) -> bool {
-        matches!(self, Engine::Shared(r) if r.instance() == instance)
-    }
-
     /// Whether the records the relay applies are its own writes, counted
     /// and logged as they are applied. With Redis, records also come from
     /// other instances: a write is counted when Redis answers it.

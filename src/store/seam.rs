@@ -105,16 +105,17 @@ pub enum StoreEvent {
         part: u32,
         lit: String,
     },
-    /// An instance's agent state in a session.
+    /// Another instance's agent state in a session (an engine hands over
+    /// no echo of this instance's own).
     Agent { sid: SessionId, state: AgentState },
     /// Prompts an agent fetched through another instance.
     Receipts {
         sid: SessionId,
-        instance: String,
         ts: u64,
         ids: Vec<String>,
     },
-    /// A session's open drafts and agent states, read with it.
+    /// A session's open drafts and the other instances' agent states,
+    /// read with it.
     LiveRead {
         sid: SessionId,
         drafts: Vec<DraftState>,

@@ -246,7 +246,9 @@ impl RedisStore {
     }
 
     fn live_read(&mut self, live: Option<(SessionId, Vec<DraftState>, Vec<AgentState>)>) {
-        if let Some((sid, drafts, agents)) = live {
+        if let Some((sid, drafts, mut agents)) = live {
+            // This instance's own state is the relay's already.
+            agents.retain(|a| a.instance != self.instance);
             // Taken if the copy holds the session once the log is applied.
             self.ready.push_back(StoreEvent::LiveRead {
                 sid,
@@ -372,8 +374,10 @@ impl RedisStore {
                 }
                 return;
             }
+            // This instance's own agent states and receipts are known
+            // here already: only the other instances' are news.
             Event::Agent { sid, state } => {
-                if copy.contains(&sid) {
+                if copy.contains(&sid) && state.instance != self.instance {
                     self.ready.push_back(StoreEvent::Agent { sid, state });
                 }
                 return;
@@ -384,12 +388,10 @@ impl RedisStore {
                 ts,
                 ids,
             } => {
-                self.ready.push_back(StoreEvent::Receipts {
-                    sid,
-                    instance,
-                    ts,
-                    ids,
-                });
+                if instance == self.instance {
+                    return;
+                }
+                self.ready.push_back(StoreEvent::Receipts { sid, ts, ids });
                 return;
             }
             e => e,

@@ -286,7 +286,9 @@ pub struct RedisStore {
     pub stats: StoreStats,
     /// The wall clock of the loop turn (unix ms): activity and the TTL.
     unix_ms: u64,
-    /// This instance's name in Redis (a UUID chosen at start).
+    /// This instance's name in Redis (a UUID chosen at start): the
+    /// agent states and receipts published under it are this instance's
+    /// own, and are not handed to the relay again.
     instance: String,
     health: Health,
 }
@@ -861,12 +863,6 @@ impl RedisStore {
             &[b"PUBLISH", channel.as_bytes(), msg.as_bytes()],
         );
         self.expect.push_back(Expect::Quiet);
-    }
-
-    /// This instance's name in Redis: its own published agent states and
-    /// receipts are known here already.
-    pub fn instance(&self) -> &str {
-        &self.instance
     }
 
     /// Reads what the copy of `sid` lacks; `conn`'s request runs again
