@@ -8,7 +8,6 @@ use std::collections::HashMap;
 
 use super::{ApiError, ConnId, Effect, Presence, PromptsQuery, Relay, issue};
 use crate::store::SessionId;
-use crate::store::record::Outcome;
 use crate::store::redis::RedisStore;
 use crate::store::seam::{Read, StoreEvent, StoreStats, Waited};
 use crate::time::Millis;
@@ -113,11 +112,6 @@ impl Relay {
                     delivered,
                 } => {
                     let delivered = self.apply(now, records) || delivered;
-                    // Records that may be other instances' are not counted
-                    // as they are applied: a write is counted by its answer.
-                    if !self.engine.applies_own_writes() {
-                        self.count(&result);
-                    }
                     let result = result.map(|o| self.ack(o, delivered));
                     self.effects.push(Effect::Reply { to, result });
                 }
@@ -162,20 +156,6 @@ impl Relay {
                     }
                 }
             }
-        }
-    }
-
-    /// A new message stored through this instance, counted once here
-    /// (whichever instances' copies apply it).
-    fn count(&mut self, result: &Result<Outcome, ApiError>) {
-        match result {
-            Ok(Outcome::Prompt {
-                duplicate: false, ..
-            }) => self.stats.prompts_stored += 1,
-            Ok(Outcome::Response {
-                duplicate: false, ..
-            }) => self.stats.responses_stored += 1,
-            _ => {}
         }
     }
 

@@ -218,13 +218,6 @@ impl Engine {
         }
     }
 
-    /// Whether the records the relay applies are its own writes, counted
-    /// and logged as they are applied. With Redis, records also come from
-    /// other instances: a write is counted when Redis answers it.
-    pub fn applies_own_writes(&self) -> bool {
-        !matches!(self, Engine::Shared(_))
-    }
-
     /// The requester of `ticket` stops waiting (its storage timeout, or a
     /// shutdown): a write the storage has not taken is cancelled; one it
     /// holds is left to finish.

@@ -11,9 +11,9 @@
 
 use std::rc::Rc;
 
-use log::{debug, info};
+use log::info;
 
-use super::reply::{Event, Head, Msg, Snapshot};
+use super::reply::{Event, Head, Msg};
 use super::{Answered, Known, RedisStore, Then};
 use crate::error::ApiError;
 use crate::store::SessionLog;
@@ -174,34 +174,6 @@ impl RedisStore {
     /// requester's answer.
     #[inline(never)]
     fn answered(&mut self, copy: &MemStore, a: Answered) {
-        // A new message stored through this instance: logged here, once,
-        // whichever instances' copies apply it (and counted by the relay
-        // as it takes the answer). Redis ran the
-        // write alone, so its seq is the last the answer's session holds.
-        if let (
-            Then::Reply(Ok(o)),
-            Some(Snapshot {
-                sid, head: Some(h), ..
-            }),
-        ) = (&a.then, &a.snapshot)
-        {
-            let seq = h.next.get().saturating_sub(1);
-            match o {
-                Outcome::Prompt {
-                    id,
-                    duplicate: false,
-                } => {
-                    debug!(session_id = sid.as_str(), client_msg_id = id.as_str(), seq = seq; "prompt stored");
-                }
-                Outcome::Response {
-                    id,
-                    duplicate: false,
-                } => {
-                    debug!(session_id = sid.as_str(), assistant_msg_id = id.as_str(), seq = seq; "response posted");
-                }
-                _ => {}
-            }
-        }
         let (records, live) = match a.snapshot {
             Some(s) => {
                 let key = s.sid.clone();
