@@ -30,7 +30,9 @@ use super::mem::MemStore;
 use super::model::{OwnedWrite, Write};
 use super::record::{Command, Op};
 use super::redis::RedisStore;
-use super::seam::{Abandon, Collect, Read, StoreEvent, StoreStats, Submit, Waited};
+use super::seam::{
+    Abandon, AgentHere, Announced, Collect, Read, StoreEvent, StoreStats, Submit, Waited,
+};
 use super::sqlite::{Durable, STOP_BOUND};
 use super::types::{SessionId, Ticket};
 use crate::error::ApiError;
@@ -195,18 +197,30 @@ impl Engine {
         }
     }
 
-    /// Whether other instances share the sessions (and their changes,
-    /// parts, agent states and receipts come as published events).
-    pub fn shared(&self) -> bool {
+    /// Whether other instances hear of this one's agents (their presence
+    /// and the prompts they fetched): when none do, an agent that stays
+    /// online here changes nothing anyone must be told.
+    pub fn others_hear_agents(&self) -> bool {
         matches!(self, Engine::Shared(_))
     }
 
-    /// Tells the other instances this one's agent state in `sid`: online
-    /// until `until` (unix ms; 0: offline), last seen at `seen`. Alone,
-    /// there is nobody to tell.
-    pub fn announce_agent(&mut self, sid: &SessionId, until: u64, seen: u64) {
-        if let Engine::Shared(r) = self {
-            r.agent(sid, until, seen);
+    /// This instance's agent in `sid` is `here` at `unix_ms`, last seen
+    /// at `seen`: the other instances that serve `sid` are told what they
+    /// must know of it (`told`: what they were told before). Returns in
+    /// how many ms to call again while nothing changes, if the engine
+    /// needs that (a lease to renew). Alone, there is nobody to tell.
+    pub fn announce_agent(
+        &mut self,
+        sid: &SessionId,
+        told: &mut Announced,
+        here: AgentHere,
+        seen: u64,
+        unix_ms: u64,
+        grace_ms: u64,
+    ) -> Option<u64> {
+        match self {
+            Engine::Shared(r) => r.announce_agent(sid, told, here, seen, unix_ms, grace_ms),
+            _ => None,
         }
     }
 

@@ -11,6 +11,8 @@
 //!   [`DraftState`]);
 //! - what the engine asks of the relay: the sessions waited on here
 //!   ([`Waited`]);
+//! - this instance's agent in a session, as the engine tells the other
+//!   instances of it ([`AgentHere`], [`Announced`]);
 //! - the storage's totals for `/metrics` ([`StoreStats`]).
 
 use super::SessionLog;
@@ -165,4 +167,25 @@ pub struct AgentState {
     /// Online until then (unix ms).
     pub until: u64,
     pub seen: u64,
+}
+
+/// This instance's agent in a session, for the engine to tell the other
+/// instances that serve it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentHere {
+    /// A poll of it is parked here: online for as long as it stays.
+    Parked,
+    /// Online until then (unix ms): the grace after its last request.
+    Until(u64),
+    /// Not online here.
+    Away,
+}
+
+/// What the other instances were last told of this instance's agent in a
+/// session. The relay keeps it with the session's live state (and drops
+/// it with the session); only the engine reads or changes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Announced {
+    /// Online until then (unix ms); 0: offline, or nothing told.
+    pub until: u64,
 }

@@ -61,6 +61,7 @@ mod codec;
 mod copy;
 mod follow;
 mod health;
+mod lease;
 mod reply;
 mod url;
 
@@ -833,16 +834,6 @@ impl RedisStore {
         self.stats.commands += 1;
         let waiting = batch.drain(..).map(|g| (g.conn, g.sid, g.id)).collect();
         self.expect.push_back(Expect::Prompts(waiting));
-    }
-
-    /// This instance's agent state in `sid`: online until `until` (unix
-    /// ms; 0: offline), last seen at `seen`. Stored for instances that
-    /// start serving the session later, and published to the others.
-    pub fn agent(&mut self, sid: &SessionId, until: u64, seen: u64) {
-        let (until, seen) = (until.to_string(), seen.to_string());
-        let instance = self.instance.clone();
-        let extra: [&[u8]; 3] = [instance.as_bytes(), until.as_bytes(), seen.as_bytes()];
-        self.call(sid, Op::Agent, Known::default(), &extra, Expect::Quiet);
     }
 
     /// Prompts of `sid` an agent fetched here for the first time: told
