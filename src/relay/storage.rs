@@ -6,9 +6,8 @@
 
 use std::collections::HashMap;
 
-use super::{ApiError, ConnId, Effect, Presence, PromptsQuery, Relay, issue};
+use super::{ApiError, ConnId, Effect, Engine, Presence, PromptsQuery, Relay, issue};
 use crate::store::SessionId;
-use crate::store::redis::RedisStore;
 use crate::store::seam::{Read, StoreEvent, StoreStats, Waited};
 use crate::time::Millis;
 
@@ -29,9 +28,10 @@ impl Waited for HashMap<SessionId, Presence> {
 }
 
 impl Relay {
-    /// The Redis engine, for the shell that owns its sockets.
-    pub fn redis(&mut self) -> Option<&mut RedisStore> {
-        self.engine.redis()
+    /// The engine, for the shell that drives its I/O (its sockets, its
+    /// own timers).
+    pub fn engine(&mut self) -> &mut Engine {
+        &mut self.engine
     }
 
     /// Sends this turn's writes to the storage; called at the end of every
@@ -51,7 +51,7 @@ impl Relay {
         self.engine.healthy()
     }
 
-    /// The storage's totals, with persistence or Redis.
+    /// The storage's totals, where the engine keeps any.
     pub fn store_stats(&self) -> Option<&StoreStats> {
         self.engine.stats()
     }

@@ -23,13 +23,13 @@ fn limits() -> Limits {
 }
 
 fn relay() -> Relay {
-    Relay::new(limits())
+    Relay::in_memory(limits())
 }
 
 fn relay_with(f: impl FnOnce(&mut Limits)) -> Relay {
     let mut l = limits();
     f(&mut l);
-    Relay::new(l)
+    Relay::in_memory(l)
 }
 
 /// A reply that the in-memory engine gives at once.

@@ -36,13 +36,22 @@ use super::seam::{
 use super::sqlite::{Durable, STOP_BOUND};
 use super::types::{SessionId, Ticket};
 use crate::error::ApiError;
+use crate::time::Millis;
 
+/// The engine a relay stores through (see the module doc). The default
+/// is the memory engine, as for a server started with neither a data
+/// directory nor Redis.
 // One per process: its size costs nothing, and a box would add an
 // indirection to every write.
 #[allow(clippy::large_enum_variant)]
+#[derive(Default)]
 pub enum Engine {
+    /// The relay's own log decides every write at once.
+    #[default]
     Memory,
+    /// SQLite, on the storage thread.
     Durable(Durable),
+    /// Redis, shared by several instances.
     Shared(RedisStore),
 }
 
@@ -186,6 +195,23 @@ impl Engine {
                 r.keep_alive(copy, waited, ttl_ms);
                 Collect::Forget(idle)
             }
+        }
+    }
+
+    /// When the engine has work of its own next (Redis's health probe);
+    /// the loop sleeps no longer.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        match self {
+            Engine::Shared(r) => r.next_deadline(),
+            _ => None,
+        }
+    }
+
+    /// The engine's own work that is due (Redis's health probe); called
+    /// at the end of every loop turn.
+    pub fn tick(&mut self, now: Millis) {
+        if let Engine::Shared(r) = self {
+            r.tick(now);
         }
     }
 
