@@ -521,9 +521,9 @@ impl Relay {
     }
 
     /// Drops sessions nobody here is connected to and nobody touched for the
-    /// TTL (with Redis: forgets the copies nobody here used lately, and
-    /// Redis deletes the sessions past the TTL). Called from the shell's
-    /// periodic sweep.
+    /// TTL (where the engine keeps the sessions for several instances:
+    /// forgets the copies nobody here used lately, and the engine deletes
+    /// the sessions past the TTL). Called from the shell's periodic sweep.
     pub fn collect_idle(&mut self, now: Millis) -> usize {
         let ttl = self.limits.session_ttl_ms;
         let after = self.engine.idle_after(ttl);

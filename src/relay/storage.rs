@@ -2,7 +2,8 @@
 //! on the path every change takes (the log, then the parked polls and
 //! subscribers here) before the requests that waited are answered; reads
 //! that wait for the copy; the sessions waited on here, as the engine asks
-//! about them. Nothing here knows which engine it is.
+//! about them; the engine handed to the shell that drives it. Nothing
+//! here knows which engine it is.
 
 use std::collections::HashMap;
 

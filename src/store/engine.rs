@@ -1,5 +1,7 @@
-//! The engine a relay stores through: one of three, behind one type, so the
-//! relay holds one engine and asks it, not which one it is.
+//! The engine a relay stores through: one of three, behind one type, so
+//! the relay holds one engine and asks it questions in its own terms,
+//! never which one it is. This file only dispatches: the words of the
+//! seam are `seam.rs`, and each engine is its own module.
 //!
 //! - [`Engine::Memory`]: the relay's own log decides every write at once
 //!   (it has no state of its own here: the log is the relay's).
@@ -10,7 +12,7 @@
 //!   decides; the relay's log is this instance's copy of the sessions it
 //!   serves.
 //!
-//! The seam, in the relay's terms:
+//! What the relay asks:
 //! - [`submit`](Engine::submit) a write: decided on the copy now
 //!   ([`Submit::Decide`]), or taken under a [`Ticket`] ([`Submit::Wait`]),
 //!   whose request is parked until its answer;
@@ -19,12 +21,28 @@
 //! - [`next_event`](Engine::next_event): what the engine has for the
 //!   relay, one [`StoreEvent`] at a time, each read against the copy as
 //!   the events before it left it: committed records, a session read
-//!   whole, the answer to a ticket, other instances' live state;
-//! - [`collect`](Engine::collect) for the idle sweep, and the deadlines
-//!   of the Redis engine's own timers (`next_deadline`, `tick`).
+//!   whole, the answer to a ticket, other instances' live state (never
+//!   this instance's own, echoed back);
+//! - what waits here: [`listen`](Engine::listen) when someone waits on a
+//!   session, [`watching`](Engine::watching) when its first subscriber
+//!   comes or its last leaves, [`reread`](Engine::reread) and
+//!   [`resync`](Engine::resync) when the copy lost or missed something;
+//! - the agent here: [`announce_agent`](Engine::announce_agent) (the
+//!   engine decides what the other instances are told, and when it must
+//!   be asked again), [`publish_receipts`](Engine::publish_receipts), and
+//!   whether other instances hear of agents at all
+//!   ([`others_hear_agents`](Engine::others_hear_agents));
+//! - the idle sweep: [`idle_after`](Engine::idle_after) and
+//!   [`collect`](Engine::collect);
+//! - a requester that stops waiting [`abandon`](Engine::abandon)s its
+//!   ticket.
 //!
-//! A requester that stops waiting [`abandon`](Engine::abandon)s its
-//! ticket.
+//! What the loop asks: [`set_clock`](Engine::set_clock) each turn,
+//! [`flush`](Engine::flush) the turn's writes, the engine's own work
+//! ([`tick`](Engine::tick), due at [`next_deadline`](Engine::next_deadline)),
+//! [`saturated`](Engine::saturated), [`healthy`](Engine::healthy),
+//! [`stats`](Engine::stats), [`stop`](Engine::stop) at shutdown, and, in
+//! the shell that owns Redis's sockets, [`redis`](Engine::redis).
 
 use super::mem::MemStore;
 use super::model::{OwnedWrite, Write};
