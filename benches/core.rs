@@ -174,7 +174,7 @@ fn token_best_batch(inp: &Inputs) -> f64 {
 /// right after (so the pending cap never fills): parse, route, store, ack.
 #[inline(never)]
 fn measure_ingest(inp: &Inputs) -> usize {
-    let mut relay = Relay::new(limits());
+    let mut relay = Relay::in_memory(limits());
     let mut reader = RequestReader::new(1 << 20);
     let mut out = 0;
     for (n, (p, r)) in inp.prompts.iter().zip(&inp.responses).enumerate() {
@@ -195,7 +195,7 @@ fn measure_ingest(inp: &Inputs) -> usize {
 /// of two op counts cancels it).
 #[inline(never)]
 fn measure_roundtrip(inp: &Inputs) -> usize {
-    let mut relay = Relay::new(limits());
+    let mut relay = Relay::in_memory(limits());
     let mut reader = RequestReader::new(1 << 20);
     let agent = ConnId {
         key: 1,
@@ -267,7 +267,7 @@ fn measure_answer(inp: &Inputs) -> usize {
 /// subscriber (set up first, the same in every run, so the callgrind
 /// difference of two op counts cancels it).
 fn answer_or_part(bodies: &[Vec<u8>]) -> usize {
-    let mut relay = Relay::new(limits());
+    let mut relay = Relay::in_memory(limits());
     let mut reader = RequestReader::new(1 << 20);
     let subscriber = ConnId {
         key: 2,

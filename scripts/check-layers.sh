@@ -119,6 +119,29 @@ for pkg, table in FILE_LAYERS.items():
     check("file", f"FILE_LAYERS[{pkg!r}] of scripts/check-layers.sh", table, units)
     summary.append(f"{len(table)} layers of files in {pkg}/")
 
+# Inside the store, an engine (a directory of its own) names neither the
+# dispatcher (store/engine.rs) nor another engine: the words they share
+# live below them, in store/seam.rs.
+ENGINES = ["redis", "sqlite"]
+store_name = re.compile(r"\bcrate::store::([a-z_][a-z0-9_]*)")
+store_group = re.compile(r"\bcrate::store::\{([^}]*)\}", re.S)
+for engine in ENGINES:
+    for path in sorted((src / "store" / engine).rglob("*.rs")):
+        text = comment.sub("", path.read_text())
+        # `super::` is the store in the engine's mod.rs, and the engine
+        # in its other files, whose `super::super::` is the store.
+        up = r"\bsuper::" if path.name == "mod.rs" else r"\bsuper::super::"
+        named = set(store_name.findall(text))
+        named.update(re.findall(up + r"([a-z_][a-z0-9_]*)", text))
+        for inner in store_group.findall(text) + re.findall(up + r"\{([^}]*)\}", text):
+            named.update(p.strip().split("::")[0] for p in inner.split(",") if p.strip())
+        for other in sorted(named & ({"engine"} | set(ENGINES)) - {engine}):
+            edges += 1
+            problems.append(
+                f"{path}: the {engine} engine names `store::{other}`: "
+                "what engines share belongs in store/seam.rs"
+            )
+
 if problems:
     print("check-layers: an import points up or sideways, or has no layer:", file=sys.stderr)
     print("\n".join(problems), file=sys.stderr)

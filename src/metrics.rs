@@ -11,7 +11,7 @@ use std::fmt::Write;
 use crate::histogram::{BOUNDS, Histogram};
 use crate::http::Method;
 use crate::relay::{Counts, Stats};
-use crate::store::sqlite::StoreStats;
+use crate::store::seam::StoreStats;
 
 /// `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -541,7 +541,7 @@ fuzz_target!(|data: &[u8]| {
         agent_grace_ms: 1000,
     };
     let mut world = World {
-        relay: Relay::new(limits.clone()),
+        relay: Relay::in_memory(limits.clone()),
         conns: vec![ConnState::Idle; CONNS],
         now: 0,
         max_sessions: limits.max_sessions,

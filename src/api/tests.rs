@@ -12,7 +12,7 @@ fn cfg(f: impl FnOnce(&mut Config)) -> Config {
 }
 
 fn relay() -> Relay {
-    Relay::new(Config::default().relay_limits())
+    Relay::in_memory(Config::default().relay_limits())
 }
 
 fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> RequestHead {

@@ -16,9 +16,8 @@ use crate::config::Config;
 use crate::http::response::Meta;
 use crate::http::{Method, RequestHead};
 use crate::metrics::{self, Metrics, Snapshot};
-use crate::relay::{Abandon, ConnId, Effect, Relay, Ticket};
+use crate::relay::{Abandon, ConnId, Effect, Engine, Relay, Ticket};
 use crate::store::Cursor;
-use crate::store::redis::RedisStore;
 use crate::time::{Millis, Turn, UnixMillis};
 use crate::timer::{Entry, TimerWheel};
 
@@ -254,15 +253,14 @@ impl Ctx {
         self.reprocess.append(&mut self.stalled);
     }
 
-    /// The Redis engine, when sessions are shared.
-    pub fn redis(&mut self) -> Option<&mut RedisStore> {
-        self.relay.redis()
+    /// The engine, for the loop that drives its sockets and timers.
+    pub fn engine(&mut self) -> &mut Engine {
+        self.relay.engine()
     }
 
-    /// The Redis engine with the shared read buffer, for its sockets.
-    pub fn redis_and_buf(&mut self) -> Option<(&mut RedisStore, &mut [u8])> {
-        let store = self.relay.redis()?;
-        Some((store, &mut self.scratch))
+    /// The engine with the shared read buffer, for its sockets.
+    pub fn engine_and_buf(&mut self) -> (&mut Engine, &mut [u8]) {
+        (self.relay.engine(), &mut self.scratch)
     }
 
     /// Moves the relay's effects for other connections into `out`.
@@ -322,11 +320,11 @@ impl Ctx {
         self.pending_writes.pop_front()
     }
 
-    /// The earliest deadline of the timers, the relay's tick, the Redis
-    /// engine and a shutdown.
+    /// The earliest deadline of the timers, the relay's tick, the
+    /// engine's own work and a shutdown.
     pub fn next_deadline(&mut self) -> Option<Millis> {
         [
-            self.relay.redis().and_then(|r| r.next_deadline()),
+            self.relay.engine().next_deadline(),
             self.timers.next_deadline(),
             self.relay.next_tick(),
             self.shutdown,

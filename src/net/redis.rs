@@ -22,6 +22,7 @@ use rustls::pki_types::ServerName;
 
 use super::buffer::WriteStatus;
 use super::stream::Stream;
+use crate::store::engine::Engine;
 use crate::store::redis::{Link, RedisStore, RedisUrl, Trouble, note};
 use crate::time::Millis;
 
@@ -194,11 +195,14 @@ impl RedisLinks {
         &mut self,
         token: Token,
         ev: &mio::event::Event,
-        store: &mut RedisStore,
+        engine: &mut Engine,
         registry: &Registry,
         now: Millis,
         scratch: &mut [u8],
     ) {
+        let Some(store) = engine.redis() else {
+            return;
+        };
         let i = usize::from(token == EVENTS);
         let s = &mut self.socks[i];
         let Some(sock) = &mut s.sock else {
@@ -260,7 +264,10 @@ impl RedisLinks {
 
     /// Writes what the engine queued on both links; called at the end of
     /// every turn, so a turn's calls go out together.
-    pub fn flush(&mut self, store: &mut RedisStore, registry: &Registry, now: Millis) {
+    pub fn flush(&mut self, engine: &mut Engine, registry: &Registry, now: Millis) {
+        let Some(store) = engine.redis() else {
+            return;
+        };
         for i in 0..2 {
             self.flush_one(i, store, registry, now);
         }

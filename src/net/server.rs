@@ -29,7 +29,8 @@ use super::stream::{Stream, TLS_READ_BUDGET};
 use super::{http, parked, subscriber};
 use crate::api::Answer;
 use crate::config::Config;
-use crate::relay::{ApiError, ConnId, Effect, Relay};
+use crate::relay::{ApiError, ConnId, Effect, Engine, Relay};
+use crate::store::MemStore;
 use crate::store::redis::RedisStore;
 use crate::store::sqlite::{Durable, Opened};
 use crate::time::{Clock, Millis};
@@ -140,16 +141,15 @@ impl Server {
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
                 links.tick(poll.registry(), turn.now);
                 redis = Some(links);
-                Relay::with_redis(
-                    limits.clone(),
-                    RedisStore::new(url, &cfg.redis_prefix, limits.store()),
-                )
+                let store = MemStore::new(limits.store());
+                let engine = RedisStore::new(url, &cfg.redis_prefix, limits.store());
+                Relay::new(limits, store, Engine::Shared(engine))
             }
-            None => Relay::new(limits),
+            None => Relay::in_memory(limits),
             Some(opened) => {
                 let waker = Arc::new(mio::Waker::new(poll.registry(), STORE)?);
                 let (view, durable) = Durable::start(opened, limits.store(), cfg.sync, waker);
-                Relay::with_store(limits, view, Some(durable))
+                Relay::new(limits, view, Engine::Durable(durable))
             }
         };
         info!(addr = local_addr.to_string().as_str(), tls = tls.is_some(); "listening");
@@ -266,10 +266,11 @@ impl Server {
         }
         self.flush_pending();
         self.cx.flush_store();
-        if let (Some(links), Some(store)) = (&mut self.redis, self.cx.redis()) {
+        let engine = self.cx.engine();
+        engine.tick(now);
+        if let Some(links) = &mut self.redis {
             links.tick(self.poll.registry(), now);
-            store.tick(now);
-            links.flush(store, self.poll.registry(), now);
+            links.flush(engine, self.poll.registry(), now);
         }
     }
 
@@ -277,8 +278,9 @@ impl Server {
     /// the requests that waited for them answered.
     fn on_redis(&mut self, ev: &mio::event::Event) {
         let now = self.cx.now();
-        if let (Some(links), Some((store, buf))) = (&mut self.redis, self.cx.redis_and_buf()) {
-            links.on_event(ev.token(), ev, store, self.poll.registry(), now, buf);
+        if let Some(links) = &mut self.redis {
+            let (engine, buf) = self.cx.engine_and_buf();
+            links.on_event(ev.token(), ev, engine, self.poll.registry(), now, buf);
         }
         self.cx.storage_done();
         self.apply_effects();

@@ -19,7 +19,7 @@ use crate::time::Millis;
 
 impl Relay {
     /// Applies committed records, in order: to the log, then to the parked
-    /// polls and subscribers of their sessions, and to the totals. Returns
+    /// polls and subscribers of their sessions. Returns
     /// whether an answer went to a subscriber connected here (the
     /// `delivered` of its acknowledgement). Called for every change, whatever
     /// engine committed it.
@@ -28,31 +28,14 @@ impl Relay {
         for record in records {
             match self.store.apply(now, record) {
                 Applied::Nothing => {}
-                Applied::Prompt {
-                    sid,
-                    seq,
-                    client_msg_id,
-                } => {
-                    // Shared sessions: counted and logged by the instance
-                    // that stored it (see `StoreEvent::Answer`).
-                    if self.engine.applies_own_writes() {
-                        debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, seq = seq.get(); "prompt stored");
-                        self.stats.prompts_stored += 1;
-                    }
-                    self.wake_waiters(now, &sid);
-                }
+                Applied::Prompt { sid, .. } => self.wake_waiters(now, &sid),
                 Applied::Response {
                     sid,
                     seq,
                     prev,
                     frame,
-                    client_msg_id,
                     assistant_msg_id,
                 } => {
-                    if self.engine.applies_own_writes() {
-                        debug!(session_id = sid.as_str(), client_msg_id = &*client_msg_id, assistant_msg_id = &*assistant_msg_id, seq = seq.get(); "response posted");
-                        self.stats.responses_stored += 1;
-                    }
                     self.draft_done(&sid, &assistant_msg_id);
                     delivered |= self.stored_response(&sid, seq, prev, frame);
                 }
@@ -63,15 +46,27 @@ impl Relay {
     }
 
     /// The requester's answer to a write whose records are applied
-    /// (`delivered` as [`apply`](Self::apply) reported it); counts resends.
+    /// (`delivered` as [`apply`](Self::apply) reported it). Every write
+    /// this instance asked for is answered here, whichever engine decided
+    /// it, and only those: what it stored and what it found resent are
+    /// counted and logged here, once, from the outcome (the records
+    /// applied may be other instances' writes).
     pub(super) fn ack(&mut self, outcome: Outcome, delivered: bool) -> Vec<u8> {
-        match outcome {
+        match &outcome {
             Outcome::Prompt {
                 duplicate: true, ..
             } => self.stats.prompt_duplicates += 1,
             Outcome::Response {
                 duplicate: true, ..
             } => self.stats.response_duplicates += 1,
+            Outcome::Prompt { sid, id, seq, .. } => {
+                debug!(session_id = sid.as_str(), client_msg_id = id.as_str(), seq = seq.get(); "prompt stored");
+                self.stats.prompts_stored += 1;
+            }
+            Outcome::Response { sid, id, seq, .. } => {
+                debug!(session_id = sid.as_str(), assistant_msg_id = id.as_str(), seq = seq.get(); "response posted");
+                self.stats.responses_stored += 1;
+            }
             _ => {}
         }
         outcome.ack(delivered)

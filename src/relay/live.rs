@@ -19,7 +19,7 @@ use log::debug;
 
 use super::{ApiError, Effect, Engine, Relay, Reply};
 use crate::store::model::NewResponse;
-use crate::store::redis::{AgentState, DraftState};
+use crate::store::seam::{AgentHere, AgentState, Announced, DraftState};
 use crate::store::{Seq, SessionId};
 use crate::time::{Millis, UnixMillis};
 use crate::wire::{decoded_len, push_decimal_str, push_json_str, wsframe};
@@ -85,10 +85,10 @@ pub struct Live {
     /// The highest `seq` of a prompt whose receipt was sent, and when.
     fetched: Seq,
     fetched_at: UnixMillis,
-    /// With Redis: the other instances' agent states, and the `until`
-    /// this instance last announced (0: offline).
+    /// The other instances' agent states, as the engine heard them, and
+    /// what they were last told of this one's (kept for the engine).
     remote: Vec<AgentState>,
-    announced: UnixMillis,
+    told: Announced,
 }
 
 /// Receipts a subscriber gets when it catches up, at most.
@@ -96,10 +96,6 @@ const MAX_RECEIPTS: usize = 64;
 
 /// Other instances' agent states kept per session, at most.
 const MAX_INSTANCES: usize = 64;
-
-/// How long an instance's parked poll counts as an online agent for the
-/// other instances without being announced again (it is, halfway).
-const LEASE: u64 = 60_000;
 
 /// The clocks of a presence step.
 #[derive(Clone, Copy)]
@@ -113,8 +109,8 @@ struct At {
 struct Step {
     /// The state subscribers see changed to this.
     changed: Option<bool>,
-    /// With Redis: this instance's `until` to announce.
-    announce: Option<UnixMillis>,
+    /// The agent here, for the other instances.
+    here: AgentHere,
     /// When to look again.
     wake: Option<Millis>,
 }
@@ -122,8 +118,8 @@ struct Step {
 impl Live {
     /// Recomputes the agent's state: online while a poll is parked here
     /// (`parked`), for the grace after the last agent request here ended,
-    /// and (with Redis, `shared`) while another instance says so.
-    fn step(&mut self, at: At, parked: bool, shared: bool) -> Step {
+    /// and while another instance says so.
+    fn step(&mut self, at: At, parked: bool) -> Step {
         let local_until = self.agent_end.map(|t| t.after_ms(at.grace));
         let local = parked || local_until.is_some_and(|u| at.now < u);
         let remote = self
@@ -141,34 +137,13 @@ impl Live {
         if let Some(u) = remote {
             soon(at.now.after_ms(u - at.unix));
         }
-        let mut announce = None;
-        if shared {
-            // Announced as online until a little later than it will be
-            // (by `slack`), and again only once that is passed: the other
-            // instances never see it offline early, and hear of it at
-            // most once per `slack` however often the agent asks. Going
-            // offline is announced at once.
-            let slack = at.grace.min(LEASE) / 2;
-            let want = if parked {
-                at.unix + LEASE
-            } else if let Some(u) = local_until.filter(|_| local) {
-                at.unix + u.since(at.now)
-            } else {
-                0
-            };
-            if want == 0 && self.announced != 0 {
-                announce = Some(0);
-                self.announced = 0;
-            } else if want > self.announced {
-                self.announced = want + slack;
-                announce = Some(self.announced);
-            }
-            if parked {
-                // Announced again before the lease runs out.
-                let due = self.announced.saturating_sub(LEASE + at.unix);
-                soon(at.now.after_ms(due.max(1)));
-            }
-        }
+        let here = if parked {
+            AgentHere::Parked
+        } else if let Some(u) = local_until.filter(|_| local) {
+            AgentHere::Until(at.unix + u.since(at.now))
+        } else {
+            AgentHere::Away
+        };
         let changed = (online != self.online).then(|| {
             self.online = online;
             self.since = at.unix;
@@ -176,7 +151,7 @@ impl Live {
         });
         Step {
             changed,
-            announce,
+            here,
             wake,
         }
     }
@@ -189,13 +164,13 @@ impl Live {
 }
 
 impl Step {
-    /// Tells the subscribers here (`watched`) and the other instances,
-    /// and schedules the next look in `next`.
+    /// Tells the subscribers here (`watched`) and the engine, for the
+    /// other instances, and schedules the next look in `next`.
     #[allow(clippy::too_many_arguments)]
     fn carry_out(
         self,
         sid: &SessionId,
-        live: &Live,
+        live: &mut Live,
         watched: bool,
         effects: &mut Vec<Effect>,
         engine: &mut Engine,
@@ -211,10 +186,10 @@ impl Step {
                 });
             }
         }
-        if let Some(until) = self.announce {
-            engine.announce_agent(sid, until, live.agent_seen.unwrap_or(0));
-        }
-        if let Some(w) = self.wake {
+        let seen = live.agent_seen.unwrap_or(0);
+        let again = engine.announce_agent(sid, &mut live.told, self.here, seen, at.unix, at.grace);
+        let again = again.map(|ms| at.now.after_ms(ms));
+        if let Some(w) = [self.wake, again].into_iter().flatten().min() {
             let w = round_up(w);
             *next = Some(next.map_or(w, |n| n.min(w)));
         }
@@ -306,14 +281,15 @@ impl Relay {
     /// parked), so the grace starts now too.
     pub(super) fn agent_seen(&mut self, now: Millis, sid: &str, ended: bool) {
         let unix = self.unix_at(now);
-        let alone = !self.engine.shared();
+        let alone = !self.engine.others_hear_agents();
         let seen = |live: &mut Live| {
             live.agent_seen = Some(unix);
             if ended {
                 live.agent_end = Some(now);
             }
-            // Online already, and one server: nothing changes now, and
-            // the tick due by the grace's old end looks again then.
+            // Online already, and nobody else to tell: nothing changes
+            // now, and the tick due by the grace's old end looks again
+            // then.
             live.online && alone
         };
         let unchanged = match self.live.get_mut(sid) {
@@ -333,7 +309,7 @@ impl Relay {
     /// A parked poll of `sid` ended (answered, timed out, hung up): the
     /// grace starts now.
     pub(super) fn agent_left(&mut self, now: Millis, sid: &str) {
-        let alone = !self.engine.shared();
+        let alone = !self.engine.others_hear_agents();
         let grace = self.limits.agent_grace_ms;
         let Some(live) = self.live.get_mut(sid) else {
             return;
@@ -348,7 +324,8 @@ impl Relay {
     }
 
     /// Tells the subscribers of `sid` when the agent's state changed,
-    /// tells the other instances (with Redis), and schedules the next look.
+    /// tells the engine (for the other instances), and schedules the next
+    /// look.
     pub(super) fn refresh_presence(&mut self, now: Millis, sid: &str) {
         let at = self.at(now);
         let parked = self.parked(sid);
@@ -367,7 +344,7 @@ impl Relay {
             return;
         };
         let watched = presence.get(sid).is_some_and(|p| !p.subscribers.is_empty());
-        let step = entry.step(at, parked, engine.shared());
+        let step = entry.step(at, parked);
         step.carry_out(&key, entry, watched, effects, engine, next_tick, at);
     }
 
@@ -384,8 +361,7 @@ impl Relay {
             .presence
             .get(sid)
             .is_none_or(|p| p.subscribers.is_empty());
-        // With Redis, the other instances are told too.
-        let shared = self.engine.shared();
+        let others_hear = self.engine.others_hear_agents();
         let mut told: Vec<Rc<str>> = Vec::new();
         for msg in log.page_prompts(after) {
             if msg.seq <= live.fetched {
@@ -399,7 +375,7 @@ impl Relay {
                     frame: receipt_frame(sid, &msg.client_msg_id, unix),
                 });
             }
-            if shared {
+            if others_hear {
                 told.push(msg.client_msg_id.clone());
             }
         }
@@ -409,8 +385,8 @@ impl Relay {
         }
     }
 
-    /// With Redis: a part another instance (or this one) took, published
-    /// to the instances that follow the session. Appended to the copy of
+    /// A part the engine took (through any instance), heard by the
+    /// instances that follow the session. Appended to the copy of
     /// its draft when it is the next part; a gap (the copy began after the
     /// draft did) makes the session read again, drafts included.
     pub(super) fn part_published(
@@ -432,7 +408,7 @@ impl Relay {
         let d = match at {
             Some(at) if live.drafts[at].parts + 1 == part => &mut live.drafts[at],
             Some(at) if live.drafts[at].parts >= part => return,
-            // Redis holds the cap; a copy never holds more than it.
+            // The engine holds the cap; a copy never holds more than it.
             None if part == 1 && live.drafts.len() < max_drafts => {
                 live.drafts
                     .push(Draft::new(Rc::from(aid), Rc::from(cid), deadline));
@@ -448,7 +424,8 @@ impl Relay {
         self.send_part(sid, frame, deadline);
     }
 
-    /// With Redis: the drafts and agent states a read of `sid` found.
+    /// The drafts and the other instances' agent states a read of `sid`
+    /// found.
     /// A draft the read holds further than the copy replaces it, and the
     /// subscribers here get its snapshot.
     pub(super) fn live_synced(
@@ -462,9 +439,8 @@ impl Relay {
         let max_drafts = self.limits.max_pending;
         let live = self.live.entry(sid.clone()).or_default();
         // A read's drafts may be older than parts published since it ran:
-        // Redis writes to the two links in either order, so a part heard
-        // on the channel can arrive before the answer to a read it
-        // followed. A draft is taken from the read only where the read
+        // a part heard as it is published can arrive before the answer to
+        // a read it followed. A draft is taken from the read only where the read
         // holds more parts than the copy; a draft the read lacks stays
         // until its deadline or its final answer.
         let mut snapshots: Vec<Rc<[u8]>> = Vec::new();
@@ -490,12 +466,7 @@ impl Relay {
                 None => live.drafts.push(draft),
             }
         }
-        let engine = &self.engine;
-        live.remote = agents
-            .into_iter()
-            .filter(|a| !engine.is_own(&a.instance))
-            .take(MAX_INSTANCES)
-            .collect();
+        live.remote = agents.into_iter().take(MAX_INSTANCES).collect();
         live.drafts.truncate(max_drafts);
         let deadlines: Vec<Millis> = live.drafts.iter().map(|d| d.deadline).collect();
         for d in deadlines {
@@ -512,11 +483,8 @@ impl Relay {
         self.refresh_presence(now, sid);
     }
 
-    /// With Redis: another instance's agent state in `sid` changed.
+    /// Another instance's agent state in `sid` changed.
     pub(super) fn agent_published(&mut self, now: Millis, sid: &SessionId, state: &AgentState) {
-        if self.engine.is_own(&state.instance) {
-            return;
-        }
         let live = self.live.entry(sid.clone()).or_default();
         live.remote.retain(|a| a.instance != state.instance);
         if live.remote.len() >= MAX_INSTANCES {
@@ -532,17 +500,8 @@ impl Relay {
         self.refresh_presence(now, sid);
     }
 
-    /// With Redis: prompts an agent fetched through another instance.
-    pub(super) fn receipts_published(
-        &mut self,
-        sid: &SessionId,
-        instance: &str,
-        ts: UnixMillis,
-        ids: &[String],
-    ) {
-        if self.engine.is_own(instance) {
-            return;
-        }
+    /// Prompts an agent fetched through another instance.
+    pub(super) fn receipts_published(&mut self, sid: &SessionId, ts: UnixMillis, ids: &[String]) {
         // Known here too, for the receipts of a subscriber that connects.
         if let Some(log) = self.store.get(sid) {
             let newest = ids.iter().filter_map(|id| log.prompt_seq(id)).max();
@@ -627,7 +586,7 @@ impl Relay {
                 false
             });
             let parked = here.is_some_and(|p| !p.waiters.is_empty());
-            let step = live.step(at, parked, self.engine.shared());
+            let step = live.step(at, parked);
             let mut later = None;
             step.carry_out(
                 sid,

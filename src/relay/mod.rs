@@ -27,15 +27,15 @@ use std::rc::Rc;
 use log::{debug, info};
 
 pub use crate::error::ApiError;
-pub use crate::store::engine::{Abandon, Engine};
-use crate::store::engine::{Collect, NOBODY, Submit};
+pub use crate::store::engine::Engine;
 pub(crate) use crate::store::model::Write;
 use crate::store::model::{NewPrompt, NewResponse};
+pub use crate::store::seam::Abandon;
+use crate::store::seam::{Collect, NOBODY, Submit};
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
 pub use presence::{Presence, Waiter};
 
 use crate::store::record::Record;
-use crate::store::sqlite::Durable;
 use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
@@ -162,9 +162,8 @@ pub struct Stats {
 /// The store, local presence and the effect outbox.
 pub struct Relay {
     limits: Limits,
-    /// Every session's committed log: the whole state in memory, the
-    /// loop's copy of the database's, or this instance's copy of the
-    /// sessions it serves from Redis.
+    /// Every session's committed log: the whole state, or the copy of
+    /// what the engine stores (the sessions this instance serves).
     store: MemStore,
     /// Where writes are decided and kept (see [`Engine`]).
     engine: Engine,
@@ -191,17 +190,12 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// An empty relay with these limits.
-    pub fn new(limits: Limits) -> Relay {
-        let store = MemStore::new(limits.store());
-        Relay::with_store(limits, store, None)
-    }
-
-    /// A relay over restored state and, with persistence, its storage thread.
-    pub fn with_store(limits: Limits, store: MemStore, durable: Option<Durable>) -> Relay {
+    /// A relay that stores through `engine`, over `store`: what the
+    /// engine restored at start, or empty.
+    pub fn new(limits: Limits, store: MemStore, engine: Engine) -> Relay {
         Relay {
             store,
-            engine: durable.map_or(Engine::Memory, Engine::Durable),
+            engine,
             limits,
             presence: HashMap::new(),
             effects: Vec::new(),
@@ -217,6 +211,12 @@ impl Relay {
         }
     }
 
+    /// An empty relay whose log is the whole state (the memory engine).
+    pub fn in_memory(limits: Limits) -> Relay {
+        let store = MemStore::new(limits.store());
+        Relay::new(limits, store, Engine::default())
+    }
+
     /// The turn's clocks: wall-clock stamps (presence, receipts) are
     /// taken from them.
     pub fn set_clock(&mut self, now: Millis, unix_ms: UnixMillis) {
@@ -225,15 +225,6 @@ impl Relay {
         }
         self.clock = (now, unix_ms);
         self.engine.set_clock(unix_ms);
-    }
-
-    /// A relay whose sessions live in Redis.
-    pub fn with_redis(limits: Limits, redis: crate::store::redis::RedisStore) -> Relay {
-        let store = MemStore::new(limits.store());
-        Relay {
-            engine: Engine::Shared(redis),
-            ..Relay::with_store(limits, store, None)
-        }
     }
 
     /// The ticket of the request just handled, when it waits for the
@@ -530,9 +521,9 @@ impl Relay {
     }
 
     /// Drops sessions nobody here is connected to and nobody touched for the
-    /// TTL (with Redis: forgets the copies nobody here used lately, and
-    /// Redis deletes the sessions past the TTL). Called from the shell's
-    /// periodic sweep.
+    /// TTL (where the engine keeps the sessions for several instances:
+    /// forgets the copies nobody here used lately, and the engine deletes
+    /// the sessions past the TTL). Called from the shell's periodic sweep.
     pub fn collect_idle(&mut self, now: Millis) -> usize {
         let ttl = self.limits.session_ttl_ms;
         let after = self.engine.idle_after(ttl);

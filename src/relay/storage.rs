@@ -2,16 +2,14 @@
 //! on the path every change takes (the log, then the parked polls and
 //! subscribers here) before the requests that waited are answered; reads
 //! that wait for the copy; the sessions waited on here, as the engine asks
-//! about them. Nothing here knows which engine it is.
+//! about them; the engine handed to the shell that drives it. Nothing
+//! here knows which engine it is.
 
 use std::collections::HashMap;
 
-use super::{ApiError, ConnId, Effect, Presence, PromptsQuery, Relay, issue};
+use super::{ApiError, ConnId, Effect, Engine, Presence, PromptsQuery, Relay, issue};
 use crate::store::SessionId;
-use crate::store::engine::{Read, StoreEvent, Waited};
-use crate::store::record::Outcome;
-use crate::store::redis::RedisStore;
-use crate::store::sqlite::StoreStats;
+use crate::store::seam::{Read, StoreEvent, StoreStats, Waited};
 use crate::time::Millis;
 
 impl Waited for HashMap<SessionId, Presence> {
@@ -31,9 +29,10 @@ impl Waited for HashMap<SessionId, Presence> {
 }
 
 impl Relay {
-    /// The Redis engine, for the shell that owns its sockets.
-    pub fn redis(&mut self) -> Option<&mut RedisStore> {
-        self.engine.redis()
+    /// The engine, for the shell that drives its I/O (its sockets, its
+    /// own timers).
+    pub fn engine(&mut self) -> &mut Engine {
+        &mut self.engine
     }
 
     /// Sends this turn's writes to the storage; called at the end of every
@@ -53,7 +52,7 @@ impl Relay {
         self.engine.healthy()
     }
 
-    /// The storage's totals, with persistence or Redis.
+    /// The storage's totals, where the engine keeps any.
     pub fn store_stats(&self) -> Option<&StoreStats> {
         self.engine.stats()
     }
@@ -114,11 +113,6 @@ impl Relay {
                     delivered,
                 } => {
                     let delivered = self.apply(now, records) || delivered;
-                    // Records that may be other instances' are not counted
-                    // as they are applied: a write is counted by its answer.
-                    if !self.engine.applies_own_writes() {
-                        self.count(&result);
-                    }
                     let result = result.map(|o| self.ack(o, delivered));
                     self.effects.push(Effect::Reply { to, result });
                 }
@@ -152,12 +146,7 @@ impl Relay {
                     lit,
                 } => self.part_published(now, &sid, &assistant_msg_id, &client_msg_id, part, &lit),
                 StoreEvent::Agent { sid, state } => self.agent_published(now, &sid, &state),
-                StoreEvent::Receipts {
-                    sid,
-                    instance,
-                    ts,
-                    ids,
-                } => self.receipts_published(&sid, &instance, ts, &ids),
+                StoreEvent::Receipts { sid, ts, ids } => self.receipts_published(&sid, ts, &ids),
                 StoreEvent::LiveRead {
                     sid,
                     drafts,
@@ -168,20 +157,6 @@ impl Relay {
                     }
                 }
             }
-        }
-    }
-
-    /// A new message stored through this instance, counted once here
-    /// (whichever instances' copies apply it).
-    fn count(&mut self, result: &Result<Outcome, ApiError>) {
-        match result {
-            Ok(Outcome::Prompt {
-                duplicate: false, ..
-            }) => self.stats.prompts_stored += 1,
-            Ok(Outcome::Response {
-                duplicate: false, ..
-            }) => self.stats.responses_stored += 1,
-            _ => {}
         }
     }
 

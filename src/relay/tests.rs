@@ -23,13 +23,13 @@ fn limits() -> Limits {
 }
 
 fn relay() -> Relay {
-    Relay::new(limits())
+    Relay::in_memory(limits())
 }
 
 fn relay_with(f: impl FnOnce(&mut Limits)) -> Relay {
     let mut l = limits();
     f(&mut l);
-    Relay::new(l)
+    Relay::in_memory(l)
 }
 
 /// A reply that the in-memory engine gives at once.
@@ -1449,7 +1449,28 @@ fn parked_and_subscribed(r: &mut Relay, sid: &str) {
 // ---- committed records ----
 
 #[test]
-fn records_committed_elsewhere_wake_deliver_and_count_like_a_local_write() {
+fn a_write_is_counted_once_from_its_answer() {
+    let mut r = relay();
+    prompt(&mut r, 0, "s", "p1", "hi");
+    prompt(&mut r, 1, "s", "p1", "hi");
+    respond(&mut r, 2, "s", "p1", "a1", "yo");
+    let resent =
+        json!({"session_id": "s", "client_msg_id": "p1", "assistant_msg_id": "a1", "text": "yo"});
+    post_response(&mut r, 3, resent).unwrap();
+    let s = r.stats();
+    assert_eq!(
+        (
+            s.prompts_stored,
+            s.prompt_duplicates,
+            s.responses_stored,
+            s.response_duplicates
+        ),
+        (1, 1, 1, 1)
+    );
+}
+
+#[test]
+fn records_committed_elsewhere_wake_and_deliver_like_a_local_write() {
     let mut r = relay();
     parked_and_subscribed(&mut r, "s");
     let prompt = Record::Prompt {
@@ -1484,8 +1505,10 @@ fn records_committed_elsewhere_wake_deliver_and_count_like_a_local_write() {
         pending_ids(&mut r, 3, "s").is_empty(),
         "the prompt is answered"
     );
+    // Counted by the instance whose write it was, from its answer: records
+    // may be another instance's writes.
     let s = r.stats();
-    assert_eq!((s.prompts_stored, s.responses_stored), (1, 1));
+    assert_eq!((s.prompts_stored, s.responses_stored), (0, 0));
     r.apply(Millis(4), [Record::Deleted { sid: session("s") }]);
     assert!(!r.has_session("s"));
     assert_eq!(

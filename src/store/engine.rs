@@ -1,5 +1,7 @@
-//! The engine a relay stores through: one of three, behind one type, so the
-//! relay holds one engine and asks it, not which one it is.
+//! The engine a relay stores through: one of three, behind one type, so
+//! the relay holds one engine and asks it questions in its own terms,
+//! never which one it is. This file only dispatches: the words of the
+//! seam are `seam.rs`, and each engine is its own module.
 //!
 //! - [`Engine::Memory`]: the relay's own log decides every write at once
 //!   (it has no state of its own here: the log is the relay's).
@@ -10,7 +12,7 @@
 //!   decides; the relay's log is this instance's copy of the sessions it
 //!   serves.
 //!
-//! The seam, in the relay's terms:
+//! What the relay asks:
 //! - [`submit`](Engine::submit) a write: decided on the copy now
 //!   ([`Submit::Decide`]), or taken under a [`Ticket`] ([`Submit::Wait`]),
 //!   whose request is parked until its answer;
@@ -19,143 +21,56 @@
 //! - [`next_event`](Engine::next_event): what the engine has for the
 //!   relay, one [`StoreEvent`] at a time, each read against the copy as
 //!   the events before it left it: committed records, a session read
-//!   whole, the answer to a ticket, other instances' live state;
-//! - [`collect`](Engine::collect) for the idle sweep, and the deadlines
-//!   of the Redis engine's own timers (`next_deadline`, `tick`).
+//!   whole, the answer to a ticket, other instances' live state (never
+//!   this instance's own, echoed back);
+//! - what waits here: [`listen`](Engine::listen) when someone waits on a
+//!   session, [`watching`](Engine::watching) when its first subscriber
+//!   comes or its last leaves, [`reread`](Engine::reread) and
+//!   [`resync`](Engine::resync) when the copy lost or missed something;
+//! - the agent here: [`announce_agent`](Engine::announce_agent) (the
+//!   engine decides what the other instances are told, and when it must
+//!   be asked again), [`publish_receipts`](Engine::publish_receipts), and
+//!   whether other instances hear of agents at all
+//!   ([`others_hear_agents`](Engine::others_hear_agents));
+//! - the idle sweep: [`idle_after`](Engine::idle_after) and
+//!   [`collect`](Engine::collect);
+//! - a requester that stops waiting [`abandon`](Engine::abandon)s its
+//!   ticket.
 //!
-//! A requester that stops waiting [`abandon`](Engine::abandon)s its
-//! ticket.
+//! What the loop asks: [`set_clock`](Engine::set_clock) each turn,
+//! [`flush`](Engine::flush) the turn's writes, the engine's own work
+//! ([`tick`](Engine::tick), due at [`next_deadline`](Engine::next_deadline)),
+//! [`saturated`](Engine::saturated), [`healthy`](Engine::healthy),
+//! [`stats`](Engine::stats), [`stop`](Engine::stop) at shutdown, and, in
+//! the shell that owns Redis's sockets, [`redis`](Engine::redis).
 
-use super::SessionLog;
 use super::mem::MemStore;
 use super::model::{OwnedWrite, Write};
-use super::record::{Command, Op, Outcome, Record};
-use super::redis::{AgentState, DraftState, RedisStore};
-use super::sqlite::{Durable, STOP_BOUND, StoreStats};
-use super::types::{ConnId, PromptsQuery, SessionId, Ticket};
-use crate::error::ApiError;
-
-/// The connection a write for nobody (the idle sweep) is from.
-pub const NOBODY: ConnId = ConnId {
-    key: u32::MAX,
-    generation: 0,
+use super::record::{Command, Op};
+use super::redis::RedisStore;
+use super::seam::{
+    Abandon, AgentHere, Announced, Collect, Read, StoreEvent, StoreStats, Submit, Waited,
 };
+use super::sqlite::{Durable, STOP_BOUND};
+use super::types::{SessionId, Ticket};
+use crate::error::ApiError;
+use crate::time::Millis;
 
-/// What the engine did with a write.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Submit {
-    /// Decide it on the copy now (the copy is the engine's state, or
-    /// already holds what the write needs, or it is a part of a streamed
-    /// answer decided in memory).
-    Decide,
-    /// Taken under the ticket: its answer comes as an event.
-    Wait,
-}
-
-/// What a read is, for [`Engine::before_read`].
-pub enum Read<'q> {
-    Plain,
-    /// `GET /prompts`: a poll that would park needs no wait where the
-    /// copy follows the session's changes as they are published.
-    Poll(&'q PromptsQuery),
-    /// A WebSocket upgrade: the session's changes are heard from the
-    /// read on, not from the subscription after it.
-    Subscribe,
-}
-
-/// What the idle sweep does with the sessions nobody here used lately.
-pub enum Collect {
-    /// Deleted now (the copy is the whole state).
-    Delete(Vec<SessionId>),
-    /// Forgotten here; the engine keeps them (and deletes them past the
-    /// TTL itself).
-    Forget(Vec<SessionId>),
-    /// Sent to the engine, whose committed deletions come as events.
-    Sent,
-}
-
-/// The sessions someone waits on here (parked polls, subscribers), as the
-/// engine asks about them.
-pub trait Waited {
-    fn waits_on(&self, sid: &str) -> bool;
-    /// How many sessions are waited on.
-    fn count(&self) -> usize;
-    /// Each session waited on, and whether it has subscribers here.
-    fn each(&self, f: &mut dyn FnMut(&SessionId, bool));
-}
-
-/// What an engine has for the relay, in order.
-#[derive(Debug)]
-pub enum StoreEvent {
-    /// Committed changes (this instance's writes, or other instances'),
-    /// applied to the copy and what waits on it here, in order.
-    Records(Vec<Record>),
-    /// A session read whole replaces its copy; with `refill`, what waits
-    /// on it here reads it again (after a `resync` frame when true).
-    Replaced {
-        sid: SessionId,
-        log: Box<SessionLog>,
-        refill: Option<bool>,
-    },
-    /// The answer to a ticket: its `records` are applied first. It was
-    /// `delivered` to a subscriber if an answer among them went to one
-    /// here, or if the engine says one elsewhere has it.
-    Answer {
-        to: Ticket,
-        records: Vec<Record>,
-        result: Result<Outcome, ApiError>,
-        delivered: bool,
-    },
-    /// Run the request again: what it waited for (its session, a read's
-    /// barrier) is in the copy now.
-    Retry(Ticket),
-    /// The engine lost every session (Redis restarted empty or was
-    /// flushed): the copies are dropped, and the sessions waited on here
-    /// are read again ([`Engine::reread`]).
-    Lost,
-    /// A part of a streamed answer appended on another instance.
-    Part {
-        sid: SessionId,
-        assistant_msg_id: String,
-        client_msg_id: String,
-        part: u32,
-        lit: String,
-    },
-    /// An instance's agent state in a session.
-    Agent { sid: SessionId, state: AgentState },
-    /// Prompts an agent fetched through another instance.
-    Receipts {
-        sid: SessionId,
-        instance: String,
-        ts: u64,
-        ids: Vec<String>,
-    },
-    /// A session's open drafts and agent states, read with it.
-    LiveRead {
-        sid: SessionId,
-        drafts: Vec<DraftState>,
-        agents: Vec<AgentState>,
-    },
-}
-
+/// The engine a relay stores through (see the module doc). The default
+/// is the memory engine, as for a server started with neither a data
+/// directory nor Redis.
 // One per process: its size costs nothing, and a box would add an
 // indirection to every write.
 #[allow(clippy::large_enum_variant)]
+#[derive(Default)]
 pub enum Engine {
+    /// The relay's own log decides every write at once.
+    #[default]
     Memory,
+    /// SQLite, on the storage thread.
     Durable(Durable),
+    /// Redis, shared by several instances.
     Shared(RedisStore),
-}
-
-/// What became of a write whose requester stopped waiting for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Abandon {
-    /// The storage had not taken it yet, and now never will: answering
-    /// `503` is the truth.
-    Cancelled,
-    /// The storage holds it (a transaction being committed, a script sent
-    /// to Redis): only the storage can say whether it is stored.
-    InFlight,
 }
 
 impl Engine {
@@ -301,6 +216,23 @@ impl Engine {
         }
     }
 
+    /// When the engine has work of its own next (Redis's health probe);
+    /// the loop sleeps no longer.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        match self {
+            Engine::Shared(r) => r.next_deadline(),
+            _ => None,
+        }
+    }
+
+    /// The engine's own work that is due (Redis's health probe); called
+    /// at the end of every loop turn.
+    pub fn tick(&mut self, now: Millis) {
+        if let Engine::Shared(r) = self {
+            r.tick(now);
+        }
+    }
+
     /// The turn's wall clock (unix ms), for the activity a Redis write
     /// records.
     pub fn set_clock(&mut self, unix_ms: u64) {
@@ -309,18 +241,30 @@ impl Engine {
         }
     }
 
-    /// Whether other instances share the sessions (and their changes,
-    /// parts, agent states and receipts come as published events).
-    pub fn shared(&self) -> bool {
+    /// Whether other instances hear of this one's agents (their presence
+    /// and the prompts they fetched): when none do, an agent that stays
+    /// online here changes nothing anyone must be told.
+    pub fn others_hear_agents(&self) -> bool {
         matches!(self, Engine::Shared(_))
     }
 
-    /// Tells the other instances this one's agent state in `sid`: online
-    /// until `until` (unix ms; 0: offline), last seen at `seen`. Alone,
-    /// there is nobody to tell.
-    pub fn announce_agent(&mut self, sid: &SessionId, until: u64, seen: u64) {
-        if let Engine::Shared(r) = self {
-            r.agent(sid, until, seen);
+    /// This instance's agent in `sid` is `here` at `unix_ms`, last seen
+    /// at `seen`: the other instances that serve `sid` are told what they
+    /// must know of it (`told`: what they were told before). Returns in
+    /// how many ms to call again while nothing changes, if the engine
+    /// needs that (a lease to renew). Alone, there is nobody to tell.
+    pub fn announce_agent(
+        &mut self,
+        sid: &SessionId,
+        told: &mut Announced,
+        here: AgentHere,
+        seen: u64,
+        unix_ms: u64,
+        grace_ms: u64,
+    ) -> Option<u64> {
+        match self {
+            Engine::Shared(r) => r.announce_agent(sid, told, here, seen, unix_ms, grace_ms),
+            _ => None,
         }
     }
 
@@ -330,18 +274,6 @@ impl Engine {
         if let Engine::Shared(r) = self {
             r.receipts(sid, ts, ids);
         }
-    }
-
-    /// Whether a published change named `instance` came from this one.
-    pub fn is_own(&self, instance: &str) -> bool {
-        matches!(self, Engine::Shared(r) if r.instance() == instance)
-    }
-
-    /// Whether the records the relay applies are its own writes, counted
-    /// and logged as they are applied. With Redis, records also come from
-    /// other instances: a write is counted when Redis answers it.
-    pub fn applies_own_writes(&self) -> bool {
-        !matches!(self, Engine::Shared(_))
     }
 
     /// The requester of `ticket` stops waiting (its storage timeout, or a

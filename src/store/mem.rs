@@ -44,8 +44,6 @@ pub enum Applied {
     /// A prompt was stored: wake the session's parked polls.
     Prompt {
         sid: SessionId,
-        seq: Seq,
-        client_msg_id: Rc<str>,
     },
     /// An answer was stored: deliver its frame.
     Response {
@@ -54,7 +52,6 @@ pub enum Applied {
         /// The previous assistant message's `seq` (0 if none).
         prev: Seq,
         frame: Rc<[u8]>,
-        client_msg_id: Rc<str>,
         assistant_msg_id: Rc<str>,
     },
     /// The session is gone: answer its polls 404, close its subscribers.
@@ -181,7 +178,9 @@ impl MemStore {
                     }
                     debug!(session_id = p.session_id.as_str(), client_msg_id = id.as_str(); "duplicate prompt");
                     return Ok(Outcome::Prompt {
+                        sid: p.session_id,
                         id,
+                        seq: Seq(0),
                         duplicate: true,
                     });
                 }
@@ -215,14 +214,16 @@ impl MemStore {
         }
         .data();
         out.push(Record::Prompt {
-            sid: p.session_id,
+            sid: p.session_id.clone(),
             seq,
             ts,
             client_msg_id: id.clone(),
             data,
         });
         Ok(Outcome::Prompt {
+            sid: p.session_id,
             id,
+            seq,
             duplicate: false,
         })
     }
@@ -255,7 +256,9 @@ impl MemStore {
                 }
                 if prev.text() == decode(r.text.get()) {
                     return Ok(Outcome::Response {
+                        sid: r.session_id,
                         id,
+                        seq: Seq(0),
                         duplicate: true,
                     });
                 }
@@ -278,7 +281,7 @@ impl MemStore {
         }
         .framed();
         out.push(Record::Response {
-            sid: r.session_id,
+            sid: r.session_id.clone(),
             seq,
             ts,
             client_msg_id: r.client_msg_id,
@@ -286,7 +289,9 @@ impl MemStore {
             data,
         });
         Ok(Outcome::Response {
+            sid: r.session_id,
             id,
+            seq,
             duplicate: false,
         })
     }
@@ -385,14 +390,9 @@ impl MemStore {
                     return Applied::Nothing;
                 };
                 log.last_active = now;
-                let client_msg_id: Rc<str> = Rc::from(client_msg_id);
-                let msg = Message::prompt_with(client_msg_id.clone(), seq, ts, data.into_bytes());
+                let msg = Message::prompt_with(Rc::from(client_msg_id), seq, ts, data.into_bytes());
                 log.append_prompt(msg, limit);
-                Applied::Prompt {
-                    sid,
-                    seq,
-                    client_msg_id,
-                }
+                Applied::Prompt { sid }
             }
             Record::Response {
                 sid,
@@ -410,7 +410,7 @@ impl MemStore {
                     .prompt_id(&client_msg_id)
                     .unwrap_or_else(|| Rc::from(client_msg_id));
                 let aid: Rc<str> = Rc::from(assistant_msg_id);
-                let msg = Message::assistant_framed(cid.clone(), aid.clone(), seq, ts, data);
+                let msg = Message::assistant_framed(cid, aid.clone(), seq, ts, data);
                 let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
                 let prev = log.append_response(msg, limit);
                 Applied::Response {
@@ -418,7 +418,6 @@ impl MemStore {
                     seq,
                     prev,
                     frame,
-                    client_msg_id: cid,
                     assistant_msg_id: aid,
                 }
             }
@@ -551,7 +550,9 @@ mod tests {
         assert_eq!(
             outcome,
             Outcome::Prompt {
+                sid: SessionId::new("s").unwrap(),
                 id: "p1".into(),
+                seq: Seq(1),
                 duplicate: false
             }
         );
@@ -569,7 +570,9 @@ mod tests {
         assert_eq!(
             again,
             Outcome::Prompt {
+                sid: SessionId::new("s").unwrap(),
                 id: "p1".into(),
+                seq: Seq(0),
                 duplicate: true
             }
         );

@@ -13,8 +13,12 @@
 //!   persistence, the loop's copy of the committed state.
 //! - [`record`]: the commands that cross to the storage thread, and the
 //!   outcomes and committed changes every engine answers with.
-//! - [`engine`]: the one type the relay stores through, and what it
-//!   gives back ([`engine::StoreEvent`]).
+//! - [`seam`]: the words the relay and every engine share (what a write
+//!   became, what a read waits for, the events an engine gives back,
+//!   [`seam::StoreEvent`]), below every engine, so no engine names
+//!   another or the dispatcher.
+//! - [`engine`]: the one type the relay stores through, which only
+//!   dispatches to the engine it holds.
 //! - [`redis`]: sessions shared by several instances.
 //! - [`sqlite`]: persistence on one machine (the storage thread).
 //! - [`types`]: the keys of the log ([`SessionId`], [`Seq`]).
@@ -28,6 +32,7 @@ pub mod model;
 mod pending;
 pub mod record;
 pub mod redis;
+pub mod seam;
 pub mod sqlite;
 pub mod types;
 

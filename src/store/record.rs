@@ -33,15 +33,22 @@ pub enum Op {
     Collect { sids: Vec<SessionId> },
 }
 
-/// The outcome of one write, for its requester.
+/// The outcome of one write, for its requester. A prompt or an answer
+/// names its session and its `seq` (`Seq(0)` for a resend: its place is
+/// not looked up), so that what was stored is counted and logged from the
+/// outcome, whichever engine decided it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
     Prompt {
+        sid: SessionId,
         id: String,
+        seq: Seq,
         duplicate: bool,
     },
     Response {
+        sid: SessionId,
         id: String,
+        seq: Seq,
         duplicate: bool,
     },
     /// A part of a streamed answer, appended to its draft.
@@ -64,10 +71,11 @@ impl Outcome {
     /// empty and never sent.
     pub fn ack(&self, delivered: bool) -> Vec<u8> {
         match self {
-            Outcome::Prompt { id, duplicate } => prompt_ack(id, *duplicate),
+            Outcome::Prompt { id, duplicate, .. } => prompt_ack(id, *duplicate),
             Outcome::Response {
                 id,
                 duplicate: true,
+                ..
             } => duplicate_ack(id),
             Outcome::Response { id, .. } => response_ack(id, delivered),
             Outcome::Part { id } => partial_ack(id, delivered),

@@ -254,10 +254,26 @@ impl RedisStore {
             }
         };
         let dup = status == "dup";
+        // Redis ran the write alone: a new message's seq is the last the
+        // answer's session holds.
+        let seq = match &snapshot.head {
+            Some(h) if !dup => h.next.before(),
+            _ => Seq(0),
+        };
         let then = match status.as_str() {
             "ok" | "dup" => match write {
-                Write::Prompt { id } => Then::Reply(Ok(Outcome::Prompt { id, duplicate: dup })),
-                Write::Response { id } => Then::Reply(Ok(Outcome::Response { id, duplicate: dup })),
+                Write::Prompt { id } => Then::Reply(Ok(Outcome::Prompt {
+                    sid,
+                    id,
+                    seq,
+                    duplicate: dup,
+                })),
+                Write::Response { id } => Then::Reply(Ok(Outcome::Response {
+                    sid,
+                    id,
+                    seq,
+                    duplicate: dup,
+                })),
                 Write::Part { id } => Then::Reply(Ok(Outcome::Part { id })),
                 Write::Create { put: false } => Then::Retry,
                 Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {

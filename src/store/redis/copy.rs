@@ -11,17 +11,17 @@
 
 use std::rc::Rc;
 
-use log::{debug, info};
+use log::info;
 
-use super::reply::{AgentState, DraftState, Event, Head, Msg, Snapshot};
+use super::reply::{Event, Head, Msg};
 use super::{Answered, Known, RedisStore, Then};
 use crate::error::ApiError;
 use crate::store::SessionLog;
-use crate::store::engine::{Read, StoreEvent, Waited};
 use crate::store::mem::MemStore;
 use crate::store::message::{Framed, Message};
 use crate::store::model::Write as Change;
 use crate::store::record::{Outcome, Record};
+use crate::store::seam::{AgentState, DraftState, Read, StoreEvent, Waited};
 use crate::store::types::{SessionId, Ticket};
 use crate::time::Millis;
 
@@ -174,34 +174,6 @@ impl RedisStore {
     /// requester's answer.
     #[inline(never)]
     fn answered(&mut self, copy: &MemStore, a: Answered) {
-        // A new message stored through this instance: logged here, once,
-        // whichever instances' copies apply it (and counted by the relay
-        // as it takes the answer). Redis ran the
-        // write alone, so its seq is the last the answer's session holds.
-        if let (
-            Then::Reply(Ok(o)),
-            Some(Snapshot {
-                sid, head: Some(h), ..
-            }),
-        ) = (&a.then, &a.snapshot)
-        {
-            let seq = h.next.get().saturating_sub(1);
-            match o {
-                Outcome::Prompt {
-                    id,
-                    duplicate: false,
-                } => {
-                    debug!(session_id = sid.as_str(), client_msg_id = id.as_str(), seq = seq; "prompt stored");
-                }
-                Outcome::Response {
-                    id,
-                    duplicate: false,
-                } => {
-                    debug!(session_id = sid.as_str(), assistant_msg_id = id.as_str(), seq = seq; "response posted");
-                }
-                _ => {}
-            }
-        }
         let (records, live) = match a.snapshot {
             Some(s) => {
                 let key = s.sid.clone();
@@ -246,7 +218,9 @@ impl RedisStore {
     }
 
     fn live_read(&mut self, live: Option<(SessionId, Vec<DraftState>, Vec<AgentState>)>) {
-        if let Some((sid, drafts, agents)) = live {
+        if let Some((sid, drafts, mut agents)) = live {
+            // This instance's own state is the relay's already.
+            agents.retain(|a| a.instance != self.instance);
             // Taken if the copy holds the session once the log is applied.
             self.ready.push_back(StoreEvent::LiveRead {
                 sid,
@@ -372,8 +346,10 @@ impl RedisStore {
                 }
                 return;
             }
+            // This instance's own agent states and receipts are known
+            // here already: only the other instances' are news.
             Event::Agent { sid, state } => {
-                if copy.contains(&sid) {
+                if copy.contains(&sid) && state.instance != self.instance {
                     self.ready.push_back(StoreEvent::Agent { sid, state });
                 }
                 return;
@@ -384,12 +360,10 @@ impl RedisStore {
                 ts,
                 ids,
             } => {
-                self.ready.push_back(StoreEvent::Receipts {
-                    sid,
-                    instance,
-                    ts,
-                    ids,
-                });
+                if instance == self.instance {
+                    return;
+                }
+                self.ready.push_back(StoreEvent::Receipts { sid, ts, ids });
                 return;
             }
             e => e,

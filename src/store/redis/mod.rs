@@ -61,6 +61,7 @@ mod codec;
 mod copy;
 mod follow;
 mod health;
+mod lease;
 mod reply;
 mod url;
 
@@ -71,13 +72,12 @@ use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
 
 pub use health::{Trouble, note};
-pub use reply::{AgentState, DraftState, Event, Head, Msg, Snapshot};
+pub use reply::{Event, Head, Msg, Snapshot};
 pub use url::RedisUrl;
 
-use super::engine::StoreEvent;
 use super::mem::{IdGen, StoreLimits};
 use super::record::Outcome;
-use super::sqlite::StoreStats;
+use super::seam::{StoreEvent, StoreStats};
 use super::types::SessionId;
 use crate::error::ApiError;
 use crate::store::types::Ticket;
@@ -287,7 +287,9 @@ pub struct RedisStore {
     pub stats: StoreStats,
     /// The wall clock of the loop turn (unix ms): activity and the TTL.
     unix_ms: u64,
-    /// This instance's name in Redis (a UUID chosen at start).
+    /// This instance's name in Redis (a UUID chosen at start): the
+    /// agent states and receipts published under it are this instance's
+    /// own, and are not handed to the relay again.
     instance: String,
     health: Health,
 }
@@ -834,16 +836,6 @@ impl RedisStore {
         self.expect.push_back(Expect::Prompts(waiting));
     }
 
-    /// This instance's agent state in `sid`: online until `until` (unix
-    /// ms; 0: offline), last seen at `seen`. Stored for instances that
-    /// start serving the session later, and published to the others.
-    pub fn agent(&mut self, sid: &SessionId, until: u64, seen: u64) {
-        let (until, seen) = (until.to_string(), seen.to_string());
-        let instance = self.instance.clone();
-        let extra: [&[u8]; 3] = [instance.as_bytes(), until.as_bytes(), seen.as_bytes()];
-        self.call(sid, Op::Agent, Known::default(), &extra, Expect::Quiet);
-    }
-
     /// Prompts of `sid` an agent fetched here for the first time: told
     /// to the other instances' subscribers (published, nothing stored).
     pub fn receipts(&mut self, sid: &SessionId, ts: u64, ids: &[&str]) {
@@ -862,12 +854,6 @@ impl RedisStore {
             &[b"PUBLISH", channel.as_bytes(), msg.as_bytes()],
         );
         self.expect.push_back(Expect::Quiet);
-    }
-
-    /// This instance's name in Redis: its own published agent states and
-    /// receipts are known here already.
-    pub fn instance(&self) -> &str {
-        &self.instance
     }
 
     /// Reads what the copy of `sid` lacks; `conn`'s request runs again

@@ -5,6 +5,7 @@
 use redis_protocol::resp2::types::OwnedFrame;
 
 use super::health::Health;
+use crate::store::seam::{AgentState, DraftState};
 use crate::store::types::{Seq, SessionId};
 
 /// A session as Redis holds it after a call: what the caller's copy lacks.
@@ -19,28 +20,6 @@ pub struct Snapshot {
     /// A read (`sync`) also brings the open drafts and the instances'
     /// agent states; `None` for a write's answer.
     pub live: Option<(Vec<DraftState>, Vec<AgentState>)>,
-}
-
-/// A draft as Redis holds it.
-#[derive(Debug, PartialEq, Eq)]
-pub struct DraftState {
-    pub assistant_msg_id: String,
-    pub client_msg_id: String,
-    pub parts: u32,
-    pub bytes: usize,
-    /// Unix ms.
-    pub deadline: u64,
-    /// The text as the inside of a JSON string literal.
-    pub escaped: String,
-}
-
-/// One instance's agent state in a session.
-#[derive(Debug, PartialEq, Eq)]
-pub struct AgentState {
-    pub instance: String,
-    /// Online until then (unix ms).
-    pub until: u64,
-    pub seen: u64,
 }
 
 /// A session's counters.

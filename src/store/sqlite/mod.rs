@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 use log::{error, info, warn};
 use rusqlite::{Connection, OpenFlags};
 
-use super::engine::{NOBODY, StoreEvent};
 use super::mem::{MemStore, StoreLimits};
 use super::record::{Command, Done, Outcome, Record};
+use super::seam::{NOBODY, StoreEvent, StoreStats};
 use crate::error::ApiError;
 use crate::time::Millis;
 
@@ -530,15 +530,6 @@ pub struct Committed {
     pub micros: u64,
     /// It committed (else it rolled back and every command got 503).
     pub ok: bool,
-}
-
-/// What the storage thread did since start, for `/metrics`.
-#[derive(Clone, Debug, Default)]
-pub struct StoreStats {
-    pub commits: u64,
-    pub commands: u64,
-    pub errors: u64,
-    pub commit_time: crate::histogram::Histogram,
 }
 
 /// Commands taken into one transaction at most.
