@@ -240,7 +240,7 @@ impl Relay {
         let Some(prompt) = log.prompt_id(&r.client_msg_id) else {
             return Err(ApiError::prompt_not_found());
         };
-        let lit = r.text.get();
+        let lit = &*r.text;
         let bytes = decoded_len(lit);
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
         let max_drafts = self.limits.max_pending;
@@ -266,7 +266,7 @@ impl Relay {
                     return Err(ApiError::too_large_field());
                 }
                 live.drafts
-                    .push(Draft::new(Rc::from(id.as_str()), prompt, deadline));
+                    .push(Draft::new(Rc::from(&*id), prompt, deadline));
                 live.drafts.len() - 1
             }
         };

@@ -21,6 +21,7 @@ mod live;
 pub mod presence;
 mod storage;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -393,7 +394,10 @@ impl Relay {
         if !self.store.contains(sid) {
             // Created first; with a storage, the upgrade is run again once
             // the storage created it. (A creation has no `ts`.)
-            let create = Write::Create { sid, put: false };
+            let create = Write::Create {
+                sid: Cow::Borrowed(sid),
+                put: false,
+            };
             if self.write(now, 0, conn, create)? == Reply::Wait {
                 return Ok(None);
             }
@@ -484,7 +488,11 @@ impl Relay {
         conn: ConnId,
         sid: &SessionId,
     ) -> Result<Reply, ApiError> {
-        self.write(now, 0, conn, Write::Create { sid, put: true })
+        let create = Write::Create {
+            sid: Cow::Borrowed(sid),
+            put: true,
+        };
+        self.write(now, 0, conn, create)
     }
 
     /// `DELETE /sessions/{sid}`: parked polls get 404, subscribers close 1000.
@@ -494,7 +502,10 @@ impl Relay {
         conn: ConnId,
         sid: &str,
     ) -> Result<Reply, ApiError> {
-        self.write(now, 0, conn, Write::Delete { sid })
+        let delete = Write::Delete {
+            sid: Cow::Borrowed(sid),
+        };
+        self.write(now, 0, conn, delete)
     }
 
     /// Every write, validated: handed to the engine. In memory (and for a
@@ -521,8 +532,8 @@ impl Relay {
         match w {
             Write::Part(r) => self.post_partial(now, r),
             Write::Delete { sid } => {
-                let reply = self.commit_now(now, |store, out| store.delete(sid, out))?;
-                info!(session_id = sid; "session deleted");
+                let reply = self.commit_now(now, |store, out| store.delete(&sid, out))?;
+                info!(session_id = &*sid; "session deleted");
                 Ok(reply)
             }
             w => self.commit_now(now, |store, out| store.decide(now, unix_ms, w, out)),

@@ -28,7 +28,7 @@
 
 use super::SessionLog;
 use super::mem::MemStore;
-use super::model::{OwnedWrite, Write};
+use super::model::Write;
 use super::record::{Command, Op, Outcome, Record};
 use super::redis::{AgentState, DraftState, RedisStore};
 use super::sqlite::{Durable, STOP_BOUND, StoreStats};
@@ -192,7 +192,7 @@ impl Engine {
             Engine::Durable(d) => {
                 d.submit(Command {
                     ticket: ticket(),
-                    op: Op::Write(OwnedWrite::of(w, unix_ms)),
+                    op: Op::Write(w.clone().into_owned(unix_ms)),
                 });
                 Ok(Submit::Wait)
             }

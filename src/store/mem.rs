@@ -17,13 +17,13 @@ use uuid::Builder;
 
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
-use super::model::{NewPrompt, NewResponse, Write};
+use super::model::{GivenId, NewPrompt, NewResponse, Write};
 use super::record::{Outcome, Record};
 use super::types::MessagesQuery;
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
 use crate::time::{Millis, UnixMillis};
-use crate::wire::{Raw, decode, push_json_str};
+use crate::wire::{decode, push_json_str};
 
 /// The limits the engine enforces.
 #[derive(Clone, Copy, Debug)]
@@ -143,8 +143,8 @@ impl MemStore {
         match w {
             Write::Prompt(p) => self.prompt(now, unix_ms, p, out),
             Write::Response(r) => self.response(now, unix_ms, r, out),
-            Write::Create { sid, put } => self.create(now, sid, put, out),
-            Write::Delete { sid } => self.delete(sid, out),
+            Write::Create { sid, put } => self.create(now, &sid, put, out),
+            Write::Delete { sid } => self.delete(&sid, out),
             // A part goes to its draft, which is the relay's live state
             // (`relay/live.rs`) and never the log's.
             Write::Part(_) => Err(ApiError::storage_unavailable()),
@@ -174,9 +174,7 @@ impl MemStore {
                     // text under the same id is a mistake the client is
                     // told of. Once only the id is remembered, a resend is
                     // all it can be.
-                    if s.prompt_text(&id)
-                        .is_some_and(|t| t != decode(p.prompt.get()))
-                    {
+                    if s.prompt_text(&id).is_some_and(|t| t != decode(&p.prompt)) {
                         return Err(ApiError::prompt_conflict());
                     }
                     debug!(session_id = p.session_id.as_str(), client_msg_id = id.as_str(); "duplicate prompt");
@@ -208,8 +206,8 @@ impl MemStore {
             session_id: &p.session_id,
             id_literal: &id_literal,
             prompt_id: None,
-            text: p.prompt.get(),
-            metadata: p.metadata.map(|m| m.get()),
+            text: &p.prompt,
+            metadata: p.metadata.as_deref(),
             ts,
             seq,
         }
@@ -253,7 +251,7 @@ impl MemStore {
                     log::error!(session_id = r.session_id.as_str(), seq = seq; "stored message damaged; its resend answered 500");
                     return Err(ApiError::stored_message_damaged(seq));
                 }
-                if prev.text() == decode(r.text.get()) {
+                if prev.text() == decode(&r.text) {
                     return Ok(Outcome::Response {
                         id,
                         duplicate: true,
@@ -271,8 +269,8 @@ impl MemStore {
             session_id: &r.session_id,
             id_literal: &id_literal,
             prompt_id: Some(&r.client_msg_id),
-            text: r.text.get(),
-            metadata: r.metadata.map(|m| m.get()),
+            text: &r.text,
+            metadata: r.metadata.as_deref(),
             ts,
             seq,
         }
@@ -281,7 +279,7 @@ impl MemStore {
             sid: r.session_id,
             seq,
             ts,
-            client_msg_id: r.client_msg_id,
+            client_msg_id: r.client_msg_id.into_owned(),
             assistant_msg_id: id.clone(),
             data,
         });
@@ -510,11 +508,11 @@ impl Default for IdGen {
 /// A message id as the client sent it, with its JSON literal spelled as
 /// sent, or else a new UUID and its literal.
 pub(super) fn id_and_literal<'a>(
-    given: Option<(String, Raw<'a>)>,
+    given: Option<GivenId<'a>>,
     ids: &mut IdGen,
 ) -> (String, Cow<'a, str>) {
     match given {
-        Some((id, raw)) => (id, Cow::Borrowed(raw.get())),
+        Some((id, lit)) => (id.into_owned(), lit),
         None => {
             let uuid = ids.uuid();
             let mut lit = String::with_capacity(uuid.len() + 2);

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::message::Framed;
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
-use crate::store::model::OwnedWrite;
+use crate::store::model::Write;
 use crate::store::types::Ticket;
 use crate::wire::{push_json_str, to_json};
 
@@ -27,8 +27,8 @@ pub struct Command {
 /// What the storage thread is sent.
 #[derive(Debug)]
 pub enum Op {
-    /// A client's write.
-    Write(OwnedWrite),
+    /// A client's write, owned ([`Write::into_owned`]).
+    Write(Write<'static>),
     /// Sessions the loop found idle past the TTL.
     Collect { sids: Vec<SessionId> },
 }

@@ -2,11 +2,14 @@
 //! values first, then each field checked by hand, so every error names its
 //! field with the contract's text. The one-pass scan ([`scan::fields`])
 //! reads the common body; serde reads the rest and words its errors.
+//! Accepted texts stay the literals the client sent, borrowed from the body.
+
+use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{MAX_ID_BYTES, MAX_TEXT_BYTES, NewPrompt, NewResponse, metadata_check, scan};
+use super::{GivenId, MAX_ID_BYTES, MAX_TEXT_BYTES, NewPrompt, NewResponse, metadata_check, scan};
 use crate::error::ApiError;
 use crate::store::SessionId;
 use crate::time::UnixMillis;
@@ -99,13 +102,15 @@ fn required<'a>(v: Option<Raw<'a>>, name: &str) -> Result<Raw<'a>, ApiError> {
     }
 }
 
-fn string(raw: Raw, name: &str) -> Result<String, ApiError> {
+/// A string, decoded: borrowed from the body when it holds no escapes.
+fn string<'a>(raw: Raw<'a>, name: &str) -> Result<Cow<'a, str>, ApiError> {
     // A string literal without escapes (serde has checked its syntax) is
     // its text in quotes: no decoding needed.
     if let Some(text) = plain_string(raw) {
-        return Ok(text.to_string());
+        return Ok(Cow::Borrowed(text));
     }
     serde_json::from_str::<String>(raw.get())
+        .map(Cow::Owned)
         .map_err(|_| ApiError::bad_request(format!("Invalid {name}: must be a string")))
 }
 
@@ -129,7 +134,7 @@ fn session_id(raw: Option<Raw>) -> Result<SessionId, ApiError> {
 }
 
 /// A string of at most 128 KiB once decoded, kept as its raw literal.
-fn text<'a>(raw: Raw<'a>, name: &str) -> Result<Raw<'a>, ApiError> {
+fn text<'a>(raw: Raw<'a>, name: &str) -> Result<Cow<'a, str>, ApiError> {
     let lit = raw.get();
     if !lit.starts_with('"') {
         return Err(ApiError::bad_request(format!(
@@ -145,17 +150,17 @@ fn text<'a>(raw: Raw<'a>, name: &str) -> Result<Raw<'a>, ApiError> {
         if decoded.len() > MAX_TEXT_BYTES {
             return Err(ApiError::too_large_field());
         }
-        return Ok(raw);
+        return Ok(Cow::Borrowed(lit));
     }
     // Other escapes only shrink a string when decoded: a short literal is
     // in bounds without decoding.
     if lit.len() - 2 > MAX_TEXT_BYTES && string(raw, name)?.len() > MAX_TEXT_BYTES {
         return Err(ApiError::too_large_field());
     }
-    Ok(raw)
+    Ok(Cow::Borrowed(lit))
 }
 
-fn message_id<'a>(raw: Option<Raw<'a>>, name: &str) -> Result<Option<(String, Raw<'a>)>, ApiError> {
+fn message_id<'a>(raw: Option<Raw<'a>>, name: &str) -> Result<Option<GivenId<'a>>, ApiError> {
     let Some(raw) = raw.filter(|r| r.get() != "null") else {
         return Ok(None);
     };
@@ -165,10 +170,10 @@ fn message_id<'a>(raw: Option<Raw<'a>>, name: &str) -> Result<Option<(String, Ra
             "Invalid {name}: must be 1 to {MAX_ID_BYTES} bytes"
         )));
     }
-    Ok(Some((s, raw)))
+    Ok(Some((s, Cow::Borrowed(raw.get()))))
 }
 
-fn metadata(raw: Option<Raw>) -> Result<Option<Raw>, ApiError> {
+fn metadata(raw: Option<Raw<'_>>) -> Result<Option<Cow<'_, str>>, ApiError> {
     match raw {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
@@ -181,7 +186,7 @@ fn metadata(raw: Option<Raw>) -> Result<Option<Raw>, ApiError> {
                 serde_json::from_str::<serde_json::Value>(r.get())
                     .map_err(|e| ApiError::invalid_json(e.to_string()))?;
             }
-            Ok(Some(r))
+            Ok(Some(Cow::Borrowed(r.get())))
         }
         Some(_) => Err(ApiError::bad_request("Invalid metadata: must be an object")),
     }
@@ -511,7 +516,7 @@ mod tests {
             br#"{"session_id":"a","prompt":"\ud83d\ude00 \u00e9","metadata":{"k":"\u00e9"}}"#,
         )
         .unwrap();
-        assert_eq!(p.prompt.get(), r#""\ud83d\ude00 \u00e9""#);
+        assert_eq!(p.prompt, r#""\ud83d\ude00 \u00e9""#);
     }
 
     #[test]
