@@ -35,7 +35,7 @@ use crate::store::model::{NewPrompt, NewResponse};
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
 pub use presence::{Presence, Waiter};
 
-use crate::store::record::Record;
+use crate::store::record::{Outcome, Record};
 use crate::store::sqlite::Durable;
 use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
@@ -509,10 +509,10 @@ impl Relay {
     }
 
     /// Every write, validated: handed to the engine. In memory (and for a
-    /// session the loop's copy of the database holds already) it is
-    /// decided, applied and answered at once; a storage takes it with a
-    /// ticket, and the request waits for the answer to that ticket
-    /// ([`Reply::Wait`]).
+    /// session the loop's copy of the database holds already, or a part of
+    /// a streamed answer) it is decided by [`MemStore::decide`], applied
+    /// and answered at once; a storage takes it with a ticket, and the
+    /// request waits for the answer to that ticket ([`Reply::Wait`]).
     pub fn write(
         &mut self,
         now: Millis,
@@ -529,15 +529,23 @@ impl Relay {
         if self.engine.submit(&self.store, ticket, &w, unix_ms)? == Submit::Wait {
             return Ok(Reply::Wait);
         }
-        match w {
-            Write::Part(r) => self.post_partial(now, r),
-            Write::Delete { sid } => {
-                let reply = self.commit_now(now, |store, out| store.delete(&sid, out))?;
-                info!(session_id = &*sid; "session deleted");
-                Ok(reply)
+        let decided = match w {
+            // Decided like any write, on a view: the relay keeps the part
+            // for its draft.
+            Write::Part(r) => {
+                let view = Write::Part(r.view());
+                match self.decide_now(now, |store, out| store.decide(now, unix_ms, view, out))? {
+                    (Outcome::Part { id }, _) => return self.post_partial(now, r, id),
+                    decided => decided,
+                }
             }
-            w => self.commit_now(now, |store, out| store.decide(now, unix_ms, w, out)),
+            w => self.decide_now(now, |store, out| store.decide(now, unix_ms, w, out))?,
+        };
+        let (outcome, delivered) = decided;
+        if let Outcome::Deleted { sid } = &outcome {
+            info!(session_id = sid.as_str(); "session deleted");
         }
+        Ok(Reply::Now(self.ack(outcome, delivered)))
     }
 
     /// Drops sessions nobody here is connected to and nobody touched for the

@@ -131,8 +131,8 @@ impl MemStore {
     }
 
     /// A client's write, decided by its rule below: its outcome, and its
-    /// records pushed onto `out`. The one entry for every write the log
-    /// decides, here and on the storage thread.
+    /// records pushed onto `out`. The one entry for every write, here and
+    /// on the storage thread.
     pub fn decide(
         &mut self,
         now: Millis,
@@ -143,11 +143,9 @@ impl MemStore {
         match w {
             Write::Prompt(p) => self.prompt(now, unix_ms, p, out),
             Write::Response(r) => self.response(now, unix_ms, r, out),
+            Write::Part(r) => self.part(now, r),
             Write::Create { sid, put } => self.create(now, &sid, put, out),
             Write::Delete { sid } => self.delete(&sid, out),
-            // A part goes to its draft, which is the relay's live state
-            // (`relay/live.rs`) and never the log's.
-            Write::Part(_) => Err(ApiError::storage_unavailable()),
         }
     }
 
@@ -289,6 +287,29 @@ impl MemStore {
         })
     }
 
+    /// A part of a streamed answer (`POST /response` with `"partial":
+    /// true`), decided by what the log says of it: 404 for the session, 409
+    /// if an answer with its id is stored, 404 for the prompt. It changes
+    /// no log, so it has no records: the relay appends it to its draft,
+    /// which is live state no engine but Redis keeps (`relay/live.rs`),
+    /// and that draft's own rules (its prompt, its size, the draft cap)
+    /// come after these.
+    pub fn part(&mut self, now: Millis, r: NewResponse) -> Result<Outcome, ApiError> {
+        let s = self.existing(now, &r.session_id)?;
+        let Some((id, _)) = r.assistant_msg_id else {
+            return Err(ApiError::missing_field("assistant_msg_id"));
+        };
+        if s.response(&id).is_some() {
+            return Err(ApiError::conflict());
+        }
+        if !s.has_prompt(&r.client_msg_id) {
+            return Err(ApiError::prompt_not_found());
+        }
+        Ok(Outcome::Part {
+            id: id.into_owned(),
+        })
+    }
+
     /// A session to create if needed (`PUT /sessions`, `put`, or a
     /// WebSocket connect), decided: an existing one is touched as active,
     /// a new one gets a fresh epoch (503 at the session cap).
@@ -327,7 +348,7 @@ impl MemStore {
     pub fn delete(&self, sid: &str, out: &mut Vec<Record>) -> Result<Outcome, ApiError> {
         let sid = self.key(sid).ok_or_else(ApiError::session_not_found)?;
         out.push(Record::Deleted { sid: sid.clone() });
-        Ok(Outcome::Deleted)
+        Ok(Outcome::Deleted { sid: sid.clone() })
     }
 
     /// The periodic sweep, decided: a deletion for every session `idle`
@@ -594,5 +615,36 @@ mod tests {
         );
         assert!(m.delete("t", &mut out).is_err());
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_part_and_a_deletion_are_decided_like_any_write() {
+        let mut m = store();
+        let mut out = Vec::new();
+        let body = r#"{"session_id":"s","client_msg_id":"p1","prompt":"hi"}"#;
+        m.decide(Millis(0), 7, Write::Prompt(prompt(body)), &mut out)
+            .unwrap();
+        for record in out.drain(..) {
+            m.apply(Millis(0), record);
+        }
+        let part = |cid: &str| {
+            let body = format!(
+                r#"{{"session_id":"s","client_msg_id":"{cid}","assistant_msg_id":"a1","text":"x","partial":true}}"#
+            );
+            Write::answer(NewResponse::parse(body.as_bytes()).unwrap()).into_owned(0)
+        };
+        // A part the log accepts: its id, and nothing for the log.
+        let outcome = m.decide(Millis(1), 8, part("p1"), &mut out).unwrap();
+        assert_eq!(outcome, Outcome::Part { id: "a1".into() });
+        assert!(out.is_empty());
+        // A part of an answer to no prompt is refused by the same rules.
+        let e = m.decide(Millis(1), 8, part("p2"), &mut out);
+        assert_eq!(e.unwrap_err().status, 404);
+        // A deletion says which session went, for the relay's log line.
+        let sid = Cow::Borrowed("s");
+        let outcome = m.decide(Millis(2), 9, Write::Delete { sid }, &mut out);
+        let s = SessionId::new("s").unwrap();
+        assert_eq!(outcome.unwrap(), Outcome::Deleted { sid: s.clone() });
+        assert_eq!(out, [Record::Deleted { sid: s }]);
     }
 }

@@ -65,8 +65,9 @@ pub struct NewResponse<'a> {
 pub enum Write<'a> {
     Prompt(NewPrompt<'a>),
     Response(NewResponse<'a>),
-    /// A part of a streamed answer: decided by the loop's copy of the log
-    /// unless sessions are shared (drafts are never persisted).
+    /// A part of a streamed answer: decided by the log's rules like any
+    /// write (it changes no log), then appended to its draft, which no
+    /// engine but Redis keeps.
     Part(NewResponse<'a>),
     /// `PUT /sessions` (`put`), or a WebSocket connect to a session this
     /// copy does not hold.
@@ -123,6 +124,23 @@ impl<'a> Write<'a> {
 }
 
 impl NewResponse<'_> {
+    /// This body, borrowed: what the rules read of a part while the relay
+    /// keeps the part for its draft.
+    pub fn view(&self) -> NewResponse<'_> {
+        NewResponse {
+            session_id: self.session_id.clone(),
+            client_msg_id: Cow::Borrowed(&self.client_msg_id),
+            text: Cow::Borrowed(&self.text),
+            assistant_msg_id: self
+                .assistant_msg_id
+                .as_ref()
+                .map(|(id, lit)| (Cow::Borrowed(&**id), Cow::Borrowed(&**lit))),
+            metadata: self.metadata.as_deref().map(Cow::Borrowed),
+            ts: self.ts,
+            partial: self.partial,
+        }
+    }
+
     fn into_owned(self, unix_ms: UnixMillis) -> NewResponse<'static> {
         NewResponse {
             session_id: self.session_id,

@@ -54,7 +54,9 @@ pub enum Outcome {
         created: bool,
         put: bool,
     },
-    Deleted,
+    Deleted {
+        sid: SessionId,
+    },
     Collected,
 }
 
@@ -77,7 +79,7 @@ impl Outcome {
                 created,
                 ..
             } => put_ack(sid, epoch, *created),
-            Outcome::Deleted => b"{\"deleted\":true}".to_vec(),
+            Outcome::Deleted { .. } => b"{\"deleted\":true}".to_vec(),
             Outcome::Collected => Vec::new(),
         }
     }

@@ -266,7 +266,7 @@ impl RedisStore {
                     created: extra == "1",
                     put: true,
                 })),
-                Write::Delete => Then::Reply(Ok(Outcome::Deleted)),
+                Write::Delete => Then::Reply(Ok(Outcome::Deleted { sid })),
             },
             "e404s" => Then::Reply(Err(ApiError::session_not_found())),
             "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
