@@ -5,6 +5,7 @@
 //! the facts of the moment in, an [`Outcome`] out; the I/O shell only
 //! encodes and queues it, parks the connection, or upgrades it.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 use std::rc::Rc;
 
@@ -378,13 +379,15 @@ impl Api {
             }
             Route::PutSession(sid) => {
                 let w = Write::Create {
-                    sid: &sid,
+                    sid: Cow::Borrowed(&sid),
                     put: true,
                 };
                 return Ok(reply(relay.write(now, unix_ms, conn, w)?));
             }
             Route::DeleteSession(sid) => {
-                let w = Write::Delete { sid: &sid };
+                let w = Write::Delete {
+                    sid: Cow::Borrowed(&sid),
+                };
                 return Ok(reply(relay.write(now, unix_ms, conn, w)?));
             }
             Route::Preflight { allow } => preflight(allow),

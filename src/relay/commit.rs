@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use log::debug;
 
-use super::{ApiError, Effect, Relay, Reply};
+use super::{ApiError, Effect, Relay};
 use crate::store::mem::{Applied, MemStore};
 use crate::store::record::{Outcome, Record};
 use crate::store::{Seq, SessionId};
@@ -86,16 +86,6 @@ impl Relay {
         let delivered = self.apply(now, records.drain(..));
         self.records = records;
         Ok((decided?, delivered))
-    }
-
-    /// A write the in-memory engine decides, applied and answered at once.
-    pub(super) fn commit_now(
-        &mut self,
-        now: Millis,
-        decide: impl FnOnce(&mut MemStore, &mut Vec<Record>) -> Result<Outcome, ApiError>,
-    ) -> Result<Reply, ApiError> {
-        let (outcome, delivered) = self.decide_now(now, decide)?;
-        Ok(Reply::Now(self.ack(outcome, delivered)))
     }
 
     /// Answers every waiter of `sid` whose pending set is now non-empty.

@@ -200,22 +200,19 @@ impl Step {
 pub type LiveMap = HashMap<SessionId, Live>;
 
 impl Relay {
-    /// `POST /response` with `"partial": true`: appends the text to its
-    /// draft and sends the part to the caught-up subscribers. In memory
-    /// and with a data directory the loop's copy of the log knows every
-    /// committed prompt, so a part is decided here, at once.
-    pub(super) fn post_partial(&mut self, now: Millis, r: NewResponse) -> Result<Reply, ApiError> {
-        let log = self.store.existing(now, &r.session_id)?;
-        let Some((id, _)) = r.assistant_msg_id else {
-            return Err(ApiError::missing_field("assistant_msg_id"));
-        };
-        if log.response(&id).is_some() {
-            return Err(ApiError::conflict());
-        }
-        let Some(prompt) = log.prompt_id(&r.client_msg_id) else {
-            return Err(ApiError::prompt_not_found());
-        };
-        let lit = r.text.get();
+    /// `POST /response` with `"partial": true`, once the log's rules took
+    /// it ([`MemStore::decide`](crate::store::MemStore::decide) gave its
+    /// id): appends the text to its draft and sends the part to the
+    /// caught-up subscribers. In memory and with a data directory the
+    /// loop's copy of the log knows every committed prompt, so a part is
+    /// decided here, at once.
+    pub(super) fn post_partial(
+        &mut self,
+        now: Millis,
+        r: NewResponse,
+        id: String,
+    ) -> Result<Reply, ApiError> {
+        let lit = &*r.text;
         let bytes = decoded_len(lit);
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
         let max_drafts = self.limits.max_pending;
@@ -240,6 +237,14 @@ impl Relay {
                 if bytes > MAX_DRAFT_BYTES {
                     return Err(ApiError::too_large_field());
                 }
+                // The log's rules found it: only a new draft needs it.
+                let Some(prompt) = self
+                    .store
+                    .get(&r.session_id)
+                    .and_then(|log| log.prompt_id(&r.client_msg_id))
+                else {
+                    return Err(ApiError::prompt_not_found());
+                };
                 live.drafts
                     .push(Draft::new(Rc::from(id.as_str()), prompt, deadline));
                 live.drafts.len() - 1

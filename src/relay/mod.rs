@@ -21,6 +21,7 @@ mod live;
 pub mod presence;
 mod storage;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -35,7 +36,7 @@ use crate::store::seam::{Collect, NOBODY, Submit};
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
 pub use presence::{Presence, Waiter};
 
-use crate::store::record::Record;
+use crate::store::record::{Outcome, Record};
 use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
@@ -384,7 +385,10 @@ impl Relay {
         if !self.store.contains(sid) {
             // Created first; with a storage, the upgrade is run again once
             // the storage created it. (A creation has no `ts`.)
-            let create = Write::Create { sid, put: false };
+            let create = Write::Create {
+                sid: Cow::Borrowed(sid),
+                put: false,
+            };
             if self.write(now, 0, conn, create)? == Reply::Wait {
                 return Ok(None);
             }
@@ -475,7 +479,11 @@ impl Relay {
         conn: ConnId,
         sid: &SessionId,
     ) -> Result<Reply, ApiError> {
-        self.write(now, 0, conn, Write::Create { sid, put: true })
+        let create = Write::Create {
+            sid: Cow::Borrowed(sid),
+            put: true,
+        };
+        self.write(now, 0, conn, create)
     }
 
     /// `DELETE /sessions/{sid}`: parked polls get 404, subscribers close 1000.
@@ -485,14 +493,17 @@ impl Relay {
         conn: ConnId,
         sid: &str,
     ) -> Result<Reply, ApiError> {
-        self.write(now, 0, conn, Write::Delete { sid })
+        let delete = Write::Delete {
+            sid: Cow::Borrowed(sid),
+        };
+        self.write(now, 0, conn, delete)
     }
 
     /// Every write, validated: handed to the engine. In memory (and for a
-    /// session the loop's copy of the database holds already) it is
-    /// decided, applied and answered at once; a storage takes it with a
-    /// ticket, and the request waits for the answer to that ticket
-    /// ([`Reply::Wait`]).
+    /// session the loop's copy of the database holds already, or a part of
+    /// a streamed answer) it is decided by [`MemStore::decide`], applied
+    /// and answered at once; a storage takes it with a ticket, and the
+    /// request waits for the answer to that ticket ([`Reply::Wait`]).
     pub fn write(
         &mut self,
         now: Millis,
@@ -509,15 +520,23 @@ impl Relay {
         if self.engine.submit(&self.store, ticket, &w, unix_ms)? == Submit::Wait {
             return Ok(Reply::Wait);
         }
-        match w {
-            Write::Part(r) => self.post_partial(now, r),
-            Write::Delete { sid } => {
-                let reply = self.commit_now(now, |store, out| store.delete(sid, out))?;
-                info!(session_id = sid; "session deleted");
-                Ok(reply)
+        let decided = match w {
+            // Decided like any write, on a view: the relay keeps the part
+            // for its draft.
+            Write::Part(r) => {
+                let view = Write::Part(r.view());
+                match self.decide_now(now, |store, out| store.decide(now, unix_ms, view, out))? {
+                    (Outcome::Part { id }, _) => return self.post_partial(now, r, id),
+                    decided => decided,
+                }
             }
-            w => self.commit_now(now, |store, out| store.decide(now, unix_ms, w, out)),
+            w => self.decide_now(now, |store, out| store.decide(now, unix_ms, w, out))?,
+        };
+        let (outcome, delivered) = decided;
+        if let Outcome::Deleted { sid } = &outcome {
+            info!(session_id = sid.as_str(); "session deleted");
         }
+        Ok(Reply::Now(self.ack(outcome, delivered)))
     }
 
     /// Drops sessions nobody here is connected to and nobody touched for the

@@ -45,7 +45,7 @@
 //! the shell that owns Redis's sockets, [`redis`](Engine::redis).
 
 use super::mem::MemStore;
-use super::model::{OwnedWrite, Write};
+use super::model::Write;
 use super::record::{Command, Op};
 use super::redis::RedisStore;
 use super::seam::{
@@ -107,7 +107,7 @@ impl Engine {
             Engine::Durable(d) => {
                 d.submit(Command {
                     ticket: ticket(),
-                    op: Op::Write(OwnedWrite::of(w, unix_ms)),
+                    op: Op::Write(w.clone().into_owned(unix_ms)),
                 });
                 Ok(Submit::Wait)
             }

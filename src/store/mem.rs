@@ -17,13 +17,13 @@ use uuid::Builder;
 
 use super::log::{Cursor, Refill, SessionLog};
 use super::message::{Message, Parts};
-use super::model::{NewPrompt, NewResponse, Write};
+use super::model::{GivenId, NewPrompt, NewResponse, Write};
 use super::record::{Outcome, Record};
 use super::types::MessagesQuery;
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
 use crate::time::{Millis, UnixMillis};
-use crate::wire::{Raw, decode, push_json_str};
+use crate::wire::{decode, push_json_str};
 
 /// The limits the engine enforces.
 #[derive(Clone, Copy, Debug)]
@@ -128,8 +128,8 @@ impl MemStore {
     }
 
     /// A client's write, decided by its rule below: its outcome, and its
-    /// records pushed onto `out`. The one entry for every write the log
-    /// decides, here and on the storage thread.
+    /// records pushed onto `out`. The one entry for every write, here and
+    /// on the storage thread.
     pub fn decide(
         &mut self,
         now: Millis,
@@ -140,11 +140,9 @@ impl MemStore {
         match w {
             Write::Prompt(p) => self.prompt(now, unix_ms, p, out),
             Write::Response(r) => self.response(now, unix_ms, r, out),
-            Write::Create { sid, put } => self.create(now, sid, put, out),
-            Write::Delete { sid } => self.delete(sid, out),
-            // A part goes to its draft, which is the relay's live state
-            // (`relay/live.rs`) and never the log's.
-            Write::Part(_) => Err(ApiError::storage_unavailable()),
+            Write::Part(r) => self.part(now, r),
+            Write::Create { sid, put } => self.create(now, &sid, put, out),
+            Write::Delete { sid } => self.delete(&sid, out),
         }
     }
 
@@ -171,9 +169,7 @@ impl MemStore {
                     // text under the same id is a mistake the client is
                     // told of. Once only the id is remembered, a resend is
                     // all it can be.
-                    if s.prompt_text(&id)
-                        .is_some_and(|t| t != decode(p.prompt.get()))
-                    {
+                    if s.prompt_text(&id).is_some_and(|t| t != decode(&p.prompt)) {
                         return Err(ApiError::prompt_conflict());
                     }
                     debug!(session_id = p.session_id.as_str(), client_msg_id = id.as_str(); "duplicate prompt");
@@ -207,8 +203,8 @@ impl MemStore {
             session_id: &p.session_id,
             id_literal: &id_literal,
             prompt_id: None,
-            text: p.prompt.get(),
-            metadata: p.metadata.map(|m| m.get()),
+            text: &p.prompt,
+            metadata: p.metadata.as_deref(),
             ts,
             seq,
         }
@@ -254,7 +250,7 @@ impl MemStore {
                     log::error!(session_id = r.session_id.as_str(), seq = seq; "stored message damaged; its resend answered 500");
                     return Err(ApiError::stored_message_damaged(seq));
                 }
-                if prev.text() == decode(r.text.get()) {
+                if prev.text() == decode(&r.text) {
                     return Ok(Outcome::Response {
                         sid: r.session_id,
                         id,
@@ -274,8 +270,8 @@ impl MemStore {
             session_id: &r.session_id,
             id_literal: &id_literal,
             prompt_id: Some(&r.client_msg_id),
-            text: r.text.get(),
-            metadata: r.metadata.map(|m| m.get()),
+            text: &r.text,
+            metadata: r.metadata.as_deref(),
             ts,
             seq,
         }
@@ -284,7 +280,7 @@ impl MemStore {
             sid: r.session_id.clone(),
             seq,
             ts,
-            client_msg_id: r.client_msg_id,
+            client_msg_id: r.client_msg_id.into_owned(),
             assistant_msg_id: id.clone(),
             data,
         });
@@ -293,6 +289,29 @@ impl MemStore {
             id,
             seq,
             duplicate: false,
+        })
+    }
+
+    /// A part of a streamed answer (`POST /response` with `"partial":
+    /// true`), decided by what the log says of it: 404 for the session, 409
+    /// if an answer with its id is stored, 404 for the prompt. It changes
+    /// no log, so it has no records: the relay appends it to its draft,
+    /// which is live state no engine but Redis keeps (`relay/live.rs`),
+    /// and that draft's own rules (its prompt, its size, the draft cap)
+    /// come after these.
+    pub fn part(&mut self, now: Millis, r: NewResponse) -> Result<Outcome, ApiError> {
+        let s = self.existing(now, &r.session_id)?;
+        let Some((id, _)) = r.assistant_msg_id else {
+            return Err(ApiError::missing_field("assistant_msg_id"));
+        };
+        if s.response(&id).is_some() {
+            return Err(ApiError::conflict());
+        }
+        if !s.has_prompt(&r.client_msg_id) {
+            return Err(ApiError::prompt_not_found());
+        }
+        Ok(Outcome::Part {
+            id: id.into_owned(),
         })
     }
 
@@ -334,7 +353,7 @@ impl MemStore {
     pub fn delete(&self, sid: &str, out: &mut Vec<Record>) -> Result<Outcome, ApiError> {
         let sid = self.key(sid).ok_or_else(ApiError::session_not_found)?;
         out.push(Record::Deleted { sid: sid.clone() });
-        Ok(Outcome::Deleted)
+        Ok(Outcome::Deleted { sid: sid.clone() })
     }
 
     /// The periodic sweep, decided: a deletion for every session `idle`
@@ -509,11 +528,11 @@ impl Default for IdGen {
 /// A message id as the client sent it, with its JSON literal spelled as
 /// sent, or else a new UUID and its literal.
 pub(super) fn id_and_literal<'a>(
-    given: Option<(String, Raw<'a>)>,
+    given: Option<GivenId<'a>>,
     ids: &mut IdGen,
 ) -> (String, Cow<'a, str>) {
     match given {
-        Some((id, raw)) => (id, Cow::Borrowed(raw.get())),
+        Some((id, lit)) => (id.into_owned(), lit),
         None => {
             let uuid = ids.uuid();
             let mut lit = String::with_capacity(uuid.len() + 2);
@@ -599,5 +618,36 @@ mod tests {
         );
         assert!(m.delete("t", &mut out).is_err());
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_part_and_a_deletion_are_decided_like_any_write() {
+        let mut m = store();
+        let mut out = Vec::new();
+        let body = r#"{"session_id":"s","client_msg_id":"p1","prompt":"hi"}"#;
+        m.decide(Millis(0), 7, Write::Prompt(prompt(body)), &mut out)
+            .unwrap();
+        for record in out.drain(..) {
+            m.apply(Millis(0), record);
+        }
+        let part = |cid: &str| {
+            let body = format!(
+                r#"{{"session_id":"s","client_msg_id":"{cid}","assistant_msg_id":"a1","text":"x","partial":true}}"#
+            );
+            Write::answer(NewResponse::parse(body.as_bytes()).unwrap()).into_owned(0)
+        };
+        // A part the log accepts: its id, and nothing for the log.
+        let outcome = m.decide(Millis(1), 8, part("p1"), &mut out).unwrap();
+        assert_eq!(outcome, Outcome::Part { id: "a1".into() });
+        assert!(out.is_empty());
+        // A part of an answer to no prompt is refused by the same rules.
+        let e = m.decide(Millis(1), 8, part("p2"), &mut out);
+        assert_eq!(e.unwrap_err().status, 404);
+        // A deletion says which session went, for the relay's log line.
+        let sid = Cow::Borrowed("s");
+        let outcome = m.decide(Millis(2), 9, Write::Delete { sid }, &mut out);
+        let s = SessionId::new("s").unwrap();
+        assert_eq!(outcome.unwrap(), Outcome::Deleted { sid: s.clone() });
+        assert_eq!(out, [Record::Deleted { sid: s }]);
     }
 }

@@ -1,52 +1,57 @@
 //! The writes, as a client sends them and as the engines take them: each
 //! request body validated into its type ([`NewPrompt`], [`NewResponse`]),
-//! the [`Write`] the relay hands its engine, and the [`OwnedWrite`] that
-//! crosses to the storage thread. A new write is declared here once.
+//! and the [`Write`] the relay hands its engine. A new write is declared
+//! here once; its body's validation lives in `validate.rs`.
 //!
-//! Bodies are read into borrowed raw JSON values first, then each field is
-//! checked by hand so every error names its field with the contract's text.
-//! Stored messages keep their serialized `data` object, so replays, fetches
-//! and history concatenate bytes instead of serializing again.
+//! A write borrows its texts from the request body on the loop's path (no
+//! copy between the socket's bytes and the stored message) and owns them
+//! where it crosses to the storage thread ([`Write::into_owned`]): one type,
+//! so the rules decide the same write wherever they run.
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
+use std::borrow::Cow;
 
-use crate::error::ApiError;
 use crate::store::SessionId;
 pub use crate::store::types::{MAX_SESSION_ID, valid_session_id};
 use crate::time::UnixMillis;
-use crate::wire::Raw;
 
 mod metadata_check;
 mod scan;
+mod validate;
 pub use metadata_check::MAX_METADATA_DEPTH;
 
 pub use crate::store::types::MAX_TEXT_BYTES;
 /// Largest `client_msg_id` or `assistant_msg_id`, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
 
+/// A message id as the client sent it: decoded, and its JSON literal
+/// spelled as sent (quotes and escapes included), both borrowed from the
+/// body when they can be.
+pub type GivenId<'a> = (Cow<'a, str>, Cow<'a, str>);
+
 /// A validated `POST /prompt` body. Text fields stay raw JSON literals
 /// borrowed from the body: they are valid JSON already, so the stored
 /// message is assembled from them without decoding and re-escaping.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NewPrompt<'a> {
     pub session_id: SessionId,
     /// The `prompt` string literal, quotes and escapes included.
-    pub prompt: Raw<'a>,
-    pub client_msg_id: Option<(String, Raw<'a>)>,
-    pub metadata: Option<Raw<'a>>,
+    pub prompt: Cow<'a, str>,
+    pub client_msg_id: Option<GivenId<'a>>,
+    /// The `metadata` object literal.
+    pub metadata: Option<Cow<'a, str>>,
     pub ts: Option<UnixMillis>,
 }
 
 /// A validated `POST /response` body, raw like [`NewPrompt`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NewResponse<'a> {
     pub session_id: SessionId,
-    pub client_msg_id: String,
+    /// The prompt it answers, decoded.
+    pub client_msg_id: Cow<'a, str>,
     /// The `text` string literal, quotes and escapes included.
-    pub text: Raw<'a>,
-    pub assistant_msg_id: Option<(String, Raw<'a>)>,
-    pub metadata: Option<Raw<'a>>,
+    pub text: Cow<'a, str>,
+    pub assistant_msg_id: Option<GivenId<'a>>,
+    pub metadata: Option<Cow<'a, str>>,
     pub ts: Option<UnixMillis>,
     /// `"partial": true`: a part of a streamed answer, appended to its
     /// draft (the `assistant_msg_id` is then present).
@@ -54,21 +59,24 @@ pub struct NewResponse<'a> {
 }
 
 /// A validated write, as the relay hands it to its engine (see
-/// [`Engine::submit`](crate::store::engine::Engine::submit)).
+/// [`Engine::submit`](crate::store::engine::Engine::submit)) and as
+/// [`MemStore::decide`](crate::store::MemStore::decide) decides it.
+#[derive(Debug, Clone)]
 pub enum Write<'a> {
     Prompt(NewPrompt<'a>),
     Response(NewResponse<'a>),
-    /// A part of a streamed answer: decided by the loop's copy of the log
-    /// unless sessions are shared (drafts are never persisted).
+    /// A part of a streamed answer: decided by the log's rules like any
+    /// write (it changes no log), then appended to its draft, which no
+    /// engine but Redis keeps.
     Part(NewResponse<'a>),
     /// `PUT /sessions` (`put`), or a WebSocket connect to a session this
     /// copy does not hold.
     Create {
-        sid: &'a SessionId,
+        sid: Cow<'a, SessionId>,
         put: bool,
     },
     Delete {
-        sid: &'a str,
+        sid: Cow<'a, str>,
     },
 }
 
@@ -91,672 +99,65 @@ impl<'a> Write<'a> {
             Write::Response(r)
         }
     }
-}
 
-/// A [`Write`] as it crosses to the storage thread: its texts owned, its
-/// time fixed. [`write`](Self::write) gives the rules the same [`Write`]
-/// back, borrowed from it, so the thread decides it as the loop would.
-#[derive(Debug)]
-pub enum OwnedWrite {
-    Prompt {
-        sid: SessionId,
-        /// The client's id and its literal, if it gave one.
-        id: Option<(String, String)>,
-        prompt: String,
-        metadata: Option<String>,
-        ts: UnixMillis,
-    },
-    Response {
-        sid: SessionId,
-        client_msg_id: String,
-        id: Option<(String, String)>,
-        text: String,
-        metadata: Option<String>,
-        ts: UnixMillis,
-        partial: bool,
-    },
-    Create {
-        sid: SessionId,
-        put: bool,
-    },
-    Delete {
-        sid: String,
-    },
-}
-
-impl OwnedWrite {
-    /// `w`, owned; a write without its time gets `unix_ms`.
-    pub fn of(w: &Write, unix_ms: UnixMillis) -> OwnedWrite {
-        let owned = |(id, raw): &(String, Raw)| (id.clone(), raw.get().to_string());
-        let text = |raw: &Option<Raw>| raw.as_ref().map(|m| m.get().to_string());
-        match w {
-            Write::Prompt(p) => OwnedWrite::Prompt {
-                sid: p.session_id.clone(),
-                id: p.client_msg_id.as_ref().map(owned),
-                prompt: p.prompt.get().to_string(),
-                metadata: text(&p.metadata),
-                ts: p.ts.unwrap_or(unix_ms),
-            },
-            Write::Response(r) | Write::Part(r) => OwnedWrite::Response {
-                sid: r.session_id.clone(),
-                client_msg_id: r.client_msg_id.clone(),
-                id: r.assistant_msg_id.as_ref().map(owned),
-                text: r.text.get().to_string(),
-                metadata: text(&r.metadata),
-                ts: r.ts.unwrap_or(unix_ms),
-                partial: r.partial,
-            },
-            Write::Create { sid, put } => OwnedWrite::Create {
-                sid: (*sid).clone(),
-                put: *put,
-            },
-            Write::Delete { sid } => OwnedWrite::Delete {
-                sid: sid.to_string(),
-            },
-        }
-    }
-
-    /// The write, borrowed from this one (a response's id moves out).
-    pub fn write(&mut self) -> Write<'_> {
-        fn borrowed((id, lit): &(String, String)) -> (String, Raw<'_>) {
-            (id.clone(), Raw::new(lit))
-        }
+    /// The write as it crosses to the storage thread: every text owned,
+    /// and its time fixed (`unix_ms` for a message that came without a
+    /// `ts`), since the thread reads no clock.
+    pub fn into_owned(self, unix_ms: UnixMillis) -> Write<'static> {
         match self {
-            OwnedWrite::Prompt {
-                sid,
-                id,
-                prompt,
-                metadata,
-                ts,
-            } => Write::Prompt(NewPrompt {
-                session_id: sid.clone(),
-                prompt: Raw::new(prompt),
-                client_msg_id: id.as_ref().map(borrowed),
-                metadata: metadata.as_deref().map(Raw::new),
-                ts: Some(*ts),
+            Write::Prompt(p) => Write::Prompt(NewPrompt {
+                session_id: p.session_id,
+                prompt: owned(p.prompt),
+                client_msg_id: p.client_msg_id.map(owned_id),
+                metadata: p.metadata.map(owned),
+                ts: Some(p.ts.unwrap_or(unix_ms)),
             }),
-            OwnedWrite::Response {
-                sid,
-                client_msg_id,
-                id,
-                text,
-                metadata,
-                ts,
-                partial,
-            } => Write::answer(NewResponse {
-                session_id: sid.clone(),
-                client_msg_id: std::mem::take(client_msg_id),
-                text: Raw::new(text),
-                assistant_msg_id: id.as_ref().map(borrowed),
-                metadata: metadata.as_deref().map(Raw::new),
-                ts: Some(*ts),
-                partial: *partial,
-            }),
-            OwnedWrite::Create { sid, put } => Write::Create { sid, put: *put },
-            OwnedWrite::Delete { sid } => Write::Delete { sid },
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct RawPrompt<'a> {
-    #[serde(borrow)]
-    session_id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    prompt: Option<&'a RawValue>,
-    #[serde(borrow)]
-    client_msg_id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    metadata: Option<&'a RawValue>,
-    #[serde(borrow)]
-    ts: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct RawResponse<'a> {
-    #[serde(borrow)]
-    session_id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    client_msg_id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    text: Option<&'a RawValue>,
-    #[serde(borrow)]
-    assistant_msg_id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    metadata: Option<&'a RawValue>,
-    #[serde(borrow)]
-    ts: Option<&'a RawValue>,
-    #[serde(borrow)]
-    partial: Option<&'a RawValue>,
-}
-
-/// The fields of `keys` found by the one-pass scan ([`scan::fields`]) in
-/// the body's `text` (`None` if it is not UTF-8), or `None` for a body it
-/// leaves to serde (which then decides and words any error).
-fn scanned<'a, const N: usize>(
-    text: Option<&'a str>,
-    keys: &[&str; N],
-    scan_first: bool,
-) -> Option<[Option<Raw<'a>>; N]> {
-    scan::fields(text.filter(|_| scan_first)?, keys)
-}
-
-/// A serde field as a [`Raw`] (serde reads `null` as absent).
-fn raw_of(v: Option<&RawValue>) -> Option<Raw<'_>> {
-    v.map(|r| Raw {
-        lit: r.get(),
-        plain: false,
-    })
-}
-
-/// Reads a body that must be a JSON object into `T`; `text` is the body
-/// as UTF-8, if it is (checked once by the caller, for the scan too).
-fn parse_object<'a, T: Deserialize<'a>>(
-    body: &'a [u8],
-    text: Option<&'a str>,
-) -> Result<T, ApiError> {
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') {
-        // Serde would accept an array as a struct: tell malformed from non-object.
-        return Err(
-            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-                Err(e) => ApiError::invalid_json(e.to_string()),
-                Ok(_) => ApiError::bad_request("Request body must be a JSON object"),
+            Write::Response(r) => Write::Response(r.into_owned(unix_ms)),
+            Write::Part(r) => Write::Part(r.into_owned(unix_ms)),
+            Write::Create { sid, put } => Write::Create {
+                sid: Cow::Owned(sid.into_owned()),
+                put,
             },
-        );
-    }
-    // Checked as UTF-8 once, the body's strings and raw values are not
-    // checked again one by one. A body that is not UTF-8 gets serde's own
-    // error, which says where.
-    let Some(text) = text else {
-        let e = serde_json::from_slice::<serde::de::IgnoredAny>(body).err();
-        return Err(ApiError::invalid_json(
-            e.map_or_else(|| "invalid UTF-8".to_string(), |e| e.to_string()),
-        ));
-    };
-    serde_json::from_str::<T>(text).map_err(|e| ApiError::invalid_json(e.to_string()))
-}
-
-/// A required field: absent or `null` is missing.
-fn required<'a>(v: Option<Raw<'a>>, name: &str) -> Result<Raw<'a>, ApiError> {
-    match v {
-        Some(raw) if raw.get() != "null" => Ok(raw),
-        _ => Err(ApiError::missing_field(name)),
-    }
-}
-
-fn string(raw: Raw, name: &str) -> Result<String, ApiError> {
-    // A string literal without escapes (serde has checked its syntax) is
-    // its text in quotes: no decoding needed.
-    if let Some(text) = plain_string(raw) {
-        return Ok(text.to_string());
-    }
-    serde_json::from_str::<String>(raw.get())
-        .map_err(|_| ApiError::bad_request(format!("Invalid {name}: must be a string")))
-}
-
-/// The text of a string literal that holds no escapes.
-fn plain_string(raw: Raw<'_>) -> Option<&str> {
-    raw.get()
-        .strip_prefix('"')
-        .and_then(|l| l.strip_suffix('"'))
-        .filter(|text| raw.plain || !text.contains('\\'))
-}
-
-fn session_id(raw: Option<Raw>) -> Result<SessionId, ApiError> {
-    let raw = required(raw, "session_id")?;
-    // A literal without escapes is its text in quotes: the id is built from
-    // it with no decoded copy first (a valid id never needs escapes).
-    let sid = match plain_string(raw) {
-        Some(text) => SessionId::new(text),
-        None => SessionId::new(&string(raw, "session_id")?),
-    };
-    sid.ok_or_else(ApiError::invalid_session_id)
-}
-
-/// A string of at most 128 KiB once decoded, kept as its raw literal.
-fn text<'a>(raw: Raw<'a>, name: &str) -> Result<Raw<'a>, ApiError> {
-    let lit = raw.get();
-    if !lit.starts_with('"') {
-        return Err(ApiError::bad_request(format!(
-            "Invalid {name}: must be a string"
-        )));
-    }
-    // serde_json checks a raw literal's syntax but not that its `\u`
-    // escapes pair up into characters: a lone surrogate would be stored and
-    // echoed as JSON that strict parsers refuse. Decode those literals.
-    if !raw.plain && lit.contains("\\u") {
-        let decoded = serde_json::from_str::<String>(lit)
-            .map_err(|e| ApiError::invalid_json(e.to_string()))?;
-        if decoded.len() > MAX_TEXT_BYTES {
-            return Err(ApiError::too_large_field());
+            Write::Delete { sid } => Write::Delete { sid: owned(sid) },
         }
-        return Ok(raw);
-    }
-    // Other escapes only shrink a string when decoded: a short literal is
-    // in bounds without decoding.
-    if lit.len() - 2 > MAX_TEXT_BYTES && string(raw, name)?.len() > MAX_TEXT_BYTES {
-        return Err(ApiError::too_large_field());
-    }
-    Ok(raw)
-}
-
-fn message_id<'a>(raw: Option<Raw<'a>>, name: &str) -> Result<Option<(String, Raw<'a>)>, ApiError> {
-    let Some(raw) = raw.filter(|r| r.get() != "null") else {
-        return Ok(None);
-    };
-    let s = string(raw, name)?;
-    if s.is_empty() || s.len() > MAX_ID_BYTES {
-        return Err(ApiError::bad_request(format!(
-            "Invalid {name}: must be 1 to {MAX_ID_BYTES} bytes"
-        )));
-    }
-    Ok(Some((s, raw)))
-}
-
-fn metadata(raw: Option<Raw>) -> Result<Option<Raw>, ApiError> {
-    match raw {
-        None => Ok(None),
-        Some(r) if r.get() == "null" => Ok(None),
-        Some(r) if r.get().starts_with('{') => {
-            // Depth and numbers first, by a byte scan: no value tree is built
-            // for a deep literal, and the common request allocates nothing.
-            metadata_check::check(r.get().as_bytes()).map_err(ApiError::invalid_metadata)?;
-            // As for texts: `\u` escapes must form characters (see `text`).
-            if r.get().contains("\\u") {
-                serde_json::from_str::<serde_json::Value>(r.get())
-                    .map_err(|e| ApiError::invalid_json(e.to_string()))?;
-            }
-            Ok(Some(r))
-        }
-        Some(_) => Err(ApiError::bad_request("Invalid metadata: must be an object")),
     }
 }
 
-/// `partial`: a boolean when present (`null` means absent).
-fn partial(raw: Option<Raw>) -> Result<bool, ApiError> {
-    match raw.map(|r| r.get()) {
-        None | Some("null" | "false") => Ok(false),
-        Some("true") => Ok(true),
-        Some(_) => Err(ApiError::bad_request("Invalid partial: must be a boolean")),
-    }
-}
-
-fn ts(raw: Option<Raw>) -> Result<Option<UnixMillis>, ApiError> {
-    match raw {
-        None => Ok(None),
-        Some(r) if r.get() == "null" => Ok(None),
-        Some(r) => serde_json::from_str::<u64>(r.get()).map(Some).map_err(|_| {
-            ApiError::bad_request("Invalid ts: must be a non-negative integer (milliseconds)")
-        }),
-    }
-}
-
-impl<'a> NewPrompt<'a> {
-    /// Validates a `POST /prompt` body; the first failing field decides the error.
-    pub fn parse(body: &'a [u8]) -> Result<NewPrompt<'a>, ApiError> {
-        Self::parse_by(body, true)
-    }
-
-    /// [`NewPrompt::parse`], with the one-pass scan tried first or not
-    /// (the tests compare the two).
-    fn parse_by(body: &'a [u8], scan_first: bool) -> Result<NewPrompt<'a>, ApiError> {
-        const KEYS: [&str; 5] = ["session_id", "prompt", "client_msg_id", "metadata", "ts"];
-        let utf8 = std::str::from_utf8(body).ok();
-        let [sid, prompt, cid, meta, at] = match scanned(utf8, &KEYS, scan_first) {
-            Some(fields) => fields,
-            None => {
-                let raw: RawPrompt = parse_object(body, utf8)?;
-                [
-                    raw.session_id,
-                    raw.prompt,
-                    raw.client_msg_id,
-                    raw.metadata,
-                    raw.ts,
-                ]
-                .map(raw_of)
-            }
-        };
-        Ok(NewPrompt {
-            session_id: session_id(sid)?,
-            prompt: text(required(prompt, "prompt")?, "prompt")?,
-            client_msg_id: message_id(cid, "client_msg_id")?,
-            metadata: metadata(meta)?,
-            ts: ts(at)?,
-        })
-    }
-}
-
-impl<'a> NewResponse<'a> {
-    /// Validates a `POST /response` body; the first failing field decides the error.
-    pub fn parse(body: &'a [u8]) -> Result<NewResponse<'a>, ApiError> {
-        Self::parse_by(body, true)
-    }
-
-    /// [`NewResponse::parse`], with the one-pass scan tried first or not.
-    fn parse_by(body: &'a [u8], scan_first: bool) -> Result<NewResponse<'a>, ApiError> {
-        const KEYS: [&str; 7] = [
-            "session_id",
-            "client_msg_id",
-            "text",
-            "assistant_msg_id",
-            "metadata",
-            "ts",
-            "partial",
-        ];
-        let utf8 = std::str::from_utf8(body).ok();
-        let [sid, cid, body_text, aid, meta, at, part] = match scanned(utf8, &KEYS, scan_first) {
-            Some(fields) => fields,
-            None => {
-                let raw: RawResponse = parse_object(body, utf8)?;
-                [
-                    raw.session_id,
-                    raw.client_msg_id,
-                    raw.text,
-                    raw.assistant_msg_id,
-                    raw.metadata,
-                    raw.ts,
-                    raw.partial,
-                ]
-                .map(raw_of)
-            }
-        };
-        let session_id = session_id(sid)?;
-        let client_msg_id = message_id(Some(required(cid, "client_msg_id")?), "client_msg_id")?
-            .map(|(id, _)| id)
-            .unwrap_or_default();
-        let text = text(required(body_text, "text")?, "text")?;
-        let assistant_msg_id = message_id(aid, "assistant_msg_id")?;
-        let partial = partial(part)?;
-        if partial && assistant_msg_id.is_none() {
-            return Err(ApiError::missing_field("assistant_msg_id"));
-        }
-        Ok(NewResponse {
-            session_id,
-            client_msg_id,
-            text,
-            assistant_msg_id,
-            metadata: metadata(meta)?,
-            ts: ts(at)?,
-            partial,
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The one-pass scan and serde read every body alike: the same fields,
-    /// or the same error. Bodies are built from keys and values known,
-    /// unknown and malformed, then sometimes cut short or given a wrong
-    /// byte.
-    #[test]
-    fn the_scan_and_serde_read_every_body_alike() {
-        const KEYS: [&str; 12] = [
-            "session_id",
-            "prompt",
-            "text",
-            "client_msg_id",
-            "assistant_msg_id",
-            "metadata",
-            "ts",
-            "x",
-            r"prom\u0070t",
-            "",
-            "session_id ",
-            "Prompt",
-        ];
-        const VALUES: [&str; 33] = [
-            r#""s-1""#,
-            r#""a.b_c~""#,
-            r#""bad id""#,
-            r#""""#,
-            r#""hello""#,
-            r#""line\nbreak""#,
-            r#""q\"uote""#,
-            r#""back\\slash""#,
-            r#""sl\/ash\b\f\r\t""#,
-            r#""\u0041""#,
-            r#""\ud800""#,
-            r#""bad\x""#,
-            "\"a\u{1}b\"",
-            "\"a\u{7f}b\"",
-            r#""é☃""#,
-            "0",
-            "7",
-            "1700000000000",
-            "01",
-            "-1",
-            "1.5",
-            "1e3",
-            "99999999999999999999999",
-            "null",
-            "true",
-            "false",
-            "{}",
-            r#"{"k":"v"}"#,
-            "[1]",
-            r#""unterminated"#,
-            "nul",
-            r#""x" "y""#,
-            r#""a long prompt of some length, longer than a word or two""#,
-        ];
-        const WS: [&str; 5] = ["", " ", "\n", "\t ", "\r\n"];
-        const TAIL: [&str; 4] = ["", " \n", "x", "{}"];
-        const PROMPT_KEYS: [&str; 5] = ["session_id", "prompt", "client_msg_id", "metadata", "ts"];
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = |n: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
-        };
-        let (mut scanned_ok, mut accepted) = (0, 0);
-        for _ in 0..40_000 {
-            let mut body = String::from(WS[next(5)]);
-            body.push('{');
-            // Half the bodies are the usual shape: a session, a text and
-            // the ids (any key order), their values any string or number.
-            let usual = next(2) == 0;
-            let fields = if usual { 3 + next(3) } else { next(7) };
-            let first = next(7);
-            for f in 0..fields {
-                if f > 0 && next(40) != 0 {
-                    body.push(',');
-                }
-                let (key, value) = if usual {
-                    let key = KEYS[(first + f) % 7];
-                    let value = match key {
-                        "session_id" => VALUES[next(2)],
-                        "ts" => VALUES[15 + next(9)],
-                        "metadata" => VALUES[23 + next(5)],
-                        _ => VALUES[3 + next(12)],
-                    };
-                    (key, value)
-                } else {
-                    (KEYS[next(KEYS.len())], VALUES[next(VALUES.len())])
-                };
-                body.push_str(WS[next(5)]);
-                body.push('"');
-                body.push_str(key);
-                body.push('"');
-                body.push_str(WS[next(5)]);
-                body.push(':');
-                body.push_str(WS[next(5)]);
-                body.push_str(value);
-                body.push_str(WS[next(5)]);
-            }
-            if next(40) == 0 {
-                body.push(',');
-            }
-            body.push('}');
-            body.push_str(TAIL[if next(10) == 0 { next(4) } else { 0 }]);
-            let mut bytes = body.into_bytes();
-            if next(20) == 0 {
-                let cut = next(bytes.len() + 1);
-                bytes.truncate(cut);
-            }
-            if next(30) == 0 && !bytes.is_empty() {
-                let at = next(bytes.len());
-                bytes[at] = next(256) as u8;
-            }
-            let shown = String::from_utf8_lossy(&bytes).into_owned();
-            let scan = NewPrompt::parse_by(&bytes, true);
-            let serde = NewPrompt::parse_by(&bytes, false);
-            accepted += usize::from(serde.is_ok());
-            assert_eq!(
-                format!("{scan:?}"),
-                format!("{serde:?}"),
-                "prompt body {shown}"
-            );
-            let scan = format!("{:?}", NewResponse::parse_by(&bytes, true));
-            let serde = format!("{:?}", NewResponse::parse_by(&bytes, false));
-            assert_eq!(scan, serde, "response body {shown}");
-            let text = std::str::from_utf8(&bytes).ok();
-            scanned_ok += usize::from(scanned(text, &PROMPT_KEYS, true).is_some());
-        }
-        // Both paths were taken, and both outcomes seen, many times.
-        assert!(scanned_ok > 2_000, "scanned {scanned_ok}");
-        assert!(accepted > 1_000, "accepted {accepted}");
-    }
-
-    fn prompt_err(body: &str) -> ApiError {
-        NewPrompt::parse(body.as_bytes()).unwrap_err()
-    }
-
-    #[test]
-    fn prompt_errors_name_the_field() {
-        assert_eq!(prompt_err("{").error, "Invalid JSON");
-        assert_eq!(prompt_err("[1]").status, 400);
-        assert_eq!(
-            prompt_err(r#"{"prompt":"x"}"#).error,
-            "Missing required field: session_id"
-        );
-        assert_eq!(
-            prompt_err(r#"{"session_id":"a"}"#).error,
-            "Missing required field: prompt"
-        );
-        assert_eq!(
-            prompt_err(r#"{"session_id":"a b","prompt":"x"}"#).error,
-            "Invalid session_id"
-        );
-        assert!(
-            prompt_err(r#"{"session_id":"a","prompt":5}"#)
-                .error
-                .contains("prompt")
-        );
-        assert!(
-            prompt_err(r#"{"session_id":"a","prompt":"x","metadata":[]}"#)
-                .error
-                .contains("metadata")
-        );
-        assert!(
-            prompt_err(r#"{"session_id":"a","prompt":"x","ts":-1}"#)
-                .error
-                .contains("ts")
-        );
-        assert!(
-            prompt_err(r#"{"session_id":"a","prompt":"x","client_msg_id":""}"#)
-                .error
-                .contains("client_msg_id")
-        );
-    }
-
-    #[test]
-    fn text_above_128_kib_is_rejected_with_the_size_text() {
-        let big = "x".repeat(MAX_TEXT_BYTES + 1);
-        let body = format!(r#"{{"session_id":"a","prompt":"{big}"}}"#);
-        assert_eq!(prompt_err(&body).error, "Message exceeds size limit");
-        let ok = "é".repeat(MAX_TEXT_BYTES / 2);
-        let body = format!(r#"{{"session_id":"a","prompt":"{ok}"}}"#);
-        assert!(NewPrompt::parse(body.as_bytes()).is_ok());
-    }
-
-    #[test]
-    fn unknown_fields_and_null_optionals_are_ignored() {
-        let p = NewPrompt::parse(
-            br#"{"session_id":"a","prompt":"hi","extra":1,"metadata":null,"ts":null,"client_msg_id":null}"#,
-        )
-        .unwrap();
-        assert!(p.metadata.is_none() && p.ts.is_none() && p.client_msg_id.is_none());
-    }
-
-    #[test]
-    fn lone_surrogate_escapes_are_refused_and_pairs_kept() {
-        assert_eq!(
-            prompt_err(r#"{"session_id":"a","prompt":"\ud800"}"#).error,
-            "Invalid JSON"
-        );
-        assert_eq!(
-            prompt_err(r#"{"session_id":"a","prompt":"x","metadata":{"k":"\udc00"}}"#).error,
-            "Invalid JSON"
-        );
-        let p = NewPrompt::parse(
-            br#"{"session_id":"a","prompt":"\ud83d\ude00 \u00e9","metadata":{"k":"\u00e9"}}"#,
-        )
-        .unwrap();
-        assert_eq!(p.prompt.get(), r#""\ud83d\ude00 \u00e9""#);
-    }
-
-    #[test]
-    fn poison_metadata_is_refused_on_both_bodies() {
-        let deep = format!("{}{}", "[".repeat(40), "]".repeat(40));
-        for meta in [format!(r#"{{"a":{deep}}}"#), r#"{"n":-1e400}"#.to_string()] {
-            let e = prompt_err(&format!(
-                r#"{{"session_id":"a","prompt":"x","metadata":{meta}}}"#
-            ));
-            assert_eq!((e.status, &*e.error), (400, "Invalid metadata"), "{meta}");
-            let body =
-                format!(r#"{{"session_id":"a","client_msg_id":"c","text":"x","metadata":{meta}}}"#);
-            let e = NewResponse::parse(body.as_bytes()).unwrap_err();
-            assert_eq!((e.status, &*e.error), (400, "Invalid metadata"), "{meta}");
-        }
-        // A deep literal with a `\u` escape is refused by the scan, before
-        // any value tree is built for it.
-        let e = prompt_err(&format!(
-            r#"{{"session_id":"a","prompt":"x","metadata":{{"\u00e9":{deep}}}}}"#
-        ));
-        assert_eq!(e.error, "Invalid metadata");
-    }
-
-    #[test]
-    fn ts_out_of_range_is_refused() {
-        for ts in ["1e400", "-1e400", "18446744073709551616", "1.5"] {
-            let e = prompt_err(&format!(r#"{{"session_id":"a","prompt":"x","ts":{ts}}}"#));
-            assert_eq!(e.status, 400, "{ts}");
-            assert!(e.error.contains("ts"), "{ts}: {e:?}");
+impl NewResponse<'_> {
+    /// This body, borrowed: what the rules read of a part while the relay
+    /// keeps the part for its draft.
+    pub fn view(&self) -> NewResponse<'_> {
+        NewResponse {
+            session_id: self.session_id.clone(),
+            client_msg_id: Cow::Borrowed(&self.client_msg_id),
+            text: Cow::Borrowed(&self.text),
+            assistant_msg_id: self
+                .assistant_msg_id
+                .as_ref()
+                .map(|(id, lit)| (Cow::Borrowed(&**id), Cow::Borrowed(&**lit))),
+            metadata: self.metadata.as_deref().map(Cow::Borrowed),
+            ts: self.ts,
+            partial: self.partial,
         }
     }
 
-    #[test]
-    fn invalid_session_id_details_give_the_rule() {
-        let e = prompt_err(r#"{"session_id":"a/b","prompt":"x"}"#);
-        assert_eq!(e.error, "Invalid session_id");
-        assert_eq!(
-            e.details.as_deref(),
-            Some("1 to 128 characters from A-Z a-z 0-9 . _ ~ -")
-        );
-    }
-
-    #[test]
-    fn a_session_id_is_checked_as_decoded_whether_escaped_or_not() {
-        let p = NewPrompt::parse(br#"{"session_id":"a\u0062","prompt":"x"}"#).unwrap();
-        assert_eq!(p.session_id.as_str(), "ab");
-        let p = NewPrompt::parse(br#"{"session_id":"Ab0.-_~","prompt":"x"}"#).unwrap();
-        assert_eq!(p.session_id.as_str(), "Ab0.-_~");
-        for bad in [r#""a\u0020b""#, r#""a b""#, r#""""#, "5"] {
-            let e = prompt_err(&format!(r#"{{"session_id":{bad},"prompt":"x"}}"#));
-            assert_eq!(e.status, 400, "{bad}");
-            assert!(e.error.contains("session_id"), "{bad}: {e:?}");
+    fn into_owned(self, unix_ms: UnixMillis) -> NewResponse<'static> {
+        NewResponse {
+            session_id: self.session_id,
+            client_msg_id: owned(self.client_msg_id),
+            text: owned(self.text),
+            assistant_msg_id: self.assistant_msg_id.map(owned_id),
+            metadata: self.metadata.map(owned),
+            ts: Some(self.ts.unwrap_or(unix_ms)),
+            partial: self.partial,
         }
     }
+}
 
-    #[test]
-    fn session_ids_are_url_unreserved() {
-        assert!(valid_session_id("Ab0.-_~"));
-        assert!(!valid_session_id(""));
-        assert!(!valid_session_id("a/b"));
-        assert!(!valid_session_id(&"a".repeat(129)));
-    }
+fn owned(text: Cow<'_, str>) -> Cow<'static, str> {
+    Cow::Owned(text.into_owned())
+}
+
+fn owned_id((id, lit): GivenId<'_>) -> GivenId<'static> {
+    (owned(id), owned(lit))
 }

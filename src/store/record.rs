@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::message::Framed;
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
-use crate::store::model::OwnedWrite;
+use crate::store::model::Write;
 use crate::store::types::Ticket;
 use crate::wire::{push_json_str, to_json};
 
@@ -27,8 +27,8 @@ pub struct Command {
 /// What the storage thread is sent.
 #[derive(Debug)]
 pub enum Op {
-    /// A client's write.
-    Write(OwnedWrite),
+    /// A client's write, owned ([`Write::into_owned`]).
+    Write(Write<'static>),
     /// Sessions the loop found idle past the TTL.
     Collect { sids: Vec<SessionId> },
 }
@@ -61,7 +61,9 @@ pub enum Outcome {
         created: bool,
         put: bool,
     },
-    Deleted,
+    Deleted {
+        sid: SessionId,
+    },
     Collected,
 }
 
@@ -85,7 +87,7 @@ impl Outcome {
                 created,
                 ..
             } => put_ack(sid, epoch, *created),
-            Outcome::Deleted => b"{\"deleted\":true}".to_vec(),
+            Outcome::Deleted { .. } => b"{\"deleted\":true}".to_vec(),
             Outcome::Collected => Vec::new(),
         }
     }

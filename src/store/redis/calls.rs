@@ -109,8 +109,8 @@ impl RedisStore {
                     session_id: &p.session_id,
                     id_literal: &literal,
                     prompt_id: None,
-                    text: p.prompt.get(),
-                    metadata: p.metadata.map(|m| m.get()),
+                    text: &p.prompt,
+                    metadata: p.metadata.as_deref(),
                     ts,
                     seq: Seq(0),
                 });
@@ -121,7 +121,7 @@ impl RedisStore {
             Change::Create { sid, put } => {
                 let expect = Expect::Write {
                     conn: ticket(),
-                    sid: (*sid).clone(),
+                    sid: sid.clone().into_owned(),
                     write: Write::Create { put: *put },
                 };
                 self.call(sid, Op::Create, known, &[], expect);
@@ -181,13 +181,13 @@ impl RedisStore {
         let given = r.assistant_msg_id.is_some();
         let (id, literal) = id_and_literal(r.assistant_msg_id.clone(), &mut self.ids);
         let ts = r.ts.unwrap_or(unix_ms);
-        let text = r.text.get();
+        let text = &*r.text;
         let head = head_of(&Parts {
             session_id: &r.session_id,
             id_literal: &literal,
             prompt_id: Some(&r.client_msg_id),
             text,
-            metadata: r.metadata.map(|m| m.get()),
+            metadata: r.metadata.as_deref(),
             ts,
             seq: Seq(0),
         });
@@ -211,11 +211,8 @@ impl RedisStore {
     /// A part of a streamed answer (`"partial": true`): appended to its
     /// draft in Redis and published to every instance.
     fn part(&mut self, conn: Ticket, r: &NewResponse, known: Known) {
-        let id = r
-            .assistant_msg_id
-            .as_ref()
-            .map_or("", |(id, _)| id.as_str());
-        let text = r.text.get();
+        let id = r.assistant_msg_id.as_ref().map_or("", |(id, _)| &**id);
+        let text = &*r.text;
         let bytes = decoded_len(text).to_string();
         let timeout = self.limits.draft_timeout_ms.to_string();
         let max = MAX_TEXT_BYTES.to_string();
@@ -285,7 +282,7 @@ impl RedisStore {
                     created: extra == "1",
                     put: true,
                 })),
-                Write::Delete => Then::Reply(Ok(Outcome::Deleted)),
+                Write::Delete => Then::Reply(Ok(Outcome::Deleted { sid })),
             },
             "e404s" => Then::Reply(Err(ApiError::session_not_found())),
             "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),

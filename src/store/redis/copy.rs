@@ -190,8 +190,8 @@ impl RedisStore {
         }
         match (a.conn, a.then) {
             (Some(to), Then::Reply(result)) => {
-                if let Ok(Outcome::Deleted) = &result {
-                    info!("session deleted");
+                if let Ok(Outcome::Deleted { sid }) = &result {
+                    info!(session_id = sid.as_str(); "session deleted");
                 }
                 self.ready.push_back(StoreEvent::Answer {
                     to,

@@ -228,7 +228,9 @@ fn transaction(
     let mut out = Vec::with_capacity(cmds.len());
     for cmd in cmds {
         let mut records = Vec::new();
-        let result = decide(&mut state.log, &mut cmd.op, &mut records);
+        // Decided once: the write moves into its decision.
+        let op = std::mem::replace(&mut cmd.op, Op::Collect { sids: Vec::new() });
+        let result = decide(&mut state.log, op, &mut records);
         for record in &records {
             let (sid, seq) = match record {
                 Record::Prompt { sid, seq, .. } | Record::Response { sid, seq, .. } => (sid, *seq),
@@ -274,13 +276,13 @@ fn transaction(
 
 /// A command, decided by the memory engine's rules over the thread's copy;
 /// its records pushed onto `out` (none when refused).
-fn decide(log: &mut MemStore, op: &mut Op, out: &mut Vec<Record>) -> Result<Outcome, ApiError> {
+fn decide(log: &mut MemStore, op: Op, out: &mut Vec<Record>) -> Result<Outcome, ApiError> {
     match op {
         // The write carries its time: the thread's clock is not asked.
-        Op::Write(w) => log.decide(NOW, 0, w.write(), out),
+        Op::Write(w) => log.decide(NOW, 0, w, out),
         Op::Collect { sids } => {
-            for sid in sids.iter().filter(|sid| log.contains(sid)) {
-                out.push(Record::Deleted { sid: sid.clone() });
+            for sid in sids.into_iter().filter(|sid| log.contains(sid)) {
+                out.push(Record::Deleted { sid });
             }
             Ok(Outcome::Collected)
         }
