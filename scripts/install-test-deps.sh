@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the browser test (tests/web_page.rs), the README's test
-# (tests/readme.rs), the metrics test (tests/metrics.rs), the Redis
-# tests (tests/redis.rs), the storage fault tests (tests/storage_faults.rs),
-# the end-to-end encryption tests (tests/e2e.rs) and the TLS tests
+# Installs what the browser test (tests/clients/web_page.rs), the README's test
+# (tests/docs/readme.rs), the metrics test (tests/operations/metrics.rs), the Redis
+# tests (tests/redis/), the storage fault tests (tests/storage/faults.rs),
+# the end-to-end encryption tests (tests/clients/e2e.rs) and the TLS tests
 # (tests/tls/) need, and, when asked, mdbook for CI's build
 # of the book (docs/); only what is missing: redis-server, strace, openssl,
 # sqlite3 and Chromium from Debian's packages (/usr/bin/chromium), Python
@@ -35,15 +35,15 @@ quietly() {
   "$@" >"$log" 2>&1 || { cat "$log" >&2; echo "install-test-deps: failed: $*" >&2; exit 1; }
 }
 
-# The Redis engine's tests (tests/redis.rs) start Debian's redis-server.
+# The Redis tests (tests/redis/) start Debian's redis-server.
 if [[ ! -x /usr/bin/redis-server ]]; then
   echo "install-test-deps: installing redis-server (apt)" >&2
   quietly $SUDO apt-get update -qq
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
 fi
 
-# The stalled-disk tests (tests/write_timeouts.rs) and the storage fault
-# tests (tests/storage_faults.rs) attach strace to the running server to
+# The stalled-disk tests (tests/storage/write_timeouts.rs) and the storage fault
+# tests (tests/storage/faults.rs) attach strace to the running server to
 # delay or fail its fdatasync calls.
 if ! command -v strace >/dev/null 2>&1; then
   echo "install-test-deps: installing strace (apt)" >&2
@@ -65,7 +65,7 @@ if ! command -v jq >/dev/null 2>&1; then
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq
 fi
 
-# The end-to-end encryption test (tests/e2e.rs) searches relay.db for clear
+# The end-to-end encryption test (tests/clients/e2e.rs) searches relay.db for clear
 # text through the sqlite3 shell as well as byte by byte.
 if ! command -v sqlite3 >/dev/null 2>&1; then
   echo "install-test-deps: installing sqlite3 (apt)" >&2
@@ -73,7 +73,7 @@ if ! command -v sqlite3 >/dev/null 2>&1; then
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sqlite3
 fi
 
-# The examples' test (tests/examples.rs) runs the JavaScript client in Node.
+# The examples' test (tests/clients/examples.rs) runs the JavaScript client in Node.
 if ! command -v node >/dev/null 2>&1; then
   echo "install-test-deps: installing nodejs (apt)" >&2
   quietly $SUDO apt-get update -qq
@@ -112,7 +112,7 @@ fi
 # other builds shared the cores), even without the `serve`/`watch`/`search`
 # features a build does not need. So it is installed only with
 # INSTALL_MDBOOK=1, which .ci/run sets; a developer who only runs
-# cargo test does not need it (tests/readme.rs checks the book's links and
+# cargo test does not need it (tests/docs/readme.rs checks the book's links and
 # examples without it).
 if [[ "${INSTALL_MDBOOK:-0}" == 1 ]] && ! command -v mdbook >/dev/null 2>&1; then
   echo "install-test-deps: installing mdbook ${MDBOOK_VERSION} (cargo install)" >&2
