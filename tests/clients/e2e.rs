@@ -346,7 +346,7 @@ fn sqlite_dump(db: &Path) -> Option<Vec<u8>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             eprintln!(
                 "skipped the search through sqlite3: the sqlite3 command is not installed \
-                 (scripts/install-test-deps.sh installs it); the raw bytes are still searched"
+                 (scripts/test installs it); the raw bytes are still searched"
             );
             return None;
         }
@@ -449,7 +449,7 @@ fn the_clear_text_is_in_no_key_of_redis() {
             "0",
         ])
         .output()
-        .expect("run redis-cli (it comes with redis-server; scripts/install-test-deps.sh)");
+        .expect("run redis-cli (it comes with redis-server, which scripts/test installs)");
     assert!(out.status.success(), "redis-cli EVAL: {out:?}");
     assert_absent(&out.stdout, &[&clear, &upper], "Redis");
     assert_present(&out.stdout, &stored, "Redis");

@@ -38,7 +38,9 @@ fn node() -> Option<Command> {
 #[test]
 fn the_python_agent_answers_what_the_javascript_client_asks() {
     let Some(mut client) = node() else {
-        panic!("node is needed by this test (Debian's nodejs)");
+        panic!(
+            "node is needed by this test (Debian's nodejs): run scripts/test, which installs it"
+        );
     };
     // One relay (on Redis too): the agent's parked poll is counted where
     // the test looks.

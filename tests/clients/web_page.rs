@@ -600,7 +600,7 @@ fn require_browser() {
     }
     assert!(
         missing.is_empty(),
-        "the browser test needs {}: run scripts/install-test-deps.sh",
+        "the browser test needs {}: run scripts/test, which installs them",
         missing.join(" and ")
     );
 }

@@ -62,7 +62,8 @@
 //! its text. It also checks that `docs/src/SUMMARY.md` lists every page, so
 //! that no page is left out of the built book, and that every setting
 //! `src/config.rs` reads is in the configuration tables of the README and
-//! of the book.
+//! of the book, and that the command the README and the book give for the
+//! tests is the one CI runs for its first pass.
 
 mod markdown;
 mod shell;
@@ -252,6 +253,59 @@ fn every_setting_is_in_the_configuration_tables() {
             );
         }
     }
+}
+
+#[test]
+fn the_readme_test_command_is_the_one_ci_runs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |page: &str| fs::read_to_string(root.join(page)).expect("read a page");
+    let command = test_command("README.md", &read("README.md"));
+    assert_eq!(
+        test_command("docs/src/testing.md", &read("docs/src/testing.md")),
+        command,
+        "docs/src/testing.md gives another test command than the README"
+    );
+    // A script of the repository: there, and executable.
+    let program = command.split_whitespace().next().unwrap_or_default();
+    if program.contains('/') {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(root.join(program))
+            .unwrap_or_else(|e| panic!("the README's test command {program}: {e}"))
+            .permissions()
+            .mode();
+        assert!(mode & 0o111 != 0, "{program} is not executable");
+    }
+    // CI's first pass of the suite, the plain one, is that command: the
+    // first line of .ci/run that runs the tests, without its redirections.
+    let ci = read(".ci/run");
+    let first = ci
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.contains("cargo test") || l.starts_with(command.as_str()))
+        .expect(".ci/run runs no test");
+    let run = first.split(" 2>&1").next().unwrap_or(first);
+    let run = run.split(" |").next().unwrap_or(run).trim();
+    assert_eq!(
+        run, command,
+        ".ci/run's first test pass is `{first}`, the README says `{command}`"
+    );
+}
+
+/// The page's command for the tests: the second line of the block that
+/// gives the two commands (the first is `cargo run --release`), without its
+/// comment.
+fn test_command(page: &str, text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("cargo run --release"))
+        .unwrap_or_else(|| panic!("{page}: no block with `cargo run --release`"));
+    let next = lines
+        .get(at + 1)
+        .filter(|l| !l.starts_with("```"))
+        .unwrap_or_else(|| panic!("{page}: no test command after `cargo run --release`"));
+    markdown::split_comment(next).0.trim().to_string()
 }
 
 /// The relative-or-not targets of the page's Markdown links `[text](target)`

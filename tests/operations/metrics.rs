@@ -26,7 +26,7 @@ print(json.dumps(out))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 (run scripts/install-test-deps.sh)");
+        .expect("run python3 (with prometheus_client, which scripts/test installs)");
     child
         .stdin
         .take()
@@ -36,7 +36,7 @@ print(json.dumps(out))
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
-        "the exposition does not parse (or prometheus_client is missing: run scripts/install-test-deps.sh): {}\n{text}",
+        "the exposition does not parse (or prometheus_client is missing: run scripts/test, which installs it): {}\n{text}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("parser output")

@@ -38,7 +38,7 @@ impl Strace {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("strace (scripts/install-test-deps.sh installs it)");
+            .expect("run strace (scripts/test installs it)");
         let stderr = child.stderr.take().expect("piped stderr");
         let mut lines = BufReader::new(stderr).lines();
         let mut seen = Vec::new();

