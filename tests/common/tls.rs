@@ -88,7 +88,7 @@ pub fn openssl(args: &str) {
     let out = Command::new("openssl")
         .args(args.split_whitespace())
         .output()
-        .expect("run openssl (scripts/install-test-deps.sh installs it)");
+        .expect("run openssl (scripts/test installs it)");
     assert!(
         out.status.success(),
         "openssl {args}: {}",

@@ -22,7 +22,7 @@ impl TlsRedis {
         let bin = "/usr/bin/redis-server";
         assert!(
             Path::new(bin).exists(),
-            "{bin} is missing: run scripts/install-test-deps.sh"
+            "{bin} is missing: run scripts/test, which installs it"
         );
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()

@@ -1,0 +1,729 @@
+"""Drives the chat page in headless Chromium; run by tests/clients/web_page.rs.
+
+The Rust test owns the relay processes and plays the agent; this script owns
+the browser. They talk in lines: this script prints `PROMPTED <client_msg_id>`
+when a prompt it sent shows as pending, `RESTART` when the relay may be
+restarted (it then waits for a line on stdin), `SCREENSHOT <path>` for each
+picture and `DONE` at the end. Any failed check raises, prints a traceback on
+stderr and exits non-zero.
+
+Scenarios:
+  restart  send a prompt, see its answer; the relay restarts (new epoch); the
+           page reconnects by itself and shows the resync notice; a second
+           prompt and answer go through; every answer is shown exactly once.
+  token    the relay has a client token: the page asks for it, then works.
+  fragment the page is opened with `#SESSION&token=TOKEN` (a token for one
+           session): it keeps the token, drops it from the address, sends
+           it as the WebSocket subprotocol (never in a URL), and works.
+  e2e      the page is opened with `#SESSION&key=KEY` while a real `relay
+           agent` with that key serves the session: the prompt leaves the
+           page encrypted and the answer is shown decrypted; it prints
+           `READY`, waits for `SENT` (the test ran `relay send` with the
+           key) and shows that conversation too; a reload decrypts the
+           history. A page with another key shows "cannot decrypt" for every
+           text (its own prompt gets the agent's error answer, `WRONG
+           <client_msg_id>`), one without a key too, never the ciphertext;
+           a key that is no key stops the page from sending.
+  markdown an answer in Markdown (heading, emphasis, code span, nested
+           list, ordered list, link, fenced code with a copy button) shows
+           as elements; raw HTML and javascript: links in it show as text
+           and make no element; a second prompt gets an error answer
+           (`metadata.error`, no text), shown as an error.
+  stream   a prompt gets a "fetched" mark and the agent shows online once
+           the agent fetched it (`FETCHED`); the answer streams in as one
+           draft bubble that grows part by part (`PART <n>` after each
+           part seen), rendered as Markdown with hostile HTML left as text;
+           a reload mid-stream shows the draft again from the relay's
+           snapshot (`RELOADED`); the final answer replaces the draft in
+           the same element, one bubble, not two. A second prompt's draft
+           ends as an error answer.
+  presence the agent shows offline (`OFFLINE`), online while the test
+           parks a long-poll (`ONLINE`), offline again once the poll ended
+           and the relay's short grace passed (`GONE`); a draft the relay
+           drops (short draft timeout) shows as interrupted, keeping its
+           text (`INTERRUPTED`); a new part 1 starts it anew (`RESUMED`)
+           and the final answer takes the bubble over.
+  e2e-stream with `key=`, parts sealed one by one show decrypted as they
+           arrive, a reload decrypts the snapshot (the parts' tokens
+           concatenated, `RELOADED`), a part sealed for another message
+           makes the draft read "cannot decrypt" (`PART 3`), and the sealed
+           final answer replaces it.
+  frames   the relay's socket passes through Playwright, which adds frames
+           of its own for the page's prompt: a part out of order is
+           ignored, a snapshot replaces the draft, a receipt marks the
+           prompt; after a reconnect whose snapshots do not name the
+           draft, it shows as interrupted; a new part 1 restarts it, the
+           final answer replaces it, and a late part changes nothing.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+from playwright.sync_api import expect, sync_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 20_000
+PHONE = {"width": 390, "height": 760}
+# Waiting for an answer, fetched by an agent or not.
+PENDING = re.compile(r"\b(pending|fetched)\b")
+LABELS = {"pending": "Waiting for an answer", "fetched": "Fetched by the agent", "unsent": "Not sent yet"}
+# Stored and not answered: an agent already parked on the session fetches
+# it at once, and the page marks it so.
+WAITING = ("pending", "fetched")
+
+
+def say(line):
+    print(line, flush=True)
+
+
+class Watch:
+    """What the page did that the DOM does not show: frames, errors."""
+
+    def __init__(self, page):
+        self.sent, self.received, self.urls = [], [], []
+        self.errors, self.csp = [], []
+        self.history_loads = 0
+        page.on("requestfinished", self.on_request)
+        page.on("websocket", self.on_socket)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+        page.on("console", self.on_console)
+
+    def on_socket(self, ws):
+        self.urls.append(ws.url)
+        ws.on("framesent", lambda p: self.sent.append(p))
+        ws.on("framereceived", lambda p: self.received.append(p))
+
+    def on_request(self, req):
+        if "/messages/" in req.url:
+            self.history_loads += 1
+
+    def on_console(self, msg):
+        if "Content Security Policy" in msg.text or "Content-Security-Policy" in msg.text:
+            self.csp.append(msg.text)
+
+    def frames(self, frames, kind):
+        out = []
+        for f in frames:
+            try:
+                v = json.loads(f)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(v, dict) and v.get("type") == kind:
+                out.append(v)
+        return out
+
+    def check_clean(self):
+        assert not self.errors, f"uncaught errors in the page: {self.errors}"
+        assert not self.csp, f"Content-Security-Policy violations: {self.csp}"
+
+
+def send_prompt(page, text, state="pending"):
+    """Types a prompt, sends it, waits until it shows in `state` (a tuple:
+    one of them; None: any, for a real agent that may answer before the
+    state is seen); returns its node and id."""
+    before = page.locator("article.prompt").count()
+    page.get_by_label("Prompt").fill(text)
+    page.get_by_role("button", name="Send").click()
+    prompt = page.locator("article.prompt").nth(before)
+    expect(prompt.locator(".text")).to_have_text(text, timeout=WAIT_MS)
+    if state:
+        states = state if isinstance(state, tuple) else (state,)
+        expect(prompt).to_have_class(re.compile(rf"\b({'|'.join(states)})\b"), timeout=WAIT_MS)
+        labels = "|".join(re.escape(LABELS[s]) for s in states)
+        expect(prompt.locator(".state")).to_contain_text(re.compile(labels))
+    expect(prompt).to_have_attribute("data-cmid", re.compile("."))
+    cmid = prompt.get_attribute("data-cmid")
+    assert cmid and len(cmid) == 36, f"client_msg_id is not a UUID: {cmid!r}"
+    return prompt, cmid
+
+
+def wait_answer(page, prompt, amid, text):
+    answer = page.locator(f'article.answer[data-amid="{amid}"]')
+    expect(answer.locator(".text")).to_have_text(text, timeout=WAIT_MS)
+    expect(prompt).not_to_have_class(PENDING, timeout=WAIT_MS)
+    expect(prompt.locator(".state")).to_have_text("")
+    expect(page.locator("#pending")).to_have_text("")
+
+
+def expect_stdin(word):
+    line = sys.stdin.readline().strip()
+    assert line == word, f"expected {word} on stdin, got {line!r}"
+
+
+def wait_until(page, cond, what):
+    """Lets the page run until cond() holds (Playwright delivers events only
+    while it waits), at most WAIT_MS."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        page.wait_for_timeout(50)
+
+
+def connected(page):
+    expect(page.locator("#status")).to_have_attribute("data-state", "ok", timeout=WAIT_MS)
+    expect(page.locator("#status")).to_have_text("Connected")
+
+
+def screenshots(page, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    phone = os.path.join(out_dir, "page-phone.png")
+    page.screenshot(path=phone)
+    say(f"SCREENSHOT {phone}")
+    page.set_viewport_size({"width": 1100, "height": 700})
+    desktop = os.path.join(out_dir, "page-desktop.png")
+    page.screenshot(path=desktop)
+    say(f"SCREENSHOT {desktop}")
+    page.set_viewport_size(PHONE)
+
+
+def restart(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    expect(page.get_by_label("Session")).to_have_value(args.session)
+    connected(page)
+    expect(page.locator("#empty")).to_be_visible()
+
+    first, cmid = send_prompt(page, "What is 6 times 7?", WAITING)
+    expect(page.locator("#pending")).to_have_text("1 waiting for an answer")
+    say(f"PROMPTED {cmid}")
+    wait_answer(page, first, "a-1", "42, as always.")
+
+    say("RESTART")
+    expect_stdin("STOPPED")
+    # Sent while the relay is down: kept, and sent once it is back.
+    queued, qid = send_prompt(page, "Sent while the relay was down", "unsent")
+    say(f"QUEUED {qid}")
+    expect_stdin("RESTARTED")
+
+    if args.persistent:
+        # A relay with a data directory keeps the session's epoch: the page
+        # resumes where it was, with no resync and no notice.
+        connected(page)
+        resyncs = watch.frames(watch.received, "resync")
+        assert not resyncs, f"a persistent relay sent a resync: {resyncs}"
+        expect(page.locator("#notice")).to_be_hidden()
+    else:
+        # The page finds the new relay by itself and is told the history was reset.
+        expect(page.locator("#notice")).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator("#notice-text")).to_contain_text("history was reset")
+        connected(page)
+        resyncs = watch.frames(watch.received, "resync")
+        assert len(resyncs) == 1, f"expected one resync frame, got {resyncs}"
+    # It resumed where it was: `after` and `epoch` on the reconnect.
+    last = watch.urls[-1]
+    assert "after=" in last and "epoch=" in last, f"reconnect URL lacks after/epoch: {last}"
+
+    wait_answer(page, queued, "a-2", "Got it once.")
+
+    third, cmid3 = send_prompt(page, "And the answer\nover two lines?", WAITING)
+    say(f"PROMPTED {cmid3}")
+    wait_answer(page, third, "a-3", "Still 42.\n<b>not bold</b>")
+    # Text is shown as text, never parsed as markup.
+    assert page.locator("article.answer b").count() == 0
+
+    for amid in ("a-1", "a-2", "a-3"):
+        n = page.locator(f'article.answer[data-amid="{amid}"]').count()
+        assert n == 1, f"answer {amid} shown {n} times"
+    assert page.locator("article.prompt").count() == 3
+    assert page.locator("article.answer").count() == 3
+
+    # The server pings every half second: the page answers with pongs.
+    wait_until(page, lambda: watch.frames(watch.sent, "pong"), "a pong frame")
+    pings = watch.frames(watch.received, "ping")
+    pongs = watch.frames(watch.sent, "pong")
+    assert pings, "no ping frame arrived"
+    assert pongs and all(isinstance(p.get("ts"), int) for p in pongs), f"pongs: {pongs}"
+    assert len(pongs) >= len(pings) - 1, f"{len(pings)} pings, {len(pongs)} pongs"
+
+    screenshots(page, args.out)
+    watch.check_clean()
+
+    # A fresh load reads the history and then goes live from its end: the
+    # answer is still there once.
+    loads = watch.history_loads
+    page.reload()
+    connected(page)
+    # In memory the restarted relay kept only what came after the restart;
+    # with a data directory it kept everything.
+    kept = ("a-1", "a-2", "a-3") if args.persistent else ("a-2", "a-3")
+    expect(page.locator("article.answer")).to_have_count(len(kept), timeout=WAIT_MS)
+    expect(page.locator("article.prompt")).to_have_count(len(kept))
+    expect(page.locator("#notice")).to_be_hidden()
+    # The history load, then the catch-up once the socket is open: both
+    # answered, count again.
+    wait_until(page, lambda: watch.history_loads >= loads + 2, "two history loads")
+    for amid in kept:
+        expect(page.locator(f'article.answer[data-amid="{amid}"]')).to_have_count(1)
+
+
+def token(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    form = page.locator("#token-form")
+    expect(form).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#status")).to_have_text("Needs a client token")
+    page.get_by_label("Client token").fill("wrong")
+    page.get_by_role("button", name="Use").click()
+    expect(page.locator("#token-why")).to_contain_text("refused", timeout=WAIT_MS)
+    page.get_by_label("Client token").fill(args.token)
+    page.get_by_role("button", name="Use").click()
+    expect(form).to_be_hidden()
+    connected(page)
+    stored = page.evaluate("sessionStorage.getItem('relay.client_token')")
+    assert stored == args.token, f"token not kept in sessionStorage: {stored!r}"
+    # A token that is an HTTP token travels as the subprotocol, not in the URL.
+    assert watch.urls and not any("token=" in u for u in watch.urls), f"token in {watch.urls}"
+
+    prompt, cmid = send_prompt(page, "Behind a token")
+    say(f"PROMPTED {cmid}")
+    wait_answer(page, prompt, "a-t", "Token accepted")
+    watch.check_clean()
+
+
+def fragment(page, watch, args):
+    page.goto(f"{args.url}#{args.session}&token={args.token}")
+    connected(page)
+    expect(page.locator("#token-form")).to_be_hidden()
+    stored = page.evaluate("sessionStorage.getItem('relay.client_token')")
+    assert stored == args.token, f"token not kept in sessionStorage: {stored!r}"
+    address = page.evaluate("location.href")
+    assert args.token not in address, f"the token stays in the address: {address}"
+    assert page.evaluate("location.hash") == f"#{args.session}", address
+    assert watch.urls, "no WebSocket opened"
+    assert not any(args.token in u or "token=" in u for u in watch.urls), watch.urls
+
+    prompt, cmid = send_prompt(page, "Behind a session token")
+    say(f"PROMPTED {cmid}")
+    wait_answer(page, prompt, "a-f", "Fragment token accepted")
+    watch.check_clean()
+
+
+def e2e(page, watch, args):
+    requests = []
+    page.on("request", lambda r: requests.append((r.method, r.url, r.post_data)))
+    page.goto(f"{args.url}#{args.session}&key={args.key}")
+    connected(page)
+    expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
+    address = page.evaluate("location.href")
+    assert args.key not in address, f"the key stays in the address: {address}"
+    assert page.evaluate("location.hash") == f"#{args.session}", address
+
+    prompt, cmid = send_prompt(page, "attack at dawn", None)
+    say(f"PROMPTED {cmid}")
+    answer = page.locator("article.answer")
+    expect(answer.locator(".text")).to_have_text(["ATTACK AT DAWN"], timeout=WAIT_MS)
+    expect(answer.locator(".text > p")).to_have_text(["ATTACK AT DAWN"])  # decrypted, then rendered
+    expect(prompt).not_to_have_class(PENDING, timeout=WAIT_MS)
+
+    # Only ciphertext left the page and came back to it; the key went nowhere.
+    posts = [json.loads(body) for method, url, body in requests if method == "POST" and url.endswith("/prompt")]
+    assert len(posts) == 1, f"one POST /prompt expected: {posts}"
+    assert posts[0]["prompt"].startswith("e2e1:"), posts[0]
+    assert posts[0]["metadata"] == {"e2e": 1}, posts[0]
+    assert "attack" not in json.dumps(posts), posts
+    answers = watch.frames(watch.received, "message")
+    assert answers and all(a["data"]["text"].startswith("e2e1:") for a in answers), answers
+    assert not any("ATTACK" in str(f) for f in watch.received), watch.received
+    assert not any(args.key in url or args.key in (body or "") for _, url, body in requests), requests
+    assert not any(args.key in u for u in watch.urls), watch.urls
+
+    # `relay send` with the key: its prompt (from the history) and answer
+    # (live) are read here too.
+    say("READY")
+    expect_stdin("SENT")
+    texts = ["attack at dawn", "from the command line"]
+    expect(page.locator("article.prompt .text")).to_have_text(texts, timeout=WAIT_MS)
+    expect(answer.locator(".text")).to_have_text([t.upper() for t in texts], timeout=WAIT_MS)
+
+    # A reload keeps the key (not the address): the history is decrypted.
+    page.reload()
+    connected(page)
+    expect(page.locator("#e2e")).to_be_visible()
+    expect(page.locator("article.prompt .text")).to_have_text(texts, timeout=WAIT_MS)
+    expect(answer.locator(".text")).to_have_text([t.upper() for t in texts], timeout=WAIT_MS)
+    expect(page.locator(".undecryptable")).to_have_count(0)
+    watch.check_clean()
+
+    # Another key: nothing opens, nothing crashes; its own prompt is shown
+    # as typed and the agent, which cannot read it, answers with an error.
+    wrong = page.context.new_page()
+    wrong_watch = Watch(wrong)
+    wrong.goto(f"{args.url}#{args.session}&key={args.other_key}")
+    connected(wrong)
+    texts_of = wrong.locator("article .text")
+    expect(texts_of).to_have_text(["cannot decrypt"] * 4, timeout=WAIT_MS)
+    expect(wrong.locator(".undecryptable")).to_have_count(4)
+    mine, wrong_cmid = send_prompt(wrong, "with the wrong key", None)
+    say(f"WRONG {wrong_cmid}")
+    reply = wrong.locator(f'article.answer[data-for="{wrong_cmid}"] .text')
+    expect(reply).to_have_text("cannot decrypt", timeout=WAIT_MS)
+    expect(reply).to_have_class(re.compile(r"\bundecryptable\b"))
+    expect(mine).not_to_have_class(PENDING, timeout=WAIT_MS)
+    wrong_watch.check_clean()
+
+    # No key: encrypted texts read "cannot decrypt", never e2e1:...
+    bare = page.context.new_page()
+    bare_watch = Watch(bare)
+    bare.goto(f"{args.url}#{args.session}")
+    connected(bare)
+    expect(bare.locator("#e2e")).to_be_hidden()
+    expect(bare.locator("article .text")).to_have_text(["cannot decrypt"] * 6, timeout=WAIT_MS)
+    assert "e2e1:" not in bare.locator("#log").inner_text()
+    bare_watch.check_clean()
+
+    # A key that is no key: the page says so and sends nothing.
+    bare_posts = []
+    bare.on("request", lambda r: bare_posts.append(r.url) if r.method == "POST" else None)
+    bare.evaluate(f"location.hash = '#{args.session}&key=not-a-key'")
+    expect(bare.locator("#notice-text")).to_contain_text("not a relay key", timeout=WAIT_MS)
+    expect(bare.locator("#e2e")).to_have_text("End-to-end key unusable")
+    assert "not-a-key" not in bare.evaluate("location.href")
+    connected(bare)
+    before = bare.locator("article.prompt").count()
+    bare.get_by_label("Prompt").fill("never sent")
+    bare.get_by_role("button", name="Send").click()
+    refused = bare.locator("article.prompt").nth(before)
+    expect(refused).to_have_class(re.compile(r"\brejected\b"), timeout=WAIT_MS)
+    expect(refused.locator(".state")).to_contain_text("cannot encrypt")
+    assert not bare_posts, f"a prompt was posted without a usable key: {bare_posts}"
+    bare_watch.check_clean()
+
+
+def markdown(page, watch, args):
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=args.url.rstrip("/"))
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    _, cmid = send_prompt(page, "Show me some Markdown")
+    say(f"PROMPTED {cmid}")
+    answer = page.locator(f'article.answer[data-for="{cmid}"] .text')
+    expect(answer.locator("h1")).to_have_text("Plan", timeout=WAIT_MS)
+    expect(answer.locator("em")).to_have_text(["emphasis"])
+    expect(answer.locator("strong")).to_have_text(["strong"])
+    expect(answer.locator(":not(pre) > code")).to_have_text(["code <i>"])
+    expect(answer.locator("p").first).to_contain_text("snake_case_name stays")
+    expect(answer.locator("> ul > li")).to_have_count(2)
+    expect(answer.locator("> ul > li > ul > li")).to_have_text(["nested"])
+    expect(answer.locator("> ol > li")).to_have_text(["first", "second"])
+    expect(answer.locator("> ol")).to_have_attribute("start", "3")
+    links = answer.locator("a")
+    expect(links).to_have_count(2)
+    expect(links.first).to_have_text("a link")
+    expect(links.first).to_have_attribute("href", "https://example.com/docs")
+    for i in range(2):
+        expect(links.nth(i)).to_have_attribute("target", "_blank")
+        expect(links.nth(i)).to_have_attribute("rel", "noopener noreferrer")
+    expect(links.nth(1)).to_have_attribute("href", "https://example.com/a_b")
+    code = answer.locator("pre > code")
+    expect(code).to_have_text('echo "<b>hi</b>"\necho *not emphasis*')
+    expect(code).to_have_attribute("data-lang", "sh")
+    copy = answer.get_by_role("button", name="Copy")
+    # The label says "Copied" for a moment: watched, not polled for.
+    page.evaluate("""b => { window.labels = []; new MutationObserver(() => labels.push(b.textContent))
+        .observe(b, { childList: true, subtree: true }); }""", copy.element_handle())
+    copy.click()
+    source = 'echo "<b>hi</b>"\necho *not emphasis*'
+    wait_until(page, lambda: page.evaluate("navigator.clipboard.readText()") == source, "the code in the clipboard")
+    wait_until(page, lambda: "Copied" in page.evaluate("labels"), "the Copied label")
+    # Hostile parts are text, not elements, and nothing ran.
+    expect(answer.locator("img, script, b, i, iframe")).to_have_count(0)
+    whole = answer.inner_text()
+    for raw in ["<img src=x onerror=", "<script>window.pwned=2</script>", "[bad](javascript:alert(1))", "bad2"]:
+        assert raw in whole, f"{raw!r} not shown as text in {whole!r}"
+    assert page.evaluate("window.pwned") is None, "an answer ran code"
+
+    failing, fid = send_prompt(page, "Now fail")
+    say(f"PROMPTED {fid}")
+    failed = page.locator(f'article.answer[data-for="{fid}"]')
+    expect(failed).to_have_class(re.compile(r"\bfailed\b"), timeout=WAIT_MS)
+    expect(failed.locator(".err")).to_have_text("Error (exit code 3): loading\nmodel not found: tiny")
+    expect(failed.locator(".text")).to_have_count(0)
+    expect(failing).not_to_have_class(PENDING)
+    os.makedirs(args.out, exist_ok=True)
+    shot = os.path.join(args.out, "page-markdown.png")
+    page.screenshot(path=shot, full_page=True)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
+def answer_of(page, amid):
+    return page.locator(f'article.answer[data-amid="{amid}"]')
+
+
+def mark(page, amid):
+    """Remembers the answer's element, to check later that it is the same."""
+    page.evaluate(f"""window.marked = document.querySelector('article.answer[data-amid="{amid}"]')""")
+
+
+def same_element(page, amid):
+    return page.evaluate(f"""document.querySelector('article.answer[data-amid="{amid}"]') === window.marked""")
+
+
+def expect_agent(page, state):
+    agent = page.locator("#agent")
+    expect(agent).to_have_attribute("data-state", state, timeout=WAIT_MS)
+    expect(agent).to_have_text(f"Agent {state}")
+    expect(agent).to_have_attribute("title", re.compile(rf"^{state.capitalize()} since "))
+
+
+def stream(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    prompt, cmid = send_prompt(page, "Stream me an answer")
+    say(f"PROMPTED {cmid}")
+    # The agent fetched it: a mark on the prompt, and the agent is online.
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"), timeout=WAIT_MS)
+    expect(prompt.locator(".state")).to_have_text("Fetched by the agent")
+    expect(page.locator("#pending")).to_have_text("1 waiting for an answer")
+    expect_agent(page, "online")
+    say("FETCHED")
+
+    draft = answer_of(page, "a-s")
+    expect(draft.locator(".text")).to_have_text("Hello", timeout=WAIT_MS)
+    expect(draft).to_have_class(re.compile(r"\bdraft\b"))
+    expect(draft.locator(".state")).to_have_text("Writing…")
+    mark(page, "a-s")
+    say("PART 1")
+    expect(draft.locator(".text")).to_have_text("Hello, world", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("world")
+    assert same_element(page, "a-s"), "the draft was redrawn in another bubble"
+    expect(page.locator("article.answer")).to_have_count(1)
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"))
+    shot = os.path.join(args.out, "page-draft.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+
+    # A reload mid-stream: the history has no draft, the snapshot brings it.
+    page.reload()
+    connected(page)
+    expect(draft.locator(".text")).to_have_text("Hello, world", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("world")
+    expect(draft).to_have_class(re.compile(r"\bdraft\b"))
+    snapshots = [f for f in watch.frames(watch.received, "delta") if f["data"].get("snapshot")]
+    assert snapshots and snapshots[-1]["data"]["text"] == "Hello, **world**", snapshots
+    mark(page, "a-s")
+    say("RELOADED")
+
+    # Hostile HTML in a part is text, and nothing runs.
+    expect(draft.locator(".text")).to_contain_text("<script>window.pwned=1</script>", timeout=WAIT_MS)
+    expect(draft.locator(".text img, .text script, .text a")).to_have_count(0)
+    whole = draft.locator(".text").inner_text()
+    for raw in ['<img src=x onerror="window.pwned=2">', "[x](javascript:alert(3))", "y"]:
+        assert raw in whole, f"{raw!r} not shown as text in {whole!r}"
+    assert page.evaluate("window.pwned") is None, "a draft ran code"
+    say("PART 3")
+
+    # The final answer takes over the draft's element: one bubble.
+    expect(draft.locator(".text")).to_have_text("Hello, world. Done.", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    expect(draft.locator(".state")).to_have_count(0)
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-s"), "the final answer is another bubble than the draft"
+    prompt = page.locator(f'article.prompt[data-cmid="{cmid}"]')
+    expect(prompt).not_to_have_class(PENDING)
+    expect(page.locator("#pending")).to_have_text("")
+
+    # A draft whose final answer is an error answer.
+    failing, fid = send_prompt(page, "Now fail while streaming")
+    say(f"PROMPTED {fid}")
+    failed = answer_of(page, "a-sf")
+    expect(failed.locator(".text")).to_have_text("partial output", timeout=WAIT_MS)
+    mark(page, "a-sf")
+    say("PART 1")
+    expect(failed).to_have_class(re.compile(r"\bfailed\b"), timeout=WAIT_MS)
+    expect(failed.locator(".err")).to_have_text("Error (exit code 1): it broke")
+    expect(failed.locator(".text")).to_have_text("partial output")
+    assert same_element(page, "a-sf")
+    expect(page.locator("article.answer")).to_have_count(2)
+    expect(failing).not_to_have_class(PENDING)
+    shot = os.path.join(args.out, "page-stream.png")
+    page.screenshot(path=shot, full_page=True)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
+def presence(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    say("OFFLINE")
+    expect_agent(page, "online")
+    say("ONLINE")
+    # The poll ends and the short grace passes: offline again, by itself.
+    expect_agent(page, "offline")
+    states = [f["data"]["agent"] for f in watch.frames(watch.received, "presence")]
+    changes = [a for i, a in enumerate(states) if i == 0 or states[i - 1] != a]
+    assert changes == ["offline", "online", "offline"], states
+    say("GONE")
+
+    prompt, cmid = send_prompt(page, "Answer slowly")
+    say(f"PROMPTED {cmid}")
+    draft = answer_of(page, "a-p")
+    expect(draft.locator(".text")).to_have_text("Half an answer", timeout=WAIT_MS)
+    mark(page, "a-p")
+    # The relay drops the draft after its short timeout: the text stays,
+    # marked as interrupted, and the prompt still waits.
+    expect(draft).to_have_class(re.compile(r"\binterrupted\b"), timeout=WAIT_MS)
+    expect(draft.locator(".state")).to_have_text("Interrupted: the agent stopped sending")
+    expect(draft.locator(".text")).to_have_text("Half an answer")
+    ends = watch.frames(watch.received, "delta_end")
+    assert [e["data"]["reason"] for e in ends] == ["timeout"], ends
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"))
+    shot = os.path.join(args.out, "page-interrupted.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    say("INTERRUPTED")
+    # A new part 1 starts the draft anew in the same bubble.
+    resumed = page.locator('article.answer.draft:not(.interrupted)[data-amid="a-p"] .text')
+    expect(resumed).to_have_text("Resumed", timeout=WAIT_MS)
+    assert same_element(page, "a-p")
+    say("RESUMED")
+    expect(draft.locator(".text")).to_have_text("The whole answer", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\b(draft|interrupted)\b"))
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-p")
+    expect(prompt).not_to_have_class(PENDING)
+    watch.check_clean()
+
+
+def e2e_stream(page, watch, args):
+    page.goto(f"{args.url}#{args.session}&key={args.key}")
+    connected(page)
+    expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
+    _, cmid = send_prompt(page, "a secret, slowly")
+    say(f"PROMPTED {cmid}")
+    draft = answer_of(page, "a-e")
+    expect(draft.locator(".text")).to_have_text("Top", timeout=WAIT_MS)
+    say("PART 1")
+    expect(draft.locator(".text")).to_have_text("Top secret", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("secret")
+    page.reload()
+    connected(page)
+    expect(draft.locator(".text")).to_have_text("Top secret", timeout=WAIT_MS)
+    expect(draft.locator(".text strong")).to_have_text("secret")
+    snapshots = [f for f in watch.frames(watch.received, "delta") if f["data"].get("snapshot")]
+    assert snapshots and snapshots[-1]["data"]["text"].count("e2e1:") == 2, snapshots
+    mark(page, "a-e")
+    say("RELOADED")
+    expect(draft.locator(".text")).to_have_text("cannot decrypt", timeout=WAIT_MS)
+    expect(draft.locator(".text")).to_have_class(re.compile(r"\bundecryptable\b"))
+    say("PART 3")
+    expect(draft.locator(".text")).to_have_text("Top secret, all of it.", timeout=WAIT_MS)
+    expect(draft.locator(".text")).not_to_have_class(re.compile(r"\bundecryptable\b"))
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-e")
+    assert not any("secret" in str(f) for f in watch.received), "clear text came over the WebSocket"
+    watch.check_clean()
+
+
+def frames(page, watch, args):
+    sockets = []
+
+    def through(ws):
+        ws.connect_to_server()  # frames pass both ways, and ws.send adds some
+        sockets.append(ws)
+
+    page.route_web_socket(re.compile(r"/ws/"), through)
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect_agent(page, "offline")
+    prompt, cmid = send_prompt(page, "Frames by hand")
+    ids = {"session_id": args.session, "client_msg_id": cmid, "assistant_msg_id": "a-x"}
+
+    def inject(kind, **data):
+        sockets[-1].send(json.dumps({"type": kind, "data": {**ids, **data}}))
+
+    draft = answer_of(page, "a-x")
+    inject("delta", part=1, text="One")
+    expect(draft.locator(".text")).to_have_text("One", timeout=WAIT_MS)
+    mark(page, "a-x")
+    inject("delta", part=3, text=" IGNORED")
+    inject("delta", part=2, text=" two")
+    expect(draft.locator(".text")).to_have_text("One two", timeout=WAIT_MS)
+    inject("delta", part=4, text="Replaced *whole*", snapshot=True)
+    inject("delta", part=5, text=" and on")
+    expect(draft.locator(".text")).to_have_text("Replaced whole and on", timeout=WAIT_MS)
+    expect(draft.locator(".text em")).to_have_text("whole")
+    inject("receipt", state="fetched", ts=1)
+    expect(prompt.locator(".state")).to_have_text("Fetched by the agent", timeout=WAIT_MS)
+
+    # The socket drops; the relay's snapshots on the new one do not name
+    # the draft (it never knew it): once the presence frame that follows
+    # them arrives, the draft shows as interrupted, text kept.
+    n = len(sockets)
+    sockets[-1].close()
+    expect(page.locator("#agent")).to_be_hidden(timeout=WAIT_MS)
+    wait_until(page, lambda: len(sockets) > n, "the page reconnecting")
+    connected(page)
+    expect_agent(page, "offline")
+    expect(draft).to_have_class(re.compile(r"\binterrupted\b"), timeout=WAIT_MS)
+    expect(draft.locator(".text")).to_have_text("Replaced whole and on")
+    inject("delta", part=2, text="not next")
+    inject("delta", part=1, text="Anew")
+    expect(draft.locator(".text")).to_have_text("Anew", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\binterrupted\b"))
+    inject("message", text="Final", seq=2, ts=2)
+    expect(draft.locator(".text")).to_have_text("Final", timeout=WAIT_MS)
+    expect(draft).not_to_have_class(re.compile(r"\bdraft\b"))
+    inject("delta", part=2, text=" late")
+    inject("presence", agent="online", since=1)  # a frame to wait for
+    expect_agent(page, "online")
+    expect(draft.locator(".text")).to_have_text("Final")
+    expect(page.locator("article.answer")).to_have_count(1)
+    assert same_element(page, "a-x")
+    expect(prompt).not_to_have_class(PENDING)
+    watch.check_clean()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenario", required=True,
+                    choices=["restart", "token", "fragment", "e2e", "markdown", "stream", "presence", "e2e-stream",
+                             "frames"])
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--session", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--token", default="")
+    ap.add_argument("--key", default="", help="the end-to-end key (e2e)")
+    ap.add_argument("--other-key", default="", help="a key the agent does not have (e2e)")
+    ap.add_argument("--persistent", action="store_true",
+                    help="the relay keeps its data across the restart: no resync expected")
+    args = ap.parse_args()
+    with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        ctx = p.chromium.launch_persistent_context(
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=ARGS,
+            viewport=PHONE,
+        )
+        try:
+            ctx.set_default_timeout(WAIT_MS)
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            watch = Watch(page)
+            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown,
+                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames}
+            scenarios[args.scenario](page, watch, args)
+        finally:
+            ctx.close()
+    say("DONE")
+
+
+if __name__ == "__main__":
+    main()

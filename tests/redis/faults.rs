@@ -1,0 +1,785 @@
+//! Faults injected into the Redis that several relays share, against real
+//! relay processes, a real `redis-server` (Debian's, see
+//! `scripts/install-test-deps.sh`) of each test's own, and real HTTP and
+//! WebSocket clients. Each test counts: every request gets its own
+//! answer; nothing answered `503` is ever visible to anyone (WebSocket
+//! frames, `/messages`, the pending sets of every instance); nothing
+//! acknowledged is lost; `seq` has no gap within an epoch.
+
+use crate::common;
+
+use crate::common::*;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`;
+/// returns that answer's body.
+#[track_caller]
+fn wait_ready(srv: &Server, status: u16) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = srv.get("/readyz");
+        if got.status == status {
+            return got.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never answered {status} (last {} {})",
+            got.status,
+            got.text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits (bounded, 10 s) until `cond` holds.
+#[track_caller]
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One `POST` on a new connection (`Connection: close`): the status and
+/// the JSON body, or `None` when the connection fails first.
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
+    let conn = TcpStream::connect(addr).ok()?;
+    conn.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    // Over TLS too, in the suite's TLS run.
+    let mut conn = common::Stream::try_over(conn).ok()?;
+    let body = serde_json::to_vec(body).ok()?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).ok()?;
+    conn.write_all(&body).ok()?;
+    let mut out = Vec::new();
+    conn.read_to_end(&mut out).ok()?;
+    let text = String::from_utf8_lossy(&out);
+    let status = text.get(9..12)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1;
+    Some((status, serde_json::from_str(body).ok()?))
+}
+
+/// What the writers saw: ids acknowledged (`200`), those of them sent
+/// after the store was lost (`Progress::lost`), ids refused (`503`) and,
+/// after a store was lost, answers to prompts it took with it (`404`).
+#[derive(Default, Debug)]
+struct Tally {
+    prompts: BTreeSet<String>,
+    answers: BTreeSet<String>,
+    prompts_after: BTreeSet<String>,
+    answers_after: BTreeSet<String>,
+    refused_prompts: BTreeSet<String>,
+    refused_answers: BTreeSet<String>,
+    orphans: u64,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.prompts.extend(other.prompts);
+        self.answers.extend(other.answers);
+        self.prompts_after.extend(other.prompts_after);
+        self.answers_after.extend(other.answers_after);
+        self.refused_prompts.extend(other.refused_prompts);
+        self.refused_answers.extend(other.refused_answers);
+        self.orphans += other.orphans;
+    }
+}
+
+/// Counters the main thread watches while writers run.
+#[derive(Default)]
+struct Progress {
+    answered: AtomicU64,
+    refused: AtomicU64,
+    /// Set once the store was flushed: what is sent afterwards must be
+    /// in the new one.
+    lost: AtomicBool,
+}
+
+/// A writer, alternating instances until `stop`: each round posts a new
+/// prompt, then answers the oldest acknowledged prompt it has not
+/// answered yet (each attempt under a new `assistant_msg_id`, so a
+/// refused one stays told apart); so while Redis refuses writes, both
+/// kinds are refused. Once stopped, it answers what is left. Every request must
+/// get its own answer: `200` naming its own id, `503 Storage
+/// unavailable`, or, for an answer when `lossy`, `404` (its prompt or
+/// session went with a lost store).
+fn writer(
+    addrs: Vec<SocketAddr>,
+    sid: String,
+    name: String,
+    lossy: bool,
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+) -> JoinHandle<Tally> {
+    std::thread::spawn(move || {
+        let mut tally = Tally::default();
+        let mut turn = 0usize;
+        let mut post_to = |path: &str, body: &Value| -> (u16, Value) {
+            turn += 1;
+            let addr = addrs[turn % addrs.len()];
+            post(addr, path, body).unwrap_or_else(|| panic!("{path} {body}: no answer"))
+        };
+        let mut unanswered = std::collections::VecDeque::new();
+        let mut n = 0;
+        let mut attempt = 0;
+        loop {
+            let stopping = stop.load(Ordering::Relaxed);
+            if stopping && unanswered.is_empty() {
+                break;
+            }
+            let mut refused = false;
+            if !stopping {
+                n += 1;
+                let cid = format!("{name}-p{n}");
+                let after = progress.lost.load(Ordering::SeqCst);
+                let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
+                let (status, resp) = post_to("/prompt", &body);
+                match status {
+                    200 => {
+                        assert_eq!(resp["client_msg_id"], cid.as_str(), "{resp}");
+                        if after {
+                            tally.prompts_after.insert(cid.clone());
+                        }
+                        tally.prompts.insert(cid.clone());
+                        unanswered.push_back(cid);
+                    }
+                    503 => {
+                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                        tally.refused_prompts.insert(cid);
+                        progress.refused.fetch_add(1, Ordering::Relaxed);
+                        refused = true;
+                    }
+                    other => panic!("/prompt: {other} {resp}"),
+                }
+            }
+            let after = progress.lost.load(Ordering::SeqCst);
+            // The oldest is answered once a newer one waits behind it, so
+            // one is always left to answer when Redis starts refusing.
+            let due = stopping || refused || unanswered.len() > 1;
+            if let Some(cid) = unanswered.front().filter(|_| due) {
+                attempt += 1;
+                let aid = format!("{name}-a{attempt}");
+                let body = json!({"session_id": sid, "client_msg_id": cid,
+                                  "assistant_msg_id": aid, "text": "done"});
+                let (status, resp) = post_to("/response", &body);
+                match status {
+                    200 => {
+                        assert_eq!(resp["assistant_msg_id"], aid.as_str(), "{resp}");
+                        if after {
+                            tally.answers_after.insert(aid.clone());
+                        }
+                        tally.answers.insert(aid);
+                        progress.answered.fetch_add(1, Ordering::Relaxed);
+                        unanswered.pop_front();
+                    }
+                    503 => {
+                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                        tally.refused_answers.insert(aid);
+                        progress.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    404 if lossy => {
+                        // The prompt, or its whole session, went with the store.
+                        let error = resp["error"].as_str().unwrap_or("");
+                        assert!(
+                            matches!(error, "Prompt not found" | "Session not found"),
+                            "{resp}"
+                        );
+                        tally.orphans += 1;
+                        unanswered.pop_front();
+                    }
+                    other => panic!("/response: {other} {resp}"),
+                }
+            }
+        }
+        tally
+    })
+}
+
+/// Starts `n` writers; `stop_and_join` ends them.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+    handles: Vec<JoinHandle<Tally>>,
+}
+
+impl Writers {
+    fn start(servers: &[Server], sid: &str, n: usize, lossy: bool) -> Writers {
+        let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
+        let handles = (0..n)
+            .map(|i| {
+                writer(
+                    addrs.clone(),
+                    sid.to_string(),
+                    format!("w{i}"),
+                    lossy,
+                    Arc::clone(&stop),
+                    Arc::clone(&progress),
+                )
+            })
+            .collect();
+        Writers {
+            stop,
+            progress,
+            handles,
+        }
+    }
+
+    /// Waits (bounded) until `more` answers past now were acknowledged.
+    #[track_caller]
+    fn wait_answers(&self, more: u64) {
+        let want = self.progress.answered.load(Ordering::Relaxed) + more;
+        wait_until("writers make progress", || {
+            self.progress.answered.load(Ordering::Relaxed) >= want
+        });
+    }
+
+    #[track_caller]
+    fn wait_refusals(&self, more: u64) {
+        let want = self.progress.refused.load(Ordering::Relaxed) + more;
+        wait_until("writes refused", || {
+            self.progress.refused.load(Ordering::Relaxed) >= want
+        });
+    }
+
+    fn stop_and_join(self) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut tally = Tally::default();
+        for h in self.handles {
+            tally.merge(h.join().expect("writer"));
+        }
+        tally
+    }
+}
+
+/// The ids of one kind of message in a `/messages` body.
+fn ids(history: &Value, kind: &str, field: &str) -> BTreeSet<String> {
+    history["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["type"] == kind)
+                .filter_map(|m| m["data"][field].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn seqs(history: &Value) -> Vec<u64> {
+    history["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["data"]["seq"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// Checks one instance's view of `sid` against what the writers saw:
+/// one epoch, `seq` from 1 without a gap, every acknowledged id stored,
+/// no refused id anywhere, nothing pending (every acknowledged prompt got
+/// its answer). Returns the history.
+#[track_caller]
+fn check_instance(srv: &Server, sid: &str, epoch: &str, tally: &Tally) -> Value {
+    let history = srv.messages(sid, "?limit=1000");
+    assert_eq!(history["epoch"], epoch, "{history}");
+    let seqs = seqs(&history);
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    let prompts = ids(&history, "prompt", "client_msg_id");
+    let answers = ids(&history, "assistant", "assistant_msg_id");
+    assert!(tally.prompts.is_subset(&prompts), "a prompt was lost");
+    assert!(tally.answers.is_subset(&answers), "an answer was lost");
+    let shown: Vec<_> = prompts.intersection(&tally.refused_prompts).collect();
+    assert!(shown.is_empty(), "refused prompts stored: {shown:?}");
+    let shown: Vec<_> = answers.intersection(&tally.refused_answers).collect();
+    assert!(shown.is_empty(), "refused answers stored: {shown:?}");
+    let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
+    assert_eq!(pending.status, 200, "{}", pending.text());
+    assert_eq!(pending.json(), json!([]), "pending on one instance");
+    history
+}
+
+/// Reads a subscriber until it has seen every id of `want`: no frame but
+/// `message`s (no close, no resync), none refused, `seq` rising.
+#[track_caller]
+fn read_answers(ws: &mut Ws, want: &BTreeSet<String>, refused: &BTreeSet<String>) {
+    let mut seen = BTreeSet::new();
+    let mut last = 0;
+    while !want.is_subset(&seen) {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "message", "{frame}");
+        let aid = frame["data"]["assistant_msg_id"].as_str().unwrap_or("");
+        assert!(!refused.contains(aid), "a refused answer was sent: {frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+        seen.insert(aid.to_string());
+    }
+}
+
+#[test]
+fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
+    let redis = Redis::start();
+    let servers = redis.relays(2, &[]);
+    let sid = unique_session();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers, &sid);
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    let writers = Writers::start(&servers, &sid, 3, false);
+    writers.wait_answers(20);
+    // Redis stops taking writes in the middle of the traffic, then takes
+    // them again.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    writers.wait_refusals(30);
+    redis.config_set("maxmemory", "0");
+    writers.wait_answers(20);
+    let tally = writers.stop_and_join();
+    assert!(!tally.refused_answers.is_empty(), "{tally:?}");
+    assert!(!tally.refused_prompts.is_empty(), "{tally:?}");
+
+    let history = check_instance(&servers[0], &sid, &epoch, &tally);
+    assert_eq!(check_instance(&servers[1], &sid, &epoch, &tally), history);
+    for ws in &mut subscribers {
+        read_answers(ws, &tally.answers, &tally.refused_answers);
+    }
+}
+
+#[test]
+fn readyz_follows_redis_refusing_writes_and_hanging_both_ways_without_client_writes() {
+    let mut redis = Redis::start();
+    let servers = redis.relays(2, &[]);
+    let sid = unique_session();
+    servers[0].prompt(&sid, "before", Some("before"));
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    let not_ready = json!({"ready": false, "reason": "storage"});
+    // Out of memory: no client writes, yet not ready; ready again once
+    // Redis takes writes, again with no client write.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+        // Reads keep working.
+        assert_eq!(srv.get("/healthz").status, 200);
+        assert_eq!(srv.messages(&sid, "")["total"], 1);
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false")).json();
+        assert_eq!(client_msg_ids(pending.as_array().unwrap()), ["before"]);
+    }
+    redis.config_set("maxmemory", "0");
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // Hung (SIGSTOP): the probe goes unanswered, then is answered again.
+    redis.signal("STOP");
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+    }
+    redis.signal("CONT");
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // Unreachable, then back (empty).
+    redis.kill9();
+    for srv in &servers {
+        assert_eq!(wait_ready(srv, 503), not_ready);
+    }
+    redis.run();
+    for srv in &servers {
+        wait_ready(srv, 200);
+    }
+    // And writes work.
+    assert_eq!(servers[1].prompt(&sid, "x", Some("p"))["stored"], true);
+}
+
+/// Reads a subscriber through a lost store: `message`s of the old epoch
+/// with `seq` rising, then one `resync` naming `epoch` (the new one),
+/// then `message`s of it from its `first_seq`, rising, until every id of
+/// `want` was seen. Never a close. Returns the resync frame.
+#[track_caller]
+fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Value {
+    let mut last = 0;
+    let resync = loop {
+        let frame = ws.recv_json_skip_pings();
+        if frame["type"] == "resync" {
+            break frame;
+        }
+        assert_eq!(frame["type"], "message", "{frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+    };
+    assert_eq!(resync["epoch"], epoch, "{resync}");
+    let first = resync["first_seq"].as_u64().expect("first_seq");
+    let mut last = first - 1;
+    let mut seen = BTreeSet::new();
+    while !want.is_subset(&seen) {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "message", "one resync only: {frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+        seen.insert(
+            frame["data"]["assistant_msg_id"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        );
+    }
+    resync
+}
+
+#[test]
+fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion() {
+    let mut redis = Redis::start();
+    let servers = redis.relays(2, &[]);
+    let sid = unique_session();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers, &sid);
+    // A long-poll parked on B on a quiet session, through both losses.
+    let quiet = unique_session();
+    servers[0].put(&format!("/sessions/{quiet}"));
+    let mut parked = servers[1].conn();
+    parked.send("GET", &format!("/prompts/{quiet}?timeout=60"), &[], None);
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    servers[1].wait_health("parked_polls", 1);
+
+    // FLUSHALL in the middle of the traffic.
+    let writers = Writers::start(&servers, &sid, 3, true);
+    writers.wait_answers(20);
+    assert!(redis.cli(&["flushall"]).contains("OK"));
+    writers.progress.lost.store(true, Ordering::SeqCst);
+    writers.wait_answers(20);
+    let tally = writers.stop_and_join();
+    assert!(
+        tally.orphans > 0 || !tally.answers_after.is_empty(),
+        "{tally:?}"
+    );
+
+    let history = servers[0].messages(&sid, "?limit=1000");
+    let flushed = history["epoch"].as_str().unwrap().to_string();
+    assert_ne!(flushed, epoch, "a lost store is a new epoch");
+    for srv in &servers {
+        let h = srv.messages(&sid, "?limit=1000");
+        assert_eq!(h, history, "both instances hold the same session");
+        let seqs = seqs(&h);
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+        assert!(
+            tally
+                .prompts_after
+                .is_subset(&ids(&h, "prompt", "client_msg_id"))
+        );
+        assert!(
+            tally
+                .answers_after
+                .is_subset(&ids(&h, "assistant", "assistant_msg_id"))
+        );
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
+        assert_eq!(pending.json(), json!([]), "pending on one instance");
+    }
+    let answered = ids(&history, "assistant", "assistant_msg_id");
+    for ws in &mut subscribers {
+        let resync = read_through_resync(ws, &flushed, &answered);
+        assert_eq!(resync["first_seq"], 1, "{resync}");
+    }
+
+    // Restarted empty while nobody writes: the subscribers are told all
+    // the same, and the session goes on under another epoch.
+    redis.kill9();
+    redis.run();
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "resync", "{frame}");
+        assert_ne!(frame["epoch"], flushed.as_str());
+        assert_ne!(frame["epoch"], epoch.as_str());
+    }
+    let put = servers[1].put(&format!("/sessions/{sid}")).json();
+    assert_eq!(put["created"], false, "{put}");
+    servers[0].prompt(&sid, "again", Some("again"));
+    let ack = servers[1].post_json(
+        "/response",
+        &json!({"session_id": sid, "client_msg_id": "again", "assistant_msg_id": "fresh", "text": "x"}),
+    );
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["data"]["assistant_msg_id"], "fresh", "{frame}");
+        assert_eq!(frame["data"]["seq"], 2, "{frame}");
+        assert_eq!(frame["data"]["session_id"], sid.as_str());
+    }
+    // The long-poll parked through both is woken by a prompt after them.
+    servers[0].prompt(&quiet, "late", Some("late"));
+    let got = parked.read_response();
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(client_msg_ids(got.json().as_array().unwrap()), ["late"]);
+}
+
+#[test]
+fn a_store_lost_while_redis_refuses_writes_is_renewed_once_it_takes_them() {
+    // The sweep, every 2.5 s with this TTL, creates again a session
+    // someone waits on that could not be created when the loss was seen.
+    let redis = Redis::start();
+    let servers = redis.relays(2, &[("RELAY_SESSION_TTL", "10")]);
+    let sid = unique_session();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers, &sid);
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    servers[0].prompt(&sid, "q", Some("p1"));
+    assert_eq!(servers[1].respond(&sid, "p1", "a")["delivered"], true);
+    for ws in &mut subscribers {
+        assert_eq!(ws.recv_json_skip_pings()["data"]["seq"], 2);
+    }
+    // Out of memory, then the store flushed: each relay learns of the
+    // loss from the write Redis refuses it, and cannot create the
+    // session again yet.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    assert!(redis.cli(&["flushall"]).contains("OK"));
+    for (i, srv) in servers.iter().enumerate() {
+        let body = json!({"session_id": sid, "prompt": "q", "client_msg_id": format!("r{i}")});
+        assert_error(&srv.post_json("/prompt", &body), 503, "Storage unavailable");
+        wait_ready(srv, 503);
+    }
+    redis.config_set("maxmemory", "0");
+    let mut epochs = BTreeSet::new();
+    for ws in &mut subscribers {
+        let frame = ws.recv_json_skip_pings();
+        assert_eq!(frame["type"], "resync", "{frame}");
+        assert_eq!(frame["first_seq"], 1, "{frame}");
+        epochs.insert(frame["epoch"].as_str().unwrap_or("").to_string());
+    }
+    assert_eq!(epochs.len(), 1, "one new epoch: {epochs:?}");
+    assert!(!epochs.contains(&epoch));
+    let put = servers[1].put(&format!("/sessions/{sid}")).json();
+    assert_eq!(put["created"], false, "{put}");
+    assert!(
+        epochs.contains(put["epoch"].as_str().unwrap_or("")),
+        "{put}"
+    );
+    for (i, srv) in servers.iter().enumerate() {
+        let history = srv.messages(&sid, "");
+        assert_eq!(history["total"], 0, "nothing refused stored: {history}");
+        let pending = srv.get(&format!("/prompts/{sid}?wait=false")).json();
+        assert_eq!(pending, json!([]), "instance {i}");
+    }
+}
+
+/// The lines of `srv`'s log that contain `needle`.
+fn log_lines(srv: &Server, needle: &str) -> Vec<String> {
+    srv.logs()
+        .into_iter()
+        .filter(|l| l.contains(needle))
+        .collect()
+}
+
+/// Waits until `srv` logged at least `n` failed attempts to link to Redis
+/// (one `debug` line each), then checks they made one `warn` line, which
+/// names the URL without its password and says why.
+#[track_caller]
+fn logged_once(srv: &Server, url: &str, cause: &str, password: &str) {
+    wait_until("six failed attempts", || {
+        log_lines(srv, "Redis link failed").len() >= 6
+    });
+    let warned = log_lines(srv, "Redis unavailable");
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+    assert!(warned[0].contains("\"level\":\"warn\""), "{}", warned[0]);
+    assert!(warned[0].contains(url), "{}", warned[0]);
+    assert!(warned[0].contains(cause), "{}", warned[0]);
+    let logs = srv.logs();
+    assert!(logs.iter().all(|l| !l.contains(password)), "{logs:#?}");
+    assert!(log_lines(srv, "broke the protocol").is_empty(), "{logs:#?}");
+}
+
+#[test]
+fn redis_unreachable_or_refusing_the_password_is_logged_once_without_the_password() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let prefix = format!("{}:", unique_session());
+    let relay_with = |password: &str| {
+        Server::start_with(&[
+            (
+                "RELAY_REDIS_URL",
+                &format!("redis://:{password}@127.0.0.1:{port}"),
+            ),
+            ("RELAY_REDIS_PREFIX", &prefix),
+        ])
+    };
+    // Nothing listens: connection refused, logged once.
+    let first = relay_with("s3cret-pw");
+    logged_once(&first, &url, "refused", "s3cret-pw");
+    // Redis comes up there with that password: the return is logged once.
+    let redis = Redis::start_on(port, &["--requirepass", "s3cret-pw"]);
+    wait_ready(&first, 200);
+    wait_until("the return logged", || {
+        !log_lines(&first, "Redis reachable again").is_empty()
+    });
+
+    // A wrong password: Redis answers and refuses, logged once as such.
+    let second = relay_with("not-it-pw");
+    logged_once(&second, &url, "WRONGPASS", "not-it-pw");
+    assert_eq!(second.get("/readyz").status, 503);
+    // Redis is given that password: it links, and says so once.
+    redis.config_set("requirepass", "not-it-pw");
+    wait_ready(&second, 200);
+    wait_until("the return logged", || {
+        !log_lines(&second, "Redis reachable again").is_empty()
+    });
+    for srv in [&first, &second] {
+        assert_eq!(log_lines(srv, "Redis reachable again").len(), 1);
+        assert_eq!(log_lines(srv, "Redis unavailable").len(), 1);
+    }
+}
+
+/// Parts of answer `a` to prompt `q`, posted through two relays in turn:
+/// those acknowledged and those refused, in order.
+struct Parts {
+    addrs: [SocketAddr; 2],
+    sid: String,
+    acked: Vec<String>,
+    refused: Vec<String>,
+}
+
+impl Parts {
+    /// Posts part `tag` `i` through relay `i % 2`: `200` or `503`.
+    fn post(&mut self, i: usize, tag: &str) -> u16 {
+        let text = format!("{tag}{i}|");
+        let body = json!({"session_id": self.sid, "client_msg_id": "q",
+            "assistant_msg_id": "a", "text": text, "partial": true});
+        let (status, ack) = post(self.addrs[i % 2], "/response", &body).expect("an answer");
+        match status {
+            200 => {
+                assert_eq!(ack["partial"], true, "{ack}");
+                self.acked.push(text);
+            }
+            503 => self.refused.push(text),
+            _ => panic!("{status} {ack}"),
+        }
+        status
+    }
+}
+
+/// The script calls a relay sent to Redis (`/metrics`).
+fn storage_commands(srv: &Server) -> u64 {
+    let metrics = srv.get("/metrics").text();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("relay_storage_commands_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("relay_storage_commands_total")
+}
+
+/// Reads `ws` as a client draws a streamed answer, until the answer `aid`
+/// arrives: a `delta` numbered one more than the last appends its text,
+/// a snapshot replaces the draft, any other waits for the next snapshot.
+/// No text of `refused` may ever show. Returns the draft just before the
+/// answer, and the answer's text.
+#[track_caller]
+fn read_stream(ws: &mut Ws, aid: &str, refused: &[String]) -> (String, String) {
+    let (mut draft, mut parts) = (String::new(), 0);
+    loop {
+        let f = ws.recv_any_skip_pings();
+        let data = &f["data"];
+        match f["type"].as_str() {
+            Some("delta") if data["assistant_msg_id"] == aid => {
+                let text = data["text"].as_str().expect("a part's text");
+                let n = data["part"].as_u64().expect("a part's number");
+                if data["snapshot"] == true {
+                    (draft, parts) = (text.to_string(), n);
+                } else if n == parts + 1 {
+                    draft.push_str(text);
+                    parts = n;
+                }
+                for r in refused {
+                    assert!(!draft.contains(r.as_str()), "refused part {r} shown: {f}");
+                }
+            }
+            Some("delta_end") => panic!("the draft was dropped: {f}"),
+            Some("message") if data["assistant_msg_id"] == aid => {
+                let text = data["text"].as_str().expect("the answer's text");
+                return (draft, text.to_string());
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn a_part_redis_refuses_reaches_nobody_and_one_it_holds_through_a_hang_is_answered() {
+    let redis = Redis::start();
+    let servers = redis.relays(2, &[]);
+    let sid = unique_session();
+    let (_, mut subscribers) = subscribed_on_each(&servers, &sid);
+    for s in &servers {
+        s.wait_health("subscribers", 1);
+    }
+    servers[0].prompt(&sid, "tell me", Some("q"));
+    let mut parts = Parts {
+        addrs: [servers[0].addr(), servers[1].addr()],
+        sid: sid.clone(),
+        acked: Vec::new(),
+        refused: Vec::new(),
+    };
+    for i in 0..5 {
+        assert_eq!(parts.post(i, "ok"), 200);
+    }
+    // Redis stops taking writes in the middle of the stream, then takes
+    // them again.
+    redis.config_set("maxmemory-policy", "noeviction");
+    redis.config_set("maxmemory", "1");
+    let mut i = 0;
+    while parts.refused.len() < 3 {
+        parts.post(i, "oom");
+        i += 1;
+        assert!(i < 1000, "Redis out of memory never refused a part");
+    }
+    redis.config_set("maxmemory", "0");
+    for i in 0..4 {
+        assert_eq!(parts.post(i, "again"), 200);
+    }
+    // Redis hangs with a part sent to it: the part waits, and is answered
+    // (and shown) once Redis runs again.
+    redis.signal("STOP");
+    let addr = servers[1].addr();
+    let body = json!({"session_id": sid, "client_msg_id": "q",
+        "assistant_msg_id": "a", "text": "hung|", "partial": true});
+    let sent = storage_commands(&servers[1]);
+    let hung = std::thread::spawn(move || post(addr, "/response", &body));
+    wait_until("the part sent to the hung Redis", || {
+        storage_commands(&servers[1]) > sent
+    });
+    redis.signal("CONT");
+    let (status, ack) = hung.join().expect("the poster").expect("an answer");
+    assert_eq!((status, &ack["partial"]), (200, &json!(true)), "{ack}");
+    parts.acked.push("hung|".into());
+    assert_eq!(parts.post(0, "last"), 200);
+
+    let (whole, refused) = (parts.acked.concat(), parts.refused);
+    let done = json!({"session_id": sid, "client_msg_id": "q",
+        "assistant_msg_id": "a", "text": whole});
+    let (status, ack) = post(servers[1].addr(), "/response", &done).expect("an answer");
+    assert_eq!(status, 200, "{ack}");
+    for ws in &mut subscribers {
+        assert_eq!(
+            read_stream(ws, "a", &refused),
+            (whole.clone(), whole.clone())
+        );
+    }
+    for s in &servers {
+        let history = s.messages(&sid, "");
+        assert_eq!(history["total"], 2, "{history}");
+        assert!(!history.to_string().contains("oom"), "{history}");
+    }
+}
