@@ -86,6 +86,7 @@ fn main() -> ExitCode {
     if let Some(code) = relay::cli::dispatch(&args, &env) {
         return ExitCode::from(code);
     }
+    let env_copy = env.clone();
     let (cfg, warnings) = match config::parse(env, args) {
         Ok(Command::Run { cfg, warnings }) => (*cfg, warnings),
         Ok(Command::Help) => {
@@ -108,11 +109,17 @@ fn main() -> ExitCode {
     for warning in &warnings {
         log::warn!("{warning}");
     }
+    for name in config::tool_variables_in(&env_copy) {
+        log::debug!(
+            "{name} is read by the command line tools (relay agent, relay send), not by the server"
+        );
+    }
     if let Err(e) = check_tls_files(&cfg) {
         log::error!("{e}");
         return ExitCode::from(2);
     }
     warn_about_open_endpoints(&cfg);
+    log_storage(&cfg);
     let addr = SocketAddr::new(cfg.host, cfg.port);
     let opened = match &cfg.data_dir {
         None => None,
@@ -174,6 +181,26 @@ fn check_tls_files(cfg: &Config) -> Result<(), String> {
         relay::tls::client_config(Some(ca), None, None)?;
     }
     Ok(())
+}
+
+/// Says where sessions live, whatever the settings, so a server that keeps
+/// nothing across restarts says so in its first lines (a misspelled
+/// storage setting is refused by `config::parse`, but an unset one is the
+/// default). The Redis URL is logged without its password.
+fn log_storage(cfg: &Config) {
+    match (&cfg.data_dir, &cfg.redis) {
+        (Some(dir), _) => {
+            let path = dir.join("relay.db");
+            log::info!(storage = "sqlite"; "storage: SQLite database {}", path.display())
+        }
+        (None, Some(url)) => {
+            log::info!(storage = "redis";
+                "storage: Redis at {} (keys start with {})", url.display(), cfg.redis_prefix)
+        }
+        (None, None) => {
+            log::info!(storage = "memory"; "storage: memory, nothing kept across restarts")
+        }
+    }
 }
 
 /// Warns at start about endpoints anyone can use: all of them on a

@@ -341,6 +341,40 @@ mod tests {
     }
 
     #[test]
+    fn every_variable_the_tools_read_is_known_to_the_server() {
+        // The server warns about `RELAY_*` variables it does not know; the
+        // tools' own must be on its list, or exporting them warns.
+        let sources = [
+            include_str!("mod.rs"),
+            include_str!("agent.rs"),
+            include_str!("send.rs"),
+            include_str!("health.rs"),
+            include_str!("token.rs"),
+            include_str!("command.rs"),
+            include_str!("e2e.rs"),
+            include_str!("client.rs"),
+            include_str!("parts.rs"),
+            include_str!("stream.rs"),
+        ];
+        for source in sources {
+            for (i, _) in source.match_indices("\"RELAY_") {
+                let name: String = source[i + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                if name == "RELAY_" {
+                    continue; // this test's own pattern
+                }
+                assert!(
+                    crate::config::is_setting(&name)
+                        || crate::config::TOOL_VARIABLES.contains(&name.as_str()),
+                    "{name} is read by a tool but unknown to the server"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn sessions_and_tokens_are_checked_before_any_request() {
         let p = parse_flags(&args(&["--session", "a/b"]), &SPEC).unwrap();
         assert!(session_of(&p).is_err());
