@@ -1,7 +1,8 @@
 //! What the real binary makes of the settings a new user gets wrong after
 //! the quick start: a misspelled storage setting (which would keep
 //! nothing across restarts) stops it, the start log says where sessions
-//! live, and the command line tools' own variables are not taken for typos.
+//! live, the command line tools' own variables are not taken for typos, and
+//! a data directory it cannot use is refused with the problem named.
 
 mod common;
 
@@ -115,4 +116,76 @@ fn the_tools_variables_are_not_taken_for_misspelled_settings() {
         .collect();
     assert!(warned.is_empty(), "{warned:?}");
     assert_eq!(srv.get("/healthz").status, 200);
+}
+
+#[test]
+fn a_data_directory_whose_parent_is_missing_is_refused_not_created_whole() {
+    let root = Dir::created("parent");
+    let mistyped = root.0.join("vra/lib/relay");
+    let (status, stderr) = run_to_exit(&[], &[("RELAY_DATA_DIR", mistyped.to_str().unwrap())]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let parent = root.0.join("vra/lib");
+    assert!(
+        stderr.contains(&format!(
+            "its parent directory {} does not exist",
+            parent.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!root.0.join("vra").exists(), "nothing was created");
+}
+
+#[test]
+fn only_the_last_component_of_a_data_directory_is_created() {
+    let root = Dir::created("last");
+    let data = root.0.join("data");
+    let srv = Server::start_single_with(&[("RELAY_DATA_DIR", data.to_str().unwrap())]);
+    srv.wait_for_log("created the data directory");
+    assert!(data.join("relay.db").is_file());
+}
+
+#[test]
+fn a_data_directory_the_server_cannot_write_names_the_user_and_the_fix() {
+    let dir = Dir::created("mode0500");
+    let status = Command::new("chmod")
+        .args(["0500", dir.path()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Root ignores permission bits: as root the server runs as nobody, when
+    // setpriv is there to make it so.
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false);
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let wrapper: &[&str] = match root {
+        false => &[],
+        true if Command::new("setpriv").arg("--help").output().is_ok() => &nobody,
+        true => {
+            eprintln!("skipped: running as root (permissions do not bite) and no setpriv");
+            return;
+        }
+    };
+    let (status, stderr) = run_to_exit(wrapper, &[("RELAY_DATA_DIR", dir.path())]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the data directory {} is not writable",
+            dir.path()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("relay runs as "), "{stderr}");
+    assert!(stderr.contains("sudo chown "), "{stderr}");
+    if root {
+        assert!(
+            stderr.contains(&format!("run `sudo chown nobody {}`", dir.path())),
+            "{stderr}"
+        );
+    }
 }
