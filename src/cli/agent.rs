@@ -51,7 +51,7 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token T] [--ca FILE] [--e2e-key KEY] [--poll-timeout S] [--no-stream] -- CMD [ARGS...]
+    "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--poll-timeout S] [--no-stream] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_SESSION_ID, RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's
@@ -71,13 +71,20 @@ signal exits at once.
 
   --session ID        the session to serve (required)
   --url URL           the server (default RELAY_URL, else http://127.0.0.1:8000)
-  --token T           agent token (default RELAY_AGENT_TOKEN)
+  --token-file FILE   read the agent token from FILE (a trailing newline is
+                      dropped); default RELAY_AGENT_TOKEN. Prefer one of
+                      these two to --token
+  --token T           the agent token itself: shown by ps to every user of
+                      the machine
   --ca FILE           for an https:// URL, trust only the CA or self-signed
                       certificate in this PEM file (default RELAY_CA, else the
                       system's trust store, else built-in Mozilla roots)
+  --e2e-key-file FILE read the key from FILE (a trailing newline is dropped);
+                      default RELAY_E2E_KEY. Prefer one of these two to
+                      --e2e-key, which ps shows
   --e2e-key KEY       decrypt prompts and encrypt answers with this key (relay
-                      key makes one; default RELAY_E2E_KEY): the server sees
-                      only ciphertext. A prompt that does not decrypt (sent
+                      key makes one): the server sees only ciphertext. A
+                      prompt that does not decrypt (sent
                       without the key, or with another) is not run: it is
                       answered with an error answer. Without a key, an
                       encrypted prompt is answered so too. With a key, an
@@ -96,9 +103,11 @@ const SPEC: Spec = Spec {
         "--url",
         "--session",
         "--token",
+        "--token-file",
         "--ca",
         "--poll-timeout",
         "--e2e-key",
+        "--e2e-key-file",
     ],
     switches: &["--no-stream"],
     interleaved: false,
