@@ -1172,3 +1172,19 @@ fn secrets_come_from_files_and_an_unreadable_one_exits_two() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("Prefer one of"), "{help}");
 }
+
+#[test]
+fn send_says_what_a_503_from_unreachable_storage_means() {
+    // A Redis that is not there: the server starts and answers 503.
+    let url = format!("redis://127.0.0.1:{}", common::free_port());
+    let srv = Server::start_single_with(&[("RELAY_REDIS_URL", &url)]);
+    let out = send(&srv, &unique_session(), &["hello"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("503 Storage unavailable"), "{stderr}");
+    assert!(
+        stderr.contains("the server cannot reach its storage"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("GET /readyz"), "{stderr}");
+}

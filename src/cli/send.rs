@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
-use super::client::{Client, Limit, Stream, Upgraded};
+use super::client::{Client, Limit, Response, Stream, Upgraded};
 use super::stream::Draft;
 use super::{Parsed, Spec, e2e};
 use crate::store::model::MAX_TEXT_BYTES;
@@ -228,7 +228,7 @@ fn subscribe(opts: &Options) -> Result<WebSocket<Stream>, String> {
             return Err(format!(
                 "{address}: refused: {}{}",
                 resp.describe(),
-                token_hint(resp.status)
+                hint(&resp)
             ));
         }
         Err(e) => return Err(format!("{address}: {e}")),
@@ -274,18 +274,29 @@ fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
     if resp.status == 200 {
         Ok(())
     } else {
-        Err(format!(
-            "POST /prompt: {}{}",
-            resp.describe(),
-            token_hint(resp.status)
-        ))
+        Err(format!("POST /prompt: {}{}", resp.describe(), hint(&resp)))
     }
 }
 
-/// What to do about a refused token.
-fn token_hint(status: u16) -> &'static str {
-    match status {
-        401 | 403 => " (check --token or RELAY_CLIENT_TOKEN: the client token is needed)",
+/// What a refusal means and what to do about it: a refused token, or a
+/// `503`, whose bare "Service Unavailable" or "Storage unavailable" says
+/// neither whether the prompt was kept nor where to look.
+fn hint(resp: &Response) -> &'static str {
+    let error = resp
+        .json()
+        .and_then(|v| v["error"].as_str().map(str::to_string));
+    match resp.status {
+        401 | 403 => {
+            " (check --token, --token-file or RELAY_CLIENT_TOKEN: the client token is needed)"
+        }
+        503 if error.as_deref() == Some("Storage unavailable") => {
+            " (the server cannot reach its storage, its Redis or its data directory, so \
+             nothing was stored; check the server's GET /readyz and its log, then send again)"
+        }
+        503 => {
+            " (the server is at one of its limits or shutting down, so nothing was stored; \
+             GET /readyz says which; send again later)"
+        }
         _ => "",
     }
 }
