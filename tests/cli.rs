@@ -1188,3 +1188,24 @@ fn send_says_what_a_503_from_unreachable_storage_means() {
     );
     assert!(stderr.contains("GET /readyz"), "{stderr}");
 }
+
+#[test]
+fn the_command_gets_the_servers_url_to_read_the_conversation() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let script =
+        r#"curl -s "$RELAY_URL/messages/$RELAY_SESSION_ID" >/dev/null && printf '%s' "$RELAY_URL""#;
+    let _agent = Agent::start(
+        &srv,
+        &sid,
+        &[("RELAY_URL", "http://wrong.invalid")],
+        &["sh", "-c", script],
+    );
+    srv.wait_health("parked_polls", 1);
+    let out = send(&srv, &sid, &["where are you?"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n", url(&srv))
+    );
+}

@@ -54,8 +54,9 @@ const HELP: &str =
     "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--poll-timeout S] [--no-stream] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
-stdin; RELAY_SESSION_ID, RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's
-metadata as JSON, {} when it has none) in its environment. Its stdout,
+stdin; RELAY_URL (the server, as --url gives it), RELAY_SESSION_ID,
+RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's metadata as JSON, {}
+when it has none) in its environment. Its stdout,
 trailing newlines removed, is posted as the answer; while CMD runs, what it
 prints is streamed as parts of the answer (about every 0.1 s), which relay
 send and the page show as they come. CMD is checked at start
@@ -545,7 +546,12 @@ impl Agent {
         if metadata == "null" {
             log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "metadata too large for the environment: RELAY_METADATA is null");
         }
+        // The server's address as the agent reached it, so the command can
+        // read the conversation (`$RELAY_URL/messages/...`) without a
+        // hard-coded address.
+        let url = self.client.url().http("");
         let env = [
+            ("RELAY_URL", url.as_str()),
             ("RELAY_SESSION_ID", self.session.as_str()),
             ("RELAY_CLIENT_MSG_ID", prompt.client_msg_id.as_str()),
             ("RELAY_METADATA", metadata.as_str()),
