@@ -300,7 +300,7 @@ fn tokens_come_from_flags_or_the_environment() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("401"), "{out:?}");
     assert!(
-        stderr.contains("check --token or RELAY_CLIENT_TOKEN"),
+        stderr.contains("check --token, --token-file or RELAY_CLIENT_TOKEN"),
         "{stderr}"
     );
 }

@@ -303,7 +303,7 @@ fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
             unreachable: false,
         }),
         Ok(r) if r.status == 401 || r.status == 403 => Err(Fail::Fatal(format!(
-            "{}: check --token or RELAY_AGENT_TOKEN",
+            "{}: check --token, --token-file or RELAY_AGENT_TOKEN",
             r.describe()
         ))),
         Ok(r) => Ok(r),
