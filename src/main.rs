@@ -120,7 +120,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     warn_about_open_endpoints(&cfg);
-    log_storage(&cfg);
+    let storage = storage_line(&cfg);
     let addr = SocketAddr::new(cfg.host, cfg.port);
     let opened = match &cfg.data_dir {
         None => None,
@@ -166,6 +166,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Once listening, so a start that fails is still one line.
+    log::info!(storage = storage.0; "storage: {}", storage.1);
     match server.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -280,23 +282,26 @@ fn user_name(uid: u32) -> Option<String> {
     })
 }
 
-/// Says where sessions live, whatever the settings, so a server that keeps
-/// nothing across restarts says so in its first lines (a misspelled
-/// storage setting is refused by `config::parse`, but an unset one is the
-/// default). The Redis URL is logged without its password.
-fn log_storage(cfg: &Config) {
+/// Where sessions live, for the start log: its kind and the line that
+/// says it, whatever the settings, so a server that keeps nothing across
+/// restarts says so (a misspelled storage setting is refused by
+/// `config::parse`, but an unset one is the default). The Redis URL is
+/// shown without its password.
+fn storage_line(cfg: &Config) -> (&'static str, String) {
     match (&cfg.data_dir, &cfg.redis) {
-        (Some(dir), _) => {
-            let path = dir.join("relay.db");
-            log::info!(storage = "sqlite"; "storage: SQLite database {}", path.display())
-        }
-        (None, Some(url)) => {
-            log::info!(storage = "redis";
-                "storage: Redis at {} (keys start with {})", url.display(), cfg.redis_prefix)
-        }
-        (None, None) => {
-            log::info!(storage = "memory"; "storage: memory, nothing kept across restarts")
-        }
+        (Some(dir), _) => (
+            "sqlite",
+            format!("SQLite database {}", dir.join("relay.db").display()),
+        ),
+        (None, Some(url)) => (
+            "redis",
+            format!(
+                "Redis at {} (keys start with {})",
+                url.display(),
+                cfg.redis_prefix
+            ),
+        ),
+        (None, None) => ("memory", "memory, nothing kept across restarts".to_string()),
     }
 }
 
