@@ -166,6 +166,17 @@ impl Role {
         }
     }
 
+    /// The role's name, for the log.
+    fn name(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Agent => "agent",
+            Role::Either => "client or agent",
+            Role::Metrics => "metrics",
+            Role::Open => "none",
+        }
+    }
+
     /// Whether a token for one session, minted for `role`, serves here.
     fn takes(self, role: token::Role) -> bool {
         match self {
@@ -250,6 +261,7 @@ pub struct Api {
     metrics_token: Option<String>,
     max_connections: usize,
     limiter: RateLimiter,
+    refusals: refusals::Refusals,
 }
 
 impl Api {
@@ -265,12 +277,14 @@ impl Api {
             metrics_token: cfg.metrics_token.clone(),
             max_connections: cfg.max_connections,
             limiter: RateLimiter::new(cfg.rate_limit),
+            refusals: refusals::Refusals::default(),
         }
     }
 
     /// Forgets rate-limit buckets that refilled; called by the periodic sweep.
     pub fn sweep(&mut self, now: Millis) {
         self.limiter.sweep(now);
+        self.refusals.flush(now);
     }
 
     /// The headers an answer to a request from `origin` carries: the
@@ -332,7 +346,17 @@ impl Api {
                 return Ok(Outcome::Answer(a));
             }
         }
-        let grant = self.authorize(&route, head, turn.unix_ms / 1000)?;
+        let grant = match self.authorize(&route, head, turn.unix_ms / 1000) {
+            Ok(grant) => grant,
+            Err(e) => {
+                let client =
+                    client_addr(peer, head.forwarded_for.as_deref(), &self.trusted_proxies);
+                let label = crate::metrics::route_label(head.method(), &head.path);
+                let need = role(&route).name();
+                self.refusals.note(turn.now, label, need, e.status, client);
+                return Err(e);
+            }
+        };
         let (now, unix_ms) = (turn.now, turn.unix_ms);
         let answer = match route {
             Route::WebPage => web_page(),
@@ -601,6 +625,8 @@ fn web_page() -> Answer {
         reason: None,
     }
 }
+
+mod refusals;
 
 #[cfg(test)]
 mod tests;

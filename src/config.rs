@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 mod unknown;
+pub use unknown::TOOL_VARIABLES;
 use unknown::unknown_variables;
 
 use crate::relay::{Limits, NEVER};
@@ -660,7 +661,9 @@ where
                 .into(),
         );
     }
-    if let Some(e) = unknown::misspelled_security_setting(&env) {
+    if let Some(e) = unknown::misspelled_security_setting(&env)
+        .or_else(|| unknown::misspelled_storage_setting(&env))
+    {
         return Err(e);
     }
     match &cfg.tls {
@@ -685,6 +688,21 @@ where
         cfg: Box::new(cfg),
         warnings: unknown_variables(&env),
     })
+}
+
+/// Whether `name` is one of the server's settings (`RELAY_PORT`), spelled
+/// exactly.
+pub fn is_setting(name: &str) -> bool {
+    SETTINGS.iter().any(|(s, _, _)| *s == name)
+}
+
+/// The tools' variables set in `env` (see [`TOOL_VARIABLES`]): the server
+/// reads none of them and says so at debug level only.
+pub fn tool_variables_in(env: &[(String, String)]) -> Vec<&str> {
+    env.iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| unknown::tool_variable(k))
+        .collect()
 }
 
 /// Whether anyone who can reach the listen address may use every endpoint:

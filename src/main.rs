@@ -6,6 +6,7 @@
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 
 use relay::config::{self, Command, Config};
@@ -86,6 +87,7 @@ fn main() -> ExitCode {
     if let Some(code) = relay::cli::dispatch(&args, &env) {
         return ExitCode::from(code);
     }
+    let env_copy = env.clone();
     let (cfg, warnings) = match config::parse(env, args) {
         Ok(Command::Run { cfg, warnings }) => (*cfg, warnings),
         Ok(Command::Help) => {
@@ -108,15 +110,25 @@ fn main() -> ExitCode {
     for warning in &warnings {
         log::warn!("{warning}");
     }
+    for name in config::tool_variables_in(&env_copy) {
+        log::debug!(
+            "{name} is read by the command line tools (relay agent, relay send), not by the server"
+        );
+    }
     if let Err(e) = check_tls_files(&cfg) {
         log::error!("{e}");
         return ExitCode::from(2);
     }
     warn_about_open_endpoints(&cfg);
+    let storage = storage_line(&cfg);
     let addr = SocketAddr::new(cfg.host, cfg.port);
     let opened = match &cfg.data_dir {
         None => None,
         Some(dir) => {
+            if let Err(e) = prepare_data_dir(dir) {
+                log::error!("cannot start: {e}");
+                return ExitCode::FAILURE;
+            }
             let limits = cfg.relay_limits().store();
             match relay::store::sqlite::open(dir, limits, cfg.sync, relay::time::Millis(0)) {
                 Ok(opened) => Some(opened),
@@ -154,6 +166,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Once listening, so a start that fails is still one line.
+    log::info!(storage = storage.0; "storage: {}", storage.1);
     match server.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -174,6 +188,121 @@ fn check_tls_files(cfg: &Config) -> Result<(), String> {
         relay::tls::client_config(Some(ca), None, None)?;
     }
     Ok(())
+}
+
+/// Checks the data directory before the database is opened, so each
+/// mistake is named as what it is: a missing parent (a mistyped path) is
+/// refused rather than created whole as `mkdir -p` would; only the last
+/// component is created; a directory the server cannot write in names the
+/// user the server runs as and the `chown` that fixes it. Called once at
+/// start, before the storage opens the directory.
+fn prepare_data_dir(dir: &Path) -> Result<(), String> {
+    if !dir.exists() {
+        let parent = match dir.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => Path::new("/"),
+        };
+        if !parent.is_dir() {
+            return Err(format!(
+                "RELAY_DATA_DIR {}: its parent directory {} does not exist; create it \
+                 first (relay creates only the last component), or check the path for a typo",
+                dir.display(),
+                parent.display()
+            ));
+        }
+        match std::fs::create_dir(dir) {
+            Err(e) if e.kind() != ErrorKind::AlreadyExists => {
+                return Err(format!(
+                    "cannot create RELAY_DATA_DIR {}: {e}{}",
+                    dir.display(),
+                    not_writable_hint(parent, &e)
+                ));
+            }
+            _ => {}
+        }
+        log::info!("created the data directory {}", dir.display());
+    }
+    if !dir.is_dir() {
+        // The storage names this case itself.
+        return Ok(());
+    }
+    let probe = dir.join("relay.probe");
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "the data directory {} is not writable: {e}{}",
+            dir.display(),
+            not_writable_hint(dir, &e)
+        )),
+    }
+}
+
+/// For a write refused in `dir`: which user the server runs as, who owns
+/// `dir`, and the command that lets the server write there. Empty for
+/// other errors (a read-only file system, a full disk), which `chown`
+/// does not fix.
+fn not_writable_hint(dir: &Path, e: &std::io::Error) -> String {
+    use std::os::unix::fs::MetadataExt;
+    if e.kind() != ErrorKind::PermissionDenied {
+        return String::new();
+    }
+    // `/proc/self` belongs to the process's effective user.
+    let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return String::new();
+    };
+    let who = user_name(me).map_or(format!("uid {me}"), |n| format!("user {n} (uid {me})"));
+    let name = user_name(me).unwrap_or_else(|| me.to_string());
+    let owner = match std::fs::metadata(dir).map(|m| m.uid()) {
+        Ok(o) => format!(
+            ", owned by {}",
+            user_name(o).unwrap_or_else(|| format!("uid {o}"))
+        ),
+        Err(_) => String::new(),
+    };
+    format!(
+        "; relay runs as {who}, which cannot write in {}{owner}: run `sudo chown {name} {}` \
+         (or name a directory that user owns)",
+        dir.display(),
+        dir.display()
+    )
+}
+
+/// The name `/etc/passwd` gives `uid`, if any (no NSS lookup: the static
+/// build has none).
+fn user_name(uid: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        (fields.nth(1)?.parse::<u32>().ok()? == uid).then(|| name.to_string())
+    })
+}
+
+/// Where sessions live, for the start log: its kind and the line that
+/// says it, whatever the settings, so a server that keeps nothing across
+/// restarts says so (a misspelled storage setting is refused by
+/// `config::parse`, but an unset one is the default). The Redis URL is
+/// shown without its password.
+fn storage_line(cfg: &Config) -> (&'static str, String) {
+    match (&cfg.data_dir, &cfg.redis) {
+        (Some(dir), _) => (
+            "sqlite",
+            format!("SQLite database {}", dir.join("relay.db").display()),
+        ),
+        (None, Some(url)) => (
+            "redis",
+            format!(
+                "Redis at {} (keys start with {})",
+                url.display(),
+                cfg.redis_prefix
+            ),
+        ),
+        (None, None) => ("memory", "memory, nothing kept across restarts".to_string()),
+    }
 }
 
 /// Warns at start about endpoints anyone can use: all of them on a

@@ -51,11 +51,12 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token T] [--ca FILE] [--e2e-key KEY] [--poll-timeout S] [--no-stream] -- CMD [ARGS...]
+    "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--poll-timeout S] [--no-stream] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
-stdin; RELAY_SESSION_ID, RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's
-metadata as JSON, {} when it has none) in its environment. Its stdout,
+stdin; RELAY_URL (the server, as --url gives it), RELAY_SESSION_ID,
+RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's metadata as JSON, {}
+when it has none) in its environment. Its stdout,
 trailing newlines removed, is posted as the answer; while CMD runs, what it
 prints is streamed as parts of the answer (about every 0.1 s), which relay
 send and the page show as they come. CMD is checked at start
@@ -71,13 +72,20 @@ signal exits at once.
 
   --session ID        the session to serve (required)
   --url URL           the server (default RELAY_URL, else http://127.0.0.1:8000)
-  --token T           agent token (default RELAY_AGENT_TOKEN)
+  --token-file FILE   read the agent token from FILE (a trailing newline is
+                      dropped); default RELAY_AGENT_TOKEN. Prefer one of
+                      these two to --token
+  --token T           the agent token itself: shown by ps to every user of
+                      the machine
   --ca FILE           for an https:// URL, trust only the CA or self-signed
                       certificate in this PEM file (default RELAY_CA, else the
                       system's trust store, else built-in Mozilla roots)
+  --e2e-key-file FILE read the key from FILE (a trailing newline is dropped);
+                      default RELAY_E2E_KEY. Prefer one of these two to
+                      --e2e-key, which ps shows
   --e2e-key KEY       decrypt prompts and encrypt answers with this key (relay
-                      key makes one; default RELAY_E2E_KEY): the server sees
-                      only ciphertext. A prompt that does not decrypt (sent
+                      key makes one): the server sees only ciphertext. A
+                      prompt that does not decrypt (sent
                       without the key, or with another) is not run: it is
                       answered with an error answer. Without a key, an
                       encrypted prompt is answered so too. With a key, an
@@ -96,9 +104,11 @@ const SPEC: Spec = Spec {
         "--url",
         "--session",
         "--token",
+        "--token-file",
         "--ca",
         "--poll-timeout",
         "--e2e-key",
+        "--e2e-key-file",
     ],
     switches: &["--no-stream"],
     interleaved: false,
@@ -293,7 +303,7 @@ fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
             unreachable: false,
         }),
         Ok(r) if r.status == 401 || r.status == 403 => Err(Fail::Fatal(format!(
-            "{}: check --token or RELAY_AGENT_TOKEN",
+            "{}: check --token, --token-file or RELAY_AGENT_TOKEN",
             r.describe()
         ))),
         Ok(r) => Ok(r),
@@ -536,7 +546,12 @@ impl Agent {
         if metadata == "null" {
             log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "metadata too large for the environment: RELAY_METADATA is null");
         }
+        // The server's address as the agent reached it, so the command can
+        // read the conversation (`$RELAY_URL/messages/...`) without a
+        // hard-coded address.
+        let url = self.client.url().http("");
         let env = [
+            ("RELAY_URL", url.as_str()),
             ("RELAY_SESSION_ID", self.session.as_str()),
             ("RELAY_CLIENT_MSG_ID", prompt.client_msg_id.as_str()),
             ("RELAY_METADATA", metadata.as_str()),

@@ -21,9 +21,9 @@ use std::time::Duration;
 /// The subcommand lines of `relay --help`.
 pub const SUMMARY: &str = "
 commands (each has --help):
-  relay agent --session ID [--url URL] [--token T] [--ca FILE] -- CMD [ARGS...]
+  relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] -- CMD [ARGS...]
       run CMD once per prompt of the session, post its output as the answer
-  relay send --session ID [--url URL] [--token T] [--ca FILE] TEXT...
+  relay send --session ID [--url URL] [--token-file FILE] [--ca FILE] TEXT...
       post a prompt and print the answers to it
   relay health [--url URL] [--ca FILE]
       GET /healthz: exit 0 on 200, 1 otherwise (the container health check)
@@ -211,32 +211,59 @@ fn tls_of(
     .map_err(|e| format!("--ca: {e}"))
 }
 
-/// `--token`, else the role's environment variable; printable ASCII only,
-/// since it travels in a header.
+/// A secret from `--FLAG VALUE`, `--FLAG-file FILE` or the environment
+/// variable `env_name`, in that order. A value on the command line shows
+/// in `ps` to every user of the machine; the file and the variable do not,
+/// and the tools' help says to prefer them. A file's trailing newline (as
+/// `echo` and editors leave) is not part of the secret; a file that cannot
+/// be read, or is empty, is a usage error naming it.
+fn secret_of(
+    parsed: &Parsed,
+    env: &[(String, String)],
+    flag: &str,
+    env_name: &str,
+) -> Result<Option<String>, String> {
+    let file_flag = format!("{flag}-file");
+    match (parsed.value(flag), parsed.value(&file_flag)) {
+        (Some(_), Some(_)) => Err(format!("give {flag} or {file_flag}, not both")),
+        (Some(v), None) => Ok(Some(v.to_string())),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {file_flag} {path}: {e}"))?;
+            let line = text.strip_suffix('\n').unwrap_or(&text);
+            let secret = line.strip_suffix('\r').unwrap_or(line);
+            if secret.is_empty() {
+                return Err(format!("{file_flag} {path} is empty"));
+            }
+            Ok(Some(secret.to_string()))
+        }
+        (None, None) => Ok(env_value(env, env_name).map(str::to_string)),
+    }
+}
+
+/// `--token`, `--token-file`, else the role's environment variable;
+/// printable ASCII only, since it travels in a header.
 fn token_of(
     parsed: &Parsed,
     env: &[(String, String)],
     env_name: &str,
 ) -> Result<Option<String>, String> {
-    let token = parsed.value("--token").or_else(|| env_value(env, env_name));
-    match token {
+    match secret_of(parsed, env, "--token", env_name)? {
         Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => Err(format!(
-            "the token (--token or {env_name}) must be printable ASCII without spaces"
+            "the token (--token, --token-file or {env_name}) must be printable ASCII without spaces"
         )),
-        t => Ok(t.map(str::to_string)),
+        t => Ok(t),
     }
 }
 
-/// `--e2e-key`, else `RELAY_E2E_KEY`: the end-to-end key, if any.
+/// `--e2e-key`, `--e2e-key-file`, else `RELAY_E2E_KEY`: the end-to-end
+/// key, if any.
 fn e2e_key_of(parsed: &Parsed, env: &[(String, String)]) -> Result<Option<e2e::Key>, String> {
-    match parsed
-        .value("--e2e-key")
-        .or_else(|| env_value(env, "RELAY_E2E_KEY"))
-    {
+    match secret_of(parsed, env, "--e2e-key", "RELAY_E2E_KEY")? {
         None => Ok(None),
-        Some(k) => e2e::Key::parse(k)
+        Some(k) => e2e::Key::parse(&k)
             .map(Some)
-            .map_err(|e| format!("--e2e-key (or RELAY_E2E_KEY): {e}")),
+            .map_err(|e| format!("--e2e-key (or --e2e-key-file, RELAY_E2E_KEY): {e}")),
     }
 }
 
@@ -338,6 +365,80 @@ mod tests {
         assert!(e.contains("--url"), "{e}");
         let e = parse_flags(&args(&["--all=1"]), &SPEC).unwrap_err();
         assert!(e.contains("--all"), "{e}");
+    }
+
+    #[test]
+    fn every_variable_the_tools_read_is_known_to_the_server() {
+        // The server warns about `RELAY_*` variables it does not know; the
+        // tools' own must be on its list, or exporting them warns.
+        let sources = [
+            include_str!("mod.rs"),
+            include_str!("agent.rs"),
+            include_str!("send.rs"),
+            include_str!("health.rs"),
+            include_str!("token.rs"),
+            include_str!("command.rs"),
+            include_str!("e2e.rs"),
+            include_str!("client.rs"),
+            include_str!("parts.rs"),
+            include_str!("stream.rs"),
+        ];
+        for source in sources {
+            for (i, _) in source.match_indices("\"RELAY_") {
+                let name: String = source[i + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                if name == "RELAY_" {
+                    continue; // this test's own pattern
+                }
+                assert!(
+                    crate::config::is_setting(&name)
+                        || crate::config::TOOL_VARIABLES.contains(&name.as_str()),
+                    "{name} is read by a tool but unknown to the server"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn secrets_come_from_a_flag_a_file_or_the_environment() {
+        let spec = Spec {
+            valued: &["--token", "--token-file"],
+            switches: &[],
+            interleaved: false,
+        };
+        let dir = std::env::temp_dir().join(format!("relay-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "from-file\r\n").unwrap();
+        let env = vec![("RELAY_AGENT_TOKEN".to_string(), "from-env".to_string())];
+        let of = |words: &[&str]| {
+            let p = parse_flags(&args(words), &spec).unwrap();
+            token_of(&p, &env, "RELAY_AGENT_TOKEN")
+        };
+        let path = file.to_str().unwrap();
+        assert_eq!(of(&["--token", "t"]).unwrap().as_deref(), Some("t"));
+        assert_eq!(
+            of(&["--token-file", path]).unwrap().as_deref(),
+            Some("from-file")
+        );
+        assert_eq!(of(&[]).unwrap().as_deref(), Some("from-env"));
+        let e = of(&["--token", "t", "--token-file", path]).unwrap_err();
+        assert!(e.contains("not both"), "{e}");
+        let missing = dir.join("missing");
+        let e = of(&["--token-file", missing.to_str().unwrap()]).unwrap_err();
+        assert!(
+            e.starts_with(&format!("cannot read --token-file {}", missing.display())),
+            "{e}"
+        );
+        std::fs::write(&file, "\n").unwrap();
+        assert!(
+            of(&["--token-file", path])
+                .unwrap_err()
+                .contains("is empty")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

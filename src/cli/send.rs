@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
-use super::client::{Client, Limit, Stream, Upgraded};
+use super::client::{Client, Limit, Response, Stream, Upgraded};
 use super::stream::Draft;
 use super::{Parsed, Spec, e2e};
 use crate::store::model::MAX_TEXT_BYTES;
@@ -32,32 +32,41 @@ const MAX_MESSAGE_BYTES: usize = 16 << 20;
 const MAX_DRAFTS: usize = 16;
 
 const HELP: &str =
-    "usage: relay send --session ID [--url URL] [--token T] [--ca FILE] [--e2e-key KEY] [--all] [--timeout S] TEXT...
+    "usage: relay send --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--all] [--timeout S] [--verbose] TEXT...
 
 Posts TEXT (the words joined by spaces; - reads it from stdin) as a prompt
 of the session and prints each answer's text on its own line as it arrives,
 its streamed parts as they come. The WebSocket is connected first, so no
-answer is missed. The generated client_msg_id is printed to stderr, and so
-is a notice when no agent is online in the session (the prompt then waits
+answer is missed. A notice is printed to stderr when no agent is online
+in the session (the prompt then waits
 until one fetches it). An error answer (its metadata has \"error\": the
 agent's command failed) has its error printed to stderr, and its text, if
 any, to stdout.
 
   --session ID     the session (required; created if missing)
   --url URL        the server (default RELAY_URL, else http://127.0.0.1:8000)
-  --token T        client token (default RELAY_CLIENT_TOKEN)
+  --token-file FILE
+                   read the client token from FILE (a trailing newline is
+                   dropped); default RELAY_CLIENT_TOKEN. Prefer one of
+                   these two to --token
+  --token T        the client token itself: shown by ps to every user of
+                   the machine
   --ca FILE        for an https:// URL, trust only the CA or self-signed
                    certificate in this PEM file (default RELAY_CA, else the
                    system's trust store, else built-in Mozilla roots)
+  --e2e-key-file FILE
+                   read the key from FILE (a trailing newline is dropped);
+                   default RELAY_E2E_KEY. Prefer one of these two to
+                   --e2e-key, which ps shows
   --e2e-key KEY    encrypt the prompt and decrypt the answers with this key
-                   (relay key makes one; default RELAY_E2E_KEY): the server
-                   sees only ciphertext. An answer that does not decrypt is
+                   (relay key makes one): the server sees only ciphertext. An answer that does not decrypt is
                    printed as \"cannot decrypt\" (so is an encrypted one
                    when no key is given)
   --all            keep printing answers (an agent may answer in several
                    messages) until the timeout, instead of exiting after
                    the first answer
   --timeout S      seconds to wait for answers (default 120)
+  --verbose        print the generated client_msg_id to stderr
 
 exit codes: 0 an answer printed, 1 no answer before the timeout or the prompt
 could not be posted, 2 bad usage, 3 an error answer (with --all: any of the
@@ -69,11 +78,13 @@ const SPEC: Spec = Spec {
         "--url",
         "--session",
         "--token",
+        "--token-file",
         "--ca",
         "--timeout",
         "--e2e-key",
+        "--e2e-key-file",
     ],
-    switches: &["--all"],
+    switches: &["--all", "--verbose"],
     interleaved: true,
 };
 
@@ -82,6 +93,8 @@ struct Options {
     session: String,
     text: String,
     all: bool,
+    /// Print the generated `client_msg_id` to stderr.
+    verbose: bool,
     timeout: Duration,
     /// End-to-end encryption, when a key is given.
     key: Option<e2e::Key>,
@@ -119,6 +132,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         session,
         text,
         all: parsed.switch("--all"),
+        verbose: parsed.switch("--verbose"),
         timeout,
         key,
     })
@@ -167,7 +181,9 @@ fn run(opts: &mut Options) -> Result<Tally, String> {
     let deadline = Instant::now() + opts.timeout;
     let mut ws = subscribe(opts)?;
     let client_msg_id = uuid::Uuid::new_v4().to_string();
-    eprintln!("relay send: client_msg_id {client_msg_id}");
+    if opts.verbose {
+        eprintln!("relay send: client_msg_id {client_msg_id}");
+    }
     post(opts, &client_msg_id)?;
     let mut watch = Watch::new(&opts.session, &client_msg_id, opts.key.as_ref());
     let (mut out, mut err) = (io::stdout().lock(), io::stderr());
@@ -212,7 +228,7 @@ fn subscribe(opts: &Options) -> Result<WebSocket<Stream>, String> {
             return Err(format!(
                 "{address}: refused: {}{}",
                 resp.describe(),
-                token_hint(resp.status)
+                hint(&resp)
             ));
         }
         Err(e) => return Err(format!("{address}: {e}")),
@@ -258,18 +274,29 @@ fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
     if resp.status == 200 {
         Ok(())
     } else {
-        Err(format!(
-            "POST /prompt: {}{}",
-            resp.describe(),
-            token_hint(resp.status)
-        ))
+        Err(format!("POST /prompt: {}{}", resp.describe(), hint(&resp)))
     }
 }
 
-/// What to do about a refused token.
-fn token_hint(status: u16) -> &'static str {
-    match status {
-        401 | 403 => " (check --token or RELAY_CLIENT_TOKEN: the client token is needed)",
+/// What a refusal means and what to do about it: a refused token, or a
+/// `503`, whose bare "Service Unavailable" or "Storage unavailable" says
+/// neither whether the prompt was kept nor where to look.
+fn hint(resp: &Response) -> &'static str {
+    let error = resp
+        .json()
+        .and_then(|v| v["error"].as_str().map(str::to_string));
+    match resp.status {
+        401 | 403 => {
+            " (check --token, --token-file or RELAY_CLIENT_TOKEN: the client token is needed)"
+        }
+        503 if error.as_deref() == Some("Storage unavailable") => {
+            " (the server cannot reach its storage, its Redis or its data directory, so \
+             nothing was stored; check the server's GET /readyz and its log, then send again)"
+        }
+        503 => {
+            " (the server is at one of its limits or shutting down, so nothing was stored; \
+             GET /readyz says which; send again later)"
+        }
         _ => "",
     }
 }

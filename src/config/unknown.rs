@@ -1,8 +1,42 @@
 //! Warnings for environment variables that look like settings but are none.
 //! A typo such as `RELAY_PROT` would otherwise leave the server on its
-//! default port without a word; the warning names the setting meant.
+//! default port without a word; the warning names the setting meant. The
+//! command line tools' own variables (`RELAY_URL`, ...) are no settings
+//! either, but they are not typos: the server leaves them alone.
 
 use super::{SETTINGS, flag_name};
+
+/// The variables the command line tools read (`relay agent`, `relay
+/// send`, `relay health`) or give the agent's command, beside the server's
+/// settings they share (the tokens). A shell that exports them for the
+/// tools may start the server too: they are known, not typos. A test in
+/// `cli` keeps this list and the tools' sources in step.
+pub const TOOL_VARIABLES: &[&str] = &[
+    "RELAY_URL",
+    "RELAY_CA",
+    "RELAY_E2E_KEY",
+    "RELAY_SESSION_ID",
+    "RELAY_CLIENT_MSG_ID",
+    "RELAY_METADATA",
+];
+
+/// Settings whose loss loses data: misspelled, the sessions would live in
+/// memory (gone at the next restart) or under other Redis keys.
+const STORAGE_SETTINGS: &[&str] = &["RELAY_DATA_DIR", "RELAY_REDIS_URL", "RELAY_REDIS_PREFIX"];
+
+/// Whether `name` is one of the tools' variables (exactly as they spell it).
+pub(super) fn tool_variable(name: &str) -> bool {
+    TOOL_VARIABLES.contains(&name)
+}
+
+/// Variables starting with `RELAY_` that are neither a setting nor one of
+/// the tools' variables.
+fn unknown(env: &[(String, String)]) -> impl Iterator<Item = &String> {
+    env.iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_ascii_uppercase().starts_with("RELAY_"))
+        .filter(|k| !SETTINGS.iter().any(|(name, _, _)| name == k) && !tool_variable(k))
+}
 
 /// The flag nearest to an unknown one (`--prot`: `--port`), by the same
 /// nearness as the variables'. Called when a flag is not a setting's.
@@ -20,14 +54,12 @@ pub(super) fn closest_flag(flag: &str) -> Option<String> {
 /// operator meant it closed, so this stops it instead of warning. Called
 /// by `parse` once at start.
 pub(super) fn misspelled_security_setting(env: &[(String, String)]) -> Option<String> {
-    let k = env.iter().map(|(k, _)| k).find(|k| {
+    let k = unknown(env).find(|k| {
         let upper = k.to_ascii_uppercase();
-        upper.starts_with("RELAY_")
-            && !SETTINGS.iter().any(|(name, _, _)| name == k)
-            && (upper.contains("TOKEN")
-                || upper.contains("TOKN")
-                || upper.contains("SECRET")
-                || upper.starts_with("RELAY_TLS"))
+        upper.contains("TOKEN")
+            || upper.contains("TOKN")
+            || upper.contains("SECRET")
+            || upper.starts_with("RELAY_TLS")
     })?;
     let hint = match closest_setting(k) {
         Some(name) => format!("; did you mean {name}?"),
@@ -39,16 +71,30 @@ pub(super) fn misspelled_security_setting(env: &[(String, String)]) -> Option<St
     ))
 }
 
+/// An unknown variable whose closest setting is a storage one
+/// (`RELAY_DATADIR`, `RELAY_REDIS_ULR`): the server would keep sessions in
+/// memory and lose them at the next restart, so this stops it instead of
+/// warning, as a misspelled security setting does. Called by `parse` once
+/// at start.
+pub(super) fn misspelled_storage_setting(env: &[(String, String)]) -> Option<String> {
+    let (k, meant) = unknown(env).find_map(|k| {
+        closest_setting(k)
+            .filter(|s| STORAGE_SETTINGS.contains(s))
+            .map(|s| (k, s))
+    })?;
+    Some(format!(
+        "{k} is not a setting; did you mean {meant}? A misspelled storage setting would keep \
+         the sessions somewhere else than meant (in memory, lost at the next restart), so \
+         the server does not start"
+    ))
+}
+
 /// One warning per environment variable that looks like a setting
 /// (`RELAY_` in any case) but is none, naming the closest setting when one
 /// is close; sorted, so the start log reads the same on every run. Called
 /// by `parse` once at start.
 pub(super) fn unknown_variables(env: &[(String, String)]) -> Vec<String> {
-    let mut warnings: Vec<String> = env
-        .iter()
-        .map(|(k, _)| k)
-        .filter(|k| k.to_ascii_uppercase().starts_with("RELAY_"))
-        .filter(|k| !SETTINGS.iter().any(|(name, _, _)| name == k))
+    let mut warnings: Vec<String> = unknown(env)
         .map(|k| match closest_setting(k) {
             Some(name) => format!("{k} is not a setting and is ignored; did you mean {name}?"),
             None => format!("{k} is not a setting and is ignored (relay --help lists them)"),
@@ -167,6 +213,34 @@ mod tests {
         assert!(run("RELAY_SECRET").contains("does not start"));
         // Other unknown variables are still only warned about.
         assert!(warnings(&[("RELAY_PROT", "1")]).len() == 1);
+    }
+
+    #[test]
+    fn a_misspelled_storage_setting_stops_the_server() {
+        let run = |k: &str| {
+            let env = [(k.to_string(), "x".to_string())];
+            parse(env, std::iter::empty()).unwrap_err()
+        };
+        for (typo, meant) in [
+            ("RELAY_DATADIR", "RELAY_DATA_DIR"),
+            ("RELAY_DATA_DIRECTORY", "RELAY_DATA_DIR"),
+            ("RELAY_REDIS_ULR", "RELAY_REDIS_URL"),
+            ("RELAY_REDIS", "RELAY_REDIS_URL"),
+            ("RELAY_REDIS_PREFX", "RELAY_REDIS_PREFIX"),
+        ] {
+            let e = run(typo);
+            assert!(e.starts_with(&format!("{typo} is not a setting")), "{e}");
+            assert!(e.contains(&format!("did you mean {meant}?")), "{e}");
+            assert!(e.contains("in memory, lost at the next restart"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_tools_variables_are_neither_warned_about_nor_fatal() {
+        let env: Vec<(&str, &str)> = TOOL_VARIABLES.iter().map(|k| (*k, "x")).collect();
+        assert_eq!(warnings(&env), Vec::<String>::new());
+        // Without the list, RELAY_URL would read as a misspelled RELAY_REDIS_URL.
+        assert_eq!(closest_setting("RELAY_URL"), Some("RELAY_REDIS_URL"));
     }
 
     #[test]

@@ -249,12 +249,19 @@ fn send_prints_the_answer_an_agent_computes() {
     let out = send(&srv, &sid, &["hello"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO\n");
-    let id = answers(&srv, &sid)[0]["client_msg_id"]
+    // The generated id is printed only when asked for.
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("client_msg_id"),
+        "{out:?}"
+    );
+    let out = send(&srv, &sid, &["--verbose", "again"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "AGAIN\n");
+    let id = answers(&srv, &sid)[1]["client_msg_id"]
         .as_str()
         .unwrap()
         .to_string();
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains(&id),
+        String::from_utf8_lossy(&out.stderr).contains(&format!("relay send: client_msg_id {id}")),
         "{out:?}"
     );
 }
@@ -293,7 +300,7 @@ fn tokens_come_from_flags_or_the_environment() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("401"), "{out:?}");
     assert!(
-        stderr.contains("check --token or RELAY_CLIENT_TOKEN"),
+        stderr.contains("check --token, --token-file or RELAY_CLIENT_TOKEN"),
         "{stderr}"
     );
 }
@@ -1095,4 +1102,110 @@ fn encrypted_parts_stream_to_send_and_stay_sealed_on_the_wire() {
             "{text}"
         );
     }
+}
+
+#[test]
+fn secrets_come_from_files_and_an_unreadable_one_exits_two() {
+    let srv = Server::start_with(&[
+        ("RELAY_AGENT_TOKEN", "agent-secret"),
+        ("RELAY_CLIENT_TOKEN", "client-secret"),
+    ]);
+    let sid = unique_session();
+    let scratch = Scratch::new();
+    let key = relay().arg("key").output().unwrap();
+    assert!(key.status.success(), "{key:?}");
+    // As `relay key > file` and `echo token > file` leave them: a newline.
+    let key_file = scratch.path("key");
+    std::fs::write(&key_file, &key.stdout).unwrap();
+    let agent_token = scratch.path("agent-token");
+    std::fs::write(&agent_token, "agent-secret\n").unwrap();
+    let client_token = scratch.path("client-token");
+    std::fs::write(&client_token, "client-secret\n").unwrap();
+    let flags = ["--token-file", &agent_token, "--e2e-key-file", &key_file];
+    let _agent = Agent::start_with_flags(&srv, &sid, &[], &flags, &["tr", "a-z", "A-Z"]);
+    srv.wait_health("parked_polls", 1);
+    let out = send(
+        &srv,
+        &sid,
+        &[
+            "--token-file",
+            &client_token,
+            "--e2e-key-file",
+            &key_file,
+            "sealed",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "SEALED\n");
+    // The server saw only ciphertext.
+    let auth = [("Authorization", "Bearer client-secret")];
+    let messages = srv.request("GET", &format!("/messages/{sid}"), &auth, None);
+    let text = messages.json()["messages"][1]["data"]["text"].clone();
+    assert!(text.as_str().unwrap().starts_with("e2e1:"), "{text}");
+    // A file that is not there: bad usage, naming it, before any request.
+    let missing = scratch.path("no-such-token");
+    for tool in ["send", "agent"] {
+        let mut cmd = relay();
+        cmd.args([
+            tool,
+            "--url",
+            &url(&srv),
+            "--session",
+            &sid,
+            "--token-file",
+            &missing,
+        ]);
+        if tool == "agent" {
+            cmd.args(["--", "cat"]);
+        } else {
+            cmd.arg("hi");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{tool}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("cannot read --token-file {missing}")),
+            "{tool}: {stderr}"
+        );
+    }
+    let help = relay().args(["send", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("Prefer one of"), "{help}");
+}
+
+#[test]
+fn send_says_what_a_503_from_unreachable_storage_means() {
+    // A Redis that is not there: the server starts and answers 503.
+    let url = format!("redis://127.0.0.1:{}", common::free_port());
+    let srv = Server::start_single_with(&[("RELAY_REDIS_URL", &url)]);
+    let out = send(&srv, &unique_session(), &["hello"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("503 Storage unavailable"), "{stderr}");
+    assert!(
+        stderr.contains("the server cannot reach its storage"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("GET /readyz"), "{stderr}");
+}
+
+#[test]
+fn the_command_gets_the_servers_url_to_read_the_conversation() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let script =
+        r#"curl -s "$RELAY_URL/messages/$RELAY_SESSION_ID" >/dev/null && printf '%s' "$RELAY_URL""#;
+    let _agent = Agent::start(
+        &srv,
+        &sid,
+        &[("RELAY_URL", "http://wrong.invalid")],
+        &["sh", "-c", script],
+    );
+    srv.wait_health("parked_polls", 1);
+    let out = send(&srv, &sid, &["where are you?"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n", url(&srv))
+    );
 }
