@@ -1,7 +1,7 @@
 //! The server as an operator runs it, against the real binary: what it
 //! says at start (startup), signals, the command line and surviving bad
-//! traffic (process), `GET /metrics` (metrics) and the debug request log
-//! (request_log).
+//! traffic (process), `GET /metrics` (metrics), the debug request log
+//! (request_log) and the settings a new user gets wrong (settings).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -9,4 +9,5 @@ mod common;
 mod metrics;
 mod process;
 mod request_log;
+mod settings;
 mod startup;

@@ -1,6 +1,7 @@
 //! Who may do what, and clients that misbehave, against the real binary:
 //! bearer tokens (auth), tokens for one session (session_tokens), the rate
-//! limit and trusted proxies (rate_limit), input built to hurt
+//! limit and trusted proxies (rate_limit), refused tokens in the log
+//! (refusals_log), input built to hurt
 //! (poison_input), hostile clients beside a well-behaved one (fairness) and
 //! every abuse at once within bounded memory (abuse).
 
@@ -12,4 +13,5 @@ mod auth;
 mod fairness;
 mod poison_input;
 mod rate_limit;
+mod refusals_log;
 mod session_tokens;

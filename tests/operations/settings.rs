@@ -4,9 +4,7 @@
 //! live, the command line tools' own variables are not taken for typos, and
 //! a data directory it cannot use is refused with the problem named.
 
-mod common;
-
-use common::{Dir, Server, free_port};
+use crate::common::{Dir, Server, free_port};
 use std::io::Read;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};

@@ -3,9 +3,7 @@
 //! at most one a second however fast the refusals come, the next line
 //! counting those left out.
 
-mod common;
-
-use common::Server;
+use crate::common::Server;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
