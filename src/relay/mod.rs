@@ -15,8 +15,12 @@
 //! up by `&str` (a `SessionId` derefs to one), and an id that is not valid
 //! is simply not found.
 
+mod agent;
 mod commit;
+mod drafts;
+mod frames;
 mod live;
+mod receipts;
 
 pub mod presence;
 mod storage;
