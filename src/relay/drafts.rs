@@ -69,9 +69,9 @@ impl Relay {
     /// `POST /response` with `"partial": true`, once the log's rules took
     /// it ([`MemStore::decide`](crate::store::MemStore::decide) gave its
     /// id): appends the text to its draft and sends the part to the
-    /// caught-up subscribers. In memory and with a data directory the
-    /// loop's copy of the log knows every committed prompt, so a part is
-    /// decided here, at once.
+    /// caught-up subscribers. Called when the engine handed the part back
+    /// to be decided on the loop's log, as it does where that log holds
+    /// every committed prompt.
     pub(super) fn post_partial(
         &mut self,
         now: Millis,
