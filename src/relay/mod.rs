@@ -179,7 +179,8 @@ pub struct Stats {
     pub resyncs: u64,
 }
 
-/// The store, local presence and the effect outbox.
+/// The relay: the log and the engine it stores through, who waits on each
+/// session here, the live state, and the effect outbox.
 pub struct Relay {
     limits: Limits,
     /// Every session's committed log: the whole state, or the copy of
