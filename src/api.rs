@@ -128,8 +128,9 @@ pub enum Outcome {
     },
     /// Answer with the shell's metrics (the token, if any, was checked).
     Metrics,
-    /// The request waits for the storage thread: an `Effect::Reply` (its
-    /// answer) or `Effect::Retry` (run it again) follows.
+    /// The request waits for the engine, under a ticket: an
+    /// `Effect::Reply` (its answer) or `Effect::Retry` (run it again)
+    /// follows.
     Wait,
 }
 
@@ -139,7 +140,8 @@ pub struct Facts {
     /// Open connections.
     pub connections: usize,
     pub shutting_down: bool,
-    /// The request runs again after its session was read from Redis.
+    /// The request runs again after the read it waited for
+    /// ([`Relay::sync_first`]): it does not wait twice.
     pub synced: bool,
 }
 

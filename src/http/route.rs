@@ -185,7 +185,7 @@ fn saturating_uint(v: &str) -> Option<u64> {
 }
 
 /// Query parameter `name` as a non-negative integer (huge values saturate,
-/// see [`saturating_uint`]); negative or non-numeric is `400 Invalid {name}`.
+/// see `saturating_uint`); negative or non-numeric is `400 Invalid {name}`.
 /// Called for `after`, `since`, `limit` and `offset`, and meant for the
 /// WebSocket's `after` too.
 pub fn uint_param(query: Option<&str>, name: &str) -> Result<Option<u64>, ApiError> {

@@ -1,15 +1,27 @@
-//! The I/O shell: the mio loop, connections, buffers, and one module per
-//! connection stage (`http`, `parked`, `subscriber` with its WebSocket
-//! codec `ws`, `closing`), each working on one connection and the narrow
-//! context `ctx`; `stream`, the socket or TLS over it, under every stage
-//! and the Redis links. The only code that touches sockets or reads the
-//! clock (through `Clock`, once per loop turn).
+//! The I/O shell of the server: the only code of it that touches a socket
+//! or asks for the time (through `Clock`, once per loop turn). It runs the
+//! sans-IO cores over the sockets and applies what they return.
 //!
-//! Imports point down (`scripts/check-layers.sh` checks it): `buffer` and
-//! `read` (one socket read, the turn's read budget) at the bottom, then
-//! `stream`, then the codec `ws` and the Redis links, the connection
-//! `conn` above its codec, `ctx` above the connection, the stages above
-//! both, and the loop `server` on top.
+//! Its files, from the bottom up (imports point down, and
+//! `scripts/check-layers.sh` checks it):
+//!
+//! - `buffer`: a connection's capped output queue of owned or shared
+//!   chunks, written with `writev`; `read`: one socket read and the turn's
+//!   read budget.
+//! - `stream`: the socket, or TLS over it, under every stage and the
+//!   Redis links.
+//! - `ws`: the WebSocket codec over a connection's output queue; `redis`:
+//!   the two sockets to Redis, which the loop drives for the engine.
+//! - `conn`: one connection, its socket, readiness flags, output and
+//!   stage; `ctx`: the narrow context a stage may touch besides its
+//!   connection (the cores, the timer wheel, the write and re-run lists).
+//! - The stages, each working on one connection and `ctx`: `closing`,
+//!   then `http` (reading and answering requests) and `subscriber` (a
+//!   WebSocket subscriber), then `parked` (a poll or a write that waits,
+//!   answered through `http`).
+//! - `server`: the loop, which owns the `Poll` and the slab, with
+//!   `accept`, `effects` (the relay's effects applied to other
+//!   connections) and `shutdown` (signals and the bounded drain).
 
 pub(crate) mod buffer;
 mod closing;

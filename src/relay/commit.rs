@@ -1,7 +1,7 @@
 //! Committed changes, applied on one path. Every engine answers a write with
-//! an [`Outcome`] and the [`Record`]s that carry it out: the in-memory
-//! engine at once, the storage thread when its transaction commits, and
-//! (later) other instances for changes they made. [`Relay::apply`] applies
+//! an [`Outcome`] and the [`Record`]s that carry it out, at once or when
+//! it committed them, and hands over the records of changes other
+//! instances made as it hears of them. [`Relay::apply`] applies
 //! records to the log and to what waits on it here, in order: parked polls
 //! woken, answers delivered to caught-up subscribers, a deleted session's
 //! polls answered 404 and its subscribers closed; [`Outcome::ack`] then
@@ -72,8 +72,9 @@ impl Relay {
         outcome.ack(delivered)
     }
 
-    /// A write the in-memory engine decides (`decide` pushes its records):
-    /// its records applied at once, on the path every engine's take.
+    /// A write the engine handed back to be decided on the loop's log
+    /// (`decide` pushes its records): its records applied at once, on the
+    /// path every engine's take.
     /// Returns its outcome and `delivered`.
     pub(super) fn decide_now(
         &mut self,
@@ -157,7 +158,7 @@ impl Relay {
 
     /// A session is deleted: its parked polls get 404, its subscribers
     /// close with 1000. The deletion is logged by whoever asked for it
-    /// (`DELETE`, the storage thread's sweep), not here.
+    /// (`DELETE`, the idle sweep), not here.
     fn session_gone(&mut self, sid: &str) {
         self.live.remove(sid);
         let Some(here) = self.presence.remove(sid) else {

@@ -1,5 +1,6 @@
 //! The relay core: the semantics of every endpoint over the session store
-//! ([`crate::store`]) and local presence (parked polls, subscribers).
+//! ([`crate::store`]), who waits on each session here (parked polls,
+//! subscribers), and what the person waiting sees of the agent at work.
 //! Sans-IO: every call takes `now` (and `unix_ms` where a `ts` is stamped),
 //! returns its own reply, and queues work for *other* connections as
 //! [`Effect`]s that the I/O shell applies after the handler returns. It never
@@ -10,13 +11,31 @@
 //! caught up (the same framed bytes for all); a subscriber that is behind
 //! reads the log by its cursor when its socket drains ([`Relay::refill`]).
 //!
+//! The relay holds one [`Engine`], handed to [`Relay::new`] with the log
+//! it restored, and never asks which one it is: every write is submitted
+//! to it and either handed back to be decided on the loop's log at once
+//! or taken under a [`Ticket`] the request waits on; whatever the engine
+//! committed, read or heard comes back through [`Relay::storage_done`].
+//!
+//! Its rooms: this file holds the [`Relay`], its effects and limits, and
+//! the endpoints; `commit` applies committed records to the log and to
+//! what waits on it here, and renders the requester's answer; `storage`
+//! is the relay's side of its engine; `presence` who waits here; `live`
+//! the per-session live state and its tick, with one room each for
+//! `drafts` (streamed answers), `agent` (the agent's presence),
+//! `receipts` (prompts an agent fetched) and `frames` (their bytes).
+//!
 //! Session ids: a call that may create a session, or keep its id, takes a
 //! [`SessionId`] (checked where it was parsed); the others look the session
 //! up by `&str` (a `SessionId` derefs to one), and an id that is not valid
 //! is simply not found.
 
+mod agent;
 mod commit;
+mod drafts;
+mod frames;
 mod live;
+mod receipts;
 
 pub mod presence;
 mod storage;
@@ -75,13 +94,13 @@ pub enum Effect {
     },
     /// Close a WebSocket subscriber with this close code.
     CloseSubscriber { to: ConnId, code: u16 },
-    /// Answer a request that waited for the storage thread.
+    /// Answer a request that waited for its engine (under a ticket).
     Reply {
         to: Ticket,
         result: Result<Vec<u8>, ApiError>,
     },
-    /// Run a request that waited for the storage thread again: what it
-    /// needed (its session) is now committed.
+    /// Run a request that waited for its engine again: what it waited for
+    /// (its session, a read's barrier) is in the loop's log now.
     Retry { to: Ticket },
     /// A frame for the subscribers of `sid` that are caught up with its
     /// log (a streamed part, the agent's presence, a receipt); one that
@@ -93,7 +112,7 @@ pub enum Effect {
     Refill { sid: SessionId, resync: bool },
 }
 
-/// A write's answer: now, or once the storage thread committed it (an
+/// A write's answer: now, or once its engine committed it (an
 /// [`Effect::Reply`] or [`Effect::Retry`] for the connection follows).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reply {
@@ -160,7 +179,8 @@ pub struct Stats {
     pub resyncs: u64,
 }
 
-/// The store, local presence and the effect outbox.
+/// The relay: the log and the engine it stores through, who waits on each
+/// session here, the live state, and the effect outbox.
 pub struct Relay {
     limits: Limits,
     /// Every session's committed log: the whole state, or the copy of
@@ -172,7 +192,7 @@ pub struct Relay {
     effects: Vec<Effect>,
     counts: Counts,
     stats: Stats,
-    /// The in-memory engine's records for the write at hand, reused.
+    /// The records of a write decided on the loop's log, reused.
     records: Vec<Record>,
     /// The number of the last ticket issued.
     tickets: u64,
@@ -499,10 +519,9 @@ impl Relay {
         self.write(now, 0, conn, delete)
     }
 
-    /// Every write, validated: handed to the engine. In memory (and for a
-    /// session the loop's copy of the database holds already, or a part of
-    /// a streamed answer) it is decided by [`MemStore::decide`], applied
-    /// and answered at once; a storage takes it with a ticket, and the
+    /// Every write, validated: handed to the engine, which either hands
+    /// it back to be decided on the loop's log by [`MemStore::decide`],
+    /// applied and answered at once, or takes it with a ticket, and the
     /// request waits for the answer to that ticket ([`Reply::Wait`]).
     pub fn write(
         &mut self,

@@ -1,6 +1,8 @@
 //! Local presence in a session: the parked long-polls and the WebSocket
-//! subscribers this server holds. Not durable: it lives as long as the
-//! connections do. Invariant: a connection appears at most once in each list.
+//! subscribers this instance holds. Not durable: it lives as long as the
+//! connections do, and an entry goes when both lists are empty. (The
+//! agent's presence, online or offline, is `agent.rs`.) Invariant: a
+//! connection appears at most once in each list.
 
 use super::ConnId;
 use crate::store::Seq;

@@ -1,7 +1,8 @@
 //! The relay's side of its engine ([`Engine`]): what it committed applied
 //! on the path every change takes (the log, then the parked polls and
 //! subscribers here) before the requests that waited are answered; reads
-//! that wait for the copy; the sessions waited on here, as the engine asks
+//! that wait for the copy; the live state other instances published,
+//! handed to its rooms; the sessions waited on here, as the engine asks
 //! about them; the engine handed to the shell that drives it. Nothing
 //! here knows which engine it is.
 
@@ -57,7 +58,8 @@ impl Relay {
         self.engine.stats()
     }
 
-    /// Stops the storage thread once it committed everything it was sent.
+    /// Stops the engine's storage once it committed everything it was
+    /// sent; called at shutdown.
     pub fn stop_store(&mut self) {
         self.engine.stop();
     }
@@ -97,8 +99,8 @@ impl Relay {
 
     /// Applies what the engine committed, read or heard since the last
     /// call, and queues the answers of the requests that waited. Called
-    /// when the storage thread's waker fires, or after the shell handed
-    /// Redis's bytes to the engine.
+    /// whenever the engine may have news: its waker fired, or the shell
+    /// handed it the bytes its sockets read.
     #[inline(never)]
     pub fn storage_done(&mut self, now: Millis) {
         while let Some(e) = self.engine.next_event(&self.store, &self.presence) {

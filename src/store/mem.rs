@@ -296,7 +296,7 @@ impl MemStore {
     /// true`), decided by what the log says of it: 404 for the session, 409
     /// if an answer with its id is stored, 404 for the prompt. It changes
     /// no log, so it has no records: the relay appends it to its draft,
-    /// which is live state no engine but Redis keeps (`relay/live.rs`),
+    /// which is live state no engine but Redis keeps (`relay/drafts.rs`),
     /// and that draft's own rules (its prompt, its size, the draft cap)
     /// come after these.
     pub fn part(&mut self, now: Millis, r: NewResponse) -> Result<Outcome, ApiError> {

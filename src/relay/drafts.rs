@@ -1,0 +1,188 @@
+//! Drafts: the streamed answers in progress, kept per session in
+//! [`Live`](super::live::Live) and never stored by an engine. A part the
+//! log's rules took (its session, its prompt, no answer stored under its
+//! id) is appended to its draft and sent as a `delta` frame to the
+//! subscribers that are caught up; the final answer with the draft's id
+//! replaces it ([`Relay::draft_done`]); a draft no part reached for the
+//! draft timeout is dropped by the tick, with a `delta_end`.
+//!
+//! Invariants: a session holds at most `max_pending` drafts, and a
+//! draft's decoded text at most [`MAX_DRAFT_BYTES`]; a draft belongs to
+//! one prompt, so a part naming another one is a conflict; `parts`
+//! counts the parts appended, so a copy of another instance's draft
+//! appends only the next part and reads the session again on a gap.
+
+use std::rc::Rc;
+
+use super::frames::delta_frame;
+use super::{ApiError, Effect, Relay, Reply};
+use crate::store::SessionId;
+use crate::store::model::NewResponse;
+use crate::time::Millis;
+use crate::wire::decoded_len;
+
+/// A draft holds at most this many bytes of text: one message's limit.
+pub const MAX_DRAFT_BYTES: usize = crate::store::types::MAX_TEXT_BYTES;
+
+/// One streamed answer in progress.
+#[derive(Debug)]
+pub struct Draft {
+    pub assistant_msg_id: Rc<str>,
+    pub client_msg_id: Rc<str>,
+    /// The text so far as the inside of a JSON string literal: each
+    /// part's literal without its quotes, so parts are never decoded and
+    /// encoded again.
+    pub(super) escaped: String,
+    /// The decoded length of the text so far, for the cap.
+    pub(super) bytes: usize,
+    /// Parts appended so far.
+    pub(super) parts: u32,
+    /// Dropped when no part came by then.
+    pub(super) deadline: Millis,
+}
+
+impl Draft {
+    /// A draft with no part yet.
+    fn new(assistant_msg_id: Rc<str>, client_msg_id: Rc<str>, deadline: Millis) -> Draft {
+        Draft {
+            assistant_msg_id,
+            client_msg_id,
+            escaped: String::new(),
+            bytes: 0,
+            parts: 0,
+            deadline,
+        }
+    }
+
+    /// Appends the next part: its text's literal (quotes included) and
+    /// decoded length. Returns its `delta` frame.
+    fn append(&mut self, sid: &str, lit: &str, bytes: usize, deadline: Millis) -> Rc<[u8]> {
+        self.escaped.push_str(&lit[1..lit.len() - 1]);
+        self.bytes += bytes;
+        self.parts += 1;
+        self.deadline = deadline;
+        delta_frame(sid, self, Some(lit), false)
+    }
+}
+
+impl Relay {
+    /// `POST /response` with `"partial": true`, once the log's rules took
+    /// it ([`MemStore::decide`](crate::store::MemStore::decide) gave its
+    /// id): appends the text to its draft and sends the part to the
+    /// caught-up subscribers. Called when the engine handed the part back
+    /// to be decided on the loop's log, as it does where that log holds
+    /// every committed prompt.
+    pub(super) fn post_partial(
+        &mut self,
+        now: Millis,
+        r: NewResponse,
+        id: String,
+    ) -> Result<Reply, ApiError> {
+        let lit = &*r.text;
+        let bytes = decoded_len(lit);
+        let deadline = now.after_ms(self.limits.draft_timeout_ms);
+        let max_drafts = self.limits.max_pending;
+        let live = self.live.entry(r.session_id.clone()).or_default();
+        let at = match live.drafts.iter().position(|d| *d.assistant_msg_id == *id) {
+            Some(at) => {
+                let d = &live.drafts[at];
+                if *d.client_msg_id != *r.client_msg_id {
+                    return Err(ApiError::conflict());
+                }
+                if d.bytes + bytes > MAX_DRAFT_BYTES {
+                    return Err(ApiError::too_large_field());
+                }
+                at
+            }
+            None => {
+                if live.drafts.len() >= max_drafts {
+                    return Err(ApiError::unavailable(
+                        "draft limit reached for this session",
+                    ));
+                }
+                if bytes > MAX_DRAFT_BYTES {
+                    return Err(ApiError::too_large_field());
+                }
+                // The log's rules found it: only a new draft needs it.
+                let Some(prompt) = self
+                    .store
+                    .get(&r.session_id)
+                    .and_then(|log| log.prompt_id(&r.client_msg_id))
+                else {
+                    return Err(ApiError::prompt_not_found());
+                };
+                live.drafts
+                    .push(Draft::new(Rc::from(id.as_str()), prompt, deadline));
+                live.drafts.len() - 1
+            }
+        };
+        let frame = live.drafts[at].append(&r.session_id, lit, bytes, deadline);
+        let delivered = self.send_part(&r.session_id, frame, deadline);
+        Ok(Reply::Now(crate::store::record::partial_ack(
+            &id, delivered,
+        )))
+    }
+
+    /// A part was appended to a draft of `sid` (`frame`, its `delta`),
+    /// which now waits until `deadline`: to the subscribers here. Returns
+    /// whether there were any.
+    fn send_part(&mut self, sid: &SessionId, frame: Rc<[u8]>, deadline: Millis) -> bool {
+        self.wake_at(deadline);
+        let delivered = !self.subscribers(sid).is_empty();
+        if delivered {
+            self.effects.push(Effect::Broadcast {
+                sid: sid.clone(),
+                frame,
+            });
+        }
+        delivered
+    }
+
+    /// A final answer with this id is stored: its `message` frame replaces
+    /// the draft in every client.
+    pub(super) fn draft_done(&mut self, sid: &str, assistant_msg_id: &str) {
+        if let Some(live) = self.live.get_mut(sid) {
+            live.drafts
+                .retain(|d| *d.assistant_msg_id != *assistant_msg_id);
+        }
+    }
+
+    /// A part the engine took (through any instance), heard by the
+    /// instances that follow the session. Appended to the copy of
+    /// its draft when it is the next part; a gap (the copy began after the
+    /// draft did) makes the session read again, drafts included.
+    pub(super) fn part_published(
+        &mut self,
+        now: Millis,
+        sid: &SessionId,
+        aid: &str,
+        cid: &str,
+        part: u32,
+        lit: &str,
+    ) {
+        if lit.len() < 2 {
+            return;
+        }
+        let deadline = now.after_ms(self.limits.draft_timeout_ms);
+        let max_drafts = self.limits.max_pending;
+        let live = self.live.entry(sid.clone()).or_default();
+        let at = live.drafts.iter().position(|d| *d.assistant_msg_id == *aid);
+        let d = match at {
+            Some(at) if live.drafts[at].parts + 1 == part => &mut live.drafts[at],
+            Some(at) if live.drafts[at].parts >= part => return,
+            // The engine holds the cap; a copy never holds more than it.
+            None if part == 1 && live.drafts.len() < max_drafts => {
+                live.drafts
+                    .push(Draft::new(Rc::from(aid), Rc::from(cid), deadline));
+                let last = live.drafts.len() - 1;
+                &mut live.drafts[last]
+            }
+            _ => {
+                self.engine.resync(&self.store, sid);
+                return;
+            }
+        };
+        let frame = d.append(sid, lit, decoded_len(lit), deadline);
+        self.send_part(sid, frame, deadline);
+    }
+}
