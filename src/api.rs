@@ -217,7 +217,18 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::PutSession(sid)
         | Route::GetSession(sid)
         | Route::DeleteSession(sid) => Some(sid),
-        _ => None,
+        // Listed one by one, not `_`: a new route with a session in its
+        // path must be placed here on purpose, or a token for one session
+        // would open it for every session.
+        Route::WebPage
+        | Route::Healthz
+        | Route::Metrics
+        | Route::Readyz
+        | Route::PostPrompt
+        | Route::PostResponse
+        | Route::Preflight { .. }
+        | Route::MethodNotAllowed { .. }
+        | Route::NotFound => None,
     }
 }
 
