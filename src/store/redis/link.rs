@@ -46,7 +46,7 @@ pub(super) struct Functions {
     read: String,
     delete: String,
     /// `FUNCTION LOAD`'s argument.
-    pub(super) library: String,
+    library: String,
 }
 
 impl Functions {
@@ -203,6 +203,25 @@ impl RedisStore {
             self.pings.push_back(std::mem::take(&mut self.barrier_next));
         }
         std::mem::take(&mut self.side(link).out)
+    }
+
+    /// Redis answered a call with the error `e`: if it says Redis lost the
+    /// script or the library, it is loaded again, ahead of the calls that
+    /// follow. Called on every error reply, before it is routed.
+    pub(super) fn reload(&mut self, e: &str) {
+        if e.starts_with("NOSCRIPT") {
+            // Redis lost its scripts (SCRIPT FLUSH): load it again.
+            push_command(&mut self.cmd.out, &[b"SCRIPT", b"LOAD", SCRIPT.as_bytes()]);
+            self.expect.push_back(Expect::Setup);
+        }
+        if self.fcall && e.contains("Function not found") {
+            // Redis lost its functions (FUNCTION FLUSH): EVALSHA
+            // until the library is loaded again.
+            self.fcall = false;
+            let library = self.functions.library.as_bytes();
+            push_command(&mut self.cmd.out, &[b"FUNCTION", b"LOAD", library]);
+            self.expect.push_back(Expect::Library);
+        }
     }
 
     /// A link finished its setup: once both have, the relay is connected

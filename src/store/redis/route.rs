@@ -17,8 +17,7 @@ use redis_protocol::resp2::types::OwnedFrame;
 
 use super::RedisStore;
 use super::calls::Write;
-use super::codec::push_command;
-use super::link::{Link, SCRIPT};
+use super::link::Link;
 use super::reply::{Event, Snapshot, bytes_of, parse_event, parse_snapshot};
 use crate::error::ApiError;
 use crate::store::record::Outcome;
@@ -123,19 +122,7 @@ impl RedisStore {
         }
         if let OwnedFrame::Error(e) = &frame {
             self.stats.errors += 1;
-            if e.starts_with("NOSCRIPT") {
-                // Redis lost its scripts (SCRIPT FLUSH): load it again.
-                push_command(&mut self.cmd.out, &[b"SCRIPT", b"LOAD", SCRIPT.as_bytes()]);
-                self.expect.push_back(Expect::Setup);
-            }
-            if self.fcall && e.contains("Function not found") {
-                // Redis lost its functions (FUNCTION FLUSH): EVALSHA
-                // until the library is loaded again.
-                self.fcall = false;
-                let library = self.functions.library.as_bytes();
-                push_command(&mut self.cmd.out, &[b"FUNCTION", b"LOAD", library]);
-                self.expect.push_back(Expect::Library);
-            }
+            self.reload(e);
             if matches!(expect, Expect::Setup) {
                 return Err(format!("Redis refused the connection's setup: {e}"));
             }
