@@ -35,12 +35,11 @@
 //! grow memory only while the script has written nothing yet, and aborts
 //! the script there (`redis.call` raises; the script never uses
 //! `redis.pcall`); once a write went through, the rest are run, over the
-//! limit. Debian's 7.0.15
-//! does so: a PUBLISH before the refused write still goes out, and an HDEL
-//! before an HSET lets the HSET through. So every write path of the script
-//! makes its growing write (HSET, ZADD) first, deletes (HDEL, DEL) after
-//! it, and publishes only once every write went through: a refused call
-//! changed nothing and told nobody. A relay that sees a write refused
+//! limit: a PUBLISH before the refused write would still go out, and an
+//! HDEL before an HSET would let the HSET through. So every write path of
+//! the script makes its growing write (HSET, ZADD) first, deletes (HDEL,
+//! DEL) after it, and publishes only once every write went through: a
+//! refused call changed nothing and told nobody. A relay that sees a write refused
 //! reads that session again all the same ([`Event::Refused`]).
 //!
 //! Sans-IO like the relay core: the shell owns the two sockets, hands
@@ -100,8 +99,10 @@ use pipeline::Gathered;
 use route::Expect;
 
 // The engine's larger functions are marked `#[inline(never)]`: each runs
-// once per request or reply, and inlined into the poll loop they cost the
-// static binary about 9 KB, which it does not have under 2 MiB.
+// once per request or reply, so the call costs nothing beside its work,
+// and kept out of line it is not copied into the poll loop at every call
+// site, which would grow the static binary against its size budget
+// (`MAX_IMAGE_BYTES` in `scripts/image.sh`, run by `scripts/release.sh`).
 
 /// Requests sent and not answered above which the loop takes no new
 /// request until some are answered (the pipeline stays bounded).
@@ -122,7 +123,8 @@ pub struct RedisStore {
     /// up. Nothing is published on it.
     channel: String,
     /// The sessions whose channel this instance listens to, or that it
-    /// reads on its own (one map: the binary carries one of its kind).
+    /// reads on its own (one map: whether a copy follows its channel asks
+    /// both at once, and an entry goes when neither holds).
     follow: HashMap<SessionId, Follow>,
     /// How many of them are listened to.
     listened: usize,

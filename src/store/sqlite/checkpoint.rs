@@ -27,8 +27,9 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 /// goes on committing. SQLite's NORMAL mode fsyncs the log before each
 /// checkpoint and the database after it, so a checkpoint never puts
 /// anything in the database that the log does not hold durably. Stops
-/// when dropped. (Flags rather than channels: a channel of a new type
-/// costs the static binary about 20 KB.)
+/// when dropped. (Flags rather than channels: each is a state, read when
+/// the other side looks, between two transactions or two copies, and
+/// meaning the same however many times it was set.)
 pub(super) struct Checkpointer {
     pub(super) shared: Arc<Flags>,
     thread: Option<std::thread::JoinHandle<()>>,

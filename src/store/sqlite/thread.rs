@@ -136,7 +136,10 @@ pub(super) fn run(
 ) {
     let (interval, mut checkpointer) = match sync {
         Sync::Always => {
-            // No commit waits for a checkpoint's copy (it was the p99).
+            // No commit waits for a checkpoint's copy: SQLite's own
+            // checkpoint runs inside the commit that fills the log to
+            // its threshold, and every request that commit carries would
+            // wait for a copy of the whole log.
             writer.automatic_checkpoints(false);
             let checkpointer = Checkpointer::start(writer.db_path());
             (None, Some(checkpointer))
