@@ -24,7 +24,7 @@ pub(super) struct Gathered {
     pub(super) conn: Ticket,
     pub(super) sid: SessionId,
     pub(super) id: String,
-    /// The record the script stores (see [`record`]).
+    /// The record the script stores (see `record` in `calls.rs`).
     pub(super) record: String,
     pub(super) known_epoch: String,
     pub(super) known_next: u64,

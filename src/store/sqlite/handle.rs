@@ -162,7 +162,7 @@ impl Durable {
 
     /// Whether writes succeed and none is overdue (`/readyz`): follows
     /// the storage thread's commits, syncs and probes, and turns false
-    /// while one disk operation has taken longer than [`OVERDUE`].
+    /// while one disk operation has taken longer than `OVERDUE` (`thread.rs`).
     pub fn healthy(&self) -> bool {
         !self.gone && self.health.healthy()
     }

@@ -21,7 +21,7 @@
 //! The rooms:
 //!
 //! - `open`: the database opened at start, its lock taken, its schema
-//!   checked, every session restored ([`open`], [`Opened`]);
+//!   checked, every session restored ([`open()`], [`Opened`]);
 //! - `handle`: the loop's side, [`Durable`]: batches sent, commits taken
 //!   back as events, cancellation, readiness, shutdown;
 //! - `thread`: the storage thread's loop: group commit, the upkeep
