@@ -6,8 +6,10 @@
 
 use redis_protocol::resp2::types::OwnedFrame;
 
+use super::pipeline::{Gathered, MAX_BATCH};
 use super::reply::parse_snapshot;
-use super::{Answered, Expect, Gathered, Known, MAX_BATCH, RedisStore, Then};
+use super::route::{Answered, Expect, Then};
+use super::{Known, RedisStore};
 use crate::error::ApiError;
 use crate::store::mem::id_and_literal;
 use crate::store::message::Parts;

@@ -14,7 +14,8 @@ use std::rc::Rc;
 use log::info;
 
 use super::reply::{Event, Head, Msg};
-use super::{Answered, Known, RedisStore, Then};
+use super::route::{Answered, Then};
+use super::{Known, RedisStore};
 use crate::error::ApiError;
 use crate::store::SessionLog;
 use crate::store::mem::MemStore;

@@ -3,7 +3,8 @@
 //! session is up to date (a barrier `PING` suffices) or must be read.
 
 use super::codec::push_channel_command;
-use super::{Expect, Known, Op, RedisStore};
+use super::route::Expect;
+use super::{Known, Op, RedisStore};
 use crate::store::types::{SessionId, Ticket};
 
 /// What this instance does about one session's channel.

@@ -29,7 +29,8 @@ pub const LOG_EVERY_MS: u64 = 30_000;
 /// One line about how Redis is doing, with its URL (never the password)
 /// and the cause when there is one. Every such line of the engine and of
 /// the shell goes through here: one call of the logger instead of one per
-/// line keeps the static binary inside its budget.
+/// line keeps the static binary inside its size budget (`MAX_IMAGE_BYTES`
+/// in `scripts/image.sh`).
 #[inline(never)]
 pub fn note(level: Level, event: &str, url: &str, cause: &str) {
     if cause.is_empty() {

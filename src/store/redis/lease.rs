@@ -3,7 +3,8 @@
 //! that dies stops counting once its lease runs out, and a parked poll,
 //! which may last any time, renews its lease before it does.
 
-use super::{Expect, Known, Op, RedisStore};
+use super::route::Expect;
+use super::{Known, Op, RedisStore};
 use crate::store::seam::{AgentHere, Announced};
 use crate::store::types::SessionId;
 

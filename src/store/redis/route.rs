@@ -1,0 +1,297 @@
+//! Replies routed to what waits for them. The command link answers in the
+//! order it was asked ([`Expect`], one per command sent): each reply is
+//! matched to its requester's ticket, read as a write's answer, a
+//! session's snapshot, the probe's or the set-up's; the events link brings
+//! subscription confirmations, the `PONG`s of read barriers and published
+//! changes. What comes out is an [`Answered`] per requester, or an
+//! [`Event`], for `copy.rs` to read against the copy.
+//!
+//! Invariants: each entry of `expect` is taken once, by its reply or by
+//! the link's loss, so a requester is answered once (by its reply, `503`
+//! when Redis refuses it, `503` or `504` when the link is lost); a reply
+//! nobody asked for, a frame that is not RESP, or replies buffered past
+//! [`MAX_INPUT`] without a whole frame drop the link.
+
+use redis_protocol::resp2::decode::decode;
+use redis_protocol::resp2::types::OwnedFrame;
+
+use super::RedisStore;
+use super::calls::Write;
+use super::link::Link;
+use super::reply::{Event, Snapshot, bytes_of, parse_event, parse_snapshot};
+use crate::error::ApiError;
+use crate::store::record::Outcome;
+use crate::store::types::{SessionId, Ticket};
+
+/// Bytes of replies buffered without a whole frame before the link is
+/// dropped: a reply carries at most one session, and a session at most
+/// `history_limit + max_pending` messages of at most the body cap each, so
+/// this only stops a peer that is not Redis.
+const MAX_INPUT: usize = 1 << 30;
+
+/// What to do for the requester once the copy is up to date.
+#[derive(Debug)]
+pub enum Then {
+    Reply(Result<Outcome, ApiError>),
+    /// Run the request again (a read that waited for its session, or a
+    /// WebSocket connect whose session was created).
+    Retry,
+    /// A read's `PING` came back: the relay runs it again if the copy of
+    /// the session still follows its channel, else reads the session.
+    Barrier(SessionId),
+    /// A read the relay asked for on its own came back (or failed).
+    Resynced(SessionId),
+}
+
+/// One reply, for the relay.
+#[derive(Debug)]
+pub struct Answered {
+    pub conn: Option<Ticket>,
+    pub snapshot: Option<Snapshot>,
+    pub then: Then,
+    /// A new answer: another instance has subscribers of its session.
+    pub delivered: bool,
+}
+
+/// A reply the command link waits for, in order.
+#[derive(Debug)]
+pub(super) enum Expect {
+    /// `AUTH`, `SELECT`, `SCRIPT LOAD`.
+    Setup,
+    /// `FUNCTION LOAD`: once answered, calls go by `FCALL`.
+    Library,
+    /// The `prompts` call of one turn: one answer per prompt, in order.
+    Prompts(Vec<(Ticket, SessionId, String)>),
+    Write {
+        conn: Ticket,
+        sid: SessionId,
+        write: Write,
+    },
+    Sync {
+        conn: Option<Ticket>,
+        sid: SessionId,
+    },
+    /// The sweep's calls: nobody waits.
+    Quiet,
+    /// The health probe (see `health.rs`).
+    Probe,
+}
+
+impl RedisStore {
+    /// Bytes read from `link`: every whole reply is handled. An error (the
+    /// peer refused the link's setup, or broke the protocol) says why the
+    /// caller drops the link; the caller logs it.
+    #[inline(never)]
+    pub fn input(&mut self, link: Link, bytes: &[u8]) -> Result<(), String> {
+        let side = self.side(link);
+        side.input.extend_from_slice(bytes);
+        if side.input.len() > MAX_INPUT {
+            return Err("reply too large".into());
+        }
+        let mut at = 0;
+        loop {
+            let side = self.side(link);
+            let (frame, used) = match decode(&side.input[at..]) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => return Err(format!("bad reply: {e:?}")),
+            };
+            at += used;
+            match link {
+                Link::Command => self.on_reply(frame)?,
+                Link::Events => self.on_event(frame)?,
+            }
+        }
+        self.side(link).input.drain(..at);
+        Ok(())
+    }
+
+    #[inline(never)]
+    fn on_reply(&mut self, frame: OwnedFrame) -> Result<(), String> {
+        let Some(expect) = self.expect.pop_front() else {
+            return Err("a reply nobody asked for".into());
+        };
+        if let Expect::Library = expect {
+            // Loaded, or loaded before by a relay of this version; any
+            // other error (no FUNCTION: Redis 6.2) keeps EVALSHA.
+            self.fcall = match &frame {
+                OwnedFrame::Error(e) => e.contains("already exists"),
+                _ => true,
+            };
+            return Ok(());
+        }
+        if let OwnedFrame::Error(e) = &frame {
+            self.stats.errors += 1;
+            self.reload(e);
+            if matches!(expect, Expect::Setup) {
+                return Err(format!("Redis refused the connection's setup: {e}"));
+            }
+            let probe = matches!(expect, Expect::Probe);
+            self.health.refused(self.unix_ms, probe, e);
+            self.refused(&expect);
+            self.fail(expect, ApiError::storage_unavailable());
+            return Ok(());
+        }
+        match expect {
+            Expect::Prompts(waiting) => {
+                let OwnedFrame::Array(answers) = frame else {
+                    self.fail(Expect::Prompts(waiting), ApiError::storage_unavailable());
+                    return Err("the script answered something else than an array".into());
+                };
+                if answers.len() != waiting.len() {
+                    self.fail(Expect::Prompts(waiting), ApiError::storage_unavailable());
+                    return Err("the script answered another number of prompts".into());
+                }
+                let mut broken = Ok(());
+                for ((conn, sid, id), answer) in waiting.into_iter().zip(answers) {
+                    let write = Write::Prompt { id };
+                    if let Err(e) = self.written(conn, sid, write, answer) {
+                        broken = Err(e);
+                    }
+                }
+                return broken;
+            }
+            Expect::Setup => {
+                if let OwnedFrame::BulkString(sha) = &frame {
+                    if sha.as_slice() != self.sha.as_bytes() {
+                        return Err("SCRIPT LOAD answered another SHA-1".into());
+                    }
+                    self.cmd.ready = true;
+                    self.set_up();
+                }
+            }
+            Expect::Quiet | Expect::Library => {}
+            Expect::Probe => {
+                let generation = match &frame {
+                    OwnedFrame::Array(parts) => parts.get(1).map_or(&b""[..], bytes_of),
+                    _ => b"",
+                };
+                if generation.is_empty() {
+                    return Err("the probe answered something else".into());
+                }
+                self.health.probed(self.unix_ms, generation);
+            }
+            Expect::Sync { conn, sid } => {
+                let snapshot = match parse_snapshot(sid.clone(), frame, &mut self.health) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.fail(Expect::Sync { conn, sid }, ApiError::storage_unavailable());
+                        return Err(e);
+                    }
+                };
+                let then = match conn {
+                    Some(_) => Then::Retry,
+                    None => Then::Resynced(sid),
+                };
+                self.answered.push_back(Answered {
+                    conn,
+                    snapshot: Some(snapshot.1),
+                    then,
+                    delivered: false,
+                });
+            }
+            Expect::Write { conn, sid, write } => return self.written(conn, sid, write, frame),
+        }
+        Ok(())
+    }
+
+    #[inline(never)]
+    fn on_event(&mut self, frame: OwnedFrame) -> Result<(), String> {
+        let parts = match frame {
+            OwnedFrame::Array(parts) => parts,
+            OwnedFrame::Error(e) => {
+                return Err(format!("Redis refused the connection's setup: {e}"));
+            }
+            _ => return Ok(()), // AUTH, SELECT
+        };
+        let kind = parts.first().map(bytes_of);
+        match kind {
+            Some(b"subscribe") => {
+                let channel = parts.get(1).map_or(&b""[..], bytes_of);
+                if channel == self.channel.as_bytes() {
+                    self.ev.ready = true;
+                    self.set_up();
+                } else if let Some(sid) = self.sid_of_channel(channel)
+                    && let Some(f) = self.follow.get_mut(&sid)
+                    && f.listen.is_some()
+                {
+                    f.listen = Some(true);
+                    self.events.push_back(Event::Listening { sid });
+                }
+            }
+            Some(b"pong") => {
+                for (conn, sid) in self.pings.pop_front().unwrap_or_default() {
+                    self.answered.push_back(Answered {
+                        conn: Some(conn),
+                        snapshot: None,
+                        then: Then::Barrier(sid),
+                        delivered: false,
+                    });
+                }
+            }
+            Some(b"message") => {
+                if let Some(e) = parts.get(2).and_then(|p| parse_event(bytes_of(p))) {
+                    self.events.push_back(e);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Redis refused the write `expect` waited for: the copies of its
+    /// sessions are read again (see [`Event::Refused`]), unless such a
+    /// read is on its way already.
+    fn refused(&mut self, expect: &Expect) {
+        match expect {
+            Expect::Write { sid, .. } => self.reread(sid),
+            Expect::Prompts(waiting) => {
+                for (i, (_, sid, _)) in waiting.iter().enumerate() {
+                    if waiting[..i].iter().all(|(_, s, _)| s != sid) {
+                        self.reread(sid);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn reread(&mut self, sid: &SessionId) {
+        if !self.resyncing(sid) {
+            self.events.push_back(Event::Refused { sid: sid.clone() });
+        }
+    }
+
+    /// A request that cannot be answered by Redis: `503`.
+    #[inline(never)]
+    pub(super) fn fail(&mut self, expect: Expect, e: ApiError) {
+        match expect {
+            Expect::Prompts(waiting) => {
+                for (conn, ..) in waiting {
+                    self.answered.push_back(Answered {
+                        conn: Some(conn),
+                        snapshot: None,
+                        then: Then::Reply(Err(e.clone())),
+                        delivered: false,
+                    });
+                }
+            }
+            Expect::Sync { conn: None, sid } => self.answered.push_back(Answered {
+                conn: None,
+                snapshot: None,
+                then: Then::Resynced(sid),
+                delivered: false,
+            }),
+            Expect::Write { conn, .. }
+            | Expect::Sync {
+                conn: Some(conn), ..
+            } => self.answered.push_back(Answered {
+                conn: Some(conn),
+                snapshot: None,
+                then: Then::Reply(Err(e)),
+                delivered: false,
+            }),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The loop's handle on the storage thread, [`Durable`]: the commands of a
+//! loop turn sent as one batch at its end, what the thread committed
+//! turned into the [`StoreEvent`]s every engine gives the relay, a write
+//! cancelled while the thread has not taken it, readiness read without
+//! waiting for the thread, and the thread stopped at shutdown.
+//!
+//! Invariants: at most [`MAX_INFLIGHT`] commands are in flight (the loop
+//! takes no new request past that); a command's records reach the relay
+//! before its requester's answer; a shutdown waits for the thread at most
+//! [`STOP_BOUND`]. The shell's disk, not a core: it hands the thread the
+//! loop's `mio::Waker` and reads the clock to bound the shutdown.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use log::{error, info, warn};
+
+use super::Sync;
+use super::decide::Writer;
+use super::open::Opened;
+use super::thread::{Committed, Frontier, Health, run};
+use crate::store::mem::{MemStore, StoreLimits};
+use crate::store::record::{Command, Done, Outcome, Record};
+use crate::store::seam::{NOBODY, StoreEvent, StoreStats};
+
+/// The loop's handle on the storage thread.
+pub struct Durable {
+    batches: Option<Sender<Vec<Command>>>,
+    done: Receiver<Committed>,
+    /// Totals for `/metrics`.
+    pub stats: StoreStats,
+    /// This turn's commands, sent at the end of the turn.
+    batch: Vec<Command>,
+    /// Commands sent and not answered yet.
+    inflight: usize,
+    /// What was committed, as the relay takes it (see `next_event`).
+    ready: VecDeque<StoreEvent>,
+    /// The storage thread is gone (it could not start, or ended).
+    gone: bool,
+    health: Arc<Health>,
+    frontier: Arc<Mutex<Frontier>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _lock: File,
+}
+
+/// One committed command as the relay takes it: its records, then its
+/// requester's answer (a connect whose session was created runs again; a
+/// sweep has no requester).
+fn events_of(done: Done, out: &mut VecDeque<StoreEvent>) {
+    for record in &done.records {
+        if let Record::Deleted { sid } = record {
+            info!(session_id = sid.as_str(); "session deleted");
+        }
+    }
+    let to = done.ticket;
+    let answered = to.conn != NOBODY && !matches!(done.result, Ok(Outcome::Collected));
+    match done.result {
+        Ok(Outcome::Session { put: false, .. }) => {
+            out.push_back(StoreEvent::Records(done.records));
+            out.push_back(StoreEvent::Retry(to));
+        }
+        result if answered => out.push_back(StoreEvent::Answer {
+            to,
+            records: done.records,
+            result,
+            delivered: false,
+        }),
+        _ => out.push_back(StoreEvent::Records(done.records)),
+    }
+}
+
+/// Commands in flight above which the loop takes no new request until some
+/// are answered: the queue to the storage thread stays bounded.
+pub const MAX_INFLIGHT: usize = 16_384;
+
+impl Durable {
+    /// Starts the storage thread on an opened database; returns the
+    /// restored state for the loop, and the handle.
+    pub fn start(
+        opened: Opened,
+        limits: StoreLimits,
+        sync: Sync,
+        waker: Arc<mio::Waker>,
+    ) -> (MemStore, Durable) {
+        let (batch_tx, batch_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let (conn, generation) = (opened.conn, opened.generation);
+        let frontier = Arc::new(Mutex::new(Frontier::default()));
+        let theirs = frontier.clone();
+        let health = Arc::new(Health::new());
+        let shared = health.clone();
+        // The writer reads its copy of the log in the thread, while the
+        // loop starts serving what it restored.
+        let thread = std::thread::Builder::new()
+            .name("relay-storage".into())
+            .spawn(move || {
+                let writer = Writer::new(conn, limits, generation);
+                run(writer, batch_rx, done_tx, waker, sync, theirs, shared)
+            })
+            .ok();
+        let durable = Durable {
+            batches: Some(batch_tx),
+            done: done_rx,
+            stats: StoreStats::default(),
+            batch: Vec::new(),
+            inflight: 0,
+            ready: VecDeque::new(),
+            gone: thread.is_none(),
+            health,
+            frontier,
+            thread,
+            _lock: opened.lock,
+        };
+        (opened.view, durable)
+    }
+
+    /// Adds a command to this turn's batch.
+    pub fn submit(&mut self, cmd: Command) {
+        self.batch.push(cmd);
+    }
+
+    /// Whether the queue to the storage thread is full.
+    pub fn saturated(&self) -> bool {
+        self.inflight + self.batch.len() >= MAX_INFLIGHT
+    }
+
+    /// Sends this turn's batch; called once at the end of every loop turn.
+    pub fn flush(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        self.inflight += batch.len();
+        if let Some(tx) = &self.batches
+            && tx.send(batch).is_err()
+        {
+            error!("the storage thread is gone");
+            self.gone = true;
+        }
+    }
+
+    /// The next of what the storage thread committed, for the relay:
+    /// each command's records, then its requester's answer.
+    pub fn next_event(&mut self) -> Option<StoreEvent> {
+        if self.ready.is_empty() {
+            while let Ok(c) = self.done.try_recv() {
+                self.inflight = self.inflight.saturating_sub(c.done.len());
+                self.stats.commits += 1;
+                self.stats.commands += c.commands as u64;
+                self.stats.errors += u64::from(!c.ok);
+                self.stats.commit_time.observe_us(c.micros);
+                for done in c.done {
+                    events_of(done, &mut self.ready);
+                }
+            }
+        }
+        self.ready.pop_front()
+    }
+
+    /// Whether writes succeed and none is overdue (`/readyz`): follows
+    /// the storage thread's commits, syncs and probes, and turns false
+    /// while one disk operation has taken longer than `OVERDUE` (`thread.rs`).
+    pub fn healthy(&self) -> bool {
+        !self.gone && self.health.healthy()
+    }
+
+    /// Cancels the write of ticket `n` (and of every earlier ticket) if the
+    /// storage thread has not taken it yet; returns whether it did. Called
+    /// when a request stops waiting: a cancelled write is never committed,
+    /// so its `503` is the truth; one already taken is the disk's, and only
+    /// the thread's answer tells whether it is stored. Earlier tickets
+    /// stopped waiting no later than this one (every request waits as
+    /// long), so cancelling them too takes nothing anyone still waits on.
+    pub fn cancel(&mut self, n: u64) -> bool {
+        if let Some(i) = self.batch.iter().position(|c| c.ticket.n == n) {
+            // Not sent yet (a shutdown in the turn it was asked for).
+            self.batch.remove(i);
+            return true;
+        }
+        let mut f = self.frontier.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.taken >= n {
+            return false;
+        }
+        f.cancelled = f.cancelled.max(n);
+        true
+    }
+
+    /// Stops the storage thread after it committed what it was sent,
+    /// waiting for it at most `bound`: a disk that stalls does not hold the
+    /// process (what it had not confirmed was answered as such, and SQLite
+    /// recovers a transaction cut short at the next start).
+    pub fn stop(&mut self, bound: Duration) {
+        self.batches = None;
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        let until = std::time::Instant::now() + bound;
+        loop {
+            // Results still coming are not applied any more: the loop has
+            // answered every request that waited.
+            match self
+                .done
+                .recv_timeout(until.saturating_duration_since(std::time::Instant::now()))
+            {
+                Ok(_) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = t.join();
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    warn!("the storage thread did not finish in time; exiting without it");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Durable {
+    fn drop(&mut self) {
+        self.stop(STOP_BOUND);
+    }
+}
+
+/// How long a shutdown waits for the storage thread to finish.
+pub const STOP_BOUND: Duration = Duration::from_millis(500);
