@@ -120,6 +120,16 @@ impl ApiError {
     pub fn stored_message_damaged(seq: u64) -> ApiError {
         ApiError::new(500, "Stored message damaged").with_details(format!("seq {seq}"))
     }
+    /// A plain HTTP request on the TLS port (the connection closes after
+    /// it); `host` is the `Host` it named, when that is a plain name, so
+    /// the answer gives the URL to use.
+    pub fn https_required(host: Option<&str>) -> ApiError {
+        let details = match host {
+            Some(host) => format!("this port speaks HTTPS: use https://{host}/"),
+            None => "this port speaks HTTPS: use an https:// URL".to_string(),
+        };
+        ApiError::new(400, "Bad Request").with_details(details)
+    }
     pub fn unavailable(reason: &'static str) -> ApiError {
         ApiError::new(503, "Service unavailable").with_details(reason)
     }

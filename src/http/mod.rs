@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 pub mod parse;
+pub mod plain;
 pub mod response;
 pub mod route;
 pub mod upgrade;

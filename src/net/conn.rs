@@ -327,6 +327,13 @@ impl Conn {
         got
     }
 
+    /// After a failed read: the bytes of a plain HTTP request sent where a
+    /// TLS handshake was expected, once (see [`Stream::plain_http`]); the
+    /// socket then speaks in clear for the one answer.
+    pub fn plain_http(&mut self) -> Option<Vec<u8>> {
+        self.sock.plain_http()
+    }
+
     /// Reads once into `buf` and throws it away, counting it against the
     /// closing stage's linger allowance.
     pub fn discard(&mut self, buf: &mut [u8]) -> Got {

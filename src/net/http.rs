@@ -14,12 +14,12 @@ use super::ctx::Ctx;
 use super::read::{Got, READ_BUDGET};
 use super::ws::WsState;
 use crate::api::{Answer, Body, Outcome};
-use crate::http::RequestHead;
 use crate::http::parse::Step;
 use crate::http::response::{self, CONTINUE, Meta};
+use crate::http::{RequestHead, plain};
 use crate::keepalive::Keepalive;
 use crate::metrics;
-use crate::relay::ConnId;
+use crate::relay::{ApiError, ConnId};
 use crate::store::Seq;
 use crate::time::Millis;
 
@@ -69,7 +69,13 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
                     Got::Blocked => {}
                     // Answer what is buffered first, then close.
                     Got::Eof => conn.mark_eof(),
-                    Got::Failed => return Next::Close,
+                    Got::Failed => {
+                        if let Some(request) = conn.plain_http() {
+                            refuse_plain_http(id, conn, cx, &request);
+                            return Next::Stay;
+                        }
+                        return Next::Close;
+                    }
                 }
             }
             Ok(Step::SendContinue) => conn.out().push_owned(CONTINUE.to_vec()),
@@ -98,6 +104,17 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     }
     rearm(id, conn, cx);
     Next::Stay
+}
+
+/// Answers a plain HTTP request sent to the TLS port, whose first bytes
+/// were `request`, with a 400 in clear saying to use `https://` (as nginx
+/// does; a TLS alert would reach the client as garbage), then closes: no
+/// more of it is parsed. The closing stage drains what follows, so the
+/// answer is not lost to a reset.
+fn refuse_plain_http(id: ConnId, conn: &mut Conn, cx: &mut Ctx, request: &[u8]) {
+    debug!(peer = conn.peer().to_string().as_str(); "plain HTTP on the TLS port");
+    let err = ApiError::https_required(plain::host(request));
+    closing::reply_error(id, conn, cx, &err);
 }
 
 /// Sets the HTTP stage's deadline: the request timeout for a request in

@@ -21,6 +21,11 @@
 //! - Records produced (handshake flights, alerts, encrypted output) count
 //!   as output: [`Stream::flush_records`] writes them, and the output queue
 //!   is not "drained" while any is left.
+//!
+//! On the server side the first bytes are looked at before rustls gets
+//! any ([`crate::http::plain`]): a plain HTTP request sent to the TLS port
+//! fails the read, and from then on the stream is the socket in clear, so
+//! the HTTP stage can answer it once (see [`Stream::plain_http`]).
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice, Read, Write};
@@ -35,6 +40,7 @@ use rustls::unbuffered::{
 };
 
 use super::buffer::WriteStatus;
+use crate::http::plain::{self, FirstBytes};
 
 /// Ciphertext read from one TLS connection per drive before others get
 /// their turn: the plaintext budget plus what records add to it.
@@ -115,6 +121,21 @@ pub struct Tls {
     notified: bool,
     /// rustls failed (and its alert went out): nothing is processed again.
     failed: bool,
+    /// Whether rustls has the bytes yet, or the peer spoke plain HTTP.
+    start: Start,
+}
+
+/// How a server-side connection began (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// Too few bytes read to tell TLS from plain HTTP: rustls gets none
+    /// yet. Bounded by the bytes [`plain::classify`] looks at, and in time
+    /// by the handshake's deadline, like a handshake that stalls.
+    Sniffing,
+    /// TLS, or bytes rustls will refuse: rustls has them all.
+    Tls,
+    /// A plain HTTP request: reads and writes go to the socket in clear.
+    Clear,
 }
 
 /// What to encrypt when the handshake is done: application data (as much
@@ -301,6 +322,10 @@ impl Stream {
     /// TLS over `sock` with a fresh rustls connection (server or client
     /// side) that may read at most `budget` ciphertext bytes per drive.
     pub fn tls(sock: TcpStream, side: Side, budget: usize) -> Stream {
+        let start = match side {
+            Side::Server(_) => Start::Sniffing,
+            Side::Client(_) => Start::Tls,
+        };
         Stream::Tls(Box::new(Tls {
             side,
             sock,
@@ -316,7 +341,20 @@ impl Stream {
             ended: false,
             notified: false,
             failed: false,
+            start,
         }))
+    }
+
+    /// After a read failed: when it failed because the peer sent a plain
+    /// HTTP request instead of a TLS handshake, the bytes it had sent (to
+    /// find its `Host` in), once. From then on reads and writes go to the
+    /// socket in clear, so the answer saying to use `https://` is readable
+    /// and the closing stage can drain what follows it.
+    pub fn plain_http(&mut self) -> Option<Vec<u8>> {
+        match self {
+            Stream::Tls(t) if t.start == Start::Clear => Some(std::mem::take(&mut t.incoming)),
+            _ => None,
+        }
     }
 
     /// The socket, for registering and deregistering with the poll.
@@ -380,6 +418,7 @@ impl Stream {
     pub fn notify_close(&mut self) {
         if let Stream::Tls(t) = self
             && !t.notified
+            && t.start != Start::Clear
         {
             t.notified = true;
             let mut sealing = Sealing {
@@ -531,20 +570,25 @@ impl Tls {
                 self.end_behind = n > 0;
                 return Ok(n);
             }
-            // Records already read first; handshake flights and key-update
-            // answers go out at once (a full socket keeps them queued for
-            // the writable edge).
-            let next = self.process(&mut Sealing::nothing())?;
-            self.push_records_now()?;
-            if self.plain_at < self.plain.len() {
-                continue;
+            if self.start == Start::Sniffing {
+                self.sniff()?;
             }
-            if next == Next::Closed {
-                self.ended = true;
-                continue;
-            }
-            if self.ended {
-                continue;
+            if self.start == Start::Tls {
+                // Records already read first; handshake flights and
+                // key-update answers go out at once (a full socket keeps
+                // them queued for the writable edge).
+                let next = self.process(&mut Sealing::nothing())?;
+                self.push_records_now()?;
+                if self.plain_at < self.plain.len() {
+                    continue;
+                }
+                if next == Next::Closed {
+                    self.ended = true;
+                    continue;
+                }
+                if self.ended {
+                    continue;
+                }
             }
             if self.raw_read >= self.budget {
                 self.budget_hit = true;
@@ -560,6 +604,26 @@ impl Tls {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Decides from the first bytes read whether rustls gets them (see
+    /// [`Start`]); a plain HTTP request is an `InvalidData` error, and
+    /// [`Stream::plain_http`] tells it from others.
+    fn sniff(&mut self) -> io::Result<()> {
+        match plain::classify(&self.incoming) {
+            FirstBytes::NeedMore => Ok(()),
+            FirstBytes::Other => {
+                self.start = Start::Tls;
+                Ok(())
+            }
+            FirstBytes::PlainHttp => {
+                self.start = Start::Clear;
+                Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "plain HTTP on a TLS port",
+                ))
             }
         }
     }
@@ -589,6 +653,7 @@ impl Read for Stream {
         match self {
             Stream::Plain(s) => s.read(buf),
             Stream::Tls(_) if buf.is_empty() => Ok(0),
+            Stream::Tls(t) if t.start == Start::Clear => t.sock.read(buf),
             Stream::Tls(t) => t.read_plain(buf),
         }
     }
@@ -598,6 +663,7 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Stream::Plain(s) => s.write(buf),
+            Stream::Tls(t) if t.start == Start::Clear => t.sock.write(buf),
             Stream::Tls(t) => t.write_plain(&[IoSlice::new(buf)]),
         }
     }
@@ -605,6 +671,7 @@ impl Write for Stream {
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Stream::Plain(s) => s.write_vectored(bufs),
+            Stream::Tls(t) if t.start == Start::Clear => t.sock.write_vectored(bufs),
             Stream::Tls(t) => t.write_plain(bufs),
         }
     }
