@@ -127,6 +127,11 @@ impl Relay {
                     log.last_active = now;
                     self.store.insert(sid.clone(), *log);
                     if let Some(resync) = refill {
+                        // A new epoch: the parked polls are checked
+                        // against it at once, their cursors reset.
+                        if resync && let Some(here) = self.presence.get_mut(&sid) {
+                            here.new_epoch();
+                        }
                         self.wake_waiters(now, &sid);
                         self.effects.push(Effect::Refill { sid, resync });
                     }

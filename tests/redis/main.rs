@@ -7,3 +7,4 @@ mod common;
 
 mod faults;
 mod instances;
+mod restart;
