@@ -140,10 +140,11 @@ impl Relay {
                     // Every copy held here is of sessions that are gone,
                     // not deleted: dropped without a word (an answer that
                     // still follows one is then ignored), and the sessions
-                    // waited on here read again.
+                    // waited on here read again; then their agents are
+                    // told again.
                     self.store.forget_all();
-                    self.live.clear();
                     self.engine.reread(&self.presence);
+                    self.live_lost(now);
                 }
                 StoreEvent::Part {
                     sid,

@@ -3,6 +3,7 @@
 //! prompt posted anywhere, and the agent stays online for every instance.
 
 use crate::common::*;
+use serde_json::Value;
 use std::time::{Duration, Instant};
 
 /// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`.
@@ -12,6 +13,26 @@ fn wait_ready(srv: &Server, status: u16) {
     while srv.get("/readyz").status != status {
         assert!(Instant::now() < deadline, "/readyz never answered {status}");
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `GET /sessions/{sid}` on `srv` until it says the agent is `want`
+/// (bounded, 5 s: well inside the agent's 50 s poll); the last body.
+#[track_caller]
+fn wait_agent(srv: &Server, sid: &str, want: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = srv.get(&format!("/sessions/{sid}"));
+        if got.status == 200 && got.json()["agent"] == want {
+            return got.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent never {want}: {} {}",
+            got.status,
+            got.text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -31,6 +52,7 @@ fn a_parked_agent_hears_the_first_prompt_after_redis_restarted_empty_and_stays_o
         b.start_poll(&sid, "?timeout=50"),
     ];
     b.wait_health("parked_polls", 2);
+    wait_agent(&a, &sid, "online");
 
     redis.kill9();
     for srv in [&a, &b] {
@@ -40,6 +62,11 @@ fn a_parked_agent_hears_the_first_prompt_after_redis_restarted_empty_and_stays_o
     for srv in [&a, &b] {
         wait_ready(srv, 200);
     }
+    assert_eq!(b.health()["parked_polls"], 2, "the polls stay parked");
+    // B tells again that its agent is there: online for A, in the new
+    // epoch (nothing stored in it yet).
+    let info = wait_agent(&a, &sid, "online");
+    assert_eq!(info["last_seq"], 0, "{info}");
     assert_eq!(b.health()["parked_polls"], 2, "the polls stay parked");
 
     // The first prompt after the restart, through A, answers both polls
