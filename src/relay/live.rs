@@ -156,6 +156,28 @@ impl Relay {
         out.push(presence_frame(sid, live.online, since));
     }
 
+    /// The engine lost every session (the copies are dropped): the drafts
+    /// and receipts went with them, and so did what the other instances
+    /// were told of the agents here. The agent's presence in a session
+    /// someone waits on here (a parked poll is an agent online) stays,
+    /// since that session is created again, and is told to the other
+    /// instances again at once rather than when it next changes; the
+    /// other instances' states stay too (each told its own lease, and
+    /// tells it again in turn). The rest goes with its copy.
+    pub(super) fn live_lost(&mut self, now: Millis) {
+        let presence = &self.presence;
+        self.live.retain(|sid, live| {
+            live.drafts.clear();
+            (live.fetched, live.fetched_at) = (Seq::default(), 0);
+            live.told = Announced::default();
+            presence.contains_key(sid)
+        });
+        let kept: Vec<SessionId> = self.live.keys().cloned().collect();
+        for sid in kept {
+            self.refresh_presence(now, &sid);
+        }
+    }
+
     /// When [`tick`](Self::tick) is next due, if anything waits on time.
     pub fn next_tick(&self) -> Option<Millis> {
         self.next_tick

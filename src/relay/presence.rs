@@ -27,6 +27,17 @@ impl Presence {
         self.waiters.is_empty() && self.subscribers.is_empty()
     }
 
+    /// The session went on under a new epoch (its store was lost and it
+    /// was created again): the `after` each parked poll gave is a `seq`
+    /// of the old one, and every prompt of the new one came after it, so
+    /// each poll now takes them all, as a subscriber's `resync` starts it
+    /// over.
+    pub fn new_epoch(&mut self) {
+        for w in &mut self.waiters {
+            w.after = None;
+        }
+    }
+
     /// Removes `conn` from the waiter list; true if it was there.
     pub fn remove_waiter(&mut self, conn: ConnId) -> bool {
         match self.waiters.iter().position(|w| w.conn == conn) {

@@ -127,6 +127,11 @@ impl Relay {
                     log.last_active = now;
                     self.store.insert(sid.clone(), *log);
                     if let Some(resync) = refill {
+                        // A new epoch: the parked polls are checked
+                        // against it at once, their cursors reset.
+                        if resync && let Some(here) = self.presence.get_mut(&sid) {
+                            here.new_epoch();
+                        }
                         self.wake_waiters(now, &sid);
                         self.effects.push(Effect::Refill { sid, resync });
                     }
@@ -135,10 +140,11 @@ impl Relay {
                     // Every copy held here is of sessions that are gone,
                     // not deleted: dropped without a word (an answer that
                     // still follows one is then ignored), and the sessions
-                    // waited on here read again.
+                    // waited on here read again; then their agents are
+                    // told again.
                     self.store.forget_all();
-                    self.live.clear();
                     self.engine.reread(&self.presence);
+                    self.live_lost(now);
                 }
                 StoreEvent::Part {
                     sid,

@@ -77,7 +77,8 @@ pub enum StoreEvent {
     /// applied to the copy and what waits on it here, in order.
     Records(Vec<Record>),
     /// A session read whole replaces its copy; with `refill`, what waits
-    /// on it here reads it again (after a `resync` frame when true).
+    /// on it here reads it again (when true, a new epoch: subscribers
+    /// after a `resync` frame, parked polls from its first prompt).
     Replaced {
         sid: SessionId,
         log: Box<SessionLog>,
