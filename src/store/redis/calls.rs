@@ -118,6 +118,7 @@ impl RedisStore {
             }
             Change::Response(r) => self.response(ticket(), r, known, unix_ms),
             Change::Part(r) => self.part(ticket(), r, known),
+            Change::Cancel(_) => return Err(ApiError::storage_unavailable()),
             Change::Create { sid, put } => {
                 let expect = Expect::Write {
                     conn: ticket(),
