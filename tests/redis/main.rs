@@ -1,11 +1,13 @@
 //! Several relays sharing sessions through Redis, against real relay
 //! processes and a real `redis-server`: every flow across instances
-//! (instances), faults injected into the shared Redis (faults), and what
-//! waits on a relay while Redis restarts empty (restart).
+//! (instances), a cancel across instances (cancels), faults injected into
+//! the shared Redis (faults), and what waits on a relay while Redis
+//! restarts empty (restart).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cancels;
 mod faults;
 mod instances;
 mod restart;
