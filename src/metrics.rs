@@ -42,7 +42,8 @@ impl Metrics {
 
 /// The route labels, a fixed set whatever the path (session ids are not
 /// labels), in the order the exposition lists them.
-const ROUTES: [&str; 14] = [
+const ROUTES: [&str; 15] = [
+    "cancel",
     "healthz",
     "messages",
     "metrics",
@@ -64,20 +65,21 @@ const ROUTES: [&str; 14] = [
 fn route_index(method: Method, path: &str) -> u8 {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     match (method, first) {
-        (Method::Options, _) => 5,
-        (_, "") => 4,
-        (_, "prompt") => 6,
-        (_, "response") => 9,
-        (_, "prompts") => 7,
-        (_, "ws") => 13,
-        (_, "messages") => 1,
-        (Method::Put, "sessions") => 11,
-        (Method::Delete, "sessions") => 10,
-        (_, "sessions") => 12,
-        (_, "healthz") => 0,
-        (_, "readyz") => 8,
-        (_, "metrics") => 2,
-        _ => 3,
+        (Method::Options, _) => 6,
+        (_, "") => 5,
+        (_, "prompt") => 7,
+        (_, "cancel") => 0,
+        (_, "response") => 10,
+        (_, "prompts") => 8,
+        (_, "ws") => 14,
+        (_, "messages") => 2,
+        (Method::Put, "sessions") => 12,
+        (Method::Delete, "sessions") => 11,
+        (_, "sessions") => 13,
+        (_, "healthz") => 1,
+        (_, "readyz") => 9,
+        (_, "metrics") => 3,
+        _ => 4,
     }
 }
 

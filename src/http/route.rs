@@ -27,6 +27,8 @@ pub enum Route {
     PostPrompt,
     GetPrompts(SessionId),
     PostResponse,
+    /// `POST /cancel`: the person stops a prompt.
+    PostCancel,
     WebSocket(SessionId),
     Messages(SessionId),
     /// `GET /sessions/{sid}`: counters and the agent's state.
@@ -71,6 +73,10 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
         "/response" => (
             "POST, OPTIONS",
             (method == Post).then_some(Route::PostResponse),
+        ),
+        "/cancel" => (
+            "POST, OPTIONS",
+            (method == Post).then_some(Route::PostCancel),
         ),
         _ => {
             let Some((prefix, sid)) = split_session_path(path) else {

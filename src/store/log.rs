@@ -6,9 +6,15 @@
 //! at most `history_limit` messages, in `seq` order with no gaps, ending at
 //! `next_seq - 1`; `pending` holds exactly the unanswered prompts (also those
 //! already trimmed from history); `prompts` has an entry for every prompt
-//! that is pending or still in history, `responses` for every assistant
-//! message still in history. So every map is bounded by
-//! `history_limit + max_pending`.
+//! that is pending or still in history (a cancelled one with its cancel's
+//! `seq`), `responses` for every assistant message still in history. So
+//! every map is bounded by `history_limit + max_pending`.
+//!
+//! A cancel is a message of the log like an answer: it takes a `seq`,
+//! stops its prompt being pending, and is sent to subscribers as its
+//! frame. So "the newest answer" below (`last_assistant`,
+//! `dropped_assistant`) means the newest framed message, answer or
+//! cancel: what a subscriber's cursor is measured against.
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
@@ -32,8 +38,23 @@ pub const MAX_PAGE_BYTES: usize = 4 << 20;
 #[derive(Debug)]
 struct PromptEntry {
     seq: Seq,
+    /// Answered, or cancelled: no longer pending.
     answered: bool,
     in_history: bool,
+    /// The `seq` of the cancel that stopped it; `answered` is then set.
+    cancel: Option<Seq>,
+}
+
+/// What the log says of a prompt an answer or a cancel names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptState {
+    /// Neither pending nor in history: unknown.
+    Unknown,
+    Pending,
+    /// An answer to it is stored.
+    Answered,
+    /// Cancelled by the cancel at this `seq`.
+    Cancelled(Seq),
 }
 
 /// What the dedupe map knows about an assistant message, to tell a resend
@@ -246,6 +267,19 @@ impl SessionLog {
         prompt_text_of(msg.data())
     }
 
+    /// Whether the prompt under `client_msg_id` is known, pending,
+    /// answered or cancelled (the rules of answers and cancels read it).
+    pub fn prompt_state(&self, client_msg_id: &str) -> PromptState {
+        match self.prompts.get(client_msg_id) {
+            None => PromptState::Unknown,
+            Some(PromptEntry {
+                cancel: Some(seq), ..
+            }) => PromptState::Cancelled(*seq),
+            Some(e) if e.answered => PromptState::Answered,
+            Some(_) => PromptState::Pending,
+        }
+    }
+
     /// The `seq` of the prompt stored under `client_msg_id`, while it is
     /// pending or in history.
     pub fn prompt_seq(&self, client_msg_id: &str) -> Option<Seq> {
@@ -271,6 +305,7 @@ impl SessionLog {
             seq: msg.seq,
             answered: false,
             in_history: true,
+            cancel: None,
         };
         self.prompts.insert(msg.client_msg_id.clone(), entry);
         self.pending.insert(msg.clone(), self.seed);
@@ -292,6 +327,22 @@ impl SessionLog {
                 msg: msg.clone(),
             };
             self.responses.insert(id.clone(), entry);
+        }
+        self.push_history(msg, history_limit);
+        prev
+    }
+
+    /// Appends a cancel (its `client_msg_id` the prompt it stops): the
+    /// prompt leaves the pending set and remembers the cancel's `seq`
+    /// while its entry lives. Returns the `seq` of the framed message
+    /// before it, as [`append_response`](Self::append_response) does.
+    pub fn append_cancel(&mut self, msg: Message, history_limit: usize) -> Seq {
+        let msg = Rc::new(msg);
+        let prev = self.last_assistant;
+        self.last_assistant = msg.seq;
+        self.mark_answered(&msg.client_msg_id);
+        if let Some(entry) = self.prompts.get_mut(&msg.client_msg_id) {
+            entry.cancel = Some(msg.seq);
         }
         self.push_history(msg, history_limit);
         prev
@@ -323,6 +374,9 @@ impl SessionLog {
                     if let Some(id) = &old.assistant_msg_id {
                         self.responses.remove(id);
                     }
+                }
+                Kind::Cancel => {
+                    self.dropped_assistant = self.dropped_assistant.max(old.seq);
                 }
             }
         }

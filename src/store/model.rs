@@ -1,5 +1,6 @@
 //! The writes, as a client sends them and as the engines take them: each
-//! request body validated into its type ([`NewPrompt`], [`NewResponse`]),
+//! request body validated into its type ([`NewPrompt`], [`NewResponse`],
+//! [`NewCancel`]),
 //! and the [`Write`] the relay hands its engine. A new write is declared
 //! here once; its body's validation lives in `validate.rs`.
 //!
@@ -58,6 +59,23 @@ pub struct NewResponse<'a> {
     pub partial: bool,
 }
 
+/// Longest `reason` of a cancel, in bytes once decoded.
+pub const MAX_REASON_BYTES: usize = 256;
+
+/// A validated `POST /cancel` body: the prompt to stop, and why.
+#[derive(Debug, Clone)]
+pub struct NewCancel<'a> {
+    pub session_id: SessionId,
+    /// The prompt it stops, decoded.
+    pub client_msg_id: Cow<'a, str>,
+    /// The `reason` string literal, quotes and escapes included.
+    pub reason: Option<Cow<'a, str>>,
+    /// The body has no `ts`: set when the write crosses to the storage
+    /// thread ([`Write::into_owned`]), else the cancel's time is the
+    /// decision's.
+    pub ts: Option<UnixMillis>,
+}
+
 /// A validated write, as the relay hands it to its engine (see
 /// [`Engine::submit`](crate::store::engine::Engine::submit)) and as
 /// [`MemStore::decide`](crate::store::MemStore::decide) decides it.
@@ -69,6 +87,8 @@ pub enum Write<'a> {
     /// write (it changes no log), then appended to its draft, which no
     /// engine but Redis keeps.
     Part(NewResponse<'a>),
+    /// `POST /cancel`: a prompt stopped, a message of the log.
+    Cancel(NewCancel<'a>),
     /// `PUT /sessions` (`put`), or a WebSocket connect to a session this
     /// copy does not hold.
     Create {
@@ -86,6 +106,7 @@ impl<'a> Write<'a> {
         match self {
             Write::Prompt(p) => &p.session_id,
             Write::Response(r) | Write::Part(r) => &r.session_id,
+            Write::Cancel(c) => &c.session_id,
             Write::Create { sid, .. } => sid,
             Write::Delete { sid } => sid,
         }
@@ -114,6 +135,12 @@ impl<'a> Write<'a> {
             }),
             Write::Response(r) => Write::Response(r.into_owned(unix_ms)),
             Write::Part(r) => Write::Part(r.into_owned(unix_ms)),
+            Write::Cancel(c) => Write::Cancel(NewCancel {
+                session_id: c.session_id,
+                client_msg_id: owned(c.client_msg_id),
+                reason: c.reason.map(owned),
+                ts: Some(c.ts.unwrap_or(unix_ms)),
+            }),
             Write::Create { sid, put } => Write::Create {
                 sid: Cow::Owned(sid.into_owned()),
                 put,

@@ -1,9 +1,11 @@
 //! Several relays sharing sessions through Redis, against real relay
 //! processes and a real `redis-server`: every flow across instances
-//! (instances), and faults injected into the shared Redis (faults).
+//! (instances), a cancel across instances (cancels), and faults injected
+//! into the shared Redis (faults).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cancels;
 mod faults;
 mod instances;

@@ -10,14 +10,18 @@
 //! ids drawn from a small pool (several answers per prompt, duplicates,
 //! conflicts), parts of streamed answers under the same ids (a part for a
 //! stored answer, for another prompt than its draft's, for an unknown
-//! prompt), creates, deletes and re-creates, reads of history and
+//! prompt), cancels of known and unknown prompts (answered, cancelled
+//! already, with a draft open; and answers and parts after them),
+//! creates, deletes and re-creates, reads of history and
 //! pending prompts with cursors and pages, at a history limit of a few
 //! messages so trims happen all the time. Expiry by TTL is not among them:
 //! it depends on each engine's clock, which a test over the wire cannot
 //! drive.
 //!
 //! Ids the server makes (message ids, epochs) differ between engines by
-//! nature; they are compared by the order in which they first appear.
+//! nature; they are compared by the order in which they first appear. A
+//! cancel's `ts` is the server's clock (its body has none): it is not
+//! compared.
 //!
 //! The seeds are fixed, so a red run is red again when it is run again:
 //! seeds 1 to `TEST_DIFF_RUNS` (default 12), each a sequence of
@@ -90,6 +94,12 @@ enum Op {
         id: u64,
         text: u64,
     },
+    /// `POST /cancel`, with a reason or not.
+    Cancel {
+        s: u64,
+        prompt: u64,
+        reason: Option<u64>,
+    },
     Pending {
         s: u64,
         after: Option<u64>,
@@ -131,6 +141,9 @@ impl fmt::Debug for Op {
                 id,
                 text,
             } => write!(f, "part s{s} prompt=c{prompt} id=a{id} text=t{text}"),
+            Op::Cancel { s, prompt, reason } => {
+                write!(f, "cancel s{s} prompt=c{prompt} reason={}", opt(reason))
+            }
             Op::Pending { s, after } => write!(f, "pending s{s} after={}", opt(after)),
             Op::Messages {
                 s,
@@ -155,7 +168,7 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
         .map(|_| {
             ts += rng.below(3);
             let s = rng.below(SESSIONS);
-            match rng.below(22) {
+            match rng.below(25) {
                 0 => Op::Create { s },
                 1 => Op::Delete { s },
                 2..=7 => Op::Prompt {
@@ -181,6 +194,11 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
                     prompt: rng.below(PROMPT_IDS),
                     id: rng.below(ANSWER_IDS),
                     text: rng.below(2),
+                },
+                22..=24 => Op::Cancel {
+                    s,
+                    prompt: rng.below(PROMPT_IDS),
+                    reason: rng.maybe(2),
                 },
                 _ => Op::Messages {
                     s,
@@ -274,6 +292,16 @@ impl Engine {
                 });
                 self.conn.post_json("/response", &body)
             }
+            Op::Cancel { s, prompt, reason } => {
+                let mut body = json!({
+                    "session_id": sid(s),
+                    "client_msg_id": format!("c{prompt}"),
+                });
+                if let Some(r) = reason {
+                    body["reason"] = json!(format!("r{r}"));
+                }
+                self.conn.post_json("/cancel", &body)
+            }
             Op::Pending { s, after } => {
                 let q = query(&[("after", *after)]);
                 let path = format!("/prompts/{}?wait=false&{q}", sid(s));
@@ -317,11 +345,19 @@ impl Engine {
             Value::Array(items) => {
                 Value::Array(items.into_iter().map(|v| self.rename(v, trial)).collect())
             }
-            Value::Object(map) => Value::Object(
-                map.into_iter()
+            Value::Object(map) => {
+                let mut map = map
+                    .into_iter()
                     .map(|(k, v)| (k, self.rename(v, trial)))
-                    .collect::<Map<_, _>>(),
-            ),
+                    .collect::<Map<_, _>>();
+                // A cancel is stamped with the server's clock.
+                if map.get("type") == Some(&json!("cancel"))
+                    && let Some(Value::Object(data)) = map.get_mut("data")
+                {
+                    data.insert("ts".into(), json!("<clock>"));
+                }
+                Value::Object(map)
+            }
             other => other,
         }
     }

@@ -10,8 +10,8 @@ use super::reply::parse_snapshot;
 use super::{Answered, Expect, Gathered, Known, MAX_BATCH, RedisStore, Then};
 use crate::error::ApiError;
 use crate::store::mem::id_and_literal;
-use crate::store::message::Parts;
-use crate::store::model::{NewResponse, Write as Change};
+use crate::store::message::{Parts, cancel_data};
+use crate::store::model::{NewCancel, NewResponse, Write as Change};
 use crate::store::record::Outcome;
 use crate::store::types::{MAX_TEXT_BYTES, Seq, SessionId, Ticket};
 use crate::wire::decoded_len;
@@ -25,6 +25,7 @@ pub(super) enum Op {
     Prompts,
     Response,
     Part,
+    Cancel,
     Create,
     Delete,
     Sync,
@@ -54,6 +55,7 @@ impl Op {
             Op::Prompts => "prompts",
             Op::Response => "response",
             Op::Part => "part",
+            Op::Cancel => "cancel",
             Op::Create => "create",
             Op::Delete => "delete",
             Op::Sync => "sync",
@@ -83,10 +85,22 @@ impl Op {
 /// What a write's answer is read as (see [`RedisStore::written`]).
 #[derive(Debug)]
 pub(super) enum Write {
-    Prompt { id: String },
-    Response { id: String },
-    Part { id: String },
-    Create { put: bool },
+    Prompt {
+        id: String,
+    },
+    Response {
+        id: String,
+    },
+    Part {
+        id: String,
+    },
+    /// A cancel of the prompt `id`.
+    Cancel {
+        id: String,
+    },
+    Create {
+        put: bool,
+    },
     Delete,
 }
 
@@ -118,6 +132,7 @@ impl RedisStore {
             }
             Change::Response(r) => self.response(ticket(), r, known, unix_ms),
             Change::Part(r) => self.part(ticket(), r, known),
+            Change::Cancel(c) => self.cancel(ticket(), c, known, unix_ms),
             Change::Create { sid, put } => {
                 let expect = Expect::Write {
                     conn: ticket(),
@@ -232,6 +247,30 @@ impl RedisStore {
         self.call(&r.session_id, Op::Part, known, &extra, expect);
     }
 
+    /// `POST /cancel`: the script decides it, stores the record and
+    /// ends the prompt's drafts.
+    fn cancel(&mut self, conn: Ticket, c: &NewCancel, known: Known, unix_ms: u64) {
+        let ts = c.ts.unwrap_or(unix_ms);
+        let mut head = cancel_data(
+            &c.session_id,
+            &c.client_msg_id,
+            c.reason.as_deref(),
+            ts,
+            Seq(0),
+        );
+        head.truncate(head.len() - 2); // ends in `"seq":0}`
+        let record = record("X", &c.client_msg_id, "", ts, &head);
+        let extra: [&[u8]; 2] = [c.client_msg_id.as_bytes(), record.as_bytes()];
+        let expect = Expect::Write {
+            conn,
+            sid: c.session_id.clone(),
+            write: Write::Cancel {
+                id: c.client_msg_id.to_string(),
+            },
+        };
+        self.call(&c.session_id, Op::Cancel, known, &extra, expect);
+    }
+
     /// The answer to a write: the requester's reply and the session.
     #[inline(never)]
     pub(super) fn written(
@@ -272,6 +311,17 @@ impl RedisStore {
                     duplicate: dup,
                 })),
                 Write::Part { id } => Then::Reply(Ok(Outcome::Part { id })),
+                // A resend's answer carries the stored cancel's seq.
+                Write::Cancel { id } => Then::Reply(Ok(Outcome::Cancel {
+                    sid,
+                    id,
+                    seq: if dup {
+                        Seq(extra.parse().unwrap_or(0))
+                    } else {
+                        seq
+                    },
+                    duplicate: dup,
+                })),
                 Write::Create { put: false } => Then::Retry,
                 Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {
                     epoch: snapshot
@@ -288,6 +338,8 @@ impl RedisStore {
             "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
             "e409" => Then::Reply(Err(ApiError::conflict())),
             "e409c" => Then::Reply(Err(ApiError::prompt_conflict())),
+            "e409a" => Then::Reply(Err(ApiError::prompt_answered())),
+            "e409x" => Then::Reply(Err(ApiError::prompt_cancelled())),
             "e503s" => Then::Reply(Err(ApiError::unavailable("session limit reached"))),
             "e503p" => Then::Reply(Err(ApiError::unavailable(
                 "pending prompt limit reached for this session",

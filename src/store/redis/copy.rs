@@ -18,7 +18,7 @@ use super::{Answered, Known, RedisStore, Then};
 use crate::error::ApiError;
 use crate::store::SessionLog;
 use crate::store::mem::MemStore;
-use crate::store::message::{Framed, Message};
+use crate::store::message::{Framed, Kind, Message};
 use crate::store::model::Write as Change;
 use crate::store::record::{Outcome, Record};
 use crate::store::seam::{AgentState, DraftState, Read, StoreEvent, Waited};
@@ -441,23 +441,29 @@ impl RedisStore {
 
 /// A stored message as a committed record.
 fn record(sid: &SessionId, m: Msg) -> Record {
-    if m.prompt {
-        Record::Prompt {
+    match m.kind {
+        Kind::Prompt => Record::Prompt {
             sid: sid.clone(),
             seq: m.seq,
             ts: m.ts,
             client_msg_id: m.client_msg_id,
             data: m.data,
-        }
-    } else {
-        Record::Response {
+        },
+        Kind::Assistant => Record::Response {
             sid: sid.clone(),
             seq: m.seq,
             ts: m.ts,
             client_msg_id: m.client_msg_id,
             assistant_msg_id: m.assistant_msg_id,
             data: Framed::from(m.data.as_str()),
-        }
+        },
+        Kind::Cancel => Record::Cancel {
+            sid: sid.clone(),
+            seq: m.seq,
+            ts: m.ts,
+            client_msg_id: m.client_msg_id,
+            data: m.data,
+        },
     }
 }
 
@@ -472,16 +478,21 @@ fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
         head.dropped_assistant,
     );
     for m in msgs {
-        if m.prompt {
+        if m.kind == Kind::Prompt {
             let cid: Rc<str> = Rc::from(m.client_msg_id);
             log.append_prompt(
                 Message::prompt_with(cid, m.seq, m.ts, m.data.into_bytes()),
                 limit,
             );
+            continue;
+        }
+        let cid = log
+            .prompt_id(&m.client_msg_id)
+            .unwrap_or_else(|| Rc::from(m.client_msg_id.as_str()));
+        if m.kind == Kind::Cancel {
+            let msg = Message::cancel_with(cid, m.seq, m.ts, m.data.as_bytes());
+            log.append_cancel(msg, limit);
         } else {
-            let cid = log
-                .prompt_id(&m.client_msg_id)
-                .unwrap_or_else(|| Rc::from(m.client_msg_id.as_str()));
             let aid: Rc<str> = Rc::from(m.assistant_msg_id);
             let msg = Message::assistant_with(cid, aid, m.seq, m.ts, m.data.as_bytes());
             log.append_response(msg, limit);

@@ -233,7 +233,9 @@ fn transaction(
         let result = decide(&mut state.log, op, &mut records);
         for record in &records {
             let (sid, seq) = match record {
-                Record::Prompt { sid, seq, .. } | Record::Response { sid, seq, .. } => (sid, *seq),
+                Record::Prompt { sid, seq, .. }
+                | Record::Response { sid, seq, .. }
+                | Record::Cancel { sid, seq, .. } => (sid, *seq),
                 Record::Created { .. } | Record::Deleted { .. } => {
                     w.write(&mut state.rows, record)?;
                     state.log.apply(NOW, record.clone());
@@ -242,13 +244,14 @@ fn transaction(
             };
             // A message: its row appended, the record applied to the copy,
             // then the rows the copy no longer retains go to the garbage
-            // (with the prompt an answer answered, if the log knew it).
+            // (with the prompt an answer answered or a cancel stopped, if
+            // the log knew it).
             let Some(s) = state.rows.sessions.get_mut(&**sid) else {
                 return Err(rusqlite::Error::QueryReturnedNoRows);
             };
             s.appended(seq, w.insert(s.id, record)?);
             let answered = match record {
-                Record::Response { client_msg_id, .. } => {
+                Record::Response { client_msg_id, .. } | Record::Cancel { client_msg_id, .. } => {
                     state.log.get(sid).and_then(|l| l.prompt_seq(client_msg_id))
                 }
                 _ => None,
@@ -325,7 +328,7 @@ impl RowWriter<'_> {
                         .execute([session])?;
                 }
             }
-            Record::Prompt { .. } | Record::Response { .. } => {}
+            Record::Prompt { .. } | Record::Response { .. } | Record::Cancel { .. } => {}
         }
         Ok(())
     }
@@ -356,6 +359,13 @@ impl RowWriter<'_> {
                 ts,
                 data.data(),
             ),
+            Record::Cancel {
+                seq,
+                ts,
+                client_msg_id,
+                data,
+                ..
+            } => (seq, 2, client_msg_id, None, ts, data.as_str()),
             Record::Created { .. } | Record::Deleted { .. } => {
                 return Err(rusqlite::Error::InvalidQuery);
             }

@@ -1,7 +1,7 @@
 //! The database's schema, its versions and migrations, and the restore of
 //! every session at start.
 //!
-//! Schema version 4 (`PRAGMA user_version`):
+//! Schema version 5 (`PRAGMA user_version`):
 //!
 //! - `sessions(id, name, epoch, next_seq, last_assistant,
 //!   dropped_assistant)`: one row per session; `name` is the session id.
@@ -12,7 +12,8 @@
 //! - `messages(id, session, seq, kind, client_msg_id, assistant_msg_id, ts,
 //!   data)`: the log, one row per stored message in the order stored (`id`
 //!   is SQLite's rowid, so a commit appends to the table's last pages);
-//!   `kind` 0 is a prompt, 1 an answer; `data` is the message's JSON object
+//!   `kind` 0 is a prompt, 1 an answer, 2 a cancel (its `client_msg_id`
+//!   the prompt it stopped); `data` is the message's JSON object
 //!   exactly as the API serves it. No index: the storage thread decides
 //!   writes on its copy of the log and knows each retained message's row
 //!   (`rows.rs`), and restore reads the table in order.
@@ -31,7 +32,10 @@
 //! keyed by `(session, seq)` with unique indexes on the ids and per-row
 //! `in_history` and `answered` flags: every write then touched pages all
 //! over the file. Its rows are copied in `seq` order into the new table.
-//! Version 3 had no `generation` table; it starts at 0.
+//! Version 3 had no `generation` table; it starts at 0. Version 4 had no
+//! cancels: its tables are the same, and the version moves on so that a
+//! relay that would read a cancel's row as an answer refuses the file
+//! instead.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -49,7 +53,7 @@ use crate::store::types::{Seq, SessionId};
 use crate::time::Millis;
 
 /// The schema this build writes.
-pub const VERSION: i64 = 4;
+pub const VERSION: i64 = 5;
 
 const SESSIONS: &str = "
 CREATE TABLE sessions (
@@ -157,6 +161,7 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
         3 => conn.execute_batch(&format!(
             "BEGIN; {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
+        4 => conn.execute_batch(&format!("BEGIN; PRAGMA user_version = {VERSION}; COMMIT;")),
         _ => Ok(()),
     }
 }
@@ -269,6 +274,13 @@ pub fn restore(
                 None => Message::damaged(Kind::Prompt, Rc::from(cid), None, seq, ts),
             };
             log.append_prompt(msg, limit);
+        } else if kind == 2 {
+            let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));
+            let msg = match data {
+                Some(d) => Message::cancel_with(cid, seq, ts, d),
+                None => Message::damaged(Kind::Cancel, cid, None, seq, ts),
+            };
+            log.append_cancel(msg, limit);
         } else {
             let aid: Rc<str> = Rc::from(r.get_ref(4)?.as_str_or_null()?.unwrap_or(""));
             let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));
