@@ -106,9 +106,7 @@ impl Cancels {
     pub fn set_cursor(&self, after: u64, epoch: Option<&str>) {
         let mut state = self.lock();
         state.floor = after;
-        if state.epoch.as_deref() != epoch {
-            state.epoch = epoch.map(str::to_string);
-        }
+        state.epoch = epoch.map(str::to_string);
     }
 
     /// Waits (at most `limit`) until the watch's first connection attempt
