@@ -5,7 +5,8 @@
 //! answer shown once, the client token asked for, a token for one session
 //! taken from the URL fragment and sent as the WebSocket subprotocol, and
 //! an end-to-end encrypted conversation with a real `relay agent` and
-//! `relay send` holding the key given in the fragment, answers rendered as
+//! `relay send` holding the key given in the fragment, the key asked for
+//! when a conversation is encrypted and the page has none, answers rendered as
 //! Markdown elements with hostile HTML and links left as text, error
 //! answers shown as errors, streamed answers drawn as they arrive (across a
 //! reload, encrypted too) and replaced in place by the final answer, the
@@ -333,6 +334,85 @@ fn browser_encrypts_end_to_end_with_the_key_in_the_fragment() {
         assert!(!history.to_string().contains(clear), "{clear}: {history}");
         let logged = s.logs().into_iter().find(|l| l.contains(clear));
         assert!(logged.is_none(), "{clear} in the server's log: {logged:?}");
+    }
+}
+
+/// A conversation encrypted elsewhere, opened without a key: the page asks
+/// for the key as it asks for a token and sends nothing in clear
+/// meanwhile; a wrong key is said to be wrong and asked for again; the
+/// right one decrypts what is shown, and the next prompt goes encrypted.
+#[test]
+fn browser_asks_for_the_end_to_end_key() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let (key_text, other) = (relay_key(), relay_key());
+    let key = relay::cli::e2e::Key::parse(&key_text).expect("a key");
+    let url = format!("http://{}/", s.addr());
+    s.put(&format!("/sessions/{sid}"));
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "ask-key",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        &format!("--key={key_text}"),
+        &format!("--other-key={other}"),
+    ]);
+    browser.expect("OPEN");
+    // A prompt and its answer, sent with the key while the page watches.
+    let seal = |text: &str, message| key.seal(text, message).expect("sealed");
+    let prompt = |cmid| relay::cli::e2e::Message::Prompt {
+        session: &sid,
+        client_msg_id: cmid,
+    };
+    let reply = |cmid, amid| relay::cli::e2e::Message::Answer {
+        session: &sid,
+        client_msg_id: cmid,
+        assistant_msg_id: amid,
+    };
+    let body = json!({"session_id": sid, "client_msg_id": "m-1",
+        "prompt": seal("the plan", prompt("m-1")), "metadata": {"e2e": 1}});
+    assert_eq!(s.post_json("/prompt", &body).status, 200);
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], "m-1");
+    answer(
+        &s,
+        &sid,
+        "m-1",
+        "a-1",
+        &seal("THE PLAN", reply("m-1", "a-1")),
+    );
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+
+    // The key entered, the page's prompt is stored encrypted.
+    let cmid = browser.expect("PROMPTED ");
+    let sent = long_poll(&s, &sid);
+    assert_eq!(sent["client_msg_id"], cmid.as_str());
+    assert_eq!(sent["metadata"]["e2e"], 1, "{sent}");
+    let history = s.messages(&sid, "");
+    let stored = history["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["data"]["client_msg_id"] == cmid.as_str())
+        .unwrap_or_else(|| panic!("{cmid} is not stored: {history}"))["data"]["prompt"]
+        .as_str()
+        .expect("a prompt text")
+        .to_string();
+    assert!(stored.starts_with("e2e1:"), "stored in clear: {stored}");
+    assert_eq!(
+        key.open(&stored, prompt(&cmid)).as_deref(),
+        Some("typed before the key")
+    );
+    let secret = seal("TYPED BEFORE THE KEY", reply(&cmid, "a-2"));
+    answer(&s, &sid, &cmid, "a-2", &secret);
+    browser.finish();
+    for clear in ["the plan", "typed before the key", "TYPED BEFORE"] {
+        let all = s.messages(&sid, "").to_string();
+        assert!(!all.contains(clear), "{clear} stored in clear: {all}");
     }
 }
 

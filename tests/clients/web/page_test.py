@@ -24,6 +24,12 @@ Scenarios:
            text (its own prompt gets the agent's error answer, `WRONG
            <client_msg_id>`), one without a key too, never the ciphertext;
            a key that is no key stops the page from sending.
+  ask-key  a conversation in which a prompt and its answer arrive encrypted
+           (after `OPEN`): without a key the page asks for it and sends
+           nothing, keeping the typed text; a wrong key and a non-key are
+           refused with a reason; the right key decrypts what is shown and
+           the typed prompt goes encrypted; a reload keeps the key; a tab
+           without it asks at once.
   markdown an answer in Markdown (heading, emphasis, code span, nested
            list, ordered list, link, fenced code with a copy button) shows
            as elements; raw HTML and javascript: links in it show as text
@@ -402,6 +408,81 @@ def e2e(page, watch, args):
     bare_watch.check_clean()
 
 
+def ask_key(page, watch, args):
+    posts = []
+    page.on("request", lambda r: posts.append(r.post_data) if r.method == "POST" and r.url.endswith("/prompt") else None)
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    form, why, key_input = page.locator("#key-form"), page.locator("#key-why"), page.get_by_label("End-to-end key")
+    expect(form).to_be_hidden()  # nothing is encrypted yet
+    say("OPEN")
+    # An encrypted prompt and answer arrive from elsewhere: the key is asked for.
+    expect(form).to_be_visible(timeout=WAIT_MS)
+    expect(why).to_contain_text("end-to-end encrypted")
+    texts = page.locator("article .text")
+    expect(texts).to_have_text(["cannot decrypt"] * 2, timeout=WAIT_MS)
+    os.makedirs(args.out, exist_ok=True)
+    shot = os.path.join(args.out, "page-key.png")
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+
+    # Nothing goes in clear: the text stays typed, the key is asked for.
+    page.get_by_label("Prompt").fill("typed before the key")
+    page.get_by_role("button", name="Send").click()
+    expect(why).to_contain_text("Nothing is sent in clear")
+    expect(key_input).to_be_focused()
+    expect(page.get_by_label("Prompt")).to_have_value("typed before the key")
+    expect(page.locator("article.prompt")).to_have_count(1)
+
+    # A wrong key, then no key at all: said so, asked again.
+    use = form.get_by_role("button", name="Use")
+    key_input.fill(args.other_key)
+    use.click()
+    expect(why).to_contain_text("does not open this conversation", timeout=WAIT_MS)
+    expect(form).to_be_visible()
+    key_input.fill("not-a-key")
+    use.click()
+    expect(why).to_contain_text("not a relay key", timeout=WAIT_MS)
+    expect(form).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('relay.e2e_key')") is None
+    expect(texts).to_have_text(["cannot decrypt"] * 2)
+
+    # The right key: what is shown is decrypted, the key kept as the token is.
+    key_input.fill(args.key)
+    use.click()
+    expect(form).to_be_hidden(timeout=WAIT_MS)
+    expect(texts).to_have_text(["the plan", "THE PLAN"], timeout=WAIT_MS)
+    expect(page.locator(".undecryptable")).to_have_count(0)
+    expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
+    assert page.evaluate("sessionStorage.getItem('relay.e2e_key')") == args.key
+    assert args.key not in page.evaluate("location.href")
+    assert not posts, f"a prompt was posted before the key was entered: {posts}"
+
+    # The prompt typed before goes now, encrypted.
+    expect(page.get_by_label("Prompt")).to_have_value("typed before the key")
+    prompt, cmid = send_prompt(page, "typed before the key", WAITING)
+    say(f"PROMPTED {cmid}")
+    wait_answer(page, prompt, "a-2", "TYPED BEFORE THE KEY")
+    sent = [json.loads(b) for b in posts]
+    assert len(sent) == 1, sent
+    assert sent[0]["prompt"].startswith("e2e1:") and sent[0]["metadata"] == {"e2e": 1}, sent
+    everything = ["the plan", "THE PLAN", "typed before the key", "TYPED BEFORE THE KEY"]
+    page.reload()
+    connected(page)
+    expect(texts).to_have_text(everything, timeout=WAIT_MS)
+    expect(form).to_be_hidden()
+    watch.check_clean()
+
+    # Another tab, which has no key: asked for at once, from the history.
+    bare = page.context.new_page()
+    bare_watch = Watch(bare)
+    bare.goto(f"{args.url}#{args.session}")
+    connected(bare)
+    expect(bare.locator("#key-form")).to_be_visible(timeout=WAIT_MS)
+    expect(bare.locator("article .text")).to_have_text(["cannot decrypt"] * 4, timeout=WAIT_MS)
+    bare_watch.check_clean()
+
+
 def markdown(page, watch, args):
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=args.url.rstrip("/"))
     page.goto(f"{args.url}#{args.session}")
@@ -694,8 +775,8 @@ def frames(page, watch, args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True,
-                    choices=["restart", "token", "fragment", "e2e", "markdown", "stream", "presence", "e2e-stream",
-                             "frames"])
+                    choices=["restart", "token", "fragment", "e2e", "ask-key", "markdown", "stream", "presence",
+                             "e2e-stream", "frames"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -717,7 +798,8 @@ def main():
             ctx.set_default_timeout(WAIT_MS)
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
-            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown,
+            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "ask-key": ask_key,
+                         "markdown": markdown,
                          "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames}
             scenarios[args.scenario](page, watch, args)
         finally:
