@@ -7,7 +7,8 @@
 //! an end-to-end encrypted conversation with a real `relay agent` and
 //! `relay send` holding the key given in the fragment, the key asked for
 //! when a conversation is encrypted and the page has none, answers rendered as
-//! Markdown elements with hostile HTML and links left as text, error
+//! Markdown elements (tables too, scrolling in their bubble on a phone)
+//! with hostile HTML and links left as text, error
 //! answers shown as errors, streamed answers drawn as they arrive (across a
 //! reload, encrypted too) and replaced in place by the final answer, the
 //! agent's presence, the "fetched" mark and drafts the relay dropped.
@@ -455,6 +456,40 @@ model not found: tiny", "exit_code": 3});
     answer_with(&s, &sid, &failing, "a-err", "", metadata);
     let shot = browser.expect("SCREENSHOT ");
     println!("screenshot: {shot}");
+    browser.finish();
+}
+
+/// GitHub-style tables in an answer show as tables: cells with inline
+/// Markdown, columns aligned as the delimiter row says, and a table too
+/// wide for a phone scrolls in its bubble while the page does not.
+#[test]
+fn browser_renders_markdown_tables() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&["--scenario", "tables", "--url", &url, "--session", &sid]);
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
+    let text = r#"Stock:
+| Fruit | Count | Note |
+|:------|------:|:----:|
+| **apple** | 3 | `red \| green` |
+| pear | 10 | [site](https://example.com/pear) |
+| plum |
+
+after the table
+
+| Identifier | Description | Environment | Default | Unit | Minimum | Maximum | Since |
+|---|---|---|---|---|---|---|---|
+| RELAY_MAX_MEMORY | memory budget for sessions | RELAY_MAX_MEMORY | 256M | bytes | 1M | unlimited | 0.4.0 |
+
+| not | a table |
+|---|"#;
+    answer(&s, &sid, &cmid, "a-tab", text);
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
     browser.finish();
 }
 

@@ -35,6 +35,10 @@ Scenarios:
            as elements; raw HTML and javascript: links in it show as text
            and make no element; a second prompt gets an error answer
            (`metadata.error`, no text), shown as an error.
+  tables   an answer with GitHub tables shows them as tables (inline
+           Markdown in cells, alignment from the delimiter row, an escaped
+           pipe, a short row); a wide one scrolls sideways in its box on a
+           phone-sized viewport while the page does not.
   stream   a prompt gets a "fetched" mark and the agent shows online once
            the agent fetched it (`FETCHED`); the answer streams in as one
            draft bubble that grows part by part (`PART <n>` after each
@@ -539,6 +543,49 @@ def markdown(page, watch, args):
     watch.check_clean()
 
 
+def tables(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    _, cmid = send_prompt(page, "Tabulate it")
+    say(f"PROMPTED {cmid}")
+    answer = page.locator(f'article.answer[data-for="{cmid}"] .text')
+    expect(answer.locator("table")).to_have_count(2, timeout=WAIT_MS)
+    expect(answer.locator("> div.table > table")).to_have_count(2)  # each in its scrolling box
+    expect(answer.locator("> p")).to_have_text(["Stock:", "after the table", "| not | a table |\n|---|"])
+    small = answer.locator("table").first
+    expect(small.locator("thead th")).to_have_text(["Fruit", "Count", "Note"])
+    expect(small.locator("tbody tr")).to_have_count(3)
+    # Inline Markdown in cells, an escaped pipe kept, a short row filled.
+    expect(small.locator("tbody td")).to_have_text(["apple", "3", "red | green", "pear", "10", "site", "plum", "", ""])
+    expect(small.locator("td strong")).to_have_text("apple")
+    expect(small.locator("td code")).to_have_text("red | green")
+    expect(small.locator("td a")).to_have_attribute("href", "https://example.com/pear")
+    expect(small.locator("td a")).to_have_attribute("rel", "noopener noreferrer")
+    aligns = small.evaluate("""t => [...t.rows].map(r => [...r.cells].map(c => getComputedStyle(c).textAlign))""")
+    assert all(row == ["left", "right", "center"] for row in aligns), aligns
+
+    # The wide one scrolls sideways in its box; the page does not.
+    assert page.viewport_size == PHONE, page.viewport_size
+    wide = answer.locator("div.table").nth(1)
+    expect(wide.locator("th")).to_have_count(8)
+    box = wide.evaluate("""b => ({overflow: getComputedStyle(b).overflowX, scroll: b.scrollWidth, client: b.clientWidth,
+        right: b.getBoundingClientRect().right, bubble: b.closest('.text').getBoundingClientRect().right})""")
+    assert box["overflow"] == "auto", box
+    assert box["scroll"] > box["client"] + 50, f"the wide table does not overflow its box: {box}"
+    assert box["right"] <= box["bubble"] + 0.5 <= PHONE["width"], f"the box leaves its bubble: {box}"
+    page_width = page.evaluate("""() => ({doc: document.documentElement.scrollWidth, log: document.getElementById('log').scrollWidth,
+        logClient: document.getElementById('log').clientWidth, inner: innerWidth})""")
+    assert page_width["doc"] <= page_width["inner"], f"the page scrolls sideways: {page_width}"
+    assert page_width["log"] <= page_width["logClient"], f"the conversation scrolls sideways: {page_width}"
+    moved = wide.evaluate("b => { b.scrollLeft = 120; return b.scrollLeft; }")
+    assert moved > 0, "the wide table's box does not scroll"
+    os.makedirs(args.out, exist_ok=True)
+    shot = os.path.join(args.out, "page-tables.png")
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
 def answer_of(page, amid):
     return page.locator(f'article.answer[data-amid="{amid}"]')
 
@@ -775,8 +822,8 @@ def frames(page, watch, args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True,
-                    choices=["restart", "token", "fragment", "e2e", "ask-key", "markdown", "stream", "presence",
-                             "e2e-stream", "frames"])
+                    choices=["restart", "token", "fragment", "e2e", "ask-key", "markdown", "tables", "stream",
+                             "presence", "e2e-stream", "frames"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -799,7 +846,7 @@ def main():
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
             scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "ask-key": ask_key,
-                         "markdown": markdown,
+                         "markdown": markdown, "tables": tables,
                          "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames}
             scenarios[args.scenario](page, watch, args)
         finally:
