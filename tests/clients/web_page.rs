@@ -11,7 +11,8 @@
 //! with hostile HTML and links left as text, error
 //! answers shown as errors, streamed answers drawn as they arrive (across a
 //! reload, encrypted too) and replaced in place by the final answer, the
-//! agent's presence, the "fetched" mark and drafts the relay dropped.
+//! agent's presence, the "fetched" mark, drafts the relay dropped, and a
+//! status row that keeps its place as its labels change.
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -626,6 +627,32 @@ fn browser_follows_the_part_numbering_rules() {
     let sid = unique_session();
     let url = format!("http://{}/", s.addr());
     Browser::start(&["--scenario", "frames", "--url", &url, "--session", &sid]).finish();
+}
+
+/// The status row keeps its box, and the page around it keeps its place,
+/// while its labels change: connected, disconnected and retrying,
+/// reconnected, the agent online and offline, a prompt waiting, a long
+/// server error, with the end-to-end mark on a phone-sized screen.
+#[test]
+fn browser_status_row_keeps_its_place() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let key = relay_key();
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "status",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        &format!("--key={key}"),
+    ]);
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.finish();
 }
 
 /// Posts one part of answer `amid` (`"partial": true`).

@@ -64,6 +64,11 @@ Scenarios:
            prompt; after a reconnect whose snapshots do not name the
            draft, it shows as interrupted; a new part 1 restarts it, the
            final answer replaces it, and a late part changes nothing.
+  status   on a phone-sized screen, with the end-to-end mark shown, the
+           status row's labels change (a prompt waiting, the agent online,
+           a long server error, the socket dropped and reopened): the row,
+           the header and the conversation keep their boxes throughout,
+           and no label spills out of the row.
 """
 
 import argparse
@@ -819,11 +824,91 @@ def frames(page, watch, args):
     watch.check_clean()
 
 
+# Called at every change of the status row (a MutationObserver): its
+# labels, and the boxes of the row and of what is around it.
+MEASURE_ROW = """() => {
+    const $ = (id) => document.getElementById(id);
+    const box = (node) => { const r = node.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; };
+    const bar = $("bar");
+    window.rows = [];
+    const take = () => {
+        const shown = [...bar.children].filter((c) => !c.hidden);
+        rows.push({
+            status: $("status").textContent,
+            others: shown.filter((c) => c.id !== "status").map((c) => c.id + ":" + c.textContent).join("|"),
+            around: [bar, $("status"), document.querySelector("header"), $("session-form"), $("log"), $("compose")].map(box),
+            spills: shown.filter((c) => c.getBoundingClientRect().right > bar.getBoundingClientRect().right + 0.5).map((c) => c.id),
+        });
+    };
+    take();
+    new MutationObserver(take).observe(bar, { subtree: true, childList: true, characterData: true, attributes: true });
+}"""
+
+
+def status(page, watch, args):
+    sockets = []
+
+    def through(ws):
+        ws.connect_to_server()
+        sockets.append(ws)
+
+    page.route_web_socket(re.compile(r"/ws/"), through)
+    page.goto(f"{args.url}#{args.session}&key={args.key}")
+    connected(page)
+    expect_agent(page, "offline")
+    expect(page.locator("#e2e")).to_be_visible()
+    page.evaluate(MEASURE_ROW)
+
+    # A prompt waits; the agent comes online; the server says something long.
+    send_prompt(page, "Keep your place", "pending")
+    sockets[-1].send(json.dumps({"type": "presence", "data": {"agent": "online", "since": 1}}))
+    expect_agent(page, "online")
+    long_error = "Server: " + "a very long complaint from the relay that no phone could show on one line " * 2
+    sockets[-1].send(json.dumps({"type": "error", "error": long_error[len("Server: "):].strip()}))
+    expect(page.locator("#status")).to_have_text(long_error.strip(), timeout=WAIT_MS)
+    expect(page.locator("#status")).to_have_attribute("title", long_error.strip())
+    # The socket drops: disconnected and retrying, then connected again.
+    n = len(sockets)
+    sockets[-1].close()
+    expect(page.locator("#status")).to_contain_text("Disconnected; retrying", timeout=WAIT_MS)
+    wait_until(page, lambda: len(sockets) > n, "the page reconnecting")
+    connected(page)
+    expect_agent(page, "offline")
+
+    rows = page.evaluate("rows")
+    labels = {r["status"] for r in rows}
+    for want in ["Connected", "Disconnected; retrying", "Server: a very long"]:
+        assert any(label.startswith(want) for label in labels), f"{want!r} never shown: {labels}"
+    assert any("agent:Agent online" in r["others"] for r in rows), rows
+    assert any("pending:1 waiting" in r["others"] for r in rows), rows
+    assert any(r["others"] == "" or "agent" not in r["others"] for r in rows), "the agent label never hid"
+    first = rows[0]["around"]
+    names = ["the status row", "the connection label", "the header", "the session form", "the conversation",
+             "the prompt box"]
+    for r in rows:
+        for name, want, got in zip(names, first, r["around"]):
+            if name == "the connection label":
+                want, got = want[1::2], got[1::2]  # its top and height; its width follows the other labels
+            assert got == want, f"{name} moved when the row said {r['status']!r} / {r['others']!r}: {want} -> {got}"
+        assert not r["spills"], f"{r['spills']} overflow the row: {r}"
+    # With the other labels the same, the connection's label keeps its box too.
+    by_others = {}
+    for r in rows:
+        by_others.setdefault(r["others"], set()).add(tuple(r["around"][1]))
+    assert all(len(boxes) == 1 for boxes in by_others.values()), by_others
+    assert len(rows) >= 8, f"few changes seen: {[r['status'] for r in rows]}"
+    os.makedirs(args.out, exist_ok=True)
+    shot = os.path.join(args.out, "page-status.png")
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True,
                     choices=["restart", "token", "fragment", "e2e", "ask-key", "markdown", "tables", "stream",
-                             "presence", "e2e-stream", "frames"])
+                             "presence", "e2e-stream", "frames", "status"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -847,7 +932,8 @@ def main():
             watch = Watch(page)
             scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "ask-key": ask_key,
                          "markdown": markdown, "tables": tables,
-                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames}
+                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames,
+                         "status": status}
             scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()
