@@ -81,7 +81,8 @@ exits at once.
 
 exit codes: 0 an answer printed, 1 no answer before the timeout or the prompt
 could not be posted, 2 bad usage, 3 an error answer (with --all: any of the
-answers printed was one), 130 interrupted by Ctrl-C (the prompt cancelled)
+answers printed was one), 130 the prompt cancelled (by Ctrl-C here, or by a
+Stop elsewhere)
 ";
 
 const SPEC: Spec = Spec {
@@ -171,7 +172,7 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         }
     };
     match run(&mut opts, &interrupted) {
-        Ok(Ended::Interrupted) => INTERRUPTED,
+        Ok(Ended::Interrupted | Ended::CancelledElsewhere) => INTERRUPTED,
         Ok(Ended::Printed(Tally { answers: 0, .. })) => {
             eprintln!(
                 "relay send: no answer within {} s",
@@ -208,6 +209,9 @@ enum Ended {
     Printed(Tally),
     /// Ctrl-C: the prompt was cancelled, or never posted.
     Interrupted,
+    /// The prompt was cancelled by someone else (the page's Stop): no
+    /// answer will come, so waiting on would only run into the timeout.
+    CancelledElsewhere,
 }
 
 /// How many answers were printed, and how many of them were error answers.
@@ -244,6 +248,10 @@ fn run(opts: &mut Options, interrupted: &AtomicBool) -> Result<Ended, String> {
                     if !opts.all {
                         break Ok(Ended::Printed(printed));
                     }
+                }
+                Ok(None) if watch.cancelled => {
+                    eprintln!("relay send: {client_msg_id} was cancelled elsewhere");
+                    break Ok(Ended::CancelledElsewhere);
                 }
                 Ok(None) => {}
                 Err(e) => break Err(format!("cannot print the answer: {e}")),
@@ -446,6 +454,9 @@ struct Watch<'a> {
     /// Whether the no-agent notice was printed, and then the online one.
     said_offline: bool,
     said_online: bool,
+    /// Our prompt was cancelled (a Stop on the page, another client): no
+    /// answer will come.
+    cancelled: bool,
 }
 
 impl<'a> Watch<'a> {
@@ -459,6 +470,7 @@ impl<'a> Watch<'a> {
             fetched: false,
             said_offline: false,
             said_online: false,
+            cancelled: false,
         }
     }
 
@@ -487,6 +499,10 @@ impl<'a> Watch<'a> {
             }
             Some("receipt") if ours => {
                 self.fetched = true;
+                Ok(None)
+            }
+            Some("cancel") if ours => {
+                self.cancelled = true;
                 Ok(None)
             }
             Some("presence") => self.presence(data, err).map(|()| None),

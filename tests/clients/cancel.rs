@@ -3,7 +3,8 @@
 //! group, SIGKILL after `--kill-grace` for one that ignores SIGTERM), posts
 //! nothing for it, skips a cancelled prompt it has not started, and goes on
 //! with the next, and keeps watching across a server restart; `relay send`
-//! cancels its prompt on Ctrl-C.
+//! cancels its prompt on Ctrl-C, and stops waiting when it is cancelled
+//! elsewhere.
 //!
 //! The command writes its process group id (its shell's pid: the agent
 //! makes it a group leader) to a file once its children are started; the
@@ -184,17 +185,16 @@ fn a_cancelled_prompt_fetched_but_not_started_is_skipped() {
     assert_eq!(answered(&srv, &sid), [json!("m1"), json!("m3")]);
 }
 
-#[test]
-fn ctrl_c_in_send_cancels_its_prompt_and_exits_130() {
-    let srv = Server::start();
-    let sid = unique_session();
-    let mut send = relay()
-        .args(["send", "--url", &url(&srv), "--session", &sid, "stop me"])
+/// Starts `relay send` with no agent and returns it with its prompt's
+/// `client_msg_id`, once the prompt is stored (pending: nobody answers).
+#[track_caller]
+fn send_waiting(srv: &Server, sid: &str) -> (std::process::Child, String) {
+    let send = relay()
+        .args(["send", "--url", &url(srv), "--session", sid, "stop me"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn relay send");
-    // No agent: the prompt waits, stored.
     let deadline = Instant::now() + WAIT;
     let id = loop {
         let resp = srv.get(&format!("/messages/{sid}"));
@@ -210,11 +210,12 @@ fn ctrl_c_in_send_cancels_its_prompt_and_exits_130() {
         assert!(Instant::now() < deadline, "the prompt was never stored");
         std::thread::sleep(Duration::from_millis(10));
     };
-    let status = Command::new("kill")
-        .args(["-INT", &send.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success());
+    (send, id)
+}
+
+/// Waits for `relay send` to exit; its status and stderr.
+#[track_caller]
+fn exited(mut send: std::process::Child) -> (std::process::ExitStatus, String) {
     let deadline = Instant::now() + WAIT;
     let status = loop {
         if let Some(status) = send.try_wait().expect("try_wait") {
@@ -229,20 +230,57 @@ fn ctrl_c_in_send_cancels_its_prompt_and_exits_130() {
         .unwrap()
         .read_to_string(&mut stderr)
         .unwrap();
+    (status, stderr)
+}
+
+/// The cancels stored in `sid`'s history.
+fn cancels(srv: &Server, sid: &str) -> Vec<Value> {
+    let history = srv.messages(sid, "");
+    history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["type"] == "cancel")
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn ctrl_c_in_send_cancels_its_prompt_and_exits_130() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let (send, id) = send_waiting(&srv, &sid);
+    let status = Command::new("kill")
+        .args(["-INT", &send.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let (status, stderr) = exited(send);
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(
         stderr.contains(&format!("relay send: cancelled {id}")),
         "{stderr}"
     );
-    let history = srv.messages(&sid, "");
-    let cancels: Vec<&Value> = history["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["type"] == "cancel")
-        .collect();
-    assert_eq!(cancels.len(), 1, "{history}");
+    let cancels = cancels(&srv, &sid);
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
     assert_eq!(cancels[0]["data"]["client_msg_id"], id.as_str());
+}
+
+#[test]
+fn a_stop_elsewhere_ends_send_s_wait_with_130() {
+    let srv = Server::start();
+    let sid = unique_session();
+    let (send, id) = send_waiting(&srv, &sid);
+    // The page's Stop: another client cancels the prompt.
+    cancel(&srv, &sid, &id);
+    let (status, stderr) = exited(send);
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains(&format!("relay send: {id} was cancelled elsewhere")),
+        "{stderr}"
+    );
+    // relay send cancelled nothing itself: the one cancel is the other's.
+    assert_eq!(cancels(&srv, &sid).len(), 1);
 }
 
 #[test]
