@@ -463,6 +463,14 @@ impl Agent {
             self.watch()?;
         }
         let prompts = self.poll()?;
+        if prompts.iter().any(|p| p.seq <= self.after) {
+            // A prompt at or below the cursor: the session may have
+            // started over under a new epoch while the poll was parked (a
+            // shared store that restarted empty), its `seq` with it. Read
+            // the epoch before deciding which prompts are new, or the new
+            // epoch's first prompts would be taken for ones handled.
+            self.sync()?;
+        }
         // Idle: check the epoch before the next poll (cheap, once per poll timeout).
         self.synced = !prompts.is_empty();
         if prompts.iter().all(|p| p.seq <= self.after) && !prompts.is_empty() {
