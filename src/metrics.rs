@@ -42,7 +42,9 @@ impl Metrics {
 
 /// The route labels, a fixed set whatever the path (session ids are not
 /// labels), in the order the exposition lists them.
-const ROUTES: [&str; 14] = [
+const ROUTES: [&str; 17] = [
+    "ask",
+    "asks",
     "healthz",
     "messages",
     "metrics",
@@ -52,6 +54,7 @@ const ROUTES: [&str; 14] = [
     "prompt",
     "prompts",
     "readyz",
+    "reply",
     "response",
     "session_delete",
     "session_put",
@@ -64,20 +67,23 @@ const ROUTES: [&str; 14] = [
 fn route_index(method: Method, path: &str) -> u8 {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     match (method, first) {
-        (Method::Options, _) => 5,
-        (_, "") => 4,
-        (_, "prompt") => 6,
-        (_, "response") => 9,
-        (_, "prompts") => 7,
-        (_, "ws") => 13,
-        (_, "messages") => 1,
-        (Method::Put, "sessions") => 11,
-        (Method::Delete, "sessions") => 10,
-        (_, "sessions") => 12,
-        (_, "healthz") => 0,
-        (_, "readyz") => 8,
-        (_, "metrics") => 2,
-        _ => 3,
+        (Method::Options, _) => 7,
+        (_, "") => 6,
+        (_, "prompt") => 8,
+        (_, "response") => 12,
+        (_, "prompts") => 9,
+        (_, "ws") => 16,
+        (_, "messages") => 3,
+        (Method::Put, "sessions") => 14,
+        (Method::Delete, "sessions") => 13,
+        (_, "sessions") => 15,
+        (_, "healthz") => 2,
+        (_, "readyz") => 10,
+        (_, "metrics") => 4,
+        (_, "ask") => 0,
+        (_, "asks") => 1,
+        (_, "reply") => 11,
+        _ => 5,
     }
 }
 

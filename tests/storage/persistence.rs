@@ -444,7 +444,7 @@ fn a_first_version_database_is_migrated() {
     assert_eq!(epoch(&srv, "old"), "epoch-v1");
     assert_eq!(srv.pending("old")[0]["prompt"], "hi");
     srv.respond("old", "p1", "answered after the migration");
-    assert_eq!(user_version(&db), 4);
+    assert_eq!(user_version(&db), 6);
 }
 
 #[test]
@@ -503,7 +503,7 @@ fn a_second_version_database_is_migrated_to_the_same_log() {
         .map(|m| m["data"]["seq"].as_u64().unwrap())
         .collect::<Vec<_>>();
     assert_eq!(last, [5, 6, 7]);
-    assert_eq!(user_version(&db), 4);
+    assert_eq!(user_version(&db), 6);
 }
 
 /// Rows in the file's log.

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use log::info;
 
-use super::reply::{Event, Head, Msg};
+use super::reply::{Asked, Event, Head, Msg};
 use super::route::{Answered, Then};
 use super::{Known, RedisStore};
 use crate::error::ApiError;
@@ -442,6 +442,9 @@ impl RedisStore {
 
 /// A stored message as a committed record.
 fn record(sid: &SessionId, m: Msg) -> Record {
+    if let Some(asked) = m.asked {
+        return asked_record(sid, asked, m);
+    }
     if m.prompt {
         Record::Prompt {
             sid: sid.clone(),
@@ -473,7 +476,9 @@ fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
         head.dropped_assistant,
     );
     for m in msgs {
-        if m.prompt {
+        if let Some(asked) = m.asked {
+            rebuild_asked(&mut log, asked, m, limit);
+        } else if m.prompt {
             let cid: Rc<str> = Rc::from(m.client_msg_id);
             log.append_prompt(
                 Message::prompt_with(cid, m.seq, m.ts, m.data.into_bytes()),
@@ -489,4 +494,42 @@ fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
         }
     }
     log
+}
+
+/// An ask or a reply as a committed record (its `client_msg_id` field
+/// holds the `ask_id`).
+fn asked_record(sid: &SessionId, asked: Asked, m: Msg) -> Record {
+    let (sid, seq, ts, ask_id, data) = (sid.clone(), m.seq, m.ts, m.client_msg_id, m.data);
+    match asked {
+        Asked::Ask => Record::Ask {
+            sid,
+            seq,
+            ts,
+            ask_id,
+            data,
+        },
+        Asked::Reply => Record::Reply {
+            sid,
+            seq,
+            ts,
+            ask_id,
+            data,
+        },
+    }
+}
+
+/// An ask or a reply replayed into a session read whole.
+fn rebuild_asked(log: &mut SessionLog, asked: Asked, m: Msg, limit: usize) {
+    let id: Rc<str> = Rc::from(m.client_msg_id);
+    match asked {
+        Asked::Ask => {
+            log.append_ask(Message::ask_with(id, m.seq, m.ts, m.data.as_bytes()), limit);
+        }
+        Asked::Reply => {
+            log.append_reply(
+                Message::reply_with(id, m.seq, m.ts, m.data.as_bytes()),
+                limit,
+            );
+        }
+    }
 }

@@ -41,6 +41,16 @@ pub struct Msg {
     pub assistant_msg_id: String,
     pub ts: u64,
     pub data: String,
+    /// An ask or a reply (`client_msg_id` then holds the `ask_id`); `None`
+    /// for a prompt or an answer.
+    pub asked: Option<Asked>,
+}
+
+/// The kinds of message an ask brings to the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asked {
+    Ask,
+    Reply,
 }
 
 /// A change another instance (or this one) published.
@@ -229,11 +239,20 @@ pub fn parse_msg(s: &str) -> Option<Msg> {
 pub fn parse_record(seq: &str, record: &str) -> Option<Msg> {
     let seq: u64 = seq.parse().ok()?;
     let mut it = record.splitn(5, '\n');
+    let mut asked = None;
     let (prompt, whole) = match it.next()? {
         "P" => (true, false),
         "A" => (false, false),
         "p" => (true, true),
         "a" => (false, true),
+        "K" | "Y" => {
+            asked = Some(if record.starts_with('K') {
+                Asked::Ask
+            } else {
+                Asked::Reply
+            });
+            (false, false)
+        }
         _ => return None,
     };
     let client_msg_id = it.next()?.to_string();
@@ -256,6 +275,7 @@ pub fn parse_record(seq: &str, record: &str) -> Option<Msg> {
         assistant_msg_id,
         ts,
         data,
+        asked,
     })
 }
 
