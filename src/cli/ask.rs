@@ -162,6 +162,28 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
     })
 }
 
+/// What `relay agent` adds to its command's environment, besides the
+/// prompt's identity, so that `relay ask` in it needs no flags: the
+/// agent's token and key, and the CA it trusts, when it was given them by
+/// flag (from its own environment they are inherited as they are).
+pub(super) fn handoff(
+    parsed: &Parsed,
+    token: Option<&str>,
+    key: Option<&e2e::Key>,
+) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if let Some(token) = token {
+        env.push(("RELAY_AGENT_TOKEN", token.to_string()));
+    }
+    if let Some(key) = key {
+        env.push(("RELAY_E2E_KEY", key.text().to_string()));
+    }
+    if let Some(ca) = parsed.value("--ca") {
+        env.push(("RELAY_CA", ca.to_string()));
+    }
+    env
+}
+
 /// The server's rules for choices, said before anything is sent; sealed,
 /// a choice must still fit the server's limit.
 fn check_choices(choices: &[String], sealed: bool) -> Result<(), String> {

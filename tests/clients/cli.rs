@@ -22,12 +22,12 @@ use crate::common::{Server, unique_session};
 use serde_json::{Value, json};
 
 /// How long a tool may take to show what a test waits for.
-const WAIT: Duration = Duration::from_secs(15);
+pub(crate) const WAIT: Duration = Duration::from_secs(15);
 
 /// The binary with the caller's `RELAY_*` settings removed; with
 /// `TEST_WITH_TLS`, trusting the harness's CA (`RELAY_CA`), and for `relay
 /// health` without `--url` told the server speaks TLS (`RELAY_TLS_CERT`).
-fn relay() -> Command {
+pub(crate) fn relay() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
     for (key, _) in std::env::vars() {
         if key.starts_with("RELAY_") || key == "PORT" {
@@ -43,7 +43,7 @@ fn relay() -> Command {
     cmd
 }
 
-fn url(srv: &Server) -> String {
+pub(crate) fn url(srv: &Server) -> String {
     let scheme = if common::tls_mode() { "https" } else { "http" };
     format!("{scheme}://{}", srv.addr())
 }
@@ -51,8 +51,8 @@ fn url(srv: &Server) -> String {
 type Lines = Arc<(Mutex<(Vec<String>, bool)>, Condvar)>;
 
 /// A running `relay agent` whose JSON log lines are collected; killed on drop.
-struct Agent {
-    child: Child,
+pub(crate) struct Agent {
+    pub(crate) child: Child,
     log: Lines,
 }
 
@@ -64,7 +64,7 @@ impl Agent {
 
     /// `start` with more flags for the agent (before the `--`).
     #[track_caller]
-    fn start_with_flags(
+    pub(crate) fn start_with_flags(
         srv: &Server,
         sid: &str,
         env: &[(&str, &str)],
@@ -97,7 +97,7 @@ impl Agent {
     }
 
     /// Log lines whose `event` is `event`.
-    fn events(&self, event: &str) -> Vec<Value> {
+    pub(crate) fn events(&self, event: &str) -> Vec<Value> {
         events(&self.log.0.lock().unwrap().0, event)
     }
 
@@ -123,7 +123,7 @@ impl Agent {
 
     /// Waits until `n` lines have the event `event`; returns them.
     #[track_caller]
-    fn wait_events(&self, event: &str, n: usize) -> Vec<Value> {
+    pub(crate) fn wait_events(&self, event: &str, n: usize) -> Vec<Value> {
         let lines = self.wait_for(&format!("{n} x {event:?}"), |l| events(l, event).len() >= n);
         events(&lines, event)
     }
@@ -189,16 +189,16 @@ fn send(srv: &Server, sid: &str, args: &[&str]) -> Output {
 }
 
 /// A scratch directory for marker files, removed on drop.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(PathBuf);
 
 impl Scratch {
-    fn new() -> Scratch {
+    pub(crate) fn new() -> Scratch {
         let dir = std::env::temp_dir().join(format!("relay-cli-{}", unique_session()));
         std::fs::create_dir_all(&dir).expect("create scratch dir");
         Scratch(dir)
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.0.join(name).to_string_lossy().into_owned()
     }
 }
@@ -211,7 +211,7 @@ impl Drop for Scratch {
 
 /// Waits (bounded) until a command has created `path`.
 #[track_caller]
-fn wait_file(path: &str) {
+pub(crate) fn wait_file(path: &str) {
     let deadline = Instant::now() + WAIT;
     while !Path::new(path).exists() {
         assert!(Instant::now() < deadline, "{path} was never created");
@@ -220,7 +220,7 @@ fn wait_file(path: &str) {
 }
 
 /// The assistant messages of a session, oldest first.
-fn answers(srv: &Server, sid: &str) -> Vec<Value> {
+pub(crate) fn answers(srv: &Server, sid: &str) -> Vec<Value> {
     let body = srv.messages(sid, "?limit=1000");
     body["messages"]
         .as_array()
@@ -306,26 +306,33 @@ fn tokens_come_from_flags_or_the_environment() {
 }
 
 #[test]
-fn the_command_gets_the_prompts_identity_but_no_token() {
+fn the_command_gets_the_prompts_identity_and_the_agents_token_only() {
     let srv = Server::start_with(&[("RELAY_AGENT_TOKEN", "agent-secret")]);
     let sid = unique_session();
-    let script = r#"printf '%s|%s|%s|%s' "$RELAY_SESSION_ID" "$RELAY_CLIENT_MSG_ID" "$RELAY_METADATA" "${RELAY_AGENT_TOKEN-none}""#;
+    // The agent's token is handed on (for `relay ask`); the person's is not.
+    let script = r#"printf '%s|%s|%s|%s|%s' "$RELAY_SESSION_ID" "$RELAY_CLIENT_MSG_ID" "$RELAY_METADATA" "${RELAY_AGENT_TOKEN-none}" "${RELAY_CLIENT_TOKEN-none}""#;
     let mut ws = srv.ws(&format!("/ws/{sid}"));
     prompt_with(&srv, &sid, "m1", "x", json!({"k": [1, "é"]}));
     srv.prompt(&sid, "y", Some("m2"));
     let _agent = Agent::start(
         &srv,
         &sid,
-        &[("RELAY_AGENT_TOKEN", "agent-secret")],
+        &[
+            ("RELAY_AGENT_TOKEN", "agent-secret"),
+            ("RELAY_CLIENT_TOKEN", "client-secret"),
+        ],
         &["sh", "-c", script],
     );
     let first = ws.recv_json_skip_pings();
     let second = ws.recv_json_skip_pings();
     assert_eq!(
         first["data"]["text"],
-        format!(r#"{sid}|m1|{{"k":[1,"é"]}}|none"#)
+        format!(r#"{sid}|m1|{{"k":[1,"é"]}}|agent-secret|none"#)
     );
-    assert_eq!(second["data"]["text"], format!("{sid}|m2|{{}}|none"));
+    assert_eq!(
+        second["data"]["text"],
+        format!("{sid}|m2|{{}}|agent-secret|none")
+    );
 }
 
 #[test]
