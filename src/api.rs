@@ -17,7 +17,7 @@ use crate::http::route::{Route, messages_query, prompts_query, query_param, rout
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
 use crate::relay::{ApiError, AskFetch, ConnId, Fetch, Relay, Reply};
-use crate::store::model::{NewAsk, NewPrompt, NewReply, NewResponse, Write};
+use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, Write};
 use crate::store::{Cursor, Seq, SessionId};
 use crate::time::{Millis, Turn};
 use crate::{token, web};
@@ -162,6 +162,10 @@ enum Role {
     Client,
     Agent,
     Either,
+    /// What a client reads and an agent watches (`/ws`, `GET /messages`):
+    /// the client token, or the agent token when one is set (agents
+    /// watch for cancels and read the conversation they answer).
+    Watch,
     /// `/metrics`: its own token, when one is set.
     Metrics,
 }
@@ -172,7 +176,7 @@ impl Role {
         match self {
             Role::Client => "client token required",
             Role::Agent => "agent token required",
-            Role::Either => "client or agent token required",
+            Role::Either | Role::Watch => "client or agent token required",
             Role::Metrics => "metrics token required",
             Role::Open => "no token required",
         }
@@ -183,7 +187,7 @@ impl Role {
         match self {
             Role::Client => "client",
             Role::Agent => "agent",
-            Role::Either => "client or agent",
+            Role::Either | Role::Watch => "client or agent",
             Role::Metrics => "metrics",
             Role::Open => "none",
         }
@@ -194,7 +198,7 @@ impl Role {
         match self {
             Role::Client => role == token::Role::Client,
             Role::Agent => role == token::Role::Agent,
-            Role::Either => true,
+            Role::Either | Role::Watch => true,
             Role::Open | Role::Metrics => false,
         }
     }
@@ -203,9 +207,8 @@ impl Role {
 fn role(route: &Route) -> Role {
     match route {
         Route::GetPrompts(_) | Route::PostResponse => Role::Agent,
-        Route::PostPrompt | Route::WebSocket(_) | Route::Messages(_) | Route::DeleteSession(_) => {
-            Role::Client
-        }
+        Route::PostPrompt | Route::PostCancel | Route::DeleteSession(_) => Role::Client,
+        Route::WebSocket(_) | Route::Messages(_) => Role::Watch,
         Route::PutSession(_) | Route::GetSession(_) => Role::Either,
         Route::PostAsk | Route::GetAsk(..) => Role::Agent,
         Route::PostReply => Role::Client,
@@ -239,6 +242,7 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::Readyz
         | Route::PostPrompt
         | Route::PostResponse
+        | Route::PostCancel
         | Route::PostAsk
         | Route::PostReply
         | Route::Preflight { .. }
@@ -412,6 +416,12 @@ impl Api {
                 grant.admits(&r.session_id)?;
                 return Ok(reply(relay.write(now, unix_ms, conn, Write::answer(r))?));
             }
+            Route::PostCancel => {
+                json_body(head)?;
+                let c = NewCancel::parse(body)?;
+                grant.admits(&c.session_id)?;
+                return Ok(reply(relay.write(now, unix_ms, conn, Write::Cancel(c))?));
+            }
             Route::WebSocket(sid) => {
                 return self.upgrade(relay, now, conn, head, sid, facts.synced);
             }
@@ -538,6 +548,13 @@ impl Api {
             Role::Either => match (client, agent) {
                 (Some(c), Some(a)) => vec![c, a],
                 _ => Vec::new(),
+            },
+            // Open while the client role is; else the client token, and
+            // the agent token when one is set (an unset agent token opens
+            // nothing more here).
+            Role::Watch => match client {
+                Some(c) => [Some(c), agent].into_iter().flatten().collect(),
+                None => Vec::new(),
             },
         };
         let secret = self.token_secret.as_ref().filter(|_| need != Role::Metrics);

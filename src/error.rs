@@ -92,6 +92,14 @@ impl ApiError {
     pub fn prompt_conflict() -> ApiError {
         ApiError::new(409, "Conflict").with_details("client_msg_id already used")
     }
+    /// A cancel of a prompt whose final answer is stored.
+    pub fn prompt_answered() -> ApiError {
+        ApiError::new(409, "Conflict").with_details("prompt already answered")
+    }
+    /// An answer, final or partial, to a cancelled prompt.
+    pub fn prompt_cancelled() -> ApiError {
+        ApiError::new(409, "Conflict").with_details("prompt cancelled")
+    }
     pub fn unsupported_media_type() -> ApiError {
         ApiError::new(415, "Content-Type must be application/json")
     }

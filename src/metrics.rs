@@ -42,9 +42,10 @@ impl Metrics {
 
 /// The route labels, a fixed set whatever the path (session ids are not
 /// labels), in the order the exposition lists them.
-const ROUTES: [&str; 17] = [
+const ROUTES: [&str; 18] = [
     "ask",
     "asks",
+    "cancel",
     "healthz",
     "messages",
     "metrics",
@@ -67,23 +68,24 @@ const ROUTES: [&str; 17] = [
 fn route_index(method: Method, path: &str) -> u8 {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     match (method, first) {
-        (Method::Options, _) => 7,
-        (_, "") => 6,
-        (_, "prompt") => 8,
-        (_, "response") => 12,
-        (_, "prompts") => 9,
-        (_, "ws") => 16,
-        (_, "messages") => 3,
-        (Method::Put, "sessions") => 14,
-        (Method::Delete, "sessions") => 13,
-        (_, "sessions") => 15,
-        (_, "healthz") => 2,
-        (_, "readyz") => 10,
-        (_, "metrics") => 4,
+        (Method::Options, _) => 8,
+        (_, "") => 7,
+        (_, "prompt") => 9,
+        (_, "cancel") => 2,
+        (_, "response") => 13,
+        (_, "prompts") => 10,
+        (_, "ws") => 17,
+        (_, "messages") => 4,
+        (Method::Put, "sessions") => 15,
+        (Method::Delete, "sessions") => 14,
+        (_, "sessions") => 16,
+        (_, "healthz") => 3,
+        (_, "readyz") => 11,
+        (_, "metrics") => 5,
         (_, "ask") => 0,
         (_, "asks") => 1,
-        (_, "reply") => 11,
-        _ => 5,
+        (_, "reply") => 12,
+        _ => 6,
     }
 }
 

@@ -498,7 +498,7 @@ fn expired_forged_and_foreign_tokens_get_401() {
     ] {
         assert_eq!(
             try_token(&mut api, "GET", path, bad, ""),
-            (401, json!("client token required")),
+            (401, json!("client or agent token required")),
             "{bad}"
         );
     }

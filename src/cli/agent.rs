@@ -13,6 +13,13 @@
 //! answers would store the first part as the whole answer, so the agent
 //! first asks for `GET /sessions/{id}`, which came with them.
 //!
+//! The person may stop a prompt (`POST /cancel`): a second connection, the
+//! session's WebSocket, watches for cancels while the agent works (see
+//! `watch`). The command runs in a process group of its own; a cancel of
+//! the prompt in hand ends that group (SIGTERM, then SIGKILL after
+//! `--kill-grace`) and nothing more is posted for it; a cancelled prompt
+//! not started yet is skipped.
+//!
 //! The agent's cursor (`after`) is only valid for one incarnation of the
 //! session: it learns the session's `epoch` from `PUT /sessions` whenever it
 //! (re)connects or finds the queue empty, and starts over from `after=0`
@@ -28,6 +35,7 @@ use serde_json::json;
 use super::client::{self, Client, Limit, Response};
 use super::command::{self, Exit, Outcome};
 use super::parts::{self, Parts};
+use super::watch::{self, Cancels};
 use super::{Parsed, Spec, e2e};
 
 /// The first retry delay; it doubles on each failure in a row.
@@ -44,6 +52,8 @@ const POLL_MARGIN: Duration = Duration::from_secs(15);
 const DEFAULT_POLL: Duration = Duration::from_secs(50);
 /// After a stop signal, how long posting the answer in hand is retried.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long a cancelled command has between SIGTERM and SIGKILL.
+const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 /// Larger metadata is not put in the command's environment: Linux refuses
 /// to start a program with a variable above 128 KiB.
 const MAX_METADATA_ENV: usize = 64 * 1024;
@@ -51,7 +61,7 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--poll-timeout S] [--no-stream] -- CMD [ARGS...]
+    "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--poll-timeout S] [--kill-grace S] [--no-stream] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_URL (the server, as --url gives it), RELAY_SESSION_ID,
@@ -68,9 +78,18 @@ and \"exit_code\" (N for exit N; 128+N and \"signal\":N when killed by
 signal N; null when CMD could not start or the prompt could not be
 decrypted); its text is whatever CMD printed to stdout, possibly nothing.
 Network errors and 5xx are retried with backoff (0.1 s doubling to 5 s); the
-session is created when missing. SIGTERM or SIGINT lets the
-command in hand finish and its answer be posted, then exits 0; a second
-signal exits at once.
+session is created when missing.
+
+The agent watches the session's WebSocket for cancels (the Stop button,
+POST /cancel). CMD runs in a process group of its own: when its prompt is
+cancelled, the group gets SIGTERM at once and SIGKILL after --kill-grace,
+and nothing more is posted for the prompt; a cancelled prompt not started
+yet is skipped. Each is logged (\"prompt cancelled\").
+
+SIGTERM or SIGINT lets the command in hand finish and its answer be
+posted, then exits 0 (a Ctrl-C at the terminal does not reach CMD, which
+has its own group); a second signal sends CMD's group SIGTERM and exits at
+once.
 
   --session ID        the session to serve (required)
   --url URL           the server (default RELAY_URL, else http://127.0.0.1:8000)
@@ -95,6 +114,8 @@ signal exits at once.
                       travels in clear), only its exit. Each streamed part
                       is encrypted on its own
   --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
+  --kill-grace S      seconds a cancelled CMD has between SIGTERM and SIGKILL
+                      (default RELAY_KILL_GRACE, else 5)
   --no-stream         post only the whole answer when CMD exits, no parts
 
 exit codes: 0 stopped by a signal, 1 a fatal error (token refused, the
@@ -109,6 +130,7 @@ const SPEC: Spec = Spec {
         "--token-file",
         "--ca",
         "--poll-timeout",
+        "--kill-grace",
         "--e2e-key",
         "--e2e-key-file",
     ],
@@ -119,6 +141,8 @@ const SPEC: Spec = Spec {
 /// What `relay agent` was asked to do.
 pub struct Options {
     pub client: Client,
+    /// The watch for cancels' own connection to the same server.
+    pub watch_client: Client,
     pub session: String,
     pub poll_timeout: Duration,
     pub command: Vec<String>,
@@ -129,6 +153,8 @@ pub struct Options {
     pub key: Option<e2e::Key>,
     /// Whether to stream stdout as parts while the command runs.
     pub stream: bool,
+    /// How long a cancelled command has between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
@@ -137,12 +163,20 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
     let token = super::token_of(parsed, env, "RELAY_AGENT_TOKEN")?;
     let session = super::session_of(parsed)?;
     let poll_timeout = super::seconds_of(parsed, "--poll-timeout", DEFAULT_POLL)?;
+    let kill_grace = super::seconds_or_env(
+        parsed,
+        env,
+        "--kill-grace",
+        "RELAY_KILL_GRACE",
+        DEFAULT_KILL_GRACE,
+    )?;
     let key = super::e2e_key_of(parsed, env)?;
     let handoff = super::ask::handoff(parsed, token.as_deref(), key.as_ref());
     if parsed.rest.is_empty() {
         return Err("a command to run is required after --".into());
     }
     Ok(Options {
+        watch_client: Client::new(url.clone(), token.clone(), tls.clone()),
         client: Client::new(url, token, tls),
         session,
         poll_timeout,
@@ -150,6 +184,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         handoff,
         key,
         stream: !parsed.switch("--no-stream"),
+        kill_grace,
     })
 }
 
@@ -175,14 +210,15 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
     if let Err(e) = init_logging(env) {
         return super::usage_error("agent", &e);
     }
-    let stop = match stop_on_signals() {
+    let cancels = Cancels::new();
+    let stop = match stop_on_signals(Arc::clone(&cancels)) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("relay agent: cannot handle signals: {e}");
             return 1;
         }
     };
-    match Agent::new(opts, stop).run() {
+    match Agent::new(opts, stop, cancels).run() {
         Ok(()) => 0,
         Err(e) => {
             log::error!(error = e.as_str(); "agent failed");
@@ -204,16 +240,25 @@ fn init_logging(env: &[(String, String)]) -> Result<(), String> {
     crate::logging::init(cfg.log_level, cfg.log_format)
 }
 
-/// A flag raised by the first SIGTERM or SIGINT; a second one exits at once
-/// (status 128 + signal), for a command that does not finish.
-fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
+/// A flag raised by the first SIGTERM or SIGINT; a second one, for a
+/// command that does not finish, sends the command's group SIGTERM (its
+/// own group gets no Ctrl-C from the terminal) and exits at once (status
+/// 128 + signal).
+fn stop_on_signals(cancels: Arc<Cancels>) -> std::io::Result<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [SIGTERM, SIGINT] {
-        // Registered first, so it sees the flag as the earlier signal left it.
-        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&stop))?;
-        signal_hook::flag::register(sig, Arc::clone(&stop))?;
-    }
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let flag = Arc::clone(&stop);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if flag.swap(true, Ordering::SeqCst) {
+                    cancels.stop_running();
+                    std::process::exit(128 + sig);
+                }
+            }
+        })?;
     Ok(stop)
 }
 
@@ -319,19 +364,19 @@ fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
 
 /// Capped exponential backoff.
 #[derive(Debug)]
-struct Backoff {
+pub(super) struct Backoff {
     next: Duration,
 }
 
 impl Backoff {
-    fn new() -> Backoff {
+    pub(super) fn new() -> Backoff {
         Backoff {
             next: BACKOFF_FIRST,
         }
     }
 
     /// The delay before the next attempt, at least the server's `wait`.
-    fn delay(&mut self, wait: Option<Duration>) -> Duration {
+    pub(super) fn delay(&mut self, wait: Option<Duration>) -> Duration {
         let d = self.next;
         self.next = (d * 2).min(BACKOFF_MAX);
         d.max(wait.unwrap_or_default().min(RETRY_AFTER_MAX))
@@ -347,6 +392,11 @@ struct Agent {
     key: Option<e2e::Key>,
     /// Whether to stream parts (not `--no-stream`).
     stream: bool,
+    kill_grace: Duration,
+    /// Cancels seen by the watch, and the run it may stop.
+    cancels: Arc<Cancels>,
+    /// The watch's connection, until the watch starts (after the first sync).
+    watch_client: Option<Client>,
     /// Whether the server takes streamed parts, as found by the last
     /// `sync`; `None` before the first.
     server_streams: Option<bool>,
@@ -360,7 +410,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(opts: Options, stop: Arc<AtomicBool>) -> Agent {
+    fn new(opts: Options, stop: Arc<AtomicBool>, cancels: Arc<Cancels>) -> Agent {
         Agent {
             client: opts.client,
             session: opts.session,
@@ -369,6 +419,9 @@ impl Agent {
             handoff: opts.handoff,
             key: opts.key,
             stream: opts.stream,
+            kill_grace: opts.kill_grace,
+            cancels,
+            watch_client: Some(opts.watch_client),
             server_streams: None,
             stop,
             after: 0,
@@ -416,8 +469,17 @@ impl Agent {
     fn turn(&mut self) -> Result<(), Fail> {
         if !self.synced {
             self.sync()?;
+            self.watch()?;
         }
         let prompts = self.poll()?;
+        if prompts.iter().any(|p| p.seq <= self.after) {
+            // A prompt at or below the cursor: the session may have
+            // started over under a new epoch while the poll was parked (a
+            // shared store that restarted empty), its `seq` with it. Read
+            // the epoch before deciding which prompts are new, or the new
+            // epoch's first prompts would be taken for ones handled.
+            self.sync()?;
+        }
         // Idle: check the epoch before the next poll (cheap, once per poll timeout).
         self.synced = !prompts.is_empty();
         if prompts.iter().all(|p| p.seq <= self.after) && !prompts.is_empty() {
@@ -434,6 +496,26 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// Starts the watch for cancels once the session exists, and waits for
+    /// its first connection attempt, so that no cancel of a prompt the
+    /// next poll brings comes before the watch is there.
+    fn watch(&mut self) -> Result<(), Fail> {
+        let Some(client) = self.watch_client.take() else {
+            return Ok(());
+        };
+        watch::spawn(client, self.session.clone(), Arc::clone(&self.cancels))
+            .map_err(|e| Fail::Fatal(format!("cannot start the watch for cancels: {e}")))?;
+        self.cancels.wait_first(REQUEST_TIMEOUT);
+        Ok(())
+    }
+
+    /// Done with the prompt of `seq` (answered, refused, cancelled): the
+    /// cursor moves past it.
+    fn handled(&mut self, seq: u64) {
+        self.after = seq;
+        self.cancels.set_cursor(seq, self.epoch.as_deref());
     }
 
     /// `PUT /sessions/{id}`: creates the session if needed and learns its epoch.
@@ -456,6 +538,7 @@ impl Agent {
             }
             self.after = 0;
             self.epoch = epoch;
+            self.cancels.set_cursor(0, self.epoch.as_deref());
         }
         if self.stream {
             self.check_streaming()?;
@@ -518,7 +601,14 @@ impl Agent {
             exit_code: None,
         };
         self.post(prompt, &reply)?;
-        self.after = prompt.seq;
+        self.handled(prompt.seq);
+        Ok(())
+    }
+
+    /// Passes over a prompt cancelled before its command started.
+    fn skip(&mut self, prompt: &Prompt) -> Result<(), Fail> {
+        log::info!(client_msg_id = prompt.client_msg_id.as_str(); "prompt cancelled before it started: skipped");
+        self.handled(prompt.seq);
         Ok(())
     }
 
@@ -527,6 +617,9 @@ impl Agent {
     /// with an error and not run) and encrypts the answer.
     fn answer(&mut self, prompt: &Prompt) -> Result<(), Fail> {
         let id = prompt.client_msg_id.as_str();
+        if self.cancels.is_cancelled(id) {
+            return self.skip(prompt);
+        }
         let clear = match &self.key {
             // An encrypted prompt is not run as ciphertext: the agent was
             // started without the key the sender used.
@@ -574,11 +667,16 @@ impl Agent {
         };
         let mut parts = (self.stream && self.server_streams == Some(true))
             .then(|| Parts::new(&mut self.client, answer, self.key.as_ref()));
-        let ran = command::run(&self.command, &env, clear.as_bytes(), &mut |batch| {
+        let stop = command::Stop::new(self.kill_grace);
+        if !self.cancels.start(id, stop.stopper()) {
+            return self.skip(prompt);
+        }
+        let ran = command::run(&self.command, &env, clear.as_bytes(), stop, &mut |batch| {
             if let Some(parts) = parts.as_mut() {
                 parts.output(batch);
             }
         });
+        self.cancels.finish();
         if let Some(parts) = parts.filter(|p| p.posted() > 0) {
             log::debug!(client_msg_id = id, parts = parts.posted(); "answer streamed");
         }
@@ -592,10 +690,17 @@ impl Agent {
                 log::error!(client_msg_id = id, error = error.as_str(); "command not started: answered with an error");
                 let reply = self.error_reply(prompt, &error)?;
                 self.post(prompt, &reply)?;
-                self.after = prompt.seq;
+                self.handled(prompt.seq);
                 return Ok(());
             }
         };
+        if outcome.stopped || self.cancels.is_cancelled(id) {
+            // Cancelled while it ran, or since it ended: its output is no
+            // answer, and the server would refuse one.
+            log::info!(client_msg_id = id, stopped = outcome.stopped; "prompt cancelled: nothing posted");
+            self.handled(prompt.seq);
+            return Ok(());
+        }
         if self.stopping() && matches!(outcome.exit, Exit::Signal(_)) {
             // Most likely the same Ctrl-C reached the command: its output is
             // not an answer. The prompt stays pending for the next run.
@@ -604,7 +709,7 @@ impl Agent {
         }
         let reply = self.reply(prompt, &outcome)?;
         self.post(prompt, &reply)?;
-        self.after = prompt.seq;
+        self.handled(prompt.seq);
         Ok(())
     }
 
@@ -724,6 +829,12 @@ impl Agent {
             200 => {
                 let duplicate = resp.json().is_some_and(|v| v["duplicate"] == true);
                 log::info!(client_msg_id = id, exit_code = exit_code, error = error, duplicate = duplicate; "prompt answered");
+            }
+            409 if resp
+                .json()
+                .is_some_and(|v| v["details"] == "prompt cancelled") =>
+            {
+                log::info!(client_msg_id = id; "prompt cancelled: the answer came too late");
             }
             409 => {
                 log::info!(client_msg_id = id; "prompt already answered with a different text");

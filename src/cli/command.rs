@@ -6,10 +6,11 @@
 
 use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::store::model::MAX_TEXT_BYTES;
@@ -26,6 +27,9 @@ const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// How long output is gathered before it is handed on while the command
 /// runs: a part per batch, not per token.
 pub const BATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a stopped group whose leader is gone is checked for
+/// stragglers until its grace ends.
+const GROUP_POLL: Duration = Duration::from_millis(20);
 
 /// How the command ended and what it printed.
 #[derive(Debug, PartialEq, Eq)]
@@ -38,6 +42,8 @@ pub struct Outcome {
     pub exit: Exit,
     /// The last [`STDERR_TAIL_BYTES`] of stderr (lossy UTF-8, trimmed).
     pub stderr_tail: String,
+    /// Whether it was stopped (see [`Stopper`]): then it is no answer.
+    pub stopped: bool,
 }
 
 /// How a command ended.
@@ -137,15 +143,18 @@ pub fn check(program: &str, path_var: Option<&str>) -> Result<(), String> {
 }
 
 /// Runs `argv` once with `input` on stdin and `env` added to the
-/// environment; waits for it to exit. While it runs, `on_output` gets what
-/// it printed on stdout since the last call (never nothing), in batches
-/// (see `hand_on`), up to the answer's limit; a call that takes long only
-/// delays the next one, since stdout is read meanwhile. `Err` only when it
-/// cannot be started.
+/// environment, in a process group of its own; waits for it to exit. While
+/// it runs, `on_output` gets what it printed on stdout since the last call
+/// (never nothing), in batches (see [`BATCH_INTERVAL`]), up to the
+/// answer's limit; a call that takes long only delays the next one, since
+/// stdout is read meanwhile. A stop from `stop`'s [`Stopper`] ends the
+/// whole group (see [`Stop`]); nothing is handed on after it. `Err` only
+/// when the command cannot be started.
 pub fn run(
     argv: &[String],
     env: &[(&str, &str)],
     input: &[u8],
+    stop: Stop,
     on_output: &mut dyn FnMut(&[u8]),
 ) -> io::Result<Outcome> {
     let (program, args) = argv
@@ -158,21 +167,27 @@ pub fn run(
         .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::piped())
+        // Its own group, so that a stop reaches every process it started
+        // (a shell's children, a model runner's workers) with one kill.
+        .process_group(0);
     for name in HIDDEN_ENV {
         cmd.env_remove(name);
     }
     let mut child = cmd.spawn()?;
+    stop.target.started(child.id());
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
+    let events = stop.tx.clone();
     // The prompt is written from a second thread, and stderr read from a
     // third: a command that prints before it has read all of a large
     // prompt, or fills its stderr pipe, would otherwise block on a full
     // pipe while we block on another. Stdout is read by a fourth, so that
     // this one can hand on a batch when the command pauses (a read cannot
-    // wait with a deadline) and the command is not held up while it does.
-    let (captured, tail, status) = std::thread::scope(|scope| {
+    // wait with a deadline) and the command is not held up while it does;
+    // a fifth waits for the exit, so that a stop is heard until then.
+    let (captured, tail, ended) = std::thread::scope(|scope| {
         scope.spawn(move || {
             if let Some(mut stdin) = stdin {
                 // A command that exits without reading its input is fine.
@@ -180,21 +195,26 @@ pub fn run(
             }
         });
         let tail = scope.spawn(move || stderr.map(pass_stderr).unwrap_or_default());
-        let (tx, rx) = mpsc::channel();
+        let tx = events.clone();
         let captured = scope.spawn(move || {
             let mut forward = |chunk: &[u8]| {
-                // The receiver stops listening only once stdout ended.
-                let _ = tx.send(chunk.to_vec());
+                // The receiver listens until stdout ended.
+                let _ = tx.send(Event::Output(chunk.to_vec()));
             };
-            stdout
+            let captured = stdout
                 .map(|out| capture(out, &mut forward))
-                .unwrap_or_default()
+                .unwrap_or_default();
+            let _ = tx.send(Event::StdoutEnd);
+            captured
         });
-        hand_on(&rx, on_output);
+        scope.spawn(move || {
+            let _ = events.send(Event::Exited(child.wait()));
+        });
+        let ended = supervise(&stop, on_output);
         let captured = captured.join().unwrap_or_default();
-        let status = child.wait();
-        (captured, tail.join().unwrap_or_default(), status)
+        (captured, tail.join().unwrap_or_default(), ended)
     });
+    let (status, stopped) = ended;
     let (bytes, overflow) = captured;
     let (text, cut) = answer_text(&bytes, overflow);
     Ok(Outcome {
@@ -202,7 +222,220 @@ pub fn run(
         truncated: overflow || cut,
         exit: Exit::of(status?),
         stderr_tail: tail_text(&tail),
+        stopped,
     })
+}
+
+/// What a run waits on.
+enum Event {
+    /// A piece of stdout.
+    Output(Vec<u8>),
+    StdoutEnd,
+    /// The command (the group's leader) exited and was reaped.
+    Exited(io::Result<ExitStatus>),
+    /// Someone asked for the command to stop.
+    Stop,
+}
+
+/// One run's stop: made before the run by whoever may stop it (the
+/// [`Stopper`]s it hands out), consumed by [`run`].
+pub struct Stop {
+    tx: Sender<Event>,
+    rx: Receiver<Event>,
+    target: Arc<Target>,
+    /// How long the group has between SIGTERM and SIGKILL.
+    grace: Duration,
+}
+
+/// Stops one run's command from any thread: SIGTERM to its process group
+/// at once, SIGKILL after the grace. A stop after the run ended does
+/// nothing.
+#[derive(Clone)]
+pub struct Stopper {
+    tx: Sender<Event>,
+    target: Arc<Target>,
+}
+
+/// The process group a stop is for, and whether it was sent SIGTERM: the
+/// stopper signals it at once (the run's thread may be busy posting a
+/// part), or the run does when the stop came before the command started.
+#[derive(Default)]
+struct Target {
+    state: Mutex<(Option<i32>, bool)>,
+}
+
+impl Stop {
+    /// A stop for the next run, whose group gets `grace` between SIGTERM
+    /// and SIGKILL.
+    pub fn new(grace: Duration) -> Stop {
+        let (tx, rx) = mpsc::channel();
+        Stop {
+            tx,
+            rx,
+            target: Arc::default(),
+            grace,
+        }
+    }
+
+    /// A handle that stops this run.
+    pub fn stopper(&self) -> Stopper {
+        Stopper {
+            tx: self.tx.clone(),
+            target: Arc::clone(&self.target),
+        }
+    }
+}
+
+impl Stopper {
+    /// Stops the run (once; a second call changes nothing).
+    pub fn stop(&self) {
+        self.target.terminate();
+        // The run may be over: then nobody listens.
+        let _ = self.tx.send(Event::Stop);
+    }
+}
+
+impl Target {
+    /// The command started as the leader of group `pid`.
+    fn started(&self, pid: u32) {
+        let mut state = self.lock();
+        state.0 = i32::try_from(pid).ok();
+        if state.1 {
+            // Stopped before it started.
+            state.1 = false;
+            drop(state);
+            self.terminate();
+        }
+    }
+
+    /// SIGTERM to the group, once; remembered for when it starts.
+    fn terminate(&self) {
+        let mut state = self.lock();
+        if state.1 {
+            return;
+        }
+        state.1 = true;
+        if let Some(pgid) = state.0 {
+            signal_group(pgid, libc::SIGTERM);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<i32>, bool)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// SIGKILL to whatever is left of the group.
+    fn kill(&self) {
+        if let Some(pgid) = self.lock().0 {
+            signal_group(pgid, libc::SIGKILL);
+        }
+    }
+
+    /// Whether a process of the group is left (a zombie counts until its
+    /// new parent reaps it).
+    fn alive(&self) -> bool {
+        self.lock().0.is_some_and(|pgid| signal_group(pgid, 0))
+    }
+}
+
+/// Sends `signal` to every process of group `pgid`; whether any was there.
+fn signal_group(pgid: i32, signal: i32) -> bool {
+    debug_assert!(pgid > 1, "never the caller's own group or every process");
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+/// Waits for the command's end, handing its output on in batches, each
+/// [`BATCH_INTERVAL`] after its first byte arrived: a steady stream goes
+/// out about every interval, and a command that is done within one
+/// interval has nothing streamed (its final answer follows at once); what
+/// is left when stdout ends is in the final answer. On a stop, nothing more
+/// is handed on, and the run ends only once the whole group is gone:
+/// SIGKILL for what is left after the grace. Returns the leader's exit
+/// status and whether it was stopped.
+fn supervise(stop: &Stop, on_output: &mut dyn FnMut(&[u8])) -> (io::Result<ExitStatus>, bool) {
+    let mut batch = Vec::new();
+    let mut due: Option<Instant> = None;
+    let mut stdout_open = true;
+    let mut status = None;
+    let mut stopping = Stopping::No;
+    let status = loop {
+        if !stdout_open && let Some(status) = status.take() {
+            break status;
+        }
+        let kill_at = match stopping {
+            Stopping::Term { kill_at } => Some(kill_at),
+            _ => None,
+        };
+        let got = match due.into_iter().chain(kill_at).min() {
+            Some(at) => stop
+                .rx
+                .recv_timeout(at.saturating_duration_since(Instant::now())),
+            // The run holds a sender, so the channel never disconnects.
+            None => stop.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match got {
+            Ok(Event::Output(chunk)) if stopping == Stopping::No => {
+                batch.extend_from_slice(&chunk);
+                due.get_or_insert_with(|| Instant::now() + BATCH_INTERVAL);
+            }
+            Ok(Event::Output(_)) => {}
+            Ok(Event::StdoutEnd) => {
+                stdout_open = false;
+                due = None;
+            }
+            Ok(Event::Exited(s)) => status = Some(s),
+            Ok(Event::Stop) if stopping == Stopping::No => {
+                stop.target.terminate();
+                stopping = Stopping::Term {
+                    kill_at: Instant::now() + stop.grace,
+                };
+                due = None;
+            }
+            Ok(Event::Stop) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                break Err(io::Error::other("the command's threads are gone"));
+            }
+        }
+        let now = Instant::now();
+        if kill_at.is_some_and(|at| now >= at) {
+            stop.target.kill();
+            stopping = Stopping::Killed;
+        }
+        if due.is_some_and(|due| now >= due) {
+            on_output(&batch);
+            batch.clear();
+            due = None;
+        }
+    };
+    match stopping {
+        Stopping::No => (status, false),
+        Stopping::Killed => (status, true),
+        Stopping::Term { kill_at } => {
+            // The leader is gone and stdout closed, but a process of its
+            // group may live on (it ignored SIGTERM and closed its
+            // output): it gets the rest of the grace, then SIGKILL.
+            while stop.target.alive() {
+                if Instant::now() >= kill_at {
+                    stop.target.kill();
+                    break;
+                }
+                std::thread::sleep(GROUP_POLL);
+            }
+            (status, true)
+        }
+    }
+}
+
+/// Where a run is in stopping its command.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stopping {
+    No,
+    /// SIGTERM sent; SIGKILL for what is left at `kill_at`.
+    Term {
+        kill_at: Instant,
+    },
+    Killed,
 }
 
 /// Copies the command's stderr to the agent's own as it comes (the
@@ -239,35 +472,6 @@ fn tail_text(tail: &[u8]) -> String {
         .take_while(|b| (**b & 0xC0) == 0x80)
         .count();
     String::from_utf8_lossy(&tail[start..]).trim().to_string()
-}
-
-/// Hands the output arriving on `rx` to `on_output` in batches, each
-/// [`BATCH_INTERVAL`] after its first byte arrived: a steady stream goes
-/// out about every interval, and a command that is done within one
-/// interval has nothing streamed (its final answer follows at once).
-/// Returns when stdout ended; what is left over is in the final answer.
-fn hand_on(rx: &Receiver<Vec<u8>>, on_output: &mut dyn FnMut(&[u8])) {
-    let mut batch = Vec::new();
-    let mut due: Option<Instant> = None;
-    loop {
-        let got = match due {
-            Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        match got {
-            Ok(chunk) => {
-                batch.extend_from_slice(&chunk);
-                due.get_or_insert_with(|| Instant::now() + BATCH_INTERVAL);
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
-        if due.is_some_and(|due| Instant::now() >= due) {
-            on_output(&batch);
-            batch.clear();
-            due = None;
-        }
-    }
 }
 
 /// Reads stdout to its end, keeping the first `MAX_TEXT_BYTES + 1` bytes
@@ -321,12 +525,15 @@ fn answer_text(bytes: &[u8], overflow: bool) -> (String, bool) {
 mod tests {
     use super::*;
 
+    const GRACE: Duration = Duration::from_secs(5);
+
     fn sh(script: &str, input: &str) -> Outcome {
         let argv = ["sh".to_string(), "-c".to_string(), script.to_string()];
         run(
             &argv,
             &[("X_NAME", "x-value")],
             input.as_bytes(),
+            Stop::new(GRACE),
             &mut |_| {},
         )
         .unwrap()
@@ -390,12 +597,18 @@ mod tests {
         let argv = ["sh".to_string(), "-c".to_string(), script.to_string()];
         let mut batches: Vec<Vec<u8>> = Vec::new();
         let go_path = go.to_string_lossy().into_owned();
-        let out = run(&argv, &[("GO", &go_path)], b"", &mut |batch| {
-            if batches.is_empty() {
-                std::fs::write(&go, b"").unwrap();
-            }
-            batches.push(batch.to_vec());
-        })
+        let out = run(
+            &argv,
+            &[("GO", &go_path)],
+            b"",
+            Stop::new(GRACE),
+            &mut |batch| {
+                if batches.is_empty() {
+                    std::fs::write(&go, b"").unwrap();
+                }
+                batches.push(batch.to_vec());
+            },
+        )
         .unwrap();
         let _ = std::fs::remove_file(&go);
         assert_eq!(out.text, "first second");
@@ -414,13 +627,22 @@ mod tests {
             "-c".to_string(),
             "printf %s \"$V\"".to_string(),
         ];
-        let out = run(&argv, &[("V", "a\0b")], b"", &mut |_| {}).unwrap();
+        let out = run(&argv, &[("V", "a\0b")], b"", Stop::new(GRACE), &mut |_| {}).unwrap();
         assert_eq!(out.text, "a\u{fffd}b");
     }
 
     #[test]
     fn a_missing_program_is_an_error() {
-        assert!(run(&["/nonexistent/cmd".to_string()], &[], b"", &mut |_| {}).is_err());
+        assert!(
+            run(
+                &["/nonexistent/cmd".to_string()],
+                &[],
+                b"",
+                Stop::new(GRACE),
+                &mut |_| {}
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -457,5 +679,65 @@ mod tests {
         let _ = std::fs::remove_file(&plain);
         assert!(e.contains("not executable"), "{e}");
         assert!(check("/tmp", None).unwrap_err().contains("not a file"));
+    }
+    /// Runs `script` under `sh -c`, stopping it once it created `$READY`;
+    /// returns the outcome and how long the stop took.
+    fn stopped(script: &str, grace: Duration) -> (Outcome, Duration) {
+        let ready = std::env::temp_dir().join(format!(
+            "relay-stop-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4()
+        ));
+        let ready_path = ready.to_string_lossy().into_owned();
+        let argv = ["sh".to_string(), "-c".to_string(), script.to_string()];
+        let stop = Stop::new(grace);
+        let stopper = stop.stopper();
+        let (tx, rx) = mpsc::channel();
+        let ready_seen = ready.clone();
+        let watcher = std::thread::spawn(move || {
+            while !ready_seen.exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let at = Instant::now();
+            stopper.stop();
+            tx.send(at).unwrap();
+        });
+        let out = run(&argv, &[("READY", &ready_path)], b"", stop, &mut |_| {}).unwrap();
+        let took = rx.recv().unwrap().elapsed();
+        watcher.join().unwrap();
+        let _ = std::fs::remove_file(&ready);
+        (out, took)
+    }
+
+    #[test]
+    fn a_stop_ends_the_command_and_everything_it_started() {
+        // The children hold stdout: the run could not end while one lived.
+        let (out, took) = stopped(r#"sleep 300 & sleep 300 & touch "$READY"; wait"#, GRACE);
+        assert!(out.stopped);
+        assert!(took < GRACE, "ended by SIGTERM, not the grace: {took:?}");
+    }
+
+    #[test]
+    fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
+        let grace = Duration::from_millis(300);
+        let script = r#"trap '' TERM; touch "$READY"; while :; do sleep 0.05; done"#;
+        let (out, took) = stopped(script, grace);
+        assert!(out.stopped);
+        assert_eq!(out.exit, Exit::Signal(9));
+        assert!(took >= grace, "{took:?}");
+    }
+
+    #[test]
+    fn a_stop_before_the_start_or_after_the_end_is_harmless() {
+        let stop = Stop::new(GRACE);
+        stop.stopper().stop();
+        let argv = ["sleep".to_string(), "300".to_string()];
+        let out = run(&argv, &[], b"", stop, &mut |_| {}).unwrap();
+        assert!(out.stopped);
+        let stop = Stop::new(GRACE);
+        let late = stop.stopper();
+        let out = run(&["true".to_string()], &[], b"", stop, &mut |_| {}).unwrap();
+        assert!(!out.stopped);
+        late.stop();
     }
 }

@@ -18,6 +18,7 @@ pub mod reply;
 pub mod send;
 mod stream;
 pub mod token;
+mod watch;
 
 use std::time::Duration;
 
@@ -319,14 +320,31 @@ fn session_or_env(parsed: &Parsed, env: &[(String, String)]) -> Result<String, S
 fn seconds_of(parsed: &Parsed, flag: &str, default: Duration) -> Result<Duration, String> {
     match parsed.value(flag) {
         None => Ok(default),
-        Some(v) => match v.parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 && s <= 31_536_000.0 => {
-                Ok(Duration::from_secs_f64(s))
-            }
-            _ => Err(format!(
-                "invalid {flag} '{v}': expected seconds greater than 0"
-            )),
-        },
+        Some(v) => seconds(flag, v),
+    }
+}
+
+/// [`seconds_of`], else the environment variable `env_name`.
+fn seconds_or_env(
+    parsed: &Parsed,
+    env: &[(String, String)],
+    flag: &str,
+    env_name: &str,
+    default: Duration,
+) -> Result<Duration, String> {
+    match (parsed.value(flag), env_value(env, env_name)) {
+        (Some(v), _) => seconds(flag, v),
+        (None, Some(v)) => seconds(env_name, v),
+        (None, None) => Ok(default),
+    }
+}
+
+fn seconds(name: &str, v: &str) -> Result<Duration, String> {
+    match v.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 31_536_000.0 => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!(
+            "invalid {name} '{v}': expected seconds greater than 0"
+        )),
     }
 }
 
@@ -418,6 +436,7 @@ mod tests {
             include_str!("client.rs"),
             include_str!("parts.rs"),
             include_str!("stream.rs"),
+            include_str!("watch.rs"),
         ];
         for source in sources {
             for (i, _) in source.match_indices("\"RELAY_") {

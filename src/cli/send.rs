@@ -6,9 +6,14 @@
 //! parts of an answer (`delta` frames) are printed as they come, and its
 //! final `message` completes the line; `presence` frames say whether an
 //! agent is there to take the prompt.
+//!
+//! Ctrl-C while waiting stops the prompt (`POST /cancel`): the agent then
+//! stops its command. A second Ctrl-C exits at once.
 
 use std::collections::HashMap;
 use std::io::{self, ErrorKind, Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -27,6 +32,10 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest WebSocket message accepted (an answer is at most 128 KiB of
 /// text plus its metadata).
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// How long a read waits before the Ctrl-C flag is checked again.
+const READ_SLICE: Duration = Duration::from_millis(200);
+/// The exit code after Ctrl-C, as shells report a SIGINT.
+const INTERRUPTED: u8 = 130;
 /// Drafts of answers to the prompt followed at once; parts of others are
 /// not shown (their final answers are).
 const MAX_DRAFTS: usize = 16;
@@ -41,7 +50,9 @@ answer is missed. A notice is printed to stderr when no agent is online
 in the session (the prompt then waits
 until one fetches it). An error answer (its metadata has \"error\": the
 agent's command failed) has its error printed to stderr, and its text, if
-any, to stdout.
+any, to stdout. Ctrl-C while waiting cancels the prompt (POST /cancel: the
+agent stops its command), says so on stderr and exits 130; a second Ctrl-C
+exits at once.
 
   --session ID     the session (required; created if missing)
   --url URL        the server (default RELAY_URL, else http://127.0.0.1:8000)
@@ -70,7 +81,8 @@ any, to stdout.
 
 exit codes: 0 an answer printed, 1 no answer before the timeout or the prompt
 could not be posted, 2 bad usage, 3 an error answer (with --all: any of the
-answers printed was one)
+answers printed was one), 130 the prompt cancelled (by Ctrl-C here, or by a
+Stop elsewhere)
 ";
 
 const SPEC: Spec = Spec {
@@ -152,21 +164,54 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         Ok(o) => o,
         Err(e) => return super::usage_error("send", &e),
     };
-    match run(&mut opts) {
-        Ok(Tally { answers: 0, .. }) => {
+    let interrupted = match interrupt_on_ctrl_c() {
+        Ok(flag) => flag,
+        Err(e) => {
+            eprintln!("relay send: cannot handle Ctrl-C: {e}");
+            return 1;
+        }
+    };
+    match run(&mut opts, &interrupted) {
+        Ok(Ended::Interrupted | Ended::CancelledElsewhere) => INTERRUPTED,
+        Ok(Ended::Printed(Tally { answers: 0, .. })) => {
             eprintln!(
                 "relay send: no answer within {} s",
                 opts.timeout.as_secs_f64()
             );
             1
         }
-        Ok(Tally { errors: 0, .. }) => 0,
-        Ok(_) => 3,
+        Ok(Ended::Printed(Tally { errors: 0, .. })) => 0,
+        Ok(Ended::Printed(_)) => 3,
         Err(e) => {
             eprintln!("relay send: {e}");
             1
         }
     }
+}
+
+/// A flag raised by the first Ctrl-C; a second one exits at once (130).
+fn interrupt_on_ctrl_c() -> io::Result<Arc<AtomicBool>> {
+    use signal_hook::consts::SIGINT;
+    let flag = Arc::new(AtomicBool::new(false));
+    // Registered first, so it sees the flag as the earlier signal left it.
+    signal_hook::flag::register_conditional_shutdown(
+        SIGINT,
+        i32::from(INTERRUPTED),
+        Arc::clone(&flag),
+    )?;
+    signal_hook::flag::register(SIGINT, Arc::clone(&flag))?;
+    Ok(flag)
+}
+
+/// How `run` ended without a failure.
+#[derive(Debug)]
+enum Ended {
+    Printed(Tally),
+    /// Ctrl-C: the prompt was cancelled, or never posted.
+    Interrupted,
+    /// The prompt was cancelled by someone else (the page's Stop): no
+    /// answer will come, so waiting on would only run into the timeout.
+    CancelledElsewhere,
 }
 
 /// How many answers were printed, and how many of them were error answers.
@@ -176,35 +221,46 @@ struct Tally {
     errors: usize,
 }
 
-/// Subscribes, posts, prints answers; returns what was printed.
-fn run(opts: &mut Options) -> Result<Tally, String> {
+/// Subscribes, posts, prints answers; returns what was printed, unless
+/// `interrupted` was raised first (then the prompt is cancelled, if it was
+/// posted).
+fn run(opts: &mut Options, interrupted: &AtomicBool) -> Result<Ended, String> {
     let deadline = Instant::now() + opts.timeout;
     let mut ws = subscribe(opts)?;
     let client_msg_id = uuid::Uuid::new_v4().to_string();
     if opts.verbose {
         eprintln!("relay send: client_msg_id {client_msg_id}");
     }
+    if interrupted.load(Ordering::SeqCst) {
+        eprintln!("relay send: interrupted: nothing sent");
+        return Ok(Ended::Interrupted);
+    }
     post(opts, &client_msg_id)?;
     let mut watch = Watch::new(&opts.session, &client_msg_id, opts.key.as_ref());
     let (mut out, mut err) = (io::stdout().lock(), io::stderr());
     let mut printed = Tally::default();
     let result = loop {
-        match next_frame(&mut ws, deadline) {
-            Ok(Some(frame)) => match watch.frame(&frame, &mut out, &mut err) {
+        match next_frame(&mut ws, deadline, interrupted) {
+            Ok(Next::Frame(frame)) => match watch.frame(&frame, &mut out, &mut err) {
                 Ok(Some(answer)) => {
                     printed.answers += 1;
                     printed.errors += usize::from(answer.error.is_some());
                     if !opts.all {
-                        break Ok(printed);
+                        break Ok(Ended::Printed(printed));
                     }
+                }
+                Ok(None) if watch.cancelled => {
+                    eprintln!("relay send: {client_msg_id} was cancelled elsewhere");
+                    break Ok(Ended::CancelledElsewhere);
                 }
                 Ok(None) => {}
                 Err(e) => break Err(format!("cannot print the answer: {e}")),
             },
-            Ok(None) => break Ok(printed),
+            Ok(Next::Deadline) => break Ok(Ended::Printed(printed)),
+            Ok(Next::Interrupted) => break Ok(Ended::Interrupted),
             Err(e) if printed.answers > 0 => {
                 eprintln!("relay send: {e}");
-                break Ok(printed);
+                break Ok(Ended::Printed(printed));
             }
             Err(e) => break Err(e),
         }
@@ -213,7 +269,33 @@ fn run(opts: &mut Options) -> Result<Tally, String> {
     let _ = watch.close(&mut out);
     let _ = ws.close(None);
     let _ = ws.flush();
+    if matches!(result, Ok(Ended::Interrupted)) {
+        cancel(opts, &client_msg_id);
+    }
     result
+}
+
+/// `POST /cancel` for our prompt, saying on stderr how it went.
+fn cancel(opts: &mut Options, client_msg_id: &str) {
+    let body = json!({"session_id": opts.session, "client_msg_id": client_msg_id});
+    let resp = opts.client.request(
+        "POST",
+        "/cancel",
+        Some(body.to_string().as_bytes()),
+        Limit::within(REQUEST_TIMEOUT),
+    );
+    match resp {
+        Ok(resp) if resp.status == 200 => eprintln!("relay send: cancelled {client_msg_id}"),
+        Ok(resp) if resp.status == 409 => {
+            eprintln!("relay send: not cancelled, {client_msg_id} was answered already");
+        }
+        Ok(resp) => eprintln!(
+            "relay send: cannot cancel {client_msg_id}: {}{}",
+            resp.describe(),
+            hint(&resp)
+        ),
+        Err(e) => eprintln!("relay send: cannot cancel {client_msg_id}: POST /cancel: {e}"),
+    }
 }
 
 /// Opens `/ws/{session}`. The token travels in the `Authorization` header
@@ -311,21 +393,36 @@ struct Answer {
     error: Option<String>,
 }
 
-/// The next text frame, `None` at the deadline.
-fn next_frame(ws: &mut WebSocket<Stream>, deadline: Instant) -> Result<Option<String>, String> {
+/// What waiting for a frame gave.
+enum Next {
+    Frame(String),
+    Deadline,
+    Interrupted,
+}
+
+/// The next text frame, read in slices so that Ctrl-C (`interrupted`) is
+/// seen within one: signal handlers restart an interrupted read.
+fn next_frame(
+    ws: &mut WebSocket<Stream>,
+    deadline: Instant,
+    interrupted: &AtomicBool,
+) -> Result<Next, String> {
     loop {
+        if interrupted.load(Ordering::SeqCst) {
+            return Ok(Next::Interrupted);
+        }
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-            return Ok(None);
+            return Ok(Next::Deadline);
         };
         if left.is_zero() {
-            return Ok(None);
+            return Ok(Next::Deadline);
         }
         ws.get_ref()
             .tcp()
-            .set_read_timeout(Some(left))
+            .set_read_timeout(Some(left.min(READ_SLICE)))
             .map_err(|e| e.to_string())?;
         match ws.read() {
-            Ok(Message::Text(frame)) => return Ok(Some(frame.as_str().to_string())),
+            Ok(Message::Text(frame)) => return Ok(Next::Frame(frame.as_str().to_string())),
             Ok(Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed) => {
                 return Err("the server closed the connection".into());
             }
@@ -357,6 +454,9 @@ struct Watch<'a> {
     /// Whether the no-agent notice was printed, and then the online one.
     said_offline: bool,
     said_online: bool,
+    /// Our prompt was cancelled (a Stop on the page, another client): no
+    /// answer will come.
+    cancelled: bool,
 }
 
 impl<'a> Watch<'a> {
@@ -370,6 +470,7 @@ impl<'a> Watch<'a> {
             fetched: false,
             said_offline: false,
             said_online: false,
+            cancelled: false,
         }
     }
 
@@ -398,6 +499,10 @@ impl<'a> Watch<'a> {
             }
             Some("receipt") if ours => {
                 self.fetched = true;
+                Ok(None)
+            }
+            Some("cancel") if ours => {
+                self.cancelled = true;
                 Ok(None)
             }
             Some("presence") => self.presence(data, err).map(|()| None),

@@ -18,6 +18,7 @@ pub const TOOL_VARIABLES: &[&str] = &[
     "RELAY_SESSION_ID",
     "RELAY_CLIENT_MSG_ID",
     "RELAY_METADATA",
+    "RELAY_KILL_GRACE",
 ];
 
 /// Settings whose loss loses data: misspelled, the sessions would live in

@@ -120,6 +120,7 @@ fn static_path(path: &str) -> Option<&'static str> {
     [
         "/prompt",
         "/response",
+        "/cancel",
         "/healthz",
         "/readyz",
         "/metrics",

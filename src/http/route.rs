@@ -27,6 +27,8 @@ pub enum Route {
     PostPrompt,
     GetPrompts(SessionId),
     PostResponse,
+    /// `POST /cancel`: the person stops a prompt.
+    PostCancel,
     WebSocket(SessionId),
     Messages(SessionId),
     /// `GET /sessions/{sid}`: counters and the agent's state.
@@ -77,6 +79,10 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
         "/response" => (
             "POST, OPTIONS",
             (method == Post).then_some(Route::PostResponse),
+        ),
+        "/cancel" => (
+            "POST, OPTIONS",
+            (method == Post).then_some(Route::PostCancel),
         ),
         "/ask" => ("POST, OPTIONS", (method == Post).then_some(Route::PostAsk)),
         "/reply" => (

@@ -3,7 +3,8 @@
 //! it committed them, and hands over the records of changes other
 //! instances made as it hears of them. [`Relay::apply`] applies
 //! records to the log and to what waits on it here, in order: parked polls
-//! woken, answers delivered to caught-up subscribers, a deleted session's
+//! woken, answers and cancels delivered to caught-up subscribers (a
+//! cancel ending its prompt's drafts first), a deleted session's
 //! polls answered 404 and its subscribers closed; [`Outcome::ack`] then
 //! renders the requester's answer.
 
@@ -37,6 +38,16 @@ impl Relay {
                     assistant_msg_id,
                 } => {
                     self.draft_done(&sid, &assistant_msg_id);
+                    delivered |= self.stored_response(&sid, seq, prev, frame);
+                }
+                Applied::Cancel {
+                    sid,
+                    seq,
+                    prev,
+                    frame,
+                    client_msg_id,
+                } => {
+                    self.drafts_cancelled(&sid, &client_msg_id);
                     delivered |= self.stored_response(&sid, seq, prev, frame);
                 }
                 Applied::Deleted { sid } => self.session_gone(&sid),
@@ -84,6 +95,14 @@ impl Relay {
             Outcome::Response { sid, id, seq, .. } => {
                 debug!(session_id = sid.as_str(), assistant_msg_id = id.as_str(), seq = seq.get(); "response posted");
                 self.stats.responses_stored += 1;
+            }
+            Outcome::Cancel {
+                sid,
+                id,
+                seq,
+                duplicate: false,
+            } => {
+                debug!(session_id = sid.as_str(), client_msg_id = id.as_str(), seq = seq.get(); "prompt cancelled");
             }
             _ => {}
         }
@@ -157,7 +176,7 @@ impl Relay {
         }
     }
 
-    /// A new answer is stored (and committed): counted, and delivered to
+    /// A new answer or cancel is stored (and committed): delivered to
     /// the session's subscribers. Returns `delivered`: a subscriber was
     /// connected as the message was stored (it gets it unless it
     /// disconnects first).

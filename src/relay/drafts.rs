@@ -3,8 +3,10 @@
 //! log's rules took (its session, its prompt, no answer stored under its
 //! id) is appended to its draft and sent as a `delta` frame to the
 //! subscribers that are caught up; the final answer with the draft's id
-//! replaces it ([`Relay::draft_done`]); a draft no part reached for the
-//! draft timeout is dropped by the tick, with a `delta_end`.
+//! replaces it ([`Relay::draft_done`]); a cancel of its prompt ends it
+//! with a `delta_end` ([`Relay::drafts_cancelled`]); a draft no part
+//! reached for the draft timeout is dropped by the tick, with a
+//! `delta_end`.
 //!
 //! Invariants: a session holds at most `max_pending` drafts, and a
 //! draft's decoded text at most [`MAX_DRAFT_BYTES`]; a draft belongs to
@@ -14,7 +16,7 @@
 
 use std::rc::Rc;
 
-use super::frames::delta_frame;
+use super::frames::{EndReason, delta_end_frame, delta_frame};
 use super::{ApiError, Effect, Relay, Reply};
 use crate::store::SessionId;
 use crate::store::model::NewResponse;
@@ -144,6 +146,33 @@ impl Relay {
         if let Some(live) = self.live.get_mut(sid) {
             live.drafts
                 .retain(|d| *d.assistant_msg_id != *assistant_msg_id);
+        }
+    }
+
+    /// A cancel of the prompt `client_msg_id` is stored (through any
+    /// instance): its open drafts end, and the subscribers here that are
+    /// caught up get `delta_end` with `"reason":"cancelled"` (one that is
+    /// behind finds no draft in its snapshot).
+    pub(super) fn drafts_cancelled(&mut self, sid: &SessionId, client_msg_id: &str) {
+        let Some(live) = self.live.get_mut(&**sid) else {
+            return;
+        };
+        let mut ended = Vec::new();
+        live.drafts.retain(|d| {
+            if *d.client_msg_id != *client_msg_id {
+                return true;
+            }
+            ended.push(delta_end_frame(sid, d, EndReason::Cancelled));
+            false
+        });
+        if ended.is_empty() || self.subscribers(sid).is_empty() {
+            return;
+        }
+        for frame in ended {
+            self.effects.push(Effect::Broadcast {
+                sid: sid.clone(),
+                frame,
+            });
         }
     }
 

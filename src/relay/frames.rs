@@ -50,10 +50,22 @@ pub(super) fn delta_frame(sid: &str, d: &Draft, part: Option<&str>, snapshot: bo
     frame(&out)
 }
 
-pub(super) fn delta_end_frame(sid: &str, d: &Draft) -> Rc<[u8]> {
+/// Why a draft ended without its final answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum EndReason {
+    /// No part came for the draft timeout.
+    Timeout,
+    /// Its prompt was cancelled.
+    Cancelled,
+}
+
+pub(super) fn delta_end_frame(sid: &str, d: &Draft, why: EndReason) -> Rc<[u8]> {
     let mut out = String::with_capacity(160);
     head(&mut out, "delta_end", sid, d);
-    out.push_str(",\"reason\":\"timeout\"}}");
+    out.push_str(match why {
+        EndReason::Timeout => ",\"reason\":\"timeout\"}}",
+        EndReason::Cancelled => ",\"reason\":\"cancelled\"}}",
+    });
     frame(&out)
 }
 

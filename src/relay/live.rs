@@ -28,7 +28,7 @@ use log::debug;
 
 use super::agent::MAX_INSTANCES;
 use super::drafts::Draft;
-use super::frames::{delta_end_frame, delta_frame, presence_frame, receipt_frame};
+use super::frames::{EndReason, delta_end_frame, delta_frame, presence_frame, receipt_frame};
 use super::receipts::MAX_RECEIPTS;
 use super::{Effect, Relay};
 use crate::store::seam::{AgentState, Announced, DraftState};
@@ -205,7 +205,7 @@ impl Relay {
                 if watched {
                     self.effects.push(Effect::Broadcast {
                         sid: sid.clone(),
-                        frame: delta_end_frame(sid, d),
+                        frame: delta_end_frame(sid, d, EndReason::Timeout),
                     });
                 }
                 false

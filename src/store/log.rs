@@ -6,14 +6,15 @@
 //! at most `history_limit` messages, in `seq` order with no gaps, ending at
 //! `next_seq - 1`; `pending` holds exactly the unanswered prompts (also those
 //! already trimmed from history); `prompts` has an entry for every prompt
-//! that is pending or still in history, `responses` for every assistant
-//! message still in history. So every map is bounded by
-//! `history_limit + max_pending`.
+//! that is pending or still in history (a cancelled one with its cancel's
+//! `seq`), `responses` for every assistant message still in history. So
+//! every map is bounded by `history_limit + max_pending`.
 //!
-//! Asks and replies are messages of the log like answers: each takes a
-//! `seq` and is sent to subscribers as its frame, so "the newest answer"
-//! below (`last_assistant`, `dropped_assistant`) means the newest framed
-//! message, which a subscriber's cursor is measured against. Which asks
+//! Cancels, asks and replies are messages of the log like answers: each
+//! takes a `seq` and is sent to subscribers as its frame (a cancel also
+//! stops its prompt being pending). So "the newest answer" below
+//! (`last_assistant`, `dropped_assistant`) means the newest framed
+//! message: what a subscriber's cursor is measured against. Which asks
 //! are open is [`Asks`]'s.
 
 use std::collections::VecDeque;
@@ -39,8 +40,23 @@ pub const MAX_PAGE_BYTES: usize = 4 << 20;
 #[derive(Debug)]
 struct PromptEntry {
     seq: Seq,
+    /// Answered, or cancelled: no longer pending.
     answered: bool,
     in_history: bool,
+    /// The `seq` of the cancel that stopped it; `answered` is then set.
+    cancel: Option<Seq>,
+}
+
+/// What the log says of a prompt an answer or a cancel names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptState {
+    /// Neither pending nor in history: unknown.
+    Unknown,
+    Pending,
+    /// An answer to it is stored.
+    Answered,
+    /// Cancelled by the cancel at this `seq`.
+    Cancelled(Seq),
 }
 
 /// What the dedupe map knows about an assistant message, to tell a resend
@@ -256,6 +272,19 @@ impl SessionLog {
         prompt_text_of(msg.data())
     }
 
+    /// Whether the prompt under `client_msg_id` is known, pending,
+    /// answered or cancelled (the rules of answers and cancels read it).
+    pub fn prompt_state(&self, client_msg_id: &str) -> PromptState {
+        match self.prompts.get(client_msg_id) {
+            None => PromptState::Unknown,
+            Some(PromptEntry {
+                cancel: Some(seq), ..
+            }) => PromptState::Cancelled(*seq),
+            Some(e) if e.answered => PromptState::Answered,
+            Some(_) => PromptState::Pending,
+        }
+    }
+
     /// The `seq` of the prompt stored under `client_msg_id`, while it is
     /// pending or in history.
     pub fn prompt_seq(&self, client_msg_id: &str) -> Option<Seq> {
@@ -281,6 +310,7 @@ impl SessionLog {
             seq: msg.seq,
             answered: false,
             in_history: true,
+            cancel: None,
         };
         self.prompts.insert(msg.client_msg_id.clone(), entry);
         self.pending.insert(msg.clone(), self.seed);
@@ -302,6 +332,22 @@ impl SessionLog {
                 msg: msg.clone(),
             };
             self.responses.insert(id.clone(), entry);
+        }
+        self.push_history(msg, history_limit);
+        prev
+    }
+
+    /// Appends a cancel (its `client_msg_id` the prompt it stops): the
+    /// prompt leaves the pending set and remembers the cancel's `seq`
+    /// while its entry lives. Returns the `seq` of the framed message
+    /// before it, as [`append_response`](Self::append_response) does.
+    pub fn append_cancel(&mut self, msg: Message, history_limit: usize) -> Seq {
+        let msg = Rc::new(msg);
+        let prev = self.last_assistant;
+        self.last_assistant = msg.seq;
+        self.mark_answered(&msg.client_msg_id);
+        if let Some(entry) = self.prompts.get_mut(&msg.client_msg_id) {
+            entry.cancel = Some(msg.seq);
         }
         self.push_history(msg, history_limit);
         prev
@@ -377,6 +423,9 @@ impl SessionLog {
                     if let Some(id) = &old.assistant_msg_id {
                         self.responses.remove(id);
                     }
+                }
+                Kind::Cancel => {
+                    self.dropped_assistant = self.dropped_assistant.max(old.seq);
                 }
                 Kind::Ask => {
                     self.dropped_assistant = self.dropped_assistant.max(old.seq);

@@ -15,9 +15,9 @@ use std::rc::Rc;
 use log::debug;
 use uuid::Builder;
 
-use super::log::{Cursor, Refill, SessionLog};
-use super::message::{Message, Parts};
-use super::model::{GivenId, NewPrompt, NewResponse, Write};
+use super::log::{Cursor, PromptState, Refill, SessionLog};
+use super::message::{Message, Parts, cancel_data};
+use super::model::{GivenId, NewCancel, NewPrompt, NewResponse, Write};
 use super::record::{Outcome, Record};
 use super::types::MessagesQuery;
 use super::types::{Seq, SessionId};
@@ -55,6 +55,16 @@ pub enum Applied {
         prev: Seq,
         frame: Rc<[u8]>,
         assistant_msg_id: Rc<str>,
+    },
+    /// A prompt was cancelled: end its drafts, deliver the cancel's frame.
+    Cancel {
+        sid: SessionId,
+        seq: Seq,
+        /// The previous framed message's `seq` (0 if none).
+        prev: Seq,
+        frame: Rc<[u8]>,
+        /// The prompt it stopped.
+        client_msg_id: Rc<str>,
     },
     /// The session is gone: answer its polls 404, close its subscribers.
     Deleted {
@@ -162,6 +172,7 @@ impl MemStore {
             Write::Prompt(p) => self.prompt(now, unix_ms, p, out),
             Write::Response(r) => self.response(now, unix_ms, r, out),
             Write::Part(r) => self.part(now, r),
+            Write::Cancel(c) => self.cancel(now, unix_ms, c, out),
             Write::Ask(a) => self.ask(now, unix_ms, a, out),
             Write::Reply(r) => self.reply(now, unix_ms, r, out),
             Write::Create { sid, put } => self.create(now, &sid, put, out),
@@ -284,8 +295,10 @@ impl MemStore {
             }
             return Err(ApiError::conflict());
         }
-        if !s.has_prompt(&r.client_msg_id) {
-            return Err(ApiError::prompt_not_found());
+        match s.prompt_state(&r.client_msg_id) {
+            PromptState::Unknown => return Err(ApiError::prompt_not_found()),
+            PromptState::Cancelled(_) => return Err(ApiError::prompt_cancelled()),
+            PromptState::Pending | PromptState::Answered => {}
         }
         let seq = s.next_seq();
         let ts = r.ts.unwrap_or(unix_ms);
@@ -330,11 +343,64 @@ impl MemStore {
         if s.response(&id).is_some() {
             return Err(ApiError::conflict());
         }
-        if !s.has_prompt(&r.client_msg_id) {
-            return Err(ApiError::prompt_not_found());
+        match s.prompt_state(&r.client_msg_id) {
+            PromptState::Unknown => return Err(ApiError::prompt_not_found()),
+            PromptState::Cancelled(_) => return Err(ApiError::prompt_cancelled()),
+            PromptState::Pending | PromptState::Answered => {}
         }
         Ok(Outcome::Part {
             id: id.into_owned(),
+        })
+    }
+
+    /// `POST /cancel`, decided: 404 for the session and for a prompt
+    /// neither pending nor in history, 409 for a prompt answered already,
+    /// a prompt cancelled already answered as a duplicate (with the stored
+    /// cancel's `seq`), else the next `seq`. Pushes onto `out` the record
+    /// that carries it out (nothing when it is refused or a resend) and
+    /// touches the session as active.
+    pub fn cancel(
+        &mut self,
+        now: Millis,
+        unix_ms: UnixMillis,
+        c: NewCancel,
+        out: &mut Vec<Record>,
+    ) -> Result<Outcome, ApiError> {
+        let s = self.existing(now, &c.session_id)?;
+        let seq = match s.prompt_state(&c.client_msg_id) {
+            PromptState::Unknown => return Err(ApiError::prompt_not_found()),
+            PromptState::Answered => return Err(ApiError::prompt_answered()),
+            PromptState::Cancelled(seq) => {
+                return Ok(Outcome::Cancel {
+                    sid: c.session_id,
+                    id: c.client_msg_id.into_owned(),
+                    seq,
+                    duplicate: true,
+                });
+            }
+            PromptState::Pending => s.next_seq(),
+        };
+        let ts = c.ts.unwrap_or(unix_ms);
+        let data = cancel_data(
+            &c.session_id,
+            &c.client_msg_id,
+            c.reason.as_deref(),
+            ts,
+            seq,
+        );
+        let id = c.client_msg_id.into_owned();
+        out.push(Record::Cancel {
+            sid: c.session_id.clone(),
+            seq,
+            ts,
+            client_msg_id: id.clone(),
+            data,
+        });
+        Ok(Outcome::Cancel {
+            sid: c.session_id,
+            id,
+            seq,
+            duplicate: false,
         })
     }
 
@@ -461,6 +527,31 @@ impl MemStore {
                     prev,
                     frame,
                     assistant_msg_id: aid,
+                }
+            }
+            Record::Cancel {
+                sid,
+                seq,
+                ts,
+                client_msg_id,
+                data,
+            } => {
+                let Some(log) = self.sessions.get_mut(&*sid) else {
+                    return Applied::Nothing;
+                };
+                log.last_active = now;
+                let cid = log
+                    .prompt_id(&client_msg_id)
+                    .unwrap_or_else(|| Rc::from(client_msg_id));
+                let msg = Message::cancel_with(cid.clone(), seq, ts, data.as_bytes());
+                let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
+                let prev = log.append_cancel(msg, limit);
+                Applied::Cancel {
+                    sid,
+                    seq,
+                    prev,
+                    frame,
+                    client_msg_id: cid,
                 }
             }
             Record::Deleted { sid } => {

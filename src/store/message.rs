@@ -1,6 +1,7 @@
 //! A stored message. Its `data` object is serialized once, when it is
 //! stored; an assistant message keeps it inside its whole WebSocket frame
-//! (`{"type":"message","data":…}`), so a broadcast, a replay and a refill
+//! (`{"type":"message","data":…}`), and a cancel inside its own
+//! (`{"type":"cancel","data":…}`), so a broadcast, a replay and a refill
 //! queue the same shared bytes on every subscriber, and `/messages` copies
 //! the `data` slice out of it.
 
@@ -15,6 +16,9 @@ use crate::wire::{push_decimal_str, push_json_str, wsframe};
 pub enum Kind {
     Prompt,
     Assistant,
+    /// A prompt stopped by the person waiting (`POST /cancel`): a message
+    /// of the log like an answer, sent to subscribers as its frame.
+    Cancel,
     /// A question from the agent (`POST /ask`): framed like an answer, as
     /// `{"type":"ask","data":…}`; its `client_msg_id` field holds the
     /// `ask_id`.
@@ -27,6 +31,8 @@ pub enum Kind {
 
 /// The payload of a frame before the `data` object.
 const FRAME_PREFIX: &str = "{\"type\":\"message\",\"data\":";
+/// The payload of a cancel's frame before the `data` object.
+const CANCEL_PREFIX: &str = "{\"type\":\"cancel\",\"data\":";
 /// The payload of an ask's frame before the `data` object.
 const ASK_PREFIX: &str = "{\"type\":\"ask\",\"data\":";
 /// The payload of a reply's frame before the `data` object.
@@ -165,6 +171,36 @@ impl Parts<'_> {
     }
 }
 
+/// A cancel's `data` object: `{"session_id","client_msg_id","reason"?,
+/// "ts","seq"}`, `seq` last as in every message (the Redis engine stores
+/// what precedes it). `reason` is the literal the client sent, valid JSON
+/// already.
+pub fn cancel_data(
+    session_id: &str,
+    client_msg_id: &str,
+    reason: Option<&str>,
+    ts: UnixMillis,
+    seq: Seq,
+) -> String {
+    let mut out = String::with_capacity(
+        80 + session_id.len() + client_msg_id.len() + reason.map_or(0, str::len),
+    );
+    out.push_str("{\"session_id\":\"");
+    out.push_str(session_id); // unreserved characters only
+    out.push_str("\",\"client_msg_id\":");
+    push_json_str(&mut out, client_msg_id);
+    if let Some(r) = reason {
+        out.push_str(",\"reason\":");
+        out.push_str(r);
+    }
+    out.push_str(",\"ts\":");
+    push_decimal_str(&mut out, ts);
+    out.push_str(",\"seq\":");
+    push_decimal_str(&mut out, seq.get());
+    out.push('}');
+    out
+}
+
 impl Message {
     /// A prompt, its `data` assembled from `parts` (tests build logs so).
     #[cfg(test)]
@@ -211,6 +247,26 @@ impl Message {
             kind: Kind::Assistant,
             client_msg_id,
             assistant_msg_id: Some(assistant_msg_id),
+            data_at: data_at as u32,
+            data_len: data.len() as u32,
+            bytes: Bytes::Frame(Rc::from(frame)),
+            damaged: false,
+        }
+    }
+
+    /// A cancel whose `data` object is already serialized (restored, or
+    /// committed), framed here as `{"type":"cancel","data":…}`: the stored
+    /// form is the frame, as an answer's is. `client_msg_id` is the prompt
+    /// it stopped.
+    pub fn cancel_with(client_msg_id: Rc<str>, seq: Seq, ts: UnixMillis, data: &[u8]) -> Message {
+        let frame = wsframe::text_frame(&[CANCEL_PREFIX.as_bytes(), data, b"}"]);
+        let data_at = frame.len() - 1 - data.len();
+        Message {
+            seq,
+            ts,
+            kind: Kind::Cancel,
+            client_msg_id,
+            assistant_msg_id: None,
             data_at: data_at as u32,
             data_len: data.len() as u32,
             bytes: Bytes::Frame(Rc::from(frame)),
@@ -289,8 +345,7 @@ impl Message {
             data_len: 0,
             bytes: match kind {
                 Kind::Prompt => Bytes::Data(Box::default()),
-                Kind::Assistant => Bytes::Frame(Rc::from(wsframe::text_frame(&[text.as_bytes()]))),
-                Kind::Ask | Kind::Reply => {
+                Kind::Assistant | Kind::Cancel | Kind::Ask | Kind::Reply => {
                     Bytes::Frame(Rc::from(wsframe::text_frame(&[text.as_bytes()])))
                 }
             },
@@ -316,7 +371,7 @@ impl Message {
         &self.bytes()[at..at + self.data_len as usize]
     }
 
-    /// The WebSocket frame of an assistant message, shared.
+    /// The WebSocket frame of an assistant message or a cancel, shared.
     pub fn frame(&self) -> Option<&Rc<[u8]>> {
         match &self.bytes {
             Bytes::Frame(f) => Some(f),
@@ -324,11 +379,13 @@ impl Message {
         }
     }
 
-    /// `{"type":"prompt"|"assistant","data":…}`, as `/messages` lists it.
+    /// `{"type":"prompt"|"assistant"|"cancel","data":…}`, as `/messages`
+    /// lists it.
     pub fn write_history_entry(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(match self.kind {
             Kind::Prompt => b"{\"type\":\"prompt\",\"data\":",
             Kind::Assistant => b"{\"type\":\"assistant\",\"data\":",
+            Kind::Cancel => CANCEL_PREFIX.as_bytes(),
             Kind::Ask => ASK_PREFIX.as_bytes(),
             Kind::Reply => REPLY_PREFIX.as_bytes(),
         });

@@ -1,5 +1,6 @@
 //! The writes, as a client sends them and as the engines take them: each
-//! request body validated into its type ([`NewPrompt`], [`NewResponse`]),
+//! request body validated into its type ([`NewPrompt`], [`NewResponse`],
+//! [`NewCancel`]),
 //! and the [`Write`] the relay hands its engine. A new write is declared
 //! here once; its body's validation lives in `validate.rs`.
 //!
@@ -58,6 +59,23 @@ pub struct NewResponse<'a> {
     pub partial: bool,
 }
 
+/// Longest `reason` of a cancel, in bytes once decoded.
+pub const MAX_REASON_BYTES: usize = 256;
+
+/// A validated `POST /cancel` body: the prompt to stop, and why.
+#[derive(Debug, Clone)]
+pub struct NewCancel<'a> {
+    pub session_id: SessionId,
+    /// The prompt it stops, decoded.
+    pub client_msg_id: Cow<'a, str>,
+    /// The `reason` string literal, quotes and escapes included.
+    pub reason: Option<Cow<'a, str>>,
+    /// The body has no `ts`: set when the write crosses to the storage
+    /// thread ([`Write::into_owned`]), else the cancel's time is the
+    /// decision's.
+    pub ts: Option<UnixMillis>,
+}
+
 /// Most choices an ask offers, and the longest one, in bytes.
 pub const MAX_CHOICES: usize = 8;
 pub const MAX_CHOICE_BYTES: usize = 256;
@@ -105,6 +123,8 @@ pub enum Write<'a> {
     /// write (it changes no log), then appended to its draft, which no
     /// engine but Redis keeps.
     Part(NewResponse<'a>),
+    /// `POST /cancel`: a prompt stopped, a message of the log.
+    Cancel(NewCancel<'a>),
     /// `POST /ask`: a question from the agent, a message of the log and
     /// open until replied to or past its `expires_ts`.
     Ask(NewAsk<'a>),
@@ -127,6 +147,7 @@ impl<'a> Write<'a> {
         match self {
             Write::Prompt(p) => &p.session_id,
             Write::Response(r) | Write::Part(r) => &r.session_id,
+            Write::Cancel(c) => &c.session_id,
             Write::Ask(a) => &a.session_id,
             Write::Reply(r) => &r.session_id,
             Write::Create { sid, .. } => sid,
@@ -157,6 +178,12 @@ impl<'a> Write<'a> {
             }),
             Write::Response(r) => Write::Response(r.into_owned(unix_ms)),
             Write::Part(r) => Write::Part(r.into_owned(unix_ms)),
+            Write::Cancel(c) => Write::Cancel(NewCancel {
+                session_id: c.session_id,
+                client_msg_id: owned(c.client_msg_id),
+                reason: c.reason.map(owned),
+                ts: Some(c.ts.unwrap_or(unix_ms)),
+            }),
             Write::Ask(a) => Write::Ask(NewAsk {
                 session_id: a.session_id,
                 ask_id: a.ask_id.map(owned_id),

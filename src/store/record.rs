@@ -58,6 +58,14 @@ pub enum Outcome {
     Part {
         id: String,
     },
+    /// A prompt cancelled: `seq` is the cancel's (the stored one's for a
+    /// resend).
+    Cancel {
+        sid: SessionId,
+        id: String,
+        seq: Seq,
+        duplicate: bool,
+    },
     /// An ask stored (`seq` its own), or one stored already under its
     /// `ask_id` with the same text and choices (`seq` the stored one's).
     Ask {
@@ -100,6 +108,7 @@ impl Outcome {
             } => duplicate_ack(id),
             Outcome::Response { id, .. } => response_ack(id, delivered),
             Outcome::Part { id } => partial_ack(id, delivered),
+            Outcome::Cancel { seq, duplicate, .. } => cancel_ack(*seq, *duplicate),
             Outcome::Ask {
                 id,
                 seq,
@@ -142,6 +151,15 @@ pub enum Record {
         assistant_msg_id: String,
         /// Written in frame layout, so the loop frames it without a copy.
         data: Framed,
+    },
+    /// A prompt cancelled: `client_msg_id` is the prompt's, `data` the
+    /// cancel's `data` object.
+    Cancel {
+        sid: SessionId,
+        seq: Seq,
+        ts: u64,
+        client_msg_id: String,
+        data: String,
     },
     /// An ask stored: `data` is its `data` object (with its `expires_ts`).
     Ask {
@@ -201,6 +219,20 @@ fn ack_with(assistant_msg_id: &str, delivered: bool, more: &str) -> Vec<u8> {
     });
     ack.push_str(more);
     ack.push('}');
+    ack.into_bytes()
+}
+
+/// `{"ok":true,"cancelled":true,"seq":…}`, plus `"duplicate":true` for a
+/// prompt cancelled already (`seq` is then the stored cancel's).
+fn cancel_ack(seq: Seq, duplicate: bool) -> Vec<u8> {
+    let mut ack = String::with_capacity(64);
+    ack.push_str("{\"ok\":true,\"cancelled\":true,\"seq\":");
+    crate::wire::push_decimal_str(&mut ack, seq.get());
+    ack.push_str(if duplicate {
+        ",\"duplicate\":true}"
+    } else {
+        "}"
+    });
     ack.into_bytes()
 }
 

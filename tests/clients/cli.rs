@@ -1200,8 +1200,7 @@ fn send_says_what_a_503_from_unreachable_storage_means() {
 fn the_command_gets_the_servers_url_to_read_the_conversation() {
     let srv = Server::start();
     let sid = unique_session();
-    let script =
-        r#"curl -s "$RELAY_URL/messages/$RELAY_SESSION_ID" >/dev/null && printf '%s' "$RELAY_URL""#;
+    let script = r#"curl -s ${RELAY_CA:+--cacert "$RELAY_CA"} "$RELAY_URL/messages/$RELAY_SESSION_ID" >/dev/null && printf '%s' "$RELAY_URL""#;
     let _agent = Agent::start(
         &srv,
         &sid,

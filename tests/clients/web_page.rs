@@ -5,11 +5,14 @@
 //! answer shown once, the client token asked for, a token for one session
 //! taken from the URL fragment and sent as the WebSocket subprotocol, and
 //! an end-to-end encrypted conversation with a real `relay agent` and
-//! `relay send` holding the key given in the fragment, answers rendered as
-//! Markdown elements with hostile HTML and links left as text, error
+//! `relay send` holding the key given in the fragment, the key asked for
+//! when a conversation is encrypted and the page has none, answers rendered as
+//! Markdown elements (tables too, scrolling in their bubble on a phone)
+//! with hostile HTML and links left as text, error
 //! answers shown as errors, streamed answers drawn as they arrive (across a
 //! reload, encrypted too) and replaced in place by the final answer, the
-//! agent's presence, the "fetched" mark and drafts the relay dropped.
+//! agent's presence, the "fetched" mark, drafts the relay dropped, and a
+//! status row that keeps its place as its labels change.
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -336,6 +339,85 @@ fn browser_encrypts_end_to_end_with_the_key_in_the_fragment() {
     }
 }
 
+/// A conversation encrypted elsewhere, opened without a key: the page asks
+/// for the key as it asks for a token and sends nothing in clear
+/// meanwhile; a wrong key is said to be wrong and asked for again; the
+/// right one decrypts what is shown, and the next prompt goes encrypted.
+#[test]
+fn browser_asks_for_the_end_to_end_key() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let (key_text, other) = (relay_key(), relay_key());
+    let key = relay::cli::e2e::Key::parse(&key_text).expect("a key");
+    let url = format!("http://{}/", s.addr());
+    s.put(&format!("/sessions/{sid}"));
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "ask-key",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        &format!("--key={key_text}"),
+        &format!("--other-key={other}"),
+    ]);
+    browser.expect("OPEN");
+    // A prompt and its answer, sent with the key while the page watches.
+    let seal = |text: &str, message| key.seal(text, message).expect("sealed");
+    let prompt = |cmid| relay::cli::e2e::Message::Prompt {
+        session: &sid,
+        client_msg_id: cmid,
+    };
+    let reply = |cmid, amid| relay::cli::e2e::Message::Answer {
+        session: &sid,
+        client_msg_id: cmid,
+        assistant_msg_id: amid,
+    };
+    let body = json!({"session_id": sid, "client_msg_id": "m-1",
+        "prompt": seal("the plan", prompt("m-1")), "metadata": {"e2e": 1}});
+    assert_eq!(s.post_json("/prompt", &body).status, 200);
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], "m-1");
+    answer(
+        &s,
+        &sid,
+        "m-1",
+        "a-1",
+        &seal("THE PLAN", reply("m-1", "a-1")),
+    );
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+
+    // The key entered, the page's prompt is stored encrypted.
+    let cmid = browser.expect("PROMPTED ");
+    let sent = long_poll(&s, &sid);
+    assert_eq!(sent["client_msg_id"], cmid.as_str());
+    assert_eq!(sent["metadata"]["e2e"], 1, "{sent}");
+    let history = s.messages(&sid, "");
+    let stored = history["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["data"]["client_msg_id"] == cmid.as_str())
+        .unwrap_or_else(|| panic!("{cmid} is not stored: {history}"))["data"]["prompt"]
+        .as_str()
+        .expect("a prompt text")
+        .to_string();
+    assert!(stored.starts_with("e2e1:"), "stored in clear: {stored}");
+    assert_eq!(
+        key.open(&stored, prompt(&cmid)).as_deref(),
+        Some("typed before the key")
+    );
+    let secret = seal("TYPED BEFORE THE KEY", reply(&cmid, "a-2"));
+    answer(&s, &sid, &cmid, "a-2", &secret);
+    browser.finish();
+    for clear in ["the plan", "typed before the key", "TYPED BEFORE"] {
+        let all = s.messages(&sid, "").to_string();
+        assert!(!all.contains(clear), "{clear} stored in clear: {all}");
+    }
+}
+
 /// An answer in Markdown shows as elements, hostile parts of it as text;
 /// an error answer shows as an error.
 #[test]
@@ -375,6 +457,40 @@ model not found: tiny", "exit_code": 3});
     answer_with(&s, &sid, &failing, "a-err", "", metadata);
     let shot = browser.expect("SCREENSHOT ");
     println!("screenshot: {shot}");
+    browser.finish();
+}
+
+/// GitHub-style tables in an answer show as tables: cells with inline
+/// Markdown, columns aligned as the delimiter row says, and a table too
+/// wide for a phone scrolls in its bubble while the page does not.
+#[test]
+fn browser_renders_markdown_tables() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&["--scenario", "tables", "--url", &url, "--session", &sid]);
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
+    let text = r#"Stock:
+| Fruit | Count | Note |
+|:------|------:|:----:|
+| **apple** | 3 | `red \| green` |
+| pear | 10 | [site](https://example.com/pear) |
+| plum |
+
+after the table
+
+| Identifier | Description | Environment | Default | Unit | Minimum | Maximum | Since |
+|---|---|---|---|---|---|---|---|
+| RELAY_MAX_MEMORY | memory budget for sessions | RELAY_MAX_MEMORY | 256M | bytes | 1M | unlimited | 0.4.0 |
+
+| not | a table |
+|---|"#;
+    answer(&s, &sid, &cmid, "a-tab", text);
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
     browser.finish();
 }
 
@@ -511,6 +627,32 @@ fn browser_follows_the_part_numbering_rules() {
     let sid = unique_session();
     let url = format!("http://{}/", s.addr());
     Browser::start(&["--scenario", "frames", "--url", &url, "--session", &sid]).finish();
+}
+
+/// The status row keeps its box, and the page around it keeps its place,
+/// while its labels change: connected, disconnected and retrying,
+/// reconnected, the agent online and offline, a prompt waiting, a long
+/// server error, with the end-to-end mark on a phone-sized screen.
+#[test]
+fn browser_status_row_keeps_its_place() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let key = relay_key();
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "status",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        &format!("--key={key}"),
+    ]);
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.finish();
 }
 
 /// Posts one part of answer `amid` (`"partial": true`).

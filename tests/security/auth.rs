@@ -133,23 +133,52 @@ fn client_endpoints_need_the_client_token() {
     let body = prompt_body(&sid, "c1");
     assert_only(&srv, CLIENT, AGENT, "POST", "/prompt", Some(&body));
     ok(&srv, "POST", "/prompt", Some(CLIENT), Some(&body));
-    let history = format!("/messages/{sid}");
-    assert_only(&srv, CLIENT, AGENT, "GET", &history, None);
-    assert_eq!(
-        call(&srv, "GET", &history, Some(CLIENT), None).json()["total"],
-        1
-    );
-    let ws = format!("/ws/{sid}");
-    for token in [AGENT, WRONG] {
-        let auth = format!("Bearer {token}");
-        assert_401(&srv.upgrade(&ws, &[("Authorization", &auth)]), "upgrade");
-    }
-    assert_401(&srv.upgrade(&ws, &[]), "upgrade without a token");
-    let auth = format!("Bearer {CLIENT}");
-    assert_eq!(srv.upgrade(&ws, &[("Authorization", &auth)]).status, 101);
     let session = format!("/sessions/{sid}");
     assert_only(&srv, CLIENT, AGENT, "DELETE", &session, None);
     ok(&srv, "DELETE", &session, Some(CLIENT), None);
+}
+
+#[test]
+fn either_token_opens_the_websocket_and_the_history() {
+    let srv = both_tokens();
+    let sid = unique_session();
+    ok(
+        &srv,
+        "POST",
+        "/prompt",
+        Some(CLIENT),
+        Some(&prompt_body(&sid, "c1")),
+    );
+    let history = format!("/messages/{sid}");
+    let prefix = &CLIENT[..CLIENT.len() - 1];
+    for token in [None, Some(WRONG), Some(prefix)] {
+        denied(&srv, "GET", &history, token, None);
+    }
+    for token in [CLIENT, AGENT] {
+        let r = call(&srv, "GET", &history, Some(token), None);
+        assert_ok(&r, "GET /messages");
+        assert_eq!(r.json()["total"], 1, "{}", r.text());
+    }
+    let ws = format!("/ws/{sid}");
+    let auth = format!("Bearer {WRONG}");
+    assert_401(&srv.upgrade(&ws, &[("Authorization", &auth)]), "upgrade");
+    assert_401(&srv.upgrade(&ws, &[]), "upgrade without a token");
+    for token in [CLIENT, AGENT] {
+        let auth = format!("Bearer {token}");
+        assert_eq!(srv.upgrade(&ws, &[("Authorization", &auth)]).status, 101);
+    }
+}
+
+#[test]
+fn the_cancel_endpoint_needs_the_client_token() {
+    let srv = both_tokens();
+    let sid = unique_session();
+    let body = prompt_body(&sid, "c1");
+    ok(&srv, "POST", "/prompt", Some(CLIENT), Some(&body));
+    let cancel = json!({"session_id": sid, "client_msg_id": "c1"});
+    assert_only(&srv, CLIENT, AGENT, "POST", "/cancel", Some(&cancel));
+    let r = ok(&srv, "POST", "/cancel", Some(CLIENT), Some(&cancel));
+    assert_eq!(r.json()["cancelled"], true, "{}", r.text());
 }
 
 #[test]
@@ -286,7 +315,7 @@ fn websocket_query_token_is_percent_decoded() {
 fn wrong_query_token_gets_401_before_the_upgrade() {
     let srv = both_tokens();
     let sid = unique_session();
-    for token in [WRONG, AGENT, ""] {
+    for token in [WRONG, ""] {
         let r = srv.upgrade(&format!("/ws/{sid}?token={token}"), &[]);
         assert_401(&r, &format!("?token={token}"));
         assert!(
@@ -457,7 +486,8 @@ fn tokens_never_appear_in_the_logs() {
     );
     denied(&srv, "GET", &format!("/messages/{sid}"), Some(WRONG), None);
     assert_401(&srv.upgrade(&format!("/ws/{sid}?token={WRONG}"), &[]), "x");
-    assert_401(&srv.upgrade(&format!("/ws/{sid}?token={AGENT}"), &[]), "x");
+    let r = srv.upgrade(&format!("/ws/{sid}?token={}", &AGENT[1..]), &[]);
+    assert_401(&r, "x");
     // A malformed request carrying a token (bad JSON, then bad framing).
     let auth = format!("Bearer {CLIENT}");
     let headers = [

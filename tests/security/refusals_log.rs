@@ -25,7 +25,7 @@ fn refused_tokens_are_logged_at_info_without_the_token_at_most_once_a_second() {
     let line: Value = serde_json::from_str(&srv.wait_for_log("token refused")).unwrap();
     assert_eq!(line["level"], "info", "{line}");
     assert_eq!(line["route"], "messages", "{line}");
-    assert_eq!(line["role"], "client", "{line}");
+    assert_eq!(line["role"], "client or agent", "{line}");
     assert_eq!(line["status"], 401, "{line}");
     assert_eq!(line["client"], "127.0.0.1", "{line}");
     // A client retrying in a loop: refusals keep coming, lines do not,

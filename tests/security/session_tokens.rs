@@ -149,13 +149,18 @@ fn a_session_token_opens_its_roles_endpoints_in_its_session() {
     expect(&r, 401, need_agent, "response, client");
     let r = call(&srv, "POST", "/prompt", &agent, Some(&prompt(&sid, "c2")));
     expect(&r, 401, need_client, "prompt, agent");
-    let r = call(&srv, "GET", &format!("/messages/{sid}"), &agent, None);
-    expect(&r, 401, need_client, "messages, agent");
+    let cancel = json!({"session_id": sid, "client_msg_id": "c1"});
+    let r = call(&srv, "POST", "/cancel", &agent, Some(&cancel));
+    expect(&r, 401, need_client, "cancel, agent");
     let r = call(&srv, "DELETE", &format!("/sessions/{sid}"), &agent, None);
     expect(&r, 401, need_client, "delete, agent");
+    // The agent watches for cancels and reads the conversation it answers:
+    // its token for the session opens `/ws` and `GET /messages` too.
+    let r = call(&srv, "GET", &format!("/messages/{sid}"), &agent, None);
+    expect(&r, 200, None, "messages, agent");
     let auth = format!("Bearer {agent}");
     let r = srv.upgrade(&format!("/ws/{sid}"), &[("Authorization", &auth)]);
-    expect(&r, 401, need_client, "upgrade, agent");
+    assert_eq!(r.status, 101, "upgrade, agent: {}", r.text());
     let r = call(&srv, "GET", "/metrics", &client, None);
     assert_eq!(
         r.status, 200,
@@ -288,9 +293,9 @@ fn expired_forged_truncated_and_foreign_tokens_get_401() {
         (&foreign[..], "signed with another secret"),
     ] {
         let r = call(&srv, "GET", &path, bad, None);
-        expect(&r, 401, Some("client token required"), what);
+        expect(&r, 401, Some("client or agent token required"), what);
         let r = srv.upgrade(&format!("/ws/{sid}?token={bad}"), &[]);
-        expect(&r, 401, Some("client token required"), what);
+        expect(&r, 401, Some("client or agent token required"), what);
     }
     let r = call(&srv, "GET", &format!("/messages/{sid}"), CLIENT, None);
     assert_eq!(r.status, 404, "no refused request created the session");
@@ -317,7 +322,7 @@ fn with_a_secret_alone_no_role_is_open() {
             "GET",
             format!("/messages/{sid}"),
             None,
-            "client token required",
+            "client or agent token required",
         ),
         (
             "PUT",
@@ -389,7 +394,7 @@ fn a_websocket_token_offered_as_a_subprotocol_is_answered_with_relay_v1() {
     expect(
         &r,
         401,
-        Some("client token required"),
+        Some("client or agent token required"),
         "a bad subprotocol token",
     );
     // Without relay.v1 offered, none is named in the answer.

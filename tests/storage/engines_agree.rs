@@ -10,20 +10,25 @@
 //! ids drawn from a small pool (several answers per prompt, duplicates,
 //! conflicts), parts of streamed answers under the same ids (a part for a
 //! stored answer, for another prompt than its draft's, for an unknown
-//! prompt), asks with ids drawn from a small pool (about a prompt or
-//! not, with choices or not: duplicates, conflicts, the pending cap shared
-//! with prompts), replies to them (a choice, another text, again), reads
-//! of an ask's state, creates, deletes and re-creates, reads of history
-//! and pending prompts with cursors and pages, at a history limit of a few
-//! messages so trims happen all the time. Expiry is not among them, by TTL
-//! or of an ask: each engine reads its own clock, which a test over the
-//! wire cannot drive (the rules of expiry are the unit tests' of
+//! prompt), cancels of known and unknown prompts (answered, cancelled
+//! already, with a draft open; and answers and parts after them), asks
+//! with ids drawn from a small pool (about a prompt or not, with choices
+//! or not: duplicates, conflicts, the pending cap shared with prompts),
+//! replies to them (a choice, another text, again), reads of an ask's
+//! state, creates, deletes and re-creates, reads of history and pending
+//! prompts with cursors and pages, at a history limit of a few messages
+//! so trims happen all the time. Expiry is not among them, by TTL or of
+//! an ask: each engine reads its own clock, which a test over the wire
+//! cannot drive (the rules of expiry are the unit tests' of
 //! `store/mem/asks.rs` and `store/asks.rs`, on a virtual clock); asks stay
-//! open for the default 300 s. An ask's `ts` and `expires_ts` are the
-//! server's clock, so they are compared as present, not by value.
+//! open for the default 300 s. A cancel's `ts` and an ask's `ts` and
+//! `expires_ts` are the server's clock, so they are compared as present,
+//! not by value.
 //!
 //! Ids the server makes (message ids, epochs) differ between engines by
-//! nature; they are compared by the order in which they first appear.
+//! nature; they are compared by the order in which they first appear. A
+//! cancel's `ts` is the server's clock (its body has none): it is not
+//! compared.
 //!
 //! The seeds are fixed, so a red run is red again when it is run again:
 //! seeds 1 to `TEST_DIFF_RUNS` (default 12), each a sequence of
@@ -98,6 +103,12 @@ enum Op {
         id: u64,
         text: u64,
     },
+    /// `POST /cancel`, with a reason or not.
+    Cancel {
+        s: u64,
+        prompt: u64,
+        reason: Option<u64>,
+    },
     Pending {
         s: u64,
         after: Option<u64>,
@@ -158,6 +169,9 @@ impl fmt::Debug for Op {
                 id,
                 text,
             } => write!(f, "part s{s} prompt=c{prompt} id=a{id} text=t{text}"),
+            Op::Cancel { s, prompt, reason } => {
+                write!(f, "cancel s{s} prompt=c{prompt} reason={}", opt(reason))
+            }
             Op::Pending { s, after } => write!(f, "pending s{s} after={}", opt(after)),
             Op::Ask {
                 s,
@@ -196,7 +210,7 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
         .map(|_| {
             ts += rng.below(3);
             let s = rng.below(SESSIONS);
-            match rng.below(27) {
+            match rng.below(30) {
                 0 => Op::Create { s },
                 1 => Op::Delete { s },
                 2..=7 => Op::Prompt {
@@ -238,6 +252,11 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
                     prompt: rng.below(PROMPT_IDS),
                     id: rng.below(ANSWER_IDS),
                     text: rng.below(2),
+                },
+                27..=29 => Op::Cancel {
+                    s,
+                    prompt: rng.below(PROMPT_IDS),
+                    reason: rng.maybe(2),
                 },
                 _ => Op::Messages {
                     s,
@@ -331,6 +350,16 @@ impl Engine {
                 });
                 self.conn.post_json("/response", &body)
             }
+            Op::Cancel { s, prompt, reason } => {
+                let mut body = json!({
+                    "session_id": sid(s),
+                    "client_msg_id": format!("c{prompt}"),
+                });
+                if let Some(r) = reason {
+                    body["reason"] = json!(format!("r{r}"));
+                }
+                self.conn.post_json("/cancel", &body)
+            }
             Op::Ask {
                 s,
                 id,
@@ -407,17 +436,23 @@ impl Engine {
                 Value::Array(items.into_iter().map(|v| self.rename(v, trial)).collect())
             }
             Value::Object(map) => {
-                // An ask's times are the server's clock (see the module doc).
+                // An ask's times and a cancel's are the server's clock (see
+                // the module doc).
                 let asked = map.contains_key("ask_id");
-                Value::Object(
-                    map.into_iter()
-                        .map(|(k, v)| match k.as_str() {
-                            "expires_ts" => (k, json!("<time>")),
-                            "ts" if asked => (k, json!("<time>")),
-                            _ => (k, self.rename(v, trial)),
-                        })
-                        .collect::<Map<_, _>>(),
-                )
+                let mut map = map
+                    .into_iter()
+                    .map(|(k, v)| match k.as_str() {
+                        "expires_ts" => (k, json!("<time>")),
+                        "ts" if asked => (k, json!("<time>")),
+                        _ => (k, self.rename(v, trial)),
+                    })
+                    .collect::<Map<_, _>>();
+                if map.get("type") == Some(&json!("cancel"))
+                    && let Some(Value::Object(data)) = map.get_mut("data")
+                {
+                    data.insert("ts".into(), json!("<clock>"));
+                }
+                Value::Object(map)
             }
             other => other,
         }

@@ -2,7 +2,8 @@
 //! and real files: what was acknowledged survives `kill -9` (counted, with
 //! several clients writing while the server is killed at random moments),
 //! a resuming client gets no resync, a second server and a damaged or newer
-//! database are refused, a first-version database is migrated, and a disk
+//! database are refused, a first-version database is migrated (and one
+//! from before cancels), a cancel is kept like any message, and a disk
 //! that fails answers 503 without showing what failed.
 
 use crate::common;
@@ -504,6 +505,91 @@ fn a_second_version_database_is_migrated_to_the_same_log() {
         .collect::<Vec<_>>();
     assert_eq!(last, [5, 6, 7]);
     assert_eq!(user_version(&db), 6);
+}
+
+/// The tables of schema version 4, the last before cancels: the same
+/// as today's, without a row of kind 2.
+const V4_TABLES: &str = "
+    CREATE TABLE sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE,
+        epoch TEXT NOT NULL, next_seq INTEGER NOT NULL, last_assistant INTEGER NOT NULL,
+        dropped_assistant INTEGER NOT NULL);
+    CREATE TABLE messages (id INTEGER PRIMARY KEY, session INTEGER NOT NULL,
+        seq INTEGER NOT NULL, kind INTEGER NOT NULL, client_msg_id TEXT NOT NULL,
+        assistant_msg_id TEXT, ts INTEGER NOT NULL, data TEXT NOT NULL);
+    CREATE TABLE generation (n INTEGER NOT NULL);
+    INSERT INTO generation VALUES (0);
+";
+
+#[test]
+fn a_database_from_before_cancels_is_migrated_and_keeps_them() {
+    let dir = Dir::new("v4");
+    let db = database(
+        &dir,
+        &format!(
+            "{V4_TABLES}
+            INSERT INTO sessions VALUES (1, 'four', 'epoch-v4', 2, 0, 0);
+            INSERT INTO messages VALUES (1, 1, 1, 0, 'p1', NULL, 5,
+                '{{\"session_id\":\"four\",\"client_msg_id\":\"p1\",\"prompt\":\"hi\",\"ts\":5,\"seq\":1}}');
+            PRAGMA user_version = 4;"
+        ),
+    );
+    let mut srv = start(&dir);
+    assert_eq!(epoch(&srv, "four"), "epoch-v4");
+    assert_eq!(user_version(&db), 6);
+    let cancel = json!({"session_id": "four", "client_msg_id": "p1", "reason": "late"});
+    let r = srv.post_json("/cancel", &cancel);
+    assert_eq!(r.json(), json!({"ok": true, "cancelled": true, "seq": 2}));
+    let before = srv.messages("four", "");
+    srv.kill9();
+    let srv = start(&dir);
+    assert_eq!(srv.messages("four", ""), before, "the cancel is kept");
+    assert_eq!(before["messages"][1]["type"], "cancel", "{before}");
+    assert_eq!(before["messages"][1]["data"]["reason"], "late");
+    assert!(srv.pending("four").is_empty());
+    let r = srv.post_json("/cancel", &cancel);
+    assert_eq!(r.json()["duplicate"], true, "{}", r.text());
+    assert_eq!(r.json()["seq"], 2, "{}", r.text());
+    let answer = json!({"session_id": "four", "client_msg_id": "p1", "text": "t"});
+    let r = srv.post_json("/response", &answer);
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["details"], "prompt cancelled");
+}
+
+#[test]
+fn a_cancel_survives_kill_9_and_is_replayed() {
+    let dir = Dir::new("cancel");
+    let env = [("RELAY_DATA_DIR", dir.path()), ("RELAY_HISTORY_LIMIT", "4")];
+    let mut srv = Server::start_with(&env);
+    let sid = unique_session();
+    srv.prompt(&sid, "one", Some("p1"));
+    srv.prompt(&sid, "two", Some("p2"));
+    let r = srv.post_json(
+        "/cancel",
+        &json!({"session_id": sid, "client_msg_id": "p1"}),
+    );
+    assert_eq!(r.json()["seq"], 3, "{}", r.text());
+    let before = srv.messages(&sid, "");
+    srv.kill9();
+    let mut srv = Server::start_with(&env);
+    assert_eq!(srv.messages(&sid, ""), before);
+    assert_eq!(client_msg_ids(&srv.pending(&sid)), ["p2"]);
+    let mut ws = srv.ws(&format!("/ws/{sid}?after=0"));
+    let f = ws.recv_json_skip_pings();
+    assert_eq!(
+        (&f["type"], &f["data"]["seq"]),
+        (&json!("cancel"), &json!(3))
+    );
+    drop(ws);
+    // History moves past the cancel and its prompt: their rows go, and
+    // what stays restores the same log.
+    for i in 3..8 {
+        srv.prompt(&sid, &format!("q{i}"), Some(&format!("p{i}")));
+    }
+    let later = srv.messages(&sid, "");
+    srv.kill9();
+    let srv = Server::start_with(&env);
+    assert_eq!(srv.messages(&sid, ""), later);
+    assert_eq!(client_msg_ids(&srv.pending(&sid))[0], "p2");
 }
 
 /// Rows in the file's log.

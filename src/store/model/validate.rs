@@ -10,8 +10,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{
-    ASK_TIMEOUT_S, GivenId, MAX_CHOICE_BYTES, MAX_CHOICES, MAX_ID_BYTES, MAX_TEXT_BYTES, NewAsk,
-    NewPrompt, NewReply, NewResponse, metadata_check, scan,
+    ASK_TIMEOUT_S, GivenId, MAX_CHOICE_BYTES, MAX_CHOICES, MAX_ID_BYTES, MAX_REASON_BYTES,
+    MAX_TEXT_BYTES, NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, metadata_check, scan,
 };
 use crate::error::ApiError;
 use crate::store::SessionId;
@@ -48,6 +48,16 @@ struct RawResponse<'a> {
     ts: Option<&'a RawValue>,
     #[serde(borrow)]
     partial: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawCancel<'a> {
+    #[serde(borrow)]
+    session_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    client_msg_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    reason: Option<&'a RawValue>,
 }
 
 /// The fields of `keys` found by the one-pass scan ([`scan::fields`]) in
@@ -204,6 +214,27 @@ fn partial(raw: Option<Raw>) -> Result<bool, ApiError> {
     }
 }
 
+/// A cancel's `reason`: a string of at most [`MAX_REASON_BYTES`] once
+/// decoded (`null` means absent), kept as its raw literal. Decoded once
+/// whatever its escapes, so a lone surrogate is refused as in `text`.
+fn reason(raw: Option<Raw<'_>>) -> Result<Option<Cow<'_, str>>, ApiError> {
+    let Some(raw) = raw.filter(|r| r.get() != "null") else {
+        return Ok(None);
+    };
+    let invalid = || {
+        ApiError::bad_request(format!(
+            "Invalid reason: must be a string of at most {MAX_REASON_BYTES} bytes"
+        ))
+    };
+    if !raw.get().starts_with('"') {
+        return Err(invalid());
+    }
+    if string(raw, "reason").map_err(|_| invalid())?.len() > MAX_REASON_BYTES {
+        return Err(invalid());
+    }
+    Ok(Some(Cow::Borrowed(raw.get())))
+}
+
 fn ts(raw: Option<Raw>) -> Result<Option<UnixMillis>, ApiError> {
     match raw {
         None => Ok(None),
@@ -301,6 +332,26 @@ impl<'a> NewResponse<'a> {
             metadata: metadata(meta)?,
             ts: ts(at)?,
             partial,
+        })
+    }
+}
+
+impl<'a> NewCancel<'a> {
+    /// Validates a `POST /cancel` body; the first failing field decides
+    /// the error. A cancel is rare: serde reads it, without the scan.
+    pub fn parse(body: &'a [u8]) -> Result<NewCancel<'a>, ApiError> {
+        let utf8 = std::str::from_utf8(body).ok();
+        let raw: RawCancel = parse_object(body, utf8)?;
+        let [sid, cid, why] = [raw.session_id, raw.client_msg_id, raw.reason].map(raw_of);
+        let session_id = session_id(sid)?;
+        let client_msg_id = message_id(Some(required(cid, "client_msg_id")?), "client_msg_id")?
+            .map(|(id, _)| id)
+            .unwrap_or_default();
+        Ok(NewCancel {
+            session_id,
+            client_msg_id,
+            reason: reason(why)?,
+            ts: None,
         })
     }
 }

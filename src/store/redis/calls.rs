@@ -13,8 +13,8 @@ use super::{Known, RedisStore};
 use crate::error::ApiError;
 use crate::store::asks::{AskParts, reply_data};
 use crate::store::mem::id_and_literal;
-use crate::store::message::Parts;
-use crate::store::model::{NewAsk, NewReply, NewResponse, Write as Change};
+use crate::store::message::{Parts, cancel_data};
+use crate::store::model::{NewAsk, NewCancel, NewReply, NewResponse, Write as Change};
 use crate::store::record::Outcome;
 use crate::store::types::{MAX_TEXT_BYTES, Seq, SessionId, Ticket};
 use crate::wire::decoded_len;
@@ -28,6 +28,7 @@ pub(super) enum Op {
     Prompts,
     Response,
     Part,
+    Cancel,
     Create,
     Delete,
     Sync,
@@ -59,6 +60,7 @@ impl Op {
             Op::Prompts => "prompts",
             Op::Response => "response",
             Op::Part => "part",
+            Op::Cancel => "cancel",
             Op::Create => "create",
             Op::Delete => "delete",
             Op::Sync => "sync",
@@ -97,6 +99,10 @@ pub(super) enum Write {
         id: String,
     },
     Part {
+        id: String,
+    },
+    /// A cancel of the prompt `id`.
+    Cancel {
         id: String,
     },
     Create {
@@ -141,6 +147,7 @@ impl RedisStore {
             }
             Change::Response(r) => self.response(ticket(), r, known, unix_ms),
             Change::Part(r) => self.part(ticket(), r, known),
+            Change::Cancel(c) => self.cancel(ticket(), c, known, unix_ms),
             Change::Ask(a) => self.ask(ticket(), a, known, unix_ms),
             Change::Reply(r) => self.reply(ticket(), r, known, unix_ms),
             Change::Create { sid, put } => {
@@ -257,6 +264,30 @@ impl RedisStore {
         self.call(&r.session_id, Op::Part, known, &extra, expect);
     }
 
+    /// `POST /cancel`: the script decides it, stores the record and
+    /// ends the prompt's drafts.
+    fn cancel(&mut self, conn: Ticket, c: &NewCancel, known: Known, unix_ms: u64) {
+        let ts = c.ts.unwrap_or(unix_ms);
+        let mut head = cancel_data(
+            &c.session_id,
+            &c.client_msg_id,
+            c.reason.as_deref(),
+            ts,
+            Seq(0),
+        );
+        head.truncate(head.len() - 2); // ends in `"seq":0}`
+        let record = record("X", &c.client_msg_id, "", ts, &head);
+        let extra: [&[u8]; 2] = [c.client_msg_id.as_bytes(), record.as_bytes()];
+        let expect = Expect::Write {
+            conn,
+            sid: c.session_id.clone(),
+            write: Write::Cancel {
+                id: c.client_msg_id.to_string(),
+            },
+        };
+        self.call(&c.session_id, Op::Cancel, known, &extra, expect);
+    }
+
     /// The answer to a write: the requester's reply and the session.
     #[inline(never)]
     pub(super) fn written(
@@ -297,6 +328,17 @@ impl RedisStore {
                     duplicate: dup,
                 })),
                 Write::Part { id } => Then::Reply(Ok(Outcome::Part { id })),
+                // A resend's answer carries the stored cancel's seq.
+                Write::Cancel { id } => Then::Reply(Ok(Outcome::Cancel {
+                    sid,
+                    id,
+                    seq: if dup {
+                        Seq(extra.parse().unwrap_or(0))
+                    } else {
+                        seq
+                    },
+                    duplicate: dup,
+                })),
                 Write::Create { put: false } => Then::Retry,
                 Write::Create { put: true } => Then::Reply(Ok(Outcome::Session {
                     epoch: snapshot
@@ -314,8 +356,8 @@ impl RedisStore {
             },
             "e404k" => Then::Reply(Err(ApiError::ask_not_found())),
             "e409k" => Then::Reply(Err(ApiError::ask_conflict())),
-            "e409a" => Then::Reply(Err(ApiError::ask_answered())),
-            "e409x" => Then::Reply(Err(ApiError::ask_expired())),
+            "e409r" => Then::Reply(Err(ApiError::ask_answered())),
+            "e409e" => Then::Reply(Err(ApiError::ask_expired())),
             "e400r" => Then::Reply(Err(ApiError::invalid_reply())),
             "e503k" => Then::Reply(Err(ApiError::unavailable(
                 "pending limit reached for this session (prompts and asks)",
@@ -324,6 +366,8 @@ impl RedisStore {
             "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
             "e409" => Then::Reply(Err(ApiError::conflict())),
             "e409c" => Then::Reply(Err(ApiError::prompt_conflict())),
+            "e409a" => Then::Reply(Err(ApiError::prompt_answered())),
+            "e409x" => Then::Reply(Err(ApiError::prompt_cancelled())),
             "e503s" => Then::Reply(Err(ApiError::unavailable("session limit reached"))),
             "e503p" => Then::Reply(Err(ApiError::unavailable(
                 "pending prompt limit reached for this session",

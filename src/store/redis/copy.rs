@@ -13,13 +13,13 @@ use std::rc::Rc;
 
 use log::info;
 
-use super::reply::{Asked, Event, Head, Msg};
+use super::reply::{Event, Head, Msg};
 use super::route::{Answered, Then};
 use super::{Known, RedisStore};
 use crate::error::ApiError;
 use crate::store::SessionLog;
 use crate::store::mem::MemStore;
-use crate::store::message::{Framed, Message};
+use crate::store::message::{Framed, Kind, Message};
 use crate::store::model::Write as Change;
 use crate::store::record::{Outcome, Record};
 use crate::store::seam::{AgentState, DraftState, Read, StoreEvent, Waited};
@@ -442,26 +442,30 @@ impl RedisStore {
 
 /// A stored message as a committed record.
 fn record(sid: &SessionId, m: Msg) -> Record {
-    if let Some(asked) = m.asked {
-        return asked_record(sid, asked, m);
-    }
-    if m.prompt {
-        Record::Prompt {
+    match m.kind {
+        Kind::Prompt => Record::Prompt {
             sid: sid.clone(),
             seq: m.seq,
             ts: m.ts,
             client_msg_id: m.client_msg_id,
             data: m.data,
-        }
-    } else {
-        Record::Response {
+        },
+        Kind::Assistant => Record::Response {
             sid: sid.clone(),
             seq: m.seq,
             ts: m.ts,
             client_msg_id: m.client_msg_id,
             assistant_msg_id: m.assistant_msg_id,
             data: Framed::from(m.data.as_str()),
-        }
+        },
+        Kind::Cancel => Record::Cancel {
+            sid: sid.clone(),
+            seq: m.seq,
+            ts: m.ts,
+            client_msg_id: m.client_msg_id,
+            data: m.data,
+        },
+        Kind::Ask | Kind::Reply => asked_record(sid, m),
     }
 }
 
@@ -476,18 +480,25 @@ fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
         head.dropped_assistant,
     );
     for m in msgs {
-        if let Some(asked) = m.asked {
-            rebuild_asked(&mut log, asked, m, limit);
-        } else if m.prompt {
+        if matches!(m.kind, Kind::Ask | Kind::Reply) {
+            rebuild_asked(&mut log, m, limit);
+            continue;
+        }
+        if m.kind == Kind::Prompt {
             let cid: Rc<str> = Rc::from(m.client_msg_id);
             log.append_prompt(
                 Message::prompt_with(cid, m.seq, m.ts, m.data.into_bytes()),
                 limit,
             );
+            continue;
+        }
+        let cid = log
+            .prompt_id(&m.client_msg_id)
+            .unwrap_or_else(|| Rc::from(m.client_msg_id.as_str()));
+        if m.kind == Kind::Cancel {
+            let msg = Message::cancel_with(cid, m.seq, m.ts, m.data.as_bytes());
+            log.append_cancel(msg, limit);
         } else {
-            let cid = log
-                .prompt_id(&m.client_msg_id)
-                .unwrap_or_else(|| Rc::from(m.client_msg_id.as_str()));
             let aid: Rc<str> = Rc::from(m.assistant_msg_id);
             let msg = Message::assistant_with(cid, aid, m.seq, m.ts, m.data.as_bytes());
             log.append_response(msg, limit);
@@ -498,17 +509,18 @@ fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
 
 /// An ask or a reply as a committed record (its `client_msg_id` field
 /// holds the `ask_id`).
-fn asked_record(sid: &SessionId, asked: Asked, m: Msg) -> Record {
-    let (sid, seq, ts, ask_id, data) = (sid.clone(), m.seq, m.ts, m.client_msg_id, m.data);
-    match asked {
-        Asked::Ask => Record::Ask {
+fn asked_record(sid: &SessionId, m: Msg) -> Record {
+    let (kind, sid, seq, ts, ask_id, data) =
+        (m.kind, sid.clone(), m.seq, m.ts, m.client_msg_id, m.data);
+    match kind {
+        Kind::Ask => Record::Ask {
             sid,
             seq,
             ts,
             ask_id,
             data,
         },
-        Asked::Reply => Record::Reply {
+        _ => Record::Reply {
             sid,
             seq,
             ts,
@@ -519,13 +531,13 @@ fn asked_record(sid: &SessionId, asked: Asked, m: Msg) -> Record {
 }
 
 /// An ask or a reply replayed into a session read whole.
-fn rebuild_asked(log: &mut SessionLog, asked: Asked, m: Msg, limit: usize) {
+fn rebuild_asked(log: &mut SessionLog, m: Msg, limit: usize) {
     let id: Rc<str> = Rc::from(m.client_msg_id);
-    match asked {
-        Asked::Ask => {
+    match m.kind {
+        Kind::Ask => {
             log.append_ask(Message::ask_with(id, m.seq, m.ts, m.data.as_bytes()), limit);
         }
-        Asked::Reply => {
+        _ => {
             log.append_reply(
                 Message::reply_with(id, m.seq, m.ts, m.data.as_bytes()),
                 limit,

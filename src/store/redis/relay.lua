@@ -8,19 +8,25 @@
 -- Keys of a session (prefix P):
 --   P s:<sid>  hash   the whole session, so that a write reads what it
 --                     needs in one call and writes it in another:
---                       e epoch, n next seq, la newest answer's seq,
---                       da newest answer history dropped, pc pending
+--                       e epoch, n next seq, la newest answer's (or
+--                       cancel's: a framed message) seq, da newest one
+--                       history dropped, pc pending
 --                       count, t the second (unix) in which the
 --                       session's score in `sessions` was set;
 --                       <seq> -> a record, as the relay sent it:
---                       "P\ncid\n\nts\nhead" (a prompt) or
---                       "A\ncid\naid\nts\nhead" (an answer), where the
+--                       "P\ncid\n\nts\nhead" (a prompt),
+--                       "A\ncid\naid\nts\nhead" (an answer) or
+--                       "X\ncid\n\nts\nhead" (a cancel of the prompt
+--                       cid), where the
 --                       message's JSON is head .. seq .. "}" (the script
 --                       never builds or parses it; records written
 --                       before this format, kind p or a, hold the whole
 --                       JSON): history, and the pending prompts it
 --                       dropped;
---                       c:<client_msg_id> -> seq (negative once answered);
+--                       c:<client_msg_id> -> seq (negative once answered
+--                       or cancelled);
+--                       x:<client_msg_id> -> the seq of the cancel that
+--                       stopped the prompt, while c: is kept;
 --                       a:<assistant_msg_id> -> seq;
 --                       asks (src/store/asks.rs): <seq> -> an ask,
 --                       "K\nask_id\nexpires_ts\nts\nhead", or a reply,
@@ -234,8 +240,11 @@ local function append(S, record)
       local kind, cid, aid = string.match(old, '^(%a)\n([^\n]*)\n([^\n]*)\n')
       if kind == 'p' or kind == 'P' then
         if tonumber(redis.call('HGET', s, 'c:' .. cid) or '0') < 0 then
-          drops = { ds, 'c:' .. cid }
+          drops = { ds, 'c:' .. cid, 'x:' .. cid }
         end
+      elseif kind == 'X' then
+        drops = { ds }
+        S.da, S.dropped = ds, true
       elseif kind == 'K' then
         -- An ask leaves history: kept while it may still be answered
         -- (unanswered, not expired); `aid` holds its expires_ts.
@@ -445,10 +454,10 @@ local function reply(aid, text, record)
     if rtext and decoded(rtext) == decoded(text) then
       return answer('dup', S, rq)
     end
-    return answer('e409a', S)
+    return answer('e409r', S)
   end
   if a.expires <= now then
-    return answer('e409x', S)
+    return answer('e409e', S)
   end
   local stored = decoded(a.head .. '0}') or {}
   if type(stored.choices) == 'table' then
@@ -564,8 +573,8 @@ local function dispatch()
     return done(out)
   elseif op == 'response' then
     local cid, aid, given, text, record = A[12], A[13], A[14], A[15], A[16]
-    -- The counters and both ids' entries in one call.
-    local S, v = session('c:' .. cid, 'a:' .. aid)
+    -- The counters, both ids' entries and the prompt's cancel in one call.
+    local S, v = session('c:' .. cid, 'a:' .. aid, 'x:' .. cid)
     if not S then
       return done(gone('e404s'))
     end
@@ -581,6 +590,9 @@ local function dispatch()
     end
     if not pv then
       return done(answer('e404p', S))
+    end
+    if v[9] then
+      return done(answer('e409x', S))
     end
     local seq, fields = append(S, record)
     fields[5], fields[6] = 'a:' .. aid, fields[1]
@@ -607,7 +619,7 @@ local function dispatch()
     -- (P sid epoch aid cid part literal); nothing else is stored.
     local cid, aid, lit, bytes = A[12], A[13], A[14], tonumber(A[15])
     local timeout, max_bytes = tonumber(A[16]), tonumber(A[17])
-    local S, v = session('c:' .. cid, 'a:' .. aid)
+    local S, v = session('c:' .. cid, 'a:' .. aid, 'x:' .. cid)
     if not S then
       return done(gone('e404s'))
     end
@@ -616,6 +628,9 @@ local function dispatch()
     end
     if not v[7] then
       return done(answer('e404p', S))
+    end
+    if v[9] then
+      return done(answer('e409x', S))
     end
     local d = prefix .. 'd:' .. sid
     local cur = redis.call('HGET', d, aid)
@@ -651,6 +666,48 @@ local function dispatch()
       .. str(now + timeout) .. '\n' .. text .. string.sub(lit, 2, -2))
     redis.call('PEXPIRE', d, timeout)
     publish(channel, 'P\n' .. sid .. '\n' .. S.e .. '\n' .. aid .. '\n' .. cid .. '\n' .. str(parts) .. '\n' .. lit)
+    return done(answer('ok', S, watched()))
+  elseif op == 'cancel' then
+    -- A prompt stopped: a message of the log like an answer (the newest
+    -- framed one), the prompt no longer pending, its drafts ended. A
+    -- resend answers the stored cancel's seq as `extra`.
+    local cid, record = A[12], A[13]
+    local S, v = session('c:' .. cid, 'x:' .. cid)
+    if not S then
+      return done(gone('e404s'))
+    end
+    local pv, xv = v[7], v[8]
+    if not pv then
+      return done(answer('e404p', S))
+    end
+    if xv then
+      return done(answer('dup', S, xv))
+    end
+    local pseq = tonumber(pv)
+    if pseq < 0 then
+      return done(answer('e409a', S))
+    end
+    local seq, fields = append(S, record)
+    S.la = fields[1]
+    S.pc = S.pc - 1
+    fields[5], fields[6] = 'la', S.la
+    fields[7], fields[8] = 'pc', str(S.pc)
+    if pseq <= seq - limit then
+      -- Out of history and now cancelled: the prompt is forgotten.
+      drops = drops or {}
+      drops[#drops + 1], drops[#drops + 2] = pv, 'c:' .. cid
+    else
+      fields[9], fields[10] = 'c:' .. cid, '-' .. pv
+      fields[11], fields[12] = 'x:' .. cid, fields[1]
+    end
+    save(S, fields)
+    local d = prefix .. 'd:' .. sid
+    local kv = redis.call('HGETALL', d)
+    for i = 1, #kv, 2 do
+      if draft_of(kv[i + 1]) == cid then
+        redis.call('HDEL', d, kv[i])
+      end
+    end
     return done(answer('ok', S, watched()))
   elseif op == 'ask' then
     return done(ask(A[12], A[13], A[14], A[15], A[16]))

@@ -5,6 +5,7 @@
 use redis_protocol::resp2::types::OwnedFrame;
 
 use super::health::Health;
+use crate::store::message::Kind;
 use crate::store::seam::{AgentState, DraftState};
 use crate::store::types::{Seq, SessionId};
 
@@ -36,21 +37,14 @@ pub struct Head {
 #[derive(Debug)]
 pub struct Msg {
     pub seq: Seq,
-    pub prompt: bool,
+    /// A prompt, an answer, a cancel (whose `client_msg_id` is the prompt
+    /// it stopped), an ask or a reply (whose `client_msg_id` is the
+    /// `ask_id`).
+    pub kind: Kind,
     pub client_msg_id: String,
     pub assistant_msg_id: String,
     pub ts: u64,
     pub data: String,
-    /// An ask or a reply (`client_msg_id` then holds the `ask_id`); `None`
-    /// for a prompt or an answer.
-    pub asked: Option<Asked>,
-}
-
-/// The kinds of message an ask brings to the log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Asked {
-    Ask,
-    Reply,
 }
 
 /// A change another instance (or this one) published.
@@ -233,26 +227,20 @@ pub fn parse_msg(s: &str) -> Option<Msg> {
 
 /// A stored record of the message `seq`:
 /// `kind\nclient_msg_id\nassistant_msg_id\nts\nhead` where the message
-/// is `head` then its seq then `}` (kind `P` or `A`, as the relay sends
-/// them), or `kind\n...\ndata` with the whole message (kind `p` or `a`,
-/// as earlier versions stored them).
+/// is `head` then its seq then `}` (kind `P`, `A` or `X` for a cancel,
+/// as the relay sends them), or `kind\n...\ndata` with the whole message
+/// (kind `p` or `a`, as earlier versions stored them).
 pub fn parse_record(seq: &str, record: &str) -> Option<Msg> {
     let seq: u64 = seq.parse().ok()?;
     let mut it = record.splitn(5, '\n');
-    let mut asked = None;
-    let (prompt, whole) = match it.next()? {
-        "P" => (true, false),
-        "A" => (false, false),
-        "p" => (true, true),
-        "a" => (false, true),
-        "K" | "Y" => {
-            asked = Some(if record.starts_with('K') {
-                Asked::Ask
-            } else {
-                Asked::Reply
-            });
-            (false, false)
-        }
+    let (kind, whole) = match it.next()? {
+        "P" => (Kind::Prompt, false),
+        "A" => (Kind::Assistant, false),
+        "X" => (Kind::Cancel, false),
+        "p" => (Kind::Prompt, true),
+        "a" => (Kind::Assistant, true),
+        "K" => (Kind::Ask, false),
+        "Y" => (Kind::Reply, false),
         _ => return None,
     };
     let client_msg_id = it.next()?.to_string();
@@ -270,12 +258,11 @@ pub fn parse_record(seq: &str, record: &str) -> Option<Msg> {
     };
     Some(Msg {
         seq: Seq(seq),
-        prompt,
+        kind,
         client_msg_id,
         assistant_msg_id,
         ts,
         data,
-        asked,
     })
 }
 
@@ -332,12 +319,18 @@ mod tests {
     #[test]
     fn messages_and_events_parse() {
         let m = parse_msg("7\na\nc1\na1\n12\n{\"x\":\"a\nb\"}").unwrap();
-        assert_eq!((m.seq, m.prompt, m.ts), (Seq(7), false, 12));
+        assert_eq!((m.seq, m.kind, m.ts), (Seq(7), Kind::Assistant, 12));
         assert_eq!(m.data, "{\"x\":\"a\nb\"}");
         assert!(parse_msg("7\nq\nc\n\n1\n{}").is_none());
         let m = parse_record("12", "P\nc1\n\n5\n{\"x\":\"a\nb\",\"seq\":").unwrap();
-        assert_eq!((m.seq, m.prompt, m.ts), (Seq(12), true, 5));
+        assert_eq!((m.seq, m.kind, m.ts), (Seq(12), Kind::Prompt, 5));
         assert_eq!(m.data, "{\"x\":\"a\nb\",\"seq\":12}");
+        let m = parse_record("4", "X\nc1\n\n5\n{\"client_msg_id\":\"c1\",\"seq\":").unwrap();
+        assert_eq!(
+            (m.seq, m.kind, &*m.client_msg_id),
+            (Seq(4), Kind::Cancel, "c1")
+        );
+        assert_eq!(m.data, "{\"client_msg_id\":\"c1\",\"seq\":4}");
         match parse_event(b"D\ns1\nE") {
             Some(Event::Deleted { sid, epoch }) => assert_eq!((&*sid, &*epoch), ("s1", "E")),
             other => panic!("{other:?}"),

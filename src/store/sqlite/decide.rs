@@ -235,6 +235,7 @@ fn transaction(
             let (sid, seq) = match record {
                 Record::Prompt { sid, seq, .. }
                 | Record::Response { sid, seq, .. }
+                | Record::Cancel { sid, seq, .. }
                 | Record::Ask { sid, seq, .. }
                 | Record::Reply { sid, seq, .. } => (sid, *seq),
                 Record::Created { .. } | Record::Deleted { .. } => {
@@ -245,13 +246,14 @@ fn transaction(
             };
             // A message: its row appended, the record applied to the copy,
             // then the rows the copy no longer retains go to the garbage
-            // (with the prompt an answer answered, if the log knew it).
+            // (with the prompt an answer answered or a cancel stopped, if
+            // the log knew it).
             let Some(s) = state.rows.sessions.get_mut(&**sid) else {
                 return Err(rusqlite::Error::QueryReturnedNoRows);
             };
             s.appended(seq, w.insert(s.id, record)?);
             let mut answered = match record {
-                Record::Response { client_msg_id, .. } => {
+                Record::Response { client_msg_id, .. } | Record::Cancel { client_msg_id, .. } => {
                     state.log.get(sid).and_then(|l| l.prompt_seq(client_msg_id))
                 }
                 _ => None,
@@ -343,6 +345,7 @@ impl RowWriter<'_> {
             }
             Record::Prompt { .. }
             | Record::Response { .. }
+            | Record::Cancel { .. }
             | Record::Ask { .. }
             | Record::Reply { .. } => {}
         }
@@ -375,6 +378,13 @@ impl RowWriter<'_> {
                 ts,
                 data.data(),
             ),
+            Record::Cancel {
+                seq,
+                ts,
+                client_msg_id,
+                data,
+                ..
+            } => (seq, 2, client_msg_id, None, ts, data.as_str()),
             // An ask's and a reply's `client_msg_id` column holds the
             // `ask_id` (see `schema.rs`).
             Record::Ask {

@@ -12,8 +12,10 @@
 //! - `messages(id, session, seq, kind, client_msg_id, assistant_msg_id, ts,
 //!   data)`: the log, one row per stored message in the order stored (`id`
 //!   is SQLite's rowid, so a commit appends to the table's last pages);
-//!   `kind` 0 is a prompt, 1 an answer, 3 an ask and 4 a reply (whose
-//!   `client_msg_id` column holds the `ask_id`); `data` is the message's JSON object
+//!   `kind` 0 is a prompt, 1 an answer, 2 a cancel (its `client_msg_id`
+//!   the prompt it stopped), 3 an ask and 4 a reply (whose
+//!   `client_msg_id` column holds the `ask_id`); `data` is the message's
+//!   JSON object
 //!   exactly as the API serves it. No index: the storage thread decides
 //!   writes on its copy of the log and knows each retained message's row
 //!   (`rows.rs`), and restore reads the table in order.
@@ -33,9 +35,10 @@
 //! `in_history` and `answered` flags: every write then touched pages all
 //! over the file. Its rows are copied in `seq` order into the new table.
 //! Version 3 had no `generation` table; it starts at 0. Versions 4 and 5
-//! hold no asks or replies: version 6 adds those kinds of rows and no
-//! table, and its number keeps an older relay, which would read any kind
-//! but a prompt as an answer, from opening a database that holds them.
+//! hold no asks or replies, and version 4 no cancels: version 6 adds those
+//! kinds of rows and no table, and its number keeps an older relay, which
+//! would read any kind but a prompt as an answer, from opening a database
+//! that holds them.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -165,7 +168,8 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
         3 => conn.execute_batch(&format!(
             "BEGIN; {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
-        // Asks and replies are rows of kinds of their own: no table changes.
+        // Cancels, asks and replies are rows of kinds of their own: no
+        // table changes.
         4 | 5 => conn.execute_batch(&format!("BEGIN; PRAGMA user_version = {VERSION}; COMMIT;")),
         _ => Ok(()),
     }
@@ -292,6 +296,13 @@ pub fn restore(
                 None => Message::damaged(Kind::Prompt, Rc::from(cid), None, seq, ts),
             };
             log.append_prompt(msg, limit);
+        } else if kind == 2 {
+            let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));
+            let msg = match data {
+                Some(d) => Message::cancel_with(cid, seq, ts, d),
+                None => Message::damaged(Kind::Cancel, cid, None, seq, ts),
+            };
+            log.append_cancel(msg, limit);
         } else {
             let aid: Rc<str> = Rc::from(r.get_ref(4)?.as_str_or_null()?.unwrap_or(""));
             let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));

@@ -24,11 +24,21 @@ Scenarios:
            text (its own prompt gets the agent's error answer, `WRONG
            <client_msg_id>`), one without a key too, never the ciphertext;
            a key that is no key stops the page from sending.
+  ask-key  a conversation in which a prompt and its answer arrive encrypted
+           (after `OPEN`): without a key the page asks for it and sends
+           nothing, keeping the typed text; a wrong key and a non-key are
+           refused with a reason; the right key decrypts what is shown and
+           the typed prompt goes encrypted; a reload keeps the key; a tab
+           without it asks at once.
   markdown an answer in Markdown (heading, emphasis, code span, nested
            list, ordered list, link, fenced code with a copy button) shows
            as elements; raw HTML and javascript: links in it show as text
            and make no element; a second prompt gets an error answer
            (`metadata.error`, no text), shown as an error.
+  tables   an answer with GitHub tables shows them as tables (inline
+           Markdown in cells, alignment from the delimiter row, an escaped
+           pipe, a short row); a wide one scrolls sideways in its box on a
+           phone-sized viewport while the page does not.
   stream   a prompt gets a "fetched" mark and the agent shows online once
            the agent fetched it (`FETCHED`); the answer streams in as one
            draft bubble that grows part by part (`PART <n>` after each
@@ -54,6 +64,11 @@ Scenarios:
            prompt; after a reconnect whose snapshots do not name the
            draft, it shows as interrupted; a new part 1 restarts it, the
            final answer replaces it, and a late part changes nothing.
+  status   on a phone-sized screen, with the end-to-end mark shown, the
+           status row's labels change (a prompt waiting, the agent online,
+           a long server error, the socket dropped and reopened): the row,
+           the header and the conversation keep their boxes throughout,
+           and no label spills out of the row.
 """
 
 import argparse
@@ -402,6 +417,81 @@ def e2e(page, watch, args):
     bare_watch.check_clean()
 
 
+def ask_key(page, watch, args):
+    posts = []
+    page.on("request", lambda r: posts.append(r.post_data) if r.method == "POST" and r.url.endswith("/prompt") else None)
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    form, why, key_input = page.locator("#key-form"), page.locator("#key-why"), page.get_by_label("End-to-end key")
+    expect(form).to_be_hidden()  # nothing is encrypted yet
+    say("OPEN")
+    # An encrypted prompt and answer arrive from elsewhere: the key is asked for.
+    expect(form).to_be_visible(timeout=WAIT_MS)
+    expect(why).to_contain_text("end-to-end encrypted")
+    texts = page.locator("article .text")
+    expect(texts).to_have_text(["cannot decrypt"] * 2, timeout=WAIT_MS)
+    os.makedirs(args.out, exist_ok=True)
+    shot = os.path.join(args.out, "page-key.png")
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+
+    # Nothing goes in clear: the text stays typed, the key is asked for.
+    page.get_by_label("Prompt").fill("typed before the key")
+    page.get_by_role("button", name="Send").click()
+    expect(why).to_contain_text("Nothing is sent in clear")
+    expect(key_input).to_be_focused()
+    expect(page.get_by_label("Prompt")).to_have_value("typed before the key")
+    expect(page.locator("article.prompt")).to_have_count(1)
+
+    # A wrong key, then no key at all: said so, asked again.
+    use = form.get_by_role("button", name="Use")
+    key_input.fill(args.other_key)
+    use.click()
+    expect(why).to_contain_text("does not open this conversation", timeout=WAIT_MS)
+    expect(form).to_be_visible()
+    key_input.fill("not-a-key")
+    use.click()
+    expect(why).to_contain_text("not a relay key", timeout=WAIT_MS)
+    expect(form).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('relay.e2e_key')") is None
+    expect(texts).to_have_text(["cannot decrypt"] * 2)
+
+    # The right key: what is shown is decrypted, the key kept as the token is.
+    key_input.fill(args.key)
+    use.click()
+    expect(form).to_be_hidden(timeout=WAIT_MS)
+    expect(texts).to_have_text(["the plan", "THE PLAN"], timeout=WAIT_MS)
+    expect(page.locator(".undecryptable")).to_have_count(0)
+    expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
+    assert page.evaluate("sessionStorage.getItem('relay.e2e_key')") == args.key
+    assert args.key not in page.evaluate("location.href")
+    assert not posts, f"a prompt was posted before the key was entered: {posts}"
+
+    # The prompt typed before goes now, encrypted.
+    expect(page.get_by_label("Prompt")).to_have_value("typed before the key")
+    prompt, cmid = send_prompt(page, "typed before the key", WAITING)
+    say(f"PROMPTED {cmid}")
+    wait_answer(page, prompt, "a-2", "TYPED BEFORE THE KEY")
+    sent = [json.loads(b) for b in posts]
+    assert len(sent) == 1, sent
+    assert sent[0]["prompt"].startswith("e2e1:") and sent[0]["metadata"] == {"e2e": 1}, sent
+    everything = ["the plan", "THE PLAN", "typed before the key", "TYPED BEFORE THE KEY"]
+    page.reload()
+    connected(page)
+    expect(texts).to_have_text(everything, timeout=WAIT_MS)
+    expect(form).to_be_hidden()
+    watch.check_clean()
+
+    # Another tab, which has no key: asked for at once, from the history.
+    bare = page.context.new_page()
+    bare_watch = Watch(bare)
+    bare.goto(f"{args.url}#{args.session}")
+    connected(bare)
+    expect(bare.locator("#key-form")).to_be_visible(timeout=WAIT_MS)
+    expect(bare.locator("article .text")).to_have_text(["cannot decrypt"] * 4, timeout=WAIT_MS)
+    bare_watch.check_clean()
+
+
 def markdown(page, watch, args):
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=args.url.rstrip("/"))
     page.goto(f"{args.url}#{args.session}")
@@ -454,6 +544,49 @@ def markdown(page, watch, args):
     os.makedirs(args.out, exist_ok=True)
     shot = os.path.join(args.out, "page-markdown.png")
     page.screenshot(path=shot, full_page=True)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
+def tables(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    _, cmid = send_prompt(page, "Tabulate it")
+    say(f"PROMPTED {cmid}")
+    answer = page.locator(f'article.answer[data-for="{cmid}"] .text')
+    expect(answer.locator("table")).to_have_count(2, timeout=WAIT_MS)
+    expect(answer.locator("> div.table > table")).to_have_count(2)  # each in its scrolling box
+    expect(answer.locator("> p")).to_have_text(["Stock:", "after the table", "| not | a table |\n|---|"])
+    small = answer.locator("table").first
+    expect(small.locator("thead th")).to_have_text(["Fruit", "Count", "Note"])
+    expect(small.locator("tbody tr")).to_have_count(3)
+    # Inline Markdown in cells, an escaped pipe kept, a short row filled.
+    expect(small.locator("tbody td")).to_have_text(["apple", "3", "red | green", "pear", "10", "site", "plum", "", ""])
+    expect(small.locator("td strong")).to_have_text("apple")
+    expect(small.locator("td code")).to_have_text("red | green")
+    expect(small.locator("td a")).to_have_attribute("href", "https://example.com/pear")
+    expect(small.locator("td a")).to_have_attribute("rel", "noopener noreferrer")
+    aligns = small.evaluate("""t => [...t.rows].map(r => [...r.cells].map(c => getComputedStyle(c).textAlign))""")
+    assert all(row == ["left", "right", "center"] for row in aligns), aligns
+
+    # The wide one scrolls sideways in its box; the page does not.
+    assert page.viewport_size == PHONE, page.viewport_size
+    wide = answer.locator("div.table").nth(1)
+    expect(wide.locator("th")).to_have_count(8)
+    box = wide.evaluate("""b => ({overflow: getComputedStyle(b).overflowX, scroll: b.scrollWidth, client: b.clientWidth,
+        right: b.getBoundingClientRect().right, bubble: b.closest('.text').getBoundingClientRect().right})""")
+    assert box["overflow"] == "auto", box
+    assert box["scroll"] > box["client"] + 50, f"the wide table does not overflow its box: {box}"
+    assert box["right"] <= box["bubble"] + 0.5 <= PHONE["width"], f"the box leaves its bubble: {box}"
+    page_width = page.evaluate("""() => ({doc: document.documentElement.scrollWidth, log: document.getElementById('log').scrollWidth,
+        logClient: document.getElementById('log').clientWidth, inner: innerWidth})""")
+    assert page_width["doc"] <= page_width["inner"], f"the page scrolls sideways: {page_width}"
+    assert page_width["log"] <= page_width["logClient"], f"the conversation scrolls sideways: {page_width}"
+    moved = wide.evaluate("b => { b.scrollLeft = 120; return b.scrollLeft; }")
+    assert moved > 0, "the wide table's box does not scroll"
+    os.makedirs(args.out, exist_ok=True)
+    shot = os.path.join(args.out, "page-tables.png")
+    page.screenshot(path=shot)
     say(f"SCREENSHOT {shot}")
     watch.check_clean()
 
@@ -691,11 +824,91 @@ def frames(page, watch, args):
     watch.check_clean()
 
 
+# Called at every change of the status row (a MutationObserver): its
+# labels, and the boxes of the row and of what is around it.
+MEASURE_ROW = """() => {
+    const $ = (id) => document.getElementById(id);
+    const box = (node) => { const r = node.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; };
+    const bar = $("bar");
+    window.rows = [];
+    const take = () => {
+        const shown = [...bar.children].filter((c) => !c.hidden);
+        rows.push({
+            status: $("status").textContent,
+            others: shown.filter((c) => c.id !== "status").map((c) => c.id + ":" + c.textContent).join("|"),
+            around: [bar, $("status"), document.querySelector("header"), $("session-form"), $("log"), $("compose")].map(box),
+            spills: shown.filter((c) => c.getBoundingClientRect().right > bar.getBoundingClientRect().right + 0.5).map((c) => c.id),
+        });
+    };
+    take();
+    new MutationObserver(take).observe(bar, { subtree: true, childList: true, characterData: true, attributes: true });
+}"""
+
+
+def status(page, watch, args):
+    sockets = []
+
+    def through(ws):
+        ws.connect_to_server()
+        sockets.append(ws)
+
+    page.route_web_socket(re.compile(r"/ws/"), through)
+    page.goto(f"{args.url}#{args.session}&key={args.key}")
+    connected(page)
+    expect_agent(page, "offline")
+    expect(page.locator("#e2e")).to_be_visible()
+    page.evaluate(MEASURE_ROW)
+
+    # A prompt waits; the agent comes online; the server says something long.
+    send_prompt(page, "Keep your place", "pending")
+    sockets[-1].send(json.dumps({"type": "presence", "data": {"agent": "online", "since": 1}}))
+    expect_agent(page, "online")
+    long_error = "Server: " + "a very long complaint from the relay that no phone could show on one line " * 2
+    sockets[-1].send(json.dumps({"type": "error", "error": long_error[len("Server: "):].strip()}))
+    expect(page.locator("#status")).to_have_text(long_error.strip(), timeout=WAIT_MS)
+    expect(page.locator("#status")).to_have_attribute("title", long_error.strip())
+    # The socket drops: disconnected and retrying, then connected again.
+    n = len(sockets)
+    sockets[-1].close()
+    expect(page.locator("#status")).to_contain_text("Disconnected; retrying", timeout=WAIT_MS)
+    wait_until(page, lambda: len(sockets) > n, "the page reconnecting")
+    connected(page)
+    expect_agent(page, "offline")
+
+    rows = page.evaluate("rows")
+    labels = {r["status"] for r in rows}
+    for want in ["Connected", "Disconnected; retrying", "Server: a very long"]:
+        assert any(label.startswith(want) for label in labels), f"{want!r} never shown: {labels}"
+    assert any("agent:Agent online" in r["others"] for r in rows), rows
+    assert any("pending:1 waiting" in r["others"] for r in rows), rows
+    assert any(r["others"] == "" or "agent" not in r["others"] for r in rows), "the agent label never hid"
+    first = rows[0]["around"]
+    names = ["the status row", "the connection label", "the header", "the session form", "the conversation",
+             "the prompt box"]
+    for r in rows:
+        for name, want, got in zip(names, first, r["around"]):
+            if name == "the connection label":
+                want, got = want[1::2], got[1::2]  # its top and height; its width follows the other labels
+            assert got == want, f"{name} moved when the row said {r['status']!r} / {r['others']!r}: {want} -> {got}"
+        assert not r["spills"], f"{r['spills']} overflow the row: {r}"
+    # With the other labels the same, the connection's label keeps its box too.
+    by_others = {}
+    for r in rows:
+        by_others.setdefault(r["others"], set()).add(tuple(r["around"][1]))
+    assert all(len(boxes) == 1 for boxes in by_others.values()), by_others
+    assert len(rows) >= 8, f"few changes seen: {[r['status'] for r in rows]}"
+    os.makedirs(args.out, exist_ok=True)
+    shot = os.path.join(args.out, "page-status.png")
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True,
-                    choices=["restart", "token", "fragment", "e2e", "markdown", "stream", "presence", "e2e-stream",
-                             "frames"])
+                    choices=["restart", "token", "fragment", "e2e", "ask-key", "markdown", "tables", "stream",
+                             "presence", "e2e-stream", "frames", "status"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -717,8 +930,10 @@ def main():
             ctx.set_default_timeout(WAIT_MS)
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             watch = Watch(page)
-            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "markdown": markdown,
-                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames}
+            scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "ask-key": ask_key,
+                         "markdown": markdown, "tables": tables,
+                         "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames,
+                         "status": status}
             scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()
