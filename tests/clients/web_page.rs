@@ -11,8 +11,9 @@
 //! with hostile HTML and links left as text, error
 //! answers shown as errors, streamed answers drawn as they arrive (across a
 //! reload, encrypted too) and replaced in place by the final answer, the
-//! agent's presence, the "fetched" mark, drafts the relay dropped, and a
-//! status row that keeps its place as its labels change.
+//! agent's presence, the "fetched" mark, drafts the relay dropped, a
+//! status row that keeps its place as its labels change, and Stop: a
+//! prompt stopped from one page shows stopped on every page.
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -652,6 +653,47 @@ fn browser_status_row_keeps_its_place() {
         &format!("--key={key}"),
     ]);
     println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.finish();
+}
+
+/// Stop, on a phone-sized page, while a draft streams: the cancel is
+/// stored, the draft ends, and a second page shows the prompt stopped from
+/// the relay's frames alone.
+#[test]
+fn browser_stops_a_prompt_on_every_device() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&["--scenario", "stop", "--url", &url, "--session", &sid]);
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
+    part(&s, &sid, &cmid, "a-stop", "Working on it");
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.expect("STOPPED");
+
+    let history = s.messages(&sid, "");
+    let cancels: Vec<&Value> = history["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["type"] == "cancel")
+        .collect();
+    assert_eq!(cancels.len(), 1, "one cancel stored: {history}");
+    assert_eq!(cancels[0]["data"]["client_msg_id"], cmid.as_str());
+    assert!(
+        s.pending(&sid).is_empty(),
+        "a stopped prompt is not pending"
+    );
+    let more = json!({"session_id": sid, "client_msg_id": cmid, "assistant_msg_id": "a-stop",
+        "text": " and more", "partial": true});
+    let refused = s.post_json("/response", &more);
+    assert_error(&refused, 409, "Conflict");
+    assert_eq!(refused.json()["details"], "prompt cancelled");
+    browser.send("CHECKED");
     browser.finish();
 }
 

@@ -64,6 +64,13 @@ Scenarios:
            prompt; after a reconnect whose snapshots do not name the
            draft, it shows as interrupted; a new part 1 restarts it, the
            final answer replaces it, and a late part changes nothing.
+  stop     a prompt awaiting its answer shows Stop (a draft streaming); a
+           second page (another device) opens the conversation; Stop,
+           reached with Tab and pressed with Enter, stops it: both pages
+           mark the prompt and its draft "Stopped" from the relay's frames
+           (the second never posts), Stop goes away (`STOPPED`); after the
+           test checked the stored cancel (`CHECKED`), a reload shows it
+           from the history.
   status   on a phone-sized screen, with the end-to-end mark shown, the
            status row's labels change (a prompt waiting, the agent online,
            a long server error, the socket dropped and reopened): the row,
@@ -824,6 +831,94 @@ def frames(page, watch, args):
     watch.check_clean()
 
 
+def stop_button(page):
+    return page.get_by_role("button", name="Stop the answer", exact=True)
+
+
+def fits_phone(page, *nodes):
+    """Each node lies inside the phone-sized viewport, and the page does not
+    scroll sideways."""
+    for node in nodes:
+        box = node.bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], f"{node} off screen: {box}"
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"the page is {width}px wide"
+
+
+def stop(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect(stop_button(page)).to_be_hidden()
+    prompt, cmid = send_prompt(page, "Take your time", WAITING)
+    say(f"PROMPTED {cmid}")
+    expect(stop_button(page)).to_be_visible()
+    draft = answer_of(page, "a-stop")
+    expect(draft.locator(".text")).to_have_text("Working on it", timeout=WAIT_MS)
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"))
+
+    # Another device watches the same conversation, and never clicks.
+    other = page.context.new_page()
+    other_watch = Watch(other)
+    other_posts = []
+    other.on("request", lambda r: other_posts.append(r.url) if r.method == "POST" else None)
+    other.goto(f"{args.url}#{args.session}")
+    connected(other)
+    expect(answer_of(other, "a-stop").locator(".text")).to_have_text("Working on it", timeout=WAIT_MS)
+    expect(stop_button(other)).to_be_visible()
+
+    # Reached from the prompt box with Tab, pressed with Enter; it fits
+    # beside Send on a phone.
+    page.bring_to_front()
+    fits_phone(page, stop_button(page), page.get_by_role("button", name="Send", exact=True))
+    page.get_by_label("Prompt").focus()
+    page.keyboard.press("Tab")
+    expect(stop_button(page)).to_be_focused()
+    expect(stop_button(page)).to_have_text("Stop")
+    shot = os.path.join(args.out, "page-stop.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    page.keyboard.press("Enter")
+
+    for p in (page, other):
+        mine = p.locator(f'article.prompt[data-cmid="{cmid}"]')
+        expect(mine).to_have_class(re.compile(r"\bstopped\b"), timeout=WAIT_MS)
+        expect(mine.locator(".state")).to_have_text("Stopped")
+        ended = answer_of(p, "a-stop")
+        expect(ended).to_have_class(re.compile(r"\bstopped\b"))
+        expect(ended.locator(".state")).to_have_text("Stopped")
+        expect(ended).to_have_attribute("aria-busy", "false")
+        expect(ended.locator(".text")).to_have_text("Working on it")
+        expect(stop_button(p)).to_be_hidden()
+        expect(p.locator("#pending")).to_have_text("")
+        # The draft stays below its prompt.
+        order = p.evaluate("[...document.querySelectorAll('article')].map((a) => a.dataset.cmid || a.dataset.amid)")
+        assert order == [cmid, "a-stop"], order
+    # The focus, on a button that went away, is back in the prompt box.
+    expect(page.get_by_label("Prompt")).to_be_focused()
+    for w in (watch, other_watch):
+        assert [f["data"]["client_msg_id"] for f in w.frames(w.received, "cancel")] == [cmid], w.received
+        ends = w.frames(w.received, "delta_end")
+        assert [e["data"]["reason"] for e in ends] == ["cancelled"], ends
+    assert not other_posts, f"the other page posted: {other_posts}"
+    shot = os.path.join(args.out, "page-stopped.png")
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    say("STOPPED")
+
+    # The test's part for the stopped prompt was refused; a reload shows the
+    # stop from the history.
+    expect_stdin("CHECKED")
+    other.reload()
+    connected(other)
+    mine = other.locator(f'article.prompt[data-cmid="{cmid}"]')
+    expect(mine.locator(".state")).to_have_text("Stopped", timeout=WAIT_MS)
+    expect(stop_button(other)).to_be_hidden()
+    expect(answer_of(other, "a-stop")).to_have_count(0)  # drafts are not history
+    watch.check_clean()
+    other_watch.check_clean()
+
+
 # Called at every change of the status row (a MutationObserver): its
 # labels, and the boxes of the row and of what is around it.
 MEASURE_ROW = """() => {
@@ -908,7 +1003,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True,
                     choices=["restart", "token", "fragment", "e2e", "ask-key", "markdown", "tables", "stream",
-                             "presence", "e2e-stream", "frames", "status"])
+                             "presence", "e2e-stream", "frames", "status", "stop"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -933,7 +1028,7 @@ def main():
             scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "ask-key": ask_key,
                          "markdown": markdown, "tables": tables,
                          "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames,
-                         "status": status}
+                         "status": status, "stop": stop}
             scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()
