@@ -8,8 +8,19 @@
 //! The key is 32 random bytes in base64url (`relay key`). Nonces are 96
 //! random bits per message, safe for far more messages than one key will
 //! ever carry (the birthday bound is about 2^32 messages).
+//!
+//! The texts of a question from the agent (its text, choices, default and
+//! the person's reply) are sealed deterministically instead
+//! ([`Key::seal_fixed`]): the nonce is an HMAC of the associated data and
+//! the text, under a key derived from the shared one. The same choice of
+//! the same ask is then the same ciphertext wherever it is sealed, so the
+//! server can check a reply against the choices byte for byte, and a retry
+//! sends the very bytes of the first attempt (a duplicate, not a
+//! conflict). Different texts get different nonces; equal ciphertexts
+//! reveal only that the texts are equal, within one ask and one role.
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::store::model::MAX_TEXT_BYTES;
@@ -23,8 +34,26 @@ const TAG_BYTES: usize = 16;
 /// text limit: base64url of nonce, text and tag, after the prefix.
 pub const MAX_CLEAR_BYTES: usize = (MAX_TEXT_BYTES - PREFIX.len()) / 4 * 3 - NONCE_LEN - TAG_BYTES;
 
+/// What the deterministic nonces' key is derived with (see
+/// [`Key::seal_fixed`]): HMAC-SHA256 of this label under the shared key.
+const FIXED_NONCE_LABEL: &[u8] = b"relay e2e1 fixed nonce";
+
+/// The longest clear text whose encrypted form fits in `limit` bytes
+/// (an ask's choice, at most 256 bytes on the wire, holds 160 in clear).
+pub const fn max_clear_within(limit: usize) -> usize {
+    ((limit - PREFIX.len()) * 3 / 4).saturating_sub(NONCE_LEN + TAG_BYTES)
+}
+
 /// A shared key, from `--e2e-key` or `RELAY_E2E_KEY`.
-pub struct Key(LessSafeKey);
+pub struct Key {
+    aead: LessSafeKey,
+    /// Derives the nonces of [`Key::seal_fixed`]: a key of its own, so
+    /// that the nonces tell nothing about the AES key.
+    nonces: hmac::Key,
+    /// The key as given, for a command that needs it too (`relay agent`
+    /// hands it to its command for `relay ask`).
+    text: String,
+}
 
 /// Which message a text belongs to: its associated data.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +67,14 @@ pub enum Message<'a> {
         client_msg_id: &'a str,
         assistant_msg_id: &'a str,
     },
+    /// The text of a question from the agent.
+    Ask { session: &'a str, ask_id: &'a str },
+    /// One of an ask's choices; the reply that picks it is the same bytes.
+    Choice { session: &'a str, ask_id: &'a str },
+    /// The default of an ask without choices.
+    Default { session: &'a str, ask_id: &'a str },
+    /// The person's reply to an ask without choices.
+    Reply { session: &'a str, ask_id: &'a str },
 }
 
 impl Message<'_> {
@@ -54,6 +91,10 @@ impl Message<'_> {
                 client_msg_id,
                 assistant_msg_id,
             } => (b'a', &[session, client_msg_id, assistant_msg_id]),
+            Message::Ask { session, ask_id } => (b'q', &[session, ask_id]),
+            Message::Choice { session, ask_id } => (b'c', &[session, ask_id]),
+            Message::Default { session, ask_id } => (b'd', &[session, ask_id]),
+            Message::Reply { session, ask_id } => (b'r', &[session, ask_id]),
         };
         let mut aad = b"relay e2e1 ".to_vec();
         aad.push(kind);
@@ -81,26 +122,62 @@ impl Key {
             .filter(|b| b.len() == KEY_BYTES)
             .ok_or("the key must be 32 bytes in base64url, as relay key prints it")?;
         let key = UnboundKey::new(&AES_256_GCM, &bytes).map_err(|_| "unusable key".to_string())?;
-        Ok(Key(LessSafeKey::new(key)))
+        let shared = hmac::Key::new(hmac::HMAC_SHA256, &bytes);
+        let derived = hmac::sign(&shared, FIXED_NONCE_LABEL);
+        Ok(Key {
+            aead: LessSafeKey::new(key),
+            nonces: hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()),
+            text: text.trim().to_string(),
+        })
     }
 
-    /// `text` encrypted for `message`; `Err` when the encrypted form would
-    /// not fit the server's text limit.
+    /// The key as it was given (base64url), to hand on to a command.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// `text` encrypted for `message` with a random nonce; `Err` when the
+    /// encrypted form would not fit the server's text limit.
     pub fn seal(&self, text: &str, message: Message) -> Result<String, String> {
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new()
+            .fill(&mut nonce)
+            .map_err(|_| "no randomness available".to_string())?;
+        self.seal_with(nonce, text, &message.aad())
+    }
+
+    /// `text` encrypted for `message` with a nonce derived from both (a
+    /// synthetic nonce, as in SIV modes): the first 96 bits of
+    /// HMAC-SHA256, under a key derived from the shared one, of the
+    /// associated data's length, the associated data and the text. Sealing
+    /// the same text for the same message again gives the same bytes, so
+    /// it is used for the texts of an ask, which the server compares (the
+    /// choices and the reply that picks one) or takes again on a retry
+    /// only if unchanged. Two different texts would share a nonce only if
+    /// their HMACs collided in 96 bits.
+    pub fn seal_fixed(&self, text: &str, message: Message) -> Result<String, String> {
+        let aad = message.aad();
+        let mut ctx = hmac::Context::with_key(&self.nonces);
+        ctx.update(&(aad.len() as u32).to_be_bytes());
+        ctx.update(&aad);
+        ctx.update(text.as_bytes());
+        let tag = ctx.sign();
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&tag.as_ref()[..NONCE_LEN]);
+        self.seal_with(nonce, text, &aad)
+    }
+
+    fn seal_with(&self, nonce: [u8; NONCE_LEN], text: &str, aad: &[u8]) -> Result<String, String> {
         if text.len() > MAX_CLEAR_BYTES {
             return Err(format!(
                 "encrypted, a text may hold at most {MAX_CLEAR_BYTES} bytes"
             ));
         }
-        let mut nonce = [0u8; NONCE_LEN];
-        SystemRandom::new()
-            .fill(&mut nonce)
-            .map_err(|_| "no randomness available".to_string())?;
         let mut body = text.as_bytes().to_vec();
-        self.0
+        self.aead
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(message.aad()),
+                Aad::from(aad),
                 &mut body,
             )
             .map_err(|_| "encryption failed".to_string())?;
@@ -121,7 +198,7 @@ impl Key {
         let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
         let mut body = body.to_vec();
         let clear = self
-            .0
+            .aead
             .open_in_place(nonce, Aad::from(message.aad()), &mut body)
             .ok()?;
         String::from_utf8(clear.to_vec()).ok()
@@ -212,6 +289,50 @@ mod tests {
         let text = "x".repeat(MAX_CLEAR_BYTES);
         assert!(key.seal(&text, prompt("s", "m")).unwrap().len() <= MAX_TEXT_BYTES);
         assert!(key.seal(&format!("{text}x"), prompt("s", "m")).is_err());
+    }
+
+    #[test]
+    fn the_texts_of_an_ask_seal_to_the_same_bytes_each_time() {
+        let key = Key::parse(&new_key().unwrap()).unwrap();
+        let choice = |ask_id| Message::Choice {
+            session: "s",
+            ask_id,
+        };
+        let yes = key.seal_fixed("yes", choice("k1")).unwrap();
+        assert_eq!(yes, key.seal_fixed("yes", choice("k1")).unwrap());
+        assert_eq!(key.open(&yes, choice("k1")).as_deref(), Some("yes"));
+        assert_ne!(yes, key.seal_fixed("no", choice("k1")).unwrap());
+        // Another ask, role or key: other bytes, and it opens only as its own.
+        assert_ne!(yes, key.seal_fixed("yes", choice("k2")).unwrap());
+        assert_eq!(key.open(&yes, choice("k2")), None);
+        let reply = Message::Reply {
+            session: "s",
+            ask_id: "k1",
+        };
+        assert_ne!(yes, key.seal_fixed("yes", reply).unwrap());
+        assert_eq!(key.open(&yes, reply), None, "a choice is no free reply");
+        let other = Key::parse(&new_key().unwrap()).unwrap();
+        assert_ne!(yes, other.seal_fixed("yes", choice("k1")).unwrap());
+        // Different texts never share a nonce (the first 12 bytes).
+        let nonce =
+            |sealed: &str| decode_vec(&sealed.as_bytes()[PREFIX.len()..]).unwrap()[..12].to_vec();
+        assert_ne!(
+            nonce(&yes),
+            nonce(&key.seal_fixed("no", choice("k1")).unwrap())
+        );
+    }
+
+    #[test]
+    fn the_longest_choice_fits_its_limit_sealed() {
+        let key = Key::parse(&new_key().unwrap()).unwrap();
+        let max = max_clear_within(256);
+        assert_eq!(max, 160);
+        let choice = Message::Choice {
+            session: "s",
+            ask_id: "k",
+        };
+        assert!(key.seal_fixed(&"x".repeat(max), choice).unwrap().len() <= 256);
+        assert!(key.seal_fixed(&"x".repeat(max + 1), choice).unwrap().len() > 256);
     }
 
     #[test]
