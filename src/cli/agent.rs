@@ -66,7 +66,9 @@ const HELP: &str =
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_URL (the server, as --url gives it), RELAY_SESSION_ID,
 RELAY_CLIENT_MSG_ID and RELAY_METADATA (the prompt's metadata as JSON, {}
-when it has none) in its environment. Its stdout,
+when it has none) in its environment, with the agent's token and key
+(RELAY_AGENT_TOKEN, RELAY_E2E_KEY), so that relay ask in CMD needs no
+flags. Its stdout,
 trailing newlines removed, is posted as the answer; while CMD runs, what it
 prints is streamed as parts of the answer (about every 0.1 s), which relay
 send and the page show as they come. CMD is checked at start
@@ -144,6 +146,9 @@ pub struct Options {
     pub session: String,
     pub poll_timeout: Duration,
     pub command: Vec<String>,
+    /// What the command gets besides the prompt's identity, so that
+    /// `relay ask` in it needs no flags (the token, the key).
+    pub handoff: Vec<(&'static str, String)>,
     /// End-to-end encryption, when a key is given.
     pub key: Option<e2e::Key>,
     /// Whether to stream stdout as parts while the command runs.
@@ -166,6 +171,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         DEFAULT_KILL_GRACE,
     )?;
     let key = super::e2e_key_of(parsed, env)?;
+    let handoff = super::ask::handoff(parsed, token.as_deref(), key.as_ref());
     if parsed.rest.is_empty() {
         return Err("a command to run is required after --".into());
     }
@@ -175,6 +181,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         session,
         poll_timeout,
         command: parsed.rest.clone(),
+        handoff,
         key,
         stream: !parsed.switch("--no-stream"),
         kill_grace,
@@ -381,6 +388,7 @@ struct Agent {
     session: String,
     poll_timeout: Duration,
     command: Vec<String>,
+    handoff: Vec<(&'static str, String)>,
     key: Option<e2e::Key>,
     /// Whether to stream parts (not `--no-stream`).
     stream: bool,
@@ -408,6 +416,7 @@ impl Agent {
             session: opts.session,
             poll_timeout: opts.poll_timeout,
             command: opts.command,
+            handoff: opts.handoff,
             key: opts.key,
             stream: opts.stream,
             kill_grace: opts.kill_grace,
@@ -643,12 +652,13 @@ impl Agent {
         // read the conversation (`$RELAY_URL/messages/...`) without a
         // hard-coded address.
         let url = self.client.url().http("");
-        let env = [
+        let mut env = vec![
             ("RELAY_URL", url.as_str()),
             ("RELAY_SESSION_ID", self.session.as_str()),
             ("RELAY_CLIENT_MSG_ID", prompt.client_msg_id.as_str()),
             ("RELAY_METADATA", metadata.as_str()),
         ];
+        env.extend(self.handoff.iter().map(|(k, v)| (*k, v.as_str())));
         let assistant_msg_id = answer_id(&self.session, id);
         let answer = parts::Answer {
             session: &self.session,

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use crate::store::model::MAX_TEXT_BYTES;
 
 /// Environment variables removed from the command's environment: the
-/// command needs no token, and should not be able to leak one.
-const HIDDEN_ENV: &[&str] = &["RELAY_AGENT_TOKEN", "RELAY_CLIENT_TOKEN"];
+/// client token is the person's, which the command has no use for. (The
+/// agent's own token and key are handed to it, for `relay ask`.)
+const HIDDEN_ENV: &[&str] = &["RELAY_CLIENT_TOKEN"];
 /// How much of the end of a failed command's stderr its error answer
 /// carries: the reason is usually in the last lines.
 pub const STDERR_TAIL_BYTES: usize = 2048;

@@ -1,17 +1,20 @@
 //! The command line tools in the same binary: `relay agent` (the laptop
 //! side: long-poll, run a command per prompt, post its output), `relay send`
-//! (post a prompt, print its answers), `relay health` (the container
+//! (post a prompt, print its answers), `relay ask` and `relay reply` (a
+//! question from the agent and the person's answer), `relay health` (the container
 //! health check) and `relay token` (a token for one session). The network
 //! ones are blocking clients over `std::net`, sharing one small HTTP client
 //! ([`client`]); the server's own code is reused for validation (session
 //! ids, size limits), settings (logging, address) and the token format.
 
 pub mod agent;
+pub mod ask;
 pub mod client;
 mod command;
 pub mod e2e;
 pub mod health;
 mod parts;
+pub mod reply;
 pub mod send;
 mod stream;
 pub mod token;
@@ -26,6 +29,10 @@ commands (each has --help):
       run CMD once per prompt of the session, post its output as the answer
   relay send --session ID [--url URL] [--token-file FILE] [--ca FILE] TEXT...
       post a prompt and print the answers to it
+  relay ask [--choice C]... [--default C] [--timeout S] TEXT...
+      ask the person (from a command under relay agent: no flags needed), print the reply
+  relay reply --session ID --ask ASK_ID [--url URL] [--token-file FILE] TEXT...
+      answer a question from the agent
   relay health [--url URL] [--ca FILE]
       GET /healthz: exit 0 on 200, 1 otherwise (the container health check)
   relay token --role client|agent --session ID [--expires S]
@@ -77,13 +84,18 @@ pub fn dispatch(args: &[String], env: &[(String, String)]) -> Option<u8> {
     match name.as_str() {
         "agent" => Some(agent::main(rest, env)),
         "send" => Some(send::main(rest, env)),
+        "ask" => Some(ask::main(rest, env)),
+        "reply" => Some(reply::main(rest, env)),
         "health" => Some(health::main(rest, env)),
         "token" => Some(token::main(rest, env)),
         "key" => Some(key_main(rest)),
         // `relay help agent` is `relay agent --help`; `relay help` alone is
         // the server's help (config::parse).
         "help" => match rest.first() {
-            Some(sub) if ["agent", "send", "health", "token", "key"].contains(&sub.as_str()) => {
+            Some(sub)
+                if ["agent", "send", "ask", "reply", "health", "token", "key"]
+                    .contains(&sub.as_str()) =>
+            {
                 dispatch(&[sub.clone(), "--help".to_string()], env)
             }
             _ => None,
@@ -108,6 +120,14 @@ impl Parsed {
             .iter()
             .rev()
             .find(|(f, _)| *f == flag)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of a flag that may be repeated (`--choice`), in order.
+    fn values<'a>(&'a self, flag: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.values
+            .iter()
+            .filter(move |(f, _)| *f == flag)
             .map(|(_, v)| v.as_str())
     }
 
@@ -282,6 +302,20 @@ fn session_of(parsed: &Parsed) -> Result<String, String> {
     }
 }
 
+/// `--session`, else `RELAY_SESSION_ID` (which `relay agent` gives its
+/// command), checked with the server's own rule.
+fn session_or_env(parsed: &Parsed, env: &[(String, String)]) -> Result<String, String> {
+    match (
+        parsed.value("--session"),
+        env_value(env, "RELAY_SESSION_ID"),
+    ) {
+        (None, Some(sid)) if crate::store::model::valid_session_id(sid) => Ok(sid.to_string()),
+        (None, Some(sid)) => Err(format!("invalid RELAY_SESSION_ID '{sid}'")),
+        (None, None) => Err("--session ID (or RELAY_SESSION_ID) is required".into()),
+        (Some(_), _) => session_of(parsed),
+    }
+}
+
 /// A positive number of seconds (`--timeout 2.5`).
 fn seconds_of(parsed: &Parsed, flag: &str, default: Duration) -> Result<Duration, String> {
     match parsed.value(flag) {
@@ -393,6 +427,8 @@ mod tests {
             include_str!("mod.rs"),
             include_str!("agent.rs"),
             include_str!("send.rs"),
+            include_str!("ask.rs"),
+            include_str!("reply.rs"),
             include_str!("health.rs"),
             include_str!("token.rs"),
             include_str!("command.rs"),

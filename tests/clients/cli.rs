@@ -306,26 +306,33 @@ fn tokens_come_from_flags_or_the_environment() {
 }
 
 #[test]
-fn the_command_gets_the_prompts_identity_but_no_token() {
+fn the_command_gets_the_prompts_identity_and_the_agents_token_only() {
     let srv = Server::start_with(&[("RELAY_AGENT_TOKEN", "agent-secret")]);
     let sid = unique_session();
-    let script = r#"printf '%s|%s|%s|%s' "$RELAY_SESSION_ID" "$RELAY_CLIENT_MSG_ID" "$RELAY_METADATA" "${RELAY_AGENT_TOKEN-none}""#;
+    // The agent's token is handed on (for `relay ask`); the person's is not.
+    let script = r#"printf '%s|%s|%s|%s|%s' "$RELAY_SESSION_ID" "$RELAY_CLIENT_MSG_ID" "$RELAY_METADATA" "${RELAY_AGENT_TOKEN-none}" "${RELAY_CLIENT_TOKEN-none}""#;
     let mut ws = srv.ws(&format!("/ws/{sid}"));
     prompt_with(&srv, &sid, "m1", "x", json!({"k": [1, "é"]}));
     srv.prompt(&sid, "y", Some("m2"));
     let _agent = Agent::start(
         &srv,
         &sid,
-        &[("RELAY_AGENT_TOKEN", "agent-secret")],
+        &[
+            ("RELAY_AGENT_TOKEN", "agent-secret"),
+            ("RELAY_CLIENT_TOKEN", "client-secret"),
+        ],
         &["sh", "-c", script],
     );
     let first = ws.recv_json_skip_pings();
     let second = ws.recv_json_skip_pings();
     assert_eq!(
         first["data"]["text"],
-        format!(r#"{sid}|m1|{{"k":[1,"é"]}}|none"#)
+        format!(r#"{sid}|m1|{{"k":[1,"é"]}}|agent-secret|none"#)
     );
-    assert_eq!(second["data"]["text"], format!("{sid}|m2|{{}}|none"));
+    assert_eq!(
+        second["data"]["text"],
+        format!("{sid}|m2|{{}}|agent-secret|none")
+    );
 }
 
 #[test]

@@ -39,7 +39,8 @@
 //!   port (`--host 127.0.0.1 --port 0` are appended) and logs JSON to a file
 //!   of the test. Once it logged `listening`, `127.0.0.1:8000` and
 //!   `localhost:8000` in the commands become its address, and `relay agent`,
-//!   `relay send` and `relay health` without `--url` are given its URL.
+//!   `relay send`, `relay ask`, `relay reply` and `relay health` without
+//!   `--url` are given its URL.
 //!
 //! `relay` and `curl` are wrapper scripts first on `PATH`: `relay` runs the
 //! binary this `cargo test` built (the install steps are skipped), as
@@ -95,7 +96,7 @@ const README_ADDRS: [&str; 2] = ["127.0.0.1:8000", "localhost:8000"];
 const RELAY_WRAPPER: &str = r#"#!/usr/bin/env bash
 bin=$README_TEST_BIN
 case "${1-}" in
-agent|send|health)
+agent|send|ask|reply|health)
   for arg in "${@:2}"; do
     case $arg in --) break ;; --url|--url=*) exec "$bin" "$@" ;; esac
   done

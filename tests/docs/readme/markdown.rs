@@ -217,7 +217,19 @@ pub fn is_server(text: &str) -> bool {
     }
     !matches!(
         words.next(),
-        Some("agent" | "send" | "health" | "token" | "key" | "-h" | "--help" | "-V" | "--version")
+        Some(
+            "agent"
+                | "send"
+                | "ask"
+                | "reply"
+                | "health"
+                | "token"
+                | "key"
+                | "-h"
+                | "--help"
+                | "-V"
+                | "--version"
+        )
     )
 }
 
@@ -275,6 +287,7 @@ mod tests {
         assert!(is_server("relay"));
         assert!(is_server("RELAY_LOG=debug relay --port 1"));
         assert!(!is_server("relay agent --session s -- cat"));
+        assert!(!is_server("relay ask --choice yes Go?"));
         assert!(!is_server("relay --version"));
         assert!(!is_server("curl relay"));
     }
