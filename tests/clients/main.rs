@@ -1,8 +1,7 @@
 //! The clients relay ships, run against the real server: the command line
-//! tools (cli), how they stop a prompt (cancel), their questions to the
-//! person (ask), their end-to-end encryption (e2e), the example clients a
-//! user copies (examples), and the web page in headless Chromium
-//! (web_page).
+//! tools (cli), their questions to the person (ask), how they stop a prompt
+//! (cancel), their end-to-end encryption (e2e), the example clients a user
+//! copies (examples), and the web page in headless Chromium (web_page).
 
 #[path = "../common/mod.rs"]
 mod common;
