@@ -11,8 +11,11 @@
 //! with hostile HTML and links left as text, error
 //! answers shown as errors, streamed answers drawn as they arrive (across a
 //! reload, encrypted too) and replaced in place by the final answer, the
-//! agent's presence, the "fetched" mark, drafts the relay dropped, and a
-//! status row that keeps its place as its labels change.
+//! agent's presence, the "fetched" mark, drafts the relay dropped, a
+//! status row that keeps its place as its labels change, Stop (a prompt
+//! stopped from one page shows stopped on every page), and questions from
+//! the agent as cards answered by a tap or a line of text (end-to-end
+//! encrypted too).
 //!
 //! The browser tests need `/usr/bin/chromium` and Python Playwright
 //! (`scripts/install-test-deps.sh`); without them they fail and say so.
@@ -653,6 +656,204 @@ fn browser_status_row_keeps_its_place() {
     ]);
     println!("screenshot: {}", browser.expect("SCREENSHOT "));
     browser.finish();
+}
+
+/// Stop, on a phone-sized page, while a draft streams: the cancel is
+/// stored, the draft ends, and a second page shows the prompt stopped from
+/// the relay's frames alone.
+#[test]
+fn browser_stops_a_prompt_on_every_device() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&["--scenario", "stop", "--url", &url, "--session", &sid]);
+    let cmid = browser.expect("PROMPTED ");
+    assert_eq!(long_poll(&s, &sid)["client_msg_id"], cmid.as_str());
+    part(&s, &sid, &cmid, "a-stop", "Working on it");
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.expect("STOPPED");
+
+    let history = s.messages(&sid, "");
+    let cancels: Vec<&Value> = history["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["type"] == "cancel")
+        .collect();
+    assert_eq!(cancels.len(), 1, "one cancel stored: {history}");
+    assert_eq!(cancels[0]["data"]["client_msg_id"], cmid.as_str());
+    assert!(
+        s.pending(&sid).is_empty(),
+        "a stopped prompt is not pending"
+    );
+    let more = json!({"session_id": sid, "client_msg_id": cmid, "assistant_msg_id": "a-stop",
+        "text": " and more", "partial": true});
+    let refused = s.post_json("/response", &more);
+    assert_error(&refused, 409, "Conflict");
+    assert_eq!(refused.json()["details"], "prompt cancelled");
+    browser.send("CHECKED");
+    browser.finish();
+}
+
+/// Questions from the agent, on phone-sized pages: a card per ask, a tap
+/// on a choice stored as the reply and shown on every page (a page that
+/// taps too late gets `409` and shows the answer given elsewhere), an ask
+/// past its time shown expired with its default, and a free-text ask
+/// answered in its field.
+#[test]
+fn browser_answers_questions_from_the_agent() {
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    s.put(&format!("/sessions/{sid}"));
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&["--scenario", "ask", "--url", &url, "--session", &sid]);
+    browser.expect("OPEN");
+    post_ask(
+        &s,
+        json!({"session_id": sid, "ask_id": "k-deploy", "text": "Run **make deploy**?",
+            "choices": ["yes", "no"], "default": "no", "timeout": 600}),
+    );
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.expect("ANSWERED");
+    assert_eq!(
+        replies(&s, &sid),
+        [("k-deploy".to_string(), "yes".to_string())]
+    );
+    let state = s.get(&format!("/asks/{sid}/k-deploy?wait=false")).json();
+    assert_eq!(
+        state,
+        json!({"ask_id": "k-deploy", "state": "answered", "text": "yes"})
+    );
+
+    post_ask(
+        &s,
+        json!({"session_id": sid, "ask_id": "k-late", "text": "Still there?",
+            "choices": ["continue", "stop"], "default": "stop", "timeout": 1}),
+    );
+    browser.expect("EXPIRED");
+    let state = s.get(&format!("/asks/{sid}/k-late?wait=false")).json();
+    assert_eq!(state["state"], "expired", "{state}");
+
+    post_ask(
+        &s,
+        json!({"session_id": sid, "ask_id": "k-branch", "text": "Which *branch*?", "timeout": 600}),
+    );
+    println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.expect("REPLIED");
+    assert_eq!(replies(&s, &sid).len(), 2);
+    assert_eq!(replies(&s, &sid)[1], ("k-branch".into(), "main".into()));
+    browser.finish();
+}
+
+/// With `key=`, a question sealed as `relay ask` seals it shows decrypted;
+/// a tap replies with the choice's own ciphertext, which passes the
+/// relay's byte-for-byte check; a typed reply is sealed as the tools seal
+/// it, to the same bytes.
+#[test]
+fn browser_answers_an_encrypted_question() {
+    use relay::cli::e2e::{Key, Message};
+    let Some(_one) = browser_turn() else {
+        return;
+    };
+    let s = Server::start_with(&[PING]);
+    let sid = unique_session();
+    s.put(&format!("/sessions/{sid}"));
+    let key_text = relay_key();
+    let key = Key::parse(&key_text).expect("a key");
+    let url = format!("http://{}/", s.addr());
+    let mut browser = Browser::start(&[
+        "--scenario",
+        "ask-e2e",
+        "--url",
+        &url,
+        "--session",
+        &sid,
+        &format!("--key={key_text}"),
+    ]);
+    browser.expect("OPEN");
+    let seal = |text: &str, message| key.seal_fixed(text, message).expect("sealed");
+    let choice = Message::Choice {
+        session: &sid,
+        ask_id: "k-e",
+    };
+    let question = Message::Ask {
+        session: &sid,
+        ask_id: "k-e",
+    };
+    let choices = [seal("deploy", choice), seal("wait", choice)];
+    post_ask(
+        &s,
+        json!({"session_id": sid, "ask_id": "k-e", "text": seal("Ship **it**?", question),
+            "choices": choices, "default": choices[1], "timeout": 600, "metadata": {"e2e": 1}}),
+    );
+    browser.expect("ANSWERED");
+    let stored = replies(&s, &sid);
+    assert_eq!(
+        stored[0].1, choices[0],
+        "the reply is the choice's own bytes"
+    );
+    assert_eq!(key.open(&stored[0].1, choice).as_deref(), Some("deploy"));
+
+    let (question, free) = (
+        Message::Ask {
+            session: &sid,
+            ask_id: "k-f",
+        },
+        Message::Reply {
+            session: &sid,
+            ask_id: "k-f",
+        },
+    );
+    let default = Message::Default {
+        session: &sid,
+        ask_id: "k-f",
+    };
+    post_ask(
+        &s,
+        json!({"session_id": sid, "ask_id": "k-f", "text": seal("Which branch?", question),
+            "default": seal("main", default), "timeout": 600}),
+    );
+    browser.expect("REPLIED");
+    let stored = replies(&s, &sid);
+    assert_eq!(key.open(&stored[1].1, free).as_deref(), Some("feature/x"));
+    assert_eq!(
+        stored[1].1,
+        seal("feature/x", free),
+        "sealed as the tools seal it"
+    );
+    browser.finish();
+    let all = s.messages(&sid, "").to_string();
+    for clear in ["deploy", "feature/x", "Ship", "branch"] {
+        assert!(!all.contains(clear), "{clear} stored in clear: {all}");
+    }
+}
+
+/// `POST /ask` as the agent, asserting the relay took it.
+#[track_caller]
+fn post_ask(s: &Server, body: Value) {
+    let r = s.post_json("/ask", &body);
+    assert_eq!(r.status, 200, "POST /ask: {}", r.text());
+}
+
+/// The session's stored replies: (ask_id, text), oldest first.
+#[track_caller]
+fn replies(s: &Server, sid: &str) -> Vec<(String, String)> {
+    let history = s.messages(sid, "");
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    history["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["type"] == "reply")
+        .map(|m| (text(&m["data"]["ask_id"]), text(&m["data"]["text"])))
+        .collect()
 }
 
 /// Posts one part of answer `amid` (`"partial": true`).

@@ -64,6 +64,25 @@ Scenarios:
            prompt; after a reconnect whose snapshots do not name the
            draft, it shows as interrupted; a new part 1 restarts it, the
            final answer replaces it, and a late part changes nothing.
+  stop     a prompt awaiting its answer shows Stop (a draft streaming); a
+           second page (another device) opens the conversation; Stop,
+           reached with Tab and pressed with Enter, stops it: both pages
+           mark the prompt and its draft "Stopped" from the relay's frames
+           (the second never posts), Stop goes away (`STOPPED`); after the
+           test checked the stored cancel (`CHECKED`), a reload shows it
+           from the history.
+  ask      questions from the agent posted by the test (after `OPEN`) show
+           as cards on three pages: Markdown text, a button per choice,
+           a countdown (said aloud politely, not each second); a tap
+           answers it on this page and another (`ANSWERED`), and the third,
+           whose socket loses reply frames, taps late: refused (409), its
+           card shows the answer all the same. A question with a one
+           second timeout shows "Expired" and its default (`EXPIRED`); one
+           without choices is answered in its text field with Enter
+           (`REPLIED`); a reload shows every card as it ended.
+  ask-e2e  with `key=`, a sealed question shows decrypted; a tap posts the
+           choice's own ciphertext (`ANSWERED`), a typed reply goes sealed
+           (`REPLIED`); a page without the key reads "cannot decrypt".
   status   on a phone-sized screen, with the end-to-end mark shown, the
            status row's labels change (a prompt waiting, the agent online,
            a long server error, the socket dropped and reopened): the row,
@@ -824,6 +843,239 @@ def frames(page, watch, args):
     watch.check_clean()
 
 
+def stop_button(page):
+    return page.get_by_role("button", name="Stop the answer", exact=True)
+
+
+def fits_phone(page, *nodes):
+    """Each node lies inside the phone-sized viewport, and the page does not
+    scroll sideways."""
+    for node in nodes:
+        box = node.bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], f"{node} off screen: {box}"
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"the page is {width}px wide"
+
+
+def stop(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    expect(stop_button(page)).to_be_hidden()
+    prompt, cmid = send_prompt(page, "Take your time", WAITING)
+    say(f"PROMPTED {cmid}")
+    expect(stop_button(page)).to_be_visible()
+    draft = answer_of(page, "a-stop")
+    expect(draft.locator(".text")).to_have_text("Working on it", timeout=WAIT_MS)
+    expect(prompt).to_have_class(re.compile(r"\bfetched\b"))
+
+    # Another device watches the same conversation, and never clicks.
+    other = page.context.new_page()
+    other_watch = Watch(other)
+    other_posts = []
+    other.on("request", lambda r: other_posts.append(r.url) if r.method == "POST" else None)
+    other.goto(f"{args.url}#{args.session}")
+    connected(other)
+    expect(answer_of(other, "a-stop").locator(".text")).to_have_text("Working on it", timeout=WAIT_MS)
+    expect(stop_button(other)).to_be_visible()
+
+    # Reached from the prompt box with Tab, pressed with Enter; it fits
+    # beside Send on a phone.
+    page.bring_to_front()
+    fits_phone(page, stop_button(page), page.get_by_role("button", name="Send", exact=True))
+    page.get_by_label("Prompt").focus()
+    page.keyboard.press("Tab")
+    expect(stop_button(page)).to_be_focused()
+    expect(stop_button(page)).to_have_text("Stop")
+    shot = os.path.join(args.out, "page-stop.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    page.keyboard.press("Enter")
+
+    for p in (page, other):
+        mine = p.locator(f'article.prompt[data-cmid="{cmid}"]')
+        expect(mine).to_have_class(re.compile(r"\bstopped\b"), timeout=WAIT_MS)
+        expect(mine.locator(".state")).to_have_text("Stopped")
+        ended = answer_of(p, "a-stop")
+        expect(ended).to_have_class(re.compile(r"\bstopped\b"))
+        expect(ended.locator(".state")).to_have_text("Stopped")
+        expect(ended).to_have_attribute("aria-busy", "false")
+        expect(ended.locator(".text")).to_have_text("Working on it")
+        expect(stop_button(p)).to_be_hidden()
+        expect(p.locator("#pending")).to_have_text("")
+        # The draft stays below its prompt.
+        order = p.evaluate("[...document.querySelectorAll('article')].map((a) => a.dataset.cmid || a.dataset.amid)")
+        assert order == [cmid, "a-stop"], order
+    # The focus, on a button that went away, is back in the prompt box.
+    expect(page.get_by_label("Prompt")).to_be_focused()
+    for w in (watch, other_watch):
+        assert [f["data"]["client_msg_id"] for f in w.frames(w.received, "cancel")] == [cmid], w.received
+        ends = w.frames(w.received, "delta_end")
+        assert [e["data"]["reason"] for e in ends] == ["cancelled"], ends
+    assert not other_posts, f"the other page posted: {other_posts}"
+    shot = os.path.join(args.out, "page-stopped.png")
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    say("STOPPED")
+
+    # The test's part for the stopped prompt was refused; a reload shows the
+    # stop from the history.
+    expect_stdin("CHECKED")
+    other.reload()
+    connected(other)
+    mine = other.locator(f'article.prompt[data-cmid="{cmid}"]')
+    expect(mine.locator(".state")).to_have_text("Stopped", timeout=WAIT_MS)
+    expect(stop_button(other)).to_be_hidden()
+    expect(answer_of(other, "a-stop")).to_have_count(0)  # drafts are not history
+    watch.check_clean()
+    other_watch.check_clean()
+
+
+def ask_card(page, ask_id):
+    return page.locator(f'article.question[data-ask="{ask_id}"]')
+
+
+def drop_replies(ws):
+    """Passes the relay's frames to the page, except `reply` frames."""
+    server = ws.connect_to_server()
+
+    def down(message):
+        if not (isinstance(message, str) and json.loads(message).get("type") == "reply"):
+            ws.send(message)
+
+    server.on_message(down)
+
+
+def ask(page, watch, args):
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    # Another device; and a third whose socket loses the reply frames, so
+    # that its tap comes after the question was answered.
+    other, late = page.context.new_page(), page.context.new_page()
+    other_watch, late_watch = Watch(other), Watch(late)
+    late_replies = []
+    late.on("response", lambda r: late_replies.append(r.status) if r.url.endswith("/reply") else None)
+    late.route_web_socket(re.compile(r"/ws/"), drop_replies)
+    for p in (other, late):
+        p.goto(f"{args.url}#{args.session}")
+        connected(p)
+    page.bring_to_front()
+    say("OPEN")
+
+    for p in (page, other, late):
+        card = ask_card(p, "k-deploy")
+        expect(card.locator(".text strong")).to_have_text("make deploy", timeout=WAIT_MS)
+        expect(card.locator(".text")).to_have_text("Run make deploy?")
+        expect(card.get_by_role("button")).to_have_text(["yes", "no"])
+        expect(card.locator(".state")).to_have_text(re.compile(r"^(10:00|9:[45]\d) left$"))
+    card = ask_card(page, "k-deploy")
+    expect(card).to_have_attribute("aria-label", "Question from the agent")
+    # Said once, politely, not every second.
+    said = card.locator(".sr-only")
+    expect(said).to_have_attribute("aria-live", "polite")
+    expect(said).to_have_text("10 minutes left to answer")
+    expect(card.locator(".state")).to_have_attribute("aria-live", "off")
+    # It counts down.
+    shown = card.locator(".state").text_content()
+    wait_until(page, lambda: card.locator(".state").text_content() != shown, "the countdown to move")
+    fits_phone(page, *card.get_by_role("button").all())
+    shot = os.path.join(args.out, "page-ask.png")
+    os.makedirs(args.out, exist_ok=True)
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+
+    card.get_by_role("button", name="yes", exact=True).click()
+    for p in (page, other):
+        c = ask_card(p, "k-deploy")
+        expect(c.locator(".out")).to_have_text("Answer: yes", timeout=WAIT_MS)
+        expect(c.locator(".state")).to_have_text("Answered")
+        expect(c).to_have_class(re.compile(r"\banswered\b"))
+        expect(c.get_by_role("button")).to_have_count(0)
+    # The late page still offers the choices: its tap is refused (409) and
+    # the card shows the answer given elsewhere, quietly.
+    c = ask_card(late, "k-deploy")
+    expect(c.get_by_role("button")).to_have_count(2)
+    c.get_by_role("button", name="no", exact=True).click()
+    expect(c.locator(".out")).to_have_text("Answer: yes", timeout=WAIT_MS)
+    expect(c.get_by_role("button")).to_have_count(0)
+    expect(late.locator("#notice")).to_be_hidden()
+    assert late_replies == [409], late_replies
+    say("ANSWERED")
+
+    # Past its time with no reply: expired, with the default the agent takes.
+    c = ask_card(page, "k-late")
+    expect(c.locator(".state")).to_have_text("Expired", timeout=WAIT_MS)
+    expect(c.locator(".out")).to_have_text("Default: stop")
+    expect(c.locator(".sr-only")).to_have_text("Expired")
+    expect(c.get_by_role("button")).to_have_count(0)
+    expect(ask_card(other, "k-late").locator(".state")).to_have_text("Expired", timeout=WAIT_MS)
+    say("EXPIRED")
+
+    # No choices: a text field, answered with the keyboard.
+    c = ask_card(page, "k-branch")
+    field = c.get_by_label("Your answer")
+    expect(field).to_be_visible(timeout=WAIT_MS)
+    expect(c.locator(".text em")).to_have_text("branch")
+    fits_phone(page, field, c.get_by_role("button", name="Reply", exact=True))
+    field.fill("main")
+    field.press("Enter")
+    for p in (page, other):
+        expect(ask_card(p, "k-branch").locator(".out")).to_have_text("Answer: main", timeout=WAIT_MS)
+    expect(c.get_by_label("Your answer")).to_have_count(0)
+    expect(c.locator(".out")).to_be_focused()  # where the focus went with the field
+    shot = os.path.join(args.out, "page-asked.png")
+    page.screenshot(path=shot)
+    say(f"SCREENSHOT {shot}")
+    say("REPLIED")
+
+    # A reload shows every card as it ended, from the history.
+    other.reload()
+    connected(other)
+    for ask_id, out in [("k-deploy", "Answer: yes"), ("k-late", "Default: stop"), ("k-branch", "Answer: main")]:
+        expect(ask_card(other, ask_id).locator(".out")).to_have_text(out, timeout=WAIT_MS)
+    expect(other.locator("article.question button, article.question input")).to_have_count(0)
+    for w in (watch, other_watch, late_watch):
+        w.check_clean()
+
+
+def ask_e2e(page, watch, args):
+    posts = []
+    page.on("request", lambda r: posts.append(json.loads(r.post_data)) if r.url.endswith("/reply") else None)
+    page.goto(f"{args.url}#{args.session}&key={args.key}")
+    connected(page)
+    say("OPEN")
+    c = ask_card(page, "k-e")
+    expect(c.locator(".text strong")).to_have_text("it", timeout=WAIT_MS)
+    expect(c.locator(".text")).to_have_text("Ship it?")
+    expect(c.get_by_role("button")).to_have_text(["deploy", "wait"])
+    c.get_by_role("button", name="deploy", exact=True).click()
+    expect(c.locator(".out")).to_have_text("Answer: deploy", timeout=WAIT_MS)
+    say("ANSWERED")
+
+    c = ask_card(page, "k-f")
+    expect(c.locator(".text")).to_have_text("Which branch?", timeout=WAIT_MS)
+    c.get_by_label("Your answer").fill("feature/x")
+    c.get_by_role("button", name="Reply", exact=True).click()
+    expect(c.locator(".out")).to_have_text("Answer: feature/x", timeout=WAIT_MS)
+    assert len(posts) == 2 and all(p["text"].startswith("e2e1:") for p in posts), posts
+    for clear in ("deploy", "feature/x", "Ship", "branch"):
+        assert clear not in json.dumps(posts), posts
+        assert not any(clear in str(f) for f in watch.received), f"{clear} came over the WebSocket"
+
+    # Without the key: the texts read "cannot decrypt", the choices too,
+    # and nothing can be picked.
+    bare = page.context.new_page()
+    bare_watch = Watch(bare)
+    bare.goto(f"{args.url}#{args.session}")
+    connected(bare)
+    expect(ask_card(bare, "k-e").locator(".text")).to_have_text("cannot decrypt", timeout=WAIT_MS)
+    expect(ask_card(bare, "k-e").locator(".out")).to_have_text("Answer: cannot decrypt")
+    assert "e2e1:" not in bare.locator("#log").inner_text()
+    say("REPLIED")
+    watch.check_clean()
+    bare_watch.check_clean()
+
+
 # Called at every change of the status row (a MutationObserver): its
 # labels, and the boxes of the row and of what is around it.
 MEASURE_ROW = """() => {
@@ -908,7 +1160,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True,
                     choices=["restart", "token", "fragment", "e2e", "ask-key", "markdown", "tables", "stream",
-                             "presence", "e2e-stream", "frames", "status"])
+                             "presence", "e2e-stream", "frames", "status", "stop", "ask", "ask-e2e"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
@@ -933,7 +1185,8 @@ def main():
             scenarios = {"restart": restart, "token": token, "fragment": fragment, "e2e": e2e, "ask-key": ask_key,
                          "markdown": markdown, "tables": tables,
                          "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames,
-                         "status": status}
+                         "status": status, "stop": stop,
+                         "ask": ask, "ask-e2e": ask_e2e}
             scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()
