@@ -1,6 +1,7 @@
 //! Persistence on one machine (`RELAY_DATA_DIR`), against the real binary
 //! and real files: what was acknowledged survives `kill -9` (counted, with
-//! several clients writing while the server is killed at random moments),
+//! several clients writing prompts, answers and cancels while the server
+//! is killed at random moments),
 //! a resuming client gets no resync, a second server and a damaged or newer
 //! database are refused, a first-version database is migrated (and one
 //! from before cancels), a cancel is kept like any message, and a disk
@@ -103,19 +104,42 @@ fn everything_acknowledged_survives_kill_9_with_its_epoch_and_seq() {
     assert_eq!(f["data"]["seq"], 7, "the answers after seq 6: 7 and 8");
 }
 
-/// What the writers were told: every acknowledged prompt and answer.
+/// What the writers were told: every acknowledged prompt, answer and
+/// cancel, and every cancel refused.
 #[derive(Default)]
 struct Acked {
     prompts: BTreeSet<String>,
     answers: BTreeMap<String, String>, // assistant id -> prompt id
-    /// Acknowledged prompts no answer was ever posted for: pending for
-    /// good, however far history moves past them.
+    /// Acknowledged prompts no answer or cancel was ever posted for:
+    /// pending for good, however far history moves past them.
     unanswered: BTreeSet<String>,
+    /// Acknowledged cancels: prompt id -> the cancel's `seq`.
+    cancels: BTreeMap<String, u64>,
+    /// Cancels answered with an error: never stored.
+    refused_cancels: BTreeSet<String>,
+    /// Cancels the kill cut off before their answer: stored or not.
+    unknown_cancels: BTreeSet<String>,
+}
+
+impl Acked {
+    fn merge(&mut self, other: Acked) {
+        self.prompts.extend(other.prompts);
+        self.answers.extend(other.answers);
+        self.unanswered.extend(other.unanswered);
+        self.cancels.extend(other.cancels);
+        self.refused_cancels.extend(other.refused_cancels);
+        self.unknown_cancels.extend(other.unknown_cancels);
+    }
 }
 
 /// One `POST` on a fresh connection; the status, or `None` when the
 /// server is gone (killed) before answering.
 fn try_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<u16> {
+    try_request(addr, path, body).map(|(status, _)| status)
+}
+
+/// [`try_post`] with the answer's JSON body (`Null` when it has none).
+fn try_request(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
     use std::io::{Read, Write};
     let s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -128,12 +152,18 @@ fn try_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<u16>
     s.write_all(req.as_bytes()).ok()?;
     let mut got = Vec::new();
     s.read_to_end(&mut got).ok()?;
-    let head = String::from_utf8_lossy(got.get(..12)?).into_owned();
-    head.strip_prefix("HTTP/1.1 ")?.parse().ok()
+    let text = String::from_utf8_lossy(&got);
+    let status = text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    Some((status, body))
 }
 
-/// A client that posts prompts and answers to `sid` until `stop`, counting
-/// only what got a 200; failures (the server was killed) are expected.
+/// A client that posts prompts to `sid` until `stop`, and answers every
+/// second one and cancels every fourth, counting only what got a 200;
+/// failures (the server was killed) are expected.
 fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicBool>) -> Acked {
     let mut acked = Acked::default();
     let mut n = 0;
@@ -146,7 +176,22 @@ fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicB
             continue;
         }
         acked.prompts.insert(cid.clone());
-        if n % 2 == 1 {
+        if n % 4 == 1 {
+            let c = json!({"session_id": sid, "client_msg_id": cid});
+            match try_request(addr, "/cancel", &c) {
+                Some((200, ack)) => {
+                    assert_eq!(ack["duplicate"], Value::Null, "a first cancel: {ack}");
+                    let seq = ack["seq"].as_u64().expect("a cancel's seq");
+                    acked.cancels.insert(cid, seq);
+                }
+                Some(_) => {
+                    acked.refused_cancels.insert(cid);
+                }
+                None => {
+                    acked.unknown_cancels.insert(cid);
+                }
+            }
+        } else if n % 2 == 1 {
             acked.unanswered.insert(cid.clone());
         } else {
             let aid = format!("a-{cid}");
@@ -225,9 +270,62 @@ fn check(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str) {
         assert!(answers.contains(a), "acknowledged answer {a} lost");
     }
     let answered = field_of(&msgs, "assistant", "client_msg_id");
-    let want_pending: BTreeSet<String> = prompts.difference(&answered).cloned().collect();
+    let cancelled = field_of(&msgs, "cancel", "client_msg_id");
+    let want_pending: BTreeSet<String> = prompts
+        .difference(&answered)
+        .filter(|p| !cancelled.contains(*p))
+        .cloned()
+        .collect();
     assert_eq!(pending_set(srv, sid), want_pending, "pending set");
+    check_cancels(srv, sid, &msgs, acked, None);
     check_epoch_and_resend(srv, sid, epoch_before, acked.prompts.iter().next());
+}
+
+/// Every acknowledged cancel still in history is there with its `seq`
+/// (`limit`: history is trimmed, so one may have left it; else every one
+/// must be there), its prompt is not pending, and an answer to it is
+/// refused: `409 prompt cancelled` while the prompt is in history, `404`
+/// once both have left it. No cancel that was refused is stored.
+#[track_caller]
+fn check_cancels(srv: &Server, sid: &str, msgs: &[Value], acked: &Acked, limit: Option<usize>) {
+    let stored: BTreeMap<String, u64> = msgs
+        .iter()
+        .filter(|m| m["type"] == "cancel")
+        .map(|m| {
+            let d = &m["data"];
+            (
+                d["client_msg_id"].as_str().unwrap().to_string(),
+                d["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let first = msgs
+        .first()
+        .map_or(1, |m| m["data"]["seq"].as_u64().unwrap());
+    let in_history = field_of(msgs, "prompt", "client_msg_id");
+    let pending = pending_set(srv, sid);
+    for (p, seq) in &acked.cancels {
+        match stored.get(p) {
+            Some(got) => assert_eq!(got, seq, "the cancel of {p} moved"),
+            None => assert!(
+                limit.is_some() && *seq < first,
+                "acknowledged cancel of {p} (seq {seq}) lost"
+            ),
+        }
+        assert!(!pending.contains(p), "cancelled prompt {p} is pending");
+        let late = json!({"session_id": sid, "client_msg_id": p,
+                          "assistant_msg_id": format!("late-{p}"), "text": "late"});
+        let r = srv.post_json("/response", &late);
+        if in_history.contains(p) {
+            assert_eq!(r.status, 409, "an answer to cancelled {p}: {}", r.text());
+            assert_eq!(r.json()["details"], "prompt cancelled");
+        } else {
+            assert_eq!(r.status, 404, "an answer to cancelled {p}: {}", r.text());
+        }
+    }
+    for p in &acked.refused_cancels {
+        assert!(!stored.contains_key(p), "refused cancel of {p} stored");
+    }
 }
 
 /// The crash test's server settings.
@@ -262,8 +360,9 @@ fn check_trimmed(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str, lim
         "history holds {} messages from seq {first}, limit {limit}",
         seqs.len()
     );
-    let stored = (acked.prompts.len() + acked.answers.len()) as u64;
+    let stored = (acked.prompts.len() + acked.answers.len() + acked.cancels.len()) as u64;
     assert!(last >= stored, "{stored} acknowledged, last seq {last}");
+    check_cancels(srv, sid, &all_messages(srv, sid), acked, Some(limit));
     let pending = pending_set(srv, sid);
     for p in &acked.unanswered {
         assert!(pending.contains(p), "acknowledged pending prompt {p} lost");
@@ -306,10 +405,7 @@ fn crash_rounds(rounds: usize, history: Option<&str>) {
         srv.kill9();
         stop.store(true, Ordering::Relaxed);
         for w in writers {
-            let got = w.join().expect("writer");
-            all.prompts.extend(got.prompts);
-            all.answers.extend(got.answers);
-            all.unanswered.extend(got.unanswered);
+            all.merge(w.join().expect("writer"));
         }
         srv = Server::start_with(&crash_env(&dir, history, Some(&port_env)));
         match history {
@@ -318,9 +414,10 @@ fn crash_rounds(rounds: usize, history: Option<&str>) {
         }
     }
     assert!(
-        all.prompts.len() > rounds,
-        "too little was written: {}",
-        all.prompts.len()
+        all.prompts.len() > rounds && !all.cancels.is_empty(),
+        "too little was written: {} prompts, {} cancels",
+        all.prompts.len(),
+        all.cancels.len()
     );
     let kept = match history {
         None => "all present".to_string(),
@@ -330,9 +427,13 @@ fn crash_rounds(rounds: usize, history: Option<&str>) {
         ),
     };
     eprintln!(
-        "{rounds} kills: {} prompts and {} answers acknowledged, {kept}",
+        "{rounds} kills: {} prompts, {} answers and {} cancels acknowledged \
+         ({} cancels refused, {} cut off by a kill), {kept}",
         all.prompts.len(),
-        all.answers.len()
+        all.answers.len(),
+        all.cancels.len(),
+        all.refused_cancels.len(),
+        all.unknown_cancels.len()
     );
 }
 
