@@ -10,7 +10,7 @@ use crate::common;
 
 use crate::common::*;
 use serde_json::{Value, json};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -72,15 +72,20 @@ fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
 
 /// What the writers saw: ids acknowledged (`200`), those of them sent
 /// after the store was lost (`Progress::lost`), ids refused (`503`) and,
-/// after a store was lost, answers to prompts it took with it (`404`).
+/// after a store was lost, answers and cancels to prompts it took with it
+/// (`404`). A cancel is told apart by its `reason`, new on every attempt.
 #[derive(Default, Debug)]
 struct Tally {
     prompts: BTreeSet<String>,
     answers: BTreeSet<String>,
+    /// Acknowledged cancels: reason -> (the prompt's id, the cancel's seq).
+    cancels: BTreeMap<String, (String, u64)>,
     prompts_after: BTreeSet<String>,
     answers_after: BTreeSet<String>,
+    cancels_after: BTreeSet<String>,
     refused_prompts: BTreeSet<String>,
     refused_answers: BTreeSet<String>,
+    refused_cancels: BTreeSet<String>,
     orphans: u64,
 }
 
@@ -88,10 +93,13 @@ impl Tally {
     fn merge(&mut self, other: Tally) {
         self.prompts.extend(other.prompts);
         self.answers.extend(other.answers);
+        self.cancels.extend(other.cancels);
         self.prompts_after.extend(other.prompts_after);
         self.answers_after.extend(other.answers_after);
+        self.cancels_after.extend(other.cancels_after);
         self.refused_prompts.extend(other.refused_prompts);
         self.refused_answers.extend(other.refused_answers);
+        self.refused_cancels.extend(other.refused_cancels);
         self.orphans += other.orphans;
     }
 }
@@ -109,11 +117,13 @@ struct Progress {
 /// A writer, alternating instances until `stop`: each round posts a new
 /// prompt, then answers the oldest acknowledged prompt it has not
 /// answered yet (each attempt under a new `assistant_msg_id`, so a
-/// refused one stays told apart); so while Redis refuses writes, both
-/// kinds are refused. Once stopped, it answers what is left. Every request must
-/// get its own answer: `200` naming its own id, `503 Storage
-/// unavailable`, or, for an answer when `lossy`, `404` (its prompt or
-/// session went with a lost store).
+/// refused one stays told apart); every third prompt is cancelled
+/// instead, the same way (each attempt with a new `reason`); so while
+/// Redis refuses writes, every kind is refused. Once stopped, it answers
+/// and cancels what is left. Every request must get its own answer: `200`
+/// naming its own id, `503 Storage unavailable`, or, for an answer or a
+/// cancel when `lossy`, `404` (its prompt or session went with a lost
+/// store).
 fn writer(
     addrs: Vec<SocketAddr>,
     sid: String,
@@ -130,12 +140,13 @@ fn writer(
             let addr = addrs[turn % addrs.len()];
             post(addr, path, body).unwrap_or_else(|| panic!("{path} {body}: no answer"))
         };
-        let mut unanswered = std::collections::VecDeque::new();
+        let mut unanswered = VecDeque::new();
+        let mut uncancelled = VecDeque::new();
         let mut n = 0;
         let mut attempt = 0;
         loop {
             let stopping = stop.load(Ordering::Relaxed);
-            if stopping && unanswered.is_empty() {
+            if stopping && unanswered.is_empty() && uncancelled.is_empty() {
                 break;
             }
             let mut refused = false;
@@ -152,7 +163,11 @@ fn writer(
                             tally.prompts_after.insert(cid.clone());
                         }
                         tally.prompts.insert(cid.clone());
-                        unanswered.push_back(cid);
+                        if n % 3 == 0 {
+                            uncancelled.push_back(cid);
+                        } else {
+                            unanswered.push_back(cid);
+                        }
                     }
                     503 => {
                         assert_eq!(resp["error"], "Storage unavailable", "{resp}");
@@ -199,6 +214,41 @@ fn writer(
                         unanswered.pop_front();
                     }
                     other => panic!("/response: {other} {resp}"),
+                }
+            }
+            let after = progress.lost.load(Ordering::SeqCst);
+            let due = stopping || refused || uncancelled.len() > 1;
+            if let Some(cid) = uncancelled.front().filter(|_| due) {
+                attempt += 1;
+                let reason = format!("{name}-c{attempt}");
+                let body = json!({"session_id": sid, "client_msg_id": cid, "reason": reason});
+                let (status, resp) = post_to("/cancel", &body);
+                match status {
+                    200 => {
+                        assert_eq!(resp["cancelled"], true, "{resp}");
+                        assert_eq!(resp["duplicate"], Value::Null, "{resp}");
+                        let seq = resp["seq"].as_u64().expect("a cancel's seq");
+                        if after {
+                            tally.cancels_after.insert(reason.clone());
+                        }
+                        tally.cancels.insert(reason, (cid.clone(), seq));
+                        uncancelled.pop_front();
+                    }
+                    503 => {
+                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                        tally.refused_cancels.insert(reason);
+                        progress.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    404 if lossy => {
+                        let error = resp["error"].as_str().unwrap_or("");
+                        assert!(
+                            matches!(error, "Prompt not found" | "Session not found"),
+                            "{resp}"
+                        );
+                        tally.orphans += 1;
+                        uncancelled.pop_front();
+                    }
+                    other => panic!("/cancel: {other} {resp}"),
                 }
             }
         }
@@ -277,6 +327,20 @@ fn ids(history: &Value, kind: &str, field: &str) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// The cancels in a `/messages` body: reason -> (prompt id, seq).
+fn cancels(history: &Value) -> BTreeMap<String, (String, u64)> {
+    let msgs = history["messages"].as_array().cloned().unwrap_or_default();
+    msgs.iter()
+        .filter(|m| m["type"] == "cancel")
+        .map(|m| {
+            let d = &m["data"];
+            let reason = d["reason"].as_str().unwrap_or("").to_string();
+            let cid = d["client_msg_id"].as_str().unwrap_or("").to_string();
+            (reason, (cid, d["seq"].as_u64().unwrap_or(0)))
+        })
+        .collect()
+}
+
 fn seqs(history: &Value) -> Vec<u64> {
     history["messages"]
         .as_array()
@@ -285,9 +349,10 @@ fn seqs(history: &Value) -> Vec<u64> {
 }
 
 /// Checks one instance's view of `sid` against what the writers saw:
-/// one epoch, `seq` from 1 without a gap, every acknowledged id stored,
-/// no refused id anywhere, nothing pending (every acknowledged prompt got
-/// its answer). Returns the history.
+/// one epoch, `seq` from 1 without a gap, every acknowledged id stored
+/// (a cancel with the `seq` it was given), no refused id anywhere, nothing
+/// pending (every acknowledged prompt got its answer or its cancel), and
+/// an answer to a cancelled prompt refused. Returns the history.
 #[track_caller]
 fn check_instance(srv: &Server, sid: &str, epoch: &str, tally: &Tally) -> Value {
     let history = srv.messages(sid, "?limit=1000");
@@ -302,27 +367,58 @@ fn check_instance(srv: &Server, sid: &str, epoch: &str, tally: &Tally) -> Value 
     assert!(shown.is_empty(), "refused prompts stored: {shown:?}");
     let shown: Vec<_> = answers.intersection(&tally.refused_answers).collect();
     assert!(shown.is_empty(), "refused answers stored: {shown:?}");
+    let cancels = cancels(&history);
+    for (reason, got) in &tally.cancels {
+        assert_eq!(
+            cancels.get(reason),
+            Some(got),
+            "acknowledged cancel {reason}"
+        );
+    }
+    let shown: Vec<_> = tally
+        .refused_cancels
+        .iter()
+        .filter(|r| cancels.contains_key(*r))
+        .collect();
+    assert!(shown.is_empty(), "refused cancels stored: {shown:?}");
+    for (reason, (cid, _)) in &tally.cancels {
+        let late = json!({"session_id": sid, "client_msg_id": cid,
+                          "assistant_msg_id": format!("late-{reason}"), "text": "late"});
+        assert_error(&srv.post_json("/response", &late), 409, "Conflict");
+    }
     let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
     assert_eq!(pending.status, 200, "{}", pending.text());
     assert_eq!(pending.json(), json!([]), "pending on one instance");
     history
 }
 
-/// Reads a subscriber until it has seen every id of `want`: no frame but
-/// `message`s (no close, no resync), none refused, `seq` rising.
+/// Reads a subscriber until it has seen every acknowledged answer and
+/// cancel: no frame but `message`s and `cancel`s (no close, no resync),
+/// none refused, `seq` rising.
 #[track_caller]
-fn read_answers(ws: &mut Ws, want: &BTreeSet<String>, refused: &BTreeSet<String>) {
+fn read_answers(ws: &mut Ws, tally: &Tally) {
     let mut seen = BTreeSet::new();
+    let mut seen_cancels = BTreeSet::new();
     let mut last = 0;
-    while !want.is_subset(&seen) {
+    while !tally.answers.is_subset(&seen) || tally.cancels.keys().any(|r| !seen_cancels.contains(r))
+    {
         let frame = ws.recv_json_skip_pings();
-        assert_eq!(frame["type"], "message", "{frame}");
-        let aid = frame["data"]["assistant_msg_id"].as_str().unwrap_or("");
-        assert!(!refused.contains(aid), "a refused answer was sent: {frame}");
-        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        let data = &frame["data"];
+        if frame["type"] == "cancel" {
+            let reason = data["reason"].as_str().unwrap_or("");
+            let refused = tally.refused_cancels.contains(reason);
+            assert!(!refused, "a refused cancel was sent: {frame}");
+            seen_cancels.insert(reason.to_string());
+        } else {
+            assert_eq!(frame["type"], "message", "{frame}");
+            let aid = data["assistant_msg_id"].as_str().unwrap_or("");
+            let refused = tally.refused_answers.contains(aid);
+            assert!(!refused, "a refused answer was sent: {frame}");
+            seen.insert(aid.to_string());
+        }
+        let seq = data["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
-        seen.insert(aid.to_string());
     }
 }
 
@@ -347,11 +443,21 @@ fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
     let tally = writers.stop_and_join();
     assert!(!tally.refused_answers.is_empty(), "{tally:?}");
     assert!(!tally.refused_prompts.is_empty(), "{tally:?}");
+    assert!(!tally.refused_cancels.is_empty(), "{tally:?}");
+    eprintln!(
+        "acknowledged {} prompts, {} answers, {} cancels; refused {}, {}, {}",
+        tally.prompts.len(),
+        tally.answers.len(),
+        tally.cancels.len(),
+        tally.refused_prompts.len(),
+        tally.refused_answers.len(),
+        tally.refused_cancels.len()
+    );
 
     let history = check_instance(&servers[0], &sid, &epoch, &tally);
     assert_eq!(check_instance(&servers[1], &sid, &epoch, &tally), history);
     for ws in &mut subscribers {
-        read_answers(ws, &tally.answers, &tally.refused_answers);
+        read_answers(ws, &tally);
     }
 }
 
@@ -403,10 +509,11 @@ fn readyz_follows_redis_refusing_writes_and_hanging_both_ways_without_client_wri
     assert_eq!(servers[1].prompt(&sid, "x", Some("p"))["stored"], true);
 }
 
-/// Reads a subscriber through a lost store: `message`s of the old epoch
-/// with `seq` rising, then one `resync` naming `epoch` (the new one),
-/// then `message`s of it from its `first_seq`, rising, until every id of
-/// `want` was seen. Never a close. Returns the resync frame.
+/// Reads a subscriber through a lost store: `message`s and `cancel`s of
+/// the old epoch with `seq` rising, then one `resync` naming `epoch` (the
+/// new one), then those of it from its `first_seq`, rising, until every
+/// id of `want` (an answer's id, a cancel's reason) was seen. Never a
+/// close. Returns the resync frame.
 #[track_caller]
 fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Value {
     let mut last = 0;
@@ -415,7 +522,10 @@ fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Val
         if frame["type"] == "resync" {
             break frame;
         }
-        assert_eq!(frame["type"], "message", "{frame}");
+        assert!(
+            matches!(frame["type"].as_str(), Some("message" | "cancel")),
+            "{frame}"
+        );
         let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
@@ -426,16 +536,20 @@ fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Val
     let mut seen = BTreeSet::new();
     while !want.is_subset(&seen) {
         let frame = ws.recv_json_skip_pings();
-        assert_eq!(frame["type"], "message", "one resync only: {frame}");
+        let kind = frame["type"].as_str();
+        assert!(
+            matches!(kind, Some("message" | "cancel")),
+            "one resync only: {frame}"
+        );
         let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
-        seen.insert(
-            frame["data"]["assistant_msg_id"]
-                .as_str()
-                .unwrap_or("")
-                .to_string(),
-        );
+        let id = if kind == Some("cancel") {
+            &frame["data"]["reason"]
+        } else {
+            &frame["data"]["assistant_msg_id"]
+        };
+        seen.insert(id.as_str().unwrap_or("").to_string());
     }
     resync
 }
@@ -486,12 +600,14 @@ fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion(
                 .answers_after
                 .is_subset(&ids(&h, "assistant", "assistant_msg_id"))
         );
+        assert!(tally.cancels_after.is_subset(&ids(&h, "cancel", "reason")));
         let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
         assert_eq!(pending.json(), json!([]), "pending on one instance");
     }
-    let answered = ids(&history, "assistant", "assistant_msg_id");
+    let mut framed = ids(&history, "assistant", "assistant_msg_id");
+    framed.extend(ids(&history, "cancel", "reason"));
     for ws in &mut subscribers {
-        let resync = read_through_resync(ws, &flushed, &answered);
+        let resync = read_through_resync(ws, &flushed, &framed);
         assert_eq!(resync["first_seq"], 1, "{resync}");
     }
 
