@@ -16,8 +16,8 @@ use crate::http::response::{JSON, Meta};
 use crate::http::route::{Route, messages_query, prompts_query, query_param, route, uint_param};
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
-use crate::relay::{ApiError, ConnId, Fetch, Relay, Reply};
-use crate::store::model::{NewCancel, NewPrompt, NewResponse, Write};
+use crate::relay::{ApiError, AskFetch, ConnId, Fetch, Relay, Reply};
+use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, Write};
 use crate::store::{Cursor, Seq, SessionId};
 use crate::time::{Millis, Turn};
 use crate::{token, web};
@@ -118,6 +118,16 @@ pub enum Outcome {
     Answer(Answer),
     /// Park the connection on a long-poll of `sid` until `deadline`.
     Park { sid: SessionId, deadline: Millis },
+    /// Park the connection on `GET /asks` of `sid` until a reply to
+    /// `ask_id` or `deadline`; the ask expires at `expires_at` (loop
+    /// time), `expires_ts` on the wall clock.
+    ParkAsk {
+        sid: SessionId,
+        ask_id: String,
+        deadline: Millis,
+        expires_at: Millis,
+        expires_ts: u64,
+    },
     /// Answer `101` with `accept` and continue as a subscriber of `sid`
     /// at `cursor` (already registered with the relay).
     Upgrade {
@@ -200,6 +210,8 @@ fn role(route: &Route) -> Role {
         Route::PostPrompt | Route::PostCancel | Route::DeleteSession(_) => Role::Client,
         Route::WebSocket(_) | Route::Messages(_) => Role::Watch,
         Route::PutSession(_) | Route::GetSession(_) => Role::Either,
+        Route::PostAsk | Route::GetAsk(..) => Role::Agent,
+        Route::PostReply => Role::Client,
         Route::Metrics => Role::Metrics,
         Route::WebPage
         | Route::Healthz
@@ -219,7 +231,8 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::Messages(sid)
         | Route::PutSession(sid)
         | Route::GetSession(sid)
-        | Route::DeleteSession(sid) => Some(sid),
+        | Route::DeleteSession(sid)
+        | Route::GetAsk(sid, _) => Some(sid),
         // Listed one by one, not `_`: a new route with a session in its
         // path must be placed here on purpose, or a token for one session
         // would open it for every session.
@@ -230,6 +243,8 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::PostPrompt
         | Route::PostResponse
         | Route::PostCancel
+        | Route::PostAsk
+        | Route::PostReply
         | Route::Preflight { .. }
         | Route::MethodNotAllowed { .. }
         | Route::NotFound => None,
@@ -436,6 +451,40 @@ impl Api {
                     sid: Cow::Borrowed(&sid),
                 };
                 return Ok(reply(relay.write(now, unix_ms, conn, w)?));
+            }
+            Route::PostAsk => {
+                json_body(head)?;
+                let a = NewAsk::parse(body)?;
+                grant.admits(&a.session_id)?;
+                return Ok(reply(relay.write(now, unix_ms, conn, Write::Ask(a))?));
+            }
+            Route::PostReply => {
+                json_body(head)?;
+                let r = NewReply::parse(body)?;
+                grant.admits(&r.session_id)?;
+                return Ok(reply(relay.write(now, unix_ms, conn, Write::Reply(r))?));
+            }
+            Route::GetAsk(sid, ask_id) => {
+                let q = prompts_query(head.query.as_deref())?;
+                if !facts.synced && relay.sync_first(conn, &sid)? {
+                    return Ok(Outcome::Wait);
+                }
+                match relay.get_ask(now, unix_ms, conn, &sid, &ask_id, &q)? {
+                    AskFetch::Ready(body) => Answer::ok(body),
+                    AskFetch::Park {
+                        deadline,
+                        expires_at,
+                        expires_ts,
+                    } => {
+                        return Ok(Outcome::ParkAsk {
+                            sid,
+                            ask_id,
+                            deadline,
+                            expires_at,
+                            expires_ts,
+                        });
+                    }
+                }
             }
             Route::Preflight { allow } => preflight(allow),
             Route::MethodNotAllowed { allow } => {

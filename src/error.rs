@@ -142,6 +142,27 @@ impl ApiError {
         ApiError::new(503, "Service unavailable").with_details(reason)
     }
 
+    /// `POST /reply` or `GET /asks` naming no ask the session knows.
+    pub fn ask_not_found() -> ApiError {
+        ApiError::new(404, "Ask not found")
+    }
+    /// An `ask_id` sent again with another text or other choices.
+    pub fn ask_conflict() -> ApiError {
+        ApiError::new(409, "Conflict").with_details("ask_id already used")
+    }
+    /// A reply with another text than the one that answered the ask.
+    pub fn ask_answered() -> ApiError {
+        ApiError::new(409, "Conflict").with_details("ask already answered")
+    }
+    /// A reply after the ask's `expires_ts`.
+    pub fn ask_expired() -> ApiError {
+        ApiError::new(409, "Conflict").with_details("ask expired")
+    }
+    /// A reply to an ask with choices that is none of them.
+    pub fn invalid_reply() -> ApiError {
+        ApiError::new(400, "Invalid reply").with_details("not one of the choices")
+    }
+
     /// The JSON body of this error.
     pub fn body(&self) -> Vec<u8> {
         #[derive(serde::Serialize)]

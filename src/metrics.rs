@@ -42,7 +42,9 @@ impl Metrics {
 
 /// The route labels, a fixed set whatever the path (session ids are not
 /// labels), in the order the exposition lists them.
-const ROUTES: [&str; 15] = [
+const ROUTES: [&str; 18] = [
+    "ask",
+    "asks",
     "cancel",
     "healthz",
     "messages",
@@ -53,6 +55,7 @@ const ROUTES: [&str; 15] = [
     "prompt",
     "prompts",
     "readyz",
+    "reply",
     "response",
     "session_delete",
     "session_put",
@@ -65,21 +68,24 @@ const ROUTES: [&str; 15] = [
 fn route_index(method: Method, path: &str) -> u8 {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     match (method, first) {
-        (Method::Options, _) => 6,
-        (_, "") => 5,
-        (_, "prompt") => 7,
-        (_, "cancel") => 0,
-        (_, "response") => 10,
-        (_, "prompts") => 8,
-        (_, "ws") => 14,
-        (_, "messages") => 2,
-        (Method::Put, "sessions") => 12,
-        (Method::Delete, "sessions") => 11,
-        (_, "sessions") => 13,
-        (_, "healthz") => 1,
-        (_, "readyz") => 9,
-        (_, "metrics") => 3,
-        _ => 4,
+        (Method::Options, _) => 8,
+        (_, "") => 7,
+        (_, "prompt") => 9,
+        (_, "cancel") => 2,
+        (_, "response") => 13,
+        (_, "prompts") => 10,
+        (_, "ws") => 17,
+        (_, "messages") => 4,
+        (Method::Put, "sessions") => 15,
+        (Method::Delete, "sessions") => 14,
+        (_, "sessions") => 16,
+        (_, "healthz") => 3,
+        (_, "readyz") => 11,
+        (_, "metrics") => 5,
+        (_, "ask") => 0,
+        (_, "asks") => 1,
+        (_, "reply") => 12,
+        _ => 6,
     }
 }
 

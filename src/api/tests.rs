@@ -408,6 +408,46 @@ fn a_token_for_one_session_opens_its_role_in_its_session_only() {
 }
 
 #[test]
+fn a_token_for_one_session_opens_asks_in_its_session_only() {
+    let mut api = Api::new(&cfg(|c| c.token_secret = Some(secret())));
+    let client = scoped(token::Role::Client, "s");
+    let agent = scoped(token::Role::Agent, "s");
+    let other = r#"{"session_id":"t","text":"x"}"#;
+    assert_eq!(
+        try_token(&mut api, "POST", "/ask", &agent, other),
+        (403, json!("token is for another session"))
+    );
+    let mine = r#"{"session_id":"s","text":"x"}"#;
+    assert_eq!(
+        try_token(&mut api, "POST", "/ask", &client, mine),
+        (401, json!("agent token required"))
+    );
+    // The path names the session: checked before anything is read.
+    assert_eq!(
+        try_token(&mut api, "GET", "/asks/t/k?wait=false", &agent, ""),
+        (403, json!("token is for another session"))
+    );
+    assert_eq!(
+        try_token(&mut api, "GET", "/asks/s/k?wait=false", &client, ""),
+        (401, json!("agent token required"))
+    );
+    assert_eq!(
+        try_token(&mut api, "GET", "/asks/s/k?wait=false", &agent, "").0,
+        404
+    );
+    let reply = r#"{"session_id":"t","ask_id":"k","text":"x"}"#;
+    assert_eq!(
+        try_token(&mut api, "POST", "/reply", &client, reply),
+        (403, json!("token is for another session"))
+    );
+    let reply = r#"{"session_id":"s","ask_id":"k","text":"x"}"#;
+    assert_eq!(
+        try_token(&mut api, "POST", "/reply", &agent, reply),
+        (401, json!("client token required"))
+    );
+}
+
+#[test]
 fn with_a_secret_no_role_is_open_and_server_wide_tokens_still_work() {
     let mut api = Api::new(&cfg(|c| {
         c.token_secret = Some(secret());

@@ -35,6 +35,12 @@ pub enum Route {
     GetSession(SessionId),
     PutSession(SessionId),
     DeleteSession(SessionId),
+    /// `POST /ask`: a question from the agent.
+    PostAsk,
+    /// `POST /reply`: the person's answer to an ask.
+    PostReply,
+    /// `GET /asks/{sid}/{ask_id}` (the id percent-decoded).
+    GetAsk(SessionId, String),
     /// `OPTIONS` on a known path: a CORS preflight.
     Preflight {
         allow: &'static str,
@@ -78,6 +84,12 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
             "POST, OPTIONS",
             (method == Post).then_some(Route::PostCancel),
         ),
+        "/ask" => ("POST, OPTIONS", (method == Post).then_some(Route::PostAsk)),
+        "/reply" => (
+            "POST, OPTIONS",
+            (method == Post).then_some(Route::PostReply),
+        ),
+        _ if path.starts_with("/asks/") => return ask_route(method, path),
         _ => {
             let Some((prefix, sid)) = split_session_path(path) else {
                 return Ok(Route::NotFound);
@@ -114,6 +126,31 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
         (None, Options) => Route::Preflight { allow },
         (None, _) => Route::MethodNotAllowed { allow },
     })
+}
+
+/// `/asks/{sid}/{ask_id}`: `GET` (and its preflight); any other shape is
+/// an unknown path.
+fn ask_route(method: Method, path: &str) -> Result<Route, ApiError> {
+    let rest = path.strip_prefix("/asks/").unwrap_or("");
+    let Some((sid, ask_id)) = rest.split_once('/') else {
+        return Ok(Route::NotFound);
+    };
+    if ask_id.is_empty() || ask_id.contains('/') {
+        return Ok(Route::NotFound);
+    }
+    match method {
+        Method::Get => {
+            let sid = SessionId::new(sid).ok_or_else(ApiError::invalid_session_id)?;
+            let ask_id = percent_decode(ask_id).ok_or_else(ApiError::not_found)?;
+            Ok(Route::GetAsk(sid, ask_id))
+        }
+        Method::Options => Ok(Route::Preflight {
+            allow: "GET, OPTIONS",
+        }),
+        _ => Ok(Route::MethodNotAllowed {
+            allow: "GET, OPTIONS",
+        }),
+    }
 }
 
 /// `/prompts/abc` -> `("prompts", "abc")`; `/ws/` -> `("ws", "")`.

@@ -58,7 +58,7 @@ impl HttpState {
     }
 }
 
-/// A parked `GET /prompts`: what is needed to answer it later.
+/// A parked `GET /prompts` or `GET /asks`: what is needed to answer it later.
 #[derive(Debug)]
 pub struct Parked {
     pub sid: SessionId,
@@ -69,6 +69,17 @@ pub struct Parked {
     pub origin: Option<Rc<str>>,
     /// When it was parked, for the request log.
     pub since: Millis,
+    /// A `GET /asks` waits on this ask; `None` for a `GET /prompts`.
+    pub ask: Option<ParkedAsk>,
+}
+
+/// What a parked `GET /asks` waits on.
+#[derive(Debug)]
+pub struct ParkedAsk {
+    pub ask_id: Rc<str>,
+    /// When the ask expires, on the loop's clock and on the wall clock.
+    pub expires_at: Millis,
+    pub expires_ts: u64,
 }
 
 /// A request waiting for the storage: what is needed to answer it then,

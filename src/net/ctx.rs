@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::rc::Rc;
 
 use super::buffer::OutQueue;
-use super::conn::{Conn, Fired, Rerun};
+use super::conn::{Conn, Fired, Parked, Rerun};
 use super::read::READ_BUDGET;
 use crate::api::{Api, Facts, Outcome};
 use crate::config::Config;
@@ -159,9 +159,28 @@ impl Ctx {
         self.relay.abandon(ticket)
     }
 
-    /// A parked poll of `sid` is answered or gone: its waiter leaves.
-    pub fn cancel_wait(&mut self, id: ConnId, sid: &str) {
-        self.relay.cancel_wait(id, sid, self.turn.now);
+    /// A parked poll (of prompts or of an ask) is answered or gone: its
+    /// waiter leaves.
+    pub fn cancel_parked(&mut self, id: ConnId, parked: &Parked) {
+        match &parked.ask {
+            Some(_) => self.relay.cancel_ask_wait(id, &parked.sid, self.turn.now),
+            None => self.relay.cancel_wait(id, &parked.sid, self.turn.now),
+        }
+    }
+
+    /// The answer of a parked `GET /asks` at its deadline: the ask's state
+    /// then. At the ask's own expiry the wall clock is taken as no earlier
+    /// than its `expires_ts` (the two clocks may disagree by a tick).
+    pub fn ask_deadline(&mut self, parked: &Parked) -> (u16, Rc<[u8]>) {
+        let Some(ask) = &parked.ask else {
+            return (200, Rc::from(&b"[]"[..]));
+        };
+        let (now, mut unix_ms) = (self.turn.now, self.turn.unix_ms);
+        if now >= ask.expires_at {
+            unix_ms = unix_ms.max(ask.expires_ts);
+        }
+        self.relay
+            .ask_deadline(now, unix_ms, &parked.sid, &ask.ask_id)
     }
 
     /// A subscriber of `sid` leaves.

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use log::{debug, info};
 
 use super::closing;
-use super::conn::{Committing, Conn, Held, Next, Parked, Phase};
+use super::conn::{Committing, Conn, Held, Next, Parked, ParkedAsk, Phase};
 use super::ctx::Ctx;
 use super::read::{Got, READ_BUDGET};
 use super::ws::WsState;
@@ -184,6 +184,29 @@ pub fn apply(
                 http10: head.http10,
                 origin: head.origin.as_deref().map(Rc::from),
                 since: started,
+                ask: None,
+            };
+            conn.park(parked);
+            cx.set_deadline(id, conn, deadline);
+        }
+        Outcome::ParkAsk {
+            sid,
+            ask_id,
+            deadline,
+            expires_at,
+            expires_ts,
+        } => {
+            let parked = Parked {
+                sid,
+                keep_alive: head.keep_alive,
+                http10: head.http10,
+                origin: head.origin.as_deref().map(Rc::from),
+                since: started,
+                ask: Some(ParkedAsk {
+                    ask_id: Rc::from(ask_id),
+                    expires_at,
+                    expires_ts,
+                }),
             };
             conn.park(parked);
             cx.set_deadline(id, conn, deadline);

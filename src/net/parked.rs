@@ -1,4 +1,5 @@
-//! The parked stage: a `GET /prompts` waiting for a prompt. It costs nothing
+//! The parked stage: a `GET /prompts` waiting for a prompt, or a
+//! `GET /asks` waiting for a reply. It costs nothing
 //! until its deadline or a wake; later pipelined requests stay buffered,
 //! unparsed, and are answered in order once it is. It keeps reading (up to
 //! the reader's cap) only to notice a hang-up, which cancels the wait.
@@ -62,7 +63,7 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
     let Some(parked) = conn.unpark(now) else {
         return;
     };
-    cx.cancel_wait(id, &parked.sid);
+    cx.cancel_parked(id, &parked);
     let mut meta = cx.meta(parked.origin.as_deref(), parked.keep_alive);
     meta.http10 = parked.http10;
     let keep_alive = meta.keep_alive;
@@ -72,7 +73,10 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
         ..Answer::ok(Vec::new())
     };
     let bytes = http::queue(conn, answer, &meta);
-    let path = format!("/prompts/{}", parked.sid);
+    let path = match &parked.ask {
+        Some(ask) => format!("/asks/{}/{}", parked.sid, ask.ask_id),
+        None => format!("/prompts/{}", parked.sid),
+    };
     http::log_line("GET", &path, status, bytes, now.since(parked.since), None);
     cx.count_request(crate::http::Method::Get, &path, status);
     if keep_alive {
@@ -82,6 +86,17 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
     } else {
         closing::begin(id, conn, cx);
     }
+}
+
+/// A parked poll's deadline passed, or the server shuts down: a
+/// `GET /prompts` is answered `[]`, a `GET /asks` with its ask's state
+/// (open, or expired when the deadline was the ask's own).
+pub fn timed_out(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    let (status, body) = match conn.phase() {
+        Phase::Parked(_, p) => cx.ask_deadline(p),
+        _ => return,
+    };
+    answer(id, conn, cx, status, body);
 }
 
 /// Answers a request that waited for the storage, and returns the

@@ -10,7 +10,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::rc::Rc;
 use std::time::Duration;
 
 use log::{debug, info, warn};
@@ -328,7 +327,7 @@ impl Server {
             }
             // Idle past its timeout, or done lingering.
             Phase::Http(_) | Phase::Closing(_) => self.close(id),
-            Phase::Parked(..) => parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..])),
+            Phase::Parked(..) => parked::timed_out(id, conn, cx),
             Phase::Committing(..) => parked::commit_timed_out(id, conn, cx, false),
             Phase::WebSocket(_) => subscriber::on_deadline(id, conn, cx),
         }
@@ -455,7 +454,7 @@ impl Server {
         };
         let cx = &mut self.cx;
         match conn.phase() {
-            Phase::Parked(_, p) => cx.cancel_wait(id, &p.sid),
+            Phase::Parked(_, p) => cx.cancel_parked(id, p),
             Phase::WebSocket(_) => subscriber::leave(id, conn, cx),
             _ => {}
         }

@@ -51,6 +51,24 @@ impl Relay {
                     delivered |= self.stored_response(&sid, seq, prev, frame);
                 }
                 Applied::Deleted { sid } => self.session_gone(&sid),
+                Applied::Ask {
+                    sid,
+                    seq,
+                    prev,
+                    frame,
+                    ..
+                } => delivered |= self.stored_response(&sid, seq, prev, frame),
+                Applied::Reply {
+                    sid,
+                    seq,
+                    prev,
+                    frame,
+                    ask_id,
+                    ..
+                } => {
+                    delivered |= self.stored_response(&sid, seq, prev, frame);
+                    self.wake_ask_waiters(&sid, &ask_id);
+                }
             }
         }
         delivered
@@ -162,7 +180,13 @@ impl Relay {
     /// the session's subscribers. Returns `delivered`: a subscriber was
     /// connected as the message was stored (it gets it unless it
     /// disconnects first).
-    fn stored_response(&mut self, sid: &SessionId, seq: Seq, prev: Seq, frame: Rc<[u8]>) -> bool {
+    pub(super) fn stored_response(
+        &mut self,
+        sid: &SessionId,
+        seq: Seq,
+        prev: Seq,
+        frame: Rc<[u8]>,
+    ) -> bool {
         let delivered = !self.subscribers(sid).is_empty();
         if delivered {
             self.effects.push(Effect::Deliver {
@@ -184,9 +208,10 @@ impl Relay {
             return;
         };
         let not_found: Rc<[u8]> = ApiError::session_not_found().body().into();
-        for w in &here.waiters {
+        let asks = here.asks.iter().map(|w| w.conn);
+        for to in here.waiters.iter().map(|w| w.conn).chain(asks) {
             self.effects.push(Effect::Respond {
-                to: w.conn,
+                to,
                 status: 404,
                 body: not_found.clone(),
             });
@@ -195,7 +220,7 @@ impl Relay {
             self.effects
                 .push(Effect::CloseSubscriber { to: c, code: 1000 });
         }
-        self.counts.parked_polls -= here.waiters.len();
+        self.counts.parked_polls -= here.waiters.len() + here.asks.len();
         self.counts.subscribers -= here.subscribers.len();
     }
 }

@@ -23,7 +23,8 @@
 //! is the relay's side of its engine; `presence` who waits here; `live`
 //! the per-session live state and its tick, with one room each for
 //! `drafts` (streamed answers), `agent` (the agent's presence),
-//! `receipts` (prompts an agent fetched) and `frames` (their bytes).
+//! `receipts` (prompts an agent fetched) and `frames` (their bytes);
+//! `asks` the agent waiting on a reply (`GET /asks`).
 //!
 //! Session ids: a call that may create a session, or keep its id, takes a
 //! [`SessionId`] (checked where it was parsed); the others look the session
@@ -31,6 +32,7 @@
 //! is simply not found.
 
 mod agent;
+mod asks;
 mod commit;
 mod drafts;
 mod frames;
@@ -53,6 +55,7 @@ use crate::store::model::{NewPrompt, NewResponse};
 pub use crate::store::seam::Abandon;
 use crate::store::seam::{Collect, NOBODY, Submit};
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
+pub use asks::AskFetch;
 pub use presence::{Presence, Waiter};
 
 use crate::store::record::{Outcome, Record};

@@ -4,6 +4,8 @@
 //! agent's presence, online or offline, is `agent.rs`.) Invariant: a
 //! connection appears at most once in each list.
 
+use std::rc::Rc;
+
 use super::ConnId;
 use crate::store::Seq;
 
@@ -14,17 +16,37 @@ pub struct Waiter {
     pub after: Option<Seq>,
 }
 
+/// A parked `GET /asks`: woken by a reply to its ask.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AskWaiter {
+    pub conn: ConnId,
+    pub ask_id: Rc<str>,
+}
+
 /// Who waits on one session here.
 #[derive(Debug, Default)]
 pub struct Presence {
     pub waiters: Vec<Waiter>,
     pub subscribers: Vec<ConnId>,
+    /// Parked `GET /asks`, each on one ask.
+    pub asks: Vec<AskWaiter>,
 }
 
 impl Presence {
     /// Whether nobody waits or listens (the entry can go).
     pub fn is_empty(&self) -> bool {
-        self.waiters.is_empty() && self.subscribers.is_empty()
+        self.waiters.is_empty() && self.subscribers.is_empty() && self.asks.is_empty()
+    }
+
+    /// Removes `conn` from the parked asks; true if it was there.
+    pub fn remove_ask_waiter(&mut self, conn: ConnId) -> bool {
+        match self.asks.iter().position(|w| w.conn == conn) {
+            Some(i) => {
+                self.asks.swap_remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The session went on under a new epoch (its store was lost and it

@@ -108,6 +108,7 @@ impl Engine {
                 d.submit(Command {
                     ticket: ticket(),
                     op: Op::Write(w.clone().into_owned(unix_ms)),
+                    unix_ms,
                 });
                 Ok(Submit::Wait)
             }
@@ -205,6 +206,7 @@ impl Engine {
                     d.submit(Command {
                         ticket: ticket(),
                         op: Op::Collect { sids: idle },
+                        unix_ms: 0,
                     });
                 }
                 Collect::Sent

@@ -10,16 +10,18 @@
 //! `seq`), `responses` for every assistant message still in history. So
 //! every map is bounded by `history_limit + max_pending`.
 //!
-//! A cancel is a message of the log like an answer: it takes a `seq`,
-//! stops its prompt being pending, and is sent to subscribers as its
-//! frame. So "the newest answer" below (`last_assistant`,
-//! `dropped_assistant`) means the newest framed message, answer or
-//! cancel: what a subscriber's cursor is measured against.
+//! Cancels, asks and replies are messages of the log like answers: each
+//! takes a `seq` and is sent to subscribers as its frame (a cancel also
+//! stops its prompt being pending). So "the newest answer" below
+//! (`last_assistant`, `dropped_assistant`) means the newest framed
+//! message: what a subscriber's cursor is measured against. Which asks
+//! are open is [`Asks`]'s.
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::rc::Rc;
 
+use super::asks::Asks;
 use super::message::{Kind, Message};
 use super::pending::{Pending, grow_early};
 use super::types::Seq;
@@ -160,6 +162,8 @@ pub struct SessionLog {
     prompts: IdMap<PromptEntry>,
     pending: Pending,
     responses: IdMap<ResponseEntry>,
+    /// The asks, open or not, that the log knows.
+    asks: Asks,
     /// The newest assistant message's `seq`, 0 before the first.
     last_assistant: Seq,
     /// The newest assistant message trimmed from history, 0 if none was.
@@ -182,6 +186,7 @@ impl SessionLog {
             prompts: IdMap::new(),
             pending: Pending::default(),
             responses: IdMap::new(),
+            asks: Asks::default(),
             last_assistant: Seq(0),
             dropped_assistant: Seq(0),
             page: None,
@@ -348,6 +353,50 @@ impl SessionLog {
         prev
     }
 
+    /// The asks this log knows (see [`Asks`]).
+    pub fn asks(&self) -> &Asks {
+        &self.asks
+    }
+
+    /// Unanswered prompts and asks open at `now` (unix ms): what the
+    /// pending cap counts.
+    pub fn pending_with_asks(&self, now: u64) -> usize {
+        self.pending.len() + self.asks.open_len(now)
+    }
+
+    /// Whether the message at `seq`, below history, is kept: a pending
+    /// prompt, or an unanswered ask.
+    pub fn retains(&self, seq: Seq) -> bool {
+        self.is_pending(seq) || self.asks.retains(seq)
+    }
+
+    /// Appends an ask (its `client_msg_id` field holds its `ask_id`).
+    /// Returns the `seq` of the framed message before it, as
+    /// [`append_response`](Self::append_response) does, and the asks
+    /// forgotten meanwhile (dropped by history, and expired by its `ts`).
+    pub fn append_ask(&mut self, msg: Message, history_limit: usize) -> (Seq, Vec<Seq>) {
+        let msg = Rc::new(msg);
+        let prev = self.last_assistant;
+        self.last_assistant = msg.seq;
+        let gone = self
+            .asks
+            .asked(msg.client_msg_id.clone(), msg.seq, msg.ts, msg.data());
+        self.push_history(msg, history_limit);
+        (prev, gone)
+    }
+
+    /// Appends a reply (its `client_msg_id` field holds the `ask_id` it
+    /// answers). Returns the `seq` of the framed message before it, and
+    /// the ask's when history had dropped it and it is now forgotten.
+    pub fn append_reply(&mut self, msg: Message, history_limit: usize) -> (Seq, Option<Seq>) {
+        let msg = Rc::new(msg);
+        let prev = self.last_assistant;
+        self.last_assistant = msg.seq;
+        let gone = self.asks.replied(&msg.client_msg_id, msg.seq, msg.data());
+        self.push_history(msg, history_limit);
+        (prev, gone)
+    }
+
     /// Appends to history, dropping the oldest messages past `limit` and the
     /// dedupe entries that only history kept alive.
     fn push_history(&mut self, msg: Rc<Message>, limit: usize) {
@@ -376,6 +425,13 @@ impl SessionLog {
                     }
                 }
                 Kind::Cancel => {
+                    self.dropped_assistant = self.dropped_assistant.max(old.seq);
+                }
+                Kind::Ask => {
+                    self.dropped_assistant = self.dropped_assistant.max(old.seq);
+                    self.asks.trimmed(&old.client_msg_id, old.seq);
+                }
+                Kind::Reply => {
                     self.dropped_assistant = self.dropped_assistant.max(old.seq);
                 }
             }

@@ -25,6 +25,8 @@ use crate::error::ApiError;
 use crate::time::{Millis, UnixMillis};
 use crate::wire::{decode, push_json_str};
 
+mod asks;
+
 /// The limits the engine enforces.
 #[derive(Clone, Copy, Debug)]
 pub struct StoreLimits {
@@ -67,6 +69,25 @@ pub enum Applied {
     /// The session is gone: answer its polls 404, close its subscribers.
     Deleted {
         sid: SessionId,
+    },
+    /// An ask was stored: deliver its frame. `forgotten`: the asks the log
+    /// no longer knows (their rows go).
+    Ask {
+        sid: SessionId,
+        seq: Seq,
+        prev: Seq,
+        frame: Rc<[u8]>,
+        forgotten: Vec<Seq>,
+    },
+    /// A reply was stored: deliver its frame, and answer the polls waiting
+    /// on its ask. `forgotten`: the ask, when history had dropped it.
+    Reply {
+        sid: SessionId,
+        seq: Seq,
+        prev: Seq,
+        frame: Rc<[u8]>,
+        ask_id: Rc<str>,
+        forgotten: Option<Seq>,
     },
 }
 
@@ -152,6 +173,8 @@ impl MemStore {
             Write::Response(r) => self.response(now, unix_ms, r, out),
             Write::Part(r) => self.part(now, r),
             Write::Cancel(c) => self.cancel(now, unix_ms, c, out),
+            Write::Ask(a) => self.ask(now, unix_ms, a, out),
+            Write::Reply(r) => self.reply(now, unix_ms, r, out),
             Write::Create { sid, put } => self.create(now, &sid, put, out),
             Write::Delete { sid } => self.delete(&sid, out),
         }
@@ -191,7 +214,7 @@ impl MemStore {
                         duplicate: true,
                     });
                 }
-                if s.pending_len() >= max_pending {
+                if s.pending_with_asks(unix_ms) >= max_pending {
                     return Err(ApiError::unavailable(
                         "pending prompt limit reached for this session",
                     ));
@@ -535,6 +558,7 @@ impl MemStore {
                 self.sessions.remove(&*sid);
                 Applied::Deleted { sid }
             }
+            Record::Ask { .. } | Record::Reply { .. } => self.apply_asked(now, record),
         }
     }
 

@@ -19,12 +19,24 @@ pub enum Kind {
     /// A prompt stopped by the person waiting (`POST /cancel`): a message
     /// of the log like an answer, sent to subscribers as its frame.
     Cancel,
+    /// A question from the agent (`POST /ask`): framed like an answer, as
+    /// `{"type":"ask","data":…}`; its `client_msg_id` field holds the
+    /// `ask_id`.
+    Ask,
+    /// The person's reply to an ask (`POST /reply`), framed as
+    /// `{"type":"reply","data":…}`; its `client_msg_id` field holds the
+    /// `ask_id` it answers.
+    Reply,
 }
 
 /// The payload of a frame before the `data` object.
 const FRAME_PREFIX: &str = "{\"type\":\"message\",\"data\":";
 /// The payload of a cancel's frame before the `data` object.
 const CANCEL_PREFIX: &str = "{\"type\":\"cancel\",\"data\":";
+/// The payload of an ask's frame before the `data` object.
+const ASK_PREFIX: &str = "{\"type\":\"ask\",\"data\":";
+/// The payload of a reply's frame before the `data` object.
+const REPLY_PREFIX: &str = "{\"type\":\"reply\",\"data\":";
 /// Room kept in front of a frame's payload for its header (at most 10 bytes).
 const HEAD_ROOM: &str = "\0\0\0\0\0\0\0\0\0\0";
 /// Where a [`Framed`] answer's `data` object starts.
@@ -333,7 +345,7 @@ impl Message {
             data_len: 0,
             bytes: match kind {
                 Kind::Prompt => Bytes::Data(Box::default()),
-                Kind::Assistant | Kind::Cancel => {
+                Kind::Assistant | Kind::Cancel | Kind::Ask | Kind::Reply => {
                     Bytes::Frame(Rc::from(wsframe::text_frame(&[text.as_bytes()])))
                 }
             },
@@ -374,9 +386,50 @@ impl Message {
             Kind::Prompt => b"{\"type\":\"prompt\",\"data\":",
             Kind::Assistant => b"{\"type\":\"assistant\",\"data\":",
             Kind::Cancel => CANCEL_PREFIX.as_bytes(),
+            Kind::Ask => ASK_PREFIX.as_bytes(),
+            Kind::Reply => REPLY_PREFIX.as_bytes(),
         });
         out.extend_from_slice(self.data());
         out.push(b'}');
+    }
+}
+
+/// Asks and replies: messages the person and the agent exchange beside
+/// prompts and answers, stored as the frames subscribers get (framed
+/// once, as answers are).
+impl Message {
+    /// An ask (`ask_id`, its `data` already serialized: restored, or
+    /// committed), framed as `{"type":"ask","data":…}`.
+    pub fn ask_with(ask_id: Rc<str>, seq: Seq, ts: UnixMillis, data: &[u8]) -> Message {
+        Message::kind_framed(Kind::Ask, ASK_PREFIX, ask_id, seq, ts, data)
+    }
+
+    /// A reply to the ask `ask_id`, framed as `{"type":"reply","data":…}`.
+    pub fn reply_with(ask_id: Rc<str>, seq: Seq, ts: UnixMillis, data: &[u8]) -> Message {
+        Message::kind_framed(Kind::Reply, REPLY_PREFIX, ask_id, seq, ts, data)
+    }
+
+    fn kind_framed(
+        kind: Kind,
+        prefix: &str,
+        id: Rc<str>,
+        seq: Seq,
+        ts: UnixMillis,
+        data: &[u8],
+    ) -> Message {
+        let frame = wsframe::text_frame(&[prefix.as_bytes(), data, b"}"]);
+        let data_at = frame.len() - 1 - data.len();
+        Message {
+            seq,
+            ts,
+            kind,
+            client_msg_id: id,
+            assistant_msg_id: None,
+            data_at: data_at as u32,
+            data_len: data.len() as u32,
+            bytes: Bytes::Frame(Rc::from(frame)),
+            damaged: false,
+        }
     }
 }
 

@@ -76,6 +76,42 @@ pub struct NewCancel<'a> {
     pub ts: Option<UnixMillis>,
 }
 
+/// Most choices an ask offers, and the longest one, in bytes.
+pub const MAX_CHOICES: usize = 8;
+pub const MAX_CHOICE_BYTES: usize = 256;
+/// An ask's `timeout`, in seconds: its default and its bounds.
+pub const ASK_TIMEOUT_S: (u64, u64, u64) = (300, 1, 86_400);
+
+/// A validated `POST /ask` body: a question from the agent. `text`,
+/// `default` and `metadata` stay the literals sent; the ids and choices are
+/// decoded (compared, and written back as literals of their own).
+#[derive(Debug, Clone)]
+pub struct NewAsk<'a> {
+    pub session_id: SessionId,
+    pub ask_id: Option<GivenId<'a>>,
+    /// The prompt it is about, decoded.
+    pub client_msg_id: Option<Cow<'a, str>>,
+    /// The `text` string literal.
+    pub text: Cow<'a, str>,
+    /// Decoded, distinct, in the order sent.
+    pub choices: Option<Vec<Cow<'a, str>>>,
+    /// The `default` string literal (with choices, one of them).
+    pub default: Option<Cow<'a, str>>,
+    /// How long the ask stays open, from when it is stored.
+    pub timeout_ms: u64,
+    pub metadata: Option<Cow<'a, str>>,
+}
+
+/// A validated `POST /reply` body: the person's answer to an ask.
+#[derive(Debug, Clone)]
+pub struct NewReply<'a> {
+    pub session_id: SessionId,
+    /// The ask it answers, decoded.
+    pub ask_id: Cow<'a, str>,
+    /// The `text` string literal.
+    pub text: Cow<'a, str>,
+}
+
 /// A validated write, as the relay hands it to its engine (see
 /// [`Engine::submit`](crate::store::engine::Engine::submit)) and as
 /// [`MemStore::decide`](crate::store::MemStore::decide) decides it.
@@ -89,6 +125,11 @@ pub enum Write<'a> {
     Part(NewResponse<'a>),
     /// `POST /cancel`: a prompt stopped, a message of the log.
     Cancel(NewCancel<'a>),
+    /// `POST /ask`: a question from the agent, a message of the log and
+    /// open until replied to or past its `expires_ts`.
+    Ask(NewAsk<'a>),
+    /// `POST /reply`: the first reply to an ask closes it.
+    Reply(NewReply<'a>),
     /// `PUT /sessions` (`put`), or a WebSocket connect to a session this
     /// copy does not hold.
     Create {
@@ -107,6 +148,8 @@ impl<'a> Write<'a> {
             Write::Prompt(p) => &p.session_id,
             Write::Response(r) | Write::Part(r) => &r.session_id,
             Write::Cancel(c) => &c.session_id,
+            Write::Ask(a) => &a.session_id,
+            Write::Reply(r) => &r.session_id,
             Write::Create { sid, .. } => sid,
             Write::Delete { sid } => sid,
         }
@@ -140,6 +183,21 @@ impl<'a> Write<'a> {
                 client_msg_id: owned(c.client_msg_id),
                 reason: c.reason.map(owned),
                 ts: Some(c.ts.unwrap_or(unix_ms)),
+            }),
+            Write::Ask(a) => Write::Ask(NewAsk {
+                session_id: a.session_id,
+                ask_id: a.ask_id.map(owned_id),
+                client_msg_id: a.client_msg_id.map(owned),
+                text: owned(a.text),
+                choices: a.choices.map(|c| c.into_iter().map(owned).collect()),
+                default: a.default.map(owned),
+                timeout_ms: a.timeout_ms,
+                metadata: a.metadata.map(owned),
+            }),
+            Write::Reply(r) => Write::Reply(NewReply {
+                session_id: r.session_id,
+                ask_id: owned(r.ask_id),
+                text: owned(r.text),
             }),
             Write::Create { sid, put } => Write::Create {
                 sid: Cow::Owned(sid.into_owned()),

@@ -22,6 +22,9 @@ use crate::wire::{push_json_str, to_json};
 pub struct Command {
     pub ticket: Ticket,
     pub op: Op,
+    /// The loop's wall clock when the write was asked (the thread reads
+    /// none): what an ask's expiry is measured against.
+    pub unix_ms: u64,
 }
 
 /// What the storage thread is sent.
@@ -63,6 +66,22 @@ pub enum Outcome {
         seq: Seq,
         duplicate: bool,
     },
+    /// An ask stored (`seq` its own), or one stored already under its
+    /// `ask_id` with the same text and choices (`seq` the stored one's).
+    Ask {
+        sid: SessionId,
+        id: String,
+        seq: Seq,
+        expires_ts: u64,
+        duplicate: bool,
+    },
+    /// A reply stored, or the same reply again (`seq` the stored one's).
+    Reply {
+        sid: SessionId,
+        ask_id: String,
+        seq: Seq,
+        duplicate: bool,
+    },
     Session {
         sid: SessionId,
         epoch: String,
@@ -90,6 +109,14 @@ impl Outcome {
             Outcome::Response { id, .. } => response_ack(id, delivered),
             Outcome::Part { id } => partial_ack(id, delivered),
             Outcome::Cancel { seq, duplicate, .. } => cancel_ack(*seq, *duplicate),
+            Outcome::Ask {
+                id,
+                seq,
+                expires_ts,
+                duplicate,
+                ..
+            } => ask_ack(id, *seq, *expires_ts, *duplicate),
+            Outcome::Reply { seq, duplicate, .. } => reply_ack(*seq, *duplicate),
             Outcome::Session {
                 sid,
                 epoch,
@@ -132,6 +159,22 @@ pub enum Record {
         seq: Seq,
         ts: u64,
         client_msg_id: String,
+        data: String,
+    },
+    /// An ask stored: `data` is its `data` object (with its `expires_ts`).
+    Ask {
+        sid: SessionId,
+        seq: Seq,
+        ts: u64,
+        ask_id: String,
+        data: String,
+    },
+    /// A reply to the ask `ask_id` stored: `data` is its `data` object.
+    Reply {
+        sid: SessionId,
+        seq: Seq,
+        ts: u64,
+        ask_id: String,
         data: String,
     },
     Deleted {
@@ -184,6 +227,37 @@ fn ack_with(assistant_msg_id: &str, delivered: bool, more: &str) -> Vec<u8> {
 fn cancel_ack(seq: Seq, duplicate: bool) -> Vec<u8> {
     let mut ack = String::with_capacity(64);
     ack.push_str("{\"ok\":true,\"cancelled\":true,\"seq\":");
+    crate::wire::push_decimal_str(&mut ack, seq.get());
+    ack.push_str(if duplicate {
+        ",\"duplicate\":true}"
+    } else {
+        "}"
+    });
+    ack.into_bytes()
+}
+
+/// `{"ok":true,"ask_id":…,"seq":…,"expires_ts":…}`, plus
+/// `"duplicate":true` for an ask stored already.
+fn ask_ack(ask_id: &str, seq: Seq, expires_ts: u64, duplicate: bool) -> Vec<u8> {
+    let mut ack = String::with_capacity(80 + ask_id.len());
+    ack.push_str("{\"ok\":true,\"ask_id\":");
+    push_json_str(&mut ack, ask_id);
+    ack.push_str(",\"seq\":");
+    crate::wire::push_decimal_str(&mut ack, seq.get());
+    ack.push_str(",\"expires_ts\":");
+    crate::wire::push_decimal_str(&mut ack, expires_ts);
+    ack.push_str(if duplicate {
+        ",\"duplicate\":true}"
+    } else {
+        "}"
+    });
+    ack.into_bytes()
+}
+
+/// `{"ok":true,"seq":…}`, plus `"duplicate":true` for the same reply again.
+fn reply_ack(seq: Seq, duplicate: bool) -> Vec<u8> {
+    let mut ack = String::with_capacity(48);
+    ack.push_str("{\"ok\":true,\"seq\":");
     crate::wire::push_decimal_str(&mut ack, seq.get());
     ack.push_str(if duplicate {
         ",\"duplicate\":true}"

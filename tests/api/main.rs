@@ -2,12 +2,13 @@
 //! /prompt` and `POST /response` (prompt_and_response), the other endpoints,
 //! routing and CORS (endpoints), the settings that change what they answer
 //! (limits), long-polls (long_poll), streamed answers, presence and receipts
-//! (streaming), stopping a prompt (cancel), and the seed spec's flows end
-//! to end (flows).
+//! (streaming), stopping a prompt (cancel), questions from the agent
+//! (asks), and the seed spec's flows end to end (flows).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod asks;
 mod cancel;
 mod endpoints;
 mod flows;

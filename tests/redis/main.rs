@@ -1,12 +1,14 @@
 //! Several relays sharing sessions through Redis, against real relay
 //! processes and a real `redis-server`: every flow across instances
-//! (instances), a cancel across instances (cancels), faults injected into
+//! (instances), a cancel across instances (cancels), a reply waking an ask
+//! parked on another instance (asks), faults injected into
 //! the shared Redis (faults), and what waits on a relay while Redis
 //! restarts empty (restart).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod asks;
 mod cancels;
 mod faults;
 mod instances;

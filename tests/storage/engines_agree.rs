@@ -11,12 +11,19 @@
 //! conflicts), parts of streamed answers under the same ids (a part for a
 //! stored answer, for another prompt than its draft's, for an unknown
 //! prompt), cancels of known and unknown prompts (answered, cancelled
-//! already, with a draft open; and answers and parts after them),
-//! creates, deletes and re-creates, reads of history and
-//! pending prompts with cursors and pages, at a history limit of a few
-//! messages so trims happen all the time. Expiry by TTL is not among them:
-//! it depends on each engine's clock, which a test over the wire cannot
-//! drive.
+//! already, with a draft open; and answers and parts after them), asks
+//! with ids drawn from a small pool (about a prompt or not, with choices
+//! or not: duplicates, conflicts, the pending cap shared with prompts),
+//! replies to them (a choice, another text, again), reads of an ask's
+//! state, creates, deletes and re-creates, reads of history and pending
+//! prompts with cursors and pages, at a history limit of a few messages
+//! so trims happen all the time. Expiry is not among them, by TTL or of
+//! an ask: each engine reads its own clock, which a test over the wire
+//! cannot drive (the rules of expiry are the unit tests' of
+//! `store/mem/asks.rs` and `store/asks.rs`, on a virtual clock); asks stay
+//! open for the default 300 s. A cancel's `ts` and an ask's `ts` and
+//! `expires_ts` are the server's clock, so they are compared as present,
+//! not by value.
 //!
 //! Ids the server makes (message ids, epochs) differ between engines by
 //! nature; they are compared by the order in which they first appear. A
@@ -43,6 +50,8 @@ const SESSIONS: u64 = 2;
 /// `client_msg_id`s drawn: the last one is never prompted ("unknown").
 const PROMPT_IDS: u64 = 6;
 const ANSWER_IDS: u64 = 4;
+/// `ask_id`s drawn: the last one is never asked ("unknown").
+const ASK_IDS: u64 = 4;
 
 /// splitmix64: a small, well-mixed generator, so a seed means the same
 /// sequence everywhere.
@@ -104,6 +113,25 @@ enum Op {
         s: u64,
         after: Option<u64>,
     },
+    /// `POST /ask`, about a prompt or not, with choices or not.
+    Ask {
+        s: u64,
+        id: Option<u64>,
+        prompt: Option<u64>,
+        text: u64,
+        choices: bool,
+    },
+    /// `POST /reply`: `text` 0 and 1 are the choices, 2 is neither.
+    Reply {
+        s: u64,
+        ask: u64,
+        text: u64,
+    },
+    /// `GET /asks/{sid}/{ask_id}?wait=false`.
+    AskState {
+        s: u64,
+        ask: u64,
+    },
     Messages {
         s: u64,
         after: Option<u64>,
@@ -145,6 +173,20 @@ impl fmt::Debug for Op {
                 write!(f, "cancel s{s} prompt=c{prompt} reason={}", opt(reason))
             }
             Op::Pending { s, after } => write!(f, "pending s{s} after={}", opt(after)),
+            Op::Ask {
+                s,
+                id,
+                prompt,
+                text,
+                choices,
+            } => write!(
+                f,
+                "ask s{s} id={} prompt={} text=q{text} choices={choices}",
+                opt(id),
+                opt(prompt)
+            ),
+            Op::Reply { s, ask, text } => write!(f, "reply s{s} ask=k{ask} text=r{text}"),
+            Op::AskState { s, ask } => write!(f, "ask state s{s} ask=k{ask}"),
             Op::Messages {
                 s,
                 after,
@@ -168,7 +210,7 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
         .map(|_| {
             ts += rng.below(3);
             let s = rng.below(SESSIONS);
-            match rng.below(25) {
+            match rng.below(30) {
                 0 => Op::Create { s },
                 1 => Op::Delete { s },
                 2..=7 => Op::Prompt {
@@ -189,13 +231,29 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
                     s,
                     after: rng.maybe(12),
                 },
+                22..=23 => Op::Ask {
+                    s,
+                    id: rng.maybe(ASK_IDS - 1),
+                    prompt: rng.maybe(PROMPT_IDS),
+                    text: rng.below(2),
+                    choices: rng.below(2) == 0,
+                },
+                24..=25 => Op::Reply {
+                    s,
+                    ask: rng.below(ASK_IDS),
+                    text: rng.below(3),
+                },
+                26 => Op::AskState {
+                    s,
+                    ask: rng.below(ASK_IDS),
+                },
                 17..=18 => Op::Part {
                     s,
                     prompt: rng.below(PROMPT_IDS),
                     id: rng.below(ANSWER_IDS),
                     text: rng.below(2),
                 },
-                22..=24 => Op::Cancel {
+                27..=29 => Op::Cancel {
                     s,
                     prompt: rng.below(PROMPT_IDS),
                     reason: rng.maybe(2),
@@ -302,6 +360,38 @@ impl Engine {
                 }
                 self.conn.post_json("/cancel", &body)
             }
+            Op::Ask {
+                s,
+                id,
+                prompt,
+                text,
+                choices,
+            } => {
+                let mut body = json!({"session_id": sid(s), "text": format!("q{text}")});
+                if let Some(id) = id {
+                    body["ask_id"] = json!(format!("k{id}"));
+                }
+                if let Some(p) = prompt {
+                    body["client_msg_id"] = json!(format!("c{p}"));
+                }
+                if *choices {
+                    body["choices"] = json!(["r0", "r1"]);
+                    body["default"] = json!("r1");
+                }
+                self.conn.post_json("/ask", &body)
+            }
+            Op::Reply { s, ask, text } => {
+                let body = json!({
+                    "session_id": sid(s),
+                    "ask_id": format!("k{ask}"),
+                    "text": format!("r{text}"),
+                });
+                self.conn.post_json("/reply", &body)
+            }
+            Op::AskState { s, ask } => {
+                let path = format!("/asks/{}/k{ask}?wait=false", sid(s));
+                self.conn.request("GET", &path, &[], None)
+            }
             Op::Pending { s, after } => {
                 let q = query(&[("after", *after)]);
                 let path = format!("/prompts/{}?wait=false&{q}", sid(s));
@@ -346,11 +436,17 @@ impl Engine {
                 Value::Array(items.into_iter().map(|v| self.rename(v, trial)).collect())
             }
             Value::Object(map) => {
+                // An ask's times and a cancel's are the server's clock (see
+                // the module doc).
+                let asked = map.contains_key("ask_id");
                 let mut map = map
                     .into_iter()
-                    .map(|(k, v)| (k, self.rename(v, trial)))
+                    .map(|(k, v)| match k.as_str() {
+                        "expires_ts" => (k, json!("<time>")),
+                        "ts" if asked => (k, json!("<time>")),
+                        _ => (k, self.rename(v, trial)),
+                    })
                     .collect::<Map<_, _>>();
-                // A cancel is stamped with the server's clock.
                 if map.get("type") == Some(&json!("cancel"))
                     && let Some(Value::Object(data)) = map.get_mut("data")
                 {

@@ -1,11 +1,12 @@
 //! Persistence with a data directory (SQLite), against the real binary and
-//! real files: what survives a crash (persistence), disks that stall or fail
+//! real files: what survives a crash (persistence, asks), disks that stall or fail
 //! (faults, write_timeouts), and the memory, SQLite and Redis engines
 //! deciding every write alike (engines_agree).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod asks;
 mod engines_agree;
 mod faults;
 mod persistence;

@@ -69,7 +69,7 @@ impl Server {
             let cx = &mut self.cx;
             let idle = match conn.phase() {
                 Phase::Parked(..) => {
-                    parked::answer(id, conn, cx, 200, Rc::from(&b"[]"[..]));
+                    parked::timed_out(id, conn, cx);
                     false
                 }
                 Phase::WebSocket(_) => {

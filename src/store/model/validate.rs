@@ -10,8 +10,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{
-    GivenId, MAX_ID_BYTES, MAX_REASON_BYTES, MAX_TEXT_BYTES, NewCancel, NewPrompt, NewResponse,
-    metadata_check, scan,
+    ASK_TIMEOUT_S, GivenId, MAX_CHOICE_BYTES, MAX_CHOICES, MAX_ID_BYTES, MAX_REASON_BYTES,
+    MAX_TEXT_BYTES, NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, metadata_check, scan,
 };
 use crate::error::ApiError;
 use crate::store::SessionId;
@@ -353,6 +353,139 @@ impl<'a> NewCancel<'a> {
             reason: reason(why)?,
             ts: None,
         })
+    }
+}
+
+#[derive(Deserialize)]
+struct RawAsk<'a> {
+    #[serde(borrow)]
+    session_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow)]
+    ask_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    client_msg_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    choices: Option<&'a RawValue>,
+    #[serde(borrow)]
+    default: Option<&'a RawValue>,
+    #[serde(borrow)]
+    timeout: Option<&'a RawValue>,
+    #[serde(borrow)]
+    metadata: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawReply<'a> {
+    #[serde(borrow)]
+    session_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    ask_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    text: Option<&'a RawValue>,
+}
+
+/// `choices`: 1 to 8 distinct non-empty strings of at most 256 bytes,
+/// decoded (`null` means absent).
+fn choices(raw: Option<Raw<'_>>) -> Result<Option<Vec<Cow<'_, str>>>, ApiError> {
+    let Some(raw) = raw.filter(|r| r.get() != "null") else {
+        return Ok(None);
+    };
+    let invalid = || {
+        ApiError::bad_request("Invalid choices").with_details(format!(
+            "1 to {MAX_CHOICES} distinct non-empty strings of at most {MAX_CHOICE_BYTES} bytes"
+        ))
+    };
+    let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| invalid())?;
+    if items.is_empty() || items.len() > MAX_CHOICES {
+        return Err(invalid());
+    }
+    let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(items.len());
+    for item in items {
+        let c = string(Raw::new(item.get()), "choices").map_err(|_| invalid())?;
+        if c.is_empty() || c.len() > MAX_CHOICE_BYTES || out.contains(&c) {
+            return Err(invalid());
+        }
+        out.push(c);
+    }
+    Ok(Some(out))
+}
+
+/// `timeout`: seconds, 1 to 86400 (fractions allowed), in ms; 300 s when
+/// absent.
+fn ask_timeout(raw: Option<Raw>) -> Result<u64, ApiError> {
+    let (default_s, min_s, max_s) = ASK_TIMEOUT_S;
+    let Some(raw) = raw.filter(|r| r.get() != "null") else {
+        return Ok(default_s * 1000);
+    };
+    match serde_json::from_str::<f64>(raw.get()) {
+        Ok(s) if s >= min_s as f64 && s <= max_s as f64 => Ok((s * 1000.0).ceil() as u64),
+        _ => Err(ApiError::bad_request(format!(
+            "Invalid timeout: must be a number of seconds from {min_s} to {max_s}"
+        ))),
+    }
+}
+
+impl<'a> NewAsk<'a> {
+    /// Validates a `POST /ask` body; the first failing field decides the
+    /// error, and names it.
+    pub fn parse(body: &'a [u8]) -> Result<NewAsk<'a>, ApiError> {
+        let utf8 = std::str::from_utf8(body).ok();
+        let raw: RawAsk = parse_object(body, utf8)?;
+        let session_id = session_id(raw_of(raw.session_id))?;
+        let question = text(required(raw_of(raw.text), "text")?, "text")?;
+        let ask_id = message_id(raw_of(raw.ask_id), "ask_id")?;
+        let client_msg_id =
+            message_id(raw_of(raw.client_msg_id), "client_msg_id")?.map(|(id, _)| id);
+        let choices = choices(raw_of(raw.choices))?;
+        let default = match raw_of(raw.default).filter(|r| r.get() != "null") {
+            None => None,
+            Some(r) => Some(text(r, "default")?),
+        };
+        if let (Some(choices), Some(d)) = (&choices, &default)
+            && !choices.iter().any(|c| **c == *decode(d))
+        {
+            return Err(
+                ApiError::bad_request("Invalid default").with_details("not one of the choices")
+            );
+        }
+        Ok(NewAsk {
+            session_id,
+            ask_id,
+            client_msg_id,
+            text: question,
+            choices,
+            default,
+            timeout_ms: ask_timeout(raw_of(raw.timeout))?,
+            metadata: metadata(raw_of(raw.metadata))?,
+        })
+    }
+}
+
+impl<'a> NewReply<'a> {
+    /// Validates a `POST /reply` body.
+    pub fn parse(body: &'a [u8]) -> Result<NewReply<'a>, ApiError> {
+        let utf8 = std::str::from_utf8(body).ok();
+        let raw: RawReply = parse_object(body, utf8)?;
+        let session_id = session_id(raw_of(raw.session_id))?;
+        let ask_id = message_id(Some(required(raw_of(raw.ask_id), "ask_id")?), "ask_id")?
+            .map(|(id, _)| id)
+            .unwrap_or_default();
+        let answer = text(required(raw_of(raw.text), "text")?, "text")?;
+        Ok(NewReply {
+            session_id,
+            ask_id,
+            text: answer,
+        })
+    }
+}
+
+/// A string literal decoded (borrowed when it holds no escape).
+fn decode(lit: &str) -> Cow<'_, str> {
+    match lit.strip_prefix('"').and_then(|l| l.strip_suffix('"')) {
+        Some(inner) if !inner.contains('\\') => Cow::Borrowed(inner),
+        _ => Cow::Owned(crate::wire::decode(lit)),
     }
 }
 

@@ -11,9 +11,10 @@ use super::reply::parse_snapshot;
 use super::route::{Answered, Expect, Then};
 use super::{Known, RedisStore};
 use crate::error::ApiError;
+use crate::store::asks::{AskParts, reply_data};
 use crate::store::mem::id_and_literal;
 use crate::store::message::{Parts, cancel_data};
-use crate::store::model::{NewCancel, NewResponse, Write as Change};
+use crate::store::model::{NewAsk, NewCancel, NewReply, NewResponse, Write as Change};
 use crate::store::record::Outcome;
 use crate::store::types::{MAX_TEXT_BYTES, Seq, SessionId, Ticket};
 use crate::wire::decoded_len;
@@ -36,6 +37,8 @@ pub(super) enum Op {
     Touch,
     Collect,
     Probe,
+    Ask,
+    Reply,
 }
 
 /// Which of the library's functions runs an operation.
@@ -66,6 +69,8 @@ impl Op {
             Op::Touch => "touch",
             Op::Collect => "collect",
             Op::Probe => "probe",
+            Op::Ask => "ask",
+            Op::Reply => "reply",
         }
     }
 
@@ -104,6 +109,14 @@ pub(super) enum Write {
         put: bool,
     },
     Delete,
+    /// An ask: its id, and its `expires_ts` when stored now.
+    Ask {
+        id: String,
+        expires_ts: u64,
+    },
+    Reply {
+        ask_id: String,
+    },
 }
 
 impl RedisStore {
@@ -135,6 +148,8 @@ impl RedisStore {
             Change::Response(r) => self.response(ticket(), r, known, unix_ms),
             Change::Part(r) => self.part(ticket(), r, known),
             Change::Cancel(c) => self.cancel(ticket(), c, known, unix_ms),
+            Change::Ask(a) => self.ask(ticket(), a, known, unix_ms),
+            Change::Reply(r) => self.reply(ticket(), r, known, unix_ms),
             Change::Create { sid, put } => {
                 let expect = Expect::Write {
                     conn: ticket(),
@@ -335,7 +350,18 @@ impl RedisStore {
                     put: true,
                 })),
                 Write::Delete => Then::Reply(Ok(Outcome::Deleted { sid })),
+                w @ (Write::Ask { .. } | Write::Reply { .. }) => {
+                    Then::Reply(Ok(asked(sid, w, seq, dup, &extra)))
+                }
             },
+            "e404k" => Then::Reply(Err(ApiError::ask_not_found())),
+            "e409k" => Then::Reply(Err(ApiError::ask_conflict())),
+            "e409r" => Then::Reply(Err(ApiError::ask_answered())),
+            "e409e" => Then::Reply(Err(ApiError::ask_expired())),
+            "e400r" => Then::Reply(Err(ApiError::invalid_reply())),
+            "e503k" => Then::Reply(Err(ApiError::unavailable(
+                "pending limit reached for this session (prompts and asks)",
+            ))),
             "e404s" => Then::Reply(Err(ApiError::session_not_found())),
             "e404p" => Then::Reply(Err(ApiError::prompt_not_found())),
             "e409" => Then::Reply(Err(ApiError::conflict())),
@@ -367,6 +393,96 @@ impl RedisStore {
             delivered: extra == "1",
         });
         Ok(())
+    }
+}
+
+/// Asks and replies: the calls, and their answers read back.
+impl RedisStore {
+    /// `POST /ask`: the record is `K\nask_id\nexpires_ts\nts\nhead`, so
+    /// the script reads an ask's expiry without parsing its message.
+    fn ask(&mut self, conn: Ticket, a: &NewAsk, known: Known, unix_ms: u64) {
+        let (id, literal) = id_and_literal(a.ask_id.clone(), &mut self.ids);
+        let expires_ts = unix_ms.saturating_add(a.timeout_ms);
+        let mut head = AskParts {
+            session_id: &a.session_id,
+            id_literal: &literal,
+            client_msg_id: a.client_msg_id.as_deref(),
+            text: &a.text,
+            choices: a.choices.as_deref(),
+            default: a.default.as_deref(),
+            expires_ts,
+            metadata: a.metadata.as_deref(),
+            ts: unix_ms,
+            seq: Seq(0),
+        }
+        .data(); // ends in `"seq":0}`
+        head.truncate(head.len() - 2);
+        let expires = expires_ts.to_string();
+        let record = record("K", &id, &expires, unix_ms, &head);
+        let choices = a.choices.as_ref().map_or_else(String::new, |c| {
+            serde_json::to_string(c).unwrap_or_default()
+        });
+        let extra: [&[u8]; 5] = [
+            id.as_bytes(),
+            a.client_msg_id.as_deref().unwrap_or("").as_bytes(),
+            a.text.as_bytes(),
+            choices.as_bytes(),
+            record.as_bytes(),
+        ];
+        let expect = Expect::Write {
+            conn,
+            sid: a.session_id.clone(),
+            write: Write::Ask {
+                id: id.clone(),
+                expires_ts,
+            },
+        };
+        self.call(&a.session_id, Op::Ask, known, &extra, expect);
+    }
+
+    /// `POST /reply`: the record is `Y\nask_id\n\nts\nhead`.
+    fn reply(&mut self, conn: Ticket, r: &NewReply, known: Known, unix_ms: u64) {
+        let mut head = reply_data(&r.session_id, &r.ask_id, &r.text, unix_ms, Seq(0));
+        head.truncate(head.len() - 2);
+        let record = record("Y", &r.ask_id, "", unix_ms, &head);
+        let extra: [&[u8]; 3] = [r.ask_id.as_bytes(), r.text.as_bytes(), record.as_bytes()];
+        let expect = Expect::Write {
+            conn,
+            sid: r.session_id.clone(),
+            write: Write::Reply {
+                ask_id: r.ask_id.to_string(),
+            },
+        };
+        self.call(&r.session_id, Op::Reply, known, &extra, expect);
+    }
+}
+
+/// An ask's or a reply's outcome from the script's answer: a new one's
+/// `seq` is the session's last; a duplicate's comes in `extra`
+/// (`seq\nexpires_ts` for an ask, `seq` for a reply).
+fn asked(sid: SessionId, w: Write, seq: Seq, dup: bool, extra: &str) -> Outcome {
+    let mut stored = extra.split('\n').map(|n| n.parse::<u64>().unwrap_or(0));
+    let (seq, stored_expires) = if dup {
+        (Seq(stored.next().unwrap_or(0)), stored.next())
+    } else {
+        (seq, None)
+    };
+    match w {
+        Write::Ask { id, expires_ts } => Outcome::Ask {
+            sid,
+            id,
+            seq,
+            expires_ts: stored_expires.unwrap_or(expires_ts),
+            duplicate: dup,
+        },
+        Write::Reply { ask_id } => Outcome::Reply {
+            sid,
+            ask_id,
+            seq,
+            duplicate: dup,
+        },
+        // Only asks and replies come here.
+        _ => Outcome::Collected,
     }
 }
 

@@ -465,6 +465,7 @@ fn record(sid: &SessionId, m: Msg) -> Record {
             client_msg_id: m.client_msg_id,
             data: m.data,
         },
+        Kind::Ask | Kind::Reply => asked_record(sid, m),
     }
 }
 
@@ -479,6 +480,10 @@ fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
         head.dropped_assistant,
     );
     for m in msgs {
+        if matches!(m.kind, Kind::Ask | Kind::Reply) {
+            rebuild_asked(&mut log, m, limit);
+            continue;
+        }
         if m.kind == Kind::Prompt {
             let cid: Rc<str> = Rc::from(m.client_msg_id);
             log.append_prompt(
@@ -500,4 +505,43 @@ fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
         }
     }
     log
+}
+
+/// An ask or a reply as a committed record (its `client_msg_id` field
+/// holds the `ask_id`).
+fn asked_record(sid: &SessionId, m: Msg) -> Record {
+    let (kind, sid, seq, ts, ask_id, data) =
+        (m.kind, sid.clone(), m.seq, m.ts, m.client_msg_id, m.data);
+    match kind {
+        Kind::Ask => Record::Ask {
+            sid,
+            seq,
+            ts,
+            ask_id,
+            data,
+        },
+        _ => Record::Reply {
+            sid,
+            seq,
+            ts,
+            ask_id,
+            data,
+        },
+    }
+}
+
+/// An ask or a reply replayed into a session read whole.
+fn rebuild_asked(log: &mut SessionLog, m: Msg, limit: usize) {
+    let id: Rc<str> = Rc::from(m.client_msg_id);
+    match m.kind {
+        Kind::Ask => {
+            log.append_ask(Message::ask_with(id, m.seq, m.ts, m.data.as_bytes()), limit);
+        }
+        _ => {
+            log.append_reply(
+                Message::reply_with(id, m.seq, m.ts, m.data.as_bytes()),
+                limit,
+            );
+        }
+    }
 }

@@ -27,7 +27,17 @@
 --                       or cancelled);
 --                       x:<client_msg_id> -> the seq of the cancel that
 --                       stopped the prompt, while c: is kept;
---                       a:<assistant_msg_id> -> seq
+--                       a:<assistant_msg_id> -> seq;
+--                       asks (src/store/asks.rs): <seq> -> an ask,
+--                       "K\nask_id\nexpires_ts\nts\nhead", or a reply,
+--                       "Y\nask_id\n\nts\nhead"; k:<ask_id> -> the
+--                       ask's seq (negative once answered); y:<ask_id> ->
+--                       "seq\ntext" of its reply; ko -> the unanswered
+--                       asks, "seq:expires_ts" joined by ",". An ask is
+--                       known while in history, or unanswered and not
+--                       expired; one history dropped is kept (like a
+--                       pending prompt) only while it may still be
+--                       answered
 --   P w:<sid>  hash   instance -> unix ms until which it has subscribers
 --                     of the session (an answer's `delivered`)
 --   P d:<sid>  hash   the session's streamed answers in progress:
@@ -235,6 +245,16 @@ local function append(S, record)
       elseif kind == 'X' then
         drops = { ds }
         S.da, S.dropped = ds, true
+      elseif kind == 'K' then
+        -- An ask leaves history: kept while it may still be answered
+        -- (unanswered, not expired); `aid` holds its expires_ts.
+        S.da, S.dropped = ds, true
+        local kv = tonumber(redis.call('HGET', s, 'k:' .. cid) or '0')
+        if math.abs(kv) ~= d then
+          drops = { ds }
+        elseif kv < 0 or (tonumber(aid) or 0) <= tonumber(now_ms) then
+          drops = { ds, 'k:' .. cid, 'y:' .. cid }
+        end
       else
         drops = { ds }
         if tonumber(redis.call('HGET', s, 'a:' .. aid) or '0') == d then
@@ -281,10 +301,202 @@ local function text_of(data)
   return nil
 end
 
+-- The unanswered asks (`ko`) as a list of {seq, expires_ts}.
+local function asks_of(ko)
+  local out = {}
+  for q, e in string.gmatch(ko or '', '(%d+):(%d+)') do
+    out[#out + 1] = { tonumber(q), tonumber(e) }
+  end
+  return out
+end
+
+local function asks_str(list)
+  local parts = {}
+  for i, a in ipairs(list) do
+    parts[i] = str(a[1]) .. ':' .. str(a[2])
+  end
+  return table.concat(parts, ',')
+end
+
+-- Asks open now: counted with the pending prompts against the cap.
+local function open_asks(ko)
+  local t, n = tonumber(now_ms), 0
+  for _, a in ipairs(asks_of(ko)) do
+    if a[2] > t then
+      n = n + 1
+    end
+  end
+  return n
+end
+
+-- The ask `kv` (k:<ask_id>) names, if it is known now: its seq, whether
+-- it is answered, its expires_ts and its message's head.
+local function known_ask(S, kv)
+  if not kv then
+    return nil
+  end
+  local q = math.abs(tonumber(kv))
+  local rec = redis.call('HGET', s, str(q))
+  if not rec then
+    return nil
+  end
+  local expires, head = string.match(rec, '^K\n[^\n]*\n(%d+)\n[^\n]*\n(.*)$')
+  expires = tonumber(expires) or 0
+  local answered = tonumber(kv) < 0
+  if q >= S.n - limit or (not answered and expires > now) then
+    return { q = q, answered = answered, expires = expires, head = head or '' }
+  end
+  return nil
+end
+
+-- A decoded JSON value, or nil.
+local function decoded(json)
+  local ok, v = pcall(cjson.decode, json)
+  if ok then
+    return v
+  end
+  return nil
+end
+
+local function same_list(a, b)
+  if type(a) ~= 'table' or type(b) ~= 'table' then
+    return type(a) ~= 'table' and type(b) ~= 'table'
+  end
+  if #a ~= #b then
+    return false
+  end
+  for i = 1, #a do
+    if a[i] ~= b[i] then
+      return false
+    end
+  end
+  return true
+end
+
+-- POST /ask (the rule of src/store/mem/asks.rs).
+local function ask(aid, cid, text, choices, record)
+  local S, v = session('k:' .. aid, 'ko', cid ~= '' and ('c:' .. cid) or 'ko')
+  if not S then
+    return gone('e404s')
+  end
+  local a = known_ask(S, v[7])
+  if a then
+    local stored = decoded(a.head .. '0}') or {}
+    local sent_choices = nil
+    if choices ~= '' then
+      sent_choices = decoded(choices)
+    end
+    if stored.text ~= decoded(text) or not same_list(stored.choices, sent_choices) then
+      return answer('e409k', S)
+    end
+    return answer('dup', S, str(a.q) .. '\n' .. str(a.expires))
+  end
+  if cid ~= '' and not v[9] then
+    return answer('e404p', S)
+  end
+  -- The asks that expired are no longer open; those history dropped
+  -- are forgotten. An ask of this id that is not known goes too.
+  local old = v[7] and math.abs(tonumber(v[7])) or nil
+  local open = {}
+  local gone_fields = {}
+  for _, o in ipairs(asks_of(v[8])) do
+    if o[1] == old then
+      o[2] = 0
+    end
+    if o[2] > now then
+      open[#open + 1] = o
+    elseif o[1] < S.n - limit then
+      local rec = redis.call('HGET', s, str(o[1]))
+      local id = rec and string.match(rec, '^K\n([^\n]*)\n')
+      gone_fields[#gone_fields + 1] = str(o[1])
+      if id and id ~= aid and math.abs(tonumber(redis.call('HGET', s, 'k:' .. id) or '0')) == o[1] then
+        gone_fields[#gone_fields + 1] = 'k:' .. id
+        gone_fields[#gone_fields + 1] = 'y:' .. id
+      end
+    end
+  end
+  if old and old < S.n - limit then
+    gone_fields[#gone_fields + 1] = str(old)
+  end
+  if S.pc + #open >= max_pending then
+    return answer('e503k', S)
+  end
+  local expires = tonumber(string.match(record, '^K\n[^\n]*\n(%d+)\n')) or 0
+  local seq, fields = append(S, record)
+  open[#open + 1] = { seq, expires }
+  fields[5], fields[6] = 'k:' .. aid, fields[1]
+  fields[7], fields[8] = 'ko', asks_str(open)
+  S.la = fields[1]
+  fields[#fields + 1], fields[#fields + 2] = 'la', S.la
+  save(S, fields)
+  -- What the log no longer knows of asks of this id, or of asks that
+  -- expired below history.
+  gone_fields[#gone_fields + 1] = 'y:' .. aid
+  if #gone_fields > 0 then
+    redis.call('HDEL', s, unpack(gone_fields))
+  end
+  return answer('ok', S)
+end
+
+-- POST /reply (the rule of src/store/mem/asks.rs): answered, expired,
+-- choices, in this order.
+local function reply(aid, text, record)
+  local S, v = session('k:' .. aid, 'y:' .. aid, 'ko')
+  if not S then
+    return gone('e404s')
+  end
+  local a = known_ask(S, v[7])
+  if not a then
+    return answer('e404k', S)
+  end
+  if a.answered then
+    local rq, rtext = string.match(v[8] or '', '^(%d+)\n(.*)$')
+    if rtext and decoded(rtext) == decoded(text) then
+      return answer('dup', S, rq)
+    end
+    return answer('e409r', S)
+  end
+  if a.expires <= now then
+    return answer('e409e', S)
+  end
+  local stored = decoded(a.head .. '0}') or {}
+  if type(stored.choices) == 'table' then
+    local sent, found = decoded(text), false
+    for _, c in ipairs(stored.choices) do
+      if c == sent then
+        found = true
+      end
+    end
+    if not found then
+      return answer('e400r', S)
+    end
+  end
+  local open = {}
+  for _, o in ipairs(asks_of(v[9])) do
+    if o[1] ~= a.q then
+      open[#open + 1] = o
+    end
+  end
+  local seq, fields = append(S, record)
+  fields[5], fields[6] = 'k:' .. aid, '-' .. str(a.q)
+  fields[7], fields[8] = 'y:' .. aid, fields[1] .. '\n' .. text
+  S.la = fields[1]
+  fields[#fields + 1], fields[#fields + 2] = 'la', S.la
+  fields[#fields + 1], fields[#fields + 2] = 'ko', asks_str(open)
+  if a.q <= seq - limit then
+    -- Out of history and now answered: the ask is forgotten.
+    drops = drops or {}
+    drops[#drops + 1], drops[#drops + 2] = str(a.q), 'k:' .. aid
+    drops[#drops + 1] = 'y:' .. aid
+  end
+  save(S, fields)
+  return answer('ok', S)
+end
+
 local function prompt(cid, record)
   -- The counters and the id's entry (dedupe) in one call.
   local ckey = 'c:' .. cid
-  local S, v = session(ckey)
+  local S, v = session(ckey, 'ko')
   local extra = '0'
   if not S then
     S = create()
@@ -312,7 +524,7 @@ local function prompt(cid, record)
     end
     return answer('dup', S, extra)
   end
-  if S.pc >= max_pending then
+  if S.pc >= max_pending or (v[8] and S.pc + open_asks(v[8]) >= max_pending) then
     return answer('e503p', S, extra)
   end
   local _, fields = append(S, record)
@@ -497,6 +709,10 @@ local function dispatch()
       end
     end
     return done(answer('ok', S, watched()))
+  elseif op == 'ask' then
+    return done(ask(A[12], A[13], A[14], A[15], A[16]))
+  elseif op == 'reply' then
+    return done(reply(A[12], A[13], A[14]))
   elseif op == 'agent' then
     -- This instance's agent state: online until A[13] (0: offline).
     local g = prefix .. 'g:' .. sid

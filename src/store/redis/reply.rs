@@ -37,8 +37,9 @@ pub struct Head {
 #[derive(Debug)]
 pub struct Msg {
     pub seq: Seq,
-    /// A prompt, an answer, or a cancel (whose `client_msg_id` is the
-    /// prompt it stopped).
+    /// A prompt, an answer, a cancel (whose `client_msg_id` is the prompt
+    /// it stopped), an ask or a reply (whose `client_msg_id` is the
+    /// `ask_id`).
     pub kind: Kind,
     pub client_msg_id: String,
     pub assistant_msg_id: String,
@@ -238,6 +239,8 @@ pub fn parse_record(seq: &str, record: &str) -> Option<Msg> {
         "X" => (Kind::Cancel, false),
         "p" => (Kind::Prompt, true),
         "a" => (Kind::Assistant, true),
+        "K" => (Kind::Ask, false),
+        "Y" => (Kind::Reply, false),
         _ => return None,
     };
     let client_msg_id = it.next()?.to_string();

@@ -16,7 +16,7 @@ use super::rows::Rows;
 use super::schema;
 
 use crate::error::ApiError;
-use crate::store::mem::{MemStore, StoreLimits};
+use crate::store::mem::{Applied, MemStore, StoreLimits};
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::time::Millis;
 
@@ -230,12 +230,14 @@ fn transaction(
         let mut records = Vec::new();
         // Decided once: the write moves into its decision.
         let op = std::mem::replace(&mut cmd.op, Op::Collect { sids: Vec::new() });
-        let result = decide(&mut state.log, op, &mut records);
+        let result = decide(&mut state.log, op, cmd.unix_ms, &mut records);
         for record in &records {
             let (sid, seq) = match record {
                 Record::Prompt { sid, seq, .. }
                 | Record::Response { sid, seq, .. }
-                | Record::Cancel { sid, seq, .. } => (sid, *seq),
+                | Record::Cancel { sid, seq, .. }
+                | Record::Ask { sid, seq, .. }
+                | Record::Reply { sid, seq, .. } => (sid, *seq),
                 Record::Created { .. } | Record::Deleted { .. } => {
                     w.write(&mut state.rows, record)?;
                     state.log.apply(NOW, record.clone());
@@ -250,13 +252,20 @@ fn transaction(
                 return Err(rusqlite::Error::QueryReturnedNoRows);
             };
             s.appended(seq, w.insert(s.id, record)?);
-            let answered = match record {
+            let mut answered = match record {
                 Record::Response { client_msg_id, .. } | Record::Cancel { client_msg_id, .. } => {
                     state.log.get(sid).and_then(|l| l.prompt_seq(client_msg_id))
                 }
                 _ => None,
             };
-            state.log.apply(NOW, record.clone());
+            // Asks the log forgot (closed, below history): their rows go.
+            match state.log.apply(NOW, record.clone()) {
+                Applied::Ask { forgotten, .. } => {
+                    s.forget(sid, &forgotten, &mut state.rows.garbage)
+                }
+                Applied::Reply { forgotten, .. } => answered = forgotten,
+                _ => {}
+            }
             if let Some(log) = state.log.get(sid) {
                 s.trim(sid, log, answered, &mut state.rows.garbage);
             }
@@ -279,10 +288,16 @@ fn transaction(
 
 /// A command, decided by the memory engine's rules over the thread's copy;
 /// its records pushed onto `out` (none when refused).
-fn decide(log: &mut MemStore, op: Op, out: &mut Vec<Record>) -> Result<Outcome, ApiError> {
+fn decide(
+    log: &mut MemStore,
+    op: Op,
+    unix_ms: u64,
+    out: &mut Vec<Record>,
+) -> Result<Outcome, ApiError> {
     match op {
-        // The write carries its time: the thread's clock is not asked.
-        Op::Write(w) => log.decide(NOW, 0, w, out),
+        // The write carries its time, and the loop's clock comes with it:
+        // the thread's clock is not asked.
+        Op::Write(w) => log.decide(NOW, unix_ms, w, out),
         Op::Collect { sids } => {
             for sid in sids.into_iter().filter(|sid| log.contains(sid)) {
                 out.push(Record::Deleted { sid });
@@ -328,7 +343,11 @@ impl RowWriter<'_> {
                         .execute([session])?;
                 }
             }
-            Record::Prompt { .. } | Record::Response { .. } | Record::Cancel { .. } => {}
+            Record::Prompt { .. }
+            | Record::Response { .. }
+            | Record::Cancel { .. }
+            | Record::Ask { .. }
+            | Record::Reply { .. } => {}
         }
         Ok(())
     }
@@ -366,6 +385,22 @@ impl RowWriter<'_> {
                 data,
                 ..
             } => (seq, 2, client_msg_id, None, ts, data.as_str()),
+            // An ask's and a reply's `client_msg_id` column holds the
+            // `ask_id` (see `schema.rs`).
+            Record::Ask {
+                seq,
+                ts,
+                ask_id,
+                data,
+                ..
+            } => (seq, schema::KIND_ASK, ask_id, None, ts, data.as_str()),
+            Record::Reply {
+                seq,
+                ts,
+                ask_id,
+                data,
+                ..
+            } => (seq, schema::KIND_REPLY, ask_id, None, ts, data.as_str()),
             Record::Created { .. } | Record::Deleted { .. } => {
                 return Err(rusqlite::Error::InvalidQuery);
             }

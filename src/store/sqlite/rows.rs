@@ -1,7 +1,8 @@
 //! The storage thread's row bookkeeping, beside its copy of the log: the
 //! `sessions` row of each session, the row of each message the log still
-//! retains (a prompt while pending or in history, an answer while in
-//! history), and the rows it no longer needs. Those are garbage: rows the
+//! retains (a prompt while pending or in history, an ask while
+//! unanswered or in history, any other message while in history), and
+//! the rows it no longer needs. Those are garbage: rows the
 //! database still holds, deleted in bulk later ([`Garbage::take`]), because
 //! a row deleted at once would dirty a page of its own in every commit.
 //!
@@ -67,7 +68,7 @@ impl Session {
                 if seq >= first {
                     break;
                 }
-                if log.is_pending(Seq(seq)) {
+                if log.retains(Seq(seq)) {
                     i += 1;
                 } else {
                     garbage.rows.push(row);
@@ -76,7 +77,7 @@ impl Session {
             }
             self.floor = first;
         }
-        if let Some(seq) = answered.filter(|q| q.get() < first && !log.is_pending(*q))
+        if let Some(seq) = answered.filter(|q| q.get() < first && !log.retains(*q))
             && let Ok(i) = self.by_seq.binary_search_by_key(&seq.get(), |&(s, _)| s)
             && let Some((_, row)) = self.by_seq.remove(i)
         {
@@ -85,6 +86,24 @@ impl Session {
         if garbage.rows.len() > before && !self.dirty {
             self.dirty = true;
             garbage.dirty.push(sid.clone());
+        }
+    }
+}
+
+impl Session {
+    /// Rows of messages the log forgot below history (asks closed since
+    /// they left it) go to the garbage.
+    pub fn forget(&mut self, sid: &SessionId, seqs: &[Seq], garbage: &mut Garbage) {
+        for seq in seqs {
+            if let Ok(i) = self.by_seq.binary_search_by_key(&seq.get(), |&(s, _)| s)
+                && let Some((_, row)) = self.by_seq.remove(i)
+            {
+                garbage.rows.push(row);
+                if !self.dirty {
+                    self.dirty = true;
+                    garbage.dirty.push(sid.clone());
+                }
+            }
         }
     }
 }

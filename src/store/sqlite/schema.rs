@@ -1,7 +1,7 @@
 //! The database's schema, its versions and migrations, and the restore of
 //! every session at start.
 //!
-//! Schema version 5 (`PRAGMA user_version`):
+//! Schema version 6 (`PRAGMA user_version`):
 //!
 //! - `sessions(id, name, epoch, next_seq, last_assistant,
 //!   dropped_assistant)`: one row per session; `name` is the session id.
@@ -13,7 +13,9 @@
 //!   data)`: the log, one row per stored message in the order stored (`id`
 //!   is SQLite's rowid, so a commit appends to the table's last pages);
 //!   `kind` 0 is a prompt, 1 an answer, 2 a cancel (its `client_msg_id`
-//!   the prompt it stopped); `data` is the message's JSON object
+//!   the prompt it stopped), 3 an ask and 4 a reply (whose
+//!   `client_msg_id` column holds the `ask_id`); `data` is the message's
+//!   JSON object
 //!   exactly as the API serves it. No index: the storage thread decides
 //!   writes on its copy of the log and knows each retained message's row
 //!   (`rows.rs`), and restore reads the table in order.
@@ -32,10 +34,11 @@
 //! keyed by `(session, seq)` with unique indexes on the ids and per-row
 //! `in_history` and `answered` flags: every write then touched pages all
 //! over the file. Its rows are copied in `seq` order into the new table.
-//! Version 3 had no `generation` table; it starts at 0. Version 4 had no
-//! cancels: its tables are the same, and the version moves on so that a
-//! relay that would read a cancel's row as an answer refuses the file
-//! instead.
+//! Version 3 had no `generation` table; it starts at 0. Versions 4 and 5
+//! hold no asks or replies, and version 4 no cancels: version 6 adds those
+//! kinds of rows and no table, and its number keeps an older relay, which
+//! would read any kind but a prompt as an answer, from opening a database
+//! that holds them.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -53,7 +56,11 @@ use crate::store::types::{Seq, SessionId};
 use crate::time::Millis;
 
 /// The schema this build writes.
-pub const VERSION: i64 = 5;
+pub const VERSION: i64 = 6;
+
+/// The `kind` of an ask's row, and of a reply's.
+pub const KIND_ASK: i64 = 3;
+pub const KIND_REPLY: i64 = 4;
 
 const SESSIONS: &str = "
 CREATE TABLE sessions (
@@ -161,7 +168,9 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
         3 => conn.execute_batch(&format!(
             "BEGIN; {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
-        4 => conn.execute_batch(&format!("BEGIN; PRAGMA user_version = {VERSION}; COMMIT;")),
+        // Cancels, asks and replies are rows of kinds of their own: no
+        // table changes.
+        4 | 5 => conn.execute_batch(&format!("BEGIN; PRAGMA user_version = {VERSION}; COMMIT;")),
         _ => Ok(()),
     }
 }
@@ -268,7 +277,20 @@ pub fn restore(
                     "stored message damaged (not UTF-8 or not a JSON object): kept, never sent; pages that would carry it answer 500");
             }
         }
-        if kind == 0 {
+        if kind == KIND_ASK || kind == KIND_REPLY {
+            let id: Rc<str> = Rc::from(cid);
+            let msg = match (data, kind) {
+                (Some(d), KIND_ASK) => Message::ask_with(id, seq, ts, d),
+                (Some(d), _) => Message::reply_with(id, seq, ts, d),
+                (None, KIND_ASK) => Message::damaged(Kind::Ask, id, None, seq, ts),
+                (None, _) => Message::damaged(Kind::Reply, id, None, seq, ts),
+            };
+            if kind == KIND_ASK {
+                log.append_ask(msg, limit);
+            } else {
+                log.append_reply(msg, limit);
+            }
+        } else if kind == 0 {
             let msg = match data {
                 Some(d) => Message::prompt_with(Rc::from(cid), seq, ts, d.to_vec()),
                 None => Message::damaged(Kind::Prompt, Rc::from(cid), None, seq, ts),
