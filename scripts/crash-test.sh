@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Nothing acknowledged is lost, counted: four clients post prompts,
-# answers and cancels while the server (with a data directory,
-# RELAY_SYNC=always) is killed with SIGKILL at random moments and
-# restarted on the same directory, 20 times (CRASH_ROUNDS). After every
-# restart: every prompt, answer and cancel that got a 200 is there (a
-# cancel with its seq, its prompt not pending, an answer to it refused
-# 409), no refused cancel is, seq has no holes or repeats, the pending set
+# answers, cancels, asks and replies while the server (with a data
+# directory, RELAY_SYNC=always) is killed with SIGKILL at random moments
+# and restarted on the same directory, 20 times (CRASH_ROUNDS). After
+# every restart: everything that got a 200 is there with its seq (a
+# cancelled prompt not pending and an answer to it refused 409; an ask
+# never replied to still open; a replied one answered, refusing another
+# reply), nothing refused is, seq has no holes or repeats, the pending set
 # is right, the epoch is the same, and a resent id is a duplicate.
 # Then the same with RELAY_HISTORY_LIMIT=50, so the kills land while
 # history is trimmed and dropped rows are deleted: seq has no holes, every

@@ -1,11 +1,11 @@
 //! Persistence on one machine (`RELAY_DATA_DIR`), against the real binary
 //! and real files: what was acknowledged survives `kill -9` (counted, with
-//! several clients writing prompts, answers and cancels while the server
-//! is killed at random moments),
-//! a resuming client gets no resync, a second server and a damaged or newer
-//! database are refused, a first-version database is migrated (and one
-//! from before cancels), a cancel is kept like any message, and a disk
-//! that fails answers 503 without showing what failed.
+//! several clients writing prompts, answers, cancels, asks and replies
+//! while the server is killed at random moments), a resuming client gets
+//! no resync, a second server and a damaged or newer database are
+//! refused, a first-version database is migrated (and one from before
+//! cancels), a cancel is kept like any message, and a disk that fails
+//! answers 503 without showing what failed.
 
 use crate::common;
 
@@ -119,6 +119,14 @@ struct Acked {
     refused_cancels: BTreeSet<String>,
     /// Cancels the kill cut off before their answer: stored or not.
     unknown_cancels: BTreeSet<String>,
+    /// Acknowledged asks and replies: ask id -> `seq`.
+    asks: BTreeMap<String, u64>,
+    replies: BTreeMap<String, u64>,
+    /// Acknowledged asks no reply was ever posted to: open for good.
+    open_asks: BTreeSet<String>,
+    /// Asks and replies (by ask id) answered with an error: never stored.
+    refused_asks: BTreeSet<String>,
+    refused_replies: BTreeSet<String>,
 }
 
 impl Acked {
@@ -129,6 +137,11 @@ impl Acked {
         self.cancels.extend(other.cancels);
         self.refused_cancels.extend(other.refused_cancels);
         self.unknown_cancels.extend(other.unknown_cancels);
+        self.asks.extend(other.asks);
+        self.replies.extend(other.replies);
+        self.open_asks.extend(other.open_asks);
+        self.refused_asks.extend(other.refused_asks);
+        self.refused_replies.extend(other.refused_replies);
     }
 }
 
@@ -162,8 +175,9 @@ fn try_request(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<(
 }
 
 /// A client that posts prompts to `sid` until `stop`, and answers every
-/// second one and cancels every fourth, counting only what got a 200;
-/// failures (the server was killed) are expected.
+/// second one and cancels every fourth; of the others, every second gets
+/// an ask from the agent, and every second ask a reply. Counts only what
+/// got a 200; failures (the server was killed) are expected.
 fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicBool>) -> Acked {
     let mut acked = Acked::default();
     let mut n = 0;
@@ -193,6 +207,9 @@ fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicB
             }
         } else if n % 2 == 1 {
             acked.unanswered.insert(cid.clone());
+            if n % 8 == 3 {
+                ask_and_reply(addr, &sid, &cid, n % 16 == 3, &mut acked);
+            }
         } else {
             let aid = format!("a-{cid}");
             let a = json!({"session_id": sid, "client_msg_id": cid, "assistant_msg_id": aid, "text": "t"});
@@ -202,6 +219,105 @@ fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicB
         }
     }
     acked
+}
+
+/// The agent asks about prompt `cid` (ask id `k-<cid>`) and, when
+/// `reply`, the person replies `yes`; what was acknowledged or refused
+/// goes into `acked`.
+fn ask_and_reply(addr: std::net::SocketAddr, sid: &str, cid: &str, reply: bool, acked: &mut Acked) {
+    let kid = format!("k-{cid}");
+    let ask = json!({"session_id": sid, "ask_id": kid, "client_msg_id": cid, "text": "go?"});
+    match try_request(addr, "/ask", &ask) {
+        Some((200, ack)) => {
+            acked
+                .asks
+                .insert(kid.clone(), ack["seq"].as_u64().expect("an ask's seq"));
+            if !reply {
+                acked.open_asks.insert(kid.clone());
+            }
+        }
+        Some(_) => {
+            acked.refused_asks.insert(kid);
+            return;
+        }
+        None => return,
+    }
+    if !reply {
+        return;
+    }
+    let r = json!({"session_id": sid, "ask_id": kid, "text": "yes"});
+    match try_request(addr, "/reply", &r) {
+        Some((200, ack)) => {
+            acked
+                .replies
+                .insert(kid, ack["seq"].as_u64().expect("a reply's seq"));
+        }
+        Some(_) => {
+            acked.refused_replies.insert(kid);
+        }
+        None => {}
+    }
+}
+
+/// Every acknowledged ask and reply still in history is there with its
+/// `seq` (`limit`: history is trimmed; else every one must be), no refused
+/// one is, an ask never replied to is open (below history too), and one
+/// replied to is answered with its reply while it is in history, and
+/// refuses another.
+#[track_caller]
+fn check_asks(srv: &Server, sid: &str, msgs: &[Value], acked: &Acked, limit: Option<usize>) {
+    let first = msgs
+        .first()
+        .map_or(1, |m| m["data"]["seq"].as_u64().unwrap());
+    for (kind, acks, refused) in [
+        ("ask", &acked.asks, &acked.refused_asks),
+        ("reply", &acked.replies, &acked.refused_replies),
+    ] {
+        let stored: BTreeMap<String, u64> = msgs
+            .iter()
+            .filter(|m| m["type"] == kind)
+            .map(|m| {
+                let d = &m["data"];
+                (
+                    d["ask_id"].as_str().unwrap().to_string(),
+                    d["seq"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        for (k, seq) in acks {
+            match stored.get(k) {
+                Some(got) => assert_eq!(got, seq, "the {kind} {k} moved"),
+                None => assert!(
+                    limit.is_some() && *seq < first,
+                    "acknowledged {kind} {k} (seq {seq}) lost"
+                ),
+            }
+        }
+        for k in refused {
+            assert!(!stored.contains_key(k), "refused {kind} {k} stored");
+        }
+    }
+    let state = |k: &str| srv.get(&format!("/asks/{sid}/{k}?wait=false"));
+    for k in &acked.open_asks {
+        let got = state(k);
+        assert_eq!(got.status, 200, "open ask {k}: {}", got.text());
+        assert_eq!(got.json()["state"], "open", "ask {k}");
+    }
+    for k in acked.replies.keys() {
+        if acked.asks.get(k).is_some_and(|seq| *seq < first) {
+            continue; // answered and below history: forgotten
+        }
+        let got = state(k).json();
+        assert_eq!(
+            (&got["state"], &got["text"]),
+            (&json!("answered"), &json!("yes")),
+            "{k}"
+        );
+        let other = json!({"session_id": sid, "ask_id": k, "text": "no"});
+        let r = srv.post_json("/reply", &other);
+        assert_eq!(r.status, 409, "a second reply to {k}: {}", r.text());
+        assert_eq!(r.json()["details"], "ask already answered");
+    }
 }
 
 /// Every message of a session, page by page.
@@ -278,6 +394,7 @@ fn check(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str) {
         .collect();
     assert_eq!(pending_set(srv, sid), want_pending, "pending set");
     check_cancels(srv, sid, &msgs, acked, None);
+    check_asks(srv, sid, &msgs, acked, None);
     check_epoch_and_resend(srv, sid, epoch_before, acked.prompts.iter().next());
 }
 
@@ -360,9 +477,18 @@ fn check_trimmed(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str, lim
         "history holds {} messages from seq {first}, limit {limit}",
         seqs.len()
     );
-    let stored = (acked.prompts.len() + acked.answers.len() + acked.cancels.len()) as u64;
-    assert!(last >= stored, "{stored} acknowledged, last seq {last}");
-    check_cancels(srv, sid, &all_messages(srv, sid), acked, Some(limit));
+    let stored = acked.prompts.len()
+        + acked.answers.len()
+        + acked.cancels.len()
+        + acked.asks.len()
+        + acked.replies.len();
+    assert!(
+        last >= stored as u64,
+        "{stored} acknowledged, last seq {last}"
+    );
+    let msgs = all_messages(srv, sid);
+    check_cancels(srv, sid, &msgs, acked, Some(limit));
+    check_asks(srv, sid, &msgs, acked, Some(limit));
     let pending = pending_set(srv, sid);
     for p in &acked.unanswered {
         assert!(pending.contains(p), "acknowledged pending prompt {p} lost");
@@ -414,10 +540,11 @@ fn crash_rounds(rounds: usize, history: Option<&str>) {
         }
     }
     assert!(
-        all.prompts.len() > rounds && !all.cancels.is_empty(),
-        "too little was written: {} prompts, {} cancels",
+        all.prompts.len() > rounds && !all.cancels.is_empty() && !all.replies.is_empty(),
+        "too little was written: {} prompts, {} cancels, {} replies",
         all.prompts.len(),
-        all.cancels.len()
+        all.cancels.len(),
+        all.replies.len()
     );
     let kept = match history {
         None => "all present".to_string(),
@@ -427,12 +554,18 @@ fn crash_rounds(rounds: usize, history: Option<&str>) {
         ),
     };
     eprintln!(
-        "{rounds} kills: {} prompts, {} answers and {} cancels acknowledged \
-         ({} cancels refused, {} cut off by a kill), {kept}",
+        "{rounds} kills: {} prompts, {} answers, {} cancels, {} asks ({} left open) and \
+         {} replies acknowledged ({} cancels, {} asks, {} replies refused; {} cancels \
+         cut off by a kill), {kept}",
         all.prompts.len(),
         all.answers.len(),
         all.cancels.len(),
+        all.asks.len(),
+        all.open_asks.len(),
+        all.replies.len(),
         all.refused_cancels.len(),
+        all.refused_asks.len(),
+        all.refused_replies.len(),
         all.unknown_cancels.len()
     );
 }
