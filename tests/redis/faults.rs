@@ -70,37 +70,126 @@ fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
     Some((status, serde_json::from_str(body).ok()?))
 }
 
-/// What the writers saw: ids acknowledged (`200`), those of them sent
-/// after the store was lost (`Progress::lost`), ids refused (`503`) and,
-/// after a store was lost, answers and cancels to prompts it took with it
-/// (`404`). A cancel is told apart by its `reason`, new on every attempt.
+/// A kind of write the writers make. Every attempt carries a tag of its
+/// own in one field of the message it stores (an id, or for a cancel its
+/// `reason` and for a reply its `text`), so a refused attempt stays told
+/// apart from the one after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Prompt,
+    Answer,
+    Cancel,
+    Ask,
+    Reply,
+}
+
+impl Kind {
+    const ALL: [Kind; 5] = [
+        Kind::Prompt,
+        Kind::Answer,
+        Kind::Cancel,
+        Kind::Ask,
+        Kind::Reply,
+    ];
+
+    fn path(self) -> &'static str {
+        match self {
+            Kind::Prompt => "/prompt",
+            Kind::Answer => "/response",
+            Kind::Cancel => "/cancel",
+            Kind::Ask => "/ask",
+            Kind::Reply => "/reply",
+        }
+    }
+
+    /// The message's `type` in history.
+    fn stored_as(self) -> &'static str {
+        match self {
+            Kind::Prompt => "prompt",
+            Kind::Answer => "assistant",
+            Kind::Cancel => "cancel",
+            Kind::Ask => "ask",
+            Kind::Reply => "reply",
+        }
+    }
+
+    /// The frame's `type` for subscribers (a prompt is not framed).
+    fn framed_as(self) -> Option<&'static str> {
+        match self {
+            Kind::Prompt => None,
+            Kind::Answer => Some("message"),
+            other => Some(other.stored_as()),
+        }
+    }
+
+    /// The field of the message's `data` that holds the attempt's tag.
+    fn tag_field(self) -> &'static str {
+        match self {
+            Kind::Prompt => "client_msg_id",
+            Kind::Answer => "assistant_msg_id",
+            Kind::Cancel => "reason",
+            Kind::Ask => "ask_id",
+            Kind::Reply => "text",
+        }
+    }
+
+    fn of_frame(frame: &Value) -> Option<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.framed_as().is_some_and(|t| frame["type"] == t))
+    }
+}
+
+/// What the writers saw, by kind and tag: what was acknowledged (`200`,
+/// with the `seq` it named, if it named one), what of it was sent after
+/// the store was lost (`Progress::lost`), what was refused (`503`) and,
+/// after a store was lost, answers, cancels, asks and replies whose prompt,
+/// ask or session it took with it (`404`).
 #[derive(Default, Debug)]
 struct Tally {
-    prompts: BTreeSet<String>,
-    answers: BTreeSet<String>,
-    /// Acknowledged cancels: reason -> (the prompt's id, the cancel's seq).
-    cancels: BTreeMap<String, (String, u64)>,
-    prompts_after: BTreeSet<String>,
-    answers_after: BTreeSet<String>,
-    cancels_after: BTreeSet<String>,
-    refused_prompts: BTreeSet<String>,
-    refused_answers: BTreeSet<String>,
-    refused_cancels: BTreeSet<String>,
+    acked: BTreeMap<Kind, BTreeMap<String, Option<u64>>>,
+    after: BTreeMap<Kind, BTreeSet<String>>,
+    refused: BTreeMap<Kind, BTreeSet<String>>,
+    /// Acknowledged cancels: reason -> the prompt cancelled.
+    cancelled: BTreeMap<String, String>,
+    /// Acknowledged replies: text -> the ask answered.
+    replied: BTreeMap<String, String>,
     orphans: u64,
 }
 
 impl Tally {
     fn merge(&mut self, other: Tally) {
-        self.prompts.extend(other.prompts);
-        self.answers.extend(other.answers);
-        self.cancels.extend(other.cancels);
-        self.prompts_after.extend(other.prompts_after);
-        self.answers_after.extend(other.answers_after);
-        self.cancels_after.extend(other.cancels_after);
-        self.refused_prompts.extend(other.refused_prompts);
-        self.refused_answers.extend(other.refused_answers);
-        self.refused_cancels.extend(other.refused_cancels);
+        for (kind, acked) in other.acked {
+            self.acked.entry(kind).or_default().extend(acked);
+        }
+        for (kind, after) in other.after {
+            self.after.entry(kind).or_default().extend(after);
+        }
+        for (kind, refused) in other.refused {
+            self.refused.entry(kind).or_default().extend(refused);
+        }
+        self.cancelled.extend(other.cancelled);
+        self.replied.extend(other.replied);
         self.orphans += other.orphans;
+    }
+
+    fn acked(&self, kind: Kind) -> BTreeMap<String, Option<u64>> {
+        self.acked.get(&kind).cloned().unwrap_or_default()
+    }
+
+    fn refused(&self, kind: Kind) -> BTreeSet<String> {
+        self.refused.get(&kind).cloned().unwrap_or_default()
+    }
+
+    fn after(&self, kind: Kind) -> BTreeSet<String> {
+        self.after.get(&kind).cloned().unwrap_or_default()
+    }
+
+    /// `acked/refused` per kind, for a test's log line.
+    fn counts(&self) -> String {
+        Kind::ALL
+            .map(|k| format!("{k:?} {}/{}", self.acked(k).len(), self.refused(k).len()))
+            .join(", ")
     }
 }
 
@@ -114,16 +203,124 @@ struct Progress {
     lost: AtomicBool,
 }
 
+/// How one attempt was answered.
+#[derive(PartialEq)]
+enum Answered {
+    Acked,
+    Refused,
+    /// `404`: what it names went with a lost store.
+    Orphan,
+}
+
+/// One writer's connection to the instances and its tally.
+struct Writer {
+    addrs: Vec<SocketAddr>,
+    turn: usize,
+    sid: String,
+    name: String,
+    lossy: bool,
+    attempt: u64,
+    progress: Arc<Progress>,
+    tally: Tally,
+}
+
+impl Writer {
+    /// A tag no attempt of this writer used before.
+    fn tag(&mut self, what: &str) -> String {
+        self.attempt += 1;
+        format!("{}-{what}{}", self.name, self.attempt)
+    }
+
+    /// Posts one attempt of `kind` tagged `tag` (the body's other fields
+    /// in `body`) to the next instance, and counts its answer, which must
+    /// be its own: `200`, `503 Storage unavailable`, or when `lossy` a
+    /// `404` for what a lost store took.
+    fn post(&mut self, kind: Kind, tag: &str, mut body: Value) -> Answered {
+        body["session_id"] = json!(self.sid);
+        body[kind.tag_field()] = json!(tag);
+        self.turn += 1;
+        let addr = self.addrs[self.turn % self.addrs.len()];
+        let after = self.progress.lost.load(Ordering::SeqCst);
+        let path = kind.path();
+        let (status, resp) =
+            post(addr, path, &body).unwrap_or_else(|| panic!("{path} {body}: no answer"));
+        match status {
+            200 => {
+                let own = match kind {
+                    Kind::Prompt | Kind::Answer => resp[kind.tag_field()] == tag,
+                    Kind::Ask => resp["ask_id"] == tag,
+                    Kind::Cancel | Kind::Reply => resp["ok"] == true,
+                };
+                assert!(own && resp["duplicate"].is_null(), "{path} {body}: {resp}");
+                if after {
+                    self.tally
+                        .after
+                        .entry(kind)
+                        .or_default()
+                        .insert(tag.to_string());
+                }
+                let acked = self.tally.acked.entry(kind).or_default();
+                acked.insert(tag.to_string(), resp["seq"].as_u64());
+                if kind == Kind::Answer {
+                    self.progress.answered.fetch_add(1, Ordering::Relaxed);
+                }
+                Answered::Acked
+            }
+            503 => {
+                assert_eq!(resp["error"], "Storage unavailable", "{resp}");
+                self.tally
+                    .refused
+                    .entry(kind)
+                    .or_default()
+                    .insert(tag.to_string());
+                self.progress.refused.fetch_add(1, Ordering::Relaxed);
+                Answered::Refused
+            }
+            404 if self.lossy && kind != Kind::Prompt => {
+                let error = resp["error"].as_str().unwrap_or("");
+                let gone = ["Prompt not found", "Session not found", "Ask not found"];
+                assert!(gone.contains(&error), "{path}: {resp}");
+                self.tally.orphans += 1;
+                Answered::Orphan
+            }
+            other => panic!("{path}: {other} {resp}"),
+        }
+    }
+
+    /// Follows up the oldest of `queue` with `kind` (answering, cancelling
+    /// or replying to it) when `due`; it leaves the queue unless refused.
+    fn follow_up(&mut self, kind: Kind, queue: &mut VecDeque<String>, due: bool) {
+        let Some(of) = queue.front().filter(|_| due).cloned() else {
+            return;
+        };
+        let tag = self.tag(&kind.stored_as()[..1]);
+        let body = match kind {
+            Kind::Answer => json!({"client_msg_id": of, "text": "done"}),
+            Kind::Cancel => json!({"client_msg_id": of}),
+            _ => json!({"ask_id": of}),
+        };
+        match self.post(kind, &tag, body) {
+            Answered::Refused => {}
+            answered => {
+                if answered == Answered::Acked && kind == Kind::Cancel {
+                    self.tally.cancelled.insert(tag, of);
+                } else if answered == Answered::Acked && kind == Kind::Reply {
+                    self.tally.replied.insert(tag, of);
+                }
+                queue.pop_front();
+            }
+        }
+    }
+}
+
 /// A writer, alternating instances until `stop`: each round posts a new
-/// prompt, then answers the oldest acknowledged prompt it has not
-/// answered yet (each attempt under a new `assistant_msg_id`, so a
-/// refused one stays told apart); every third prompt is cancelled
-/// instead, the same way (each attempt with a new `reason`); so while
-/// Redis refuses writes, every kind is refused. Once stopped, it answers
-/// and cancels what is left. Every request must get its own answer: `200`
-/// naming its own id, `503 Storage unavailable`, or, for an answer or a
-/// cancel when `lossy`, `404` (its prompt or session went with a lost
-/// store).
+/// prompt, and every second round an ask; then it answers the oldest
+/// acknowledged prompt it has not answered yet, cancels the oldest of
+/// every third prompt instead, and replies to the oldest open ask, each
+/// once a newer one waits behind it (so one is always left when Redis
+/// starts refusing) and each attempt under a new tag. So while Redis
+/// refuses writes, every kind is refused. Once stopped, it answers,
+/// cancels and replies to what is left.
 fn writer(
     addrs: Vec<SocketAddr>,
     sid: String,
@@ -133,126 +330,46 @@ fn writer(
     progress: Arc<Progress>,
 ) -> JoinHandle<Tally> {
     std::thread::spawn(move || {
-        let mut tally = Tally::default();
-        let mut turn = 0usize;
-        let mut post_to = |path: &str, body: &Value| -> (u16, Value) {
-            turn += 1;
-            let addr = addrs[turn % addrs.len()];
-            post(addr, path, body).unwrap_or_else(|| panic!("{path} {body}: no answer"))
+        let mut w = Writer {
+            addrs,
+            turn: 0,
+            sid,
+            name,
+            lossy,
+            attempt: 0,
+            progress,
+            tally: Tally::default(),
         };
-        let mut unanswered = VecDeque::new();
-        let mut uncancelled = VecDeque::new();
+        let (mut to_answer, mut to_cancel, mut to_reply) =
+            (VecDeque::new(), VecDeque::new(), VecDeque::new());
         let mut n = 0;
-        let mut attempt = 0;
         loop {
             let stopping = stop.load(Ordering::Relaxed);
-            if stopping && unanswered.is_empty() && uncancelled.is_empty() {
+            if stopping && to_answer.is_empty() && to_cancel.is_empty() && to_reply.is_empty() {
                 break;
             }
             let mut refused = false;
             if !stopping {
                 n += 1;
-                let cid = format!("{name}-p{n}");
-                let after = progress.lost.load(Ordering::SeqCst);
-                let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
-                let (status, resp) = post_to("/prompt", &body);
-                match status {
-                    200 => {
-                        assert_eq!(resp["client_msg_id"], cid.as_str(), "{resp}");
-                        if after {
-                            tally.prompts_after.insert(cid.clone());
-                        }
-                        tally.prompts.insert(cid.clone());
-                        if n % 3 == 0 {
-                            uncancelled.push_back(cid);
-                        } else {
-                            unanswered.push_back(cid);
-                        }
-                    }
-                    503 => {
-                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
-                        tally.refused_prompts.insert(cid);
-                        progress.refused.fetch_add(1, Ordering::Relaxed);
-                        refused = true;
-                    }
-                    other => panic!("/prompt: {other} {resp}"),
+                let cid = format!("{}-p{n}", w.name);
+                match w.post(Kind::Prompt, &cid, json!({"prompt": "work"})) {
+                    Answered::Acked if n % 3 == 0 => to_cancel.push_back(cid),
+                    Answered::Acked => to_answer.push_back(cid),
+                    _ => refused = true,
+                }
+                let kid = format!("{}-k{n}", w.name);
+                if n % 2 == 1 && w.post(Kind::Ask, &kid, json!({"text": "go?"})) == Answered::Acked
+                {
+                    to_reply.push_back(kid);
                 }
             }
-            let after = progress.lost.load(Ordering::SeqCst);
-            // The oldest is answered once a newer one waits behind it, so
-            // one is always left to answer when Redis starts refusing.
-            let due = stopping || refused || unanswered.len() > 1;
-            if let Some(cid) = unanswered.front().filter(|_| due) {
-                attempt += 1;
-                let aid = format!("{name}-a{attempt}");
-                let body = json!({"session_id": sid, "client_msg_id": cid,
-                                  "assistant_msg_id": aid, "text": "done"});
-                let (status, resp) = post_to("/response", &body);
-                match status {
-                    200 => {
-                        assert_eq!(resp["assistant_msg_id"], aid.as_str(), "{resp}");
-                        if after {
-                            tally.answers_after.insert(aid.clone());
-                        }
-                        tally.answers.insert(aid);
-                        progress.answered.fetch_add(1, Ordering::Relaxed);
-                        unanswered.pop_front();
-                    }
-                    503 => {
-                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
-                        tally.refused_answers.insert(aid);
-                        progress.refused.fetch_add(1, Ordering::Relaxed);
-                    }
-                    404 if lossy => {
-                        // The prompt, or its whole session, went with the store.
-                        let error = resp["error"].as_str().unwrap_or("");
-                        assert!(
-                            matches!(error, "Prompt not found" | "Session not found"),
-                            "{resp}"
-                        );
-                        tally.orphans += 1;
-                        unanswered.pop_front();
-                    }
-                    other => panic!("/response: {other} {resp}"),
-                }
-            }
-            let after = progress.lost.load(Ordering::SeqCst);
-            let due = stopping || refused || uncancelled.len() > 1;
-            if let Some(cid) = uncancelled.front().filter(|_| due) {
-                attempt += 1;
-                let reason = format!("{name}-c{attempt}");
-                let body = json!({"session_id": sid, "client_msg_id": cid, "reason": reason});
-                let (status, resp) = post_to("/cancel", &body);
-                match status {
-                    200 => {
-                        assert_eq!(resp["cancelled"], true, "{resp}");
-                        assert_eq!(resp["duplicate"], Value::Null, "{resp}");
-                        let seq = resp["seq"].as_u64().expect("a cancel's seq");
-                        if after {
-                            tally.cancels_after.insert(reason.clone());
-                        }
-                        tally.cancels.insert(reason, (cid.clone(), seq));
-                        uncancelled.pop_front();
-                    }
-                    503 => {
-                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
-                        tally.refused_cancels.insert(reason);
-                        progress.refused.fetch_add(1, Ordering::Relaxed);
-                    }
-                    404 if lossy => {
-                        let error = resp["error"].as_str().unwrap_or("");
-                        assert!(
-                            matches!(error, "Prompt not found" | "Session not found"),
-                            "{resp}"
-                        );
-                        tally.orphans += 1;
-                        uncancelled.pop_front();
-                    }
-                    other => panic!("/cancel: {other} {resp}"),
-                }
-            }
+            let due = |q: &VecDeque<String>| stopping || refused || q.len() > 1;
+            let (a, c, r) = (due(&to_answer), due(&to_cancel), due(&to_reply));
+            w.follow_up(Kind::Answer, &mut to_answer, a);
+            w.follow_up(Kind::Cancel, &mut to_cancel, c);
+            w.follow_up(Kind::Reply, &mut to_reply, r);
         }
-        tally
+        w.tally
     })
 }
 
@@ -314,29 +431,15 @@ impl Writers {
     }
 }
 
-/// The ids of one kind of message in a `/messages` body.
-fn ids(history: &Value, kind: &str, field: &str) -> BTreeSet<String> {
-    history["messages"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter(|m| m["type"] == kind)
-                .filter_map(|m| m["data"][field].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The cancels in a `/messages` body: reason -> (prompt id, seq).
-fn cancels(history: &Value) -> BTreeMap<String, (String, u64)> {
+/// The messages of `kind` in a `/messages` body: tag -> seq.
+fn tags(history: &Value, kind: Kind) -> BTreeMap<String, u64> {
     let msgs = history["messages"].as_array().cloned().unwrap_or_default();
     msgs.iter()
-        .filter(|m| m["type"] == "cancel")
+        .filter(|m| m["type"] == kind.stored_as())
         .map(|m| {
             let d = &m["data"];
-            let reason = d["reason"].as_str().unwrap_or("").to_string();
-            let cid = d["client_msg_id"].as_str().unwrap_or("").to_string();
-            (reason, (cid, d["seq"].as_u64().unwrap_or(0)))
+            let tag = d[kind.tag_field()].as_str().unwrap_or("").to_string();
+            (tag, d["seq"].as_u64().unwrap_or(0))
         })
         .collect()
 }
@@ -349,42 +452,44 @@ fn seqs(history: &Value) -> Vec<u64> {
 }
 
 /// Checks one instance's view of `sid` against what the writers saw:
-/// one epoch, `seq` from 1 without a gap, every acknowledged id stored
-/// (a cancel with the `seq` it was given), no refused id anywhere, nothing
-/// pending (every acknowledged prompt got its answer or its cancel), and
-/// an answer to a cancelled prompt refused. Returns the history.
+/// one epoch, `seq` from 1 without a gap, everything acknowledged stored
+/// (with the `seq` its answer named), nothing refused anywhere, nothing
+/// pending (every acknowledged prompt got its answer or its cancel), an
+/// answer to a cancelled prompt refused, and every ask answered with its
+/// reply. Returns the history.
 #[track_caller]
 fn check_instance(srv: &Server, sid: &str, epoch: &str, tally: &Tally) -> Value {
     let history = srv.messages(sid, "?limit=1000");
     assert_eq!(history["epoch"], epoch, "{history}");
     let seqs = seqs(&history);
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
-    let prompts = ids(&history, "prompt", "client_msg_id");
-    let answers = ids(&history, "assistant", "assistant_msg_id");
-    assert!(tally.prompts.is_subset(&prompts), "a prompt was lost");
-    assert!(tally.answers.is_subset(&answers), "an answer was lost");
-    let shown: Vec<_> = prompts.intersection(&tally.refused_prompts).collect();
-    assert!(shown.is_empty(), "refused prompts stored: {shown:?}");
-    let shown: Vec<_> = answers.intersection(&tally.refused_answers).collect();
-    assert!(shown.is_empty(), "refused answers stored: {shown:?}");
-    let cancels = cancels(&history);
-    for (reason, got) in &tally.cancels {
-        assert_eq!(
-            cancels.get(reason),
-            Some(got),
-            "acknowledged cancel {reason}"
-        );
+    for kind in Kind::ALL {
+        let stored = tags(&history, kind);
+        for (tag, seq) in tally.acked(kind) {
+            let got = stored.get(&tag);
+            assert!(got.is_some(), "acknowledged {kind:?} {tag} lost");
+            if let Some(seq) = seq {
+                assert_eq!(got, Some(&seq), "acknowledged {kind:?} {tag} moved");
+            }
+        }
+        let shown: Vec<_> = tally
+            .refused(kind)
+            .into_iter()
+            .filter(|t| stored.contains_key(t))
+            .collect();
+        assert!(shown.is_empty(), "refused {kind:?} stored: {shown:?}");
     }
-    let shown: Vec<_> = tally
-        .refused_cancels
-        .iter()
-        .filter(|r| cancels.contains_key(*r))
-        .collect();
-    assert!(shown.is_empty(), "refused cancels stored: {shown:?}");
-    for (reason, (cid, _)) in &tally.cancels {
+    for (reason, cid) in &tally.cancelled {
         let late = json!({"session_id": sid, "client_msg_id": cid,
                           "assistant_msg_id": format!("late-{reason}"), "text": "late"});
         assert_error(&srv.post_json("/response", &late), 409, "Conflict");
+    }
+    for (text, kid) in &tally.replied {
+        let state = srv.get(&format!("/asks/{sid}/{kid}?wait=false")).json();
+        assert_eq!(
+            (&state["state"], &state["text"]),
+            (&json!("answered"), &json!(text))
+        );
     }
     let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
     assert_eq!(pending.status, 200, "{}", pending.text());
@@ -392,33 +497,37 @@ fn check_instance(srv: &Server, sid: &str, epoch: &str, tally: &Tally) -> Value 
     history
 }
 
-/// Reads a subscriber until it has seen every acknowledged answer and
-/// cancel: no frame but `message`s and `cancel`s (no close, no resync),
-/// none refused, `seq` rising.
+/// Reads a subscriber until it has seen every acknowledged answer,
+/// cancel, ask and reply: no other frame (no close, no resync), nothing
+/// refused, `seq` rising.
 #[track_caller]
 fn read_answers(ws: &mut Ws, tally: &Tally) {
-    let mut seen = BTreeSet::new();
-    let mut seen_cancels = BTreeSet::new();
+    let mut seen: BTreeMap<Kind, BTreeSet<String>> = BTreeMap::new();
+    let missing = |seen: &BTreeMap<Kind, BTreeSet<String>>| {
+        Kind::ALL
+            .into_iter()
+            .filter(|k| k.framed_as().is_some())
+            .any(|k| {
+                let seen = seen.get(&k);
+                tally
+                    .acked(k)
+                    .keys()
+                    .any(|t| !seen.is_some_and(|s| s.contains(t)))
+            })
+    };
     let mut last = 0;
-    while !tally.answers.is_subset(&seen) || tally.cancels.keys().any(|r| !seen_cancels.contains(r))
-    {
+    while missing(&seen) {
         let frame = ws.recv_json_skip_pings();
-        let data = &frame["data"];
-        if frame["type"] == "cancel" {
-            let reason = data["reason"].as_str().unwrap_or("");
-            let refused = tally.refused_cancels.contains(reason);
-            assert!(!refused, "a refused cancel was sent: {frame}");
-            seen_cancels.insert(reason.to_string());
-        } else {
-            assert_eq!(frame["type"], "message", "{frame}");
-            let aid = data["assistant_msg_id"].as_str().unwrap_or("");
-            let refused = tally.refused_answers.contains(aid);
-            assert!(!refused, "a refused answer was sent: {frame}");
-            seen.insert(aid.to_string());
-        }
-        let seq = data["seq"].as_u64().unwrap_or(0);
+        let kind = Kind::of_frame(&frame).unwrap_or_else(|| panic!("{frame}"));
+        let tag = frame["data"][kind.tag_field()].as_str().unwrap_or("");
+        assert!(
+            !tally.refused(kind).contains(tag),
+            "a refused {kind:?} was sent: {frame}"
+        );
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
+        seen.entry(kind).or_default().insert(tag.to_string());
     }
 }
 
@@ -437,22 +546,17 @@ fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
     // them again.
     redis.config_set("maxmemory-policy", "noeviction");
     redis.config_set("maxmemory", "1");
-    writers.wait_refusals(30);
+    writers.wait_refusals(60);
     redis.config_set("maxmemory", "0");
     writers.wait_answers(20);
     let tally = writers.stop_and_join();
-    assert!(!tally.refused_answers.is_empty(), "{tally:?}");
-    assert!(!tally.refused_prompts.is_empty(), "{tally:?}");
-    assert!(!tally.refused_cancels.is_empty(), "{tally:?}");
-    eprintln!(
-        "acknowledged {} prompts, {} answers, {} cancels; refused {}, {}, {}",
-        tally.prompts.len(),
-        tally.answers.len(),
-        tally.cancels.len(),
-        tally.refused_prompts.len(),
-        tally.refused_answers.len(),
-        tally.refused_cancels.len()
-    );
+    for kind in Kind::ALL {
+        assert!(
+            !tally.refused(kind).is_empty(),
+            "no {kind:?} refused: {tally:?}"
+        );
+    }
+    eprintln!("acknowledged/refused: {}", tally.counts());
 
     let history = check_instance(&servers[0], &sid, &epoch, &tally);
     assert_eq!(check_instance(&servers[1], &sid, &epoch, &tally), history);
@@ -509,11 +613,10 @@ fn readyz_follows_redis_refusing_writes_and_hanging_both_ways_without_client_wri
     assert_eq!(servers[1].prompt(&sid, "x", Some("p"))["stored"], true);
 }
 
-/// Reads a subscriber through a lost store: `message`s and `cancel`s of
-/// the old epoch with `seq` rising, then one `resync` naming `epoch` (the
-/// new one), then those of it from its `first_seq`, rising, until every
-/// id of `want` (an answer's id, a cancel's reason) was seen. Never a
-/// close. Returns the resync frame.
+/// Reads a subscriber through a lost store: frames of the old epoch with
+/// `seq` rising, then one `resync` naming `epoch` (the new one), then
+/// frames of it from its `first_seq`, rising, until every tag of `want`
+/// was seen. Never a close. Returns the resync frame.
 #[track_caller]
 fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Value {
     let mut last = 0;
@@ -522,10 +625,7 @@ fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Val
         if frame["type"] == "resync" {
             break frame;
         }
-        assert!(
-            matches!(frame["type"].as_str(), Some("message" | "cancel")),
-            "{frame}"
-        );
+        assert!(Kind::of_frame(&frame).is_some(), "{frame}");
         let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
@@ -536,20 +636,12 @@ fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Val
     let mut seen = BTreeSet::new();
     while !want.is_subset(&seen) {
         let frame = ws.recv_json_skip_pings();
-        let kind = frame["type"].as_str();
-        assert!(
-            matches!(kind, Some("message" | "cancel")),
-            "one resync only: {frame}"
-        );
+        let kind = Kind::of_frame(&frame).unwrap_or_else(|| panic!("one resync only: {frame}"));
         let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
-        let id = if kind == Some("cancel") {
-            &frame["data"]["reason"]
-        } else {
-            &frame["data"]["assistant_msg_id"]
-        };
-        seen.insert(id.as_str().unwrap_or("").to_string());
+        let tag = frame["data"][kind.tag_field()].as_str().unwrap_or("");
+        seen.insert(tag.to_string());
     }
     resync
 }
@@ -578,7 +670,7 @@ fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion(
     writers.wait_answers(20);
     let tally = writers.stop_and_join();
     assert!(
-        tally.orphans > 0 || !tally.answers_after.is_empty(),
+        tally.orphans > 0 || !tally.after(Kind::Answer).is_empty(),
         "{tally:?}"
     );
 
@@ -590,22 +682,26 @@ fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion(
         assert_eq!(h, history, "both instances hold the same session");
         let seqs = seqs(&h);
         assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
-        assert!(
-            tally
-                .prompts_after
-                .is_subset(&ids(&h, "prompt", "client_msg_id"))
-        );
-        assert!(
-            tally
-                .answers_after
-                .is_subset(&ids(&h, "assistant", "assistant_msg_id"))
-        );
-        assert!(tally.cancels_after.is_subset(&ids(&h, "cancel", "reason")));
+        for kind in Kind::ALL {
+            let stored = tags(&h, kind);
+            let lost: Vec<_> = tally
+                .after(kind)
+                .into_iter()
+                .filter(|t| !stored.contains_key(t))
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "{kind:?} acknowledged after the loss, lost: {lost:?}"
+            );
+        }
         let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
         assert_eq!(pending.json(), json!([]), "pending on one instance");
     }
-    let mut framed = ids(&history, "assistant", "assistant_msg_id");
-    framed.extend(ids(&history, "cancel", "reason"));
+    let framed: BTreeSet<String> = Kind::ALL
+        .into_iter()
+        .filter(|k| k.framed_as().is_some())
+        .flat_map(|k| tags(&history, k).into_keys())
+        .collect();
     for ws in &mut subscribers {
         let resync = read_through_resync(ws, &flushed, &framed);
         assert_eq!(resync["first_seq"], 1, "{resync}");
