@@ -17,7 +17,7 @@ total() { # workload ops -> total instructions
   sed -n 's/^summary: //p' "$out"; rm -f "$out"
 }
 lo=${LO:-1000}; hi=${HI:-6000}
-for w in ${WORKLOADS:-ingest roundtrip part answer token}; do
+for w in ${WORKLOADS:-ingest prompt cancel ask reply roundtrip part answer token}; do
   a=$(total $w $lo); b=$(total $w $hi)
   printf '%-10s %8d instructions/op\n' "$w" $(( (b - a) / (hi - lo) ))
 done

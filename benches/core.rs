@@ -4,7 +4,7 @@
 //! count per operation is repeatable on a noisy machine
 //! (`benches/callgrind.sh`); run plainly it prints ns per operation.
 //!
-//! `cargo bench --bench core -- [ingest|roundtrip|token] [ops]`
+//! `cargo bench --bench core -- [ingest|prompt|cancel|ask|reply|roundtrip|part|answer|token] [ops]`
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -13,6 +13,7 @@ use relay::http::parse::{RequestReader, Step};
 use relay::http::response::{self, Meta};
 use relay::http::route::{self, Route};
 use relay::relay::{ConnId, Effect, Fetch, Limits, PromptsQuery, Relay, Reply};
+use relay::store::model::{NewAsk, NewCancel, NewReply, Write};
 use relay::time::Millis;
 use relay::token::{Role, Secret};
 
@@ -84,6 +85,10 @@ struct Inputs {
     sids: Vec<String>,
     /// A client token for one session per op (`SESSIONS` distinct ones).
     tokens: Vec<String>,
+    /// A cancel of prompt `m<n>`, an ask `k<n>` and a reply to it, per op.
+    cancels: Vec<Vec<u8>>,
+    asks: Vec<Vec<u8>>,
+    replies: Vec<Vec<u8>>,
 }
 
 fn inputs(ops: usize, text_len: usize) -> Inputs {
@@ -96,6 +101,9 @@ fn inputs(ops: usize, text_len: usize) -> Inputs {
         answers: Vec::with_capacity(ops),
         sids: Vec::with_capacity(ops),
         tokens: Vec::with_capacity(ops),
+        cancels: Vec::with_capacity(ops),
+        asks: Vec::with_capacity(ops),
+        replies: Vec::with_capacity(ops),
     };
     let secret = token_secret();
     for n in 0..ops {
@@ -118,6 +126,11 @@ fn inputs(ops: usize, text_len: usize) -> Inputs {
         i.answers.push(post("/response", &a));
         i.tokens
             .push(secret.mint(Role::Client, &sid, Some(2_000_000_000)));
+        let c = format!(r#"{{"session_id":"{sid}","client_msg_id":"m{n}"}}"#);
+        i.cancels.push(post("/cancel", &c));
+        let k = format!(r#"{{"session_id":"{sid}","ask_id":"k{n}","text":"{text}"}}"#);
+        i.asks.push(post("/ask", &k));
+        i.replies.push(post("/reply", &k));
         i.sids.push(sid);
     }
     i
@@ -186,6 +199,94 @@ fn measure_ingest(inp: &Inputs) -> usize {
         let _ = relay.post_response(Millis(n as u64), 1_700_000_000_000, CLIENT, reader.body());
     }
     out
+}
+
+/// `POST /prompt` alone, the prompt half of `ingest`: a 256-byte prompt
+/// to one of 1000 sessions that exist already, left pending. What a
+/// cancel, an ask and a reply are compared with.
+#[inline(never)]
+fn measure_prompt(relay: &mut Relay, inp: &Inputs) -> usize {
+    posts(relay, &inp.prompts, Route::PostPrompt)
+}
+
+/// `POST /cancel` alone: the cancel of a pending prompt (set up before,
+/// one per op, over 1000 sessions with no subscriber), stored as a
+/// message with its `seq`.
+#[inline(never)]
+fn measure_cancel(relay: &mut Relay, inp: &Inputs) -> usize {
+    posts(relay, &inp.cancels, Route::PostCancel)
+}
+
+/// `POST /ask` alone: an ask with its own `ask_id` and a 256-byte text
+/// to one of 1000 sessions that exist already.
+#[inline(never)]
+fn measure_ask(relay: &mut Relay, inp: &Inputs) -> usize {
+    posts(relay, &inp.asks, Route::PostAsk)
+}
+
+/// `POST /reply` alone: a 256-byte reply to an open ask (set up before,
+/// one per op) without choices.
+#[inline(never)]
+fn measure_reply(relay: &mut Relay, inp: &Inputs) -> usize {
+    posts(relay, &inp.replies, Route::PostReply)
+}
+
+/// Parses, routes and writes each of `requests` (each must route to
+/// `want`), and encodes its ack; every one must be a 200.
+fn posts(relay: &mut Relay, requests: &[Vec<u8>], want: Route) -> usize {
+    let mut reader = RequestReader::new(1 << 20);
+    let mut out = 0;
+    for (n, req) in requests.iter().enumerate() {
+        let route = parse(&mut reader, req);
+        assert!(route == want, "routed to {route:?}");
+        let body = reader.body();
+        let w = match route {
+            Route::PostPrompt => {
+                relay.post_prompt(Millis(n as u64), 1_700_000_000_000, CLIENT, body)
+            }
+            Route::PostCancel => NewCancel::parse(body)
+                .map(Write::Cancel)
+                .and_then(|w| relay.write(Millis(n as u64), 1_700_000_000_000, CLIENT, w)),
+            Route::PostAsk => NewAsk::parse(body)
+                .map(Write::Ask)
+                .and_then(|w| relay.write(Millis(n as u64), 1_700_000_000_000, CLIENT, w)),
+            Route::PostReply => NewReply::parse(body)
+                .map(Write::Reply)
+                .and_then(|w| relay.write(Millis(n as u64), 1_700_000_000_000, CLIENT, w)),
+            other => panic!("no bench for {other:?}"),
+        };
+        let ack = now_body(w);
+        assert!(!ack.is_empty(), "request {n} refused");
+        out += response::encode(200, &[], &ack, &meta()).len();
+    }
+    out
+}
+
+/// A workload that starts from a [`prepared`] relay.
+type Prepared = fn(&mut Relay, &Inputs) -> usize;
+/// What [`prepared`] writes beyond the sessions: requests and their route.
+type Setup<'a> = Option<(&'a [Vec<u8>], Route)>;
+
+/// A relay with the 1000 sessions, and (`with`) each of `requests`
+/// written: the state a measured workload starts from, built outside it
+/// so that only the measured op is counted. Kept after the measurement,
+/// too: its drop is no part of the op.
+fn prepared(inp: &Inputs, with: Setup) -> Relay {
+    let mut relay = Relay::in_memory(limits());
+    let sessions: Vec<Vec<u8>> = (0..SESSIONS)
+        .map(|s| {
+            post(
+                "/prompt",
+                &format!(r#"{{"session_id":"s{s}","client_msg_id":"setup{s}","prompt":"q"}}"#),
+            )
+        })
+        .collect();
+    posts(&mut relay, &sessions, Route::PostPrompt);
+    if let Some((requests, route)) = with {
+        posts(&mut relay, requests, route);
+    }
+    black_box(inp);
+    relay
 }
 
 /// One round trip: a parked poll, the prompt that wakes it (and its
@@ -313,6 +414,29 @@ fn main() {
         ("answer", measure_answer),
         ("token", measure_token),
     ];
+    // Each of these starts from a relay prepared outside the measured
+    // function: the sessions, and the prompts to cancel or the asks to
+    // reply to.
+    let alone: [(&str, Prepared, Setup); 4] = [
+        ("prompt", measure_prompt, None),
+        (
+            "cancel",
+            measure_cancel,
+            Some((&inp.prompts, Route::PostPrompt)),
+        ),
+        ("ask", measure_ask, None),
+        ("reply", measure_reply, Some((&inp.asks, Route::PostAsk))),
+    ];
+    for (name, f, with) in alone {
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let mut relay = prepared(&inp, with);
+        let t = Instant::now();
+        black_box(f(&mut relay, black_box(&inp)));
+        let ns = t.elapsed().as_nanos() as f64 / ops as f64;
+        println!("{name:<10} {ops} ops  {ns:>8.0} ns/op");
+    }
     for (name, f) in workloads {
         if only.is_some_and(|o| o != name) {
             continue;

@@ -6,16 +6,12 @@
 //! frames, `/messages`, the pending sets of every instance); nothing
 //! acknowledged is lost; `seq` has no gap within an epoch.
 
-use crate::common;
-
 use crate::common::*;
+use crate::writers::{Kind, Tally, Writers, post, seqs, tags, wait_until};
 use serde_json::{Value, json};
-use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`;
@@ -38,291 +34,83 @@ fn wait_ready(srv: &Server, status: u16) -> Value {
     }
 }
 
-/// Waits (bounded, 10 s) until `cond` holds.
-#[track_caller]
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// One `POST` on a new connection (`Connection: close`): the status and
-/// the JSON body, or `None` when the connection fails first.
-fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
-    let conn = TcpStream::connect(addr).ok()?;
-    conn.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
-    // Over TLS too, in the suite's TLS run.
-    let mut conn = common::Stream::try_over(conn).ok()?;
-    let body = serde_json::to_vec(body).ok()?;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).ok()?;
-    conn.write_all(&body).ok()?;
-    let mut out = Vec::new();
-    conn.read_to_end(&mut out).ok()?;
-    let text = String::from_utf8_lossy(&out);
-    let status = text.get(9..12)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n")?.1;
-    Some((status, serde_json::from_str(body).ok()?))
-}
-
-/// What the writers saw: ids acknowledged (`200`), those of them sent
-/// after the store was lost (`Progress::lost`), ids refused (`503`) and,
-/// after a store was lost, answers to prompts it took with it (`404`).
-#[derive(Default, Debug)]
-struct Tally {
-    prompts: BTreeSet<String>,
-    answers: BTreeSet<String>,
-    prompts_after: BTreeSet<String>,
-    answers_after: BTreeSet<String>,
-    refused_prompts: BTreeSet<String>,
-    refused_answers: BTreeSet<String>,
-    orphans: u64,
-}
-
-impl Tally {
-    fn merge(&mut self, other: Tally) {
-        self.prompts.extend(other.prompts);
-        self.answers.extend(other.answers);
-        self.prompts_after.extend(other.prompts_after);
-        self.answers_after.extend(other.answers_after);
-        self.refused_prompts.extend(other.refused_prompts);
-        self.refused_answers.extend(other.refused_answers);
-        self.orphans += other.orphans;
-    }
-}
-
-/// Counters the main thread watches while writers run.
-#[derive(Default)]
-struct Progress {
-    answered: AtomicU64,
-    refused: AtomicU64,
-    /// Set once the store was flushed: what is sent afterwards must be
-    /// in the new one.
-    lost: AtomicBool,
-}
-
-/// A writer, alternating instances until `stop`: each round posts a new
-/// prompt, then answers the oldest acknowledged prompt it has not
-/// answered yet (each attempt under a new `assistant_msg_id`, so a
-/// refused one stays told apart); so while Redis refuses writes, both
-/// kinds are refused. Once stopped, it answers what is left. Every request must
-/// get its own answer: `200` naming its own id, `503 Storage
-/// unavailable`, or, for an answer when `lossy`, `404` (its prompt or
-/// session went with a lost store).
-fn writer(
-    addrs: Vec<SocketAddr>,
-    sid: String,
-    name: String,
-    lossy: bool,
-    stop: Arc<AtomicBool>,
-    progress: Arc<Progress>,
-) -> JoinHandle<Tally> {
-    std::thread::spawn(move || {
-        let mut tally = Tally::default();
-        let mut turn = 0usize;
-        let mut post_to = |path: &str, body: &Value| -> (u16, Value) {
-            turn += 1;
-            let addr = addrs[turn % addrs.len()];
-            post(addr, path, body).unwrap_or_else(|| panic!("{path} {body}: no answer"))
-        };
-        let mut unanswered = std::collections::VecDeque::new();
-        let mut n = 0;
-        let mut attempt = 0;
-        loop {
-            let stopping = stop.load(Ordering::Relaxed);
-            if stopping && unanswered.is_empty() {
-                break;
-            }
-            let mut refused = false;
-            if !stopping {
-                n += 1;
-                let cid = format!("{name}-p{n}");
-                let after = progress.lost.load(Ordering::SeqCst);
-                let body = json!({"session_id": sid, "prompt": "work", "client_msg_id": cid});
-                let (status, resp) = post_to("/prompt", &body);
-                match status {
-                    200 => {
-                        assert_eq!(resp["client_msg_id"], cid.as_str(), "{resp}");
-                        if after {
-                            tally.prompts_after.insert(cid.clone());
-                        }
-                        tally.prompts.insert(cid.clone());
-                        unanswered.push_back(cid);
-                    }
-                    503 => {
-                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
-                        tally.refused_prompts.insert(cid);
-                        progress.refused.fetch_add(1, Ordering::Relaxed);
-                        refused = true;
-                    }
-                    other => panic!("/prompt: {other} {resp}"),
-                }
-            }
-            let after = progress.lost.load(Ordering::SeqCst);
-            // The oldest is answered once a newer one waits behind it, so
-            // one is always left to answer when Redis starts refusing.
-            let due = stopping || refused || unanswered.len() > 1;
-            if let Some(cid) = unanswered.front().filter(|_| due) {
-                attempt += 1;
-                let aid = format!("{name}-a{attempt}");
-                let body = json!({"session_id": sid, "client_msg_id": cid,
-                                  "assistant_msg_id": aid, "text": "done"});
-                let (status, resp) = post_to("/response", &body);
-                match status {
-                    200 => {
-                        assert_eq!(resp["assistant_msg_id"], aid.as_str(), "{resp}");
-                        if after {
-                            tally.answers_after.insert(aid.clone());
-                        }
-                        tally.answers.insert(aid);
-                        progress.answered.fetch_add(1, Ordering::Relaxed);
-                        unanswered.pop_front();
-                    }
-                    503 => {
-                        assert_eq!(resp["error"], "Storage unavailable", "{resp}");
-                        tally.refused_answers.insert(aid);
-                        progress.refused.fetch_add(1, Ordering::Relaxed);
-                    }
-                    404 if lossy => {
-                        // The prompt, or its whole session, went with the store.
-                        let error = resp["error"].as_str().unwrap_or("");
-                        assert!(
-                            matches!(error, "Prompt not found" | "Session not found"),
-                            "{resp}"
-                        );
-                        tally.orphans += 1;
-                        unanswered.pop_front();
-                    }
-                    other => panic!("/response: {other} {resp}"),
-                }
-            }
-        }
-        tally
-    })
-}
-
-/// Starts `n` writers; `stop_and_join` ends them.
-struct Writers {
-    stop: Arc<AtomicBool>,
-    progress: Arc<Progress>,
-    handles: Vec<JoinHandle<Tally>>,
-}
-
-impl Writers {
-    fn start(servers: &[Server], sid: &str, n: usize, lossy: bool) -> Writers {
-        let addrs: Vec<_> = servers.iter().map(|s| s.addr()).collect();
-        let stop = Arc::new(AtomicBool::new(false));
-        let progress = Arc::new(Progress::default());
-        let handles = (0..n)
-            .map(|i| {
-                writer(
-                    addrs.clone(),
-                    sid.to_string(),
-                    format!("w{i}"),
-                    lossy,
-                    Arc::clone(&stop),
-                    Arc::clone(&progress),
-                )
-            })
-            .collect();
-        Writers {
-            stop,
-            progress,
-            handles,
-        }
-    }
-
-    /// Waits (bounded) until `more` answers past now were acknowledged.
-    #[track_caller]
-    fn wait_answers(&self, more: u64) {
-        let want = self.progress.answered.load(Ordering::Relaxed) + more;
-        wait_until("writers make progress", || {
-            self.progress.answered.load(Ordering::Relaxed) >= want
-        });
-    }
-
-    #[track_caller]
-    fn wait_refusals(&self, more: u64) {
-        let want = self.progress.refused.load(Ordering::Relaxed) + more;
-        wait_until("writes refused", || {
-            self.progress.refused.load(Ordering::Relaxed) >= want
-        });
-    }
-
-    fn stop_and_join(self) -> Tally {
-        self.stop.store(true, Ordering::Relaxed);
-        let mut tally = Tally::default();
-        for h in self.handles {
-            tally.merge(h.join().expect("writer"));
-        }
-        tally
-    }
-}
-
-/// The ids of one kind of message in a `/messages` body.
-fn ids(history: &Value, kind: &str, field: &str) -> BTreeSet<String> {
-    history["messages"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter(|m| m["type"] == kind)
-                .filter_map(|m| m["data"][field].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn seqs(history: &Value) -> Vec<u64> {
-    history["messages"]
-        .as_array()
-        .map(|m| m.iter().filter_map(|m| m["data"]["seq"].as_u64()).collect())
-        .unwrap_or_default()
-}
-
 /// Checks one instance's view of `sid` against what the writers saw:
-/// one epoch, `seq` from 1 without a gap, every acknowledged id stored,
-/// no refused id anywhere, nothing pending (every acknowledged prompt got
-/// its answer). Returns the history.
+/// one epoch, `seq` from 1 without a gap, everything acknowledged stored
+/// (with the `seq` its answer named), nothing refused anywhere, nothing
+/// pending (every acknowledged prompt got its answer or its cancel), an
+/// answer to a cancelled prompt refused, and every ask answered with its
+/// reply. Returns the history.
 #[track_caller]
 fn check_instance(srv: &Server, sid: &str, epoch: &str, tally: &Tally) -> Value {
     let history = srv.messages(sid, "?limit=1000");
     assert_eq!(history["epoch"], epoch, "{history}");
     let seqs = seqs(&history);
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
-    let prompts = ids(&history, "prompt", "client_msg_id");
-    let answers = ids(&history, "assistant", "assistant_msg_id");
-    assert!(tally.prompts.is_subset(&prompts), "a prompt was lost");
-    assert!(tally.answers.is_subset(&answers), "an answer was lost");
-    let shown: Vec<_> = prompts.intersection(&tally.refused_prompts).collect();
-    assert!(shown.is_empty(), "refused prompts stored: {shown:?}");
-    let shown: Vec<_> = answers.intersection(&tally.refused_answers).collect();
-    assert!(shown.is_empty(), "refused answers stored: {shown:?}");
+    for kind in Kind::ALL {
+        let stored = tags(&history, kind);
+        for (tag, seq) in tally.acked(kind) {
+            let got = stored.get(&tag);
+            assert!(got.is_some(), "acknowledged {kind:?} {tag} lost");
+            if let Some(seq) = seq {
+                assert_eq!(got, Some(&seq), "acknowledged {kind:?} {tag} moved");
+            }
+        }
+        let shown: Vec<_> = tally
+            .refused(kind)
+            .into_iter()
+            .filter(|t| stored.contains_key(t))
+            .collect();
+        assert!(shown.is_empty(), "refused {kind:?} stored: {shown:?}");
+    }
+    for (reason, cid) in &tally.cancelled {
+        let late = json!({"session_id": sid, "client_msg_id": cid,
+                          "assistant_msg_id": format!("late-{reason}"), "text": "late"});
+        assert_error(&srv.post_json("/response", &late), 409, "Conflict");
+    }
+    for (text, kid) in &tally.replied {
+        let state = srv.get(&format!("/asks/{sid}/{kid}?wait=false")).json();
+        assert_eq!(
+            (&state["state"], &state["text"]),
+            (&json!("answered"), &json!(text))
+        );
+    }
     let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
     assert_eq!(pending.status, 200, "{}", pending.text());
     assert_eq!(pending.json(), json!([]), "pending on one instance");
     history
 }
 
-/// Reads a subscriber until it has seen every id of `want`: no frame but
-/// `message`s (no close, no resync), none refused, `seq` rising.
+/// Reads a subscriber until it has seen every acknowledged answer,
+/// cancel, ask and reply: no other frame (no close, no resync), nothing
+/// refused, `seq` rising.
 #[track_caller]
-fn read_answers(ws: &mut Ws, want: &BTreeSet<String>, refused: &BTreeSet<String>) {
-    let mut seen = BTreeSet::new();
+fn read_answers(ws: &mut Ws, tally: &Tally) {
+    let mut seen: BTreeMap<Kind, BTreeSet<String>> = BTreeMap::new();
+    let missing = |seen: &BTreeMap<Kind, BTreeSet<String>>| {
+        Kind::ALL
+            .into_iter()
+            .filter(|k| k.framed_as().is_some())
+            .any(|k| {
+                let seen = seen.get(&k);
+                tally
+                    .acked(k)
+                    .keys()
+                    .any(|t| !seen.is_some_and(|s| s.contains(t)))
+            })
+    };
     let mut last = 0;
-    while !want.is_subset(&seen) {
+    while missing(&seen) {
         let frame = ws.recv_json_skip_pings();
-        assert_eq!(frame["type"], "message", "{frame}");
-        let aid = frame["data"]["assistant_msg_id"].as_str().unwrap_or("");
-        assert!(!refused.contains(aid), "a refused answer was sent: {frame}");
+        let kind = Kind::of_frame(&frame).unwrap_or_else(|| panic!("{frame}"));
+        let tag = frame["data"][kind.tag_field()].as_str().unwrap_or("");
+        assert!(
+            !tally.refused(kind).contains(tag),
+            "a refused {kind:?} was sent: {frame}"
+        );
         let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
-        seen.insert(aid.to_string());
+        seen.entry(kind).or_default().insert(tag.to_string());
     }
 }
 
@@ -341,17 +129,22 @@ fn a_write_redis_refuses_out_of_memory_reaches_nobody_and_no_copy() {
     // them again.
     redis.config_set("maxmemory-policy", "noeviction");
     redis.config_set("maxmemory", "1");
-    writers.wait_refusals(30);
+    writers.wait_refusals(60);
     redis.config_set("maxmemory", "0");
     writers.wait_answers(20);
     let tally = writers.stop_and_join();
-    assert!(!tally.refused_answers.is_empty(), "{tally:?}");
-    assert!(!tally.refused_prompts.is_empty(), "{tally:?}");
+    for kind in Kind::ALL {
+        assert!(
+            !tally.refused(kind).is_empty(),
+            "no {kind:?} refused: {tally:?}"
+        );
+    }
+    eprintln!("acknowledged/refused: {}", tally.counts());
 
     let history = check_instance(&servers[0], &sid, &epoch, &tally);
     assert_eq!(check_instance(&servers[1], &sid, &epoch, &tally), history);
     for ws in &mut subscribers {
-        read_answers(ws, &tally.answers, &tally.refused_answers);
+        read_answers(ws, &tally);
     }
 }
 
@@ -403,10 +196,10 @@ fn readyz_follows_redis_refusing_writes_and_hanging_both_ways_without_client_wri
     assert_eq!(servers[1].prompt(&sid, "x", Some("p"))["stored"], true);
 }
 
-/// Reads a subscriber through a lost store: `message`s of the old epoch
-/// with `seq` rising, then one `resync` naming `epoch` (the new one),
-/// then `message`s of it from its `first_seq`, rising, until every id of
-/// `want` was seen. Never a close. Returns the resync frame.
+/// Reads a subscriber through a lost store: frames of the old epoch with
+/// `seq` rising, then one `resync` naming `epoch` (the new one), then
+/// frames of it from its `first_seq`, rising, until every tag of `want`
+/// was seen. Never a close. Returns the resync frame.
 #[track_caller]
 fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Value {
     let mut last = 0;
@@ -415,7 +208,7 @@ fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Val
         if frame["type"] == "resync" {
             break frame;
         }
-        assert_eq!(frame["type"], "message", "{frame}");
+        assert!(Kind::of_frame(&frame).is_some(), "{frame}");
         let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
@@ -426,16 +219,12 @@ fn read_through_resync(ws: &mut Ws, epoch: &str, want: &BTreeSet<String>) -> Val
     let mut seen = BTreeSet::new();
     while !want.is_subset(&seen) {
         let frame = ws.recv_json_skip_pings();
-        assert_eq!(frame["type"], "message", "one resync only: {frame}");
+        let kind = Kind::of_frame(&frame).unwrap_or_else(|| panic!("one resync only: {frame}"));
         let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
         assert!(seq > last, "{seq} after {last}");
         last = seq;
-        seen.insert(
-            frame["data"]["assistant_msg_id"]
-                .as_str()
-                .unwrap_or("")
-                .to_string(),
-        );
+        let tag = frame["data"][kind.tag_field()].as_str().unwrap_or("");
+        seen.insert(tag.to_string());
     }
     resync
 }
@@ -464,7 +253,7 @@ fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion(
     writers.wait_answers(20);
     let tally = writers.stop_and_join();
     assert!(
-        tally.orphans > 0 || !tally.answers_after.is_empty(),
+        tally.orphans > 0 || !tally.after(Kind::Answer).is_empty(),
         "{tally:?}"
     );
 
@@ -476,22 +265,28 @@ fn redis_flushed_or_restarted_empty_is_a_resync_with_a_new_epoch_not_a_deletion(
         assert_eq!(h, history, "both instances hold the same session");
         let seqs = seqs(&h);
         assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
-        assert!(
-            tally
-                .prompts_after
-                .is_subset(&ids(&h, "prompt", "client_msg_id"))
-        );
-        assert!(
-            tally
-                .answers_after
-                .is_subset(&ids(&h, "assistant", "assistant_msg_id"))
-        );
+        for kind in Kind::ALL {
+            let stored = tags(&h, kind);
+            let lost: Vec<_> = tally
+                .after(kind)
+                .into_iter()
+                .filter(|t| !stored.contains_key(t))
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "{kind:?} acknowledged after the loss, lost: {lost:?}"
+            );
+        }
         let pending = srv.get(&format!("/prompts/{sid}?wait=false"));
         assert_eq!(pending.json(), json!([]), "pending on one instance");
     }
-    let answered = ids(&history, "assistant", "assistant_msg_id");
+    let framed: BTreeSet<String> = Kind::ALL
+        .into_iter()
+        .filter(|k| k.framed_as().is_some())
+        .flat_map(|k| tags(&history, k).into_keys())
+        .collect();
     for ws in &mut subscribers {
-        let resync = read_through_resync(ws, &flushed, &answered);
+        let resync = read_through_resync(ws, &flushed, &framed);
         assert_eq!(resync["first_seq"], 1, "{resync}");
     }
 

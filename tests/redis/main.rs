@@ -2,8 +2,8 @@
 //! processes and a real `redis-server`: every flow across instances
 //! (instances), a cancel across instances (cancels), a reply waking an ask
 //! parked on another instance (asks), faults injected into
-//! the shared Redis (faults), and what waits on a relay while Redis
-//! restarts empty (restart).
+//! the shared Redis (faults, counted by the writers of writers), and what
+//! waits on a relay while Redis restarts empty (restart).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -13,3 +13,4 @@ mod cancels;
 mod faults;
 mod instances;
 mod restart;
+mod writers;

@@ -1,10 +1,11 @@
 //! Persistence on one machine (`RELAY_DATA_DIR`), against the real binary
 //! and real files: what was acknowledged survives `kill -9` (counted, with
-//! several clients writing while the server is killed at random moments),
-//! a resuming client gets no resync, a second server and a damaged or newer
-//! database are refused, a first-version database is migrated (and one
-//! from before cancels), a cancel is kept like any message, and a disk
-//! that fails answers 503 without showing what failed.
+//! several clients writing prompts, answers, cancels, asks and replies
+//! while the server is killed at random moments), a resuming client gets
+//! no resync, a second server and a damaged or newer database are
+//! refused, a first-version database is migrated (and one from before
+//! cancels), a cancel is kept like any message, and a disk that fails
+//! answers 503 without showing what failed.
 
 use crate::common;
 
@@ -103,19 +104,55 @@ fn everything_acknowledged_survives_kill_9_with_its_epoch_and_seq() {
     assert_eq!(f["data"]["seq"], 7, "the answers after seq 6: 7 and 8");
 }
 
-/// What the writers were told: every acknowledged prompt and answer.
+/// What the writers were told: every acknowledged prompt, answer and
+/// cancel, and every cancel refused.
 #[derive(Default)]
 struct Acked {
     prompts: BTreeSet<String>,
     answers: BTreeMap<String, String>, // assistant id -> prompt id
-    /// Acknowledged prompts no answer was ever posted for: pending for
-    /// good, however far history moves past them.
+    /// Acknowledged prompts no answer or cancel was ever posted for:
+    /// pending for good, however far history moves past them.
     unanswered: BTreeSet<String>,
+    /// Acknowledged cancels: prompt id -> the cancel's `seq`.
+    cancels: BTreeMap<String, u64>,
+    /// Cancels answered with an error: never stored.
+    refused_cancels: BTreeSet<String>,
+    /// Cancels the kill cut off before their answer: stored or not.
+    unknown_cancels: BTreeSet<String>,
+    /// Acknowledged asks and replies: ask id -> `seq`.
+    asks: BTreeMap<String, u64>,
+    replies: BTreeMap<String, u64>,
+    /// Acknowledged asks no reply was ever posted to: open for good.
+    open_asks: BTreeSet<String>,
+    /// Asks and replies (by ask id) answered with an error: never stored.
+    refused_asks: BTreeSet<String>,
+    refused_replies: BTreeSet<String>,
+}
+
+impl Acked {
+    fn merge(&mut self, other: Acked) {
+        self.prompts.extend(other.prompts);
+        self.answers.extend(other.answers);
+        self.unanswered.extend(other.unanswered);
+        self.cancels.extend(other.cancels);
+        self.refused_cancels.extend(other.refused_cancels);
+        self.unknown_cancels.extend(other.unknown_cancels);
+        self.asks.extend(other.asks);
+        self.replies.extend(other.replies);
+        self.open_asks.extend(other.open_asks);
+        self.refused_asks.extend(other.refused_asks);
+        self.refused_replies.extend(other.refused_replies);
+    }
 }
 
 /// One `POST` on a fresh connection; the status, or `None` when the
 /// server is gone (killed) before answering.
 fn try_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<u16> {
+    try_request(addr, path, body).map(|(status, _)| status)
+}
+
+/// [`try_post`] with the answer's JSON body (`Null` when it has none).
+fn try_request(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
     use std::io::{Read, Write};
     let s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -128,12 +165,19 @@ fn try_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Option<u16>
     s.write_all(req.as_bytes()).ok()?;
     let mut got = Vec::new();
     s.read_to_end(&mut got).ok()?;
-    let head = String::from_utf8_lossy(got.get(..12)?).into_owned();
-    head.strip_prefix("HTTP/1.1 ")?.parse().ok()
+    let text = String::from_utf8_lossy(&got);
+    let status = text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    Some((status, body))
 }
 
-/// A client that posts prompts and answers to `sid` until `stop`, counting
-/// only what got a 200; failures (the server was killed) are expected.
+/// A client that posts prompts to `sid` until `stop`, and answers every
+/// second one and cancels every fourth; of the others, every second gets
+/// an ask from the agent, and every second ask a reply. Counts only what
+/// got a 200; failures (the server was killed) are expected.
 fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicBool>) -> Acked {
     let mut acked = Acked::default();
     let mut n = 0;
@@ -146,8 +190,26 @@ fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicB
             continue;
         }
         acked.prompts.insert(cid.clone());
-        if n % 2 == 1 {
+        if n % 4 == 1 {
+            let c = json!({"session_id": sid, "client_msg_id": cid});
+            match try_request(addr, "/cancel", &c) {
+                Some((200, ack)) => {
+                    assert_eq!(ack["duplicate"], Value::Null, "a first cancel: {ack}");
+                    let seq = ack["seq"].as_u64().expect("a cancel's seq");
+                    acked.cancels.insert(cid, seq);
+                }
+                Some(_) => {
+                    acked.refused_cancels.insert(cid);
+                }
+                None => {
+                    acked.unknown_cancels.insert(cid);
+                }
+            }
+        } else if n % 2 == 1 {
             acked.unanswered.insert(cid.clone());
+            if n % 8 == 3 {
+                ask_and_reply(addr, &sid, &cid, n % 16 == 3, &mut acked);
+            }
         } else {
             let aid = format!("a-{cid}");
             let a = json!({"session_id": sid, "client_msg_id": cid, "assistant_msg_id": aid, "text": "t"});
@@ -157,6 +219,105 @@ fn writer(addr: std::net::SocketAddr, sid: String, tag: usize, stop: Arc<AtomicB
         }
     }
     acked
+}
+
+/// The agent asks about prompt `cid` (ask id `k-<cid>`) and, when
+/// `reply`, the person replies `yes`; what was acknowledged or refused
+/// goes into `acked`.
+fn ask_and_reply(addr: std::net::SocketAddr, sid: &str, cid: &str, reply: bool, acked: &mut Acked) {
+    let kid = format!("k-{cid}");
+    let ask = json!({"session_id": sid, "ask_id": kid, "client_msg_id": cid, "text": "go?"});
+    match try_request(addr, "/ask", &ask) {
+        Some((200, ack)) => {
+            acked
+                .asks
+                .insert(kid.clone(), ack["seq"].as_u64().expect("an ask's seq"));
+            if !reply {
+                acked.open_asks.insert(kid.clone());
+            }
+        }
+        Some(_) => {
+            acked.refused_asks.insert(kid);
+            return;
+        }
+        None => return,
+    }
+    if !reply {
+        return;
+    }
+    let r = json!({"session_id": sid, "ask_id": kid, "text": "yes"});
+    match try_request(addr, "/reply", &r) {
+        Some((200, ack)) => {
+            acked
+                .replies
+                .insert(kid, ack["seq"].as_u64().expect("a reply's seq"));
+        }
+        Some(_) => {
+            acked.refused_replies.insert(kid);
+        }
+        None => {}
+    }
+}
+
+/// Every acknowledged ask and reply still in history is there with its
+/// `seq` (`limit`: history is trimmed; else every one must be), no refused
+/// one is, an ask never replied to is open (below history too), and one
+/// replied to is answered with its reply while it is in history, and
+/// refuses another.
+#[track_caller]
+fn check_asks(srv: &Server, sid: &str, msgs: &[Value], acked: &Acked, limit: Option<usize>) {
+    let first = msgs
+        .first()
+        .map_or(1, |m| m["data"]["seq"].as_u64().unwrap());
+    for (kind, acks, refused) in [
+        ("ask", &acked.asks, &acked.refused_asks),
+        ("reply", &acked.replies, &acked.refused_replies),
+    ] {
+        let stored: BTreeMap<String, u64> = msgs
+            .iter()
+            .filter(|m| m["type"] == kind)
+            .map(|m| {
+                let d = &m["data"];
+                (
+                    d["ask_id"].as_str().unwrap().to_string(),
+                    d["seq"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        for (k, seq) in acks {
+            match stored.get(k) {
+                Some(got) => assert_eq!(got, seq, "the {kind} {k} moved"),
+                None => assert!(
+                    limit.is_some() && *seq < first,
+                    "acknowledged {kind} {k} (seq {seq}) lost"
+                ),
+            }
+        }
+        for k in refused {
+            assert!(!stored.contains_key(k), "refused {kind} {k} stored");
+        }
+    }
+    let state = |k: &str| srv.get(&format!("/asks/{sid}/{k}?wait=false"));
+    for k in &acked.open_asks {
+        let got = state(k);
+        assert_eq!(got.status, 200, "open ask {k}: {}", got.text());
+        assert_eq!(got.json()["state"], "open", "ask {k}");
+    }
+    for k in acked.replies.keys() {
+        if acked.asks.get(k).is_some_and(|seq| *seq < first) {
+            continue; // answered and below history: forgotten
+        }
+        let got = state(k).json();
+        assert_eq!(
+            (&got["state"], &got["text"]),
+            (&json!("answered"), &json!("yes")),
+            "{k}"
+        );
+        let other = json!({"session_id": sid, "ask_id": k, "text": "no"});
+        let r = srv.post_json("/reply", &other);
+        assert_eq!(r.status, 409, "a second reply to {k}: {}", r.text());
+        assert_eq!(r.json()["details"], "ask already answered");
+    }
 }
 
 /// Every message of a session, page by page.
@@ -225,9 +386,63 @@ fn check(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str) {
         assert!(answers.contains(a), "acknowledged answer {a} lost");
     }
     let answered = field_of(&msgs, "assistant", "client_msg_id");
-    let want_pending: BTreeSet<String> = prompts.difference(&answered).cloned().collect();
+    let cancelled = field_of(&msgs, "cancel", "client_msg_id");
+    let want_pending: BTreeSet<String> = prompts
+        .difference(&answered)
+        .filter(|p| !cancelled.contains(*p))
+        .cloned()
+        .collect();
     assert_eq!(pending_set(srv, sid), want_pending, "pending set");
+    check_cancels(srv, sid, &msgs, acked, None);
+    check_asks(srv, sid, &msgs, acked, None);
     check_epoch_and_resend(srv, sid, epoch_before, acked.prompts.iter().next());
+}
+
+/// Every acknowledged cancel still in history is there with its `seq`
+/// (`limit`: history is trimmed, so one may have left it; else every one
+/// must be there), its prompt is not pending, and an answer to it is
+/// refused: `409 prompt cancelled` while the prompt is in history, `404`
+/// once both have left it. No cancel that was refused is stored.
+#[track_caller]
+fn check_cancels(srv: &Server, sid: &str, msgs: &[Value], acked: &Acked, limit: Option<usize>) {
+    let stored: BTreeMap<String, u64> = msgs
+        .iter()
+        .filter(|m| m["type"] == "cancel")
+        .map(|m| {
+            let d = &m["data"];
+            (
+                d["client_msg_id"].as_str().unwrap().to_string(),
+                d["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let first = msgs
+        .first()
+        .map_or(1, |m| m["data"]["seq"].as_u64().unwrap());
+    let in_history = field_of(msgs, "prompt", "client_msg_id");
+    let pending = pending_set(srv, sid);
+    for (p, seq) in &acked.cancels {
+        match stored.get(p) {
+            Some(got) => assert_eq!(got, seq, "the cancel of {p} moved"),
+            None => assert!(
+                limit.is_some() && *seq < first,
+                "acknowledged cancel of {p} (seq {seq}) lost"
+            ),
+        }
+        assert!(!pending.contains(p), "cancelled prompt {p} is pending");
+        let late = json!({"session_id": sid, "client_msg_id": p,
+                          "assistant_msg_id": format!("late-{p}"), "text": "late"});
+        let r = srv.post_json("/response", &late);
+        if in_history.contains(p) {
+            assert_eq!(r.status, 409, "an answer to cancelled {p}: {}", r.text());
+            assert_eq!(r.json()["details"], "prompt cancelled");
+        } else {
+            assert_eq!(r.status, 404, "an answer to cancelled {p}: {}", r.text());
+        }
+    }
+    for p in &acked.refused_cancels {
+        assert!(!stored.contains_key(p), "refused cancel of {p} stored");
+    }
 }
 
 /// The crash test's server settings.
@@ -262,8 +477,18 @@ fn check_trimmed(srv: &Server, sid: &str, acked: &Acked, epoch_before: &str, lim
         "history holds {} messages from seq {first}, limit {limit}",
         seqs.len()
     );
-    let stored = (acked.prompts.len() + acked.answers.len()) as u64;
-    assert!(last >= stored, "{stored} acknowledged, last seq {last}");
+    let stored = acked.prompts.len()
+        + acked.answers.len()
+        + acked.cancels.len()
+        + acked.asks.len()
+        + acked.replies.len();
+    assert!(
+        last >= stored as u64,
+        "{stored} acknowledged, last seq {last}"
+    );
+    let msgs = all_messages(srv, sid);
+    check_cancels(srv, sid, &msgs, acked, Some(limit));
+    check_asks(srv, sid, &msgs, acked, Some(limit));
     let pending = pending_set(srv, sid);
     for p in &acked.unanswered {
         assert!(pending.contains(p), "acknowledged pending prompt {p} lost");
@@ -306,10 +531,7 @@ fn crash_rounds(rounds: usize, history: Option<&str>) {
         srv.kill9();
         stop.store(true, Ordering::Relaxed);
         for w in writers {
-            let got = w.join().expect("writer");
-            all.prompts.extend(got.prompts);
-            all.answers.extend(got.answers);
-            all.unanswered.extend(got.unanswered);
+            all.merge(w.join().expect("writer"));
         }
         srv = Server::start_with(&crash_env(&dir, history, Some(&port_env)));
         match history {
@@ -318,9 +540,11 @@ fn crash_rounds(rounds: usize, history: Option<&str>) {
         }
     }
     assert!(
-        all.prompts.len() > rounds,
-        "too little was written: {}",
-        all.prompts.len()
+        all.prompts.len() > rounds && !all.cancels.is_empty() && !all.replies.is_empty(),
+        "too little was written: {} prompts, {} cancels, {} replies",
+        all.prompts.len(),
+        all.cancels.len(),
+        all.replies.len()
     );
     let kept = match history {
         None => "all present".to_string(),
@@ -330,9 +554,19 @@ fn crash_rounds(rounds: usize, history: Option<&str>) {
         ),
     };
     eprintln!(
-        "{rounds} kills: {} prompts and {} answers acknowledged, {kept}",
+        "{rounds} kills: {} prompts, {} answers, {} cancels, {} asks ({} left open) and \
+         {} replies acknowledged ({} cancels, {} asks, {} replies refused; {} cancels \
+         cut off by a kill), {kept}",
         all.prompts.len(),
-        all.answers.len()
+        all.answers.len(),
+        all.cancels.len(),
+        all.asks.len(),
+        all.open_asks.len(),
+        all.replies.len(),
+        all.refused_cancels.len(),
+        all.refused_asks.len(),
+        all.refused_replies.len(),
+        all.unknown_cancels.len()
     );
 }
 
