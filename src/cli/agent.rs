@@ -34,6 +34,7 @@ use serde_json::json;
 
 use super::client::{self, Client, Limit, Response};
 use super::command::{self, Exit, Outcome};
+use super::context::{self, ContextFile};
 use super::parts::{self, Parts};
 use super::watch::{self, Cancels};
 use super::{Parsed, Spec, e2e};
@@ -61,7 +62,7 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--poll-timeout S] [--kill-grace S] [--no-stream] -- CMD [ARGS...]
+    "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--context N] [--poll-timeout S] [--kill-grace S] [--no-stream] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_URL (the server, as --url gives it), RELAY_SESSION_ID,
@@ -111,6 +112,12 @@ once.
                       error answer does not carry CMD's stderr (metadata
                       travels in clear), only its exit. Each streamed part
                       is encrypted on its own
+  --context N         give CMD the last N messages of the session (at most
+                      1000), up to and including its prompt: one
+                      GET /messages entry ({\"type\", \"data\"}) per line, oldest
+                      first, texts decrypted with the key, in a file only
+                      this user can read, named by RELAY_CONTEXT_FILE and
+                      removed when CMD ends
   --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
   --kill-grace S      seconds a cancelled CMD has between SIGTERM and SIGKILL
                       (default RELAY_KILL_GRACE, else 5)
@@ -131,6 +138,7 @@ const SPEC: Spec = Spec {
         "--kill-grace",
         "--e2e-key",
         "--e2e-key-file",
+        "--context",
     ],
     switches: &["--no-stream"],
     interleaved: false,
@@ -150,6 +158,9 @@ pub struct Options {
     pub stream: bool,
     /// How long a cancelled command has between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
+    /// How many messages of the conversation the command gets in a file
+    /// (`--context`); 0 for none.
+    pub context: u64,
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
@@ -166,6 +177,19 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         DEFAULT_KILL_GRACE,
     )?;
     let key = super::e2e_key_of(parsed, env)?;
+    let context = match parsed.value("--context") {
+        None => 0,
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (1..=context::MAX_MESSAGES).contains(n))
+            .ok_or_else(|| {
+                format!(
+                    "--context '{v}': a number of messages from 1 to {}",
+                    context::MAX_MESSAGES
+                )
+            })?,
+    };
     if parsed.rest.is_empty() {
         return Err("a command to run is required after --".into());
     }
@@ -178,6 +202,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         key,
         stream: !parsed.switch("--no-stream"),
         kill_grace,
+        context,
     })
 }
 
@@ -385,6 +410,8 @@ struct Agent {
     /// Whether to stream parts (not `--no-stream`).
     stream: bool,
     kill_grace: Duration,
+    /// `--context`: how many messages the command gets; 0 for none.
+    context: u64,
     /// Cancels seen by the watch, and the run it may stop.
     cancels: Arc<Cancels>,
     /// The watch's connection, until the watch starts (after the first sync).
@@ -411,6 +438,7 @@ impl Agent {
             key: opts.key,
             stream: opts.stream,
             kill_grace: opts.kill_grace,
+            context: opts.context,
             cancels,
             watch_client: Some(opts.watch_client),
             server_streams: None,
@@ -643,12 +671,20 @@ impl Agent {
         // read the conversation (`$RELAY_URL/messages/...`) without a
         // hard-coded address.
         let url = self.client.url().http("");
-        let env = [
+        // Kept until the command has ended, then removed.
+        let context_file = self.context_file(prompt)?;
+        let context_path = context_file
+            .as_ref()
+            .map(|f| f.path().to_string_lossy().into_owned());
+        let mut env = vec![
             ("RELAY_URL", url.as_str()),
             ("RELAY_SESSION_ID", self.session.as_str()),
             ("RELAY_CLIENT_MSG_ID", prompt.client_msg_id.as_str()),
             ("RELAY_METADATA", metadata.as_str()),
         ];
+        if let Some(path) = &context_path {
+            env.push(("RELAY_CONTEXT_FILE", path.as_str()));
+        }
         let assistant_msg_id = answer_id(&self.session, id);
         let answer = parts::Answer {
             session: &self.session,
@@ -667,6 +703,7 @@ impl Agent {
             }
         });
         self.cancels.finish();
+        drop(context_file);
         if let Some(parts) = parts.filter(|p| p.posted() > 0) {
             log::debug!(client_msg_id = id, parts = parts.posted(); "answer streamed");
         }
@@ -701,6 +738,29 @@ impl Agent {
         self.post(prompt, &reply)?;
         self.handled(prompt.seq);
         Ok(())
+    }
+
+    /// With `--context`, the conversation up to `prompt` in a new file;
+    /// a failure to read it is retried like the poll (the prompt stays
+    /// pending until it is handled).
+    fn context_file(&mut self, prompt: &Prompt) -> Result<Option<ContextFile>, Fail> {
+        if self.context == 0 {
+            return Ok(None);
+        }
+        let path = context::path(&self.session, prompt.seq, self.context);
+        let resp =
+            classify(
+                self.client
+                    .request("GET", &path, None, Limit::within(REQUEST_TIMEOUT)),
+            )?;
+        if resp.status != 200 {
+            return Err(retry(format!("GET /messages: {}", resp.describe())));
+        }
+        let text = context::lines(&resp.body, &self.session, prompt.seq, self.key.as_ref())
+            .map_err(retry)?;
+        ContextFile::create(&text)
+            .map(Some)
+            .map_err(|e| Fail::Fatal(format!("cannot write the context file: {e}")))
     }
 
     /// The error answer for a command that could not start: no text,

@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod client;
 mod command;
+mod context;
 pub mod e2e;
 pub mod health;
 mod parts;
@@ -22,7 +23,7 @@ use std::time::Duration;
 /// The subcommand lines of `relay --help`.
 pub const SUMMARY: &str = "
 commands (each has --help):
-  relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] -- CMD [ARGS...]
+  relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--context N] -- CMD [ARGS...]
       run CMD once per prompt of the session, post its output as the answer
   relay send --session ID [--url URL] [--token-file FILE] [--ca FILE] TEXT...
       post a prompt and print the answers to it
@@ -396,6 +397,7 @@ mod tests {
             include_str!("health.rs"),
             include_str!("token.rs"),
             include_str!("command.rs"),
+            include_str!("context.rs"),
             include_str!("e2e.rs"),
             include_str!("client.rs"),
             include_str!("parts.rs"),

@@ -8,6 +8,7 @@ mod common;
 
 mod cancel;
 mod cli;
+mod context;
 mod e2e;
 mod examples;
 mod web_page;
