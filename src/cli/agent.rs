@@ -372,8 +372,11 @@ fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
             wait: r.retry_after.map(Duration::from_secs),
             unreachable: false,
         }),
+        // The server's reason as it gave it (expired, another session,
+        // which role): what the token was and where it came from is the
+        // operator's to check.
         Ok(r) if r.status == 401 || r.status == 403 => Err(Fail::Fatal(format!(
-            "{}: check --token, --token-file or RELAY_AGENT_TOKEN",
+            "{} (the agent token: --token, --token-file or RELAY_AGENT_TOKEN)",
             r.describe()
         ))),
         Ok(r) => Ok(r),

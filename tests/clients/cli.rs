@@ -58,7 +58,7 @@ pub(crate) struct Agent {
 
 impl Agent {
     #[track_caller]
-    fn start(srv: &Server, sid: &str, env: &[(&str, &str)], command: &[&str]) -> Agent {
+    pub(crate) fn start(srv: &Server, sid: &str, env: &[(&str, &str)], command: &[&str]) -> Agent {
         Agent::start_with_flags(srv, sid, env, &[], command)
     }
 
@@ -137,7 +137,7 @@ impl Agent {
     }
 
     #[track_caller]
-    fn wait_exit(&mut self) -> ExitStatus {
+    pub(crate) fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -300,7 +300,7 @@ fn tokens_come_from_flags_or_the_environment() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("401"), "{out:?}");
     assert!(
-        stderr.contains("check --token, --token-file or RELAY_CLIENT_TOKEN"),
+        stderr.contains("401 Unauthorized: client or agent token required (the client token: --token, --token-file or RELAY_CLIENT_TOKEN)"),
         "{stderr}"
     );
 }

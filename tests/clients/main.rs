@@ -11,4 +11,5 @@ mod cli;
 mod context;
 mod e2e;
 mod examples;
+mod reasons;
 mod web_page;
