@@ -13,10 +13,12 @@ use log::debug;
 
 use crate::config::{Config, Origins};
 use crate::http::response::{JSON, Meta};
-use crate::http::route::{Route, messages_query, prompts_query, query_param, route, uint_param};
+use crate::http::route::{
+    Route, every_query, messages_query, prompts_query, query_param, route, uint_param,
+};
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
-use crate::relay::{ApiError, AskFetch, ConnId, Fetch, Relay, Reply};
+use crate::relay::{ApiError, AskFetch, ConnId, Fetch, Relay, Reply, Scope};
 use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, Write};
 use crate::store::{Cursor, Seq, SessionId};
 use crate::time::{Millis, Turn};
@@ -116,8 +118,12 @@ impl From<ApiError> for Answer {
 pub enum Outcome {
     /// Encode and queue this answer.
     Answer(Answer),
-    /// Park the connection on a long-poll of `sid` until `deadline`.
-    Park { sid: SessionId, deadline: Millis },
+    /// Park the connection on a long-poll of `sid` (of every session the
+    /// token opens when `None`) until `deadline`.
+    Park {
+        sid: Option<SessionId>,
+        deadline: Millis,
+    },
     /// Park the connection on `GET /asks` of `sid` until a reply to
     /// `ask_id` or `deadline`; the ask expires at `expires_at` (loop
     /// time), `expires_ts` on the wall clock.
@@ -206,7 +212,7 @@ impl Role {
 
 fn role(route: &Route) -> Role {
     match route {
-        Route::GetPrompts(_) | Route::PostResponse => Role::Agent,
+        Route::GetPrompts(_) | Route::GetEveryPrompts | Route::PostResponse => Role::Agent,
         Route::PostPrompt | Route::PostCancel | Route::DeleteSession(_) => Role::Client,
         Route::WebSocket(_) | Route::Messages(_) => Role::Watch,
         Route::PutSession(_) | Route::GetSession(_) => Role::Either,
@@ -241,6 +247,7 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::Metrics
         | Route::Readyz
         | Route::PostPrompt
+        | Route::GetEveryPrompts
         | Route::PostResponse
         | Route::PostCancel
         | Route::PostAsk
@@ -262,6 +269,17 @@ enum Grant {
 }
 
 impl Grant {
+    /// The sessions a poll of every session covers under this grant.
+    fn scope(&self) -> Scope {
+        match self {
+            Grant::Any => Scope::Every,
+            Grant::Session(c) => match SessionId::new(c.session()) {
+                Some(sid) => Scope::Session(sid),
+                None => Scope::Prefix(Rc::from(c.session())),
+            },
+        }
+    }
+
     /// `403` unless the grant covers `sid`.
     fn admits(&self, sid: &str) -> Result<(), ApiError> {
         match self {
@@ -407,7 +425,22 @@ impl Api {
                 }
                 match relay.get_prompts(now, conn, &sid, q)? {
                     Fetch::Ready(list) => Answer::shared(list),
-                    Fetch::Park { deadline } => return Ok(Outcome::Park { sid, deadline }),
+                    Fetch::Park { deadline } => {
+                        let sid = Some(sid);
+                        return Ok(Outcome::Park { sid, deadline });
+                    }
+                }
+            }
+            Route::GetEveryPrompts => {
+                let q = every_query(head.query.as_deref())?;
+                match relay.get_every_prompts(now, conn, grant.scope(), q)? {
+                    Fetch::Ready(list) => Answer::shared(list),
+                    Fetch::Park { deadline } => {
+                        return Ok(Outcome::Park {
+                            sid: None,
+                            deadline,
+                        });
+                    }
                 }
             }
             Route::PostResponse => {

@@ -63,6 +63,12 @@ impl ApiError {
     pub fn token_expired() -> ApiError {
         ApiError::new(401, "Unauthorized").with_details("token expired")
     }
+    /// `501`: a poll of every session where the loop's log does not hold
+    /// every session's prompts (several instances).
+    pub fn every_session_unsupported() -> ApiError {
+        ApiError::new(501, "Not implemented")
+            .with_details("GET /prompts for every session needs one instance")
+    }
     /// `403` for a valid token for one session used on another.
     pub fn other_session() -> ApiError {
         ApiError::new(403, "Forbidden").with_details("token is for another session")

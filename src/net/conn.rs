@@ -61,7 +61,8 @@ impl HttpState {
 /// A parked `GET /prompts` or `GET /asks`: what is needed to answer it later.
 #[derive(Debug)]
 pub struct Parked {
-    pub sid: SessionId,
+    /// The session polled; `None`: every session the token opens.
+    pub sid: Option<SessionId>,
     /// The request asked to keep the connection open.
     pub keep_alive: bool,
     pub http10: bool,
