@@ -46,11 +46,13 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// The longest `Retry-After` honoured.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 /// Every request but the long-poll.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How much longer than its `timeout` a long-poll may take to be answered.
-const POLL_MARGIN: Duration = Duration::from_secs(15);
+pub(super) const POLL_MARGIN: Duration = Duration::from_secs(15);
 /// Below nginx's 60 s default read timeout.
 const DEFAULT_POLL: Duration = Duration::from_secs(50);
+/// How long saying goodbye (`DELETE /agent`) may take when stopping.
+const GONE_TIMEOUT: Duration = Duration::from_secs(2);
 /// After a stop signal, how long posting the answer in hand is retried.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long a cancelled command has between SIGTERM and SIGKILL.
@@ -62,7 +64,7 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--context N] [--poll-timeout S] [--kill-grace S] [--no-stream] -- CMD [ARGS...]
+    "usage: relay agent (--session ID | --all | --prefix P [--jobs N]) [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--context N] [--poll-timeout S] [--kill-grace S] [--no-stream] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_URL (the server, as --url gives it), RELAY_SESSION_ID,
@@ -86,11 +88,22 @@ and nothing more is posted for the prompt; a cancelled prompt not started
 yet is skipped. Each is logged (\"prompt cancelled\").
 
 SIGTERM or SIGINT lets the command in hand finish and its answer be
-posted, then exits 0 (a Ctrl-C at the terminal does not reach CMD, which
+posted, tells the server the agent is gone (DELETE /agent/ID, or
+DELETE /agent with --all or --prefix, so the person sees it offline at
+once), then exits 0 (a Ctrl-C at the terminal does not reach CMD, which
 has its own group); a second signal sends CMD's group SIGTERM and exits at
 once.
 
-  --session ID        the session to serve (required)
+  --session ID        the session to serve
+  --all               serve every session the token opens: one long-poll
+                      for all of them; prompts of one session in order,
+                      up to --jobs sessions at once, each with its own
+                      watch for cancels while it has prompts
+  --prefix P          as --all, for the sessions whose id starts with P
+                      only (with a token for P, that is every session it
+                      opens)
+  --jobs N            with --all or --prefix: how many sessions' commands
+                      may run at once (default 4)
   --url URL           the server (default RELAY_URL, else http://127.0.0.1:8000)
   --token-file FILE   read the agent token from FILE (a trailing newline is
                       dropped); default RELAY_AGENT_TOKEN. Prefer one of
@@ -139,17 +152,37 @@ const SPEC: Spec = Spec {
         "--e2e-key",
         "--e2e-key-file",
         "--context",
+        "--prefix",
+        "--jobs",
     ],
-    switches: &["--no-stream"],
+    switches: &["--no-stream", "--all"],
     interleaved: false,
 };
+
+/// Which sessions `relay agent` serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Serve {
+    /// `--session ID`.
+    One(String),
+    /// `--all` (no prefix) or `--prefix P`, with `--jobs`.
+    Many { prefix: Option<String>, jobs: usize },
+}
+
+/// The default of `--jobs`.
+const DEFAULT_JOBS: usize = 4;
+/// The most `--jobs` takes: each job is a thread, a command and two
+/// connections.
+const MAX_JOBS: usize = 256;
 
 /// What `relay agent` was asked to do.
 pub struct Options {
     pub client: Client,
     /// The watch for cancels' own connection to the same server.
     pub watch_client: Client,
+    /// The session served; empty with [`Serve::Many`] until
+    /// [`Options::for_session`] names one.
     pub session: String,
+    pub serve: Serve,
     pub poll_timeout: Duration,
     pub command: Vec<String>,
     /// End-to-end encryption, when a key is given.
@@ -163,11 +196,76 @@ pub struct Options {
     pub context: u64,
 }
 
+impl Options {
+    /// The options of one session served by `--all` or `--prefix`: the
+    /// same settings, connections of its own.
+    pub(super) fn for_session(&self, session: &str) -> Options {
+        Options {
+            client: self.client.fresh(),
+            watch_client: self.client.fresh(),
+            session: session.to_string(),
+            serve: Serve::One(session.to_string()),
+            poll_timeout: self.poll_timeout,
+            command: self.command.clone(),
+            key: self.key.clone(),
+            stream: self.stream,
+            kill_grace: self.kill_grace,
+            context: self.context,
+        }
+    }
+}
+
+/// `--session`, `--all` or `--prefix` (exactly one), and `--jobs`.
+fn serve_of(parsed: &Parsed) -> Result<Serve, String> {
+    let jobs = match parsed.value("--jobs") {
+        None => None,
+        Some(v) => Some(
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_JOBS).contains(n))
+                .ok_or_else(|| format!("--jobs '{v}': a number from 1 to {MAX_JOBS}"))?,
+        ),
+    };
+    let prefix = parsed.value("--prefix");
+    let chosen = [
+        parsed.value("--session").is_some(),
+        parsed.switch("--all"),
+        prefix.is_some(),
+    ];
+    match chosen {
+        [true, false, false] if jobs.is_none() => Ok(Serve::One(super::session_of(parsed)?)),
+        [true, false, false] => Err("--jobs goes with --all or --prefix".into()),
+        [false, true, false] => Ok(Serve::Many {
+            prefix: None,
+            jobs: jobs.unwrap_or(DEFAULT_JOBS),
+        }),
+        [false, false, true] => {
+            let p = prefix.unwrap_or_default();
+            // A prefix is the start of a session id: the same characters.
+            if !crate::store::model::valid_session_id(p) {
+                return Err(format!(
+                    "invalid --prefix '{p}': 1 to 128 characters from A-Z a-z 0-9 . _ ~ -"
+                ));
+            }
+            Ok(Serve::Many {
+                prefix: Some(p.to_string()),
+                jobs: jobs.unwrap_or(DEFAULT_JOBS),
+            })
+        }
+        [false, false, false] => Err("--session ID, --all or --prefix P is required".into()),
+        _ => Err("--session, --all and --prefix exclude each other".into()),
+    }
+}
+
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
     let url = super::url_of(parsed, env)?;
     let tls = super::tls_of(parsed, env, &url)?;
     let token = super::token_of(parsed, env, "RELAY_AGENT_TOKEN")?;
-    let session = super::session_of(parsed)?;
+    let serve = serve_of(parsed)?;
+    let session = match &serve {
+        Serve::One(sid) => sid.clone(),
+        Serve::Many { .. } => String::new(),
+    };
     let poll_timeout = super::seconds_of(parsed, "--poll-timeout", DEFAULT_POLL)?;
     let kill_grace = super::seconds_or_env(
         parsed,
@@ -197,6 +295,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         watch_client: Client::new(url.clone(), token.clone(), tls.clone()),
         client: Client::new(url, token, tls),
         session,
+        serve,
         poll_timeout,
         command: parsed.rest.clone(),
         key,
@@ -228,15 +327,23 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
     if let Err(e) = init_logging(env) {
         return super::usage_error("agent", &e);
     }
-    let cancels = Cancels::new();
-    let stop = match stop_on_signals(Arc::clone(&cancels)) {
+    let running = Running::default();
+    let stop = match stop_on_signals(running.clone()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("relay agent: cannot handle signals: {e}");
             return 1;
         }
     };
-    match Agent::new(opts, stop, cancels).run() {
+    let result = match opts.serve {
+        Serve::One(_) => {
+            let cancels = Cancels::new();
+            running.add(&cancels);
+            Agent::new(opts, stop, cancels).run()
+        }
+        Serve::Many { .. } => super::agent_all::run(opts, stop, running),
+    };
+    match result {
         Ok(()) => 0,
         Err(e) => {
             log::error!(error = e.as_str(); "agent failed");
@@ -258,11 +365,32 @@ fn init_logging(env: &[(String, String)]) -> Result<(), String> {
     crate::logging::init(cfg.log_level, cfg.log_format)
 }
 
+/// The cancel watches of the sessions being served, whose running
+/// commands a second stop signal ends.
+#[derive(Clone, Default)]
+pub(super) struct Running(Arc<std::sync::Mutex<Vec<std::sync::Weak<Cancels>>>>);
+
+impl Running {
+    /// Registers a session's cancels; forgotten once dropped.
+    pub(super) fn add(&self, cancels: &Arc<Cancels>) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|c| c.strong_count() > 0);
+        list.push(Arc::downgrade(cancels));
+    }
+
+    fn stop_running(&self) {
+        let list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for cancels in list.iter().filter_map(std::sync::Weak::upgrade) {
+            cancels.stop_running();
+        }
+    }
+}
+
 /// A flag raised by the first SIGTERM or SIGINT; a second one, for a
-/// command that does not finish, sends the command's group SIGTERM (its
-/// own group gets no Ctrl-C from the terminal) and exits at once (status
-/// 128 + signal).
-fn stop_on_signals(cancels: Arc<Cancels>) -> std::io::Result<Arc<AtomicBool>> {
+/// command that does not finish, sends every running command's group
+/// SIGTERM (its own group gets no Ctrl-C from the terminal) and exits at
+/// once (status 128 + signal).
+fn stop_on_signals(cancels: Running) -> std::io::Result<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let stop = Arc::new(AtomicBool::new(false));
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
@@ -316,8 +444,8 @@ fn metadata_env(metadata: Option<&serde_json::Value>) -> String {
 
 /// One pending prompt as `GET /prompts` returns it.
 #[derive(Debug, Deserialize)]
-struct Prompt {
-    client_msg_id: String,
+pub(super) struct Prompt {
+    pub(super) client_msg_id: String,
     prompt: String,
     #[serde(default)]
     metadata: Option<serde_json::Value>,
@@ -334,7 +462,7 @@ struct Reply {
 
 /// Why a step did not complete.
 #[derive(Debug)]
-enum Fail {
+pub(super) enum Fail {
     /// Worth retrying after a delay (at least `wait` when the server said);
     /// `unreachable` when no connection could be made at all.
     Retry {
@@ -348,7 +476,7 @@ enum Fail {
     Stopped,
 }
 
-fn retry(why: impl Into<String>) -> Fail {
+pub(super) fn retry(why: impl Into<String>) -> Fail {
     Fail::Retry {
         why: why.into(),
         wait: None,
@@ -357,7 +485,7 @@ fn retry(why: impl Into<String>) -> Fail {
 }
 
 /// Sorts a request's result into an answer to look at and failures.
-fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
+pub(super) fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
     match result {
         Err(client::Error::Cancelled) => Err(Fail::Stopped),
         Err(client::Error::Tls(why)) => Err(Fail::Fatal(why)),
@@ -383,6 +511,20 @@ fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
     }
 }
 
+/// Tells the server the agent stopped cleanly (`DELETE /agent/{id}` or
+/// `DELETE /agent`), so its presence ends at once rather than after the
+/// grace. Once, briefly: the agent is leaving either way, and a server
+/// without the endpoint answers `404`.
+pub(super) fn gone(client: &mut Client, path: &str) {
+    match client.request("DELETE", path, None, Limit::within(GONE_TIMEOUT)) {
+        Ok(resp) if resp.status == 200 => log::debug!(path = path; "presence ended"),
+        Ok(resp) => {
+            log::debug!(path = path, error = resp.describe().as_str(); "presence not ended")
+        }
+        Err(e) => log::debug!(path = path, error = e.to_string().as_str(); "presence not ended"),
+    }
+}
+
 /// Capped exponential backoff.
 #[derive(Debug)]
 pub(super) struct Backoff {
@@ -404,7 +546,7 @@ impl Backoff {
     }
 }
 
-struct Agent {
+pub(super) struct Agent {
     client: Client,
     session: String,
     poll_timeout: Duration,
@@ -432,7 +574,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(opts: Options, stop: Arc<AtomicBool>, cancels: Arc<Cancels>) -> Agent {
+    pub(super) fn new(opts: Options, stop: Arc<AtomicBool>, cancels: Arc<Cancels>) -> Agent {
         Agent {
             client: opts.client,
             session: opts.session,
@@ -483,8 +625,41 @@ impl Agent {
                 Err(Fail::Stopped) => break,
             }
         }
+        let path = format!("/agent/{}", self.session);
+        gone(&mut self.client, &path);
         log::info!(session_id = self.session.as_str(); "agent stopped");
         Ok(())
+    }
+
+    /// Makes the agent ready to answer prompts of its session brought by
+    /// another poll (`--all`): the session's epoch and whether it takes
+    /// parts, and the watch for cancels up.
+    pub(super) fn start_serving(&mut self) -> Result<(), Fail> {
+        self.sync()?;
+        self.watch()
+    }
+
+    /// The session's prompts still pending, by `client_msg_id`: read once
+    /// the watch is up, so a prompt cancelled before it was is known.
+    pub(super) fn pending_ids(&mut self) -> Result<Vec<String>, Fail> {
+        let path = format!("/prompts/{}?wait=false", self.session);
+        let resp =
+            classify(
+                self.client
+                    .request("GET", &path, None, Limit::within(REQUEST_TIMEOUT)),
+            )?;
+        match resp.status {
+            200 => serde_json::from_slice::<Vec<Prompt>>(&resp.body)
+                .map(|list| list.into_iter().map(|p| p.client_msg_id).collect())
+                .map_err(|e| retry(format!("unreadable prompt list: {e}"))),
+            404 => Ok(Vec::new()),
+            _ => Err(Fail::Fatal(format!("GET {path}: {}", resp.describe()))),
+        }
+    }
+
+    /// Sleeps `delay` before retrying, waking early for a stop signal.
+    pub(super) fn pause_for(&self, delay: Duration) {
+        self.pause(delay);
     }
 
     /// One long-poll and the prompts it brought.
@@ -637,7 +812,7 @@ impl Agent {
     /// Runs the command for one prompt and posts its answer; with a key,
     /// decrypts the prompt first (one that does not decrypt is answered
     /// with an error and not run) and encrypts the answer.
-    fn answer(&mut self, prompt: &Prompt) -> Result<(), Fail> {
+    pub(super) fn answer(&mut self, prompt: &Prompt) -> Result<(), Fail> {
         let id = prompt.client_msg_id.as_str();
         if self.cancels.is_cancelled(id) {
             return self.skip(prompt);

@@ -289,6 +289,19 @@ impl Client {
         }
     }
 
+    /// Another client with the same server, token and trust, and no
+    /// connection yet: for a thread of its own.
+    pub fn fresh(&self) -> Client {
+        Client {
+            url: self.url.clone(),
+            token: self.token.clone(),
+            tls: self.tls.clone(),
+            tls_name: self.tls_name.clone(),
+            conn: None,
+            buf: Vec::new(),
+        }
+    }
+
     /// Checks the certificate against `name` rather than the URL's host:
     /// `relay health` reaches its own server over loopback and checks the
     /// name the server's certificate is for.

@@ -24,6 +24,7 @@ const TAG_BYTES: usize = 16;
 pub const MAX_CLEAR_BYTES: usize = (MAX_TEXT_BYTES - PREFIX.len()) / 4 * 3 - NONCE_LEN - TAG_BYTES;
 
 /// A shared key, from `--e2e-key` or `RELAY_E2E_KEY`.
+#[derive(Clone)]
 pub struct Key(LessSafeKey);
 
 /// Which message a text belongs to: its associated data.

@@ -7,6 +7,7 @@
 //! ids, size limits), settings (logging, address) and the token format.
 
 pub mod agent;
+mod agent_all;
 pub mod client;
 mod command;
 mod context;
@@ -25,6 +26,8 @@ pub const SUMMARY: &str = "
 commands (each has --help):
   relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--context N] -- CMD [ARGS...]
       run CMD once per prompt of the session, post its output as the answer
+  relay agent --all | --prefix P [--jobs N] [...] -- CMD [ARGS...]
+      the same for every session the token opens (or those under P)
   relay send --session ID [--url URL] [--token-file FILE] [--ca FILE] TEXT...
       post a prompt and print the answers to it
   relay health [--url URL] [--ca FILE]

@@ -71,8 +71,20 @@ impl Agent {
         flags: &[&str],
         command: &[&str],
     ) -> Agent {
+        let mut args = vec!["--session", sid];
+        args.extend_from_slice(flags);
+        Agent::spawn(srv, env, &args, command)
+    }
+
+    /// `relay agent` with exactly these flags (no `--session` added).
+    pub(crate) fn spawn(
+        srv: &Server,
+        env: &[(&str, &str)],
+        flags: &[&str],
+        command: &[&str],
+    ) -> Agent {
         let mut cmd = relay();
-        cmd.args(["agent", "--url", &url(srv), "--session", sid])
+        cmd.args(["agent", "--url", &url(srv)])
             .args(flags)
             .arg("--")
             .args(command)
@@ -128,7 +140,7 @@ impl Agent {
         events(&lines, event)
     }
 
-    fn signal(&self, name: &str) {
+    pub(crate) fn signal(&self, name: &str) {
         let status = Command::new("kill")
             .args([format!("-{name}"), self.child.id().to_string()])
             .status()

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_all;
 mod cancel;
 mod cli;
 mod context;

@@ -1,0 +1,157 @@
+//! `relay agent --all` against the real server: one long-poll for every
+//! session; sessions answered side by side (up to `--jobs`), the prompts
+//! of one session one after the other, in order; a cancel stops only its
+//! own session's command; a clean stop leaves the server at once.
+//!
+//! The commands log `start ID` and `end ID` to a file per session, and
+//! wait for a gate file the test creates, so "side by side" is seen as
+//! both commands started before either may end, not as a timing.
+
+use std::time::{Duration, Instant};
+
+use crate::cli::{Agent, Scratch, WAIT, answers, wait_file};
+use crate::common::{Server, skip_with_redis, unique_session};
+use serde_json::json;
+
+/// The script every test's agent runs: logs its start, waits for the gate
+/// (when the prompt asks for it), logs its end, answers with the prompt.
+const SCRIPT: &str = r#"in=$(cat)
+echo "start $RELAY_CLIENT_MSG_ID" >> "$DIR/$RELAY_SESSION_ID.log"
+touch "$DIR/$RELAY_CLIENT_MSG_ID.started"
+case "$in" in gated*) while [ ! -e "$DIR/gate" ]; do sleep 0.02; done ;; esac
+echo "end $RELAY_CLIENT_MSG_ID" >> "$DIR/$RELAY_SESSION_ID.log"
+printf '%s' "$in""#;
+
+fn start(srv: &Server, dir: &Scratch, flags: &[&str]) -> Agent {
+    let dir_path = dir.path("");
+    let agent = Agent::spawn(
+        srv,
+        &[("DIR", dir_path.as_str())],
+        flags,
+        &["sh", "-c", SCRIPT],
+    );
+    srv.wait_health("parked_polls", 1);
+    agent
+}
+
+#[track_caller]
+fn prompt(srv: &Server, sid: &str, id: &str, text: &str) {
+    let body = json!({"session_id": sid, "client_msg_id": id, "prompt": text});
+    let resp = srv.post_json("/prompt", &body);
+    assert_eq!(resp.status, 200, "{}", resp.text());
+}
+
+/// Waits until `sid` has `n` answers; returns their texts, oldest first.
+#[track_caller]
+fn wait_answers(srv: &Server, sid: &str, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = answers(srv, sid);
+        if got.len() >= n {
+            return got
+                .iter()
+                .map(|a| a["text"].as_str().unwrap().to_string())
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sid} has {} answers of {n}",
+            got.len()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sessions_run_side_by_side_and_each_in_order() {
+    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
+        return;
+    }
+    let srv = Server::start();
+    let dir = Scratch::new();
+    let _agent = start(&srv, &dir, &["--all", "--jobs", "2"]);
+    let (a, b) = (unique_session(), unique_session());
+    prompt(&srv, &a, "a1", "gated a1");
+    prompt(&srv, &a, "a2", "a2");
+    prompt(&srv, &b, "b1", "gated b1");
+    // Both gated commands run at once: neither may end before the gate.
+    wait_file(&dir.path("a1.started"));
+    wait_file(&dir.path("b1.started"));
+    assert!(
+        !std::path::Path::new(&dir.path("a2.started")).exists(),
+        "a2 started beside a1"
+    );
+    std::fs::write(dir.path("gate"), "").unwrap();
+    assert_eq!(wait_answers(&srv, &a, 2), ["gated a1", "a2"]);
+    assert_eq!(wait_answers(&srv, &b, 1), ["gated b1"]);
+    let log = std::fs::read_to_string(dir.path(&format!("{a}.log"))).unwrap();
+    assert_eq!(log, "start a1\nend a1\nstart a2\nend a2\n");
+}
+
+#[test]
+fn two_sessions_are_answered_in_less_than_twice_the_time_of_one() {
+    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
+        return;
+    }
+    let srv = Server::start();
+    let sleep = Duration::from_secs(1);
+    let script = format!("sleep {}; cat", sleep.as_secs());
+    let _agent = Agent::spawn(&srv, &[], &["--all"], &["sh", "-c", &script]);
+    srv.wait_health("parked_polls", 1);
+    let (a, b) = (unique_session(), unique_session());
+    let started = Instant::now();
+    prompt(&srv, &a, "a1", "one");
+    prompt(&srv, &b, "b1", "two");
+    assert_eq!(wait_answers(&srv, &a, 1), ["one"]);
+    assert_eq!(wait_answers(&srv, &b, 1), ["two"]);
+    let took = started.elapsed();
+    assert!(
+        took < sleep * 2,
+        "two sessions took {took:?}, one takes {sleep:?}"
+    );
+}
+
+#[test]
+fn a_cancel_stops_only_its_own_sessions_command() {
+    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
+        return;
+    }
+    let srv = Server::start();
+    let dir = Scratch::new();
+    let agent = start(&srv, &dir, &["--all"]);
+    let (a, b) = (unique_session(), unique_session());
+    prompt(&srv, &a, "a1", "gated a1");
+    prompt(&srv, &b, "b1", "gated b1");
+    wait_file(&dir.path("a1.started"));
+    wait_file(&dir.path("b1.started"));
+    let resp = srv.post_json("/cancel", &json!({"session_id": a, "client_msg_id": "a1"}));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    agent.wait_events("prompt cancelled: nothing posted", 1);
+    std::fs::write(dir.path("gate"), "").unwrap();
+    assert_eq!(wait_answers(&srv, &b, 1), ["gated b1"]);
+    assert!(
+        answers(&srv, &a).is_empty(),
+        "the cancelled prompt was answered"
+    );
+    let log = std::fs::read_to_string(dir.path(&format!("{a}.log"))).unwrap();
+    assert_eq!(log, "start a1\n", "a1's command ran on after its cancel");
+}
+
+#[test]
+fn prefix_serves_only_its_sessions_and_a_clean_stop_exits_zero() {
+    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
+        return;
+    }
+    let srv = Server::start();
+    let dir = Scratch::new();
+    let mine = format!("team-{}", unique_session());
+    let other = unique_session();
+    let mut agent = start(&srv, &dir, &["--prefix", "team-"]);
+    prompt(&srv, &other, "o1", "not mine");
+    prompt(&srv, &mine, "m1", "mine");
+    assert_eq!(wait_answers(&srv, &mine, 1), ["mine"]);
+    assert!(answers(&srv, &other).is_empty());
+    agent.signal("TERM");
+    assert_eq!(agent.wait_exit().code(), Some(0));
+    agent.wait_events("agent stopped", 1);
+}
