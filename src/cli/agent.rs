@@ -804,7 +804,7 @@ impl Agent {
 
     /// Passes over a prompt cancelled before its command started.
     fn skip(&mut self, prompt: &Prompt) -> Result<(), Fail> {
-        log::info!(client_msg_id = prompt.client_msg_id.as_str(); "prompt cancelled before it started: skipped");
+        log::info!(session_id = self.session.as_str(), client_msg_id = prompt.client_msg_id.as_str(); "prompt cancelled before it started: skipped");
         self.handled(prompt.seq);
         Ok(())
     }
@@ -821,7 +821,7 @@ impl Agent {
             // An encrypted prompt is not run as ciphertext: the agent was
             // started without the key the sender used.
             None if prompt.prompt.starts_with(e2e::PREFIX) => {
-                log::warn!(client_msg_id = id; "the prompt is end-to-end encrypted and this agent has no key: answered with an error, not run");
+                log::warn!(session_id = self.session.as_str(), client_msg_id = id; "the prompt is end-to-end encrypted and this agent has no key: answered with an error, not run");
                 let error = "the prompt is end-to-end encrypted: start the agent with --e2e-key";
                 return self.refuse(prompt, error);
             }
@@ -834,7 +834,7 @@ impl Agent {
                 match key.open(&prompt.prompt, message) {
                     Some(text) => text,
                     None => {
-                        log::warn!(client_msg_id = id; "cannot decrypt the prompt: answered with an error, not run");
+                        log::warn!(session_id = self.session.as_str(), client_msg_id = id; "cannot decrypt the prompt: answered with an error, not run");
                         let error = "cannot decrypt the prompt: it was sent without the agent's end-to-end key, or with another";
                         return self.refuse(prompt, error);
                     }
@@ -843,7 +843,7 @@ impl Agent {
         };
         let metadata = metadata_env(prompt.metadata.as_ref());
         if metadata == "null" {
-            log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "metadata too large for the environment: RELAY_METADATA is null");
+            log::warn!(session_id = self.session.as_str(), client_msg_id = prompt.client_msg_id.as_str(); "metadata too large for the environment: RELAY_METADATA is null");
         }
         // The server's address as the agent reached it, so the command can
         // read the conversation (`$RELAY_URL/messages/...`) without a
@@ -883,7 +883,7 @@ impl Agent {
         self.cancels.finish();
         drop(context_file);
         if let Some(parts) = parts.filter(|p| p.posted() > 0) {
-            log::debug!(client_msg_id = id, parts = parts.posted(); "answer streamed");
+            log::debug!(session_id = self.session.as_str(), client_msg_id = id, parts = parts.posted(); "answer streamed");
         }
         let outcome = match ran {
             Ok(outcome) => outcome,
@@ -892,7 +892,7 @@ impl Agent {
                 // interpreter line, a full process table): the person
                 // waiting hears why, and the next prompt tries again.
                 let error = format!("cannot start {}: {e}", self.command[0]);
-                log::error!(client_msg_id = id, error = error.as_str(); "command not started: answered with an error");
+                log::error!(session_id = self.session.as_str(), client_msg_id = id, error = error.as_str(); "command not started: answered with an error");
                 let reply = self.error_reply(prompt, &error)?;
                 self.post(prompt, &reply)?;
                 self.handled(prompt.seq);
@@ -902,14 +902,14 @@ impl Agent {
         if outcome.stopped || self.cancels.is_cancelled(id) {
             // Cancelled while it ran, or since it ended: its output is no
             // answer, and the server would refuse one.
-            log::info!(client_msg_id = id, stopped = outcome.stopped; "prompt cancelled: nothing posted");
+            log::info!(session_id = self.session.as_str(), client_msg_id = id, stopped = outcome.stopped; "prompt cancelled: nothing posted");
             self.handled(prompt.seq);
             return Ok(());
         }
         if self.stopping() && matches!(outcome.exit, Exit::Signal(_)) {
             // Most likely the same Ctrl-C reached the command: its output is
             // not an answer. The prompt stays pending for the next run.
-            log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "command killed while stopping: prompt left unanswered");
+            log::warn!(session_id = self.session.as_str(), client_msg_id = prompt.client_msg_id.as_str(); "command killed while stopping: prompt left unanswered");
             return Err(Fail::Stopped);
         }
         let reply = self.reply(prompt, &outcome)?;
@@ -1032,7 +1032,7 @@ impl Agent {
                 Err(Fail::Retry { why, wait, .. }) => {
                     let now = Instant::now();
                     if self.stopping() && now >= *give_up.get_or_insert(now + STOP_GRACE) {
-                        log::warn!(client_msg_id = prompt.client_msg_id.as_str(), error = why.as_str(); "answer not posted before stopping: the prompt stays pending");
+                        log::warn!(session_id = self.session.as_str(), client_msg_id = prompt.client_msg_id.as_str(), error = why.as_str(); "answer not posted before stopping: the prompt stays pending");
                         return Err(Fail::Stopped);
                     }
                     let delay = backoff.delay(wait);
@@ -1056,22 +1056,22 @@ impl Agent {
         match resp.status {
             200 => {
                 let duplicate = resp.json().is_some_and(|v| v["duplicate"] == true);
-                log::info!(client_msg_id = id, exit_code = exit_code, error = error, duplicate = duplicate; "prompt answered");
+                log::info!(session_id = self.session.as_str(), client_msg_id = id, exit_code = exit_code, error = error, duplicate = duplicate; "prompt answered");
             }
             409 if resp
                 .json()
                 .is_some_and(|v| v["details"] == "prompt cancelled") =>
             {
-                log::info!(client_msg_id = id; "prompt cancelled: the answer came too late");
+                log::info!(session_id = self.session.as_str(), client_msg_id = id; "prompt cancelled: the answer came too late");
             }
             409 => {
-                log::info!(client_msg_id = id; "prompt already answered with a different text");
+                log::info!(session_id = self.session.as_str(), client_msg_id = id; "prompt already answered with a different text");
             }
             404 => {
-                log::warn!(client_msg_id = id, error = resp.describe().as_str(); "prompt gone before its answer");
+                log::warn!(session_id = self.session.as_str(), client_msg_id = id, error = resp.describe().as_str(); "prompt gone before its answer");
             }
             _ => {
-                log::error!(client_msg_id = id, error = resp.describe().as_str(); "answer refused");
+                log::error!(session_id = self.session.as_str(), client_msg_id = id, error = resp.describe().as_str(); "answer refused");
             }
         }
         Ok(())
