@@ -219,6 +219,8 @@ fn role(route: &Route) -> Role {
         Route::PostAsk | Route::GetAsk(..) => Role::Agent,
         Route::PostReply => Role::Client,
         Route::Metrics => Role::Metrics,
+        // Any valid token, or none on an open server: checked by `whoami`.
+        Route::Whoami => Role::Open,
         Route::WebPage
         | Route::Healthz
         | Route::Readyz
@@ -247,6 +249,7 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::Metrics
         | Route::Readyz
         | Route::PostPrompt
+        | Route::Whoami
         | Route::GetEveryPrompts
         | Route::PostResponse
         | Route::PostCancel
@@ -273,7 +276,7 @@ impl Grant {
     fn scope(&self) -> Scope {
         match self {
             Grant::Any => Scope::Every,
-            Grant::Session(c) => match SessionId::new(c.session()) {
+            Grant::Session(c) => match SessionId::new(c.session()).filter(|_| !c.prefix) {
                 Some(sid) => Scope::Session(sid),
                 None => Scope::Prefix(Rc::from(c.session())),
             },
@@ -284,7 +287,8 @@ impl Grant {
     fn admits(&self, sid: &str) -> Result<(), ApiError> {
         match self {
             Grant::Any => Ok(()),
-            Grant::Session(c) if constant_time_eq(c.session().as_bytes(), sid.as_bytes()) => Ok(()),
+            Grant::Session(c) if c.opens(sid) => Ok(()),
+            Grant::Session(c) if c.prefix => Err(ApiError::other_prefix(c.session())),
             Grant::Session(_) => Err(ApiError::other_session()),
         }
     }
@@ -411,6 +415,7 @@ impl Api {
         let answer = match route {
             Route::WebPage => web_page(),
             Route::Healthz => Answer::ok(healthz_body(relay, unix_ms, facts)),
+            Route::Whoami => Answer::ok(self.whoami(head, unix_ms / 1000)?),
             Route::Readyz => self.readyz(relay, facts),
             Route::PostPrompt => {
                 json_body(head)?;
@@ -629,6 +634,65 @@ impl Api {
             Some(sid) => Grant::Session(claims).admits(sid).map(|()| Grant::Any),
             None => Ok(Grant::Session(claims)),
         }
+    }
+
+    /// `GET /whoami`: what the presented token opens, for a page that
+    /// must know where it may create a session. A server-wide token
+    /// answers its role (`both` when it serves both, or when the other
+    /// role is open), a token for one session or a prefix its role, its
+    /// session or prefix and its expiry (`expires_ts`, ms); no token, or
+    /// one that opens nothing, answers the open roles, or `401` when none
+    /// is open.
+    fn whoami(&self, head: &RequestHead, unix_s: u64) -> Result<Vec<u8>, ApiError> {
+        let locked = self.token_secret.is_some();
+        let client_open = self.client_token.is_none() && !locked;
+        let agent_open = self.agent_token.is_none() && !locked;
+        let presented = head.authorization.as_deref().and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .map(str::trim)
+        });
+        let is = |t: Option<&str>, p: &str| {
+            t.is_some_and(|t| constant_time_eq(p.as_bytes(), t.as_bytes()))
+        };
+        let mut out = String::with_capacity(96);
+        let (client, agent) = match presented {
+            Some(p)
+                if is(self.client_token.as_deref(), p) || is(self.agent_token.as_deref(), p) =>
+            {
+                (
+                    client_open || is(self.client_token.as_deref(), p),
+                    agent_open || is(self.agent_token.as_deref(), p),
+                )
+            }
+            Some(p) if self.token_secret.is_some() => {
+                let need = Role::Either;
+                let secret = self
+                    .token_secret
+                    .as_ref()
+                    .ok_or_else(|| ApiError::unauthorized(need.needed()))?;
+                let c = check_session_token(secret, p, need, unix_s)?;
+                out.push_str(if c.prefix {
+                    ",\"prefix\":"
+                } else {
+                    ",\"session\":"
+                });
+                crate::wire::push_json_str(&mut out, c.session());
+                if let Some(at) = c.expires {
+                    out.push_str(",\"expires_ts\":");
+                    crate::wire::push_decimal_str(&mut out, at.saturating_mul(1000));
+                }
+                (c.role == token::Role::Client, c.role == token::Role::Agent)
+            }
+            _ => (client_open, agent_open),
+        };
+        let role = match (client, agent) {
+            (true, true) => "both",
+            (true, false) => "client",
+            (false, true) => "agent",
+            (false, false) => return Err(ApiError::unauthorized(Role::Either.needed())),
+        };
+        Ok(format!("{{\"role\":\"{role}\"{out}}}").into_bytes())
     }
 
     /// `/readyz`: `503` with the reason while shutting down or a cap is full.

@@ -69,6 +69,12 @@ impl ApiError {
         ApiError::new(501, "Not implemented")
             .with_details("GET /prompts for every session needs one instance")
     }
+    /// `403` for a valid token for the sessions under `prefix` used on
+    /// another session.
+    pub fn other_prefix(prefix: &str) -> ApiError {
+        ApiError::new(403, "Forbidden")
+            .with_details(format!("token is for sessions starting with {prefix}"))
+    }
     /// `403` for a valid token for one session used on another.
     pub fn other_session() -> ApiError {
         ApiError::new(403, "Forbidden").with_details("token is for another session")

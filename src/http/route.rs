@@ -28,6 +28,8 @@ pub enum Route {
     GetPrompts(SessionId),
     /// `GET /prompts` with no session: every session the token opens.
     GetEveryPrompts,
+    /// `GET /whoami`: what the presented token opens.
+    Whoami,
     PostResponse,
     /// `POST /cancel`: the person stops a prompt.
     PostCancel,
@@ -82,6 +84,7 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
             "GET, OPTIONS",
             (method == Get).then_some(Route::GetEveryPrompts),
         ),
+        "/whoami" => ("GET, OPTIONS", (method == Get).then_some(Route::Whoami)),
         "/response" => (
             "POST, OPTIONS",
             (method == Post).then_some(Route::PostResponse),
