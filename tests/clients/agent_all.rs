@@ -1,7 +1,9 @@
 //! `relay agent --all` against the real server: one long-poll for every
 //! session; sessions answered side by side (up to `--jobs`), the prompts
 //! of one session one after the other, in order; a cancel stops only its
-//! own session's command; a clean stop leaves the server at once.
+//! own session's command; `--prefix` and a prefix token keep the agent
+//! to their sessions, with `--context` read under that token; a clean stop
+//! exits 0.
 //!
 //! The commands log `start ID` and `end ID` to a file per session, and
 //! wait for a gate file the test creates, so "side by side" is seen as
@@ -154,4 +156,64 @@ fn prefix_serves_only_its_sessions_and_a_clean_stop_exits_zero() {
     agent.signal("TERM");
     assert_eq!(agent.wait_exit().code(), Some(0));
     agent.wait_events("agent stopped", 1);
+}
+
+#[test]
+fn an_agent_with_a_prefix_token_serves_its_sessions_with_their_context() {
+    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
+        return;
+    }
+    const SECRET: &str = "a secret of at least thirty-two bytes, for tokens";
+    let srv = Server::start_with(&[
+        ("RELAY_TOKEN_SECRET", SECRET),
+        ("RELAY_CLIENT_TOKEN", "client-secret"),
+    ]);
+    let out = crate::cli::relay()
+        .args(["token", "--role", "agent", "--prefix", "team-"])
+        .env("RELAY_TOKEN_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8(out.stdout).unwrap();
+    let dir = Scratch::new();
+    let dir_path = dir.path("");
+    // Each run leaves its session and the lines of context it got.
+    let script = r#"echo "$RELAY_SESSION_ID $(wc -l < "$RELAY_CONTEXT_FILE")" > "$DIR/$RELAY_CLIENT_MSG_ID""#;
+    let agent = Agent::spawn(
+        &srv,
+        &[
+            ("RELAY_AGENT_TOKEN", token.trim()),
+            ("DIR", dir_path.as_str()),
+        ],
+        &["--all", "--context", "10"],
+        &["sh", "-c", script],
+    );
+    srv.wait_health("parked_polls", 1);
+    let post = |sid: &str, id: &str| {
+        let body = json!({"session_id": sid, "client_msg_id": id, "prompt": id});
+        let resp = srv.request(
+            "POST",
+            "/prompt",
+            &[
+                ("Authorization", "Bearer client-secret"),
+                ("Content-Type", "application/json"),
+            ],
+            Some(body.to_string().as_bytes()),
+        );
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    };
+    let mine = format!("team-{}", unique_session());
+    let other = unique_session();
+    post(&other, "o1");
+    post(&mine, "m1");
+    agent.wait_events("prompt answered", 1);
+    post(&mine, "m2");
+    agent.wait_events("prompt answered", 2);
+    let read = |id: &str| std::fs::read_to_string(dir.path(id)).unwrap();
+    assert_eq!(read("m1"), format!("{mine} 1\n"));
+    assert_eq!(read("m2"), format!("{mine} 3\n"));
+    assert!(
+        !std::path::Path::new(&dir.path("o1")).exists(),
+        "another session's prompt ran"
+    );
 }
