@@ -1094,6 +1094,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn one_of_session_all_or_prefix_is_served() {
+        let serve = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            serve_of(&super::super::parse_flags(&args, &SPEC).unwrap())
+        };
+        assert_eq!(serve(&["--session", "s"]), Ok(Serve::One("s".into())));
+        let many = |prefix: Option<&str>, jobs| Serve::Many {
+            prefix: prefix.map(str::to_string),
+            jobs,
+        };
+        assert_eq!(serve(&["--all"]), Ok(many(None, DEFAULT_JOBS)));
+        assert_eq!(
+            serve(&["--prefix", "team-", "--jobs", "2"]),
+            Ok(many(Some("team-"), 2))
+        );
+        for (args, needle) in [
+            (&[][..], "is required"),
+            (&["--session", "s", "--all"][..], "exclude each other"),
+            (&["--session", "s", "--jobs", "2"][..], "--jobs goes with"),
+            (&["--all", "--jobs", "0"][..], "--jobs '0'"),
+            (&["--prefix", "a/b"][..], "invalid --prefix"),
+        ] {
+            let e = serve(args).unwrap_err();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
     fn answer_ids_are_stable_short_and_distinct() {
         let long = "x".repeat(256);
         let a = answer_id("s", &long);
