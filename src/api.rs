@@ -217,6 +217,7 @@ fn role(route: &Route) -> Role {
         Route::WebSocket(_) | Route::Messages(_) => Role::Watch,
         Route::PutSession(_) | Route::GetSession(_) => Role::Either,
         Route::PostAsk | Route::GetAsk(..) => Role::Agent,
+        Route::DeleteAgent(_) | Route::DeleteAgentEvery => Role::Agent,
         Route::PostReply => Role::Client,
         Route::Metrics => Role::Metrics,
         // Any valid token, or none on an open server: checked by `whoami`.
@@ -240,6 +241,7 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::PutSession(sid)
         | Route::GetSession(sid)
         | Route::DeleteSession(sid)
+        | Route::DeleteAgent(sid)
         | Route::GetAsk(sid, _) => Some(sid),
         // Listed one by one, not `_`: a new route with a session in its
         // path must be placed here on purpose, or a token for one session
@@ -250,6 +252,7 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::Readyz
         | Route::PostPrompt
         | Route::Whoami
+        | Route::DeleteAgentEvery
         | Route::GetEveryPrompts
         | Route::PostResponse
         | Route::PostCancel
@@ -471,6 +474,13 @@ impl Api {
                 }
                 Answer::ok(relay.messages(now, &sid, q)?)
             }
+            Route::DeleteAgent(sid) => {
+                if !facts.synced && relay.sync_first(conn, &sid)? {
+                    return Ok(Outcome::Wait);
+                }
+                Answer::ok(relay.agent_stopped(now, &sid)?)
+            }
+            Route::DeleteAgentEvery => Answer::ok(relay.agent_stopped_every(now, &grant.scope())),
             Route::GetSession(sid) => {
                 if !facts.synced && relay.sync_first(conn, &sid)? {
                     return Ok(Outcome::Wait);

@@ -30,6 +30,10 @@ pub enum Route {
     GetEveryPrompts,
     /// `GET /whoami`: what the presented token opens.
     Whoami,
+    /// `DELETE /agent/{sid}`: the agent stops in one session.
+    DeleteAgent(SessionId),
+    /// `DELETE /agent`: the agent stops in every session its token opens.
+    DeleteAgentEvery,
     PostResponse,
     /// `POST /cancel`: the person stops a prompt.
     PostCancel,
@@ -85,6 +89,10 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
             (method == Get).then_some(Route::GetEveryPrompts),
         ),
         "/whoami" => ("GET, OPTIONS", (method == Get).then_some(Route::Whoami)),
+        "/agent" => (
+            "DELETE, OPTIONS",
+            (method == Delete).then_some(Route::DeleteAgentEvery),
+        ),
         "/response" => (
             "POST, OPTIONS",
             (method == Post).then_some(Route::PostResponse),
@@ -108,6 +116,10 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
                 "prompts" => ("GET, OPTIONS", (method == Get).then_some(Route::GetPrompts)),
                 "ws" => ("GET, OPTIONS", (method == Get).then_some(Route::WebSocket)),
                 "messages" => ("GET, OPTIONS", (method == Get).then_some(Route::Messages)),
+                "agent" => (
+                    "DELETE, OPTIONS",
+                    (method == Delete).then_some(Route::DeleteAgent),
+                ),
                 "sessions" => (
                     "GET, PUT, DELETE, OPTIONS",
                     match method {

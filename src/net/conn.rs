@@ -121,7 +121,16 @@ impl Held {
     /// What a request whose body was `body_len` bytes keeps while it waits.
     pub fn new(head: &RequestHead, body_len: usize) -> Held {
         let head = Box::new(head.clone());
-        if head.method() == Method::Get && body_len == 0 {
+        // `DELETE /agent/{sid}` changes no stored state, only the agent's
+        // presence here, and waits for a read of the session like a GET:
+        // it runs again as one does. Every other `DELETE` is a write,
+        // answered by its reply and never run twice.
+        let reads = match head.method() {
+            Method::Get => true,
+            Method::Delete => head.path.starts_with("/agent/"),
+            _ => false,
+        };
+        if reads && body_len == 0 {
             Held::Rerun(Rerun(head))
         } else {
             Held::Answer(head)
@@ -566,7 +575,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_get_without_a_body_is_kept_to_run_again() {
+    fn only_reads_without_a_body_are_kept_to_run_again() {
         assert!(matches!(Held::new(&head(Method::Get), 0), Held::Rerun(_)));
         assert!(matches!(Held::new(&head(Method::Get), 3), Held::Answer(_)));
         assert!(matches!(Held::new(&head(Method::Post), 0), Held::Answer(_)));
@@ -574,5 +583,11 @@ mod tests {
             Held::new(&head(Method::Delete), 0),
             Held::Answer(_)
         ));
+        let stop = RequestHead {
+            method: Some(Method::Delete),
+            path: "/agent/s".into(),
+            ..RequestHead::default()
+        };
+        assert!(matches!(Held::new(&stop, 0), Held::Rerun(_)));
     }
 }

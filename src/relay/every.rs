@@ -37,6 +37,16 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// Whether every session `other` covers, this one covers too.
+    fn includes(&self, other: &Scope) -> bool {
+        match (self, other) {
+            (Scope::Every, _) => true,
+            (Scope::Prefix(p), Scope::Prefix(q)) => q.starts_with(&**p),
+            (_, Scope::Session(s)) => self.covers(s),
+            _ => false,
+        }
+    }
+
     /// Whether the poll covers session `sid`.
     pub fn covers(&self, sid: &str) -> bool {
         match self {
@@ -55,6 +65,36 @@ pub struct EveryWaiter {
     /// Only arrivals after this (already the relay's arrival number).
     after: Option<u64>,
     limit: usize,
+}
+
+impl EveryWaiter {
+    /// Whether this poll covers session `sid`.
+    pub(super) fn covers(&self, sid: &str) -> bool {
+        self.scope.covers(sid)
+    }
+}
+
+/// When the last all-sessions poll of a scope ended, while its grace
+/// lasts.
+#[derive(Debug)]
+pub struct EveryGrace {
+    scope: Scope,
+    pub(super) end: Millis,
+    /// Numbers the ends, so that an agent stopping in a session
+    /// (`Live::every_cut`) cancels the graces that ended before, even in
+    /// the same millisecond, and not those after.
+    stamp: u64,
+}
+
+/// When the last all-sessions poll covering `sid` ended, among `graces`,
+/// counting only those that ended after the agent last stopped there
+/// (`cut`).
+pub(super) fn end_covering(graces: &[EveryGrace], sid: &str, cut: Option<u64>) -> Option<Millis> {
+    graces
+        .iter()
+        .filter(|g| g.scope.covers(sid) && cut.is_none_or(|c| g.stamp > c))
+        .map(|g| g.end)
+        .max()
 }
 
 /// An all-sessions answer: its bytes, and the prompts it lists.
@@ -84,6 +124,7 @@ impl Relay {
         if !q.wait || !listed.is_empty() || q.timeout_ms == 0 {
             debug!(listed = listed.len(); "prompts of every session fetched");
             self.every_fetched(now, &listed);
+            self.every_seen(now, &scope, true);
             return Ok(Fetch::Ready(page));
         }
         if self.every.len() >= self.limits.max_waiters {
@@ -93,21 +134,23 @@ impl Relay {
         }
         self.every.push(EveryWaiter {
             conn,
-            scope,
+            scope: scope.clone(),
             after,
             limit: q.limit,
         });
         self.counts.parked_polls += 1;
+        self.every_seen(now, &scope, false);
         Ok(Fetch::Park {
             deadline: Millis(now.0.saturating_add(q.timeout_ms)),
         })
     }
 
     /// Forgets a parked all-sessions poll (answered, timed out, hung up).
-    pub fn cancel_every_wait(&mut self, conn: ConnId, _now: Millis) {
+    pub fn cancel_every_wait(&mut self, conn: ConnId, now: Millis) {
         if let Some(i) = self.every.iter().position(|w| w.conn == conn) {
-            self.every.swap_remove(i);
+            let w = self.every.swap_remove(i);
             self.counts.parked_polls -= 1;
+            self.every_seen(now, &w.scope, true);
         }
     }
 
@@ -119,6 +162,7 @@ impl Relay {
         }
         let waiters = std::mem::take(&mut self.every);
         let mut listed_all = Vec::new();
+        let mut scopes: Vec<Scope> = Vec::new();
         for w in waiters {
             if !w.scope.covers(sid) {
                 self.every.push(w);
@@ -137,8 +181,96 @@ impl Relay {
                 body,
             });
             self.counts.parked_polls -= 1;
+            if !scopes.contains(&w.scope) {
+                scopes.push(w.scope);
+            }
         }
         self.every_fetched(now, &listed_all);
+        for scope in scopes {
+            self.every_seen(now, &scope, true);
+        }
+    }
+
+    /// Whether an all-sessions poll covering `sid` is parked here.
+    pub(super) fn every_parked(&self, sid: &str) -> bool {
+        self.every.iter().any(|w| w.covers(sid))
+    }
+
+    /// When the last all-sessions poll covering `sid` ended, if its
+    /// grace may last (and the agent did not stop there since).
+    pub(super) fn every_end(&self, sid: &str) -> Option<Millis> {
+        let cut = self.live.get(sid).and_then(|l| l.every_cut);
+        end_covering(&self.every_graces, sid, cut)
+    }
+
+    /// An all-sessions poll of `scope` parked (`ended` false) or ended:
+    /// the agent is online in every session it covers, computed when a
+    /// session's presence is asked; only the sessions watched here are
+    /// told now (a walk over the subscribed sessions, at such a change,
+    /// not over every session).
+    fn every_seen(&mut self, now: Millis, scope: &Scope, ended: bool) {
+        if ended {
+            let grace = self.limits.agent_grace_ms;
+            self.every_stamps += 1;
+            let stamp = self.every_stamps;
+            match self.every_graces.iter_mut().find(|g| g.scope == *scope) {
+                Some(g) => {
+                    g.end = now;
+                    g.stamp = stamp;
+                }
+                None => {
+                    if self.every_graces.len() >= self.limits.max_waiters.max(1) * 2 {
+                        self.every_graces.remove(0);
+                    }
+                    self.every_graces.push(EveryGrace {
+                        scope: scope.clone(),
+                        end: now,
+                        stamp,
+                    });
+                }
+            }
+            self.wake_at(now.after_ms(grace));
+        }
+        self.tell_watched(now, scope);
+    }
+
+    /// Refreshes the agent's presence in the sessions `scope` covers that
+    /// have subscribers here.
+    fn tell_watched(&mut self, now: Millis, scope: &Scope) {
+        let watched: Vec<SessionId> = self
+            .presence
+            .iter()
+            .filter(|(sid, p)| !p.subscribers.is_empty() && scope.covers(sid))
+            .map(|(sid, _)| sid.clone())
+            .collect();
+        for sid in watched {
+            self.live.entry(sid.clone()).or_default();
+            self.refresh_presence(now, &sid);
+        }
+    }
+
+    /// `DELETE /agent` with no session: the agent stops in every session
+    /// `scope` covers. The graces of its all-sessions polls there end, and
+    /// those of its polls of one session; a poll still parked keeps it
+    /// online. A walk over the sessions with live state, on this rare
+    /// request only.
+    pub fn agent_stopped_every(&mut self, now: Millis, scope: &Scope) -> Vec<u8> {
+        self.every_graces.retain(|g| !scope.includes(&g.scope));
+        let cut = self.every_stamps;
+        let covered: Vec<SessionId> = self
+            .live
+            .iter_mut()
+            .filter(|(sid, _)| scope.covers(sid))
+            .map(|(sid, live)| {
+                live.agent_end = None;
+                live.every_cut = Some(cut);
+                sid.clone()
+            })
+            .collect();
+        for sid in covered {
+            self.refresh_presence(now, &sid);
+        }
+        b"{\"ok\":true}".to_vec()
     }
 
     /// The base of this run's cursors.

@@ -197,6 +197,11 @@ pub struct Relay {
     presence: HashMap<SessionId, Presence>,
     /// Parked polls of every session a token opens (`every`).
     every: Vec<every::EveryWaiter>,
+    /// When the last all-sessions poll of each scope ended, while its
+    /// grace lasts: the agent is online in the sessions it covers.
+    every_graces: Vec<every::EveryGrace>,
+    /// The number of the last all-sessions grace recorded.
+    every_stamps: u64,
     effects: Vec<Effect>,
     counts: Counts,
     stats: Stats,
@@ -228,6 +233,8 @@ impl Relay {
             limits,
             presence: HashMap::new(),
             every: Vec::new(),
+            every_graces: Vec::new(),
+            every_stamps: 0,
             effects: Vec::new(),
             counts: Counts::default(),
             stats: Stats::default(),

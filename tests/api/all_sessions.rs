@@ -193,3 +193,80 @@ fn a_subscriber_gets_a_receipt_when_the_all_sessions_poll_lists_its_prompt() {
     assert_eq!(receipt["data"]["client_msg_id"], "c1");
     assert_eq!(receipt["data"]["state"], "fetched");
 }
+
+/// The next `presence` frame of `ws`, skipping the others.
+#[track_caller]
+fn next_presence(ws: &mut crate::common::Ws) -> String {
+    loop {
+        let v = ws.recv_any_skip_pings();
+        if v["type"] == "presence" {
+            return v["data"]["agent"].as_str().unwrap_or("?").to_string();
+        }
+    }
+}
+
+#[track_caller]
+fn agent_state(srv: &Server, sid: &str) -> String {
+    let info = srv.get(&format!("/sessions/{sid}")).json();
+    info["agent"].as_str().unwrap_or("?").to_string()
+}
+
+#[test]
+fn an_all_sessions_poll_is_an_agent_in_every_session_until_it_stops() {
+    if skip_with_redis(SKIP) {
+        return;
+    }
+    let srv = Server::start_with(&[("RELAY_AGENT_GRACE", "60")]);
+    let (watched, quiet) = (unique_session(), unique_session());
+    assert_eq!(srv.put(&format!("/sessions/{quiet}")).status, 200);
+    let mut ws = srv.ws(&format!("/ws/{watched}"));
+    assert_eq!(next_presence(&mut ws), "offline");
+    assert_eq!(agent_state(&srv, &quiet), "offline");
+    // Parked: online in both, the watcher told at once.
+    let mut poll = srv.conn();
+    poll.send("GET", "/prompts?timeout=0.3", &[], None);
+    assert_eq!(next_presence(&mut ws), "online");
+    assert_eq!(agent_state(&srv, &quiet), "online");
+    // Answered `[]`: still online, for the grace.
+    assert!(read_list(&mut poll).is_empty());
+    srv.wait_health("parked_polls", 0);
+    assert_eq!(agent_state(&srv, &quiet), "online");
+    assert_eq!(agent_state(&srv, &watched), "online");
+    // The agent stops: offline at once, everywhere.
+    let resp = srv.delete("/agent");
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json(), json!({"ok": true}));
+    assert_eq!(next_presence(&mut ws), "offline");
+    assert_eq!(agent_state(&srv, &quiet), "offline");
+    // Its next request counts again.
+    assert!(list(&srv, "?wait=false").is_empty());
+    assert_eq!(next_presence(&mut ws), "online");
+    assert_eq!(agent_state(&srv, &quiet), "online");
+}
+
+#[test]
+fn delete_agent_of_one_session_ends_its_graces_there() {
+    let srv = Server::start_single_with(&[("RELAY_AGENT_GRACE", "60")]);
+    let sid = unique_session();
+    assert_eq!(srv.put(&format!("/sessions/{sid}")).status, 200);
+    let mut ws = srv.ws(&format!("/ws/{sid}"));
+    assert_eq!(next_presence(&mut ws), "offline");
+    assert!(srv.pending(&sid).is_empty());
+    assert_eq!(next_presence(&mut ws), "online");
+    let resp = srv.delete(&format!("/agent/{sid}"));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json(), json!({"ok": true}));
+    assert_eq!(next_presence(&mut ws), "offline");
+    assert_eq!(agent_state(&srv, &sid), "offline");
+    // A poll still parked keeps it online.
+    let mut poll = srv.start_poll(&sid, "?timeout=60");
+    assert_eq!(next_presence(&mut ws), "online");
+    assert_eq!(srv.delete(&format!("/agent/{sid}")).status, 200);
+    assert_eq!(agent_state(&srv, &sid), "online");
+    srv.prompt(&sid, "p", Some("c1"));
+    assert_eq!(read_list(&mut poll).len(), 1);
+    // Unknown session: 404; a wrong method: 405.
+    let resp = srv.delete(&format!("/agent/{}", unique_session()));
+    assert_error(&resp, 404, "Session not found");
+    assert_eq!(srv.get(&format!("/agent/{sid}")).status, 405);
+}
