@@ -3,7 +3,8 @@
 //! of one session one after the other, in order; a cancel stops only its
 //! own session's command; `--prefix` and a prefix token keep the agent
 //! to their sessions, with `--context` read under that token; a clean stop
-//! exits 0.
+//! exits 0 and, for one session's agent as for `--all`, shows the agent
+//! offline at once (`DELETE /agent`), not after the presence grace.
 //!
 //! The commands log `start ID` and `end ID` to a file per session, and
 //! wait for a gate file the test creates, so "side by side" is seen as
@@ -216,4 +217,32 @@ fn an_agent_with_a_prefix_token_serves_its_sessions_with_their_context() {
         !std::path::Path::new(&dir.path("o1")).exists(),
         "another session's prompt ran"
     );
+}
+
+/// `agent` of `GET /sessions/{sid}`: "online" or "offline".
+#[track_caller]
+fn presence(srv: &Server, sid: &str) -> String {
+    let resp = srv.get(&format!("/sessions/{sid}"));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    resp.json()["agent"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_clean_stop_shows_the_agent_offline_at_once() {
+    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
+        return;
+    }
+    // The grace would keep a silent agent online for a minute.
+    let srv = Server::start_with(&[("RELAY_AGENT_GRACE", "60")]);
+    let (one, many) = (unique_session(), unique_session());
+    assert_eq!(srv.put(&format!("/sessions/{many}")).status, 200);
+    for flags in [vec!["--session", one.as_str()], vec!["--all"]] {
+        let sid = flags.get(1).map_or(many.as_str(), |s| *s);
+        let mut agent = Agent::spawn(&srv, &[], &flags, &["cat"]);
+        srv.wait_health("parked_polls", 1);
+        assert_eq!(presence(&srv, sid), "online", "{flags:?}");
+        agent.signal("TERM");
+        assert_eq!(agent.wait_exit().code(), Some(0), "{flags:?}");
+        assert_eq!(presence(&srv, sid), "offline", "{flags:?}");
+    }
 }
