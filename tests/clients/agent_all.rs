@@ -250,3 +250,46 @@ fn a_clean_stop_shows_the_agent_offline_at_once() {
     }
     stop_and_see_offline(&srv, &sid, &["--all"]);
 }
+
+#[test]
+fn encrypted_conversations_of_two_sessions_round_trip() {
+    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
+        return;
+    }
+    let srv = Server::start();
+    let key = String::from_utf8(crate::cli::relay().arg("key").output().unwrap().stdout).unwrap();
+    let key = key.trim();
+    let _agent = Agent::spawn(
+        &srv,
+        &[("RELAY_E2E_KEY", key)],
+        &["--all"],
+        &["tr", "a-z", "A-Z"],
+    );
+    srv.wait_health("parked_polls", 1);
+    for (sid, text) in [(unique_session(), "first"), (unique_session(), "second")] {
+        let out = crate::cli::relay()
+            .args([
+                "send",
+                "--url",
+                &crate::cli::url(&srv),
+                "--session",
+                &sid,
+                "--timeout",
+                "20",
+                text,
+            ])
+            .env("RELAY_E2E_KEY", key)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{}\n", text.to_uppercase())
+        );
+        let stored = answers(&srv, &sid);
+        assert!(
+            stored[0]["text"].as_str().unwrap().starts_with("e2e1:"),
+            "{stored:?}"
+        );
+    }
+}
