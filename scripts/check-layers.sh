@@ -54,7 +54,7 @@ FILE_LAYERS = {
     "store": [
         ["types", "idmap"],     # the log's keys; interned ids
         ["message", "model"],   # a stored message; the bodies and a Write
-        ["pending", "asks", "record"],  # unanswered prompts; asks; what a write records
+        ["pending", "arrivals", "asks", "record"],  # unanswered prompts (one session's, every session's by arrival); asks; what a write records
         ["log", "seam"],        # one session's log; the words engines share
         ["mem"],                # the rules, which every engine decides with
         ["redis", "sqlite"],    # the engines: neither names the other

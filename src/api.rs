@@ -13,10 +13,12 @@ use log::debug;
 
 use crate::config::{Config, Origins};
 use crate::http::response::{JSON, Meta};
-use crate::http::route::{Route, messages_query, prompts_query, query_param, route, uint_param};
+use crate::http::route::{
+    Route, every_query, messages_query, prompts_query, query_param, route, uint_param,
+};
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
-use crate::relay::{ApiError, AskFetch, ConnId, Fetch, Relay, Reply};
+use crate::relay::{ApiError, AskFetch, ConnId, Fetch, Relay, Reply, Scope};
 use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, Write};
 use crate::store::{Cursor, Seq, SessionId};
 use crate::time::{Millis, Turn};
@@ -116,8 +118,12 @@ impl From<ApiError> for Answer {
 pub enum Outcome {
     /// Encode and queue this answer.
     Answer(Answer),
-    /// Park the connection on a long-poll of `sid` until `deadline`.
-    Park { sid: SessionId, deadline: Millis },
+    /// Park the connection on a long-poll of `sid` (of every session the
+    /// token opens when `None`) until `deadline`.
+    Park {
+        sid: Option<SessionId>,
+        deadline: Millis,
+    },
     /// Park the connection on `GET /asks` of `sid` until a reply to
     /// `ask_id` or `deadline`; the ask expires at `expires_at` (loop
     /// time), `expires_ts` on the wall clock.
@@ -206,13 +212,16 @@ impl Role {
 
 fn role(route: &Route) -> Role {
     match route {
-        Route::GetPrompts(_) | Route::PostResponse => Role::Agent,
+        Route::GetPrompts(_) | Route::GetEveryPrompts | Route::PostResponse => Role::Agent,
         Route::PostPrompt | Route::PostCancel | Route::DeleteSession(_) => Role::Client,
         Route::WebSocket(_) | Route::Messages(_) => Role::Watch,
         Route::PutSession(_) | Route::GetSession(_) => Role::Either,
         Route::PostAsk | Route::GetAsk(..) => Role::Agent,
+        Route::DeleteAgent(_) | Route::DeleteAgentEvery => Role::Agent,
         Route::PostReply => Role::Client,
         Route::Metrics => Role::Metrics,
+        // Any valid token, or none on an open server: checked by `whoami`.
+        Route::Whoami => Role::Open,
         Route::WebPage
         | Route::Healthz
         | Route::Readyz
@@ -232,6 +241,7 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::PutSession(sid)
         | Route::GetSession(sid)
         | Route::DeleteSession(sid)
+        | Route::DeleteAgent(sid)
         | Route::GetAsk(sid, _) => Some(sid),
         // Listed one by one, not `_`: a new route with a session in its
         // path must be placed here on purpose, or a token for one session
@@ -241,6 +251,9 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         | Route::Metrics
         | Route::Readyz
         | Route::PostPrompt
+        | Route::Whoami
+        | Route::DeleteAgentEvery
+        | Route::GetEveryPrompts
         | Route::PostResponse
         | Route::PostCancel
         | Route::PostAsk
@@ -262,11 +275,23 @@ enum Grant {
 }
 
 impl Grant {
+    /// The sessions a poll of every session covers under this grant.
+    fn scope(&self) -> Scope {
+        match self {
+            Grant::Any => Scope::Every,
+            Grant::Session(c) => match SessionId::new(c.session()).filter(|_| !c.prefix) {
+                Some(sid) => Scope::Session(sid),
+                None => Scope::Prefix(Rc::from(c.session())),
+            },
+        }
+    }
+
     /// `403` unless the grant covers `sid`.
     fn admits(&self, sid: &str) -> Result<(), ApiError> {
         match self {
             Grant::Any => Ok(()),
-            Grant::Session(c) if constant_time_eq(c.session().as_bytes(), sid.as_bytes()) => Ok(()),
+            Grant::Session(c) if c.opens(sid) => Ok(()),
+            Grant::Session(c) if c.prefix => Err(ApiError::other_prefix(c.session())),
             Grant::Session(_) => Err(ApiError::other_session()),
         }
     }
@@ -393,6 +418,7 @@ impl Api {
         let answer = match route {
             Route::WebPage => web_page(),
             Route::Healthz => Answer::ok(healthz_body(relay, unix_ms, facts)),
+            Route::Whoami => Answer::ok(self.whoami(head, unix_ms / 1000)?),
             Route::Readyz => self.readyz(relay, facts),
             Route::PostPrompt => {
                 json_body(head)?;
@@ -407,7 +433,22 @@ impl Api {
                 }
                 match relay.get_prompts(now, conn, &sid, q)? {
                     Fetch::Ready(list) => Answer::shared(list),
-                    Fetch::Park { deadline } => return Ok(Outcome::Park { sid, deadline }),
+                    Fetch::Park { deadline } => {
+                        let sid = Some(sid);
+                        return Ok(Outcome::Park { sid, deadline });
+                    }
+                }
+            }
+            Route::GetEveryPrompts => {
+                let q = every_query(head.query.as_deref())?;
+                match relay.get_every_prompts(now, conn, grant.scope(), q)? {
+                    Fetch::Ready(list) => Answer::shared(list),
+                    Fetch::Park { deadline } => {
+                        return Ok(Outcome::Park {
+                            sid: None,
+                            deadline,
+                        });
+                    }
                 }
             }
             Route::PostResponse => {
@@ -433,6 +474,13 @@ impl Api {
                 }
                 Answer::ok(relay.messages(now, &sid, q)?)
             }
+            Route::DeleteAgent(sid) => {
+                if !facts.synced && relay.sync_first(conn, &sid)? {
+                    return Ok(Outcome::Wait);
+                }
+                Answer::ok(relay.agent_stopped(now, &sid)?)
+            }
+            Route::DeleteAgentEvery => Answer::ok(relay.agent_stopped_every(now, &grant.scope())),
             Route::GetSession(sid) => {
                 if !facts.synced && relay.sync_first(conn, &sid)? {
                     return Ok(Outcome::Wait);
@@ -596,6 +644,65 @@ impl Api {
             Some(sid) => Grant::Session(claims).admits(sid).map(|()| Grant::Any),
             None => Ok(Grant::Session(claims)),
         }
+    }
+
+    /// `GET /whoami`: what the presented token opens, for a page that
+    /// must know where it may create a session. A server-wide token
+    /// answers its role (`both` when it serves both, or when the other
+    /// role is open), a token for one session or a prefix its role, its
+    /// session or prefix and its expiry (`expires_ts`, ms); no token, or
+    /// one that opens nothing, answers the open roles, or `401` when none
+    /// is open.
+    fn whoami(&self, head: &RequestHead, unix_s: u64) -> Result<Vec<u8>, ApiError> {
+        let locked = self.token_secret.is_some();
+        let client_open = self.client_token.is_none() && !locked;
+        let agent_open = self.agent_token.is_none() && !locked;
+        let presented = head.authorization.as_deref().and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .map(str::trim)
+        });
+        let is = |t: Option<&str>, p: &str| {
+            t.is_some_and(|t| constant_time_eq(p.as_bytes(), t.as_bytes()))
+        };
+        let mut out = String::with_capacity(96);
+        let (client, agent) = match presented {
+            Some(p)
+                if is(self.client_token.as_deref(), p) || is(self.agent_token.as_deref(), p) =>
+            {
+                (
+                    client_open || is(self.client_token.as_deref(), p),
+                    agent_open || is(self.agent_token.as_deref(), p),
+                )
+            }
+            Some(p) if self.token_secret.is_some() => {
+                let need = Role::Either;
+                let secret = self
+                    .token_secret
+                    .as_ref()
+                    .ok_or_else(|| ApiError::unauthorized(need.needed()))?;
+                let c = check_session_token(secret, p, need, unix_s)?;
+                out.push_str(if c.prefix {
+                    ",\"prefix\":"
+                } else {
+                    ",\"session\":"
+                });
+                crate::wire::push_json_str(&mut out, c.session());
+                if let Some(at) = c.expires {
+                    out.push_str(",\"expires_ts\":");
+                    crate::wire::push_decimal_str(&mut out, at.saturating_mul(1000));
+                }
+                (c.role == token::Role::Client, c.role == token::Role::Agent)
+            }
+            _ => (client_open, agent_open),
+        };
+        let role = match (client, agent) {
+            (true, true) => "both",
+            (true, false) => "client",
+            (false, true) => "agent",
+            (false, false) => return Err(ApiError::unauthorized(Role::Either.needed())),
+        };
+        Ok(format!("{{\"role\":\"{role}\"{out}}}").into_bytes())
     }
 
     /// `/readyz`: `503` with the reason while shutting down or a cap is full.

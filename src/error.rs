@@ -63,6 +63,18 @@ impl ApiError {
     pub fn token_expired() -> ApiError {
         ApiError::new(401, "Unauthorized").with_details("token expired")
     }
+    /// `501`: a poll of every session where the loop's log does not hold
+    /// every session's prompts (several instances).
+    pub fn every_session_unsupported() -> ApiError {
+        ApiError::new(501, "Not implemented")
+            .with_details("GET /prompts for every session needs one instance")
+    }
+    /// `403` for a valid token for the sessions under `prefix` used on
+    /// another session.
+    pub fn other_prefix(prefix: &str) -> ApiError {
+        ApiError::new(403, "Forbidden")
+            .with_details(format!("token is for sessions starting with {prefix}"))
+    }
     /// `403` for a valid token for one session used on another.
     pub fn other_session() -> ApiError {
         ApiError::new(403, "Forbidden").with_details("token is for another session")

@@ -1,4 +1,5 @@
-//! Tokens for one session: a role, a session id and an optional expiry,
+//! Tokens for one session, or for every session whose id starts with a
+//! prefix: a role, the session id or prefix and an optional expiry,
 //! signed with HMAC-SHA256 under `RELAY_TOKEN_SECRET`. The server checks
 //! one with the secret alone (no table, no lookup); `relay token` mints
 //! them with the same code.
@@ -6,10 +7,15 @@
 //! Layout, before base64url without padding (RFC 4648 section 5):
 //!
 //! ```text
-//! version (1 byte: 1) | role (1 byte: 'c' or 'a') |
+//! version (1 byte: 1 for a session, 2 for a prefix) | role (1 byte: 'c' or 'a') |
 //! expiry (8 bytes, big-endian Unix seconds; 0: never) |
-//! session id (1 to 128 bytes) | HMAC-SHA256 tag (32 bytes) of all before it
+//! session id or prefix (1 to 128 bytes) | HMAC-SHA256 tag (32 bytes) of all before it
 //! ```
+//!
+//! A prefix token is a version of its own rather than a flag beside the
+//! session id, so every token minted before it keeps its bytes and
+//! verifies as it did, and a server that knows only version 1 refuses a
+//! prefix token instead of reading its prefix as a session.
 //!
 //! The alphabet (`A-Z a-z 0-9 - _`) is safe in a URL, a header and a
 //! WebSocket subprotocol name (`bearer.<token>`). Any changed, missing or
@@ -24,7 +30,10 @@ use ring::hmac;
 /// secret is no easier than guessing a tag.
 pub const MIN_SECRET_BYTES: usize = 32;
 
+/// A token for one session.
 const VERSION: u8 = 1;
+/// A token for the sessions whose id starts with a prefix.
+const VERSION_PREFIX: u8 = 2;
 const TAG_BYTES: usize = 32;
 /// Version, role and expiry.
 const HEADER_BYTES: usize = 10;
@@ -86,22 +95,36 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// What a token that verified says. The session id is kept inline, so
-/// checking a token allocates nothing.
+/// What a token that verified says. The session id (or prefix) is kept
+/// inline, so checking a token allocates nothing.
 #[derive(Clone, Copy)]
 pub struct Claims {
     pub role: Role,
     /// Unix seconds at which the token stops working; `None`: never.
     pub expires: Option<u64>,
+    /// The token opens every session whose id starts with `session`.
+    pub prefix: bool,
     session: [u8; MAX_SESSION_BYTES],
     session_len: u8,
 }
 
 impl Claims {
-    /// The session the token is for.
+    /// The session the token is for, or the prefix of the sessions.
     pub fn session(&self) -> &str {
         // Only session-id characters (ASCII) are ever copied in (`open`).
         std::str::from_utf8(&self.session[..usize::from(self.session_len)]).unwrap_or("")
+    }
+
+    /// Whether the token opens session `sid`, compared in time that
+    /// depends only on the lengths.
+    pub fn opens(&self, sid: &str) -> bool {
+        let mine = self.session().as_bytes();
+        let sid = sid.as_bytes();
+        if self.prefix {
+            sid.len() >= mine.len() && same(mine, &sid[..mine.len()])
+        } else {
+            same(mine, sid)
+        }
     }
 
     /// Whether the token no longer works at `unix_s`.
@@ -110,10 +133,16 @@ impl Claims {
     }
 }
 
+/// Equal bytes, in time that depends only on the lengths.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 impl std::fmt::Debug for Claims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Claims")
             .field("role", &self.role)
+            .field("prefix", &self.prefix)
             .field("session", &self.session())
             .field("expires", &self.expires)
             .finish()
@@ -143,9 +172,20 @@ impl Secret {
     /// A token for `role` in `session` (a valid session id), working until
     /// `expires` (Unix seconds) or forever.
     pub fn mint(&self, role: Role, session: &str, expires: Option<u64>) -> String {
+        self.mint_scoped(VERSION, role, session, expires)
+    }
+
+    /// A token for `role` in every session whose id starts with `prefix`
+    /// (1 to 128 session-id characters), working until `expires` or
+    /// forever.
+    pub fn mint_prefix(&self, role: Role, prefix: &str, expires: Option<u64>) -> String {
+        self.mint_scoped(VERSION_PREFIX, role, prefix, expires)
+    }
+
+    fn mint_scoped(&self, version: u8, role: Role, session: &str, expires: Option<u64>) -> String {
         debug_assert!(valid_session(session.as_bytes()), "{session}");
         let mut raw = Vec::with_capacity(MAX_RAW_BYTES);
-        raw.push(VERSION);
+        raw.push(version);
         raw.push(role.byte());
         raw.extend_from_slice(&expires.unwrap_or(0).to_be_bytes());
         raw.extend_from_slice(session.as_bytes());
@@ -165,7 +205,12 @@ impl Secret {
         let (signed, tag) = raw.split_at(raw.len() - TAG_BYTES);
         hmac::verify(&self.0, signed, tag).map_err(|_| Invalid)?;
         let (header, session) = signed.split_at(HEADER_BYTES);
-        if header[0] != VERSION || !valid_session(session) {
+        let prefix = match header[0] {
+            VERSION => false,
+            VERSION_PREFIX => true,
+            _ => return Err(Invalid),
+        };
+        if !valid_session(session) {
             return Err(Invalid);
         }
         let role = Role::from_byte(header[1]).ok_or(Invalid)?;
@@ -178,6 +223,7 @@ impl Secret {
         let mut claims = Claims {
             role,
             expires,
+            prefix,
             session: [0; MAX_SESSION_BYTES],
             session_len: session.len() as u8,
         };
@@ -309,6 +355,28 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_token_opens_the_sessions_under_its_prefix() {
+        let s = secret();
+        let t = s.mint_prefix(Role::Client, "team-", Some(7));
+        let c = s.open(&t).unwrap();
+        assert!(c.prefix);
+        assert_eq!(
+            (c.role, c.session(), c.expires),
+            (Role::Client, "team-", Some(7))
+        );
+        assert!(c.opens("team-") && c.opens("team-a1"));
+        assert!(!c.opens("team") && !c.opens("other") && !c.opens("xteam-a"));
+        // A token for one session stays one: no prefix reading.
+        let one = s.open(&s.mint(Role::Client, "team-", None)).unwrap();
+        assert!(!one.prefix && one.opens("team-") && !one.opens("team-a1"));
+        // A version 1 token minted before prefixes existed still opens.
+        let key = hmac::Key::new(hmac::HMAC_SHA256, SECRET);
+        let raw = [&[1u8, b'a'][..], &[0; 8], b"demo"].concat();
+        let old = encode(&[&raw[..], hmac::sign(&key, &raw).as_ref()].concat());
+        assert_eq!(old, s.mint(Role::Agent, "demo", None));
+    }
+
+    #[test]
     fn expiry_is_exclusive() {
         let c = secret()
             .open(&secret().mint(Role::Agent, "s", Some(100)))
@@ -375,7 +443,8 @@ mod tests {
         let ok = [&[1u8, b'c'][..], &[0; 8], b"demo"].concat();
         assert!(s.open(&sign(&ok)).is_ok());
         for bad in [
-            [&[2u8, b'c'][..], &[0; 8], b"demo"].concat(),
+            [&[3u8, b'c'][..], &[0; 8], b"demo"].concat(),
+            [&[2u8, b'c'][..], &[0; 8], b"de/mo"].concat(),
             [&[1u8, b'x'][..], &[0; 8], b"demo"].concat(),
             [&[1u8, b'c'][..], &[0; 8], b"de/mo"].concat(),
         ] {

@@ -34,6 +34,7 @@ use serde_json::json;
 
 use super::client::{self, Client, Limit, Response};
 use super::command::{self, Exit, Outcome};
+use super::context::{self, ContextFile};
 use super::parts::{self, Parts};
 use super::watch::{self, Cancels};
 use super::{Parsed, Spec, e2e};
@@ -45,11 +46,13 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// The longest `Retry-After` honoured.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 /// Every request but the long-poll.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How much longer than its `timeout` a long-poll may take to be answered.
-const POLL_MARGIN: Duration = Duration::from_secs(15);
+pub(super) const POLL_MARGIN: Duration = Duration::from_secs(15);
 /// Below nginx's 60 s default read timeout.
 const DEFAULT_POLL: Duration = Duration::from_secs(50);
+/// How long saying goodbye (`DELETE /agent`) may take when stopping.
+const GONE_TIMEOUT: Duration = Duration::from_secs(2);
 /// After a stop signal, how long posting the answer in hand is retried.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long a cancelled command has between SIGTERM and SIGKILL.
@@ -61,7 +64,7 @@ const MAX_METADATA_ENV: usize = 64 * 1024;
 const ANSWER_NAMESPACE: uuid::Uuid = uuid::uuid!("0eead76b-5401-44fc-899f-6ad5c502f7dd");
 
 const HELP: &str =
-    "usage: relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--poll-timeout S] [--kill-grace S] [--no-stream] -- CMD [ARGS...]
+    "usage: relay agent (--session ID | --all | --prefix P [--jobs N]) [--url URL] [--token-file FILE] [--ca FILE] [--e2e-key-file FILE] [--context N] [--poll-timeout S] [--kill-grace S] [--no-stream] -- CMD [ARGS...]
 
 Long-polls the session and runs CMD once per prompt, in order: the prompt on
 stdin; RELAY_URL (the server, as --url gives it), RELAY_SESSION_ID,
@@ -87,11 +90,22 @@ and nothing more is posted for the prompt; a cancelled prompt not started
 yet is skipped. Each is logged (\"prompt cancelled\").
 
 SIGTERM or SIGINT lets the command in hand finish and its answer be
-posted, then exits 0 (a Ctrl-C at the terminal does not reach CMD, which
+posted, tells the server the agent is gone (DELETE /agent/ID, or
+DELETE /agent with --all or --prefix, so the person sees it offline at
+once), then exits 0 (a Ctrl-C at the terminal does not reach CMD, which
 has its own group); a second signal sends CMD's group SIGTERM and exits at
 once.
 
-  --session ID        the session to serve (required)
+  --session ID        the session to serve
+  --all               serve every session the token opens: one long-poll
+                      for all of them; prompts of one session in order,
+                      up to --jobs sessions at once, each with its own
+                      watch for cancels while it has prompts
+  --prefix P          as --all, for the sessions whose id starts with P
+                      only (with a token for P, that is every session it
+                      opens)
+  --jobs N            with --all or --prefix: how many sessions' commands
+                      may run at once (default 4)
   --url URL           the server (default RELAY_URL, else http://127.0.0.1:8000)
   --token-file FILE   read the agent token from FILE (a trailing newline is
                       dropped); default RELAY_AGENT_TOKEN. Prefer one of
@@ -113,6 +127,12 @@ once.
                       error answer does not carry CMD's stderr (metadata
                       travels in clear), only its exit. Each streamed part
                       is encrypted on its own
+  --context N         give CMD the last N messages of the session (at most
+                      1000), up to and including its prompt: one
+                      GET /messages entry ({\"type\", \"data\"}) per line, oldest
+                      first, texts decrypted with the key, in a file only
+                      this user can read, named by RELAY_CONTEXT_FILE and
+                      removed when CMD ends
   --poll-timeout S    seconds a long-poll may wait, below any proxy's read timeout (default 50)
   --kill-grace S      seconds a cancelled CMD has between SIGTERM and SIGKILL
                       (default RELAY_KILL_GRACE, else 5)
@@ -133,17 +153,38 @@ const SPEC: Spec = Spec {
         "--kill-grace",
         "--e2e-key",
         "--e2e-key-file",
+        "--context",
+        "--prefix",
+        "--jobs",
     ],
-    switches: &["--no-stream"],
+    switches: &["--no-stream", "--all"],
     interleaved: false,
 };
+
+/// Which sessions `relay agent` serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Serve {
+    /// `--session ID`.
+    One(String),
+    /// `--all` (no prefix) or `--prefix P`, with `--jobs`.
+    Many { prefix: Option<String>, jobs: usize },
+}
+
+/// The default of `--jobs`.
+const DEFAULT_JOBS: usize = 4;
+/// The most `--jobs` takes: each job is a thread, a command and two
+/// connections.
+const MAX_JOBS: usize = 256;
 
 /// What `relay agent` was asked to do.
 pub struct Options {
     pub client: Client,
     /// The watch for cancels' own connection to the same server.
     pub watch_client: Client,
+    /// The session served; empty with [`Serve::Many`] until
+    /// [`Options::for_session`] names one.
     pub session: String,
+    pub serve: Serve,
     pub poll_timeout: Duration,
     pub command: Vec<String>,
     /// What the command gets besides the prompt's identity, so that
@@ -155,13 +196,82 @@ pub struct Options {
     pub stream: bool,
     /// How long a cancelled command has between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
+    /// How many messages of the conversation the command gets in a file
+    /// (`--context`); 0 for none.
+    pub context: u64,
+}
+
+impl Options {
+    /// The options of one session served by `--all` or `--prefix`: the
+    /// same settings, connections of its own.
+    pub(super) fn for_session(&self, session: &str) -> Options {
+        Options {
+            client: self.client.fresh(),
+            watch_client: self.client.fresh(),
+            session: session.to_string(),
+            serve: Serve::One(session.to_string()),
+            poll_timeout: self.poll_timeout,
+            command: self.command.clone(),
+            key: self.key.clone(),
+            stream: self.stream,
+            kill_grace: self.kill_grace,
+            context: self.context,
+            handoff: self.handoff.clone(),
+        }
+    }
+}
+
+/// `--session`, `--all` or `--prefix` (exactly one), and `--jobs`.
+fn serve_of(parsed: &Parsed) -> Result<Serve, String> {
+    let jobs = match parsed.value("--jobs") {
+        None => None,
+        Some(v) => Some(
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_JOBS).contains(n))
+                .ok_or_else(|| format!("--jobs '{v}': a number from 1 to {MAX_JOBS}"))?,
+        ),
+    };
+    let prefix = parsed.value("--prefix");
+    let chosen = [
+        parsed.value("--session").is_some(),
+        parsed.switch("--all"),
+        prefix.is_some(),
+    ];
+    match chosen {
+        [true, false, false] if jobs.is_none() => Ok(Serve::One(super::session_of(parsed)?)),
+        [true, false, false] => Err("--jobs goes with --all or --prefix".into()),
+        [false, true, false] => Ok(Serve::Many {
+            prefix: None,
+            jobs: jobs.unwrap_or(DEFAULT_JOBS),
+        }),
+        [false, false, true] => {
+            let p = prefix.unwrap_or_default();
+            // A prefix is the start of a session id: the same characters.
+            if !crate::store::model::valid_session_id(p) {
+                return Err(format!(
+                    "invalid --prefix '{p}': 1 to 128 characters from A-Z a-z 0-9 . _ ~ -"
+                ));
+            }
+            Ok(Serve::Many {
+                prefix: Some(p.to_string()),
+                jobs: jobs.unwrap_or(DEFAULT_JOBS),
+            })
+        }
+        [false, false, false] => Err("--session ID, --all or --prefix P is required".into()),
+        _ => Err("--session, --all and --prefix exclude each other".into()),
+    }
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
     let url = super::url_of(parsed, env)?;
     let tls = super::tls_of(parsed, env, &url)?;
     let token = super::token_of(parsed, env, "RELAY_AGENT_TOKEN")?;
-    let session = super::session_of(parsed)?;
+    let serve = serve_of(parsed)?;
+    let session = match &serve {
+        Serve::One(sid) => sid.clone(),
+        Serve::Many { .. } => String::new(),
+    };
     let poll_timeout = super::seconds_of(parsed, "--poll-timeout", DEFAULT_POLL)?;
     let kill_grace = super::seconds_or_env(
         parsed,
@@ -172,6 +282,19 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
     )?;
     let key = super::e2e_key_of(parsed, env)?;
     let handoff = super::ask::handoff(parsed, token.as_deref(), key.as_ref());
+    let context = match parsed.value("--context") {
+        None => 0,
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (1..=context::MAX_MESSAGES).contains(n))
+            .ok_or_else(|| {
+                format!(
+                    "--context '{v}': a number of messages from 1 to {}",
+                    context::MAX_MESSAGES
+                )
+            })?,
+    };
     if parsed.rest.is_empty() {
         return Err("a command to run is required after --".into());
     }
@@ -179,12 +302,14 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         watch_client: Client::new(url.clone(), token.clone(), tls.clone()),
         client: Client::new(url, token, tls),
         session,
+        serve,
         poll_timeout,
         command: parsed.rest.clone(),
         handoff,
         key,
         stream: !parsed.switch("--no-stream"),
         kill_grace,
+        context,
     })
 }
 
@@ -210,15 +335,23 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
     if let Err(e) = init_logging(env) {
         return super::usage_error("agent", &e);
     }
-    let cancels = Cancels::new();
-    let stop = match stop_on_signals(Arc::clone(&cancels)) {
+    let running = Running::default();
+    let stop = match stop_on_signals(running.clone()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("relay agent: cannot handle signals: {e}");
             return 1;
         }
     };
-    match Agent::new(opts, stop, cancels).run() {
+    let result = match opts.serve {
+        Serve::One(_) => {
+            let cancels = Cancels::new();
+            running.add(&cancels);
+            Agent::new(opts, stop, cancels).run()
+        }
+        Serve::Many { .. } => super::agent_all::run(opts, stop, running),
+    };
+    match result {
         Ok(()) => 0,
         Err(e) => {
             log::error!(error = e.as_str(); "agent failed");
@@ -240,11 +373,32 @@ fn init_logging(env: &[(String, String)]) -> Result<(), String> {
     crate::logging::init(cfg.log_level, cfg.log_format)
 }
 
+/// The cancel watches of the sessions being served, whose running
+/// commands a second stop signal ends.
+#[derive(Clone, Default)]
+pub(super) struct Running(Arc<std::sync::Mutex<Vec<std::sync::Weak<Cancels>>>>);
+
+impl Running {
+    /// Registers a session's cancels; forgotten once dropped.
+    pub(super) fn add(&self, cancels: &Arc<Cancels>) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|c| c.strong_count() > 0);
+        list.push(Arc::downgrade(cancels));
+    }
+
+    fn stop_running(&self) {
+        let list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for cancels in list.iter().filter_map(std::sync::Weak::upgrade) {
+            cancels.stop_running();
+        }
+    }
+}
+
 /// A flag raised by the first SIGTERM or SIGINT; a second one, for a
-/// command that does not finish, sends the command's group SIGTERM (its
-/// own group gets no Ctrl-C from the terminal) and exits at once (status
-/// 128 + signal).
-fn stop_on_signals(cancels: Arc<Cancels>) -> std::io::Result<Arc<AtomicBool>> {
+/// command that does not finish, sends every running command's group
+/// SIGTERM (its own group gets no Ctrl-C from the terminal) and exits at
+/// once (status 128 + signal).
+fn stop_on_signals(cancels: Running) -> std::io::Result<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let stop = Arc::new(AtomicBool::new(false));
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
@@ -298,8 +452,8 @@ fn metadata_env(metadata: Option<&serde_json::Value>) -> String {
 
 /// One pending prompt as `GET /prompts` returns it.
 #[derive(Debug, Deserialize)]
-struct Prompt {
-    client_msg_id: String,
+pub(super) struct Prompt {
+    pub(super) client_msg_id: String,
     prompt: String,
     #[serde(default)]
     metadata: Option<serde_json::Value>,
@@ -316,7 +470,7 @@ struct Reply {
 
 /// Why a step did not complete.
 #[derive(Debug)]
-enum Fail {
+pub(super) enum Fail {
     /// Worth retrying after a delay (at least `wait` when the server said);
     /// `unreachable` when no connection could be made at all.
     Retry {
@@ -330,7 +484,7 @@ enum Fail {
     Stopped,
 }
 
-fn retry(why: impl Into<String>) -> Fail {
+pub(super) fn retry(why: impl Into<String>) -> Fail {
     Fail::Retry {
         why: why.into(),
         wait: None,
@@ -339,7 +493,7 @@ fn retry(why: impl Into<String>) -> Fail {
 }
 
 /// Sorts a request's result into an answer to look at and failures.
-fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
+pub(super) fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
     match result {
         Err(client::Error::Cancelled) => Err(Fail::Stopped),
         Err(client::Error::Tls(why)) => Err(Fail::Fatal(why)),
@@ -354,11 +508,28 @@ fn classify(result: Result<Response, client::Error>) -> Result<Response, Fail> {
             wait: r.retry_after.map(Duration::from_secs),
             unreachable: false,
         }),
+        // The server's reason as it gave it (expired, another session,
+        // which role): what the token was and where it came from is the
+        // operator's to check.
         Ok(r) if r.status == 401 || r.status == 403 => Err(Fail::Fatal(format!(
-            "{}: check --token, --token-file or RELAY_AGENT_TOKEN",
+            "{} (the agent token: --token, --token-file or RELAY_AGENT_TOKEN)",
             r.describe()
         ))),
         Ok(r) => Ok(r),
+    }
+}
+
+/// Tells the server the agent stopped cleanly (`DELETE /agent/{id}` or
+/// `DELETE /agent`), so its presence ends at once rather than after the
+/// grace. Once, briefly: the agent is leaving either way, and a server
+/// without the endpoint answers `404`.
+pub(super) fn gone(client: &mut Client, path: &str) {
+    match client.request("DELETE", path, None, Limit::within(GONE_TIMEOUT)) {
+        Ok(resp) if resp.status == 200 => log::debug!(path = path; "presence ended"),
+        Ok(resp) => {
+            log::debug!(path = path, error = resp.describe().as_str(); "presence not ended")
+        }
+        Err(e) => log::debug!(path = path, error = e.to_string().as_str(); "presence not ended"),
     }
 }
 
@@ -383,7 +554,7 @@ impl Backoff {
     }
 }
 
-struct Agent {
+pub(super) struct Agent {
     client: Client,
     session: String,
     poll_timeout: Duration,
@@ -393,6 +564,8 @@ struct Agent {
     /// Whether to stream parts (not `--no-stream`).
     stream: bool,
     kill_grace: Duration,
+    /// `--context`: how many messages the command gets; 0 for none.
+    context: u64,
     /// Cancels seen by the watch, and the run it may stop.
     cancels: Arc<Cancels>,
     /// The watch's connection, until the watch starts (after the first sync).
@@ -410,7 +583,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(opts: Options, stop: Arc<AtomicBool>, cancels: Arc<Cancels>) -> Agent {
+    pub(super) fn new(opts: Options, stop: Arc<AtomicBool>, cancels: Arc<Cancels>) -> Agent {
         Agent {
             client: opts.client,
             session: opts.session,
@@ -420,6 +593,7 @@ impl Agent {
             key: opts.key,
             stream: opts.stream,
             kill_grace: opts.kill_grace,
+            context: opts.context,
             cancels,
             watch_client: Some(opts.watch_client),
             server_streams: None,
@@ -461,8 +635,41 @@ impl Agent {
                 Err(Fail::Stopped) => break,
             }
         }
+        let path = format!("/agent/{}", self.session);
+        gone(&mut self.client, &path);
         log::info!(session_id = self.session.as_str(); "agent stopped");
         Ok(())
+    }
+
+    /// Makes the agent ready to answer prompts of its session brought by
+    /// another poll (`--all`): the session's epoch and whether it takes
+    /// parts, and the watch for cancels up.
+    pub(super) fn start_serving(&mut self) -> Result<(), Fail> {
+        self.sync()?;
+        self.watch()
+    }
+
+    /// The session's prompts still pending, by `client_msg_id`: read once
+    /// the watch is up, so a prompt cancelled before it was is known.
+    pub(super) fn pending_ids(&mut self) -> Result<Vec<String>, Fail> {
+        let path = format!("/prompts/{}?wait=false", self.session);
+        let resp =
+            classify(
+                self.client
+                    .request("GET", &path, None, Limit::within(REQUEST_TIMEOUT)),
+            )?;
+        match resp.status {
+            200 => serde_json::from_slice::<Vec<Prompt>>(&resp.body)
+                .map(|list| list.into_iter().map(|p| p.client_msg_id).collect())
+                .map_err(|e| retry(format!("unreadable prompt list: {e}"))),
+            404 => Ok(Vec::new()),
+            _ => Err(Fail::Fatal(format!("GET {path}: {}", resp.describe()))),
+        }
+    }
+
+    /// Sleeps `delay` before retrying, waking early for a stop signal.
+    pub(super) fn pause_for(&self, delay: Duration) {
+        self.pause(delay);
     }
 
     /// One long-poll and the prompts it brought.
@@ -607,7 +814,7 @@ impl Agent {
 
     /// Passes over a prompt cancelled before its command started.
     fn skip(&mut self, prompt: &Prompt) -> Result<(), Fail> {
-        log::info!(client_msg_id = prompt.client_msg_id.as_str(); "prompt cancelled before it started: skipped");
+        log::info!(session_id = self.session.as_str(), client_msg_id = prompt.client_msg_id.as_str(); "prompt cancelled before it started: skipped");
         self.handled(prompt.seq);
         Ok(())
     }
@@ -615,7 +822,7 @@ impl Agent {
     /// Runs the command for one prompt and posts its answer; with a key,
     /// decrypts the prompt first (one that does not decrypt is answered
     /// with an error and not run) and encrypts the answer.
-    fn answer(&mut self, prompt: &Prompt) -> Result<(), Fail> {
+    pub(super) fn answer(&mut self, prompt: &Prompt) -> Result<(), Fail> {
         let id = prompt.client_msg_id.as_str();
         if self.cancels.is_cancelled(id) {
             return self.skip(prompt);
@@ -624,7 +831,7 @@ impl Agent {
             // An encrypted prompt is not run as ciphertext: the agent was
             // started without the key the sender used.
             None if prompt.prompt.starts_with(e2e::PREFIX) => {
-                log::warn!(client_msg_id = id; "the prompt is end-to-end encrypted and this agent has no key: answered with an error, not run");
+                log::warn!(session_id = self.session.as_str(), client_msg_id = id; "the prompt is end-to-end encrypted and this agent has no key: answered with an error, not run");
                 let error = "the prompt is end-to-end encrypted: start the agent with --e2e-key";
                 return self.refuse(prompt, error);
             }
@@ -637,7 +844,7 @@ impl Agent {
                 match key.open(&prompt.prompt, message) {
                     Some(text) => text,
                     None => {
-                        log::warn!(client_msg_id = id; "cannot decrypt the prompt: answered with an error, not run");
+                        log::warn!(session_id = self.session.as_str(), client_msg_id = id; "cannot decrypt the prompt: answered with an error, not run");
                         let error = "cannot decrypt the prompt: it was sent without the agent's end-to-end key, or with another";
                         return self.refuse(prompt, error);
                     }
@@ -646,12 +853,17 @@ impl Agent {
         };
         let metadata = metadata_env(prompt.metadata.as_ref());
         if metadata == "null" {
-            log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "metadata too large for the environment: RELAY_METADATA is null");
+            log::warn!(session_id = self.session.as_str(), client_msg_id = prompt.client_msg_id.as_str(); "metadata too large for the environment: RELAY_METADATA is null");
         }
         // The server's address as the agent reached it, so the command can
         // read the conversation (`$RELAY_URL/messages/...`) without a
         // hard-coded address.
         let url = self.client.url().http("");
+        // Kept until the command has ended, then removed.
+        let context_file = self.context_file(prompt)?;
+        let context_path = context_file
+            .as_ref()
+            .map(|f| f.path().to_string_lossy().into_owned());
         let mut env = vec![
             ("RELAY_URL", url.as_str()),
             ("RELAY_SESSION_ID", self.session.as_str()),
@@ -659,6 +871,9 @@ impl Agent {
             ("RELAY_METADATA", metadata.as_str()),
         ];
         env.extend(self.handoff.iter().map(|(k, v)| (*k, v.as_str())));
+        if let Some(path) = &context_path {
+            env.push(("RELAY_CONTEXT_FILE", path.as_str()));
+        }
         let assistant_msg_id = answer_id(&self.session, id);
         let answer = parts::Answer {
             session: &self.session,
@@ -677,8 +892,9 @@ impl Agent {
             }
         });
         self.cancels.finish();
+        drop(context_file);
         if let Some(parts) = parts.filter(|p| p.posted() > 0) {
-            log::debug!(client_msg_id = id, parts = parts.posted(); "answer streamed");
+            log::debug!(session_id = self.session.as_str(), client_msg_id = id, parts = parts.posted(); "answer streamed");
         }
         let outcome = match ran {
             Ok(outcome) => outcome,
@@ -687,7 +903,7 @@ impl Agent {
                 // interpreter line, a full process table): the person
                 // waiting hears why, and the next prompt tries again.
                 let error = format!("cannot start {}: {e}", self.command[0]);
-                log::error!(client_msg_id = id, error = error.as_str(); "command not started: answered with an error");
+                log::error!(session_id = self.session.as_str(), client_msg_id = id, error = error.as_str(); "command not started: answered with an error");
                 let reply = self.error_reply(prompt, &error)?;
                 self.post(prompt, &reply)?;
                 self.handled(prompt.seq);
@@ -697,20 +913,43 @@ impl Agent {
         if outcome.stopped || self.cancels.is_cancelled(id) {
             // Cancelled while it ran, or since it ended: its output is no
             // answer, and the server would refuse one.
-            log::info!(client_msg_id = id, stopped = outcome.stopped; "prompt cancelled: nothing posted");
+            log::info!(session_id = self.session.as_str(), client_msg_id = id, stopped = outcome.stopped; "prompt cancelled: nothing posted");
             self.handled(prompt.seq);
             return Ok(());
         }
         if self.stopping() && matches!(outcome.exit, Exit::Signal(_)) {
             // Most likely the same Ctrl-C reached the command: its output is
             // not an answer. The prompt stays pending for the next run.
-            log::warn!(client_msg_id = prompt.client_msg_id.as_str(); "command killed while stopping: prompt left unanswered");
+            log::warn!(session_id = self.session.as_str(), client_msg_id = prompt.client_msg_id.as_str(); "command killed while stopping: prompt left unanswered");
             return Err(Fail::Stopped);
         }
         let reply = self.reply(prompt, &outcome)?;
         self.post(prompt, &reply)?;
         self.handled(prompt.seq);
         Ok(())
+    }
+
+    /// With `--context`, the conversation up to `prompt` in a new file;
+    /// a failure to read it is retried like the poll (the prompt stays
+    /// pending until it is handled).
+    fn context_file(&mut self, prompt: &Prompt) -> Result<Option<ContextFile>, Fail> {
+        if self.context == 0 {
+            return Ok(None);
+        }
+        let path = context::path(&self.session, prompt.seq, self.context);
+        let resp =
+            classify(
+                self.client
+                    .request("GET", &path, None, Limit::within(REQUEST_TIMEOUT)),
+            )?;
+        if resp.status != 200 {
+            return Err(retry(format!("GET /messages: {}", resp.describe())));
+        }
+        let text = context::lines(&resp.body, &self.session, prompt.seq, self.key.as_ref())
+            .map_err(retry)?;
+        ContextFile::create(&text)
+            .map(Some)
+            .map_err(|e| Fail::Fatal(format!("cannot write the context file: {e}")))
     }
 
     /// The error answer for a command that could not start: no text,
@@ -804,7 +1043,7 @@ impl Agent {
                 Err(Fail::Retry { why, wait, .. }) => {
                     let now = Instant::now();
                     if self.stopping() && now >= *give_up.get_or_insert(now + STOP_GRACE) {
-                        log::warn!(client_msg_id = prompt.client_msg_id.as_str(), error = why.as_str(); "answer not posted before stopping: the prompt stays pending");
+                        log::warn!(session_id = self.session.as_str(), client_msg_id = prompt.client_msg_id.as_str(), error = why.as_str(); "answer not posted before stopping: the prompt stays pending");
                         return Err(Fail::Stopped);
                     }
                     let delay = backoff.delay(wait);
@@ -828,22 +1067,22 @@ impl Agent {
         match resp.status {
             200 => {
                 let duplicate = resp.json().is_some_and(|v| v["duplicate"] == true);
-                log::info!(client_msg_id = id, exit_code = exit_code, error = error, duplicate = duplicate; "prompt answered");
+                log::info!(session_id = self.session.as_str(), client_msg_id = id, exit_code = exit_code, error = error, duplicate = duplicate; "prompt answered");
             }
             409 if resp
                 .json()
                 .is_some_and(|v| v["details"] == "prompt cancelled") =>
             {
-                log::info!(client_msg_id = id; "prompt cancelled: the answer came too late");
+                log::info!(session_id = self.session.as_str(), client_msg_id = id; "prompt cancelled: the answer came too late");
             }
             409 => {
-                log::info!(client_msg_id = id; "prompt already answered with a different text");
+                log::info!(session_id = self.session.as_str(), client_msg_id = id; "prompt already answered with a different text");
             }
             404 => {
-                log::warn!(client_msg_id = id, error = resp.describe().as_str(); "prompt gone before its answer");
+                log::warn!(session_id = self.session.as_str(), client_msg_id = id, error = resp.describe().as_str(); "prompt gone before its answer");
             }
             _ => {
-                log::error!(client_msg_id = id, error = resp.describe().as_str(); "answer refused");
+                log::error!(session_id = self.session.as_str(), client_msg_id = id, error = resp.describe().as_str(); "answer refused");
             }
         }
         Ok(())
@@ -864,6 +1103,34 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_of_session_all_or_prefix_is_served() {
+        let serve = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            serve_of(&super::super::parse_flags(&args, &SPEC).unwrap())
+        };
+        assert_eq!(serve(&["--session", "s"]), Ok(Serve::One("s".into())));
+        let many = |prefix: Option<&str>, jobs| Serve::Many {
+            prefix: prefix.map(str::to_string),
+            jobs,
+        };
+        assert_eq!(serve(&["--all"]), Ok(many(None, DEFAULT_JOBS)));
+        assert_eq!(
+            serve(&["--prefix", "team-", "--jobs", "2"]),
+            Ok(many(Some("team-"), 2))
+        );
+        for (args, needle) in [
+            (&[][..], "is required"),
+            (&["--session", "s", "--all"][..], "exclude each other"),
+            (&["--session", "s", "--jobs", "2"][..], "--jobs goes with"),
+            (&["--all", "--jobs", "0"][..], "--jobs '0'"),
+            (&["--prefix", "a/b"][..], "invalid --prefix"),
+        ] {
+            let e = serve(args).unwrap_err();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+    }
 
     #[test]
     fn answer_ids_are_stable_short_and_distinct() {

@@ -182,12 +182,17 @@ impl Response {
         serde_json::from_slice(&self.body).ok()
     }
 
-    /// `status error-text` for messages: the contract's `error` field when
-    /// the body carries one, else the status alone.
+    /// `status error: details` for messages: the contract's `error` and
+    /// `details` fields as the server wrote them (`403 Forbidden: token is
+    /// for another session`), else the status alone. The server knows why
+    /// it refused; the tools pass its words on rather than guess.
     pub fn describe(&self) -> String {
-        match self.json().as_ref().and_then(|v| v["error"].as_str()) {
-            Some(e) => format!("{} {e}", self.status),
-            None => format!("HTTP {}", self.status),
+        let json = self.json();
+        let field = |name: &str| json.as_ref().and_then(|v| v[name].as_str());
+        match (field("error"), field("details")) {
+            (Some(e), Some(d)) => format!("{} {e}: {d}", self.status),
+            (Some(e), None) => format!("{} {e}", self.status),
+            _ => format!("HTTP {}", self.status),
         }
     }
 }
@@ -279,6 +284,19 @@ impl Client {
             token,
             tls,
             tls_name: None,
+            conn: None,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Another client with the same server, token and trust, and no
+    /// connection yet: for a thread of its own.
+    pub fn fresh(&self) -> Client {
+        Client {
+            url: self.url.clone(),
+            token: self.token.clone(),
+            tls: self.tls.clone(),
+            tls_name: self.tls_name.clone(),
             conn: None,
             buf: Vec::new(),
         }
@@ -766,6 +784,18 @@ mod tests {
             panic!("not refused");
         };
         assert_eq!(resp.describe(), "401 Unauthorized");
+        let with_details = |body: &[u8]| Response {
+            status: 403,
+            body: body.to_vec(),
+            retry_after: None,
+        };
+        let refused =
+            with_details(br#"{"error":"Forbidden","details":"token is for another session"}"#);
+        assert_eq!(
+            refused.describe(),
+            "403 Forbidden: token is for another session"
+        );
+        assert_eq!(with_details(b"<html>").describe(), "HTTP 403");
     }
 
     /// A reader over bytes already received (the stream is never read).

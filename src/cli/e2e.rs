@@ -45,6 +45,7 @@ pub const fn max_clear_within(limit: usize) -> usize {
 }
 
 /// A shared key, from `--e2e-key` or `RELAY_E2E_KEY`.
+#[derive(Clone)]
 pub struct Key {
     aead: LessSafeKey,
     /// Derives the nonces of [`Key::seal_fixed`]: a key of its own, so

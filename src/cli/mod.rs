@@ -8,9 +8,11 @@
 //! ids, size limits), settings (logging, address) and the token format.
 
 pub mod agent;
+mod agent_all;
 pub mod ask;
 pub mod client;
 mod command;
+mod context;
 pub mod e2e;
 pub mod health;
 mod parts;
@@ -25,8 +27,10 @@ use std::time::Duration;
 /// The subcommand lines of `relay --help`.
 pub const SUMMARY: &str = "
 commands (each has --help):
-  relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] -- CMD [ARGS...]
+  relay agent --session ID [--url URL] [--token-file FILE] [--ca FILE] [--context N] -- CMD [ARGS...]
       run CMD once per prompt of the session, post its output as the answer
+  relay agent --all | --prefix P [--jobs N] [...] -- CMD [ARGS...]
+      the same for every session the token opens (or those under P)
   relay send --session ID [--url URL] [--token-file FILE] [--ca FILE] TEXT...
       post a prompt and print the answers to it
   relay ask [--choice C]... [--default C] [--timeout S] TEXT...
@@ -432,6 +436,7 @@ mod tests {
             include_str!("health.rs"),
             include_str!("token.rs"),
             include_str!("command.rs"),
+            include_str!("context.rs"),
             include_str!("e2e.rs"),
             include_str!("client.rs"),
             include_str!("parts.rs"),

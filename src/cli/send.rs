@@ -360,17 +360,17 @@ fn post(opts: &mut Options, client_msg_id: &str) -> Result<(), String> {
     }
 }
 
-/// What a refusal means and what to do about it: a refused token, or a
-/// `503`, whose bare "Service Unavailable" or "Storage unavailable" says
-/// neither whether the prompt was kept nor where to look.
+/// What a refusal means and what to do about it: where a refused token came
+/// from, or a `503`, whose bare "Service Unavailable" or "Storage
+/// unavailable" says neither whether the prompt was kept nor where to look.
 fn hint(resp: &Response) -> &'static str {
     let error = resp
         .json()
         .and_then(|v| v["error"].as_str().map(str::to_string));
     match resp.status {
-        401 | 403 => {
-            " (check --token, --token-file or RELAY_CLIENT_TOKEN: the client token is needed)"
-        }
+        // The server's reason is in `describe`; only where the token came
+        // from is added, never a guess at what is wrong with it.
+        401 | 403 => " (the client token: --token, --token-file or RELAY_CLIENT_TOKEN)",
         503 if error.as_deref() == Some("Storage unavailable") => {
             " (the server cannot reach its storage, its Redis or its data directory, so \
              nothing was stored; check the server's GET /readyz and its log, then send again)"

@@ -1,4 +1,5 @@
-//! `relay token`: prints a token for one session and one role, signed with
+//! `relay token`: prints a token for one session (or every session under
+//! a prefix) and one role, signed with
 //! the server's `RELAY_TOKEN_SECRET` (src/token.rs has the format). The
 //! secret is read from the environment only, so it never shows in a
 //! process list or a shell history.
@@ -8,9 +9,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::{Parsed, Spec};
 use crate::token::{Role, Secret};
 
-const HELP: &str = "usage: relay token --role client|agent --session ID [--expires S]
+const HELP: &str =
+    "usage: relay token --role client|agent (--session ID | --prefix P) [--expires S]
 
-Prints a token that opens the role's endpoints in one session only, signed
+Prints a token that opens the role's endpoints in one session only (or in
+every session whose id starts with P, which a client may create), signed
 with RELAY_TOKEN_SECRET (read from the environment; the server must have
 the same secret). The server checks it without any lookup; it cannot be
 revoked before it expires, except by changing the secret (which revokes
@@ -20,6 +23,8 @@ every token).
                    or agent (GET /prompts, POST /response); both may PUT
                    /sessions
   --session ID     the session the token is for
+  --prefix P       every session whose id starts with P (an agent polls
+                   them all with GET /prompts)
   --expires S      the token stops working S seconds from now (default:
                    never)
 
@@ -30,7 +35,7 @@ exit codes: 0 printed, 2 bad usage (no or short secret, bad role or session)
 ";
 
 const SPEC: Spec = Spec {
-    valued: &["--role", "--session", "--expires"],
+    valued: &["--role", "--session", "--prefix", "--expires"],
     switches: &[],
     interleaved: false,
 };
@@ -63,7 +68,20 @@ fn mint(parsed: &Parsed, env: &[(String, String)], now: Duration) -> Result<Stri
         .ok_or("--role client|agent is required")?;
     let role =
         Role::parse(role).ok_or_else(|| format!("invalid --role '{role}': client or agent"))?;
-    let session = super::session_of(parsed)?;
+    let prefix = match (parsed.value("--prefix"), parsed.value("--session")) {
+        (Some(_), Some(_)) => return Err("--session and --prefix: give one".to_string()),
+        (Some(p), None) if crate::store::model::valid_session_id(p) => Some(p.to_string()),
+        (Some(p), None) => {
+            return Err(format!(
+                "invalid --prefix '{p}': 1 to 128 characters from A-Z a-z 0-9 . _ ~ -"
+            ));
+        }
+        (None, _) => None,
+    };
+    let session = match &prefix {
+        Some(p) => p.clone(),
+        None => super::session_of(parsed)?,
+    };
     let expires = match parsed.value("--expires") {
         None => None,
         Some(_) => {
@@ -72,7 +90,10 @@ fn mint(parsed: &Parsed, env: &[(String, String)], now: Duration) -> Result<Stri
             Some(now.as_secs() + ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
         }
     };
-    Ok(secret.mint(role, &session, expires))
+    Ok(match prefix {
+        Some(_) => secret.mint_prefix(role, &session, expires),
+        None => secret.mint(role, &session, expires),
+    })
 }
 
 #[cfg(test)]
@@ -105,7 +126,13 @@ mod tests {
         );
         let t = run(&["--role=client", "--session=s1"], Some(SECRET)).unwrap();
         let c = Secret::new(SECRET.as_bytes()).unwrap().open(&t).unwrap();
-        assert_eq!((c.role, c.expires), (Role::Client, None));
+        assert_eq!((c.role, c.expires, c.prefix), (Role::Client, None, false));
+        let t = run(&["--role=agent", "--prefix=team-"], Some(SECRET)).unwrap();
+        let c = Secret::new(SECRET.as_bytes()).unwrap().open(&t).unwrap();
+        assert_eq!(
+            (c.role, c.session(), c.prefix),
+            (Role::Agent, "team-", true)
+        );
     }
 
     #[test]
@@ -121,6 +148,16 @@ mod tests {
                 "admin",
             ),
             (&["--role", "client"][..], Some(SECRET), "--session"),
+            (
+                &["--role", "client", "--session", "s", "--prefix", "p"][..],
+                Some(SECRET),
+                "give one",
+            ),
+            (
+                &["--role", "client", "--prefix", "a/"][..],
+                Some(SECRET),
+                "a/",
+            ),
             (
                 &["--role", "client", "--session", "a/b"][..],
                 Some(SECRET),

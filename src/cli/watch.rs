@@ -14,6 +14,8 @@
 //!
 //! Idle, the watch costs one connection: the thread blocks in a read, and
 //! a Ping goes out only after a long silence, to find a dead connection.
+//! An agent serving many sessions watches each only while it has prompts
+//! of it: [`Cancels::retire`] then closes the socket and ends the thread.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
@@ -61,6 +63,10 @@ struct State {
     /// The session's epoch as the agent last read it.
     epoch: Option<String>,
     tried: bool,
+    /// Set by [`Cancels::retire`]: the watch ends.
+    retired: bool,
+    /// The watch's socket while connected, for `retire` to shut.
+    socket: Option<std::net::TcpStream>,
 }
 
 impl Cancels {
@@ -100,6 +106,21 @@ impl Cancels {
         if let Some((_, stopper)) = &self.lock().running {
             stopper.stop();
         }
+    }
+
+    /// Ends the watch: its connection is shut (which ends its blocked
+    /// read) and its thread returns. Called when the session has no more
+    /// prompts for the agent.
+    pub fn retire(&self) {
+        let mut state = self.lock();
+        state.retired = true;
+        if let Some(socket) = state.socket.take() {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn retired(&self) -> bool {
+        self.lock().retired
     }
 
     /// The agent's cursor and epoch, after each prompt and each epoch read.
@@ -172,7 +193,7 @@ impl Watch {
     fn run(mut self) {
         let mut backoff = Backoff::new();
         let mut failing = false;
-        loop {
+        while !self.cancels.retired() {
             match self.connect() {
                 Ok(ws) => {
                     self.cancels.attempted();
@@ -184,10 +205,16 @@ impl Watch {
                     }
                     failing = false;
                     let why = self.read(ws);
+                    if self.cancels.retired() {
+                        break;
+                    }
                     log::warn!(session_id = self.session.as_str(), error = why.as_str(); "the watch for cancels lost its connection: reconnecting");
                 }
                 Err(why) => {
                     self.cancels.attempted();
+                    if self.cancels.retired() {
+                        break;
+                    }
                     let delay = backoff.delay(None);
                     if failing {
                         log::debug!(error = why.as_str(), retry_ms = delay.as_millis() as u64; "cannot watch for cancels");
@@ -232,6 +259,13 @@ impl Watch {
             Err(e) => return Err(e.to_string()),
         };
         let tcp = stream.tcp();
+        {
+            let mut state = self.cancels.lock();
+            if state.retired {
+                return Err("retired".into());
+            }
+            state.socket = tcp.try_clone().ok();
+        }
         tcp.set_read_timeout(Some(QUIET))
             .and_then(|()| tcp.set_write_timeout(Some(CONNECT_TIMEOUT)))
             .map_err(|e| e.to_string())?;

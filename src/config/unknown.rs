@@ -19,6 +19,7 @@ pub const TOOL_VARIABLES: &[&str] = &[
     "RELAY_CLIENT_MSG_ID",
     "RELAY_METADATA",
     "RELAY_KILL_GRACE",
+    "RELAY_CONTEXT_FILE",
 ];
 
 /// Settings whose loss loses data: misspelled, the sessions would live in

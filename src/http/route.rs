@@ -4,7 +4,7 @@
 
 use super::Method;
 use crate::error::ApiError;
-use crate::store::types::{MessagesQuery, PromptsQuery};
+use crate::store::types::{EveryQuery, MessagesQuery, PromptsQuery};
 use crate::store::{Seq, SessionId};
 
 /// Longest long-poll, in milliseconds; longer `timeout`s are clamped.
@@ -26,6 +26,14 @@ pub enum Route {
     Readyz,
     PostPrompt,
     GetPrompts(SessionId),
+    /// `GET /prompts` with no session: every session the token opens.
+    GetEveryPrompts,
+    /// `GET /whoami`: what the presented token opens.
+    Whoami,
+    /// `DELETE /agent/{sid}`: the agent stops in one session.
+    DeleteAgent(SessionId),
+    /// `DELETE /agent`: the agent stops in every session its token opens.
+    DeleteAgentEvery,
     PostResponse,
     /// `POST /cancel`: the person stops a prompt.
     PostCancel,
@@ -76,6 +84,15 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
             "POST, OPTIONS",
             (method == Post).then_some(Route::PostPrompt),
         ),
+        "/prompts" => (
+            "GET, OPTIONS",
+            (method == Get).then_some(Route::GetEveryPrompts),
+        ),
+        "/whoami" => ("GET, OPTIONS", (method == Get).then_some(Route::Whoami)),
+        "/agent" => (
+            "DELETE, OPTIONS",
+            (method == Delete).then_some(Route::DeleteAgentEvery),
+        ),
         "/response" => (
             "POST, OPTIONS",
             (method == Post).then_some(Route::PostResponse),
@@ -99,6 +116,10 @@ pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
                 "prompts" => ("GET, OPTIONS", (method == Get).then_some(Route::GetPrompts)),
                 "ws" => ("GET, OPTIONS", (method == Get).then_some(Route::WebSocket)),
                 "messages" => ("GET, OPTIONS", (method == Get).then_some(Route::Messages)),
+                "agent" => (
+                    "DELETE, OPTIONS",
+                    (method == Delete).then_some(Route::DeleteAgent),
+                ),
                 "sessions" => (
                     "GET, PUT, DELETE, OPTIONS",
                     match method {
@@ -268,11 +289,29 @@ pub fn prompts_query(query: Option<&str>) -> Result<PromptsQuery, ApiError> {
     })
 }
 
+/// `timeout`, `wait`, `after` (a cursor) and `limit` of `GET /prompts`
+/// with no session: `limit` as for `/messages`; `after` is the decimal
+/// cursor a listed prompt carried.
+pub fn every_query(query: Option<&str>) -> Result<EveryQuery, ApiError> {
+    let q = prompts_query(query)?;
+    Ok(EveryQuery {
+        timeout_ms: q.timeout_ms,
+        wait: q.wait,
+        after: q.after.map(Seq::get),
+        limit: limit_param(query)?,
+    })
+}
+
+/// `limit`: default 100, above 1000 clamped, negative `400`.
+fn limit_param(query: Option<&str>) -> Result<usize, ApiError> {
+    Ok(uint_param(query, "limit")?.map_or(DEFAULT_LIMIT, |n| {
+        usize::try_from(n.min(MAX_LIMIT as u64)).unwrap_or(MAX_LIMIT)
+    }))
+}
+
 /// `limit`, `offset`, `since`, `after` of `GET /messages`.
 pub fn messages_query(query: Option<&str>) -> Result<MessagesQuery, ApiError> {
-    let limit = uint_param(query, "limit")?.map_or(DEFAULT_LIMIT, |n| {
-        usize::try_from(n.min(MAX_LIMIT as u64)).unwrap_or(MAX_LIMIT)
-    });
+    let limit = limit_param(query)?;
     let offset =
         uint_param(query, "offset")?.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
     Ok(MessagesQuery {

@@ -61,7 +61,8 @@ impl HttpState {
 /// A parked `GET /prompts` or `GET /asks`: what is needed to answer it later.
 #[derive(Debug)]
 pub struct Parked {
-    pub sid: SessionId,
+    /// The session polled; `None`: every session the token opens.
+    pub sid: Option<SessionId>,
     /// The request asked to keep the connection open.
     pub keep_alive: bool,
     pub http10: bool,
@@ -120,7 +121,16 @@ impl Held {
     /// What a request whose body was `body_len` bytes keeps while it waits.
     pub fn new(head: &RequestHead, body_len: usize) -> Held {
         let head = Box::new(head.clone());
-        if head.method() == Method::Get && body_len == 0 {
+        // `DELETE /agent/{sid}` changes no stored state, only the agent's
+        // presence here, and waits for a read of the session like a GET:
+        // it runs again as one does. Every other `DELETE` is a write,
+        // answered by its reply and never run twice.
+        let reads = match head.method() {
+            Method::Get => true,
+            Method::Delete => head.path.starts_with("/agent/"),
+            _ => false,
+        };
+        if reads && body_len == 0 {
             Held::Rerun(Rerun(head))
         } else {
             Held::Answer(head)
@@ -565,7 +575,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_get_without_a_body_is_kept_to_run_again() {
+    fn only_reads_without_a_body_are_kept_to_run_again() {
         assert!(matches!(Held::new(&head(Method::Get), 0), Held::Rerun(_)));
         assert!(matches!(Held::new(&head(Method::Get), 3), Held::Answer(_)));
         assert!(matches!(Held::new(&head(Method::Post), 0), Held::Answer(_)));
@@ -573,5 +583,11 @@ mod tests {
             Held::new(&head(Method::Delete), 0),
             Held::Answer(_)
         ));
+        let stop = RequestHead {
+            method: Some(Method::Delete),
+            path: "/agent/s".into(),
+            ..RequestHead::default()
+        };
+        assert!(matches!(Held::new(&stop, 0), Held::Rerun(_)));
     }
 }

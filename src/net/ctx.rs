@@ -162,9 +162,10 @@ impl Ctx {
     /// A parked poll (of prompts or of an ask) is answered or gone: its
     /// waiter leaves.
     pub fn cancel_parked(&mut self, id: ConnId, parked: &Parked) {
-        match &parked.ask {
-            Some(_) => self.relay.cancel_ask_wait(id, &parked.sid, self.turn.now),
-            None => self.relay.cancel_wait(id, &parked.sid, self.turn.now),
+        match (&parked.ask, &parked.sid) {
+            (Some(_), Some(sid)) => self.relay.cancel_ask_wait(id, sid, self.turn.now),
+            (None, Some(sid)) => self.relay.cancel_wait(id, sid, self.turn.now),
+            (_, None) => self.relay.cancel_every_wait(id, self.turn.now),
         }
     }
 
@@ -172,15 +173,14 @@ impl Ctx {
     /// then. At the ask's own expiry the wall clock is taken as no earlier
     /// than its `expires_ts` (the two clocks may disagree by a tick).
     pub fn ask_deadline(&mut self, parked: &Parked) -> (u16, Rc<[u8]>) {
-        let Some(ask) = &parked.ask else {
+        let (Some(ask), Some(sid)) = (&parked.ask, &parked.sid) else {
             return (200, Rc::from(&b"[]"[..]));
         };
         let (now, mut unix_ms) = (self.turn.now, self.turn.unix_ms);
         if now >= ask.expires_at {
             unix_ms = unix_ms.max(ask.expires_ts);
         }
-        self.relay
-            .ask_deadline(now, unix_ms, &parked.sid, &ask.ask_id)
+        self.relay.ask_deadline(now, unix_ms, sid, &ask.ask_id)
     }
 
     /// A subscriber of `sid` leaves.

@@ -197,7 +197,7 @@ pub fn apply(
             expires_ts,
         } => {
             let parked = Parked {
-                sid,
+                sid: Some(sid),
                 keep_alive: head.keep_alive,
                 http10: head.http10,
                 origin: head.origin.as_deref().map(Rc::from),

@@ -73,9 +73,10 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
         ..Answer::ok(Vec::new())
     };
     let bytes = http::queue(conn, answer, &meta);
-    let path = match &parked.ask {
-        Some(ask) => format!("/asks/{}/{}", parked.sid, ask.ask_id),
-        None => format!("/prompts/{}", parked.sid),
+    let path = match (&parked.ask, &parked.sid) {
+        (Some(ask), Some(sid)) => format!("/asks/{sid}/{}", ask.ask_id),
+        (None, Some(sid)) => format!("/prompts/{sid}"),
+        (_, None) => "/prompts".to_string(),
     };
     http::log_line("GET", &path, status, bytes, now.since(parked.since), None);
     cx.count_request(crate::http::Method::Get, &path, status);

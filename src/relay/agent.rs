@@ -46,10 +46,12 @@ pub(super) struct Step {
 
 impl Live {
     /// Recomputes the agent's state: online while a poll is parked here
-    /// (`parked`), for the grace after the last agent request here ended,
-    /// and while another instance says so.
-    pub(super) fn step(&mut self, at: At, parked: bool) -> Step {
-        let local_until = self.agent_end.map(|t| t.after_ms(at.grace));
+    /// (`parked`, its own or one of every session), for the grace after
+    /// the last agent request here ended (`every_end`: the last
+    /// all-sessions poll covering it), and while another instance says so.
+    pub(super) fn step(&mut self, at: At, parked: bool, every_end: Option<Millis>) -> Step {
+        let end = self.agent_end.max(every_end);
+        let local_until = end.map(|t| t.after_ms(at.grace));
         let local = parked || local_until.is_some_and(|u| at.now < u);
         let remote = self
             .remote
@@ -178,7 +180,8 @@ impl Relay {
     /// look.
     pub(super) fn refresh_presence(&mut self, now: Millis, sid: &str) {
         let at = self.at(now);
-        let parked = self.parked(sid);
+        let parked = self.parked(sid) || self.every_parked(sid);
+        let every_end = self.every_end(sid);
         let Relay {
             live,
             engine,
@@ -194,7 +197,7 @@ impl Relay {
             return;
         };
         let watched = presence.get(sid).is_some_and(|p| !p.subscribers.is_empty());
-        let step = entry.step(at, parked);
+        let step = entry.step(at, parked, every_end);
         step.carry_out(&key, entry, watched, effects, engine, next_tick, at);
     }
 
@@ -229,8 +232,11 @@ impl Relay {
         out.push_str(",\"pending\":");
         push_decimal_str(&mut out, log.pending_len() as u64);
         let live = self.live.get(sid);
-        let parked = self.parked(sid);
-        let online = parked || live.is_some_and(|l| l.online);
+        let parked = self.parked(sid) || self.every_parked(sid);
+        let every = self
+            .every_end(sid)
+            .is_some_and(|e| now < e.after_ms(self.limits.agent_grace_ms));
+        let online = parked || every || live.is_some_and(|l| l.online);
         out.push_str(if online {
             ",\"agent\":\"online\",\"agent_seen_ts\":"
         } else {
@@ -251,6 +257,22 @@ impl Relay {
             unix: self.unix_at(now),
             grace: self.limits.agent_grace_ms,
         }
+    }
+
+    /// `DELETE /agent/{sid}`: the agent stops cleanly. Every grace it has
+    /// in `sid` ends now (the all-sessions one too, until its next
+    /// request), so the subscribers see it offline unless a poll is
+    /// parked. Live state only: nothing is stored.
+    pub fn agent_stopped(&mut self, now: Millis, sid: &str) -> Result<Vec<u8>, ApiError> {
+        self.store.existing(now, sid)?;
+        let Some(sid_key) = self.store.key(sid).cloned() else {
+            return Err(ApiError::session_not_found());
+        };
+        let live = self.live.entry(sid_key).or_default();
+        live.agent_end = None;
+        live.every_cut = Some(self.every_stamps);
+        self.refresh_presence(now, sid);
+        Ok(b"{\"ok\":true}".to_vec())
     }
 
     /// Whether an agent's poll of `sid` is parked here.

@@ -29,7 +29,10 @@ impl Relay {
         for record in records {
             match self.store.apply(now, record) {
                 Applied::Nothing => {}
-                Applied::Prompt { sid, .. } => self.wake_waiters(now, &sid),
+                Applied::Prompt { sid, .. } => {
+                    self.wake_waiters(now, &sid);
+                    self.wake_every(now, &sid);
+                }
                 Applied::Response {
                     sid,
                     seq,

@@ -46,6 +46,9 @@ pub struct Live {
     // The agent's presence (`agent.rs`).
     /// When the last agent request to the session ended (loop clock).
     pub(super) agent_end: Option<Millis>,
+    /// The agent stopped here (`DELETE /agent`): the graces of
+    /// all-sessions polls that ended before count no more.
+    pub(super) every_cut: Option<u64>,
     /// The wall-clock time of the agent's last request, for `GET /sessions`.
     pub(super) agent_seen: Option<UnixMillis>,
     /// The state subscribers were last told, and since when.
@@ -193,6 +196,9 @@ impl Relay {
         let at = self.at(now);
         let mut next: Option<Millis> = None;
         let mut soon = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
+        let grace = self.limits.agent_grace_ms;
+        self.every_graces.retain(|g| now < g.end.after_ms(grace));
+        let (every, every_graces) = (&self.every, &self.every_graces);
         for (sid, live) in &mut self.live {
             let here = self.presence.get(&**sid);
             let watched = here.is_some_and(|p| !p.subscribers.is_empty());
@@ -210,8 +216,10 @@ impl Relay {
                 }
                 false
             });
-            let parked = here.is_some_and(|p| !p.waiters.is_empty());
-            let step = live.step(at, parked);
+            let parked =
+                here.is_some_and(|p| !p.waiters.is_empty()) || every.iter().any(|w| w.covers(sid));
+            let every_end = super::every::end_covering(every_graces, sid, live.every_cut);
+            let step = live.step(at, parked, every_end);
             let mut later = None;
             step.carry_out(
                 sid,

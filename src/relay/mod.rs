@@ -24,7 +24,8 @@
 //! the per-session live state and its tick, with one room each for
 //! `drafts` (streamed answers), `agent` (the agent's presence),
 //! `receipts` (prompts an agent fetched) and `frames` (their bytes);
-//! `asks` the agent waiting on a reply (`GET /asks`).
+//! `asks` the agent waiting on a reply (`GET /asks`); `every` the poll
+//! of every session a token opens.
 //!
 //! Session ids: a call that may create a session, or keep its id, takes a
 //! [`SessionId`] (checked where it was parsed); the others look the session
@@ -35,6 +36,7 @@ mod agent;
 mod asks;
 mod commit;
 mod drafts;
+mod every;
 mod frames;
 mod live;
 mod receipts;
@@ -56,6 +58,7 @@ pub use crate::store::seam::Abandon;
 use crate::store::seam::{Collect, NOBODY, Submit};
 pub use crate::store::types::{ConnId, MessagesQuery, PromptsQuery, Ticket};
 pub use asks::AskFetch;
+pub use every::Scope;
 pub use presence::{Presence, Waiter};
 
 use crate::store::record::{Outcome, Record};
@@ -192,6 +195,13 @@ pub struct Relay {
     /// Where writes are decided and kept (see [`Engine`]).
     engine: Engine,
     presence: HashMap<SessionId, Presence>,
+    /// Parked polls of every session a token opens (`every`).
+    every: Vec<every::EveryWaiter>,
+    /// When the last all-sessions poll of each scope ended, while its
+    /// grace lasts: the agent is online in the sessions it covers.
+    every_graces: Vec<every::EveryGrace>,
+    /// The number of the last all-sessions grace recorded.
+    every_stamps: u64,
     effects: Vec<Effect>,
     counts: Counts,
     stats: Stats,
@@ -222,6 +232,9 @@ impl Relay {
             engine,
             limits,
             presence: HashMap::new(),
+            every: Vec::new(),
+            every_graces: Vec::new(),
+            every_stamps: 0,
             effects: Vec::new(),
             counts: Counts::default(),
             stats: Stats::default(),

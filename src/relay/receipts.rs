@@ -58,6 +58,34 @@ impl Relay {
         }
     }
 
+    /// The prompt `seq` of `sid` is in an answer to an all-sessions poll:
+    /// a `receipt` unless it was fetched before.
+    pub(super) fn fetched_one(&mut self, now: Millis, sid: &SessionId, seq: Seq) {
+        let unix = self.unix_at(now);
+        let Some(log) = self.store.get(sid) else {
+            return;
+        };
+        let Some(msg) = log.pending_at(seq) else {
+            return;
+        };
+        let live = self.live.entry(sid.clone()).or_default();
+        if seq <= live.fetched {
+            return;
+        }
+        live.fetched = seq;
+        live.fetched_at = unix;
+        if !self.subscribers(sid).is_empty() {
+            self.effects.push(Effect::Broadcast {
+                sid: sid.clone(),
+                frame: receipt_frame(sid, &msg.client_msg_id, unix),
+            });
+        }
+        if self.engine.others_hear_agents() {
+            let id = msg.client_msg_id.clone();
+            self.engine.publish_receipts(sid, unix, &[&id]);
+        }
+    }
+
     /// Prompts an agent fetched through another instance.
     pub(super) fn receipts_published(&mut self, sid: &SessionId, ts: UnixMillis, ids: &[String]) {
         // Known here too, for the receipts of a subscriber that connects.

@@ -243,6 +243,14 @@ impl Engine {
         }
     }
 
+    /// Whether every prompt stored anywhere reaches the loop's log as it
+    /// arrives, so a poll of every session can be answered from it: not
+    /// while other instances store prompts in sessions this one does not
+    /// follow.
+    pub fn holds_every_prompt(&self) -> bool {
+        !matches!(self, Engine::Shared(_))
+    }
+
     /// Whether other instances hear of this one's agents (their presence
     /// and the prompts they fetched): when none do, an agent that stays
     /// online here changes nothing anyone must be told.

@@ -455,6 +455,16 @@ impl SessionLog {
         }
     }
 
+    /// The pending prompt at `seq`, if it is pending.
+    pub fn pending_at(&self, seq: Seq) -> Option<&Rc<Message>> {
+        self.pending.from(seq).next().filter(|m| m.seq == seq)
+    }
+
+    /// Every pending prompt, oldest first.
+    pub fn page_all_pending(&self) -> impl Iterator<Item = &Rc<Message>> {
+        self.pending.from(Seq(0))
+    }
+
     /// Whether any pending prompt has `seq > after`.
     pub fn has_pending_after(&self, after: Option<Seq>) -> bool {
         let from = after.map_or(Seq(0), Seq::next);

@@ -15,6 +15,7 @@ use std::rc::Rc;
 use log::debug;
 use uuid::Builder;
 
+use super::arrivals::Arrivals;
 use super::log::{Cursor, PromptState, Refill, SessionLog};
 use super::message::{Message, Parts, cancel_data};
 use super::model::{GivenId, NewCancel, NewPrompt, NewResponse, Write};
@@ -96,6 +97,8 @@ pub struct MemStore {
     limits: StoreLimits,
     sessions: HashMap<SessionId, SessionLog>,
     ids: IdGen,
+    /// Every session's pending prompts in arrival order.
+    arrivals: Arrivals,
 }
 
 impl MemStore {
@@ -105,6 +108,7 @@ impl MemStore {
             limits,
             sessions: HashMap::new(),
             ids: IdGen::new(),
+            arrivals: Arrivals::default(),
         }
     }
 
@@ -464,16 +468,44 @@ impl MemStore {
     /// Drops every copy (Redis lost them all): no effect on anyone.
     pub fn forget_all(&mut self) {
         self.sessions.clear();
+        self.arrivals.clear();
     }
 
     /// Drops the copy of a session (Redis keeps it): no effect on anyone.
     pub fn forget(&mut self, sid: &str) {
-        self.sessions.remove(sid);
+        if self.sessions.remove(sid).is_some() {
+            self.arrivals.session_gone(sid);
+        }
     }
 
-    /// Puts a restored session in place (its epoch as stored).
+    /// Puts a restored session in place (its epoch as stored); its
+    /// pending prompts arrive now, in `seq` order.
     pub fn insert(&mut self, sid: SessionId, log: SessionLog) {
+        if self.sessions.contains_key(&*sid) {
+            self.arrivals.session_gone(&sid);
+        }
+        for msg in log.page_all_pending() {
+            self.arrivals.arrived(&sid, msg.seq);
+        }
         self.sessions.insert(sid, log);
+    }
+
+    /// Orders the pending prompts restored at start by their `ts` across
+    /// sessions (then by session and `seq`), as they arrived before.
+    pub fn order_restored(&mut self) {
+        let sessions = &self.sessions;
+        self.arrivals.reorder(|sid, seq| {
+            let ts = sessions
+                .get(&**sid)
+                .and_then(|log| log.pending_at(seq))
+                .map_or(0, |m| m.ts);
+            (ts, sid.clone(), seq)
+        });
+    }
+
+    /// Every session's pending prompts, oldest arrival first.
+    pub fn arrivals(&self) -> &Arrivals {
+        &self.arrivals
     }
 
     /// Applies a committed change (decided here or by the storage thread);
@@ -500,6 +532,7 @@ impl MemStore {
                 log.last_active = now;
                 let msg = Message::prompt_with(Rc::from(client_msg_id), seq, ts, data.into_bytes());
                 log.append_prompt(msg, limit);
+                self.arrivals.arrived(&sid, seq);
                 Applied::Prompt { sid }
             }
             Record::Response {
@@ -520,7 +553,11 @@ impl MemStore {
                 let aid: Rc<str> = Rc::from(assistant_msg_id);
                 let msg = Message::assistant_framed(cid, aid.clone(), seq, ts, data);
                 let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
+                let answered = log.prompt_seq(&msg.client_msg_id);
                 let prev = log.append_response(msg, limit);
+                if let Some(p) = answered.filter(|p| !log.is_pending(*p)) {
+                    self.arrivals.left(&sid, p);
+                }
                 Applied::Response {
                     sid,
                     seq,
@@ -545,7 +582,11 @@ impl MemStore {
                     .unwrap_or_else(|| Rc::from(client_msg_id));
                 let msg = Message::cancel_with(cid.clone(), seq, ts, data.as_bytes());
                 let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
+                let cancelled = log.prompt_seq(&cid);
                 let prev = log.append_cancel(msg, limit);
+                if let Some(p) = cancelled.filter(|p| !log.is_pending(*p)) {
+                    self.arrivals.left(&sid, p);
+                }
                 Applied::Cancel {
                     sid,
                     seq,
@@ -555,7 +596,9 @@ impl MemStore {
                 }
             }
             Record::Deleted { sid } => {
-                self.sessions.remove(&*sid);
+                if self.sessions.remove(&*sid).is_some() {
+                    self.arrivals.session_gone(&sid);
+                }
                 Applied::Deleted { sid }
             }
             Record::Ask { .. } | Record::Reply { .. } => self.apply_asked(now, record),

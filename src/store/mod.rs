@@ -14,7 +14,8 @@
 //!   as its WebSocket frame); [`model`]: the writes, each request body
 //!   validated into its type, and the [`model::Write`] the relay hands
 //!   its engine.
-//! - `pending`: a session's unanswered prompts in `seq` order; [`asks`]:
+//! - `pending`: a session's unanswered prompts in `seq` order;
+//!   [`arrivals`]: every session's, in arrival order; [`asks`]:
 //!   its asks, open until replied to or expired;
 //!   [`record`]: what a write became (its [`record::Outcome`], which
 //!   renders the requester's answer) and the [`record::Record`]s that
@@ -34,6 +35,7 @@
 //! - [`engine`]: the one type the relay stores through, which only
 //!   dispatches to the engine it holds.
 
+pub mod arrivals;
 pub mod asks;
 pub mod engine;
 pub mod idmap;

@@ -168,6 +168,17 @@ pub struct PromptsQuery {
     pub after: Option<Seq>,
 }
 
+/// `GET /prompts` with no session (every session a token opens): the
+/// parameters of one session's, with `after` a cursor (an arrival
+/// number) and a page size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EveryQuery {
+    pub timeout_ms: u64,
+    pub wait: bool,
+    pub after: Option<u64>,
+    pub limit: usize,
+}
+
 /// `GET /messages` parameters, already validated and clamped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MessagesQuery {

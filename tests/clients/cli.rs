@@ -58,7 +58,7 @@ pub(crate) struct Agent {
 
 impl Agent {
     #[track_caller]
-    fn start(srv: &Server, sid: &str, env: &[(&str, &str)], command: &[&str]) -> Agent {
+    pub(crate) fn start(srv: &Server, sid: &str, env: &[(&str, &str)], command: &[&str]) -> Agent {
         Agent::start_with_flags(srv, sid, env, &[], command)
     }
 
@@ -71,8 +71,20 @@ impl Agent {
         flags: &[&str],
         command: &[&str],
     ) -> Agent {
+        let mut args = vec!["--session", sid];
+        args.extend_from_slice(flags);
+        Agent::spawn(srv, env, &args, command)
+    }
+
+    /// `relay agent` with exactly these flags (no `--session` added).
+    pub(crate) fn spawn(
+        srv: &Server,
+        env: &[(&str, &str)],
+        flags: &[&str],
+        command: &[&str],
+    ) -> Agent {
         let mut cmd = relay();
-        cmd.args(["agent", "--url", &url(srv), "--session", sid])
+        cmd.args(["agent", "--url", &url(srv)])
             .args(flags)
             .arg("--")
             .args(command)
@@ -128,7 +140,7 @@ impl Agent {
         events(&lines, event)
     }
 
-    fn signal(&self, name: &str) {
+    pub(crate) fn signal(&self, name: &str) {
         let status = Command::new("kill")
             .args([format!("-{name}"), self.child.id().to_string()])
             .status()
@@ -137,7 +149,7 @@ impl Agent {
     }
 
     #[track_caller]
-    fn wait_exit(&mut self) -> ExitStatus {
+    pub(crate) fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -300,7 +312,7 @@ fn tokens_come_from_flags_or_the_environment() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("401"), "{out:?}");
     assert!(
-        stderr.contains("check --token, --token-file or RELAY_CLIENT_TOKEN"),
+        stderr.contains("401 Unauthorized: client or agent token required (the client token: --token, --token-file or RELAY_CLIENT_TOKEN)"),
         "{stderr}"
     );
 }

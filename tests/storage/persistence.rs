@@ -1074,3 +1074,39 @@ fn a_client_that_half_closes_while_its_prompts_commit_gets_its_answers() {
     }
     assert_eq!(all_messages(&srv, &sid).len(), 200);
 }
+
+#[test]
+fn pending_prompts_of_every_session_come_back_in_arrival_order_after_a_restart() {
+    let dir = Dir::new("arrivals");
+    let mut srv = start(&dir);
+    let n = unique_session();
+    let (z, a) = (format!("z{n}"), format!("a{n}"));
+    // Posted z, a, z (the `ts` order too); sessions restore in creation
+    // order, so only the `ts` puts a's prompt between z's two.
+    for (sid, id, ts) in [(&z, "z1", 1000), (&a, "a1", 2000), (&z, "z2", 3000)] {
+        let body = json!({"session_id": sid, "client_msg_id": id, "prompt": "p", "ts": ts});
+        assert_eq!(srv.post_json("/prompt", &body).status, 200);
+    }
+    let listed = |srv: &Server, query: &str| -> Vec<Value> {
+        let resp = srv.get(&format!("/prompts?wait=false{query}"));
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        resp.json().as_array().unwrap().clone()
+    };
+    let ids = |items: &[Value]| -> Vec<String> {
+        items
+            .iter()
+            .map(|p| p["client_msg_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let before = listed(&srv, "");
+    assert_eq!(ids(&before), ["z1", "a1", "z2"]);
+    let last = before[2]["cursor"].as_str().unwrap().to_string();
+    srv.kill9();
+    let srv = start(&dir);
+    // The same order; a cursor of the earlier run lists them all again
+    // (an agent dedupes by client_msg_id) rather than skipping any.
+    assert_eq!(ids(&listed(&srv, "")), ["z1", "a1", "z2"]);
+    let again = listed(&srv, &format!("&after={last}"));
+    assert_eq!(ids(&again), ["z1", "a1", "z2"]);
+    assert!(again[0]["cursor"].as_str().unwrap().parse::<u64>().unwrap() > last.parse().unwrap());
+}

@@ -324,6 +324,7 @@ pub fn restore(
             None => warn!(session_id = name.as_str(); "stored session with an invalid id skipped"),
         }
     }
+    store.order_restored();
     Ok(store)
 }
 
