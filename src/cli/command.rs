@@ -320,6 +320,11 @@ impl Target {
         }
     }
 
+    /// Whether the group was sent SIGTERM (a stop came).
+    fn terminated(&self) -> bool {
+        self.lock().1
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, (Option<i32>, bool)> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -408,6 +413,15 @@ fn supervise(stop: &Stop, on_output: &mut dyn FnMut(&[u8])) -> (io::Result<ExitS
             due = None;
         }
     };
+    // A stopper signals the group before its event reaches this loop (the
+    // run's thread may be busy): the command can die of that SIGTERM, and
+    // its end be read here, before the event is. It was stopped all the
+    // same, and what is left of its group gets the grace as usual.
+    if stopping == Stopping::No && stop.target.terminated() {
+        stopping = Stopping::Term {
+            kill_at: Instant::now() + stop.grace,
+        };
+    }
     match stopping {
         Stopping::No => (status, false),
         Stopping::Killed => (status, true),
@@ -707,6 +721,30 @@ mod tests {
         watcher.join().unwrap();
         let _ = std::fs::remove_file(&ready);
         (out, took)
+    }
+
+    #[test]
+    fn a_stop_whose_event_comes_late_is_a_stop_all_the_same() {
+        // The stopper signals the group before it sends its event: the
+        // command can die of the signal and its end be read first. Here
+        // the event never comes at all.
+        let ready = std::env::temp_dir().join(format!("relay-late-{}", uuid::Uuid::new_v4()));
+        let ready_path = ready.to_string_lossy().into_owned();
+        let script = r#"sleep 300 & touch "$READY"; wait"#;
+        let argv = ["sh".to_string(), "-c".to_string(), script.to_string()];
+        let stop = Stop::new(GRACE);
+        let target = Arc::clone(&stop.target);
+        let ready_seen = ready.clone();
+        let watcher = std::thread::spawn(move || {
+            while !ready_seen.exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            target.terminate();
+        });
+        let out = run(&argv, &[("READY", &ready_path)], b"", stop, &mut |_| {}).unwrap();
+        watcher.join().unwrap();
+        let _ = std::fs::remove_file(&ready);
+        assert!(out.stopped);
     }
 
     #[test]
