@@ -5,11 +5,18 @@
 //! or forgotten). So reading the oldest pending prompts across sessions
 //! is a walk from a cursor in one ordered map, not a walk over sessions.
 //!
+//! The map is keyed by the number alone: the session's pending set keeps
+//! each prompt's number beside it ([`Pending`](super::pending::Pending)),
+//! so a prompt leaves by its number and no map back from prompt to number
+//! is kept (one more entry, hashed and with its own copy of the session
+//! id, on every prompt stored).
+//!
 //! Invariant: an entry exists exactly for each prompt pending in a
-//! session the store holds, so the index holds no more entries than the
-//! pending caps already bound (sessions × `max_pending`).
+//! session the store holds, and that prompt's pending slot holds the
+//! entry's number; so the index holds no more entries than the pending
+//! caps already bound (sessions × `max_pending`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::types::{Seq, SessionId};
 
@@ -20,8 +27,6 @@ pub struct Arrivals {
     next: u64,
     /// Arrival number to the prompt.
     order: BTreeMap<u64, (SessionId, Seq)>,
-    /// The prompt to its arrival number, to remove it when it is answered.
-    by_prompt: HashMap<(SessionId, Seq), u64>,
 }
 
 impl Arrivals {
@@ -35,48 +40,27 @@ impl Arrivals {
         self.order.is_empty()
     }
 
-    /// The prompt `seq` of `sid` became pending: it arrives now. Called
-    /// when a prompt is applied to the log, and for each pending prompt
-    /// of a session put in place whole.
-    pub fn arrived(&mut self, sid: &SessionId, seq: Seq) {
-        let key = (sid.clone(), seq);
-        if self.by_prompt.contains_key(&key) {
-            return;
-        }
+    /// The prompt `seq` of `sid` became pending: it arrives now. Returns
+    /// its arrival number, for its pending slot to keep. Called when a
+    /// prompt newly pending is applied to the log, and for each pending
+    /// prompt of a session put in place whole.
+    pub fn arrived(&mut self, sid: &SessionId, seq: Seq) -> u64 {
         let n = self.next;
         self.next += 1;
         self.order.insert(n, (sid.clone(), seq));
-        self.by_prompt.insert(key, n);
+        n
     }
 
-    /// The prompt `seq` of `sid` is pending no more.
-    pub fn left(&mut self, sid: &SessionId, seq: Seq) {
-        if let Some(n) = self.by_prompt.remove(&(sid.clone(), seq)) {
-            self.order.remove(&n);
-        }
+    /// The prompt that arrived as `n` is pending no more (answered,
+    /// cancelled, or its session dropped). A number not held is ignored.
+    pub fn left(&mut self, n: u64) {
+        self.order.remove(&n);
     }
 
-    /// Every prompt of `sid` leaves (the session is deleted or its copy
-    /// dropped). Walks the pending prompts, not the sessions: rare, and
-    /// bounded by the pending caps.
-    pub fn session_gone(&mut self, sid: &str) {
-        if self.order.is_empty() {
-            return;
-        }
-        let by_prompt = &mut self.by_prompt;
-        self.order.retain(|_, (s, seq)| {
-            let keep = &**s != sid;
-            if !keep {
-                by_prompt.remove(&(s.clone(), *seq));
-            }
-            keep
-        });
-    }
-
-    /// Everything leaves (every copy dropped).
+    /// Everything leaves (every copy dropped); numbering goes on, so a
+    /// cursor handed out before never names a later prompt.
     pub fn clear(&mut self) {
         self.order.clear();
-        self.by_prompt.clear();
     }
 
     /// The pending prompts that arrived after arrival `after` (all when
@@ -86,19 +70,6 @@ impl Arrivals {
         self.order
             .range(from..)
             .map(|(n, (sid, seq))| (*n, sid, *seq))
-    }
-
-    /// Numbers the entries again in the order `key` gives (the restored
-    /// prompts by their `ts`, across sessions); called once at start.
-    pub fn reorder<K: Ord>(&mut self, mut key: impl FnMut(&SessionId, Seq) -> K) {
-        let mut all: Vec<(SessionId, Seq)> =
-            std::mem::take(&mut self.order).into_values().collect();
-        all.sort_by_cached_key(|(sid, seq)| key(sid, *seq));
-        self.by_prompt.clear();
-        self.next = 0;
-        for (sid, seq) in all {
-            self.arrived(&sid, seq);
-        }
     }
 }
 
@@ -117,12 +88,12 @@ mod tests {
     }
 
     #[test]
-    fn prompts_are_listed_by_arrival_and_leave_when_answered_or_gone() {
+    fn prompts_are_listed_by_arrival_and_leave_by_their_number() {
         let mut a = Arrivals::default();
-        a.arrived(&sid("b"), Seq(1));
-        a.arrived(&sid("a"), Seq(1));
-        a.arrived(&sid("b"), Seq(2));
-        a.arrived(&sid("b"), Seq(2)); // again: no second entry
+        let b1 = a.arrived(&sid("b"), Seq(1));
+        let a1 = a.arrived(&sid("a"), Seq(1));
+        let b2 = a.arrived(&sid("b"), Seq(2));
+        assert_eq!((b1, a1, b2), (0, 1, 2));
         assert_eq!(
             listed(&a, None),
             [(0, "b".into(), 1), (1, "a".into(), 1), (2, "b".into(), 2)]
@@ -131,24 +102,18 @@ mod tests {
             listed(&a, Some(0)),
             [(1, "a".into(), 1), (2, "b".into(), 2)]
         );
-        a.left(&sid("a"), Seq(1));
-        a.left(&sid("a"), Seq(9)); // not pending: nothing
+        a.left(a1);
+        a.left(a1); // gone already: nothing
+        a.left(99); // never held: nothing
         assert_eq!(listed(&a, None), [(0, "b".into(), 1), (2, "b".into(), 2)]);
-        a.arrived(&sid("c"), Seq(1));
-        a.session_gone("b");
-        assert_eq!(listed(&a, None), [(3, "c".into(), 1)]);
+        a.clear();
+        assert!(a.is_empty());
+        assert_eq!(
+            a.arrived(&sid("c"), Seq(1)),
+            3,
+            "numbers go on after a clear"
+        );
+        assert_eq!(listed(&a, Some(2)), [(3, "c".into(), 1)]);
         assert_eq!(a.len(), 1);
-        assert_eq!(a.by_prompt.len(), 1);
-    }
-
-    #[test]
-    fn reorder_numbers_again_by_the_key() {
-        let mut a = Arrivals::default();
-        a.arrived(&sid("x"), Seq(1));
-        a.arrived(&sid("y"), Seq(1));
-        a.reorder(|s, _| if s.as_str() == "y" { 0 } else { 1 });
-        assert_eq!(listed(&a, None), [(0, "y".into(), 1), (1, "x".into(), 1)]);
-        a.left(&sid("x"), Seq(1));
-        assert_eq!(listed(&a, None), [(0, "y".into(), 1)]);
     }
 }

@@ -304,7 +304,9 @@ impl SessionLog {
     }
 
     /// Appends a new prompt (its `seq` from [`next_seq`](Self::next_seq)).
-    pub fn append_prompt(&mut self, msg: Message, history_limit: usize) {
+    /// Returns whether it is newly pending: the store then gives it its
+    /// arrival number ([`number_pending`](Self::number_pending)).
+    pub fn append_prompt(&mut self, msg: Message, history_limit: usize) -> bool {
         let msg = Rc::new(msg);
         let entry = PromptEntry {
             seq: msg.seq,
@@ -313,19 +315,38 @@ impl SessionLog {
             cancel: None,
         };
         self.prompts.insert(msg.client_msg_id.clone(), entry);
-        self.pending.insert(msg.clone(), self.seed);
+        let fresh = self.pending.insert(msg.clone(), self.seed);
         self.page = None;
         self.push_history(msg, history_limit);
+        fresh
+    }
+
+    /// Gives the pending prompt at `seq` its arrival number in the store.
+    pub fn number_pending(&mut self, seq: Seq, arrival: u64) {
+        self.pending.number(seq, arrival);
+    }
+
+    /// Gives every pending prompt, oldest first, the arrival number
+    /// `arrival` returns for its `seq` (the store taking the log whole).
+    pub fn number_all_pending(&mut self, arrival: impl FnMut(Seq) -> u64) {
+        self.pending.number_all(arrival);
+    }
+
+    /// The arrival numbers of the pending prompts (the store dropping
+    /// the log removes them from its order).
+    pub fn pending_arrivals(&self) -> impl Iterator<Item = u64> {
+        self.pending.arrivals()
     }
 
     /// Appends an assistant message and marks its prompt answered. Returns
     /// the `seq` of the assistant message before it (0 if none), which tells
-    /// a live subscriber whether it has everything before this one.
-    pub fn append_response(&mut self, msg: Message, history_limit: usize) -> Seq {
+    /// a live subscriber whether it has everything before this one, and the
+    /// arrival number of the prompt it took off the pending set, if any.
+    pub fn append_response(&mut self, msg: Message, history_limit: usize) -> (Seq, Option<u64>) {
         let msg = Rc::new(msg);
         let prev = self.last_assistant;
         self.last_assistant = msg.seq;
-        self.mark_answered(&msg.client_msg_id);
+        let left = self.mark_answered(&msg.client_msg_id);
         if let Some(id) = &msg.assistant_msg_id {
             let entry = ResponseEntry {
                 client_msg_id: msg.client_msg_id.clone(),
@@ -334,23 +355,23 @@ impl SessionLog {
             self.responses.insert(id.clone(), entry);
         }
         self.push_history(msg, history_limit);
-        prev
+        (prev, left)
     }
 
     /// Appends a cancel (its `client_msg_id` the prompt it stops): the
     /// prompt leaves the pending set and remembers the cancel's `seq`
-    /// while its entry lives. Returns the `seq` of the framed message
-    /// before it, as [`append_response`](Self::append_response) does.
-    pub fn append_cancel(&mut self, msg: Message, history_limit: usize) -> Seq {
+    /// while its entry lives. Returns what
+    /// [`append_response`](Self::append_response) does.
+    pub fn append_cancel(&mut self, msg: Message, history_limit: usize) -> (Seq, Option<u64>) {
         let msg = Rc::new(msg);
         let prev = self.last_assistant;
         self.last_assistant = msg.seq;
-        self.mark_answered(&msg.client_msg_id);
+        let left = self.mark_answered(&msg.client_msg_id);
         if let Some(entry) = self.prompts.get_mut(&msg.client_msg_id) {
             entry.cancel = Some(msg.seq);
         }
         self.push_history(msg, history_limit);
-        prev
+        (prev, left)
     }
 
     /// The asks this log knows (see [`Asks`]).
@@ -439,20 +460,20 @@ impl SessionLog {
     }
 
     /// Marks a prompt answered: it leaves the pending set, and its dedupe
-    /// entry goes too if history no longer holds it.
-    fn mark_answered(&mut self, client_msg_id: &str) {
-        let Some(entry) = self.prompts.get_mut(client_msg_id) else {
-            return;
-        };
+    /// entry goes too if history no longer holds it. Returns the arrival
+    /// number of the prompt that left the pending set, if one did.
+    fn mark_answered(&mut self, client_msg_id: &str) -> Option<u64> {
+        let entry = self.prompts.get_mut(client_msg_id)?;
         if entry.answered {
-            return;
+            return None;
         }
         entry.answered = true;
-        self.pending.remove(entry.seq);
+        let left = self.pending.remove(entry.seq);
         self.page = None;
         if !entry.in_history {
             self.prompts.remove(client_msg_id);
         }
+        left
     }
 
     /// The pending prompt at `seq`, if it is pending.

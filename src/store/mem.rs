@@ -473,34 +473,45 @@ impl MemStore {
 
     /// Drops the copy of a session (Redis keeps it): no effect on anyone.
     pub fn forget(&mut self, sid: &str) {
-        if self.sessions.remove(sid).is_some() {
-            self.arrivals.session_gone(sid);
+        self.drop_session(sid);
+    }
+
+    /// Drops the session `sid`, if held, and its pending prompts from the
+    /// arrival order, by the numbers its pending set keeps: a walk over
+    /// this session's prompts, not over every session's.
+    fn drop_session(&mut self, sid: &str) {
+        if let Some(log) = self.sessions.remove(sid) {
+            for n in log.pending_arrivals() {
+                self.arrivals.left(n);
+            }
         }
     }
 
     /// Puts a restored session in place (its epoch as stored); its
     /// pending prompts arrive now, in `seq` order.
-    pub fn insert(&mut self, sid: SessionId, log: SessionLog) {
-        if self.sessions.contains_key(&*sid) {
-            self.arrivals.session_gone(&sid);
-        }
-        for msg in log.page_all_pending() {
-            self.arrivals.arrived(&sid, msg.seq);
-        }
+    pub fn insert(&mut self, sid: SessionId, mut log: SessionLog) {
+        self.drop_session(&sid);
+        log.number_all_pending(|seq| self.arrivals.arrived(&sid, seq));
         self.sessions.insert(sid, log);
     }
 
     /// Orders the pending prompts restored at start by their `ts` across
-    /// sessions (then by session and `seq`), as they arrived before.
+    /// sessions (then by session and `seq`), as they arrived before: they
+    /// are numbered again from 0 in that order. Called once at start.
     pub fn order_restored(&mut self) {
-        let sessions = &self.sessions;
-        self.arrivals.reorder(|sid, seq| {
-            let ts = sessions
-                .get(&**sid)
-                .and_then(|log| log.pending_at(seq))
-                .map_or(0, |m| m.ts);
-            (ts, sid.clone(), seq)
-        });
+        let mut all: Vec<(u64, SessionId, Seq)> = self
+            .sessions
+            .iter()
+            .flat_map(|(sid, log)| log.page_all_pending().map(|m| (m.ts, sid.clone(), m.seq)))
+            .collect();
+        all.sort_unstable();
+        self.arrivals = Arrivals::default();
+        for (_, sid, seq) in all {
+            let n = self.arrivals.arrived(&sid, seq);
+            if let Some(log) = self.sessions.get_mut(&*sid) {
+                log.number_pending(seq, n);
+            }
+        }
     }
 
     /// Every session's pending prompts, oldest arrival first.
@@ -531,8 +542,10 @@ impl MemStore {
                 };
                 log.last_active = now;
                 let msg = Message::prompt_with(Rc::from(client_msg_id), seq, ts, data.into_bytes());
-                log.append_prompt(msg, limit);
-                self.arrivals.arrived(&sid, seq);
+                if log.append_prompt(msg, limit) {
+                    let n = self.arrivals.arrived(&sid, seq);
+                    log.number_pending(seq, n);
+                }
                 Applied::Prompt { sid }
             }
             Record::Response {
@@ -553,10 +566,9 @@ impl MemStore {
                 let aid: Rc<str> = Rc::from(assistant_msg_id);
                 let msg = Message::assistant_framed(cid, aid.clone(), seq, ts, data);
                 let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
-                let answered = log.prompt_seq(&msg.client_msg_id);
-                let prev = log.append_response(msg, limit);
-                if let Some(p) = answered.filter(|p| !log.is_pending(*p)) {
-                    self.arrivals.left(&sid, p);
+                let (prev, left) = log.append_response(msg, limit);
+                if let Some(n) = left {
+                    self.arrivals.left(n);
                 }
                 Applied::Response {
                     sid,
@@ -582,10 +594,9 @@ impl MemStore {
                     .unwrap_or_else(|| Rc::from(client_msg_id));
                 let msg = Message::cancel_with(cid.clone(), seq, ts, data.as_bytes());
                 let frame = msg.frame().cloned().unwrap_or_else(|| Rc::from(&[][..]));
-                let cancelled = log.prompt_seq(&cid);
-                let prev = log.append_cancel(msg, limit);
-                if let Some(p) = cancelled.filter(|p| !log.is_pending(*p)) {
-                    self.arrivals.left(&sid, p);
+                let (prev, left) = log.append_cancel(msg, limit);
+                if let Some(n) = left {
+                    self.arrivals.left(n);
                 }
                 Applied::Cancel {
                     sid,
@@ -596,9 +607,7 @@ impl MemStore {
                 }
             }
             Record::Deleted { sid } => {
-                if self.sessions.remove(&*sid).is_some() {
-                    self.arrivals.session_gone(&sid);
-                }
+                self.drop_session(&sid);
                 Applied::Deleted { sid }
             }
             Record::Ask { .. } | Record::Reply { .. } => self.apply_asked(now, record),

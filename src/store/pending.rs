@@ -16,6 +16,11 @@
 //! session's deques grow at a point of their own, between half and all of
 //! their capacity ([`grow_early`], the history's too), as the dedupe maps
 //! do (`idmap.rs`).
+//!
+//! Each slot also keeps the prompt's arrival number (its place in the
+//! store's [`Arrivals`](super::arrivals::Arrivals)), so a prompt that
+//! leaves hands back the number to remove it by: the index needs no map
+//! from prompt to number.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -28,10 +33,15 @@ use crate::store::idmap::growth_point;
 /// number of prompts: a small set is not rewritten for every answer.
 const MIN_HOLES: usize = 16;
 
+/// The arrival number of a prompt not numbered yet: one in a log being
+/// built for the store (restored), numbered when the store takes it.
+const UNNUMBERED: u64 = u64::MAX;
+
 #[derive(Debug, Default)]
 pub struct Pending {
-    /// Each slot keeps its `seq`, so a search reads no message.
-    slots: VecDeque<(Seq, Option<Rc<Message>>)>,
+    /// Each slot keeps its `seq`, so a search reads no message, and its
+    /// arrival number.
+    slots: VecDeque<(Seq, u64, Option<Rc<Message>>)>,
     len: usize,
 }
 
@@ -41,53 +51,91 @@ impl Pending {
         self.len
     }
 
-    /// Adds a prompt; one already there under its `seq` is replaced.
-    /// `seed` is the session's growth point (see [`grow_early`]).
-    pub fn insert(&mut self, msg: Rc<Message>, seed: usize) {
+    /// Adds a prompt, not numbered yet (see [`number`](Self::number));
+    /// one already pending under its `seq` is replaced and keeps its
+    /// number. Returns whether the prompt is newly pending. `seed` is the
+    /// session's growth point (see [`grow_early`]).
+    pub fn insert(&mut self, msg: Rc<Message>, seed: usize) -> bool {
         grow_early(&mut self.slots, seed);
         let seq = msg.seq;
         match self.slots.back() {
             None => {}
-            Some((last, _)) if *last < seq => {}
+            Some((last, _, _)) if *last < seq => {}
             // Out of order (never the case for a new prompt): into place.
             Some(_) => {
                 let at = self.position(seq);
                 match self.slots.get_mut(at) {
-                    Some((s, slot)) if *s == seq => {
-                        if slot.replace(msg).is_none() {
+                    Some((s, n, slot)) if *s == seq => {
+                        let fresh = slot.replace(msg).is_none();
+                        if fresh {
+                            *n = UNNUMBERED;
                             self.len += 1;
                         }
+                        return fresh;
                     }
                     _ => {
-                        self.slots.insert(at, (seq, Some(msg)));
+                        self.slots.insert(at, (seq, UNNUMBERED, Some(msg)));
                         self.len += 1;
+                        return true;
                     }
                 }
-                return;
             }
         }
-        self.slots.push_back((seq, Some(msg)));
+        self.slots.push_back((seq, UNNUMBERED, Some(msg)));
         self.len += 1;
+        true
     }
 
-    /// Removes the prompt at `seq`, if it is pending.
-    pub fn remove(&mut self, seq: Seq) {
-        let at = self.position(seq);
-        let Some((s, slot)) = self.slots.get_mut(at) else {
-            return;
+    /// Gives the pending prompt at `seq` its arrival number. Called
+    /// right after [`insert`](Self::insert), so the newest slot is
+    /// looked at first.
+    pub fn number(&mut self, seq: Seq, arrival: u64) {
+        let at = match self.slots.back() {
+            Some((last, _, _)) if *last == seq => self.slots.len() - 1,
+            _ => self.position(seq),
         };
-        if *s != seq || slot.take().is_none() {
-            return;
+        if let Some((s, n, Some(_))) = self.slots.get_mut(at)
+            && *s == seq
+        {
+            *n = arrival;
         }
+    }
+
+    /// Gives every pending prompt, oldest first, the number `arrival`
+    /// returns for its `seq`.
+    pub fn number_all(&mut self, mut arrival: impl FnMut(Seq) -> u64) {
+        for (seq, n, _) in self.slots.iter_mut().filter(|(_, _, m)| m.is_some()) {
+            *n = arrival(*seq);
+        }
+    }
+
+    /// The arrival numbers of the pending prompts that have one.
+    pub fn arrivals(&self) -> impl Iterator<Item = u64> {
+        self.slots
+            .iter()
+            .filter(|(_, n, m)| m.is_some() && *n != UNNUMBERED)
+            .map(|(_, n, _)| *n)
+    }
+
+    /// Removes the prompt at `seq`, if it is pending; returns its arrival
+    /// number if it had one.
+    pub fn remove(&mut self, seq: Seq) -> Option<u64> {
+        let at = self.position(seq);
+        let (s, n, slot) = self.slots.get_mut(at)?;
+        if *s != seq {
+            return None;
+        }
+        slot.take()?;
+        let arrival = Some(*n).filter(|n| *n != UNNUMBERED);
         self.len -= 1;
-        while self.slots.front().is_some_and(|(_, m)| m.is_none()) {
+        while self.slots.front().is_some_and(|(_, _, m)| m.is_none()) {
             self.slots.pop_front();
         }
-        while self.slots.back().is_some_and(|(_, m)| m.is_none()) {
+        while self.slots.back().is_some_and(|(_, _, m)| m.is_none()) {
             self.slots.pop_back();
         }
         if self.slots.len() - self.len > self.len.max(MIN_HOLES) {
-            self.slots.retain(|(_, m)| m.is_some());
+            self.slots.retain(|(_, _, m)| m.is_some());
         }
         // Memory follows the set down, as a B-tree's freed nodes did: a
         // burst of prompts answered does not leave its peak behind.
@@ -95,18 +143,19 @@ impl Pending {
         if cap > 64 && self.slots.len() < cap / 4 {
             self.slots.shrink_to(cap / 2);
         }
+        arrival
     }
 
     /// The pending prompts with `seq >= from`, oldest first.
     pub fn from(&self, from: Seq) -> impl Iterator<Item = &Rc<Message>> {
         self.slots
             .range(self.position(from)..)
-            .filter_map(|(_, m)| m.as_ref())
+            .filter_map(|(_, _, m)| m.as_ref())
     }
 
     /// The first slot whose `seq` is not below `seq`.
     fn position(&self, seq: Seq) -> usize {
-        self.slots.partition_point(|(s, _)| *s < seq)
+        self.slots.partition_point(|(s, _, _)| *s < seq)
     }
 }
 
@@ -200,6 +249,27 @@ mod tests {
             at.insert(grew);
         }
         assert!(at.len() > 1, "every deque grew at the same lengths: {at:?}");
+    }
+
+    #[test]
+    fn a_prompt_leaves_with_the_number_it_was_given() {
+        let mut p = Pending::default();
+        assert!(p.insert(prompt(1), 7));
+        p.number(Seq(1), 40);
+        assert!(p.insert(prompt(3), 7));
+        p.number(Seq(3), 41);
+        assert!(p.insert(prompt(2), 7), "out of order, still new");
+        p.number(Seq(2), 42);
+        assert!(!p.insert(prompt(3), 7), "a replaced prompt is not new");
+        assert_eq!(p.arrivals().collect::<Vec<_>>(), [40, 42, 41]);
+        assert_eq!(p.remove(Seq(3)), Some(41), "kept its number");
+        assert_eq!(p.remove(Seq(3)), None);
+        p.number_all(|seq| 100 + seq.get());
+        assert_eq!(p.arrivals().collect::<Vec<_>>(), [101, 102]);
+        assert!(p.insert(prompt(4), 7));
+        assert_eq!(p.arrivals().count(), 2, "not numbered yet: not listed");
+        assert_eq!(p.remove(Seq(4)), None);
+        assert_eq!(p.remove(Seq(1)), Some(101));
     }
 
     #[test]
