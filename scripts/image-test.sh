@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the amd64 container image (scripts/image.sh: fails when it is over
-# 3.7 MB) and runs it without a container daemon: `buildah run` with chroot
+# 4 MiB) and runs it without a container daemon: `buildah run` with chroot
 # isolation and the host's network, so the server's port is a real port on
 # this machine and every request below goes to 127.0.0.1. Checks:
 #   - the image: numeric non-root user, /data volume owned by it, port 8000,
