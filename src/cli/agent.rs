@@ -316,17 +316,9 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
 /// `relay agent ARGS`: parses, sets up logging and signals, serves until
 /// stopped. Returns the exit code.
 pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
-    let parsed = match super::parse_flags(args, &SPEC) {
-        Ok(p) if p.help => {
-            print!("{HELP}");
-            return 0;
-        }
-        Ok(p) => p,
-        Err(e) => return super::usage_error("agent", &e),
-    };
-    let opts = match options(&parsed, env) {
+    let opts = match super::tool_options("agent", args, env, &SPEC, HELP, options) {
         Ok(o) => o,
-        Err(e) => return super::usage_error("agent", &e),
+        Err(code) => return code,
     };
     if let Err(e) = command::check(&opts.command[0], super::env_value(env, "PATH")) {
         eprintln!("relay agent: cannot run the command: {e}");

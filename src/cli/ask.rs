@@ -228,17 +228,9 @@ fn text_of(rest: &[String]) -> Result<String, String> {
 
 /// `relay ask ARGS`: returns the exit code.
 pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
-    let parsed = match super::parse_flags(args, &SPEC) {
-        Ok(p) if p.help => {
-            print!("{HELP}");
-            return 0;
-        }
-        Ok(p) => p,
-        Err(e) => return super::usage_error("ask", &e),
-    };
-    let mut opts = match options(&parsed, env) {
+    let mut opts = match super::tool_options("ask", args, env, &SPEC, HELP, options) {
         Ok(o) => o,
-        Err(e) => return super::usage_error("ask", &e),
+        Err(code) => return code,
     };
     match run(&mut opts) {
         Ok(Ending::Answered(text)) => {

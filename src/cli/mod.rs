@@ -368,6 +368,28 @@ fn flags_only(command: &str, args: &[String], spec: &Spec, help: &str) -> Result
     }
 }
 
+/// The options of `relay <command>`: its flags parsed by `spec`, then
+/// built by `options`; `Err(exit code)` once it printed its help (0) or a
+/// usage error (2).
+fn tool_options<O>(
+    command: &str,
+    args: &[String],
+    env: &[(String, String)],
+    spec: &Spec,
+    help: &str,
+    options: impl FnOnce(&Parsed, &[(String, String)]) -> Result<O, String>,
+) -> Result<O, u8> {
+    let parsed = match parse_flags(args, spec) {
+        Ok(p) if p.help => {
+            print!("{help}");
+            return Err(0);
+        }
+        Ok(p) => p,
+        Err(e) => return Err(usage_error(command, &e)),
+    };
+    options(&parsed, env).map_err(|e| usage_error(command, &e))
+}
+
 /// Prints a usage error the way the server does and returns exit code 2.
 fn usage_error(command: &str, why: &str) -> u8 {
     eprintln!("relay {command}: {why} (see relay {command} --help)");

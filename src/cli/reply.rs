@@ -92,17 +92,9 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
 
 /// `relay reply ARGS`: returns the exit code.
 pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
-    let parsed = match super::parse_flags(args, &SPEC) {
-        Ok(p) if p.help => {
-            print!("{HELP}");
-            return 0;
-        }
-        Ok(p) => p,
-        Err(e) => return super::usage_error("reply", &e),
-    };
-    let mut opts = match options(&parsed, env) {
+    let mut opts = match super::tool_options("reply", args, env, &SPEC, HELP, options) {
         Ok(o) => o,
-        Err(e) => return super::usage_error("reply", &e),
+        Err(code) => return code,
     };
     match run(&mut opts) {
         Ok(()) => 0,

@@ -152,17 +152,9 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
 
 /// `relay send ARGS`: returns the exit code.
 pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
-    let parsed = match super::parse_flags(args, &SPEC) {
-        Ok(p) if p.help => {
-            print!("{HELP}");
-            return 0;
-        }
-        Ok(p) => p,
-        Err(e) => return super::usage_error("send", &e),
-    };
-    let mut opts = match options(&parsed, env) {
+    let mut opts = match super::tool_options("send", args, env, &SPEC, HELP, options) {
         Ok(o) => o,
-        Err(e) => return super::usage_error("send", &e),
+        Err(code) => return code,
     };
     let interrupted = match interrupt_on_ctrl_c() {
         Ok(flag) => flag,
