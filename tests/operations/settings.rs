@@ -5,53 +5,8 @@
 //! a data directory it cannot use is refused with the problem named.
 
 use crate::common::{Dir, Server, free_port};
-use std::io::Read;
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
-
-/// Runs the binary (through `wrapper`, if any) with only `env` set and
-/// expects it to exit within 10 s; returns its status and stderr.
-#[track_caller]
-fn run_to_exit(wrapper: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
-    let bin = env!("CARGO_BIN_EXE_relay");
-    let mut cmd = match wrapper.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg(bin);
-            c
-        }
-        None => Command::new(bin),
-    };
-    let mut child = cmd
-        .env_clear()
-        .env("RELAY_PORT", "0")
-        .env("RELAY_HOST", "127.0.0.1")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn relay");
-    let mut stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("relay kept running with {env:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    (status, reader.join().unwrap())
-}
+use crate::startup::run_to_exit;
+use std::process::Command;
 
 #[test]
 fn a_misspelled_storage_setting_stops_the_server_naming_the_setting_meant() {

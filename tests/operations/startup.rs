@@ -10,12 +10,24 @@ use std::time::{Duration, Instant};
 
 const OPEN_WARNING: &str = "anyone who can reach this port can post prompts into the agent";
 
-/// Runs the binary with only `env` set and expects it to exit within 10 s;
-/// returns its status and stderr.
+/// Runs the binary (through `wrapper`, if any) with only `env` set (on
+/// port 0 of the loopback address unless `env` says otherwise) and expects
+/// it to exit within 10 s; returns its status and stderr.
 #[track_caller]
-fn run_to_exit(env: &[(&str, &str)]) -> (ExitStatus, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_relay"))
+pub(crate) fn run_to_exit(wrapper: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let bin = env!("CARGO_BIN_EXE_relay");
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let mut child = cmd
         .env_clear()
+        .env("RELAY_PORT", "0")
+        .env("RELAY_HOST", "127.0.0.1")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -100,7 +112,7 @@ fn localhost_is_accepted_as_127_0_0_1() {
 
 #[test]
 fn an_invalid_host_says_what_is_accepted() {
-    let (status, stderr) = run_to_exit(&[("RELAY_HOST", "relay.example")]);
+    let (status, stderr) = run_to_exit(&[], &[("RELAY_HOST", "relay.example")]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     for part in [
         "RELAY_HOST",
@@ -117,11 +129,14 @@ fn a_taken_port_is_reported_once_with_the_address() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
     for format in ["text", "json"] {
-        let (status, stderr) = run_to_exit(&[
-            ("RELAY_HOST", "127.0.0.1"),
-            ("RELAY_PORT", &port),
-            ("RELAY_LOG_FORMAT", format),
-        ]);
+        let (status, stderr) = run_to_exit(
+            &[],
+            &[
+                ("RELAY_HOST", "127.0.0.1"),
+                ("RELAY_PORT", &port),
+                ("RELAY_LOG_FORMAT", format),
+            ],
+        );
         assert_eq!(status.code(), Some(1), "{format}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{format}: {stderr}");
         assert_eq!(
@@ -140,7 +155,7 @@ fn a_taken_port_is_reported_once_with_the_address() {
 
 #[test]
 fn a_misspelled_security_setting_stops_the_server_and_a_misspelled_flag_is_named() {
-    let (status, stderr) = run_to_exit(&[("RELAY_CLIENT_TOKN", "secret")]);
+    let (status, stderr) = run_to_exit(&[], &[("RELAY_CLIENT_TOKN", "secret")]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("did you mean RELAY_CLIENT_TOKEN?"),
@@ -198,7 +213,7 @@ fn a_privileged_port_without_privilege_says_what_to_do() {
 
 #[test]
 fn an_invalid_trusted_proxy_is_quoted_once() {
-    let (status, stderr) = run_to_exit(&[("RELAY_TRUSTED_PROXY", "proxy.internal")]);
+    let (status, stderr) = run_to_exit(&[], &[("RELAY_TRUSTED_PROXY", "proxy.internal")]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.matches("proxy.internal").count(), 1, "{stderr}");
     assert!(stderr.contains("RELAY_TRUSTED_PROXY"), "{stderr}");
