@@ -4,7 +4,7 @@
 //! count per operation is repeatable on a noisy machine
 //! (`benches/callgrind.sh`); run plainly it prints ns per operation.
 //!
-//! `cargo bench --bench core -- [ingest|prompt|cancel|ask|reply|roundtrip|part|answer|token] [ops]`
+//! `cargo bench --bench core -- [ingest|prompt|cancel|ask|reply|roundtrip|part|answer|token|wake|wakeall] [ops]`
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -12,12 +12,22 @@ use std::time::Instant;
 use relay::http::parse::{RequestReader, Step};
 use relay::http::response::{self, Meta};
 use relay::http::route::{self, Route};
-use relay::relay::{ConnId, Effect, Fetch, Limits, PromptsQuery, Relay, Reply};
+use relay::relay::{ConnId, Effect, Fetch, Limits, PromptsQuery, Relay, Reply, Scope};
 use relay::store::model::{NewAsk, NewCancel, NewReply, Write};
+use relay::store::types::EveryQuery;
 use relay::time::Millis;
 use relay::token::{Role, Secret};
 
 const SESSIONS: usize = 1000;
+/// The sessions the wake workloads spread their prompts over, unless
+/// `WAKE_SESSIONS` says otherwise (to show the cost does not grow with
+/// them).
+fn wake_sessions() -> usize {
+    std::env::var("WAKE_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+}
 
 fn limits() -> Limits {
     Limits {
@@ -400,6 +410,109 @@ fn answer_or_part(bodies: &[Vec<u8>]) -> usize {
     out
 }
 
+/// The agent of the wake workloads.
+const AGENT: ConnId = ConnId {
+    key: 1,
+    generation: 1,
+};
+
+/// A relay holding `WAKE_SESSIONS` sessions, each with one prompt
+/// answered (so nothing is pending), and the prompt and answer requests of
+/// the wake workloads: op `n` goes to session `n % WAKE_SESSIONS`.
+fn wake_setup(ops: usize) -> (Relay, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let sessions = wake_sessions();
+    let mut l = limits();
+    l.max_sessions = 2 * sessions;
+    let mut relay = Relay::in_memory(l);
+    let mut reader = RequestReader::new(1 << 20);
+    for s in 0..sessions {
+        let p = format!(r#"{{"session_id":"w{s}","client_msg_id":"setup","prompt":"q"}}"#);
+        parse(&mut reader, &post("/prompt", &p));
+        let _ = relay.post_prompt(Millis(0), 1_700_000_000_000, CLIENT, reader.body());
+        let r = format!(r#"{{"session_id":"w{s}","client_msg_id":"setup","text":"a"}}"#);
+        parse(&mut reader, &post("/response", &r));
+        let _ = relay.post_response(Millis(0), 1_700_000_000_000, AGENT, reader.body());
+    }
+    let text = "t".repeat(256);
+    let (mut prompts, mut answers) = (Vec::with_capacity(ops), Vec::with_capacity(ops));
+    for n in 0..ops {
+        let sid = format!("w{}", n % sessions);
+        let p = format!(r#"{{"session_id":"{sid}","client_msg_id":"m{n}","prompt":"{text}"}}"#);
+        prompts.push(post("/prompt", &p));
+        let r = format!(r#"{{"session_id":"{sid}","client_msg_id":"m{n}","text":"{text}"}}"#);
+        answers.push(post("/response", &r));
+    }
+    (relay, prompts, answers)
+}
+
+/// An agent parked on one session's `GET /prompts`, woken by a 256-byte
+/// prompt there, answering it: per op the park, the prompt with its ack,
+/// the woken poll's page and the answer, over 10,000 sessions. What
+/// `wakeall` is compared with.
+#[inline(never)]
+fn measure_wake(relay: &mut Relay, prompts: &[Vec<u8>], answers: &[Vec<u8>]) -> usize {
+    wake(relay, prompts, answers, false)
+}
+
+/// The same as [`measure_wake`] with the agent parked on `GET /prompts`
+/// with no session (every session), each prompt going to the next of
+/// 10,000 sessions: waking it must cost what waking one session's poll
+/// costs.
+#[inline(never)]
+fn measure_wakeall(relay: &mut Relay, prompts: &[Vec<u8>], answers: &[Vec<u8>]) -> usize {
+    wake(relay, prompts, answers, true)
+}
+
+fn wake(relay: &mut Relay, prompts: &[Vec<u8>], answers: &[Vec<u8>], every: bool) -> usize {
+    let sessions = wake_sessions();
+    let mut reader = RequestReader::new(1 << 20);
+    let mut effects = Vec::new();
+    let mut out = 0;
+    for (n, (p, a)) in prompts.iter().zip(answers).enumerate() {
+        let now = Millis(n as u64);
+        let parked = if every {
+            let q = EveryQuery {
+                timeout_ms: 30_000,
+                wait: true,
+                after: None,
+                limit: 100,
+            };
+            relay.get_every_prompts(now, AGENT, Scope::Every, q)
+        } else {
+            let sid =
+                relay::store::SessionId::new(&format!("w{}", n % sessions)).expect("a valid id");
+            let q = PromptsQuery {
+                timeout_ms: 30_000,
+                wait: true,
+                after: None,
+            };
+            relay.get_prompts(now, AGENT, &sid, q)
+        };
+        assert!(
+            matches!(parked, Ok(Fetch::Park { .. })),
+            "op {n} did not park"
+        );
+        parse(&mut reader, p);
+        let ack = relay.post_prompt(now, 1_700_000_000_000, CLIENT, reader.body());
+        out += response::encode(200, &[], &now_body(ack), &meta()).len();
+        relay.take_effects(&mut effects);
+        let mut woken = 0;
+        for e in effects.drain(..) {
+            if let Effect::Respond { body, .. } = e {
+                out += response::encode(200, &[], &body, &meta()).len();
+                woken += 1;
+            }
+        }
+        assert_eq!(woken, 1, "op {n}: the prompt wakes the poll");
+        parse(&mut reader, a);
+        let ack = relay.post_response(now, 1_700_000_000_000, AGENT, reader.body());
+        out += response::encode(200, &[], &now_body(ack), &meta()).len();
+        relay.take_effects(&mut effects);
+        effects.clear();
+    }
+    out
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let ops: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(20_000);
@@ -434,6 +547,22 @@ fn main() {
         let mut relay = prepared(&inp, with);
         let t = Instant::now();
         black_box(f(&mut relay, black_box(&inp)));
+        let ns = t.elapsed().as_nanos() as f64 / ops as f64;
+        println!("{name:<10} {ops} ops  {ns:>8.0} ns/op");
+    }
+    for (name, f) in [
+        (
+            "wake",
+            measure_wake as fn(&mut Relay, &[Vec<u8>], &[Vec<u8>]) -> usize,
+        ),
+        ("wakeall", measure_wakeall),
+    ] {
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let (mut relay, prompts, answers) = wake_setup(ops);
+        let t = Instant::now();
+        black_box(f(&mut relay, black_box(&prompts), black_box(&answers)));
         let ns = t.elapsed().as_nanos() as f64 / ops as f64;
         println!("{name:<10} {ops} ops  {ns:>8.0} ns/op");
     }

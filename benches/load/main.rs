@@ -3,13 +3,15 @@
 //! HTTP/1.1 keep-alive and WebSocket clients; run it on its own core.
 //!
 //! ```text
-//! load roundtrip --sessions S            [common]
+//! load roundtrip --sessions S [--agent own|external] [common]
 //! load fanout    --subscribers N --rate R|max [--window W] [--publishers P] [common]
 //! load catchup   --subscribers N --answers M [--publishers P] [common]   (relay only)
 //! load idle      --connections N --kind ws|poll [--hold SECS] [common]
 //! load ingest    --rate R [--connections C] [common]   (prompts at R/s, open loop)
 //! load handshake [--connections C] [common]   (TLS: new connections, one request each)
 //! load stream    --subscribers N [--window W] [common]   (relay only: one agent streams parts)
+//! load wake      --sessions S --lanes C --agent own|every [common]   (relay only: an agent
+//!                woken by prompts spread over S sessions, per-session polls or one for all)
 //! load partcost  --subscribers N --posts M [--publishers P] [--window W] [common]
 //!                (relay only: CPU per part, per answer, per prompt)
 //! common: --target relay|base|nchan --addr HOST:PORT [--server-pid PID[,PID]] [--seconds T]
@@ -38,6 +40,7 @@ mod roundtrip;
 mod stats;
 mod stream;
 mod target;
+mod wake;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -162,7 +165,7 @@ fn run(words: &[String]) -> Result<(), String> {
         // `cargo bench` and `cargo test --all-targets` run every bench binary
         // without arguments: nothing to measure, say how to use it.
         println!(
-            "usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest|handshake|stream|partcost"
+            "usage: load MODE [--key value …], MODE roundtrip|fanout|catchup|idle|ingest|handshake|stream|partcost|wake"
         );
         println!("(see benches/load/main.rs and benches/load/run.sh)");
         return Ok(());
@@ -172,7 +175,15 @@ fn run(words: &[String]) -> Result<(), String> {
     match mode.as_str() {
         "roundtrip" => {
             let sessions: usize = args.get("sessions", Some(1))?;
-            roundtrip::run(&args.common(format!("roundtrip/S={sessions}"))?, sessions)
+            let agent: String = args.get("agent", Some("own".to_owned()))?;
+            if agent != "own" && agent != "external" {
+                return Err("--agent must be own or external".into());
+            }
+            let figure = match agent.as_str() {
+                "own" => format!("roundtrip/S={sessions}"),
+                _ => format!("roundtrip/external/S={sessions}"),
+            };
+            roundtrip::run(&args.common(figure)?, sessions, agent == "own")
         }
         "fanout" => fanout_mode(&args),
         "catchup" => {
@@ -228,8 +239,16 @@ fn run(words: &[String]) -> Result<(), String> {
                 window,
             )
         }
+        "wake" => {
+            let sessions: usize = args.get("sessions", Some(10_000))?;
+            let lanes: usize = args.get("lanes", Some(16))?;
+            let agent_arg: String = args.get("agent", Some("every".to_owned()))?;
+            let agent = wake::Agent::parse(&agent_arg).ok_or("--agent must be own or every")?;
+            let figure = format!("wake/{agent_arg}/S={sessions}/C={lanes}");
+            wake::run(&args.common(figure)?, sessions, lanes.max(1), agent)
+        }
         other => Err(format!(
-            "unknown mode {other}: roundtrip, fanout, catchup, idle, ingest, handshake, stream or partcost"
+            "unknown mode {other}: roundtrip, fanout, catchup, idle, ingest, handshake, stream, partcost or wake"
         )),
     }
 }

@@ -4,6 +4,11 @@
 //! round at a time: the client posts a prompt, the agent receives it and posts
 //! a response, the client receives it on the WebSocket. Latency is from the
 //! prompt's write to the frame's arrival.
+//!
+//! With `--agent external` (relay only) the generator runs no agent: a
+//! separate one (`relay agent --all --jobs N`) answers, and its throughput
+//! and latency are the figure. Each session's agent connection is then
+//! opened and left idle, so the connection layout stays the same.
 
 use std::time::{Duration, Instant};
 
@@ -44,10 +49,12 @@ struct Run<'a> {
     done_in_window: u64,
     in_flight: usize,
     responses: u64,
+    /// Whether the generator's own agents answer (not `--agent external`).
+    own_agents: bool,
 }
 
 /// Runs the round-trip figure and prints its result line.
-pub fn run(c: &Common, sessions: usize) -> Result<(), String> {
+pub fn run(c: &Common, sessions: usize, own_agents: bool) -> Result<(), String> {
     let mut run = Run {
         c,
         net: Net::new(c.addr).map_err(|e| e.to_string())?,
@@ -59,6 +66,7 @@ pub fn run(c: &Common, sessions: usize) -> Result<(), String> {
         done_in_window: 0,
         in_flight: 0,
         responses: 0,
+        own_agents,
     };
     let tag = c.run_tag();
     let mut ready = Vec::new();
@@ -163,12 +171,14 @@ impl Run<'_> {
                 return Err(format!("upgrade answered {}", resp.status));
             }
             self.sessions[s].ws_up = true;
-            let session = &self.sessions[s];
-            let req = self
-                .c
-                .target
-                .get_prompts(&self.c.host, &session.id, &session.cursor, 60);
-            self.net.conns[s * ROLES + AGENT].send(&req);
+            if self.own_agents {
+                let session = &self.sessions[s];
+                let req = self
+                    .c
+                    .target
+                    .get_prompts(&self.c.host, &session.id, &session.cursor, 60);
+                self.net.conns[s * ROLES + AGENT].send(&req);
+            }
         }
         loop {
             let conn = &mut self.net.conns[index];
