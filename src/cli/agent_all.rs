@@ -27,10 +27,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::agent::{
-    self, Agent, Backoff, Fail, Options, POLL_MARGIN, Prompt, Running, Serve, classify, retry,
-};
+use super::agent::{Options, Running, Serve};
 use super::client::{Client, Limit};
+use super::fail::{self, Backoff, Fail, classify, retry};
+use super::session::{Agent, POLL_MARGIN, Prompt};
 use super::watch::Cancels;
 
 /// One prompt of the all-sessions poll.
@@ -175,7 +175,7 @@ pub fn run(opts: Options, stop: Arc<AtomicBool>, running: Running) -> Result<(),
     for worker in workers {
         let _ = worker.join();
     }
-    agent::gone(&mut client, "/agent");
+    fail::gone(&mut client, "/agent");
     let fatal = shared.lock().fatal.take();
     match fatal {
         Some(why) => Err(why),

@@ -26,9 +26,9 @@ use serde_json::Value;
 use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
-use super::agent::Backoff;
 use super::client::{Client, Stream, Upgraded};
 use super::command::Stopper;
+use super::fail::Backoff;
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
