@@ -160,10 +160,11 @@ pub struct Options {
 
 impl Options {
     /// The options of one session served by `--all` or `--prefix`: the
-    /// same settings, connections of its own.
-    pub(super) fn for_session(&self, session: &str) -> Options {
+    /// same settings, the worker's `client` (kept from session to
+    /// session), and a connection of its own for the watch.
+    pub(super) fn for_session(&self, session: &str, client: Client) -> Options {
         Options {
-            client: self.client.fresh(),
+            client,
             watch_client: self.client.fresh(),
             session: session.to_string(),
             serve: Serve::One(session.to_string()),

@@ -9,10 +9,10 @@
 //! order, so one session's prompts never run side by side while up to
 //! `--jobs` sessions run at once.
 //!
-//! A worker serves a session with the one-session agent (`Agent`): its own
-//! connection, streamed parts, error answers, keys, and its watch for
-//! cancels, started when the session gets a worker and retired when its
-//! queue is empty. Prompts cancelled before the watch was up are no longer
+//! A worker serves a session with the one-session agent (`Agent`) over
+//! the worker's one keep-alive connection: streamed parts, error answers,
+//! keys, and its watch for cancels (a connection of its own), started
+//! when the session gets a worker and retired when its queue is empty. Prompts cancelled before the watch was up are no longer
 //! pending on the server, so the worker reads the session's pending set
 //! once the watch is up and passes over the others.
 //!
@@ -252,16 +252,20 @@ fn poll(
 
 /// A worker: serves one ready session at a time until the agent closes.
 fn work(shared: &Shared, opts: &Options, running: &Running) {
+    // One keep-alive connection for every session this worker serves.
+    let mut client = opts.client.fresh();
     while let Some(sid) = shared.next_session() {
         let cancels = Cancels::new();
         running.add(&cancels);
         let mut agent = Agent::new(
-            opts.for_session(&sid),
+            opts.for_session(&sid, client),
             Arc::clone(&shared.stop),
             Arc::clone(&cancels),
-        );
+        )
+        .for_every();
         let result = serve(shared, &mut agent, &sid);
         cancels.retire();
+        client = agent.into_client();
         if let Err(Fail::Fatal(why)) = result {
             shared.close(Some(why));
         }

@@ -125,6 +125,8 @@ pub(super) struct Agent {
     /// Whether the server takes streamed parts, as found by the last
     /// `sync`; `None` before the first.
     server_streams: Option<bool>,
+    /// Whether that is known without asking (see [`Agent::for_every`]).
+    streams_known: bool,
     stop: Arc<AtomicBool>,
     /// The `seq` of the last prompt handled in this epoch.
     after: u64,
@@ -149,6 +151,7 @@ impl Agent {
             cancels,
             watch_client: Some(opts.watch_client),
             server_streams: None,
+            streams_known: false,
             stop,
             after: 0,
             epoch: None,
@@ -191,6 +194,20 @@ impl Agent {
         gone(&mut self.client, &path);
         log::info!(session_id = self.session.as_str(); "agent stopped");
         Ok(())
+    }
+
+    /// The agent of a session served by `--all`: the server answered the
+    /// all-sessions poll, which came after streamed answers, so it takes
+    /// parts, and `sync` need not ask each session's `GET /sessions/{id}`.
+    pub(super) fn for_every(mut self) -> Agent {
+        self.server_streams = Some(true);
+        self.streams_known = true;
+        self
+    }
+
+    /// The agent's connection, kept for the worker's next session.
+    pub(super) fn into_client(self) -> Client {
+        self.client
     }
 
     /// Makes the agent ready to answer prompts of its session brought by
@@ -299,7 +316,7 @@ impl Agent {
             self.epoch = epoch;
             self.cancels.set_cursor(0, self.epoch.as_deref());
         }
-        if self.stream {
+        if self.stream && !self.streams_known {
             self.check_streaming()?;
         }
         self.synced = true;
