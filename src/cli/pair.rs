@@ -34,9 +34,10 @@ Prints what a phone needs to join the session, in one scan:
     token and key in its environment (RELAY_AGENT_TOKEN, RELAY_E2E_KEY),
     running CMD (the words after --; CMD when none are given).
 Without RELAY_TOKEN_SECRET the link has no token and a warning says the
-session is open to anyone who can reach the server. The link and the command
-line hold the session's secrets: show them to nobody else. Nothing is sent
-to the server.
+session is open to anyone who can reach the server. With --e2e the page
+needs an https:// PUBLIC_URL (browsers encrypt only on secure pages). The
+link and the command line hold the session's secrets: show them to nobody
+else. Nothing is sent to the server.
 
   --url PUBLIC_URL  the server's address as the phone reaches it, http:// or
                     https:// (default RELAY_URL)
@@ -125,6 +126,13 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         eprintln!(
             "relay pair: {} is this machine's own address, which a phone cannot reach: give \
              --url the address the phone reaches the server at",
+            options.url
+        );
+    }
+    if options.e2e && options.page.starts_with("http://") && !is_loopback(&options.page) {
+        eprintln!(
+            "relay pair: browsers encrypt only on https:// pages (and on localhost): over \
+             {} the page will refuse to send; serve it over TLS (see the book's TLS chapter)",
             options.url
         );
     }

@@ -75,7 +75,7 @@ fn pair_code_reads_back_as_the_link_on_light_and_dark_terminals() {
 }
 
 #[test]
-fn pair_without_a_secret_warns_that_the_session_is_open() {
+fn pair_warns_of_an_open_session_and_of_addresses_the_phone_cannot_use() {
     let out = pair(
         &["--url", "http://192.0.2.7:8000", "--session", "open-one"],
         &[],
@@ -100,6 +100,15 @@ fn pair_without_a_secret_warns_that_the_session_is_open() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("a phone cannot reach"), "{err}");
+    // An end-to-end key over http:// to another machine: the page cannot
+    // encrypt there, and is said to refuse.
+    let out = pair(
+        &["--url", "http://192.0.2.7:8000", "--session", "s", "--e2e"],
+        &[("RELAY_TOKEN_SECRET", SECRET)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("encrypt only on https://"), "{err}");
     // With the secret, no warning at all.
     let out = pair(
         &["--url", "http://192.0.2.7:8000", "--session", "s"],
