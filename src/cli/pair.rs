@@ -112,28 +112,19 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         Ok(lines) => lines,
         Err(e) => return super::usage_error("pair", &e),
     };
-    if !pairing.tokens {
-        eprintln!(
-            "relay pair: RELAY_TOKEN_SECRET is not set, so the link carries no token: session {} \
-             is open to anyone who can reach the server (unless the server requires \
-             RELAY_CLIENT_TOKEN, which the page then asks for). To close it, give the server \
-             and relay pair the same RELAY_TOKEN_SECRET (32 bytes or more): see \"Tokens for one \
-             session\" in the book's security chapter.",
-            options.session
-        );
+    for warning in warnings(&options, &pairing) {
+        eprintln!("relay pair: {warning}");
     }
-    if is_loopback(&options.page) {
+    // The colour sequences take no column.
+    let columns = qr.first().map_or(0, |l| {
+        l.chars()
+            .count()
+            .saturating_sub(INK_ON_PAPER.len() + RESET.len())
+    });
+    if let Some(have) = terminal_columns().filter(|have| *have < columns) {
         eprintln!(
-            "relay pair: {} is this machine's own address, which a phone cannot reach: give \
-             --url the address the phone reaches the server at",
-            options.url
-        );
-    }
-    if options.e2e && options.page.starts_with("http://") && !is_loopback(&options.page) {
-        eprintln!(
-            "relay pair: browsers encrypt only on https:// pages (and on localhost): over \
-             {} the page will refuse to send; serve it over TLS (see the book's TLS chapter)",
-            options.url
+            "relay pair: the code is {columns} columns wide and this terminal {have}: widen \
+             it, or its lines wrap and the code cannot be read"
         );
     }
     println!("Scan this with the phone's camera, or open the link on the phone:");
@@ -144,13 +135,62 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
         println!("{line}");
     }
     println!();
-    match options.command.is_empty() {
-        true => println!("Then, on this machine, the agent (CMD: the command that answers):"),
-        false => println!("Then, on this machine, the agent:"),
+    if options.command.is_empty() {
+        println!("Then, on this machine, the agent (CMD: the command that answers):");
+    } else {
+        println!("Then, on this machine, the agent:");
     }
     println!();
     println!("{}", pairing.agent);
     0
+}
+
+/// What the person should know before scanning: a session open to all,
+/// an address the phone cannot reach, a page that cannot encrypt.
+fn warnings(options: &Options, pairing: &Pairing) -> Vec<String> {
+    let mut out = Vec::new();
+    if !pairing.tokens {
+        out.push(format!(
+            "RELAY_TOKEN_SECRET is not set, so the link carries no token: session {} is open \
+             to anyone who can reach the server (unless the server requires \
+             RELAY_CLIENT_TOKEN, which the page then asks for). To close it, give the server \
+             and relay pair the same RELAY_TOKEN_SECRET (32 bytes or more): see \"Tokens for \
+             one session\" in the book's security chapter.",
+            options.session
+        ));
+    }
+    let own = is_loopback(&options.page);
+    if own {
+        out.push(format!(
+            "{} is this machine's own address, which a phone cannot reach: give --url the \
+             address the phone reaches the server at",
+            options.url
+        ));
+    }
+    if options.e2e && options.page.starts_with("http://") && !own {
+        out.push(format!(
+            "browsers encrypt only on https:// pages (and on localhost): over {} the page will \
+             refuse to send; serve it over TLS (see the book's TLS chapter)",
+            options.url
+        ));
+    }
+    out
+}
+
+/// The width of the terminal on stdout; `None` when stdout is no
+/// terminal (a pipe, a file), whose lines do not wrap.
+fn terminal_columns() -> Option<usize> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given,
+    // which lives for the call; on a descriptor that is no terminal it
+    // fails and writes nothing.
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    (ok && size.ws_col > 0).then_some(usize::from(size.ws_col))
 }
 
 /// Checks the flags; called by `tool_options`.
