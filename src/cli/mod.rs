@@ -2,7 +2,8 @@
 //! side: long-poll, run a command per prompt, post its output), `relay send`
 //! (post a prompt, print its answers), `relay ask` and `relay reply` (a
 //! question from the agent and the person's answer), `relay health` (the container
-//! health check) and `relay token` (a token for one session). The network
+//! health check), `relay token` (a token for one session) and `relay pair`
+//! (a phone's link and QR code, and the agent's command line). The network
 //! ones are blocking clients over `std::net`, sharing one small HTTP client
 //! ([`client`]); the server's own code is reused for validation (session
 //! ids, size limits), settings (logging, address) and the token format.
@@ -16,6 +17,7 @@ mod context;
 pub mod e2e;
 mod fail;
 pub mod health;
+pub mod pair;
 mod parts;
 pub mod reply;
 pub mod send;
@@ -45,6 +47,8 @@ commands (each has --help):
       print a token for one session, signed with RELAY_TOKEN_SECRET
   relay key
       print a new key for --e2e-key (end-to-end encryption)
+  relay pair --url PUBLIC_URL --session ID [--e2e] [--expires S] [-- CMD [ARGS...]]
+      print a phone's link to the session as a QR code, and the agent's command line
 ";
 
 const KEY_HELP: &str = "usage: relay key
@@ -95,12 +99,15 @@ pub fn dispatch(args: &[String], env: &[(String, String)]) -> Option<u8> {
         "health" => Some(health::main(rest, env)),
         "token" => Some(token::main(rest, env)),
         "key" => Some(key_main(rest)),
+        "pair" => Some(pair::main(rest, env)),
         // `relay help agent` is `relay agent --help`; `relay help` alone is
         // the server's help (config::parse).
         "help" => match rest.first() {
             Some(sub)
-                if ["agent", "send", "ask", "reply", "health", "token", "key"]
-                    .contains(&sub.as_str()) =>
+                if [
+                    "agent", "send", "ask", "reply", "health", "token", "key", "pair",
+                ]
+                .contains(&sub.as_str()) =>
             {
                 dispatch(&[sub.clone(), "--help".to_string()], env)
             }
@@ -459,6 +466,7 @@ mod tests {
             include_str!("reply.rs"),
             include_str!("health.rs"),
             include_str!("token.rs"),
+            include_str!("pair.rs"),
             include_str!("command.rs"),
             include_str!("context.rs"),
             include_str!("e2e.rs"),

@@ -84,16 +84,22 @@ fn mint(parsed: &Parsed, env: &[(String, String)], now: Duration) -> Result<Stri
     };
     let expires = match parsed.value("--expires") {
         None => None,
-        Some(_) => {
-            let ttl = super::seconds_of(parsed, "--expires", Duration::ZERO)?;
-            // Whole seconds, rounded up: a token never ends early.
-            Some(now.as_secs() + ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
-        }
+        Some(_) => Some(expiry(
+            now,
+            super::seconds_of(parsed, "--expires", Duration::ZERO)?,
+        )),
     };
     Ok(match prefix {
         Some(_) => secret.mint_prefix(role, &session, expires),
         None => secret.mint(role, &session, expires),
     })
+}
+
+/// The expiry of a token that lasts `ttl` from `now` (since the epoch), in
+/// Unix seconds: whole seconds, rounded up, so a token never ends early.
+/// `relay pair` mints its tokens with it too.
+pub(super) fn expiry(now: Duration, ttl: Duration) -> u64 {
+    now.as_secs() + ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)
 }
 
 #[cfg(test)]

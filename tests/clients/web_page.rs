@@ -918,7 +918,7 @@ impl Drop for E2eAgent {
 
 /// The browser for this test, one test at a time; `None` (skipped) over
 /// TLS, since the page is opened over http://.
-fn browser_turn() -> Option<MutexGuard<'static, ()>> {
+pub(crate) fn browser_turn() -> Option<MutexGuard<'static, ()>> {
     if skip_with_tls("the browser opens the page over http://") {
         return None;
     }

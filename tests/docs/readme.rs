@@ -101,7 +101,7 @@ agent|send|ask|reply|health)
     case $arg in --) break ;; --url|--url=*) exec "$bin" "$@" ;; esac
   done
   exec "$bin" "$1" --url "$(cat "$README_TEST_DIR/url")" "${@:2}" ;;
-token|key|-h|--help|-V|--version) exec "$bin" "$@" ;;
+token|key|pair|-h|--help|-V|--version) exec "$bin" "$@" ;;
 esac
 exec "$bin" "$@" --host 127.0.0.1 --port 0 --log-format json 2>>"$README_TEST_DIR/server.log"
 "#;

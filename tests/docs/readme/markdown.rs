@@ -225,6 +225,7 @@ pub fn is_server(text: &str) -> bool {
                 | "health"
                 | "token"
                 | "key"
+                | "pair"
                 | "-h"
                 | "--help"
                 | "-V"
