@@ -1260,6 +1260,8 @@ def one_session(page, watch, args):
     page.evaluate(f"location.hash = '#{args.session}&token={args.other_token}'")
     expect(page.locator("#token-why")).to_contain_text("token expired", timeout=WAIT_MS)
     expect(page.locator("#status")).to_have_text("Refused: token expired")
+    expect(page.locator("#new")).to_be_hidden()
+    expect(page.locator("#new-why")).to_have_text('No "New" here: the relay says "token expired".')
     shot(page, args, "page-refused.png")
     watch.check_clean()
 
@@ -1283,6 +1285,44 @@ RECORD_SHOWN = """(() => {
 })()"""
 NOTIFICATIONS = """navigator.serviceWorker.ready.then((r) => r.getNotifications())
   .then((ns) => ns.map((n) => ({ title: n.title, body: n.body, tag: n.tag, data: n.data })))"""
+
+
+# A card the test draws over the page before a screenshot, for what the
+# page itself does not show: what the browser reported, the icons as a
+# home screen would crop them, a notification and the title.
+OVERLAY = """([lines, icons]) => {
+  const box = document.createElement("div");
+  box.id = "test-overlay";
+  Object.assign(box.style, { position: "fixed", left: "8px", right: "8px", bottom: "90px", padding: "10px",
+    background: "#fff", color: "#111", border: "2px dashed #b91c1c", borderRadius: "10px", font: "13px system-ui" });
+  const head = document.createElement("strong");
+  head.textContent = "Drawn by the test:";
+  box.append(head);
+  for (const line of lines) {
+    const p = document.createElement("div");
+    p.textContent = line;
+    box.append(p);
+  }
+  if (icons) {
+    const row = document.createElement("div");
+    Object.assign(row.style, { display: "flex", gap: "12px", marginTop: "8px" });
+    for (const [src, radius] of [["icon.svg", "0"], ["icon.png", "50%"], ["icon.png", "22%"]]) {
+      const img = document.createElement("img");
+      img.src = src;
+      Object.assign(img.style, { width: "64px", height: "64px", borderRadius: radius });
+      row.append(img);
+    }
+    box.append(row);
+  }
+  document.body.append(box);
+  return Promise.all([...box.querySelectorAll("img")].map((i) => i.decode()));
+}"""
+
+
+def overlaid(page, args, name, lines, icons=False):
+    page.evaluate(OVERLAY, [lines, icons])
+    shot(page, args, name)
+    page.evaluate("document.getElementById('test-overlay').remove()")
 
 
 def app(page, watch, args):
@@ -1313,7 +1353,10 @@ def app(page, watch, args):
       caches.open(k).then((c) => c.keys()).then((rs) => rs.map((r) => r.url))))).then((l) => l.flat().sort())""")
     base = args.url
     assert kept_urls == sorted([base, base + "icon.png", base + "icon.svg"]), kept_urls
-    shot(page, args, "page-install.png")
+    overlaid(page, args, "page-install.png", [
+        "Page.getInstallabilityErrors: none",
+        f"manifest: {data['name']}, {data['display']}, start_url {data['start_url']}",
+        "icons: icon.svg (any); icon.png (maskable) cropped round and squircle:"], icons=True)
 
     # Notifications are asked for by the button only.
     assert page.evaluate("Notification.permission") == "default"
@@ -1347,7 +1390,9 @@ def app(page, watch, args):
     asked = [{"title": f"{args.session}: 2 new", "body": "The agent asks: Deploy now?",
               "tag": f"relay:{args.session}", "data": {"session": args.session}}]
     wait_until(page, lambda: page.evaluate("shown").count(asked[0]) == 1, f"the notification {asked}")
-    shot(page, args, "page-hidden.png")
+    overlaid(page, args, "page-hidden.png", [
+        f"document.title: {page.title()}",
+        *(f"notification: {n['title']} / {n['body']}" for n in page.evaluate("shown"))])
     say("ASKED")
 
     # The notification's click, while another conversation shows: the
