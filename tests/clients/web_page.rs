@@ -1036,17 +1036,8 @@ fn browser_explains_a_token_for_one_session() {
     let sid = unique_session();
     let token = mint(&["--role", "client", "--session", &sid]);
     let expired = mint(&["--role", "client", "--session", &sid, "--expires", "1"]);
-    // Until the relay itself says it is expired.
-    let deadline = Instant::now() + LINE_TIMEOUT;
-    let bearer = format!("Bearer {expired}");
-    while s
-        .request("GET", "/whoami", &[("Authorization", &bearer)], None)
-        .status
-        != 401
-    {
-        assert!(Instant::now() < deadline, "the token never expired");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let soon = mint(&["--role", "client", "--session", &sid, "--expires", "8"]);
+    wait_expired(&s, &expired);
     let url = format!("http://{}/", s.addr());
     let mut browser = Browser::start(&[
         "--scenario",
@@ -1057,10 +1048,38 @@ fn browser_explains_a_token_for_one_session() {
         &sid,
         &format!("--token={token}"),
         &format!("--other-token={expired}"),
+        &format!("--soon-token={soon}"),
     ]);
     println!("screenshot: {}", browser.expect("SCREENSHOT "));
     println!("screenshot: {}", browser.expect("SCREENSHOT "));
+    browser.expect("CONNECTED");
+    wait_expired(&s, &soon);
+    // Deleting the session closes the page's socket; the page reconnects.
+    let bearer = format!("Bearer {token}");
+    let r = s.request(
+        "DELETE",
+        &format!("/sessions/{sid}"),
+        &[("Authorization", &bearer)],
+        None,
+    );
+    assert_eq!(r.status, 200, "DELETE /sessions: {}", r.text());
+    browser.send("EXPIRED");
     browser.finish();
+}
+
+/// Waits until the relay itself says `token` is expired.
+#[track_caller]
+fn wait_expired(s: &Server, token: &str) {
+    let deadline = Instant::now() + LINE_TIMEOUT;
+    let bearer = format!("Bearer {token}");
+    while s
+        .request("GET", "/whoami", &[("Authorization", &bearer)], None)
+        .status
+        != 401
+    {
+        assert!(Instant::now() < deadline, "the token never expired");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The page as an app: installable by Chromium's own check, the shell

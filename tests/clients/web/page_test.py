@@ -97,7 +97,11 @@ Scenarios:
   one-session a client token for one session: "New" is not offered and
            the list says why; opening another session is refused (403)
            with the relay's reason, and the page stops reconnecting; an
-           expired token (`--other-token`) is explained as expired.
+           expired token (`--other-token`) is explained as expired; a
+           token that expires while connected (`--soon-token`; `CONNECTED`,
+           then the test waits for its expiry and drops the socket,
+           `EXPIRED`) is refused on the WebSocket's reconnect and
+           explained, not retried.
   app      installability: Chromium reports no installability error, the
            manifest keeps the session in its start URL, the service worker
            keeps only the shell (screenshot); notifications are asked for
@@ -1263,6 +1267,19 @@ def one_session(page, watch, args):
     expect(page.locator("#new")).to_be_hidden()
     expect(page.locator("#new-why")).to_have_text('No "New" here: the relay says "token expired".')
     shot(page, args, "page-refused.png")
+
+    # A token that expires while the page is connected: once the socket
+    # drops (the test deletes the session), the reconnect's upgrade is
+    # refused, the page asks /messages why, says so, and stops.
+    page.evaluate(f"location.hash = '#{args.session}&token={args.soon_token}'")
+    connected(page)
+    say("CONNECTED")
+    expect_stdin("EXPIRED")
+    expect(page.locator("#status")).to_have_text("Refused: token expired", timeout=WAIT_MS)
+    expect(page.locator("#token-why")).to_contain_text("token expired")
+    sockets = len(watch.urls)
+    page.wait_for_timeout(2000)
+    assert len(watch.urls) == sockets, f"the page kept reconnecting: {watch.urls[sockets:]}"
     watch.check_clean()
 
 
@@ -1439,6 +1456,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--token", default="")
     ap.add_argument("--other-token", default="", help="an expired token (one-session)")
+    ap.add_argument("--soon-token", default="", help="a token that expires during the test (one-session)")
     ap.add_argument("--prefix", default="", help="the prefix the token opens (new-prefix)")
     ap.add_argument("--key", default="", help="the end-to-end key (e2e)")
     ap.add_argument("--other-key", default="", help="a key the agent does not have (e2e)")
