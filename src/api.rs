@@ -14,7 +14,8 @@ use log::debug;
 use crate::config::{Config, Origins};
 use crate::http::response::{JSON, Meta};
 use crate::http::route::{
-    Route, every_query, messages_query, prompts_query, query_param, route, uint_param,
+    Route, WebFile, every_query, messages_query, prompts_query, query_param, route, uint_param,
+    web_file,
 };
 use crate::http::{Method, RequestHead, upgrade};
 use crate::ratelimit::{RateLimiter, client_addr};
@@ -222,7 +223,7 @@ fn role(route: &Route) -> Role {
         Route::Metrics => Role::Metrics,
         // Any valid token, or none on an open server: checked by `whoami`.
         Route::Whoami => Role::Open,
-        Route::WebPage
+        Route::Web(_)
         | Route::Healthz
         | Route::Readyz
         | Route::Preflight { .. }
@@ -246,7 +247,7 @@ fn route_session(route: &Route) -> Option<&SessionId> {
         // Listed one by one, not `_`: a new route with a session in its
         // path must be placed here on purpose, or a token for one session
         // would open it for every session.
-        Route::WebPage
+        Route::Web(_)
         | Route::Healthz
         | Route::Metrics
         | Route::Readyz
@@ -390,8 +391,8 @@ impl Api {
         body: &[u8],
         facts: Facts,
     ) -> Result<Outcome, ApiError> {
-        let route = if head.path == "/" && !self.web {
-            Route::NotFound // the page is off: `/` is an unknown path
+        let route = if !self.web && web_file(&head.path).is_some() {
+            Route::NotFound // the page is off: its paths are unknown
         } else {
             route(head.method(), &head.path)?
         };
@@ -416,7 +417,7 @@ impl Api {
         };
         let (now, unix_ms) = (turn.now, turn.unix_ms);
         let answer = match route {
-            Route::WebPage => web_page(),
+            Route::Web(file) => web_answer(file, head.query.as_deref()),
             Route::Healthz => Answer::ok(healthz_body(relay, unix_ms, facts)),
             Route::Whoami => Answer::ok(self.whoami(head, unix_ms / 1000)?),
             Route::Readyz => self.readyz(relay, facts),
@@ -798,13 +799,36 @@ fn preflight(allow: &'static str) -> Answer {
     }
 }
 
-/// The chat page, from the binary.
-fn web_page() -> Answer {
+/// The chat page or one of its files, from the binary; the manifest
+/// names in its start URL the session `?session=` gives.
+fn web_answer(file: WebFile, query: Option<&str>) -> Answer {
+    let (content_type, body) = match file {
+        WebFile::Page => (web::CONTENT_TYPE, Body::Static(web::PAGE)),
+        WebFile::Manifest => (
+            web::MANIFEST_TYPE,
+            Body::Owned(web::manifest(
+                query_param(query, "session")
+                    .ok()
+                    .flatten()
+                    .and_then(|s| SessionId::new(&s))
+                    .as_ref()
+                    .map(SessionId::as_str),
+            )),
+        ),
+        WebFile::Worker => ("text/javascript; charset=utf-8", Body::Static(web::WORKER)),
+        WebFile::IconSvg => ("image/svg+xml", Body::Static(web::ICON_SVG)),
+        WebFile::IconPng => ("image/png", Body::Static(web::ICON_PNG)),
+    };
+    let csp = match file {
+        WebFile::Page => web::csp(),
+        WebFile::Worker => web::WORKER_CSP,
+        _ => web::FILE_CSP,
+    };
     Answer {
         status: 200,
-        content_type: web::CONTENT_TYPE,
-        body: Body::Static(web::PAGE),
-        extra: web::headers()
+        content_type,
+        body,
+        extra: web::headers(csp)
             .iter()
             .map(|&(k, v)| (k, v.to_string()))
             .collect(),

@@ -69,7 +69,9 @@ fn route_index(method: Method, path: &str) -> u8 {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     match (method, first) {
         (Method::Options, _) => 8,
+        // The page and the files that install it.
         (_, "") => 7,
+        _ if crate::http::route::web_file(path).is_some() => 7,
         (_, "prompt") => 9,
         (_, "cancel") => 2,
         (_, "response") => 13,
@@ -278,6 +280,8 @@ mod tests {
         assert_eq!(route_label(Method::Get, "/prompts/abc"), "prompts");
         assert_eq!(route_label(Method::Put, "/sessions/x"), "session_put");
         assert_eq!(route_label(Method::Get, "/"), "page");
+        assert_eq!(route_label(Method::Get, "/sw.js"), "page");
+        assert_eq!(route_label(Method::Head, "/icon.png"), "page");
         assert_eq!(route_label(Method::Options, "/prompt"), "preflight");
         assert_eq!(route_label(Method::Get, "/anything/else"), "other");
         assert!(ROUTES.is_sorted(), "the exposition lists routes by label");

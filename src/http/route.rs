@@ -18,8 +18,9 @@ pub const MAX_LIMIT: usize = 1000;
 /// What a request asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Route {
-    /// `GET /`: the chat page (off with `RELAY_WEB=false`).
-    WebPage,
+    /// `GET /` and the files that make the chat page an app (all off with
+    /// `RELAY_WEB=false`).
+    Web(WebFile),
     Healthz,
     /// `GET /metrics`: Prometheus text.
     Metrics,
@@ -60,14 +61,41 @@ pub enum Route {
     NotFound,
 }
 
+/// The chat page and what installs it: the web app manifest, the service
+/// worker and the icons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WebFile {
+    Page,
+    Manifest,
+    Worker,
+    IconSvg,
+    IconPng,
+}
+
+/// The chat page's file at `path`, if it is one.
+pub fn web_file(path: &str) -> Option<WebFile> {
+    Some(match path {
+        "/" => WebFile::Page,
+        "/manifest.webmanifest" => WebFile::Manifest,
+        "/sw.js" => WebFile::Worker,
+        "/icon.svg" => WebFile::IconSvg,
+        "/icon.png" => WebFile::IconPng,
+        _ => return None,
+    })
+}
+
 /// Maps a method and path to its route. `Err` is a bad session id (400).
 pub fn route(method: Method, path: &str) -> Result<Route, ApiError> {
     use Method::*;
+    if let Some(file) = web_file(path) {
+        let allow = "GET, HEAD, OPTIONS";
+        return Ok(match method {
+            Get | Head => Route::Web(file),
+            Options => Route::Preflight { allow },
+            _ => Route::MethodNotAllowed { allow },
+        });
+    }
     let (allow, route): (&'static str, Option<Route>) = match path {
-        "/" => (
-            "GET, HEAD, OPTIONS",
-            matches!(method, Get | Head).then_some(Route::WebPage),
-        ),
         "/healthz" => (
             "GET, HEAD, OPTIONS",
             matches!(method, Get | Head).then_some(Route::Healthz),
@@ -329,7 +357,11 @@ mod tests {
     #[test]
     fn routes_and_methods() {
         assert_eq!(route(Method::Get, "/healthz").unwrap(), Route::Healthz);
-        assert_eq!(route(Method::Head, "/").unwrap(), Route::WebPage);
+        assert_eq!(route(Method::Head, "/").unwrap(), Route::Web(WebFile::Page));
+        assert_eq!(
+            route(Method::Get, "/sw.js").unwrap(),
+            Route::Web(WebFile::Worker)
+        );
         assert_eq!(
             route(Method::Post, "/").unwrap(),
             Route::MethodNotAllowed {

@@ -1,6 +1,7 @@
 //! The chat page served at `GET /`: one self-contained HTML file, compiled
-//! into the binary, and the headers it is served with. Sans-IO like `http/`:
-//! bytes and header values out, nothing else.
+//! into the binary, and the headers it is served with; beside it what makes
+//! it an installable app: the web app manifest, the service worker and two
+//! icons. Sans-IO like `http/`: bytes and header values out, nothing else.
 //!
 //! The Content-Security-Policy allows the page's own inline `<script>` and
 //! `<style>` blocks by their SHA-256 hashes (so an injected script would not
@@ -16,16 +17,62 @@ pub const PAGE: &[u8] = include_bytes!("index.html");
 /// `Content-Type` of the page.
 pub const CONTENT_TYPE: &str = "text/html; charset=utf-8";
 
+/// The service worker (`/sw.js`): the page's shell offline, and the
+/// notifications' clicks.
+pub const WORKER: &[u8] = include_bytes!("sw.js");
+
+/// The icon for any purpose (`/icon.svg`): a rounded square, drawn at any
+/// size.
+pub const ICON_SVG: &[u8] = include_bytes!("icon.svg");
+
+/// The icon that fills its square (`/icon.png`, 512 pixels, 8 shades):
+/// the manifest's maskable icon, which a phone crops to its own shape, and
+/// the home-screen icon of browsers that take only PNG.
+pub const ICON_PNG: &[u8] = include_bytes!("icon.png");
+
+/// `Content-Type` of the manifest.
+pub const MANIFEST_TYPE: &str = "application/manifest+json";
+
+/// The worker's policy: it fetches the shell from its own origin, nothing
+/// else.
+pub const WORKER_CSP: &str = "default-src 'none'; connect-src 'self'";
+
+/// The policy of the manifest and the icons: nothing in them runs.
+pub const FILE_CSP: &str = "default-src 'none'";
+
+/// The web app manifest. `session` (a valid session id) goes into the
+/// start URL's fragment, so the app opens on the conversation it was
+/// installed from; `id` leaves the fragment out, so it is one app
+/// whichever conversation it starts on. URLs are relative to the manifest,
+/// so the page also installs behind a proxy under a prefix.
+pub fn manifest(session: Option<&str>) -> Vec<u8> {
+    let mut start = String::from("./");
+    if let Some(sid) = session {
+        // Session ids are URL-unreserved characters: nothing to escape.
+        start.push('#');
+        start.push_str(sid);
+    }
+    format!(
+        "{{\"name\":\"relay\",\"short_name\":\"relay\",\
+         \"description\":\"Conversations with your agents\",\"id\":\"./\",\
+         \"start_url\":\"{start}\",\"scope\":\"./\",\"display\":\"standalone\",\
+         \"background_color\":\"#f6f7f9\",\"theme_color\":\"#1d4ed8\",\"icons\":[\
+         {{\"src\":\"icon.svg\",\"sizes\":\"any\",\"type\":\"image/svg+xml\",\"purpose\":\"any\"}},\
+         {{\"src\":\"icon.png\",\"sizes\":\"512x512\",\"type\":\"image/png\",\"purpose\":\"maskable\"}}]}}"
+    )
+    .into_bytes()
+}
+
 /// `Cache-Control` of the page: browsers revalidate on every load, so a new
 /// binary's page is seen at once (the page is small and has no validator).
 pub const CACHE_CONTROL: &str = "no-cache";
 
-/// The headers that go with the page besides type and length. Called for
-/// every `GET /` and `HEAD /`; the policy is built on the first call.
-pub fn headers() -> [(&'static str, &'static str); 5] {
+/// The headers that go with the page or one of its files besides type and
+/// length, with the policy `csp` (the page's is [`csp`]).
+pub fn headers(csp: &'static str) -> [(&'static str, &'static str); 5] {
     [
         ("Cache-Control", CACHE_CONTROL),
-        ("Content-Security-Policy", csp()),
+        ("Content-Security-Policy", csp),
         ("X-Content-Type-Options", "nosniff"),
         ("Referrer-Policy", "no-referrer"),
         ("X-Frame-Options", "DENY"),
@@ -33,13 +80,16 @@ pub fn headers() -> [(&'static str, &'static str); 5] {
 }
 
 /// The page's Content-Security-Policy. `connect-src 'self'` covers `ws:` and
-/// `wss:` to the same host and port (CSP Level 3, every current browser).
+/// `wss:` to the same host and port (CSP Level 3, every current browser);
+/// the manifest, the worker and the icons come from the page's own origin.
+/// The policy is built on the first call.
 pub fn csp() -> &'static str {
     static CSP: OnceLock<String> = OnceLock::new();
     CSP.get_or_init(|| {
         format!(
             "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; \
-             img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+             img-src 'self'; manifest-src 'self'; worker-src 'self'; base-uri 'none'; \
+             form-action 'none'; frame-ancestors 'none'",
             hash_sources(PAGE, b"<script>", b"</script>"),
             hash_sources(PAGE, b"<style>", b"</style>"),
         )
@@ -144,6 +194,20 @@ fn sha256(data: &[u8]) -> [u8; 32] {
 mod tests {
     use super::*;
 
+    #[test]
+    fn manifest_is_json_and_keeps_the_session_in_its_start_url() {
+        let m: serde_json::Value = serde_json::from_slice(&manifest(Some("team-1"))).unwrap();
+        assert_eq!(m["start_url"], "./#team-1");
+        assert_eq!(m["id"], "./");
+        assert_eq!(m["display"], "standalone");
+        assert_eq!(m["icons"][0]["src"], "icon.svg");
+        assert_eq!(m["icons"][1]["purpose"], "maskable");
+        let m: serde_json::Value = serde_json::from_slice(&manifest(None)).unwrap();
+        assert_eq!(m["start_url"], "./");
+        assert!(ICON_PNG.starts_with(b"\x89PNG\r\n\x1a\n"));
+        assert!(ICON_SVG.starts_with(b"<svg "));
+    }
+
     fn hex(b: &[u8]) -> String {
         b.iter().map(|x| format!("{x:02x}")).collect()
     }
@@ -197,10 +261,15 @@ mod tests {
     #[test]
     fn page_is_self_contained_and_small() {
         let page = std::str::from_utf8(PAGE).expect("the page is UTF-8");
-        // One small download on a phone, with encryption, Markdown and
-        // streamed answers: the budget is 64 KiB.
-        assert!(PAGE.len() < 64 * 1024, "page is {} bytes", PAGE.len());
-        for external in ["src=", "href=\"http", "@import", "url("] {
+        // One small download on a phone, with encryption, Markdown,
+        // streamed answers, questions, the list of conversations and
+        // notifications: the budget is 80 KiB (the app's other files add
+        // under 6 KiB, and the service worker keeps them all offline).
+        assert!(PAGE.len() < 80 * 1024, "page is {} bytes", PAGE.len());
+        let files = WORKER.len() + ICON_SVG.len() + ICON_PNG.len() + manifest(None).len();
+        assert!(files < 6 * 1024, "the app's files are {files} bytes");
+        // Only the app's own files, by relative paths.
+        for external in ["src=", "href=\"http", "href=\"/", "@import", "url("] {
             assert!(!page.contains(external), "page loads {external}");
         }
         // Message text goes through textContent only.

@@ -88,6 +88,30 @@ Scenarios:
            a long server error, the socket dropped and reopened): the row,
            the header and the conversation keep their boxes throughout,
            and no label spills out of the row.
+  new-prefix the page is opened with `#token=TOKEN` (a client token for the
+           sessions under `--prefix`): it starts a conversation under the
+           prefix, "New" another; a real `relay agent --prefix` answers
+           both at once (its command waits until it runs for both);
+           `SESSIONS <first> <second>`; the list of conversations shows
+           both (screenshot), switches back to the first and forgets one.
+  one-session a client token for one session: "New" is not offered and
+           the list says why; opening another session is refused (403)
+           with the relay's reason, and the page stops reconnecting; an
+           expired token (`--other-token`) is explained as expired; a
+           token that expires while connected (`--soon-token`; `CONNECTED`,
+           then the test waits for its expiry and drops the socket,
+           `EXPIRED`) is refused on the WebSocket's reconnect and
+           explained, not retried.
+  app      installability: Chromium reports no installability error, the
+           manifest keeps the session in its start URL, the service worker
+           keeps only the shell (screenshot); notifications are asked for
+           only by the button; while the page is hidden (`HIDDEN`) an
+           answer and a question from the agent count in the title and
+           show one notification (`NOTIFIED`, `ASKED`; screenshot); its
+           click (the worker's handler) brings the conversation forward;
+           seen again the count and the notification go, and an answer
+           while visible (`VISIBLE`) shows none (`QUIET`); offline, a
+           reload still opens the page from the worker's copy.
 """
 
 import argparse
@@ -208,6 +232,12 @@ def wait_until(page, cond, what):
         page.wait_for_timeout(50)
 
 
+def kept(page, sid):
+    """What this device keeps of conversation `sid` (localStorage)."""
+    chats = page.evaluate("JSON.parse(localStorage.getItem('relay.chats') || '[]')")
+    return next((c for c in chats if c.get("id") == sid), {})
+
+
 def connected(page):
     expect(page.locator("#status")).to_have_attribute("data-state", "ok", timeout=WAIT_MS)
     expect(page.locator("#status")).to_have_text("Connected")
@@ -316,8 +346,8 @@ def token(page, watch, args):
     page.get_by_role("button", name="Use").click()
     expect(form).to_be_hidden()
     connected(page)
-    stored = page.evaluate("sessionStorage.getItem('relay.client_token')")
-    assert stored == args.token, f"token not kept in sessionStorage: {stored!r}"
+    stored = kept(page, args.session)
+    assert stored.get("token") == args.token, f"token not kept with the conversation: {stored!r}"
     # A token that is an HTTP token travels as the subprotocol, not in the URL.
     assert watch.urls and not any("token=" in u for u in watch.urls), f"token in {watch.urls}"
 
@@ -331,8 +361,8 @@ def fragment(page, watch, args):
     page.goto(f"{args.url}#{args.session}&token={args.token}")
     connected(page)
     expect(page.locator("#token-form")).to_be_hidden()
-    stored = page.evaluate("sessionStorage.getItem('relay.client_token')")
-    assert stored == args.token, f"token not kept in sessionStorage: {stored!r}"
+    stored = kept(page, args.session)
+    assert stored.get("token") == args.token, f"token not kept with the conversation: {stored!r}"
     address = page.evaluate("location.href")
     assert args.token not in address, f"the token stays in the address: {address}"
     assert page.evaluate("location.hash") == f"#{args.session}", address
@@ -408,10 +438,11 @@ def e2e(page, watch, args):
     expect(mine).not_to_have_class(PENDING, timeout=WAIT_MS)
     wrong_watch.check_clean()
 
-    # No key: encrypted texts read "cannot decrypt", never e2e1:...
+    # No key (an empty `key=`: this device keeps the last key given for
+    # the conversation): encrypted texts read "cannot decrypt", never e2e1:...
     bare = page.context.new_page()
     bare_watch = Watch(bare)
-    bare.goto(f"{args.url}#{args.session}")
+    bare.goto(f"{args.url}#{args.session}&key=")
     connected(bare)
     expect(bare.locator("#e2e")).to_be_hidden()
     expect(bare.locator("article .text")).to_have_text(["cannot decrypt"] * 6, timeout=WAIT_MS)
@@ -472,7 +503,7 @@ def ask_key(page, watch, args):
     use.click()
     expect(why).to_contain_text("not a relay key", timeout=WAIT_MS)
     expect(form).to_be_visible()
-    assert page.evaluate("sessionStorage.getItem('relay.e2e_key')") is None
+    assert not kept(page, args.session).get("key")
     expect(texts).to_have_text(["cannot decrypt"] * 2)
 
     # The right key: what is shown is decrypted, the key kept as the token is.
@@ -482,7 +513,7 @@ def ask_key(page, watch, args):
     expect(texts).to_have_text(["the plan", "THE PLAN"], timeout=WAIT_MS)
     expect(page.locator(".undecryptable")).to_have_count(0)
     expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
-    assert page.evaluate("sessionStorage.getItem('relay.e2e_key')") == args.key
+    assert kept(page, args.session).get("key") == args.key
     assert args.key not in page.evaluate("location.href")
     assert not posts, f"a prompt was posted before the key was entered: {posts}"
 
@@ -501,10 +532,11 @@ def ask_key(page, watch, args):
     expect(form).to_be_hidden()
     watch.check_clean()
 
-    # Another tab, which has no key: asked for at once, from the history.
+    # Another tab opened with no key (an empty `key=`): asked for at once,
+    # from the history.
     bare = page.context.new_page()
     bare_watch = Watch(bare)
-    bare.goto(f"{args.url}#{args.session}")
+    bare.goto(f"{args.url}#{args.session}&key=")
     connected(bare)
     expect(bare.locator("#key-form")).to_be_visible(timeout=WAIT_MS)
     expect(bare.locator("article .text")).to_have_text(["cannot decrypt"] * 4, timeout=WAIT_MS)
@@ -1062,11 +1094,11 @@ def ask_e2e(page, watch, args):
         assert clear not in json.dumps(posts), posts
         assert not any(clear in str(f) for f in watch.received), f"{clear} came over the WebSocket"
 
-    # Without the key: the texts read "cannot decrypt", the choices too,
-    # and nothing can be picked.
+    # Without the key (an empty `key=`): the texts read "cannot decrypt",
+    # the choices too, and nothing can be picked.
     bare = page.context.new_page()
     bare_watch = Watch(bare)
-    bare.goto(f"{args.url}#{args.session}")
+    bare.goto(f"{args.url}#{args.session}&key=")
     connected(bare)
     expect(ask_card(bare, "k-e").locator(".text")).to_have_text("cannot decrypt", timeout=WAIT_MS)
     expect(ask_card(bare, "k-e").locator(".out")).to_have_text("Answer: cannot decrypt")
@@ -1156,15 +1188,276 @@ def status(page, watch, args):
     watch.check_clean()
 
 
+def shot(page, args, name):
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, name)
+    page.screenshot(path=path)
+    say(f"SCREENSHOT {path}")
+
+
+def open_chats(page):
+    if page.locator("#chats").is_hidden():
+        page.get_by_role("button", name="Chats").click()
+    expect(page.locator("#chats")).to_be_visible()
+
+
+def new_prefix(page, watch, args):
+    page.goto(f"{args.url}#token={args.token}")
+    connected(page)
+    first = page.evaluate("location.hash")[1:]
+    assert first.startswith(args.prefix), f"{first} is not under {args.prefix}"
+    assert args.token not in page.evaluate("location.href")
+    send_prompt(page, "first", None)
+    page.get_by_role("button", name="New").click()
+    expect(page.get_by_label("Session")).not_to_have_value(first)
+    connected(page)
+    second = page.evaluate("location.hash")[1:]
+    assert second.startswith(args.prefix) and second != first, (first, second)
+    expect(page.locator("article")).to_have_count(0)
+    send_prompt(page, "second", None)
+    # The agent's command answers only once it runs for both at once.
+    expect(page.locator("article.answer .text")).to_have_text("SECOND (2 AT ONCE)", timeout=WAIT_MS)
+    say(f"SESSIONS {first} {second}")
+    for sid in (first, second):
+        assert kept(page, sid).get("token") == args.token, kept(page, sid)
+
+    open_chats(page)
+    expect(page.locator("#chat-list .go")).to_have_text([second, first])
+    expect(page.locator("#chat-list .go[aria-current]")).to_have_text(second)
+    expect(page.locator("#new-why")).to_be_hidden()
+    shot(page, args, "page-chats.png")
+    page.get_by_role("button", name=first, exact=True).click()
+    expect(page.locator("#chats")).to_be_hidden()
+    connected(page)
+    expect(page.locator("article.answer .text")).to_have_text("FIRST (2 AT ONCE)", timeout=WAIT_MS)
+    expect(page.locator("article.prompt .text")).to_have_text("first")
+    open_chats(page)
+    page.get_by_role("button", name=f"Forget {second}").click()
+    expect(page.locator("#chat-list .go")).to_have_text([first])
+    assert not kept(page, second), "a forgotten conversation stays on the device"
+    watch.check_clean()
+
+
+def one_session(page, watch, args):
+    page.goto(f"{args.url}#{args.session}&token={args.token}")
+    connected(page)
+    expect(page.locator("#new")).to_be_hidden()
+    open_chats(page)
+    why = page.locator("#new-why")
+    expect(why).to_be_visible()
+    expect(why).to_contain_text(f"opens only the conversation {args.session}")
+    shot(page, args, "page-one-session.png")
+
+    # Another session with this token: the relay's reason, and no retrying.
+    sockets = len(watch.urls)
+    page.get_by_label("Session").fill(args.session + "-other")
+    page.get_by_role("button", name="Open", exact=True).click()
+    expect(page.locator("#token-form")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#token-why")).to_contain_text("token is for another session")
+    expect(page.locator("#status")).to_have_text("Refused: token is for another session")
+    # Backoff starts at half a second: two seconds would see retries.
+    page.wait_for_timeout(2000)
+    expect(page.locator("#status")).to_have_text("Refused: token is for another session")
+    assert len(watch.urls) == sockets, f"the page kept reconnecting: {watch.urls[sockets:]}"
+
+    # An expired token: said so.
+    page.evaluate(f"location.hash = '#{args.session}&token={args.other_token}'")
+    expect(page.locator("#token-why")).to_contain_text("token expired", timeout=WAIT_MS)
+    expect(page.locator("#status")).to_have_text("Refused: token expired")
+    expect(page.locator("#new")).to_be_hidden()
+    expect(page.locator("#new-why")).to_have_text('No "New" here: the relay says "token expired".')
+    shot(page, args, "page-refused.png")
+
+    # A token that expires while the page is connected: once the socket
+    # drops (the test deletes the session), the reconnect's upgrade is
+    # refused, the page asks /messages why, says so, and stops.
+    page.evaluate(f"location.hash = '#{args.session}&token={args.soon_token}'")
+    connected(page)
+    say("CONNECTED")
+    expect_stdin("EXPIRED")
+    expect(page.locator("#status")).to_have_text("Refused: token expired", timeout=WAIT_MS)
+    expect(page.locator("#token-why")).to_contain_text("token expired")
+    sockets = len(watch.urls)
+    page.wait_for_timeout(2000)
+    assert len(watch.urls) == sockets, f"the page kept reconnecting: {watch.urls[sockets:]}"
+    watch.check_clean()
+
+
+SET_HIDDEN = """(hidden) => {
+  for (const [name, value] of [["hidden", hidden], ["visibilityState", hidden ? "hidden" : "visible"]])
+    Object.defineProperty(document, name, { configurable: true, get: () => value });
+  document.dispatchEvent(new Event("visibilitychange"));
+}"""
+# Every notification the page had shown (the promise resolved): headless
+# Chromium's own list (getNotifications) may drop one shown from a page.
+RECORD_SHOWN = """(() => {
+  window.shown = [];
+  const show = ServiceWorkerRegistration.prototype.showNotification;
+  ServiceWorkerRegistration.prototype.showNotification = function (title, o) {
+    return show.call(this, title, o).then((v) => {
+      window.shown.push({ title, body: o.body, tag: o.tag, data: o.data });
+      return v;
+    });
+  };
+})()"""
+NOTIFICATIONS = """navigator.serviceWorker.ready.then((r) => r.getNotifications())
+  .then((ns) => ns.map((n) => ({ title: n.title, body: n.body, tag: n.tag, data: n.data })))"""
+
+
+# A card the test draws over the page before a screenshot, for what the
+# page itself does not show: what the browser reported, the icons as a
+# home screen would crop them, a notification and the title.
+OVERLAY = """([lines, icons]) => {
+  const box = document.createElement("div");
+  box.id = "test-overlay";
+  Object.assign(box.style, { position: "fixed", left: "8px", right: "8px", bottom: "90px", padding: "10px",
+    background: "#fff", color: "#111", border: "2px dashed #b91c1c", borderRadius: "10px", font: "13px system-ui" });
+  const head = document.createElement("strong");
+  head.textContent = "Drawn by the test:";
+  box.append(head);
+  for (const line of lines) {
+    const p = document.createElement("div");
+    p.textContent = line;
+    box.append(p);
+  }
+  if (icons) {
+    const row = document.createElement("div");
+    Object.assign(row.style, { display: "flex", gap: "12px", marginTop: "8px" });
+    for (const [src, radius] of [["icon.svg", "0"], ["icon.png", "50%"], ["icon.png", "22%"]]) {
+      const img = document.createElement("img");
+      img.src = src;
+      Object.assign(img.style, { width: "64px", height: "64px", borderRadius: radius });
+      row.append(img);
+    }
+    box.append(row);
+  }
+  document.body.append(box);
+  return Promise.all([...box.querySelectorAll("img")].map((i) => i.decode()));
+}"""
+
+
+def overlaid(page, args, name, lines, icons=False):
+    page.evaluate(OVERLAY, [lines, icons])
+    shot(page, args, name)
+    page.evaluate("document.getElementById('test-overlay').remove()")
+
+
+def app(page, watch, args):
+    page.add_init_script("""(() => {
+      window.permissionAsks = 0;
+      const ask = Notification.requestPermission.bind(Notification);
+      Notification.requestPermission = (...a) => { window.permissionAsks++; return ask(...a); };
+    })()""")
+    page.add_init_script(RECORD_SHOWN)
+    page.goto(f"{args.url}#{args.session}")
+    connected(page)
+    page.wait_for_function("navigator.serviceWorker.controller !== null", timeout=WAIT_MS)
+    cdp = page.context.new_cdp_session(page)
+    errors = None
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while errors != []:
+        assert time.monotonic() < deadline, f"installability errors: {errors}"
+        errors = cdp.send("Page.getInstallabilityErrors")["installabilityErrors"]
+        if errors:
+            page.wait_for_timeout(200)
+    manifest = cdp.send("Page.getAppManifest")
+    assert not manifest["errors"], manifest["errors"]
+    assert manifest["url"].endswith(f"manifest.webmanifest?session={args.session}"), manifest["url"]
+    data = json.loads(manifest["data"])
+    assert data["start_url"] == f"./#{args.session}" and data["display"] == "standalone", data
+    # The worker keeps the shell only: no answer of the API.
+    kept_urls = page.evaluate("""caches.keys().then((ks) => Promise.all(ks.map((k) =>
+      caches.open(k).then((c) => c.keys()).then((rs) => rs.map((r) => r.url))))).then((l) => l.flat().sort())""")
+    base = args.url
+    assert kept_urls == sorted([base, base + "icon.png", base + "icon.svg"]), kept_urls
+    overlaid(page, args, "page-install.png", [
+        "Page.getInstallabilityErrors: none",
+        f"manifest: {data['name']}, {data['display']}, start_url {data['start_url']}",
+        "icons: icon.svg (any); icon.png (maskable) cropped round and squircle:"], icons=True)
+
+    # Notifications are asked for by the button only.
+    assert page.evaluate("Notification.permission") == "default"
+    assert page.evaluate("window.permissionAsks") == 0, "permission asked on load"
+    open_chats(page)
+    button = page.get_by_role("button", name="Notify me of answers")
+    expect(button).to_be_visible()
+    origin = args.url.split("/", 3)
+    page.context.grant_permissions(["notifications"], origin="/".join(origin[:3]))
+    button.click()
+    expect(button).to_be_hidden()
+    expect(page.locator("#notify-state")).to_contain_text("Notifications on")
+    assert page.evaluate("window.permissionAsks") == 1
+    page.get_by_role("button", name="Chats").click()
+
+    page.evaluate(SET_HIDDEN, True)
+    say("HIDDEN")
+    answer = page.locator('article.answer[data-amid="a-hidden"]')
+    expect(answer.locator(".text")).to_have_text("Built, all green.", timeout=WAIT_MS)
+    wait_until(page, lambda: page.evaluate("shown.length"), "a notification")
+    shown = page.evaluate("shown")
+    assert len(shown) == 1, shown
+    n = shown[0]
+    assert n["title"] == args.session and n["body"] == "Answer: Built, all green.", n
+    assert n["data"] == {"session": args.session}, n
+    assert page.title() == f"(1) {args.session} · relay", page.title()
+    say(f"NOTIFIED {n['body']}")
+    expect(page.locator('article[data-ask="k-hidden"]')).to_be_visible(timeout=WAIT_MS)
+    wait_until(page, lambda: page.title().startswith("(2) "), "the count at two")
+    # The conversation's one notification now tells of the question.
+    asked = [{"title": f"{args.session}: 2 new", "body": "The agent asks: Deploy now?",
+              "tag": f"relay:{args.session}", "data": {"session": args.session}}]
+    wait_until(page, lambda: page.evaluate("shown").count(asked[0]) == 1, f"the notification {asked}")
+    overlaid(page, args, "page-hidden.png", [
+        f"document.title: {page.title()}",
+        *(f"notification: {n['title']} / {n['body']}" for n in page.evaluate("shown"))])
+    say("ASKED")
+
+    # The notification's click, while another conversation shows: the
+    # worker's handler brings this one forward.
+    page.get_by_label("Session").fill(args.session + "-else")
+    page.get_by_role("button", name="Open", exact=True).click()
+    connected(page)
+    worker = page.context.service_workers[0]
+    worker.evaluate("(sid) => bring(sid)", shown[0]["data"]["session"])
+    expect(page.get_by_label("Session")).to_have_value(args.session, timeout=WAIT_MS)
+    connected(page)
+    expect(answer.locator(".text")).to_have_text("Built, all green.")
+
+    # Seen again: no count, no notification left.
+    page.evaluate(SET_HIDDEN, False)
+    expect(page).to_have_title(f"{args.session} · relay")
+    wait_until(page, lambda: not page.evaluate(NOTIFICATIONS), "the notification closed")
+    say("VISIBLE")
+    expect(page.locator('article.answer[data-amid="a-visible"] .text')).to_have_text("Seen here.", timeout=WAIT_MS)
+    page.wait_for_timeout(300)  # a notification would be shown by now
+    assert len(page.evaluate("shown")) == 2, page.evaluate("shown")
+    assert not page.evaluate(NOTIFICATIONS), page.evaluate(NOTIFICATIONS)
+    expect(page).to_have_title(f"{args.session} · relay")
+    say("QUIET")
+
+    # Offline: the page still opens, from the worker's copy.
+    page.context.set_offline(True)
+    page.reload()
+    expect(page.get_by_label("Session")).to_have_value(args.session, timeout=WAIT_MS)
+    expect(page.get_by_role("button", name="Send")).to_be_visible()
+    page.context.set_offline(False)
+    connected(page)
+    watch.check_clean()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True,
                     choices=["restart", "token", "fragment", "e2e", "ask-key", "markdown", "tables", "stream",
-                             "presence", "e2e-stream", "frames", "status", "stop", "ask", "ask-e2e"])
+                             "presence", "e2e-stream", "frames", "status", "stop", "ask", "ask-e2e",
+                             "new-prefix", "one-session", "app"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--token", default="")
+    ap.add_argument("--other-token", default="", help="an expired token (one-session)")
+    ap.add_argument("--soon-token", default="", help="a token that expires during the test (one-session)")
+    ap.add_argument("--prefix", default="", help="the prefix the token opens (new-prefix)")
     ap.add_argument("--key", default="", help="the end-to-end key (e2e)")
     ap.add_argument("--other-key", default="", help="a key the agent does not have (e2e)")
     ap.add_argument("--persistent", action="store_true",
@@ -1186,7 +1479,8 @@ def main():
                          "markdown": markdown, "tables": tables,
                          "stream": stream, "presence": presence, "e2e-stream": e2e_stream, "frames": frames,
                          "status": status, "stop": stop,
-                         "ask": ask, "ask-e2e": ask_e2e}
+                         "ask": ask, "ask-e2e": ask_e2e,
+                         "new-prefix": new_prefix, "one-session": one_session, "app": app}
             scenarios[args.scenario](page, watch, args)
         finally:
             ctx.close()
