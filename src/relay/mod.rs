@@ -142,6 +142,8 @@ pub struct Limits {
     pub draft_timeout_ms: u64,
     /// An agent is online this long after its last request ended.
     pub agent_grace_ms: u64,
+    /// The memory budget (`RELAY_MAX_MEMORY`), in bytes.
+    pub max_memory: usize,
 }
 
 impl Limits {

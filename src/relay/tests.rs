@@ -19,6 +19,7 @@ fn limits() -> Limits {
         session_ttl_ms: TTL,
         draft_timeout_ms: 60_000,
         agent_grace_ms: 30_000,
+        max_memory: 256 << 20,
     }
 }
 
