@@ -214,6 +214,34 @@ pub fn render(s: &Snapshot) -> Vec<u8> {
     );
     single(
         &mut out,
+        "relay_memory_bytes",
+        "gauge",
+        "Bytes held for sessions (logs, ids, drafts, queued output), as counted.",
+        c.memory_bytes as u64,
+    );
+    single(
+        &mut out,
+        "relay_memory_budget_bytes",
+        "gauge",
+        "The memory budget (RELAY_MAX_MEMORY).",
+        c.memory_budget as u64,
+    );
+    single(
+        &mut out,
+        "relay_sessions_resident",
+        "gauge",
+        "Sessions held in memory.",
+        c.sessions as u64,
+    );
+    single(
+        &mut out,
+        "relay_session_loads_total",
+        "counter",
+        "Sessions read back into memory from the storage.",
+        0,
+    );
+    single(
+        &mut out,
         "relay_bytes_queued",
         "gauge",
         "Bytes queued in the server for all connections.",

@@ -95,6 +95,12 @@ impl<V> IdMap<V> {
         self.table.len()
     }
 
+    /// Entries the table has room for, and the bytes of one entry: what
+    /// the memory budget weighs (the keys are the messages' own ids).
+    pub fn room(&self) -> (usize, usize) {
+        (self.table.capacity(), std::mem::size_of::<Slot<V>>())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }

@@ -1,0 +1,282 @@
+//! The memory budget over the store: what its sessions hold, counted as
+//! they change ([`SessionLog::bytes`], summed on one [`Meter`]), and what
+//! a write's records would add, so a write that would pass the budget is
+//! refused before anything changes. What each thing weighs is
+//! `store/log/weight.rs`.
+
+use std::mem::size_of;
+
+use super::MemStore;
+use crate::store::log::SessionLog;
+use crate::store::log::weight::{self, ARRIVAL, alloc, rc_bytes};
+use crate::store::message::Message;
+use crate::store::record::Record;
+
+/// Bytes a WebSocket frame adds around an answer's `data`: its header
+/// and the `{"type":"message","data":…}` around it.
+const FRAME_AROUND: usize = 10 + 26 + 1;
+
+/// What one more message adds besides its bytes and ids: its `Rc` block,
+/// its history slot, and (a prompt) its pending slot and dedupe entry.
+const MESSAGE: usize = alloc(16 + size_of::<Message>()) + 8;
+const ENTRY: usize = 48;
+const PENDING: usize = 32 + ENTRY + ARRIVAL;
+
+impl MemStore {
+    /// Bytes the sessions hold, as counted (`relay_memory_bytes`): the
+    /// logs' kept counts and the arrival order. No walk.
+    pub fn memory(&self) -> usize {
+        self.meter.get() + self.arrivals.len() * ARRIVAL
+    }
+
+    /// The same, counted from scratch by walking every session: for the
+    /// tests, which compare it with [`memory`](Self::memory).
+    pub fn recount(&self) -> usize {
+        self.sessions
+            .values()
+            .map(SessionLog::recount)
+            .sum::<usize>()
+            + self.arrivals.len() * ARRIVAL
+    }
+
+    /// The bytes the session `sid` holds, if the store holds it.
+    pub fn session_bytes(&self, sid: &str) -> Option<usize> {
+        self.sessions.get(sid).map(SessionLog::bytes)
+    }
+
+    /// What applying `records` would add to [`memory`](Self::memory), less
+    /// what trimming history frees on the way (a deletion adds nothing):
+    /// an estimate by the same weights, read off the records without
+    /// applying them.
+    pub fn growth(&self, records: &[Record]) -> isize {
+        let limit = self.limits.history_limit;
+        let mut grow = 0usize;
+        let mut freed = 0usize;
+        let mut log_of = |sid: &str, answers: Option<&str>| {
+            if let Some(log) = self.sessions.get(sid) {
+                freed += log.freed_by_next(limit, answers);
+            }
+        };
+        for r in records {
+            grow += match r {
+                Record::Created { sid, epoch } => {
+                    weight::session_slot(size_of::<SessionLog>(), sid.len())
+                        + rc_bytes(epoch.len())
+                        + 4 * ENTRY
+                }
+                Record::Prompt {
+                    sid,
+                    client_msg_id,
+                    data,
+                    ..
+                } => {
+                    log_of(sid, None);
+                    MESSAGE + PENDING + alloc(data.len()) + rc_bytes(client_msg_id.len())
+                }
+                Record::Response {
+                    sid,
+                    client_msg_id,
+                    assistant_msg_id,
+                    data,
+                    ..
+                } => {
+                    log_of(sid, Some(client_msg_id));
+                    MESSAGE
+                        + ENTRY
+                        + rc_bytes(data.data().len() + FRAME_AROUND)
+                        + rc_bytes(assistant_msg_id.len())
+                }
+                Record::Cancel {
+                    sid,
+                    client_msg_id,
+                    data,
+                    ..
+                } => {
+                    log_of(sid, Some(client_msg_id));
+                    MESSAGE + rc_bytes(data.len() + FRAME_AROUND)
+                }
+                Record::Ask {
+                    sid, ask_id, data, ..
+                }
+                | Record::Reply {
+                    sid, ask_id, data, ..
+                } => {
+                    log_of(sid, None);
+                    // The ask's entry keeps its text decoded besides.
+                    MESSAGE
+                        + ENTRY
+                        + 2 * rc_bytes(data.len() + FRAME_AROUND)
+                        + rc_bytes(ask_id.len())
+                }
+                Record::Deleted { .. } => 0,
+            };
+        }
+        grow as isize - freed as isize
+    }
+
+    /// Whether applying `records` keeps the count within `budget` bytes.
+    /// A write that frees as much as it adds is always taken, so trimming
+    /// history makes room at the budget.
+    pub fn admits(&self, records: &[Record], budget: usize) -> bool {
+        let growth = self.growth(records);
+        growth <= 0 || self.memory().saturating_add(growth as usize) <= budget
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::super::StoreLimits;
+    use super::*;
+    use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, Write};
+    use crate::store::types::SessionId;
+    use crate::time::Millis;
+
+    /// A small deterministic generator (xorshift), so a failure repeats.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn run(m: &mut MemStore, unix_ms: u64, w: Write) -> Vec<Record> {
+        let mut out = Vec::new();
+        let _ = m.decide(Millis(unix_ms), unix_ms, w, &mut out);
+        out
+    }
+
+    /// Random writes of every kind over a few sessions, with deletions,
+    /// the idle sweep, forgetting, and pages of pending prompts read: the
+    /// kept count matches a recount after every step, each session's
+    /// share matches its own, and an empty store counts nothing.
+    #[test]
+    fn the_kept_count_matches_a_recount_after_random_workloads() {
+        for seed in 1..=12u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let mut m = MemStore::new(StoreLimits {
+                history_limit: 1 + rng.below(12) as usize,
+                max_sessions: 6,
+                max_pending: 1 + rng.below(8) as usize,
+                draft_timeout_ms: 60_000,
+            });
+            assert_eq!(m.memory(), 0);
+            for step in 0..3000u64 {
+                let unix_ms = step * 10;
+                let s = format!("s{}", rng.below(5));
+                let p = format!("p{}", rng.below(40));
+                let text = "x".repeat(rng.below(300) as usize);
+                let body = match rng.below(12) {
+                    0..=3 => {
+                        format!(r#"{{"session_id":"{s}","client_msg_id":"{p}","prompt":"{text}"}}"#)
+                    }
+                    4..=6 => format!(
+                        r#"{{"session_id":"{s}","client_msg_id":"{p}","assistant_msg_id":"a{}","text":"{text}"}}"#,
+                        rng.below(40)
+                    ),
+                    7 => format!(r#"{{"session_id":"{s}","client_msg_id":"{p}"}}"#),
+                    8 => format!(
+                        r#"{{"session_id":"{s}","ask_id":"k{}","text":"{text}","choices":["a","b"],"timeout":{}}}"#,
+                        rng.below(6),
+                        1 + rng.below(30)
+                    ),
+                    9 => format!(
+                        r#"{{"session_id":"{s}","ask_id":"k{}","text":"a"}}"#,
+                        rng.below(6)
+                    ),
+                    _ => String::new(),
+                };
+                let b = body.as_bytes();
+                let records = match rng.below(12) {
+                    0..=3 => NewPrompt::parse(b).map(|w| run(&mut m, unix_ms, Write::Prompt(w))),
+                    4..=6 => NewResponse::parse(b).map(|w| run(&mut m, unix_ms, Write::answer(w))),
+                    7 => NewCancel::parse(b).map(|w| run(&mut m, unix_ms, Write::Cancel(w))),
+                    8 => NewAsk::parse(b).map(|w| run(&mut m, unix_ms, Write::Ask(w))),
+                    9 => NewReply::parse(b).map(|w| run(&mut m, unix_ms, Write::Reply(w))),
+                    10 => {
+                        let sid = Cow::Borrowed(s.as_str());
+                        let w = match rng.below(3) {
+                            0 => Write::Delete { sid },
+                            _ => Write::Create {
+                                sid: Cow::Owned(SessionId::new(&s).unwrap()),
+                                put: true,
+                            },
+                        };
+                        Ok(run(&mut m, unix_ms, w))
+                    }
+                    _ => {
+                        match rng.below(4) {
+                            0 => m.forget(&s),
+                            1 => {
+                                let mut out = Vec::new();
+                                m.collect(|_, _| rng.below(4) == 0, &mut out);
+                                for r in out {
+                                    m.apply(Millis(unix_ms), r);
+                                }
+                            }
+                            _ => {
+                                if let Some(log) = m.get_mut(&s) {
+                                    let _ = log.pending_page(None);
+                                }
+                            }
+                        }
+                        Ok(Vec::new())
+                    }
+                };
+                for r in records.unwrap_or_default() {
+                    m.apply(Millis(unix_ms), r);
+                }
+                let kept = m.memory();
+                assert_eq!(kept, m.recount(), "seed {seed} step {step}");
+                let shares: usize = (0..5)
+                    .filter_map(|i| m.session_bytes(&format!("s{i}")))
+                    .sum();
+                assert_eq!(shares, m.meter.get(), "seed {seed} step {step}");
+            }
+            m.forget_all();
+            assert_eq!(m.memory(), 0, "seed {seed}: nothing held, nothing counted");
+        }
+    }
+
+    /// A write's estimated growth is close to what applying it adds, so
+    /// the budget refuses near where the count would pass it.
+    #[test]
+    fn the_estimate_of_a_write_follows_what_it_adds() {
+        let mut m = MemStore::new(StoreLimits {
+            history_limit: 1000,
+            max_sessions: 100,
+            max_pending: 1000,
+            draft_timeout_ms: 60_000,
+        });
+        let text = "y".repeat(256);
+        let (mut guessed, mut added) = (0isize, 0isize);
+        for i in 0..200 {
+            let body = format!(
+                r#"{{"session_id":"s{}","client_msg_id":"c{i}","prompt":"{text}"}}"#,
+                i % 7
+            );
+            let records = run(
+                &mut m,
+                i,
+                Write::Prompt(NewPrompt::parse(body.as_bytes()).unwrap()),
+            );
+            let guess = m.growth(&records);
+            let before = m.memory();
+            for r in records {
+                m.apply(Millis(i), r);
+            }
+            guessed += guess;
+            added += (m.memory() - before) as isize;
+        }
+        // Tables and deques grow in steps; over many writes the two meet.
+        assert!(
+            (guessed - added).abs() * 5 < added,
+            "guessed {guessed}, added {added}"
+        );
+    }
+}
