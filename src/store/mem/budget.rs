@@ -44,82 +44,87 @@ impl MemStore {
         self.sessions.get(sid).map(SessionLog::bytes)
     }
 
-    /// What applying `records` would add to [`memory`](Self::memory), less
-    /// what trimming history frees on the way (a deletion adds nothing):
-    /// an estimate by the same weights, read off the records without
-    /// applying them.
-    pub fn growth(&self, records: &[Record]) -> isize {
-        let limit = self.limits.history_limit;
-        let mut grow = 0usize;
-        let mut freed = 0usize;
-        let mut log_of = |sid: &str, answers: Option<&str>| {
-            if let Some(log) = self.sessions.get(sid) {
-                freed += log.freed_by_next(limit, answers);
-            }
-        };
-        for r in records {
-            grow += match r {
+    /// What applying `records` would add to [`memory`](Self::memory),
+    /// before anything trimming frees (a deletion adds nothing): an
+    /// estimate by the same weights, read off the records without
+    /// applying them or looking anything up.
+    pub fn gross(&self, records: &[Record]) -> usize {
+        records
+            .iter()
+            .map(|r| match r {
                 Record::Created { sid, epoch } => {
                     weight::session_slot(size_of::<SessionLog>(), sid.len())
                         + rc_bytes(epoch.len())
                         + 4 * ENTRY
                 }
                 Record::Prompt {
-                    sid,
                     client_msg_id,
                     data,
                     ..
-                } => {
-                    log_of(sid, None);
-                    MESSAGE + PENDING + alloc(data.len()) + rc_bytes(client_msg_id.len())
-                }
+                } => MESSAGE + PENDING + alloc(data.len()) + rc_bytes(client_msg_id.len()),
                 Record::Response {
-                    sid,
-                    client_msg_id,
                     assistant_msg_id,
                     data,
                     ..
                 } => {
-                    log_of(sid, Some(client_msg_id));
                     MESSAGE
                         + ENTRY
                         + rc_bytes(data.data().len() + FRAME_AROUND)
                         + rc_bytes(assistant_msg_id.len())
                 }
-                Record::Cancel {
-                    sid,
-                    client_msg_id,
-                    data,
-                    ..
-                } => {
-                    log_of(sid, Some(client_msg_id));
-                    MESSAGE + rc_bytes(data.len() + FRAME_AROUND)
-                }
-                Record::Ask {
-                    sid, ask_id, data, ..
-                }
-                | Record::Reply {
-                    sid, ask_id, data, ..
-                } => {
-                    log_of(sid, None);
-                    // The ask's entry keeps its text decoded besides.
+                Record::Cancel { data, .. } => MESSAGE + rc_bytes(data.len() + FRAME_AROUND),
+                // The ask's entry keeps its text decoded besides.
+                Record::Ask { ask_id, data, .. } | Record::Reply { ask_id, data, .. } => {
                     MESSAGE
                         + ENTRY
                         + 2 * rc_bytes(data.len() + FRAME_AROUND)
                         + rc_bytes(ask_id.len())
                 }
                 Record::Deleted { .. } => 0,
-            };
-        }
-        grow as isize - freed as isize
+            })
+            .sum()
+    }
+
+    /// What applying `records` frees by trimming history on the way: for
+    /// each message appended to a session at its history limit, the
+    /// oldest one, and for an answer or cancel its prompt when only the
+    /// pending set held it ([`SessionLog::freed_by_next`]).
+    pub fn freed(&self, records: &[Record]) -> usize {
+        let limit = self.limits.history_limit;
+        let freed = |sid: &str, answers: Option<&str>| {
+            self.sessions
+                .get(sid)
+                .map_or(0, |log| log.freed_by_next(limit, answers))
+        };
+        records
+            .iter()
+            .map(|r| match r {
+                Record::Prompt { sid, .. }
+                | Record::Ask { sid, .. }
+                | Record::Reply { sid, .. } => freed(sid, None),
+                Record::Response {
+                    sid, client_msg_id, ..
+                }
+                | Record::Cancel {
+                    sid, client_msg_id, ..
+                } => freed(sid, Some(client_msg_id)),
+                Record::Created { .. } | Record::Deleted { .. } => 0,
+            })
+            .sum()
     }
 
     /// Whether applying `records` keeps the count within `budget` bytes.
-    /// A write that frees as much as it adds is always taken, so trimming
+    /// Far from the budget that is the sum of their sizes; near it, a
+    /// write that frees as much as it adds is always taken, so trimming
     /// history makes room at the budget.
     pub fn admits(&self, records: &[Record], budget: usize) -> bool {
-        let growth = self.growth(records);
-        growth <= 0 || self.memory().saturating_add(growth as usize) <= budget
+        let used = self.memory();
+        let gross = self.gross(records);
+        if used.saturating_add(gross) <= budget {
+            return true;
+        }
+        let freed = self.freed(records);
+        gross <= freed || used.saturating_add(gross - freed) <= budget
     }
 }
 
@@ -265,7 +270,7 @@ mod tests {
                 i,
                 Write::Prompt(NewPrompt::parse(body.as_bytes()).unwrap()),
             );
-            let guess = m.growth(&records);
+            let guess = m.gross(&records) as isize - m.freed(&records) as isize;
             let before = m.memory();
             for r in records {
                 m.apply(Millis(i), r);
