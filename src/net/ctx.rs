@@ -116,6 +116,7 @@ impl Ctx {
             counts: self.relay.counts(),
             connections: self.connections,
             bytes_queued: self.bytes_queued,
+            memory_recount: self.relay.memory_recount(),
         })
     }
 

@@ -133,7 +133,7 @@ impl Relay {
                 else {
                     return Err(ApiError::prompt_not_found());
                 };
-                let meter = self.store.meter();
+                let meter = self.store.beside();
                 live.drafts
                     .push(Draft::new(Rc::from(id.as_str()), prompt, deadline, meter));
                 live.drafts.len() - 1
@@ -222,7 +222,7 @@ impl Relay {
             Some(at) if live.drafts[at].parts >= part => return,
             // The engine holds the cap; a copy never holds more than it.
             None if part == 1 && live.drafts.len() < max_drafts => {
-                let meter = self.store.meter();
+                let meter = self.store.beside();
                 live.drafts
                     .push(Draft::new(Rc::from(aid), Rc::from(cid), deadline, meter));
                 let last = live.drafts.len() - 1;

@@ -105,7 +105,7 @@ impl Relay {
                 bytes: d.bytes,
                 parts: d.parts,
                 deadline: now.after_ms(d.deadline - unix),
-                share: Share::on(self.store.meter()),
+                share: Share::on(self.store.beside()),
             };
             draft.weigh();
             snapshots.push(delta_frame(sid, &draft, None, true));

@@ -103,6 +103,9 @@ pub struct MemStore {
     arrivals: Arrivals,
     /// The bytes the logs hold ([`budget`]), each log's share kept by it.
     meter: Meter,
+    /// The bytes held beside the logs for their sessions: drafts, and
+    /// the connections' output queues.
+    beside: Meter,
 }
 
 impl MemStore {
@@ -114,13 +117,14 @@ impl MemStore {
             ids: IdGen::new(),
             arrivals: Arrivals::default(),
             meter: Meter::default(),
+            beside: Meter::default(),
         }
     }
 
-    /// What the memory budget is counted on: the logs' bytes, and those of
-    /// the drafts and output queues that share it.
-    pub fn meter(&self) -> &Meter {
-        &self.meter
+    /// Where what is held beside the logs for their sessions (drafts,
+    /// output queues) counts on the memory budget.
+    pub fn beside(&self) -> &Meter {
+        &self.beside
     }
 
     /// Sessions stored.

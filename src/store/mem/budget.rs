@@ -23,14 +23,21 @@ const ENTRY: usize = 48;
 const PENDING: usize = 32 + ENTRY + ARRIVAL;
 
 impl MemStore {
-    /// Bytes the sessions hold, as counted (`relay_memory_bytes`): the
-    /// logs' kept counts and the arrival order. No walk.
+    /// Bytes held for the sessions, as counted (`relay_memory_bytes`): the
+    /// logs' kept counts, the arrival order, and what is held beside
+    /// (drafts, output queues). No walk.
     pub fn memory(&self) -> usize {
+        self.logs_memory() + self.beside.get()
+    }
+
+    /// The logs' part of [`memory`](Self::memory): their kept counts and
+    /// the arrival order.
+    pub fn logs_memory(&self) -> usize {
         self.meter.get() + self.arrivals.len() * ARRIVAL
     }
 
-    /// The same, counted from scratch by walking every session: for the
-    /// tests, which compare it with [`memory`](Self::memory).
+    /// The logs' part counted from scratch by walking every session: for
+    /// the tests, which compare it with [`logs_memory`](Self::logs_memory).
     pub fn recount(&self) -> usize {
         self.sessions
             .values()
