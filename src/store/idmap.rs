@@ -95,10 +95,10 @@ impl<V> IdMap<V> {
         self.table.len()
     }
 
-    /// Entries the table has room for, and the bytes of one entry: what
-    /// the memory budget weighs (the keys are the messages' own ids).
-    pub fn room(&self) -> (usize, usize) {
-        (self.table.capacity(), std::mem::size_of::<Slot<V>>())
+    /// The bytes of the table's allocation: what the memory budget
+    /// weighs (the keys are the messages' own ids).
+    pub fn heap_bytes(&self) -> usize {
+        self.table.allocation_size()
     }
 
     pub fn is_empty(&self) -> bool {

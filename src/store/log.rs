@@ -182,8 +182,9 @@ pub struct SessionLog {
     held: usize,
     /// What the asks weigh ([`Asks::weigh`]), taken again when they change.
     asks_held: usize,
-    /// The length of the session's id in the store's map.
-    key_len: usize,
+    /// What the log weighs whatever it holds: its place in the store's
+    /// map under its id, its epoch. Set when the store takes it.
+    fixed: usize,
     /// The weight last added to the store's meter ([`bytes`](Self::bytes)).
     counted: usize,
     /// The store's meter, once the store holds this log.
@@ -218,7 +219,7 @@ impl SessionLog {
             last_active: now,
             held: 0,
             asks_held: 0,
-            key_len: 0,
+            fixed: 0,
             counted: 0,
             meter: None,
         }
@@ -237,21 +238,19 @@ impl SessionLog {
             m.change(self.counted, 0);
         }
         self.meter = Some(meter.clone());
-        self.key_len = key_len;
+        self.fixed = weight::session_slot(std::mem::size_of::<SessionLog>(), key_len)
+            + weight::rc_bytes(self.epoch.len());
         self.counted = 0;
         self.sync();
     }
 
     /// The weight by the log's counters and its tables' room: no walk.
     fn weight_with(&self, held: usize, asks: usize) -> usize {
-        let (prompts, p_slot) = self.prompts.room();
-        let (responses, r_slot) = self.responses.room();
-        weight::session_slot(std::mem::size_of::<SessionLog>(), self.key_len)
-            + weight::rc_bytes(self.epoch.len())
+        self.fixed
             + weight::alloc(self.history.capacity() * std::mem::size_of::<Rc<Message>>())
             + weight::alloc(self.pending.slot_bytes())
-            + weight::table(prompts, p_slot)
-            + weight::table(responses, r_slot)
+            + weight::alloc(self.prompts.heap_bytes())
+            + weight::alloc(self.responses.heap_bytes())
             + self
                 .page
                 .as_ref()
