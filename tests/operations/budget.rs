@@ -240,20 +240,20 @@ fn a_hostile_fill_ends_at_the_budget() {
             })
         })
         .collect();
+    let reads = Arc::new(AtomicUsize::new(0));
     let reader = {
-        let (srv, stop) = (srv.clone(), stop.clone());
+        let (srv, stop, reads) = (srv.clone(), stop.clone(), reads.clone());
         std::thread::spawn(move || {
             let sid = unique_session();
             srv.prompt(&sid, "read me", Some("r1"));
-            let mut reads = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 assert_eq!(srv.messages(&sid, "")["total"], 1);
-                reads += 1;
+                reads.fetch_add(1, Ordering::Relaxed);
             }
-            reads
         })
     };
     let mut peak_kib = 0;
+    let mut reads_at_budget = None;
     let deadline = Instant::now() + Duration::from_secs(8);
     while Instant::now() < deadline || refused.load(Ordering::Relaxed) < 200 {
         assert!(
@@ -265,14 +265,22 @@ fn a_hostile_fill_ends_at_the_budget() {
             peak_kib * 1024 <= budget + 16 * MIB,
             "RSS {peak_kib} KiB past the budget + 16 MiB (at start {base_kib} KiB)"
         );
+        if reads_at_budget.is_none() && refused.load(Ordering::Relaxed) > 0 {
+            reads_at_budget = Some(reads.load(Ordering::Relaxed));
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.join().expect("a writer");
     }
-    let reads = reader.join().expect("the reader");
-    assert!(reads > 0, "reads were answered during the fill");
+    reader.join().expect("the reader");
+    let reads = reads.load(Ordering::Relaxed);
+    let at_budget = reads_at_budget.expect("writes were refused");
+    assert!(
+        reads > at_budget,
+        "reads were answered at the budget ({at_budget} before it, {reads} in all)"
+    );
     let counted = metric(&srv, "relay_memory_bytes");
     assert!(counted <= budget, "counted {counted}");
     assert_eq!(srv.get("/healthz").status, 200, "alive");
