@@ -142,7 +142,7 @@ mod tests {
     use super::super::StoreLimits;
     use super::*;
     use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, Write};
-    use crate::store::types::SessionId;
+    use crate::store::types::{Seq, SessionId};
     use crate::time::Millis;
 
     /// A small deterministic generator (xorshift), so a failure repeats.
@@ -253,6 +253,55 @@ mod tests {
             m.forget_all();
             assert_eq!(m.memory(), 0, "seed {seed}: nothing held, nothing counted");
         }
+    }
+
+    /// A log built outside the store (restored from a database, read
+    /// from Redis) counts nowhere until the store takes it, then counts
+    /// all it holds, and leaves the count when it is forgotten or replaced.
+    #[test]
+    fn a_log_taken_whole_counts_from_then_on() {
+        use crate::store::message::{Message, Parts};
+        use std::rc::Rc;
+        let mut m = MemStore::new(StoreLimits {
+            history_limit: 3,
+            max_sessions: 10,
+            max_pending: 10,
+            draft_timeout_ms: 60_000,
+        });
+        let build = || {
+            let mut log = SessionLog::restored(Millis(0), Rc::from("e"), Seq(1), Seq(0), Seq(0));
+            for n in 1..=5u64 {
+                let text = format!("\"{}\"", "r".repeat(100 * n as usize));
+                let parts = Parts {
+                    session_id: "s",
+                    id_literal: "\"id\"",
+                    prompt_id: None,
+                    text: &text,
+                    metadata: None,
+                    ts: 0,
+                    seq: Seq(n),
+                };
+                log.append_prompt(Message::prompt(Rc::from(format!("p{n}")), &parts), 3);
+            }
+            log
+        };
+        let sid = SessionId::new("s").unwrap();
+        let log = build();
+        assert!(log.bytes() > 0);
+        assert_eq!(m.memory(), 0, "not the store's yet");
+        m.insert(sid.clone(), log);
+        assert_eq!(m.logs_memory(), m.recount());
+        let one = m.memory();
+        assert_eq!(m.session_bytes("s").unwrap() + 5 * ARRIVAL, one);
+        // Its deques and tables grow at points of their own, so the same
+        // messages may weigh a little differently in another log.
+        m.insert(sid.clone(), build());
+        let two = m.session_bytes("s").unwrap() + 5 * ARRIVAL;
+        assert_eq!(m.memory(), two, "the replaced log left the count");
+        assert_eq!(m.logs_memory(), m.recount());
+        assert!(one.abs_diff(two) < one / 4);
+        m.forget("s");
+        assert_eq!(m.memory(), 0);
     }
 
     /// A write's estimated growth is close to what applying it adds, so
