@@ -39,6 +39,7 @@ fn limits() -> Limits {
         session_ttl_ms: 86_400_000,
         draft_timeout_ms: 60_000,
         agent_grace_ms: 30_000,
+        max_memory: 256 << 20,
     }
 }
 

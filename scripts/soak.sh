@@ -6,7 +6,7 @@
 #
 # Starts target/release/relay on a free loopback port with a small subscriber
 # buffer (so slow readers lag and are refilled from the log) and a history
-# limit high enough to
+# limit and a memory budget high enough to
 # keep every message, runs scripts/soak.py against it (clients, agents,
 # WebSocket subscribers that come and go, slow readers, deliberate bad
 # requests, VmRSS sampling), prints the summary, stops the server, and exits
@@ -35,7 +35,7 @@ relay_binary
 WORK="$(mktemp -d)"
 LOG="${SOAK_LOG:-$WORK/server.log}"
 trap 'stop_relay; rm -rf "$WORK"' EXIT INT TERM
-start_relay soak "$LOG" RELAY_SUBSCRIBER_BUFFER=262144 RELAY_HISTORY_LIMIT=1000000
+start_relay soak "$LOG" RELAY_SUBSCRIBER_BUFFER=262144 RELAY_HISTORY_LIMIT=1000000 RELAY_MAX_MEMORY=2G
 echo "soak: server pid $SERVER_PID at $ADDR, ${SECONDS_TO_RUN} s" >&2
 
 set +e

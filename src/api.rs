@@ -716,6 +716,8 @@ impl Api {
             Some("session limit reached")
         } else if !relay.storage_ok() {
             Some("storage")
+        } else if relay.memory_full() {
+            Some("memory")
         } else {
             None
         };

@@ -91,6 +91,9 @@ pub struct Config {
     pub draft_timeout: Duration,
     /// An agent counts as online this long after its last request ended.
     pub agent_grace: Duration,
+    /// Bytes held for sessions (logs, drafts, ids, queued output) before
+    /// writes are refused (in memory; see the book's Memory budget).
+    pub max_memory: usize,
 }
 
 impl Config {
@@ -107,6 +110,7 @@ impl Config {
                 .map_or(NEVER, |t| u64::try_from(t.as_millis()).unwrap_or(NEVER)),
             draft_timeout_ms: millis(self.draft_timeout),
             agent_grace_ms: millis(self.agent_grace),
+            max_memory: self.max_memory,
         }
     }
 }
@@ -147,6 +151,7 @@ impl Default for Config {
             token_secret: None,
             draft_timeout: Duration::from_secs(60),
             agent_grace: Duration::from_secs(30),
+            max_memory: 256 << 20,
         }
     }
 }
@@ -307,6 +312,14 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
         "bytes queued per subscriber; the rest waits in history (default 1048576)",
         |c, v| {
             c.subscriber_buffer_bytes = count(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_MAX_MEMORY",
+        "bytes held for sessions, K/M/G suffixes, at least 1M (default 256M)",
+        |c, v| {
+            c.max_memory = bytes(v)?;
             Ok(())
         },
     ),
@@ -557,6 +570,25 @@ fn count(v: &str) -> Result<usize, String> {
     }
 }
 
+/// A number of bytes, with an optional `K`, `M` or `G` suffix (powers of
+/// 1024), at least 1 MiB: a smaller budget would hold no session worth
+/// having.
+fn bytes(v: &str) -> Result<usize, String> {
+    const WHAT: &str = "expected bytes with an optional K, M or G suffix, at least 1M";
+    let v = v.trim();
+    let (digits, shift) = match v.as_bytes().last() {
+        Some(b'K' | b'k') => (&v[..v.len() - 1], 10),
+        Some(b'M' | b'm') => (&v[..v.len() - 1], 20),
+        Some(b'G' | b'g') => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    let n: usize = digits.parse().map_err(|_| WHAT.to_string())?;
+    match n.checked_mul(1 << shift) {
+        Some(b) if b >= 1 << 20 => Ok(b),
+        _ => Err(WHAT.into()),
+    }
+}
+
 fn token(v: &str) -> Result<Option<String>, String> {
     if v.is_empty() {
         Ok(None)
@@ -756,6 +788,33 @@ mod tests {
         assert_eq!(c.history_limit, 10_000);
         assert_eq!(c.cors_origins, Origins::Any);
         assert!(c.web);
+        assert_eq!(c.max_memory, 256 << 20);
+    }
+
+    #[test]
+    fn max_memory_takes_k_m_g_in_powers_of_1024_from_1m() {
+        let m = |v: &str| run(&[("RELAY_MAX_MEMORY", v)], &[]).map(|c| c.max_memory);
+        assert_eq!(m("1M").unwrap(), 1 << 20);
+        assert_eq!(m("2048K").unwrap(), 2 << 20);
+        assert_eq!(m("3G").unwrap(), 3 << 30);
+        assert_eq!(m("1048576").unwrap(), 1 << 20);
+        assert_eq!(m(" 64m ").unwrap(), 64 << 20);
+        for bad in [
+            "1023K",
+            "0",
+            "",
+            "M",
+            "1.5M",
+            "-1M",
+            "1T",
+            "99999999999999999999G",
+        ] {
+            let e = m(bad).unwrap_err();
+            assert!(
+                e.contains("RELAY_MAX_MEMORY") && e.contains("at least 1M"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -154,6 +154,12 @@ impl ApiError {
         ApiError::new(503, "Service unavailable").with_details(reason)
     }
 
+    /// A write that would pass the memory budget (contract, "Memory
+    /// budget", spells its error with a capital U).
+    pub fn memory_budget() -> ApiError {
+        ApiError::new(503, "Service Unavailable").with_details("memory budget reached")
+    }
+
     /// `POST /reply` or `GET /asks` naming no ask the session knows.
     pub fn ask_not_found() -> ApiError {
         ApiError::new(404, "Ask not found")

@@ -106,6 +106,9 @@ pub struct Snapshot<'a> {
     pub connections: usize,
     /// Bytes queued in the server for all connections.
     pub bytes_queued: usize,
+    /// Debug builds: the logs' kept count and a recount (the tests
+    /// compare them).
+    pub memory_recount: Option<(usize, usize)>,
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -216,6 +219,40 @@ pub fn render(s: &Snapshot) -> Vec<u8> {
     );
     single(
         &mut out,
+        "relay_memory_bytes",
+        "gauge",
+        "Bytes held for sessions (logs, ids, drafts, queued output), as counted.",
+        c.memory_bytes as u64,
+    );
+    single(
+        &mut out,
+        "relay_memory_budget_bytes",
+        "gauge",
+        "The memory budget (RELAY_MAX_MEMORY).",
+        c.memory_budget as u64,
+    );
+    single(
+        &mut out,
+        "relay_sessions_resident",
+        "gauge",
+        "Sessions held in memory.",
+        c.sessions as u64,
+    );
+    single(
+        &mut out,
+        "relay_session_loads_total",
+        "counter",
+        "Sessions read back into memory from the storage.",
+        0,
+    );
+    if let Some((kept, walked)) = s.memory_recount {
+        let help = "Debug builds: the logs' part of relay_memory_bytes, kept and recounted.";
+        family(&mut out, "relay_memory_logs_bytes", "gauge", help);
+        let _ = writeln!(out, "relay_memory_logs_bytes{{count=\"kept\"}} {kept}");
+        let _ = writeln!(out, "relay_memory_logs_bytes{{count=\"walked\"}} {walked}");
+    }
+    single(
+        &mut out,
         "relay_bytes_queued",
         "gauge",
         "Bytes queued in the server for all connections.",
@@ -300,6 +337,7 @@ mod tests {
             stats: Stats::default(),
             counts: Counts::default(),
             connections: 2,
+            memory_recount: None,
             bytes_queued: 10,
             store: None,
         }))

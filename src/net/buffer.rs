@@ -7,6 +7,8 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::rc::Rc;
 
+use crate::store::log::weight::{Meter, Share, alloc};
+
 /// One queued piece of output.
 #[derive(Debug)]
 pub enum Chunk {
@@ -47,11 +49,29 @@ pub struct OutQueue {
     front_off: usize,
     /// Unsent bytes in all chunks.
     queued: usize,
+    /// Bytes of the owned chunks (a shared chunk's bytes are the log's or
+    /// every subscriber's at once, and static ones the binary's).
+    owned: usize,
+    /// What the queue holds, on the memory budget's meter.
+    share: Share,
 }
 
 const MAX_IOVECS: usize = 16;
 
 impl OutQueue {
+    /// Counts this queue's bytes on `meter` from now on.
+    pub fn count_on(&mut self, meter: &Meter) {
+        self.share = Share::on(meter);
+        self.weigh();
+    }
+
+    /// What the queue holds now: its deque of chunks and the owned ones.
+    #[inline]
+    fn weigh(&mut self) {
+        let deque = self.chunks.capacity() * std::mem::size_of::<Chunk>();
+        self.share.set(alloc(deque) + self.owned);
+    }
+
     /// Unsent bytes.
     pub fn queued(&self) -> usize {
         self.queued
@@ -72,11 +92,15 @@ impl OutQueue {
             && last.len() + bytes.len() <= 4096
         {
             self.queued += bytes.len();
+            self.owned += bytes.len();
             last.extend_from_slice(&bytes);
+            self.weigh();
             return;
         }
         self.queued += bytes.len();
+        self.owned += bytes.len();
         self.chunks.push_back(Chunk::Owned(bytes));
+        self.weigh();
     }
 
     /// Queues bytes shared with other connections (a broadcast frame).
@@ -86,6 +110,7 @@ impl OutQueue {
         }
         self.queued += bytes.len();
         self.chunks.push_back(Chunk::Shared(bytes));
+        self.weigh();
     }
 
     /// Queues bytes that live as long as the program (the web page).
@@ -95,6 +120,7 @@ impl OutQueue {
         }
         self.queued += bytes.len();
         self.chunks.push_back(Chunk::Static(bytes));
+        self.weigh();
     }
 
     /// Drops every chunk not yet started, keeping a partly written one so the
@@ -105,11 +131,13 @@ impl OutQueue {
         while self.chunks.len() > keep {
             if let Some(c) = self.chunks.pop_back() {
                 self.queued -= c.bytes().len();
+                self.dropped(&c);
             }
         }
         if keep == 0 {
             self.front_off = 0;
         }
+        self.weigh();
     }
 
     /// Writes queued bytes to `w` until it would block, everything is
@@ -141,7 +169,15 @@ impl OutQueue {
         if self.chunks.capacity() > 64 {
             self.chunks.shrink_to(8);
         }
+        self.weigh();
         WriteStatus::Drained
+    }
+
+    /// A chunk left the queue.
+    fn dropped(&mut self, c: &Chunk) {
+        if let Chunk::Owned(v) = c {
+            self.owned -= v.len();
+        }
     }
 
     fn consume(&mut self, mut k: usize) {
@@ -154,12 +190,15 @@ impl OutQueue {
             if k >= left {
                 k -= left;
                 self.front_off = 0;
-                self.chunks.pop_front();
+                if let Some(c) = self.chunks.pop_front() {
+                    self.dropped(&c);
+                }
             } else {
                 self.front_off += k;
                 k = 0;
             }
         }
+        self.weigh();
     }
 }
 

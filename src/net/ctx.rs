@@ -86,6 +86,12 @@ impl Ctx {
         self.turn.unix_ms
     }
 
+    /// Where a connection's output queue counts its bytes (the memory
+    /// budget's meter).
+    pub fn memory_meter(&self) -> &crate::store::log::weight::Meter {
+        self.relay.memory_meter()
+    }
+
     /// The settings.
     pub fn cfg(&self) -> &Config {
         &self.cfg
@@ -110,6 +116,7 @@ impl Ctx {
             counts: self.relay.counts(),
             connections: self.connections,
             bytes_queued: self.bytes_queued,
+            memory_recount: self.relay.memory_recount(),
         })
     }
 

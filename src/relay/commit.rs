@@ -124,6 +124,11 @@ impl Relay {
         // One buffer for every write, so a write allocates no list of its own.
         let mut records = std::mem::take(&mut self.records);
         let decided = decide(&mut self.store, &mut records);
+        if let Err(e) = self.admit(&records) {
+            records.clear();
+            self.records = records;
+            return Err(e);
+        }
         let delivered = self.apply(now, records.drain(..));
         self.records = records;
         Ok((decided?, delivered))

@@ -19,6 +19,7 @@ use std::rc::Rc;
 use super::frames::{EndReason, delta_end_frame, delta_frame};
 use super::{ApiError, Effect, Relay, Reply};
 use crate::store::SessionId;
+use crate::store::log::weight::{Meter, Share, alloc, rc_bytes};
 use crate::store::model::NewResponse;
 use crate::time::Millis;
 use crate::wire::decoded_len;
@@ -41,11 +42,18 @@ pub struct Draft {
     pub(super) parts: u32,
     /// Dropped when no part came by then.
     pub(super) deadline: Millis,
+    /// Its bytes on the memory budget's meter.
+    pub(super) share: Share,
 }
 
 impl Draft {
     /// A draft with no part yet.
-    fn new(assistant_msg_id: Rc<str>, client_msg_id: Rc<str>, deadline: Millis) -> Draft {
+    fn new(
+        assistant_msg_id: Rc<str>,
+        client_msg_id: Rc<str>,
+        deadline: Millis,
+        meter: &Meter,
+    ) -> Draft {
         Draft {
             assistant_msg_id,
             client_msg_id,
@@ -53,7 +61,17 @@ impl Draft {
             bytes: 0,
             parts: 0,
             deadline,
+            share: Share::on(meter),
         }
+    }
+
+    /// Counts what the draft holds now: its place in the session's list,
+    /// its text, its own id (the prompt's is the log's).
+    pub(super) fn weigh(&mut self) {
+        let bytes = std::mem::size_of::<Draft>()
+            + alloc(self.escaped.capacity())
+            + rc_bytes(self.assistant_msg_id.len());
+        self.share.set(bytes);
     }
 
     /// Appends the next part: its text's literal (quotes included) and
@@ -63,6 +81,7 @@ impl Draft {
         self.bytes += bytes;
         self.parts += 1;
         self.deadline = deadline;
+        self.weigh();
         delta_frame(sid, self, Some(lit), false)
     }
 }
@@ -81,6 +100,7 @@ impl Relay {
         id: String,
     ) -> Result<Reply, ApiError> {
         let lit = &*r.text;
+        self.admit_bytes(lit.len())?;
         let bytes = decoded_len(lit);
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
         let max_drafts = self.limits.max_pending;
@@ -113,8 +133,9 @@ impl Relay {
                 else {
                     return Err(ApiError::prompt_not_found());
                 };
+                let meter = self.store.beside();
                 live.drafts
-                    .push(Draft::new(Rc::from(id.as_str()), prompt, deadline));
+                    .push(Draft::new(Rc::from(id.as_str()), prompt, deadline, meter));
                 live.drafts.len() - 1
             }
         };
@@ -201,8 +222,9 @@ impl Relay {
             Some(at) if live.drafts[at].parts >= part => return,
             // The engine holds the cap; a copy never holds more than it.
             None if part == 1 && live.drafts.len() < max_drafts => {
+                let meter = self.store.beside();
                 live.drafts
-                    .push(Draft::new(Rc::from(aid), Rc::from(cid), deadline));
+                    .push(Draft::new(Rc::from(aid), Rc::from(cid), deadline, meter));
                 let last = live.drafts.len() - 1;
                 &mut live.drafts[last]
             }

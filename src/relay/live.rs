@@ -31,6 +31,7 @@ use super::drafts::Draft;
 use super::frames::{EndReason, delta_end_frame, delta_frame, presence_frame, receipt_frame};
 use super::receipts::MAX_RECEIPTS;
 use super::{Effect, Relay};
+use crate::store::log::weight::Share;
 use crate::store::seam::{AgentState, Announced, DraftState};
 use crate::store::{Seq, SessionId};
 use crate::time::{Millis, UnixMillis};
@@ -97,14 +98,16 @@ impl Relay {
             if at.is_some_and(|at| live.drafts[at].parts >= d.parts) {
                 continue;
             }
-            let draft = Draft {
+            let mut draft = Draft {
                 assistant_msg_id: Rc::from(d.assistant_msg_id),
                 client_msg_id: Rc::from(d.client_msg_id),
                 escaped: d.escaped,
                 bytes: d.bytes,
                 parts: d.parts,
                 deadline: now.after_ms(d.deadline - unix),
+                share: Share::on(self.store.beside()),
             };
+            draft.weigh();
             snapshots.push(delta_frame(sid, &draft, None, true));
             match at {
                 Some(at) => live.drafts[at] = draft,

@@ -34,6 +34,7 @@
 
 mod agent;
 mod asks;
+mod budget;
 mod commit;
 mod drafts;
 mod every;
@@ -142,6 +143,8 @@ pub struct Limits {
     pub draft_timeout_ms: u64,
     /// An agent is online this long after its last request ended.
     pub agent_grace_ms: u64,
+    /// The memory budget (`RELAY_MAX_MEMORY`), in bytes.
+    pub max_memory: usize,
 }
 
 impl Limits {
@@ -170,6 +173,9 @@ pub enum Fetch {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub sessions: usize,
+    /// Bytes held for sessions, as counted, and the budget.
+    pub memory_bytes: usize,
+    pub memory_budget: usize,
     pub subscribers: usize,
     pub parked_polls: usize,
 }
@@ -221,12 +227,15 @@ pub struct Relay {
     clock: (Millis, UnixMillis),
     /// The wall-clock time the relay started.
     started: UnixMillis,
+    /// The memory budget ([`budget`]).
+    budget: budget::Budget,
 }
 
 impl Relay {
     /// A relay that stores through `engine`, over `store`: what the
     /// engine restored at start, or empty.
     pub fn new(limits: Limits, store: MemStore, engine: Engine) -> Relay {
+        let budget = budget::Budget::new(limits.max_memory, &engine);
         Relay {
             store,
             engine,
@@ -245,6 +254,7 @@ impl Relay {
             next_tick: None,
             clock: (Millis(0), 0),
             started: 0,
+            budget,
         }
     }
 
@@ -286,6 +296,8 @@ impl Relay {
     pub fn counts(&self) -> Counts {
         Counts {
             sessions: self.store.len(),
+            memory_bytes: self.store.memory(),
+            memory_budget: self.budget_bytes(),
             ..self.counts
         }
     }

@@ -211,6 +211,27 @@ impl Asks {
         }
     }
 
+    /// What the memory budget weighs of these asks, by `table` (a hash
+    /// table's bytes for its room and slot size) and `block` (a heap
+    /// block's for its length): a walk over this session's asks, made
+    /// only when they change.
+    pub fn weigh(&self, table: fn(usize, usize) -> usize, block: fn(usize) -> usize) -> usize {
+        let slot = std::mem::size_of::<(Rc<str>, AskEntry)>();
+        let strings: usize = self
+            .entries
+            .values()
+            .map(|e| {
+                block(e.text.len())
+                    + e.choices.as_ref().map_or(0, |c| {
+                        block(c.capacity() * 24) + c.iter().map(|x| block(x.len())).sum::<usize>()
+                    })
+                    + e.default.as_ref().map_or(0, |d| block(d.len()))
+                    + e.reply.as_ref().map_or(0, |(_, t)| block(t.len()))
+            })
+            .sum();
+        table(self.entries.capacity(), slot) + block(self.unanswered.capacity() * 16) + strings
+    }
+
     /// Asks held (the unit tests check the bound).
     #[cfg(test)]
     pub fn held(&self) -> usize {

@@ -74,6 +74,13 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// Whether a write past the memory budget is refused: only where the
+    /// loop's log is the whole state, so no session can leave memory to
+    /// make room (elsewhere the budget is counted and reported).
+    pub fn refuses_at_memory_budget(&self) -> bool {
+        matches!(self, Engine::Memory)
+    }
+
     /// Redis, when sessions are shared.
     pub fn redis(&mut self) -> Option<&mut RedisStore> {
         match self {

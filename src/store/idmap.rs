@@ -95,6 +95,12 @@ impl<V> IdMap<V> {
         self.table.len()
     }
 
+    /// The bytes of the table's allocation: what the memory budget
+    /// weighs (the keys are the messages' own ids).
+    pub fn heap_bytes(&self) -> usize {
+        self.table.allocation_size()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }

@@ -32,6 +32,9 @@ use crate::time::Millis;
 use crate::wire::to_json;
 use crate::wire::wsframe;
 
+pub mod weight;
+use weight::Meter;
+
 /// Largest `/messages` page or `GET /prompts` answer body: with 128 KiB
 /// messages a full page of 1000 would be 128 MiB held for one answer.
 pub const MAX_PAGE_BYTES: usize = 4 << 20;
@@ -174,6 +177,28 @@ pub struct SessionLog {
     /// Where this session's deques grow ([`grow_early`]).
     seed: usize,
     pub last_active: Millis,
+    /// What the messages held weigh ([`weight::message`]), each counted
+    /// once whether history, the pending set or both hold it.
+    held: usize,
+    /// What the asks weigh ([`Asks::weigh`]), taken again when they change.
+    asks_held: usize,
+    /// What the log weighs whatever it holds: its place in the store's
+    /// map under its id, its epoch. Set when the store takes it.
+    fixed: usize,
+    /// The weight last added to the store's meter ([`bytes`](Self::bytes)).
+    counted: usize,
+    /// The store's meter, once the store holds this log.
+    meter: Option<Meter>,
+}
+
+impl Drop for SessionLog {
+    /// The log's bytes leave the store's count with it (deleted,
+    /// collected, forgotten).
+    fn drop(&mut self) {
+        if let Some(m) = &self.meter {
+            m.change(self.counted, 0);
+        }
+    }
 }
 
 impl SessionLog {
@@ -192,7 +217,110 @@ impl SessionLog {
             page: None,
             seed: RandomState::new().hash_one(0x5eed_u64) as usize,
             last_active: now,
+            held: 0,
+            asks_held: 0,
+            fixed: 0,
+            counted: 0,
+            meter: None,
         }
+    }
+
+    /// The bytes this session holds, as the memory budget counts them
+    /// (see [`weight`]): kept as the log changes.
+    pub fn bytes(&self) -> usize {
+        self.counted
+    }
+
+    /// The store takes this log under the id of `key_len` bytes: its bytes
+    /// count on `meter` from now on, and leave it when the log is dropped.
+    pub fn attach(&mut self, meter: &Meter, key_len: usize) {
+        if let Some(m) = &self.meter {
+            m.change(self.counted, 0);
+        }
+        self.meter = Some(meter.clone());
+        self.fixed = weight::session_slot(std::mem::size_of::<SessionLog>(), key_len)
+            + weight::rc_bytes(self.epoch.len());
+        self.counted = 0;
+        self.sync();
+    }
+
+    /// The weight by the log's counters and its tables' room: no walk.
+    fn weight_with(&self, held: usize, asks: usize) -> usize {
+        self.fixed
+            + weight::alloc(self.history.capacity() * std::mem::size_of::<Rc<Message>>())
+            + weight::alloc(self.pending.slot_bytes())
+            + weight::alloc(self.prompts.heap_bytes())
+            + weight::alloc(self.responses.heap_bytes())
+            + self
+                .page
+                .as_ref()
+                .map_or(0, |(_, p)| weight::rc_bytes(p.len()))
+            + asks
+            + held
+    }
+
+    /// Brings the count up to date after a change: called at the end of
+    /// every method that changes what the log holds.
+    fn sync(&mut self) {
+        let w = self.weight_with(self.held, self.asks_held);
+        if w != self.counted {
+            if let Some(m) = &self.meter {
+                m.change(self.counted, w);
+            }
+            self.counted = w;
+        }
+    }
+
+    /// The asks changed: weigh them again.
+    fn reweigh_asks(&mut self) {
+        self.asks_held = self.asks.weigh(weight::table, weight::alloc);
+    }
+
+    /// The weight counted from scratch, walking every message held: what
+    /// the tests compare the kept count with.
+    pub fn recount(&self) -> usize {
+        let first = self.first_seq();
+        let held = self
+            .history
+            .iter()
+            .map(|m| weight::message(m))
+            .sum::<usize>()
+            + self
+                .pending
+                .from(Seq(0))
+                .take_while(|m| m.seq < first)
+                .map(|m| weight::message(m))
+                .sum::<usize>();
+        self.weight_with(held, self.asks.weigh(weight::table, weight::alloc))
+    }
+
+    /// What appending one more message to this log frees by trimming
+    /// history at `limit` (the oldest message, unless the pending set
+    /// still holds it), plus, for an answer or cancel of `answers`, its
+    /// prompt when history no longer holds it: what a write is credited
+    /// with against the memory budget.
+    pub fn freed_by_next(&self, limit: usize, answers: Option<&str>) -> usize {
+        let trimmed = match self.history.front() {
+            Some(old) if self.history.len() >= limit => {
+                let still_pending = old.kind == Kind::Prompt
+                    && self
+                        .prompts
+                        .get(&old.client_msg_id)
+                        .is_some_and(|e| !e.answered);
+                if still_pending {
+                    0
+                } else {
+                    weight::message(old)
+                }
+            }
+            _ => 0,
+        };
+        let prompt = answers
+            .and_then(|id| self.prompts.get(id))
+            .filter(|e| !e.answered && !e.in_history)
+            .and_then(|e| self.pending_at(e.seq))
+            .map_or(0, |m| weight::message(m));
+        trimmed + prompt
     }
 
     /// The session's epoch, chosen when it was created.
@@ -211,12 +339,11 @@ impl SessionLog {
         last_assistant: Seq,
         dropped_assistant: Seq,
     ) -> SessionLog {
-        SessionLog {
-            next_seq,
-            last_assistant,
-            dropped_assistant,
-            ..SessionLog::new(now, epoch)
-        }
+        let mut log = SessionLog::new(now, epoch);
+        log.next_seq = next_seq;
+        log.last_assistant = last_assistant;
+        log.dropped_assistant = dropped_assistant;
+        log
     }
 
     /// The `seq` the next message gets; appending it moves this on.
@@ -318,6 +445,7 @@ impl SessionLog {
         let fresh = self.pending.insert(msg.clone(), self.seed);
         self.page = None;
         self.push_history(msg, history_limit);
+        self.sync();
         fresh
     }
 
@@ -355,6 +483,7 @@ impl SessionLog {
             self.responses.insert(id.clone(), entry);
         }
         self.push_history(msg, history_limit);
+        self.sync();
         (prev, left)
     }
 
@@ -371,6 +500,7 @@ impl SessionLog {
             entry.cancel = Some(msg.seq);
         }
         self.push_history(msg, history_limit);
+        self.sync();
         (prev, left)
     }
 
@@ -403,6 +533,8 @@ impl SessionLog {
             .asks
             .asked(msg.client_msg_id.clone(), msg.seq, msg.ts, msg.data());
         self.push_history(msg, history_limit);
+        self.reweigh_asks();
+        self.sync();
         (prev, gone)
     }
 
@@ -415,6 +547,8 @@ impl SessionLog {
         self.last_assistant = msg.seq;
         let gone = self.asks.replied(&msg.client_msg_id, msg.seq, msg.data());
         self.push_history(msg, history_limit);
+        self.reweigh_asks();
+        self.sync();
         (prev, gone)
     }
 
@@ -424,11 +558,22 @@ impl SessionLog {
         // A message committed by the storage thread comes with its seq.
         self.next_seq = self.next_seq.max(msg.seq.next());
         grow_early(&mut self.history, self.seed);
+        self.held += weight::message(&msg);
         self.history.push_back(msg);
+        let mut asks_trimmed = false;
         while self.history.len() > limit {
             let Some(old) = self.history.pop_front() else {
                 break;
             };
+            // A prompt still pending stays held by the pending set.
+            let pending = old.kind == Kind::Prompt
+                && self
+                    .prompts
+                    .get(&old.client_msg_id)
+                    .is_some_and(|e| !e.answered);
+            if !pending {
+                self.held = self.held.saturating_sub(weight::message(&old));
+            }
             match old.kind {
                 Kind::Prompt => {
                     let answered = self.prompts.get_mut(&old.client_msg_id).is_some_and(|e| {
@@ -451,11 +596,15 @@ impl SessionLog {
                 Kind::Ask => {
                     self.dropped_assistant = self.dropped_assistant.max(old.seq);
                     self.asks.trimmed(&old.client_msg_id, old.seq);
+                    asks_trimmed = true;
                 }
                 Kind::Reply => {
                     self.dropped_assistant = self.dropped_assistant.max(old.seq);
                 }
             }
+        }
+        if asks_trimmed {
+            self.reweigh_asks();
         }
     }
 
@@ -468,6 +617,17 @@ impl SessionLog {
             return None;
         }
         entry.answered = true;
+        if !entry.in_history {
+            // History dropped it already: it leaves with the pending set.
+            let seq = entry.seq;
+            let w = self
+                .pending
+                .from(seq)
+                .next()
+                .filter(|m| m.seq == seq)
+                .map_or(0, |m| weight::message(m));
+            self.held = self.held.saturating_sub(w);
+        }
         let left = self.pending.remove(entry.seq);
         self.page = None;
         if !entry.in_history {
@@ -523,6 +683,7 @@ impl SessionLog {
         out.push(b']');
         let body: Rc<[u8]> = Rc::from(out);
         self.page = Some((after, body.clone()));
+        self.sync();
         Ok(body)
     }
 

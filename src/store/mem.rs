@@ -16,6 +16,7 @@ use log::debug;
 use uuid::Builder;
 
 use super::arrivals::Arrivals;
+use super::log::weight::Meter;
 use super::log::{Cursor, PromptState, Refill, SessionLog};
 use super::message::{Message, Parts, cancel_data};
 use super::model::{GivenId, NewCancel, NewPrompt, NewResponse, Write};
@@ -27,6 +28,7 @@ use crate::time::{Millis, UnixMillis};
 use crate::wire::{decode, push_json_str};
 
 mod asks;
+mod budget;
 
 /// The limits the engine enforces.
 #[derive(Clone, Copy, Debug)]
@@ -99,6 +101,11 @@ pub struct MemStore {
     ids: IdGen,
     /// Every session's pending prompts in arrival order.
     arrivals: Arrivals,
+    /// The bytes the logs hold ([`budget`]), each log's share kept by it.
+    meter: Meter,
+    /// The bytes held beside the logs for their sessions: drafts, and
+    /// the connections' output queues.
+    beside: Meter,
 }
 
 impl MemStore {
@@ -109,7 +116,15 @@ impl MemStore {
             sessions: HashMap::new(),
             ids: IdGen::new(),
             arrivals: Arrivals::default(),
+            meter: Meter::default(),
+            beside: Meter::default(),
         }
+    }
+
+    /// Where what is held beside the logs for their sessions (drafts,
+    /// output queues) counts on the memory budget.
+    pub fn beside(&self) -> &Meter {
+        &self.beside
     }
 
     /// Sessions stored.
@@ -492,6 +507,7 @@ impl MemStore {
     pub fn insert(&mut self, sid: SessionId, mut log: SessionLog) {
         self.drop_session(&sid);
         log.number_all_pending(|seq| self.arrivals.arrived(&sid, seq));
+        log.attach(&self.meter, sid.len());
         self.sessions.insert(sid, log);
     }
 

@@ -365,6 +365,15 @@ impl Message {
         }
     }
 
+    /// The length of the serialized bytes, and whether they are shared
+    /// (an `Rc`, with its counts): what the memory budget weighs.
+    pub fn stored_len(&self) -> (usize, bool) {
+        match &self.bytes {
+            Bytes::Data(b) => (b.len(), false),
+            Bytes::Frame(f) => (f.len(), true),
+        }
+    }
+
     /// The serialized `data` object.
     pub fn data(&self) -> &[u8] {
         let at = self.data_at as usize;

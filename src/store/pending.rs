@@ -51,6 +51,12 @@ impl Pending {
         self.len
     }
 
+    /// The bytes of the slots' deque (the messages are the log's to
+    /// weigh): what the memory budget counts.
+    pub fn slot_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<(Seq, u64, Option<Rc<Message>>)>()
+    }
+
     /// Adds a prompt, not numbered yet (see [`number`](Self::number));
     /// one already pending under its `seq` is replaced and keeps its
     /// number. Returns whether the prompt is newly pending. `seed` is the

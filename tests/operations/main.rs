@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod budget;
 mod metrics;
 mod process;
 mod request_log;

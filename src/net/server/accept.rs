@@ -59,6 +59,7 @@ impl Server {
                 }
             };
             let conn = entry.insert(Conn::new(generation, sock, addr.ip(), max_body, now));
+            conn.out().count_on(self.cx.memory_meter());
             let id = ConnId {
                 key: key as u32,
                 generation,

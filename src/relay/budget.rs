@@ -1,0 +1,216 @@
+//! The memory budget (`RELAY_MAX_MEMORY`) as the relay keeps it. Where
+//! the loop's log is the whole state (the memory engine), a write whose
+//! records would pass the budget is refused `503` before anything of it
+//! is applied, and `/readyz` reports `memory` from that refusal until
+//! space is freed; deletions and the idle sweep always go on. Where an
+//! engine keeps the sessions elsewhere (a data directory, Redis), the
+//! bytes are counted and reported, and nothing is refused: the loop's
+//! copy of a data directory holds every session, so refusing at the
+//! budget would refuse every write on a database larger than it.
+
+use super::{ApiError, Relay};
+use crate::store::engine::Engine;
+use crate::store::log::weight::Meter;
+use crate::store::record::Record;
+
+/// The budget and what the relay made of it.
+#[derive(Debug)]
+pub(super) struct Budget {
+    /// The budget in bytes (`RELAY_MAX_MEMORY`).
+    bytes: usize,
+    /// Whether writes past it are refused.
+    refuses: bool,
+    /// The count when a write was last refused; `/readyz` reports
+    /// `memory` while the count has not fallen below it.
+    refused_at: Option<usize>,
+}
+
+impl Budget {
+    pub(super) fn new(bytes: usize, engine: &Engine) -> Budget {
+        Budget {
+            bytes,
+            refuses: engine.refuses_at_memory_budget(),
+            refused_at: None,
+        }
+    }
+}
+
+impl Relay {
+    /// Bytes held for sessions, as counted (`relay_memory_bytes`).
+    pub fn memory_bytes(&self) -> usize {
+        self.store.memory()
+    }
+
+    /// The budget, in bytes (`relay_memory_budget_bytes`).
+    pub fn budget_bytes(&self) -> usize {
+        self.budget.bytes
+    }
+
+    /// Where the output queues count their bytes.
+    pub fn memory_meter(&self) -> &Meter {
+        self.store.beside()
+    }
+
+    /// In debug builds, the logs' kept count and a recount that walks
+    /// every session, which the tests compare over the real binary
+    /// (`/metrics`); release builds never walk and give nothing.
+    pub fn memory_recount(&self) -> Option<(usize, usize)> {
+        cfg!(debug_assertions).then(|| (self.store.logs_memory(), self.store.recount()))
+    }
+
+    /// Whether a write was refused at the budget and no space was freed
+    /// since (`/readyz` answers `503` with reason `memory`).
+    pub fn memory_full(&self) -> bool {
+        self.budget
+            .refused_at
+            .is_some_and(|at| self.store.memory() >= at)
+    }
+
+    /// Admits the records of a write decided on the loop's log, or
+    /// refuses it `503` when they would pass the budget.
+    pub(super) fn admit(&mut self, records: &[Record]) -> Result<(), ApiError> {
+        if !self.budget.refuses || records.is_empty() {
+            return Ok(());
+        }
+        if self.store.admits(records, self.budget.bytes) {
+            self.budget.refused_at = None;
+            return Ok(());
+        }
+        Err(self.refuse())
+    }
+
+    /// Admits a part of `bytes` to a draft, or refuses it `503` at the
+    /// budget.
+    pub(super) fn admit_bytes(&mut self, bytes: usize) -> Result<(), ApiError> {
+        if !self.budget.refuses || self.store.memory().saturating_add(bytes) <= self.budget.bytes {
+            return Ok(());
+        }
+        Err(self.refuse())
+    }
+
+    fn refuse(&mut self) -> ApiError {
+        let at = self.store.memory();
+        if self.budget.refused_at.is_none() {
+            log::warn!(bytes = at, budget = self.budget.bytes; "memory budget reached: writes refused until space is freed");
+        }
+        self.budget.refused_at = Some(at);
+        ApiError::memory_budget()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Limits, Reply};
+    use super::*;
+    use crate::relay::ConnId;
+    use crate::store::SessionId;
+    use crate::store::model::{NewAsk, NewPrompt, NewResponse, Write};
+    use crate::time::Millis;
+
+    const BUDGET: usize = 1 << 20;
+
+    fn relay() -> Relay {
+        Relay::in_memory(Limits {
+            history_limit: 1000,
+            max_sessions: 10_000,
+            max_pending: 1000,
+            max_waiters: 10,
+            max_subscribers: 10,
+            session_ttl_ms: 60_000,
+            draft_timeout_ms: 60_000,
+            agent_grace_ms: 30_000,
+            max_memory: BUDGET,
+        })
+    }
+
+    const C: ConnId = ConnId {
+        key: 0,
+        generation: 0,
+    };
+
+    fn write(r: &mut Relay, body: &str) -> Result<Vec<u8>, ApiError> {
+        let b = body.as_bytes();
+        let w = if body.contains("\"prompt\"") {
+            Write::Prompt(NewPrompt::parse(b)?)
+        } else if body.contains("\"ask_id\"") {
+            Write::Ask(NewAsk::parse(b)?)
+        } else {
+            Write::answer(NewResponse::parse(b)?)
+        };
+        match r.write(Millis(0), 1_000, C, w)? {
+            Reply::Now(body) => Ok(body),
+            Reply::Wait => panic!("the memory engine answers at once"),
+        }
+    }
+
+    /// Every kind of write is refused at the budget with the contract's
+    /// error and leaves nothing behind; a resend of a stored prompt and a
+    /// deletion still go through; the deletion makes room.
+    #[test]
+    fn every_write_past_the_budget_is_refused_and_a_deletion_makes_room() {
+        let mut r = relay();
+        let big = "b".repeat(8 * 1024);
+        let mut n = 0;
+        let refused = loop {
+            let body = format!(
+                r#"{{"session_id":"s{}","client_msg_id":"p{n}","prompt":"{big}"}}"#,
+                n / 10
+            );
+            match write(&mut r, &body) {
+                Ok(_) => n += 1,
+                Err(e) => break e,
+            }
+            assert!(n < 1000, "never refused");
+        };
+        assert_eq!(refused, ApiError::memory_budget());
+        assert_eq!(refused.status, 503);
+        assert!(r.memory_full());
+        let held = r.memory_bytes();
+        assert!(held <= BUDGET && held > BUDGET / 2, "{held}");
+        assert_eq!(r.store.logs_memory(), r.store.recount(), "kept = recount");
+
+        // An answer, a part, an ask, a new session: refused, nothing kept.
+        let stats = r.stats();
+        let answer = format!(
+            r#"{{"session_id":"s0","client_msg_id":"p0","assistant_msg_id":"a","text":"{big}"}}"#
+        );
+        assert_eq!(write(&mut r, &answer), Err(ApiError::memory_budget()));
+        let part = answer.replace("\"text\"", "\"partial\":true,\"text\"");
+        assert_eq!(write(&mut r, &part), Err(ApiError::memory_budget()));
+        let ask = format!(r#"{{"session_id":"s0","ask_id":"k","text":"{big}"}}"#);
+        assert_eq!(write(&mut r, &ask), Err(ApiError::memory_budget()));
+        assert_eq!(r.stats(), stats, "nothing stored");
+        assert_eq!(r.memory_bytes(), held, "nothing held");
+        let mut fx = Vec::new();
+        r.take_effects(&mut fx);
+        assert!(fx.is_empty(), "nothing sent: {fx:?}");
+        // New sessions fill what is left, and the one that would pass
+        // the budget is not created.
+        let mut i = 0;
+        let put = loop {
+            let sid = SessionId::new(&format!("fresh{i}")).expect("an id");
+            match r.put_session(Millis(0), C, &sid) {
+                Ok(_) => i += 1,
+                Err(e) => break e,
+            }
+            assert!(i < 100, "new sessions were never refused");
+        };
+        assert_eq!(put, ApiError::memory_budget());
+        assert!(!r.has_session(&format!("fresh{i}")));
+        let held = r.memory_bytes();
+        assert!(held <= BUDGET);
+
+        // A resend of a stored prompt changes nothing: answered as before.
+        let resend = format!(r#"{{"session_id":"s0","client_msg_id":"p0","prompt":"{big}"}}"#);
+        let ack = write(&mut r, &resend).expect("a duplicate");
+        assert!(String::from_utf8_lossy(&ack).contains("\"duplicate\":true"));
+
+        // Deleting a session frees its bytes: writes are taken again.
+        r.delete_session(Millis(0), C, "s0").expect("deleted");
+        assert!(r.memory_bytes() < held);
+        assert!(!r.memory_full());
+        let again = format!(r#"{{"session_id":"s1","client_msg_id":"again","prompt":"{big}"}}"#);
+        write(&mut r, &again).expect("taken again");
+        assert_eq!(r.store.logs_memory(), r.store.recount());
+    }
+}
