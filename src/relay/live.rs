@@ -198,7 +198,9 @@ impl Relay {
         let mut soon = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
         let grace = self.limits.agent_grace_ms;
         self.every_graces.retain(|g| now < g.end.after_ms(grace));
+        self.every_tick(now);
         let (every, every_graces) = (&self.every, &self.every_graces);
+        let remote_every = &self.remote_every;
         for (sid, live) in &mut self.live {
             let here = self.presence.get(&**sid);
             let watched = here.is_some_and(|p| !p.subscribers.is_empty());
@@ -219,7 +221,9 @@ impl Relay {
             let parked =
                 here.is_some_and(|p| !p.waiters.is_empty()) || every.iter().any(|w| w.covers(sid));
             let every_end = super::every::end_covering(every_graces, sid, live.every_cut);
-            let step = live.step(at, parked, every_end);
+            let every_remote =
+                super::every_read::remote_every_until(remote_every, sid, live.every_cut, at.unix);
+            let step = live.step(at, parked, every_end, every_remote);
             let mut later = None;
             step.carry_out(
                 sid,
