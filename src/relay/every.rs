@@ -81,6 +81,15 @@ pub(super) fn end_covering(graces: &[EveryGrace], sid: &str, cut: Option<u64>) -
         .max()
 }
 
+/// Appends a listed prompt's stored object to a page, with its `cursor`
+/// as the last field.
+pub(super) fn push_with_cursor(out: &mut Vec<u8>, data: &[u8], cursor: u64) {
+    out.extend_from_slice(&data[..data.len().saturating_sub(1)]);
+    out.extend_from_slice(b",\"cursor\":\"");
+    push_decimal(out, cursor);
+    out.extend_from_slice(b"\"}");
+}
+
 /// An all-sessions answer: its bytes, and the prompts it lists.
 type Page = (Rc<[u8]>, Vec<(SessionId, Seq)>);
 
@@ -324,11 +333,7 @@ impl Relay {
             if msg.is_damaged() {
                 return Err(ApiError::stored_message_damaged(seq.get()));
             }
-            // The stored object, with its cursor as the last field.
-            out.extend_from_slice(&data[..data.len().saturating_sub(1)]);
-            out.extend_from_slice(b",\"cursor\":\"");
-            push_decimal(&mut out, base.saturating_add(n));
-            out.extend_from_slice(b"\"}");
+            push_with_cursor(&mut out, data, base.saturating_add(n));
             listed.push((sid.clone(), seq));
         }
         out.push(b']');

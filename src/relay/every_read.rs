@@ -25,13 +25,12 @@ use std::rc::Rc;
 
 use log::debug;
 
-use super::every::EveryWaiter;
+use super::every::{EveryWaiter, push_with_cursor};
 use super::{ApiError, ConnId, Effect, Fetch, Relay, next_ticket};
 use crate::store::MAX_PAGE_BYTES;
 use crate::store::seam::{AgentHere, Announced, EveryAgentState, Listed, Scope};
 use crate::store::types::EveryQuery;
 use crate::time::Millis;
-use crate::wire::push_decimal;
 
 /// How long a `wait=false` poll waits for its read at most (a Redis that
 /// stopped answering); then it is answered `[]`.
@@ -343,11 +342,7 @@ fn listed_page(items: &[Listed], limit: usize) -> (Rc<[u8]>, usize) {
             }
             out.push(b',');
         }
-        // The stored object, with its cursor as the last field.
-        out.extend_from_slice(&data[..data.len().saturating_sub(1)]);
-        out.extend_from_slice(b",\"cursor\":\"");
-        push_decimal(&mut out, it.n);
-        out.extend_from_slice(b"\"}");
+        push_with_cursor(&mut out, data, it.n);
         listed += 1;
     }
     out.push(b']');
