@@ -28,7 +28,7 @@ use log::debug;
 use super::every::{EveryWaiter, push_with_cursor};
 use super::{ApiError, ConnId, Effect, Fetch, Relay, next_ticket};
 use crate::store::MAX_PAGE_BYTES;
-use crate::store::seam::{AgentHere, Announced, EveryAgentState, Listed, Scope};
+use crate::store::seam::{AgentHere, Announced, EveryAgentState, EveryRead, Listed, Scope};
 use crate::store::types::EveryQuery;
 use crate::time::Millis;
 
@@ -160,7 +160,7 @@ impl Relay {
         &mut self,
         now: Millis,
         to: crate::store::types::Ticket,
-        result: Result<Vec<Listed>, ApiError>,
+        result: Result<EveryRead, ApiError>,
     ) {
         let Some(i) = self
             .every
@@ -172,7 +172,14 @@ impl Relay {
         let w = &mut self.every[i];
         w.read = None;
         match &result {
-            Ok(items) if items.is_empty() && !w.once => {
+            // Nothing it covers among as many as one read looks at: it
+            // reads on from there (nothing it covers lies before).
+            Ok(r) if r.listed.is_empty() && r.resume.is_some() => {
+                w.after = r.resume;
+                self.read_every(i);
+                return;
+            }
+            Ok(r) if r.listed.is_empty() && !w.once => {
                 if w.dirty {
                     self.read_every(i);
                 }
@@ -184,7 +191,7 @@ impl Relay {
         let w = self.every.swap_remove(i);
         self.counts.parked_polls -= 1;
         let (status, body) = match result {
-            Ok(items) => {
+            Ok(EveryRead { listed: items, .. }) => {
                 let (body, listed) = listed_page(&items, w.limit);
                 debug!(listed = listed; "prompts of every session fetched");
                 self.listed_fetched(now, &items[..listed]);

@@ -123,7 +123,7 @@ pub enum StoreEvent {
     /// the pending prompts it lists, oldest arrival first.
     EveryPage {
         to: Ticket,
-        result: Result<Vec<Listed>, ApiError>,
+        result: Result<EveryRead, ApiError>,
     },
     /// A prompt of `sid` became pending, on any instance: the
     /// all-sessions polls parked here that cover it read again.
@@ -190,6 +190,15 @@ pub struct AgentState {
     /// Online until then (unix ms).
     pub until: u64,
     pub seen: u64,
+}
+
+/// What an all-sessions read found.
+#[derive(Debug, Default)]
+pub struct EveryRead {
+    pub listed: Vec<Listed>,
+    /// The read looked at as many prompts as one read may without
+    /// finding one it covers: the arrival number to read on after.
+    pub resume: Option<u64>,
 }
 
 /// A pending prompt an all-sessions read lists.

@@ -279,3 +279,19 @@ fn a_prompt_redis_refused_is_never_listed_and_the_next_one_wakes_the_poll() {
     a.prompt(&sid, "kept", Some("kept"));
     assert_eq!(ids(&answered(&mut poll)), ["kept"]);
 }
+
+#[test]
+fn a_read_goes_on_past_as_many_entries_as_one_read_looks_at() {
+    let redis = Redis::start();
+    let [a, b]: [Server; 2] = redis.relays(2, &[]).try_into().ok().unwrap();
+    a.prompt(&unique_session(), "p", Some("real"));
+    // 10,050 entries before it that name no pending prompt (left over,
+    // as from a store written by hand): more than one read looks at.
+    let key = redis.cli(&["--scan", "--pattern", "*pending"]);
+    let script = "for i = 1, 10050 do redis.call('ZADD', KEYS[1], i, 'gone\\n' .. i) end";
+    redis.cli(&["eval", script, "1", key.trim()]);
+    assert_eq!(redis.cli(&["zcard", key.trim()]).trim(), "10051");
+    assert_eq!(ids(&list(&b, "")), ["real"]);
+    // The reads dropped what they met that names nothing.
+    assert_eq!(redis.cli(&["zcard", key.trim()]).trim(), "1");
+}

@@ -26,7 +26,7 @@ use super::reply::{bytes_of, parse_record, text_of};
 use super::route::Expect;
 use super::{Known, Op, RedisStore};
 use crate::error::ApiError;
-use crate::store::seam::{EveryAgentState, Listed, Scope, StoreEvent};
+use crate::store::seam::{EveryAgentState, EveryRead, Listed, Scope, StoreEvent};
 use crate::store::types::{SessionId, Ticket};
 
 impl RedisStore {
@@ -172,7 +172,7 @@ impl RedisStore {
             _ => Err("the script answered something else than an array".into()),
         };
         let (result, broken) = match listed {
-            Ok(items) => (Ok(items), Ok(())),
+            Ok(read) => (Ok(read), Ok(())),
             Err(e) => (Err(ApiError::storage_unavailable()), Err(e)),
         };
         self.ready.push_back(StoreEvent::EveryPage { to, result });
@@ -212,10 +212,14 @@ fn parse_agent(instance: &str, s: &str) -> Option<EveryAgentState> {
     })
 }
 
-/// `ok`, `''`, then number, sid, seq and record of each prompt listed. A
-/// record that does not parse is left out (a damaged prompt is not
-/// offered to an agent).
-fn parse_listed(parts: &[OwnedFrame]) -> Result<Vec<Listed>, String> {
+/// `ok`, where to resume (or `''`), then number, sid, seq and record of
+/// each prompt listed. A record that does not parse is left out (a
+/// damaged prompt is not offered to an agent).
+fn parse_listed(parts: &[OwnedFrame]) -> Result<EveryRead, String> {
+    let resume = match parts.get(1).map(text_of).transpose()?.as_deref() {
+        None | Some("") => None,
+        Some(n) => Some(n.parse().map_err(|_| "a resume number")?),
+    };
     let mut out = Vec::with_capacity(parts.len().saturating_sub(2) / 4);
     for p in parts.get(2..).unwrap_or(&[]).chunks(4) {
         let [n, sid, seq, record] = p else {
@@ -237,5 +241,8 @@ fn parse_listed(parts: &[OwnedFrame]) -> Result<Vec<Listed>, String> {
             data: msg.data,
         });
     }
-    Ok(out)
+    Ok(EveryRead {
+        listed: out,
+        resume,
+    })
 }

@@ -531,6 +531,14 @@ local function arrive(q)
   publish(prefix .. 'arrivals', sid .. '\n' .. ns)
 end
 
+-- Removes `members` from the order of pending prompts, a thousand at a
+-- time (Lua unpacks no more than about 8,000 arguments).
+local function unorder(members)
+  for i = 1, #members, 1000 do
+    redis.call('ZREM', pending_key, unpack(members, i, math.min(i + 999, #members)))
+  end
+end
+
 -- The pending prompts of the session `id` (key `sk`) leave the order:
 -- its session is deleted. Only a session with pending prompts is read.
 local function unlist(sk, id, pc)
@@ -544,9 +552,7 @@ local function unlist(sk, id, pc)
       members[#members + 1] = id .. '\n' .. kv[i + 1]
     end
   end
-  if #members > 0 then
-    redis.call('ZREM', pending_key, unpack(members))
-  end
+  unorder(members)
 end
 
 local function prompt(cid, record)
@@ -860,19 +866,22 @@ local function dispatch()
     -- The pending prompts of every session the scope covers (A[14]: '*'
     -- every session, 'p' those whose id starts with A[15], 's' the
     -- session A[15]) that arrived after A[12] ('' for all), oldest
-    -- first, at most A[13]: {'ok', '', then number, sid, seq, record
+    -- first, at most A[13]: {'ok', resume, then number, sid, seq, record
     -- for each}. An entry that names no pending prompt is dropped. At
     -- most `scan` entries are looked at, so a call stays short however
-    -- many prompts of other sessions are pending.
+    -- many prompts of other sessions are pending: one that found nothing
+    -- before that bound answers the last number it looked at as
+    -- `resume` (else ''), and the caller reads on from there.
     local lim, kind, val = tonumber(A[13]), A[14], A[15]
     local from = A[12] == '' and '-inf' or ('(' .. A[12])
     local out, stale = { 'ok', '' }, {}
-    local found, scan = 0, 10000
+    local found, scan, last = 0, 10000, ''
     while found < lim and scan > 0 do
       local got = redis.call('ZRANGEBYSCORE', pending_key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 128)
       for i = 1, #got, 2 do
         local id, q = string.match(got[i], '^(.*)\n(%d+)$')
-        from, scan = '(' .. got[i + 1], scan - 1
+        last, scan = got[i + 1], scan - 1
+        from = '(' .. last
         if id and (kind == '*' or (kind == 'p' and string.sub(id, 1, #val) == val) or id == val) then
           local sk = prefix .. 's:' .. id
           local rec = redis.call('HGET', sk, q)
@@ -895,8 +904,9 @@ local function dispatch()
         break
       end
     end
-    if #stale > 0 then
-      redis.call('ZREM', pending_key, unpack(stale))
+    unorder(stale)
+    if found == 0 and scan <= 0 then
+      out[2] = last
     end
     return done(out)
   elseif op == 'everyagent' then
