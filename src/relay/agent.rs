@@ -277,6 +277,7 @@ impl Relay {
     pub fn agent_stopped(&mut self, now: Millis, sid: &str) -> Result<Vec<u8>, ApiError> {
         self.store.existing(now, sid)?;
         let sid = self.stop_in(now, sid)?;
+        self.every_graces_told_again(now, &sid);
         self.engine.agent_stopped(&Scope::Session(sid));
         Ok(b"{\"ok\":true}".to_vec())
     }
@@ -288,9 +289,11 @@ impl Relay {
         let Some(sid_key) = self.store.key(sid).cloned() else {
             return Err(ApiError::session_not_found());
         };
+        let unix = self.unix_at(now);
         let live = self.live.entry(sid_key.clone()).or_default();
         live.agent_end = None;
         live.every_cut = Some(self.every_stamps);
+        live.every_cut_unix = Some(unix);
         self.refresh_presence(now, sid);
         Ok(sid_key)
     }

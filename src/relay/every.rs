@@ -275,8 +275,8 @@ impl Relay {
             keep
         });
         self.remote_every
-            .retain(|r| r.state.parked || !scope.includes(&r.state.scope));
-        let cut = self.every_stamps;
+            .retain(|r| r.parked || !scope.includes(&r.scope));
+        let (cut, unix) = (self.every_stamps, self.unix_at(now));
         let covered: Vec<SessionId> = self
             .live
             .iter_mut()
@@ -284,6 +284,7 @@ impl Relay {
             .map(|(sid, live)| {
                 live.agent_end = None;
                 live.every_cut = Some(cut);
+                live.every_cut_unix = Some(unix);
                 sid.clone()
             })
             .collect();

@@ -16,10 +16,10 @@
 //!
 //! Presence: this instance announces its agent of every session a scope
 //! covers to the others with a lease, as for one session
-//! ([`Relay::announce_every`]), and keeps theirs ([`RemoteEvery`]), read
-//! when a session's presence is computed. A stop (`DELETE /agent`)
-//! anywhere ends the graces everywhere; an agent announced parked
-//! stays online until its instance says otherwise.
+//! ([`Relay::announce_every`]), and keeps theirs, read when a session's
+//! presence is computed. A stop (`DELETE /agent`) anywhere ends the
+//! graces everywhere; an agent announced parked stays online until its
+//! instance says otherwise, which it does when it hears of the stop.
 
 use std::rc::Rc;
 
@@ -39,20 +39,12 @@ const READ_WAIT_MS: u64 = 10_000;
 /// Other instances' agents of every session kept, at most.
 const MAX_REMOTE_EVERY: usize = 256;
 
-/// Another instance's agent of every session a scope covers, as heard.
-#[derive(Debug)]
-pub struct RemoteEvery {
-    pub(super) state: EveryAgentState,
-    /// When it was heard (numbered with the graces here): a stop in a
-    /// session (`Live::every_cut`) hides the graces heard before it.
-    pub(super) stamp: u64,
-}
-
 /// The soonest end among the agents of every session other instances
 /// announced that cover `sid` and count there: online at `unix`, and
-/// parked or heard after the agent last stopped there (`cut`).
+/// parked, or in a grace that began after the agent last stopped there
+/// (`cut`, wall clock: a grace's `seen` is when its poll ended).
 pub(super) fn remote_every_until(
-    remote: &[RemoteEvery],
+    remote: &[EveryAgentState],
     sid: &str,
     cut: Option<u64>,
     unix: u64,
@@ -60,11 +52,9 @@ pub(super) fn remote_every_until(
     remote
         .iter()
         .filter(|r| {
-            r.state.until > unix
-                && r.state.scope.covers(sid)
-                && (r.state.parked || cut.is_none_or(|c| r.stamp > c))
+            r.until > unix && r.scope.covers(sid) && (r.parked || cut.is_none_or(|c| r.seen > c))
         })
-        .map(|r| r.state.until)
+        .map(|r| r.until)
         .min()
 }
 
@@ -234,14 +224,16 @@ impl Relay {
         }
         let at = self.at(now);
         let grace = self.limits.agent_grace_ms;
-        let here = if self.every.iter().any(|w| w.scope == *scope) {
-            AgentHere::Parked
+        // Seen: now while parked; in a grace, when its poll ended.
+        let (here, seen) = if self.every.iter().any(|w| w.scope == *scope) {
+            (AgentHere::Parked, at.unix)
         } else {
             match self.every_graces.iter().find(|g| g.scope == *scope) {
-                Some(g) if now < g.end.after_ms(grace) => {
-                    AgentHere::Until(at.unix + g.end.after_ms(grace).since(now))
-                }
-                _ => AgentHere::Away,
+                Some(g) if now < g.end.after_ms(grace) => (
+                    AgentHere::Until(at.unix + g.end.after_ms(grace).since(now)),
+                    self.unix_at(g.end),
+                ),
+                _ => (AgentHere::Away, at.unix),
             }
         };
         let i = match self.every_told.iter().position(|(s, _)| s == scope) {
@@ -255,12 +247,31 @@ impl Relay {
         let told = &mut self.every_told[i].1;
         let again = self
             .engine
-            .announce_every(scope, told, here, at.unix, at.unix, grace);
+            .announce_every(scope, told, here, seen, at.unix, grace);
         if here == AgentHere::Away && told.until == 0 {
             self.every_told.swap_remove(i);
         }
         if let Some(ms) = again {
             self.wake_at(now.after_ms(ms));
+        }
+    }
+
+    /// The agent stopped in `sid`: the graces of this instance's agents
+    /// of every session that cover it are told again, as graces (the
+    /// others may have heard them last as parked polls, which a stop does
+    /// not end), so that the others end them there.
+    pub(super) fn every_graces_told_again(&mut self, now: Millis, sid: &str) {
+        let graces: Vec<Scope> = self
+            .every_told
+            .iter()
+            .filter(|(s, _)| s.covers(sid) && !self.every.iter().any(|w| w.scope == *s))
+            .map(|(s, _)| s.clone())
+            .collect();
+        for scope in graces {
+            if let Some((_, told)) = self.every_told.iter_mut().find(|(s, _)| *s == scope) {
+                *told = Announced::default();
+            }
+            self.announce_every(now, &scope);
         }
     }
 
@@ -287,30 +298,20 @@ impl Relay {
     pub(super) fn every_agent_heard(&mut self, now: Millis, state: EveryAgentState) {
         let scope = state.scope.clone();
         self.remote_every
-            .retain(|r| !(r.state.instance == state.instance && r.state.scope == scope));
+            .retain(|r| !(r.instance == state.instance && r.scope == scope));
         if state.until > 0 {
             if self.remote_every.len() >= MAX_REMOTE_EVERY {
                 self.remote_every.remove(0);
             }
-            self.every_stamps += 1;
-            self.remote_every.push(RemoteEvery {
-                state,
-                stamp: self.every_stamps,
-            });
+            self.remote_every.push(state);
         }
         self.tell_watched(now, &scope);
     }
 
     /// The other instances' agents of every session, read whole.
-    pub(super) fn every_agents_read(&mut self, now: Millis, states: Vec<EveryAgentState>) {
-        self.remote_every.clear();
-        for state in states.into_iter().take(MAX_REMOTE_EVERY) {
-            self.every_stamps += 1;
-            self.remote_every.push(RemoteEvery {
-                state,
-                stamp: self.every_stamps,
-            });
-        }
+    pub(super) fn every_agents_read(&mut self, now: Millis, mut states: Vec<EveryAgentState>) {
+        states.truncate(MAX_REMOTE_EVERY);
+        self.remote_every = states;
         self.tell_watched(now, &Scope::Every);
     }
 
@@ -318,9 +319,11 @@ impl Relay {
     /// graces here end as if it had stopped here.
     pub(super) fn agent_stop_heard(&mut self, now: Millis, scope: &Scope) {
         match scope {
-            // Not held here: no grace of it here, nobody watching.
+            // Not held here: no grace of one session, nobody watching;
+            // a grace of every session may cover it all the same.
             Scope::Session(sid) => {
                 let _ = self.stop_in(now, sid);
+                self.every_graces_told_again(now, sid);
             }
             _ => self.stop_every(now, scope),
         }
@@ -329,7 +332,7 @@ impl Relay {
     /// Where another instance announced an agent of every session that
     /// covers `sid`, online at `unix`: until when, at the soonest.
     pub(super) fn every_remote(&self, sid: &str, unix: u64) -> Option<u64> {
-        let cut = self.live.get(sid).and_then(|l| l.every_cut);
+        let cut = self.live.get(sid).and_then(|l| l.every_cut_unix);
         remote_every_until(&self.remote_every, sid, cut, unix)
     }
 }
@@ -387,22 +390,16 @@ mod tests {
             instance: "i".into(),
             scope: Scope::Prefix(Rc::from("a")),
             until: 100,
-            seen: 0,
+            seen: 30,
             parked,
         };
-        let grace = [RemoteEvery {
-            state: state(false),
-            stamp: 3,
-        }];
+        let grace = [state(false)];
         assert_eq!(remote_every_until(&grace, "ab", None, 50), Some(100));
-        assert_eq!(remote_every_until(&grace, "ab", Some(2), 50), Some(100));
-        assert_eq!(remote_every_until(&grace, "ab", Some(3), 50), None);
+        assert_eq!(remote_every_until(&grace, "ab", Some(29), 50), Some(100));
+        assert_eq!(remote_every_until(&grace, "ab", Some(30), 50), None);
         assert_eq!(remote_every_until(&grace, "b", None, 50), None);
         assert_eq!(remote_every_until(&grace, "ab", None, 100), None);
-        let parked = [RemoteEvery {
-            state: state(true),
-            stamp: 3,
-        }];
-        assert_eq!(remote_every_until(&parked, "ab", Some(9), 50), Some(100));
+        let parked = [state(true)];
+        assert_eq!(remote_every_until(&parked, "ab", Some(90), 50), Some(100));
     }
 }

@@ -202,14 +202,13 @@ pub struct Relay {
     /// When the last all-sessions poll of each scope ended, while its
     /// grace lasts: the agent is online in the sessions it covers.
     every_graces: Vec<every::EveryGrace>,
-    /// The number of the last all-sessions grace recorded (or other
-    /// instance's agent of every session heard).
+    /// The number of the last all-sessions grace recorded.
     every_stamps: u64,
     /// What the other instances were last told of this instance's
     /// agents of every session, per scope (`every_read`).
     every_told: Vec<(Scope, crate::store::seam::Announced)>,
     /// The other instances' agents of every session (`every_read`).
-    remote_every: Vec<every_read::RemoteEvery>,
+    remote_every: Vec<crate::store::seam::EveryAgentState>,
     effects: Vec<Effect>,
     counts: Counts,
     stats: Stats,

@@ -181,6 +181,22 @@ fn a_stop_through_one_relay_shows_the_agent_offline_on_another_at_once() {
     wait_agent(&a, &quiet, "offline");
     wait_agent(&b, &quiet, "offline");
 
+    // The all-sessions poll through B again, and a stop of one session
+    // through A: B had told A of a parked poll, then of nothing while
+    // its grace ran; the stop ends that grace in that session on both.
+    let mut poll = b.conn();
+    poll.send("GET", "/prompts?timeout=0.2", &[], None);
+    assert_eq!(next_presence(&mut ws), "online");
+    assert!(poll.read_response().json().as_array().unwrap().is_empty());
+    wait_agent(&a, &quiet, "online");
+    assert_eq!(a.delete(&format!("/agent/{quiet}")).status, 200);
+    wait_agent(&a, &quiet, "offline");
+    wait_agent(&b, &quiet, "offline");
+    // It still counts in the sessions it was not stopped in.
+    wait_agent(&a, &watched, "online");
+    assert_eq!(b.delete("/agent").status, 200);
+    assert_eq!(next_presence(&mut ws), "offline");
+
     // The same for one session: a poll of it through B, a stop of that
     // session through A.
     let mut poll = b.conn();
