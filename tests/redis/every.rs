@@ -9,6 +9,7 @@
 //! look at.
 
 use crate::common::*;
+use crate::restart::{wait_agent, wait_ready};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -132,21 +133,6 @@ fn arrivals_are_ordered_across_relays_and_after_a_cursor_lists_the_later_ones() 
     assert_eq!(list(&a, ""), left);
 }
 
-/// `GET /sessions/{sid}` on `srv` until the agent is `want` (bounded,
-/// 5 s, far below the 60 s grace).
-#[track_caller]
-fn wait_agent(srv: &Server, sid: &str, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let got = srv.get(&format!("/sessions/{sid}")).json();
-        if got["agent"] == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the agent never {want}: {got}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The next `presence` frame of `ws`: `online` or `offline`.
 #[track_caller]
 fn next_presence(ws: &mut Ws) -> String {
@@ -217,16 +203,6 @@ fn a_stop_through_one_relay_shows_the_agent_offline_on_another_at_once() {
     wait_agent(&a, &quiet, "online");
     wait_agent(&a, &watched, "online");
     wait_agent(&b, &quiet, "online");
-}
-
-/// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`.
-#[track_caller]
-fn wait_ready(srv: &Server, status: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while srv.get("/readyz").status != status {
-        assert!(Instant::now() < deadline, "/readyz never answered {status}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Sends `signal` (`STOP`, `CONT`) to the relay `srv`.

@@ -298,6 +298,20 @@ local function watched()
   return '0'
 end
 
+-- An agent's state in the hash `key` (`field` -> `value`) while it is
+-- online (`untl` ahead), the key expiring with its newest entry; gone
+-- once it is not.
+local function keep_until(key, field, untl, value)
+  if untl > now then
+    redis.call('HSET', key, field, value)
+    if redis.call('PTTL', key) < untl - now then
+      redis.call('PEXPIRE', key, untl - now)
+    end
+  else
+    redis.call('HDEL', key, field)
+  end
+end
+
 -- A draft's fields: cid, parts, bytes, deadline, text.
 local function draft_of(v)
   local cid, parts, bytes, deadline, text = string.match(v, '^([^\n]*)\n(%d+)\n(%d+)\n(%d+)\n(.*)$')
@@ -784,14 +798,7 @@ local function dispatch()
     -- This instance's agent state: online until A[13] (0: offline).
     local g = prefix .. 'g:' .. sid
     local inst, untl, seen = A[12], tonumber(A[13]), A[14]
-    if untl > now then
-      redis.call('HSET', g, inst, str(untl) .. '\n' .. seen)
-      if redis.call('PTTL', g) < untl - now then
-        redis.call('PEXPIRE', g, untl - now)
-      end
-    else
-      redis.call('HDEL', g, inst)
-    end
+    keep_until(g, inst, untl, str(untl) .. '\n' .. seen)
     publish(channel, 'A\n' .. sid .. '\n' .. inst .. '\n' .. str(untl) .. '\n' .. seen)
     return done({ 'ok', '' })
   elseif op == 'create' then
@@ -914,15 +921,7 @@ local function dispatch()
     -- online until A[14] (0: offline), last seen A[15], parked (A[16]
     -- '1') or in its grace.
     local key, field = prefix .. 'agents', A[12] .. '\n' .. A[13]
-    local untl = tonumber(A[14])
-    if untl > now then
-      redis.call('HSET', key, field, A[14] .. '\n' .. A[15] .. '\n' .. A[16])
-      if redis.call('PTTL', key) < untl - now then
-        redis.call('PEXPIRE', key, untl - now)
-      end
-    else
-      redis.call('HDEL', key, field)
-    end
+    keep_until(key, field, tonumber(A[14]), A[14] .. '\n' .. A[15] .. '\n' .. A[16])
     publish(prefix .. 'events', 'E\n' .. A[12] .. '\n' .. A[14] .. '\n' .. A[15] .. '\n' .. A[16] .. '\n' .. A[13])
     return done({ 'ok', '' })
   elseif op == 'touch' then
