@@ -63,12 +63,6 @@ impl ApiError {
     pub fn token_expired() -> ApiError {
         ApiError::new(401, "Unauthorized").with_details("token expired")
     }
-    /// `501`: a poll of every session where the loop's log does not hold
-    /// every session's prompts (several instances).
-    pub fn every_session_unsupported() -> ApiError {
-        ApiError::new(501, "Not implemented")
-            .with_details("GET /prompts for every session needs one instance")
-    }
     /// `403` for a valid token for the sessions under `prefix` used on
     /// another session.
     pub fn other_prefix(prefix: &str) -> ApiError {

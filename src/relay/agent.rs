@@ -17,7 +17,7 @@ use log::debug;
 
 use super::frames::presence_frame;
 use super::live::{Live, round_up};
-use super::{ApiError, Effect, Engine, Relay};
+use super::{ApiError, Effect, Engine, Relay, Scope};
 use crate::store::SessionId;
 use crate::store::seam::{AgentHere, AgentState};
 use crate::time::{Millis, UnixMillis};
@@ -30,7 +30,7 @@ pub(super) const MAX_INSTANCES: usize = 64;
 #[derive(Clone, Copy)]
 pub(super) struct At {
     now: Millis,
-    unix: UnixMillis,
+    pub(super) unix: UnixMillis,
     grace: u64,
 }
 
@@ -49,7 +49,15 @@ impl Live {
     /// (`parked`, its own or one of every session), for the grace after
     /// the last agent request here ended (`every_end`: the last
     /// all-sessions poll covering it), and while another instance says so.
-    pub(super) fn step(&mut self, at: At, parked: bool, every_end: Option<Millis>) -> Step {
+    /// `every_remote`: until when another instance's agent of every
+    /// session that covers it is online, if one is.
+    pub(super) fn step(
+        &mut self,
+        at: At,
+        parked: bool,
+        every_end: Option<Millis>,
+        every_remote: Option<u64>,
+    ) -> Step {
         let end = self.agent_end.max(every_end);
         let local_until = end.map(|t| t.after_ms(at.grace));
         let local = parked || local_until.is_some_and(|u| at.now < u);
@@ -57,6 +65,7 @@ impl Live {
             .remote
             .iter()
             .map(|a| a.until)
+            .chain(every_remote)
             .filter(|u| *u > at.unix)
             .min();
         let online = local || remote.is_some();
@@ -182,6 +191,7 @@ impl Relay {
         let at = self.at(now);
         let parked = self.parked(sid) || self.every_parked(sid);
         let every_end = self.every_end(sid);
+        let every_remote = self.every_remote(sid, at.unix);
         let Relay {
             live,
             engine,
@@ -197,7 +207,7 @@ impl Relay {
             return;
         };
         let watched = presence.get(sid).is_some_and(|p| !p.subscribers.is_empty());
-        let step = entry.step(at, parked, every_end);
+        let step = entry.step(at, parked, every_end, every_remote);
         step.carry_out(&key, entry, watched, effects, engine, next_tick, at);
     }
 
@@ -236,7 +246,8 @@ impl Relay {
         let every = self
             .every_end(sid)
             .is_some_and(|e| now < e.after_ms(self.limits.agent_grace_ms));
-        let online = parked || every || live.is_some_and(|l| l.online);
+        let remote = self.every_remote(sid, self.unix_at(now)).is_some();
+        let online = parked || every || remote || live.is_some_and(|l| l.online);
         out.push_str(if online {
             ",\"agent\":\"online\",\"agent_seen_ts\":"
         } else {
@@ -265,14 +276,26 @@ impl Relay {
     /// parked. Live state only: nothing is stored.
     pub fn agent_stopped(&mut self, now: Millis, sid: &str) -> Result<Vec<u8>, ApiError> {
         self.store.existing(now, sid)?;
+        let sid = self.stop_in(now, sid)?;
+        self.every_graces_told_again(now, &sid);
+        self.engine.agent_stopped(&Scope::Session(sid));
+        Ok(b"{\"ok\":true}".to_vec())
+    }
+
+    /// The agent stops in `sid`, which the copy holds: its graces there
+    /// end (here, and the other instances' as heard here). Returns the
+    /// session's id.
+    pub(super) fn stop_in(&mut self, now: Millis, sid: &str) -> Result<SessionId, ApiError> {
         let Some(sid_key) = self.store.key(sid).cloned() else {
             return Err(ApiError::session_not_found());
         };
-        let live = self.live.entry(sid_key).or_default();
+        let unix = self.unix_at(now);
+        let live = self.live.entry(sid_key.clone()).or_default();
         live.agent_end = None;
         live.every_cut = Some(self.every_stamps);
+        live.every_cut_unix = Some(unix);
         self.refresh_presence(now, sid);
-        Ok(b"{\"ok\":true}".to_vec())
+        Ok(sid_key)
     }
 
     /// Whether an agent's poll of `sid` is parked here.

@@ -12,6 +12,11 @@
 //! (an agent dedupes by `client_msg_id`), while one of this run orders
 //! its arrivals.
 //!
+//! Where the loop's log does not hold every session's prompts (several
+//! instances), the list is read from the engine instead, and a parked
+//! poll reads again when a prompt it covers arrives anywhere
+//! ([`every_read`](super::every_read)).
+//!
 //! Invariant: a connection appears at most once in [`Relay::every`], and
 //! is counted once in the parked polls.
 
@@ -20,51 +25,30 @@ use std::rc::Rc;
 use log::debug;
 
 use super::{ApiError, ConnId, Effect, Fetch, Relay};
+pub use crate::store::seam::Scope;
 use crate::store::types::EveryQuery;
 use crate::store::{MAX_PAGE_BYTES, Seq, SessionId};
 use crate::time::Millis;
 use crate::wire::push_decimal;
 
-/// The sessions an all-sessions poll covers: what its token opens.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Scope {
-    /// A server-wide token, or an open server.
-    Every,
-    /// A token for the sessions whose id starts with this.
-    Prefix(Rc<str>),
-    /// A token for one session.
-    Session(SessionId),
-}
-
-impl Scope {
-    /// Whether every session `other` covers, this one covers too.
-    fn includes(&self, other: &Scope) -> bool {
-        match (self, other) {
-            (Scope::Every, _) => true,
-            (Scope::Prefix(p), Scope::Prefix(q)) => q.starts_with(&**p),
-            (_, Scope::Session(s)) => self.covers(s),
-            _ => false,
-        }
-    }
-
-    /// Whether the poll covers session `sid`.
-    pub fn covers(&self, sid: &str) -> bool {
-        match self {
-            Scope::Every => true,
-            Scope::Prefix(p) => sid.starts_with(&**p),
-            Scope::Session(s) => s.as_str() == sid,
-        }
-    }
-}
-
 /// A parked all-sessions poll.
 #[derive(Debug)]
 pub struct EveryWaiter {
-    conn: ConnId,
-    scope: Scope,
-    /// Only arrivals after this (already the relay's arrival number).
-    after: Option<u64>,
-    limit: usize,
+    pub(super) conn: ConnId,
+    pub(super) scope: Scope,
+    /// Only arrivals after this (the relay's arrival number; the
+    /// engine's, where it keeps the order).
+    pub(super) after: Option<u64>,
+    pub(super) limit: usize,
+    /// Where the engine keeps the order: the ticket number of the read
+    /// in flight.
+    pub(super) read: Option<u64>,
+    /// A prompt it covers arrived while that read was in flight: it
+    /// reads again if the read finds nothing.
+    pub(super) dirty: bool,
+    /// `wait=false` (or no timeout): answered with what its read finds,
+    /// even nothing.
+    pub(super) once: bool,
 }
 
 impl EveryWaiter {
@@ -78,7 +62,7 @@ impl EveryWaiter {
 /// lasts.
 #[derive(Debug)]
 pub struct EveryGrace {
-    scope: Scope,
+    pub(super) scope: Scope,
     pub(super) end: Millis,
     /// Numbers the ends, so that an agent stopping in a session
     /// (`Live::every_cut`) cancels the graces that ended before, even in
@@ -95,6 +79,15 @@ pub(super) fn end_covering(graces: &[EveryGrace], sid: &str, cut: Option<u64>) -
         .filter(|g| g.scope.covers(sid) && cut.is_none_or(|c| g.stamp > c))
         .map(|g| g.end)
         .max()
+}
+
+/// Appends a listed prompt's stored object to a page, with its `cursor`
+/// as the last field.
+pub(super) fn push_with_cursor(out: &mut Vec<u8>, data: &[u8], cursor: u64) {
+    out.extend_from_slice(&data[..data.len().saturating_sub(1)]);
+    out.extend_from_slice(b",\"cursor\":\"");
+    push_decimal(out, cursor);
+    out.extend_from_slice(b"\"}");
 }
 
 /// An all-sessions answer: its bytes, and the prompts it lists.
@@ -117,7 +110,7 @@ impl Relay {
         q: EveryQuery,
     ) -> Result<Fetch, ApiError> {
         if !self.engine.holds_every_prompt() {
-            return Err(ApiError::every_session_unsupported());
+            return self.park_every_read(now, conn, scope, q);
         }
         let after = q.after.and_then(|a| a.checked_sub(self.cursor_base()));
         let (page, listed) = self.every_page(&scope, after, q.limit)?;
@@ -137,6 +130,9 @@ impl Relay {
             scope: scope.clone(),
             after,
             limit: q.limit,
+            read: None,
+            dirty: false,
+            once: false,
         });
         self.counts.parked_polls += 1;
         self.every_seen(now, &scope, false);
@@ -150,6 +146,7 @@ impl Relay {
         if let Some(i) = self.every.iter().position(|w| w.conn == conn) {
             let w = self.every.swap_remove(i);
             self.counts.parked_polls -= 1;
+            self.every_left();
             self.every_seen(now, &w.scope, true);
         }
     }
@@ -157,7 +154,12 @@ impl Relay {
     /// A prompt of `sid` arrived: every parked all-sessions poll that
     /// covers it is answered. With nobody parked there, one check.
     pub(super) fn wake_every(&mut self, now: Millis, sid: &str) {
-        if self.every.is_empty() || !self.every.iter().any(|w| w.scope.covers(sid)) {
+        // Where the engine keeps the order, the arrival comes from it
+        // (`every_arrived`), for a prompt stored here as for any other.
+        if self.every.is_empty()
+            || !self.engine.holds_every_prompt()
+            || !self.every.iter().any(|w| w.scope.covers(sid))
+        {
             return;
         }
         let waiters = std::mem::take(&mut self.every);
@@ -208,7 +210,7 @@ impl Relay {
     /// session's presence is asked; only the sessions watched here are
     /// told now (a walk over the subscribed sessions, at such a change,
     /// not over every session).
-    fn every_seen(&mut self, now: Millis, scope: &Scope, ended: bool) {
+    pub(super) fn every_seen(&mut self, now: Millis, scope: &Scope, ended: bool) {
         if ended {
             let grace = self.limits.agent_grace_ms;
             self.every_stamps += 1;
@@ -231,12 +233,13 @@ impl Relay {
             }
             self.wake_at(now.after_ms(grace));
         }
+        self.announce_every(now, scope);
         self.tell_watched(now, scope);
     }
 
     /// Refreshes the agent's presence in the sessions `scope` covers that
     /// have subscribers here.
-    fn tell_watched(&mut self, now: Millis, scope: &Scope) {
+    pub(super) fn tell_watched(&mut self, now: Millis, scope: &Scope) {
         let watched: Vec<SessionId> = self
             .presence
             .iter()
@@ -250,13 +253,30 @@ impl Relay {
     }
 
     /// `DELETE /agent` with no session: the agent stops in every session
-    /// `scope` covers. The graces of its all-sessions polls there end, and
-    /// those of its polls of one session; a poll still parked keeps it
-    /// online. A walk over the sessions with live state, on this rare
-    /// request only.
+    /// `scope` covers, here and on every other instance.
     pub fn agent_stopped_every(&mut self, now: Millis, scope: &Scope) -> Vec<u8> {
-        self.every_graces.retain(|g| !scope.includes(&g.scope));
-        let cut = self.every_stamps;
+        self.stop_every(now, scope);
+        self.engine.agent_stopped(scope);
+        b"{\"ok\":true}".to_vec()
+    }
+
+    /// The agent stops in every session `scope` covers. The graces of
+    /// its all-sessions polls there end, here and as other instances
+    /// announced them, and those of its polls of one session; a poll
+    /// still parked keeps it online. A walk over the sessions with live
+    /// state, on this rare request only.
+    pub(super) fn stop_every(&mut self, now: Millis, scope: &Scope) {
+        let mut ended: Vec<Scope> = Vec::new();
+        self.every_graces.retain(|g| {
+            let keep = !scope.includes(&g.scope);
+            if !keep {
+                ended.push(g.scope.clone());
+            }
+            keep
+        });
+        self.remote_every
+            .retain(|r| r.parked || !scope.includes(&r.scope));
+        let (cut, unix) = (self.every_stamps, self.unix_at(now));
         let covered: Vec<SessionId> = self
             .live
             .iter_mut()
@@ -264,13 +284,16 @@ impl Relay {
             .map(|(sid, live)| {
                 live.agent_end = None;
                 live.every_cut = Some(cut);
+                live.every_cut_unix = Some(unix);
                 sid.clone()
             })
             .collect();
+        for s in &ended {
+            self.announce_every(now, s);
+        }
         for sid in covered {
             self.refresh_presence(now, &sid);
         }
-        b"{\"ok\":true}".to_vec()
     }
 
     /// The base of this run's cursors.
@@ -311,11 +334,7 @@ impl Relay {
             if msg.is_damaged() {
                 return Err(ApiError::stored_message_damaged(seq.get()));
             }
-            // The stored object, with its cursor as the last field.
-            out.extend_from_slice(&data[..data.len().saturating_sub(1)]);
-            out.extend_from_slice(b",\"cursor\":\"");
-            push_decimal(&mut out, base.saturating_add(n));
-            out.extend_from_slice(b"\"}");
+            push_with_cursor(&mut out, data, base.saturating_add(n));
             listed.push((sid.clone(), seq));
         }
         out.push(b']');

@@ -50,6 +50,9 @@ pub struct Live {
     /// The agent stopped here (`DELETE /agent`): the graces of
     /// all-sessions polls that ended before count no more.
     pub(super) every_cut: Option<u64>,
+    /// And when (wall clock): the graces of all-sessions polls other
+    /// instances announced that began before count no more here.
+    pub(super) every_cut_unix: Option<UnixMillis>,
     /// The wall-clock time of the agent's last request, for `GET /sessions`.
     pub(super) agent_seen: Option<UnixMillis>,
     /// The state subscribers were last told, and since when.
@@ -201,7 +204,9 @@ impl Relay {
         let mut soon = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
         let grace = self.limits.agent_grace_ms;
         self.every_graces.retain(|g| now < g.end.after_ms(grace));
+        self.every_tick(now);
         let (every, every_graces) = (&self.every, &self.every_graces);
+        let remote_every = &self.remote_every;
         for (sid, live) in &mut self.live {
             let here = self.presence.get(&**sid);
             let watched = here.is_some_and(|p| !p.subscribers.is_empty());
@@ -222,7 +227,10 @@ impl Relay {
             let parked =
                 here.is_some_and(|p| !p.waiters.is_empty()) || every.iter().any(|w| w.covers(sid));
             let every_end = super::every::end_covering(every_graces, sid, live.every_cut);
-            let step = live.step(at, parked, every_end);
+            let cut = live.every_cut_unix;
+            let every_remote =
+                super::every_read::remote_every_until(remote_every, sid, cut, at.unix);
+            let step = live.step(at, parked, every_end, every_remote);
             let mut later = None;
             step.carry_out(
                 sid,

@@ -25,7 +25,8 @@
 //! `drafts` (streamed answers), `agent` (the agent's presence),
 //! `receipts` (prompts an agent fetched) and `frames` (their bytes);
 //! `asks` the agent waiting on a reply (`GET /asks`); `every` the poll
-//! of every session a token opens.
+//! of every session a token opens, and `every_read` that poll where the
+//! engine keeps the order (several instances).
 //!
 //! Session ids: a call that may create a session, or keep its id, takes a
 //! [`SessionId`] (checked where it was parsed); the others look the session
@@ -38,6 +39,7 @@ mod budget;
 mod commit;
 mod drafts;
 mod every;
+mod every_read;
 mod frames;
 mod live;
 mod receipts;
@@ -208,6 +210,11 @@ pub struct Relay {
     every_graces: Vec<every::EveryGrace>,
     /// The number of the last all-sessions grace recorded.
     every_stamps: u64,
+    /// What the other instances were last told of this instance's
+    /// agents of every session, per scope (`every_read`).
+    every_told: Vec<(Scope, crate::store::seam::Announced)>,
+    /// The other instances' agents of every session (`every_read`).
+    remote_every: Vec<crate::store::seam::EveryAgentState>,
     effects: Vec<Effect>,
     counts: Counts,
     stats: Stats,
@@ -244,6 +251,8 @@ impl Relay {
             every: Vec::new(),
             every_graces: Vec::new(),
             every_stamps: 0,
+            every_told: Vec::new(),
+            remote_every: Vec::new(),
             effects: Vec::new(),
             counts: Counts::default(),
             stats: Stats::default(),

@@ -145,6 +145,7 @@ impl Relay {
                     self.store.forget_all();
                     self.engine.reread(&self.presence);
                     self.live_lost(now);
+                    self.every_lost(now);
                 }
                 StoreEvent::Part {
                     sid,
@@ -155,6 +156,12 @@ impl Relay {
                 } => self.part_published(now, &sid, &assistant_msg_id, &client_msg_id, part, &lit),
                 StoreEvent::Agent { sid, state } => self.agent_published(now, &sid, &state),
                 StoreEvent::Receipts { sid, ts, ids } => self.receipts_published(&sid, ts, &ids),
+                StoreEvent::EveryPage { to, result } => self.every_page_read(now, to, result),
+                StoreEvent::Arrived { sid } => self.every_arrived(&sid),
+                StoreEvent::EveryAgain => self.every_again(),
+                StoreEvent::EveryAgent(state) => self.every_agent_heard(now, state),
+                StoreEvent::EveryAgents(states) => self.every_agents_read(now, states),
+                StoreEvent::AgentStopped(scope) => self.agent_stop_heard(now, &scope),
                 StoreEvent::LiveRead {
                     sid,
                     drafts,

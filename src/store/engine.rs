@@ -49,7 +49,7 @@ use super::model::Write;
 use super::record::{Command, Op};
 use super::redis::RedisStore;
 use super::seam::{
-    Abandon, AgentHere, Announced, Collect, Read, StoreEvent, StoreStats, Submit, Waited,
+    Abandon, AgentHere, Announced, Collect, Read, Scope, StoreEvent, StoreStats, Submit, Waited,
 };
 use super::sqlite::{Durable, STOP_BOUND};
 use super::types::{SessionId, Ticket};
@@ -256,6 +256,51 @@ impl Engine {
     /// follow.
     pub fn holds_every_prompt(&self) -> bool {
         !matches!(self, Engine::Shared(_))
+    }
+
+    /// An all-sessions poll is parked here (`on`), or the last one left.
+    /// Returns whether its reads may go now: alone, always; with other
+    /// instances, once arrivals are heard here
+    /// ([`StoreEvent::EveryAgain`] says when, if not now).
+    pub fn every_listen(&mut self, on: bool) -> bool {
+        match self {
+            Engine::Shared(r) => r.every_listen(on),
+            _ => true,
+        }
+    }
+
+    /// Where the loop's log does not hold every prompt: reads the pending
+    /// prompts `scope` covers that arrived after `after`, at most
+    /// `limit`, oldest first ([`StoreEvent::EveryPage`] for `to`).
+    pub fn read_every(&mut self, to: Ticket, scope: &Scope, after: Option<u64>, limit: usize) {
+        if let Engine::Shared(r) = self {
+            r.read_every(to, scope, after, limit);
+        }
+    }
+
+    /// [`announce_agent`](Self::announce_agent) for this instance's
+    /// agent of every session `scope` covers.
+    pub fn announce_every(
+        &mut self,
+        scope: &Scope,
+        told: &mut Announced,
+        here: AgentHere,
+        seen: u64,
+        unix_ms: u64,
+        grace_ms: u64,
+    ) -> Option<u64> {
+        match self {
+            Engine::Shared(r) => r.announce_every(scope, told, here, seen, unix_ms, grace_ms),
+            _ => None,
+        }
+    }
+
+    /// An agent stopped in every session `scope` covers (`DELETE
+    /// /agent`) here: the other instances end its graces there too.
+    pub fn agent_stopped(&mut self, scope: &Scope) {
+        if let Engine::Shared(r) = self {
+            r.agent_stopped(scope);
+        }
     }
 
     /// Whether other instances hear of this one's agents (their presence

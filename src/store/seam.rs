@@ -15,9 +15,11 @@
 //!   instances of it ([`AgentHere`], [`Announced`]);
 //! - the storage's totals for `/metrics` ([`StoreStats`]).
 
+use std::rc::Rc;
+
 use super::SessionLog;
 use super::record::{Outcome, Record};
-use super::types::{ConnId, PromptsQuery, SessionId, Ticket};
+use super::types::{ConnId, PromptsQuery, Seq, SessionId, Ticket};
 use crate::error::ApiError;
 use crate::histogram::Histogram;
 
@@ -117,6 +119,26 @@ pub enum StoreEvent {
         ts: u64,
         ids: Vec<String>,
     },
+    /// The answer to an all-sessions read (`to` is the read's ticket):
+    /// the pending prompts it lists, oldest arrival first.
+    EveryPage {
+        to: Ticket,
+        result: Result<EveryRead, ApiError>,
+    },
+    /// A prompt of `sid` became pending, on any instance: the
+    /// all-sessions polls parked here that cover it read again.
+    Arrived { sid: SessionId },
+    /// Arrivals are heard from now on (again): every all-sessions poll
+    /// parked here reads again, for what arrived while they were not.
+    EveryAgain,
+    /// Another instance's agent of every session a scope covers.
+    EveryAgent(EveryAgentState),
+    /// Every other instance's agents of every session, read whole: they
+    /// replace those held.
+    EveryAgents(Vec<EveryAgentState>),
+    /// An agent stopped in every session `scope` covers, through
+    /// another instance (`DELETE /agent`).
+    AgentStopped(Scope),
     /// A session's open drafts and the other instances' agent states,
     /// read with it.
     LiveRead {
@@ -170,6 +192,39 @@ pub struct AgentState {
     pub seen: u64,
 }
 
+/// What an all-sessions read found.
+#[derive(Debug, Default)]
+pub struct EveryRead {
+    pub listed: Vec<Listed>,
+    /// The read looked at as many prompts as one read may without
+    /// finding one it covers: the arrival number to read on after.
+    pub resume: Option<u64>,
+}
+
+/// A pending prompt an all-sessions read lists.
+#[derive(Debug)]
+pub struct Listed {
+    /// Its arrival number (the cursor).
+    pub n: u64,
+    pub sid: SessionId,
+    pub seq: Seq,
+    pub client_msg_id: String,
+    /// The prompt's message.
+    pub data: String,
+}
+
+/// Another instance's agent of every session `scope` covers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EveryAgentState {
+    pub instance: String,
+    pub scope: Scope,
+    /// Online until then (unix ms); 0: offline.
+    pub until: u64,
+    pub seen: u64,
+    /// A poll of it is parked there (not only in its grace).
+    pub parked: bool,
+}
+
 /// This instance's agent in a session, for the engine to tell the other
 /// instances that serve it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,4 +244,58 @@ pub enum AgentHere {
 pub struct Announced {
     /// Online until then (unix ms); 0: offline, or nothing told.
     pub until: u64,
+}
+
+/// The sessions an all-sessions poll covers: what its token opens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// A server-wide token, or an open server.
+    Every,
+    /// A token for the sessions whose id starts with this.
+    Prefix(Rc<str>),
+    /// A token for one session.
+    Session(SessionId),
+}
+
+impl Scope {
+    /// Whether every session `other` covers, this one covers too.
+    pub fn includes(&self, other: &Scope) -> bool {
+        match (self, other) {
+            (Scope::Every, _) => true,
+            (Scope::Prefix(p), Scope::Prefix(q)) => q.starts_with(&**p),
+            (_, Scope::Session(s)) => self.covers(s),
+            _ => false,
+        }
+    }
+
+    /// Whether the poll covers session `sid`.
+    pub fn covers(&self, sid: &str) -> bool {
+        match self {
+            Scope::Every => true,
+            Scope::Prefix(p) => sid.starts_with(&**p),
+            Scope::Session(s) => s.as_str() == sid,
+        }
+    }
+}
+
+impl Scope {
+    /// The scope as the engine names it to other instances: `*`, `p`
+    /// and the prefix, or `s` and the session id.
+    pub fn name(&self) -> String {
+        match self {
+            Scope::Every => "*".to_string(),
+            Scope::Prefix(p) => format!("p{p}"),
+            Scope::Session(s) => format!("s{s}"),
+        }
+    }
+
+    /// A scope from its [`name`](Self::name).
+    pub fn from_name(name: &str) -> Option<Scope> {
+        match name.split_at_checked(1)? {
+            ("*", "") => Some(Scope::Every),
+            ("p", p) => Some(Scope::Prefix(Rc::from(p))),
+            ("s", s) => SessionId::new(s).map(Scope::Session),
+            _ => None,
+        }
+    }
 }

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use crate::cli::{Agent, Scratch, WAIT, answers, wait_file};
-use crate::common::{Server, skip_with_redis, unique_session};
+use crate::common::{Server, unique_session};
 use serde_json::json;
 
 /// The script every test's agent runs: logs its start, waits for the gate
@@ -67,9 +67,6 @@ fn wait_answers(srv: &Server, sid: &str, n: usize) -> Vec<String> {
 
 #[test]
 fn sessions_run_side_by_side_and_each_in_order() {
-    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
-        return;
-    }
     let srv = Server::start();
     let dir = Scratch::new();
     let _agent = start(&srv, &dir, &["--all", "--jobs", "2"]);
@@ -93,9 +90,6 @@ fn sessions_run_side_by_side_and_each_in_order() {
 
 #[test]
 fn two_sessions_are_answered_in_less_than_twice_the_time_of_one() {
-    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
-        return;
-    }
     let srv = Server::start();
     let sleep = Duration::from_secs(1);
     let script = format!("sleep {}; cat", sleep.as_secs());
@@ -116,9 +110,6 @@ fn two_sessions_are_answered_in_less_than_twice_the_time_of_one() {
 
 #[test]
 fn a_cancel_stops_only_its_own_sessions_command() {
-    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
-        return;
-    }
     let srv = Server::start();
     let dir = Scratch::new();
     let agent = start(&srv, &dir, &["--all"]);
@@ -142,9 +133,6 @@ fn a_cancel_stops_only_its_own_sessions_command() {
 
 #[test]
 fn prefix_serves_only_its_sessions_and_a_clean_stop_exits_zero() {
-    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
-        return;
-    }
     let srv = Server::start();
     let dir = Scratch::new();
     let mine = format!("team-{}", unique_session());
@@ -161,9 +149,6 @@ fn prefix_serves_only_its_sessions_and_a_clean_stop_exits_zero() {
 
 #[test]
 fn an_agent_with_a_prefix_token_serves_its_sessions_with_their_context() {
-    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
-        return;
-    }
     const SECRET: &str = "a secret of at least thirty-two bytes, for tokens";
     let srv = Server::start_with(&[
         ("RELAY_TOKEN_SECRET", SECRET),
@@ -245,17 +230,11 @@ fn a_clean_stop_shows_the_agent_offline_at_once() {
     let srv = Server::start_with(&[("RELAY_AGENT_GRACE", "60")]);
     let sid = unique_session();
     stop_and_see_offline(&srv, &sid, &["--session", &sid]);
-    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
-        return;
-    }
     stop_and_see_offline(&srv, &sid, &["--all"]);
 }
 
 #[test]
 fn encrypted_conversations_of_two_sessions_round_trip() {
-    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
-        return;
-    }
     let srv = Server::start();
     let key = String::from_utf8(crate::cli::relay().arg("key").output().unwrap().stdout).unwrap();
     let key = key.trim();

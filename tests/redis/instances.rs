@@ -236,7 +236,9 @@ fn shared_sessions_follow_the_single_servers_rules_step_by_step() {
     // The script in Redis re-states the in-memory log's rules (history,
     // dedupe windows, the pending cap, answers to prompts out of history):
     // the same random writes go to a single in-memory server and to two
-    // relays on Redis, and every answer and the final state must match.
+    // relays on Redis, and every answer and the final state must match,
+    // the order of every pending prompt across sessions (the list of an
+    // agent of every session) too.
     let redis = Redis::start();
     let limits = [("RELAY_HISTORY_LIMIT", "5"), ("RELAY_MAX_PENDING", "4")];
     let single = Server::start_single_with(&limits);
@@ -246,7 +248,7 @@ fn shared_sessions_follow_the_single_servers_rules_step_by_step() {
     env.push(("RELAY_REDIS_URL", &url));
     env.push(("RELAY_REDIS_PREFIX", &prefix));
     let shared = [Server::start_with(&env), Server::start_with(&env)];
-    let sid = unique_session();
+    let sids = [unique_session(), unique_session(), unique_session()];
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = |n: u64| {
         seed ^= seed << 13;
@@ -256,6 +258,7 @@ fn shared_sessions_follow_the_single_servers_rules_step_by_step() {
     };
     for step in 0..400 {
         let via = &shared[step % 2];
+        let sid = &sids[next(3) as usize];
         let (path, body) = if next(2) == 0 {
             let cid = format!("c{}", next(12));
             let body = json!({"session_id": sid, "client_msg_id": cid, "prompt": "q", "ts": step});
@@ -278,10 +281,25 @@ fn shared_sessions_follow_the_single_servers_rules_step_by_step() {
         v.as_object_mut().map(|o| o.remove("epoch"));
         v
     };
-    let want = strip(single.messages(&sid, "?limit=1000"));
+    for sid in &sids {
+        let want = strip(single.messages(sid, "?limit=1000"));
+        for srv in &shared {
+            assert_eq!(strip(srv.messages(sid, "?limit=1000")), want);
+            assert_eq!(srv.pending(sid), single.pending(sid));
+        }
+    }
+    // Cursors are each engine's own; the order is the rule.
+    let order = |srv: &Server| -> Vec<(String, String)> {
+        let list = srv.get("/prompts?wait=false&limit=1000").json();
+        let items = list.as_array().expect("a list").iter();
+        items
+            .map(|p| (p["session_id"].to_string(), p["client_msg_id"].to_string()))
+            .collect()
+    };
+    let want = order(&single);
+    assert!(!want.is_empty(), "some prompts are pending");
     for srv in &shared {
-        assert_eq!(strip(srv.messages(&sid, "?limit=1000")), want);
-        assert_eq!(srv.pending(&sid), single.pending(&sid));
+        assert_eq!(order(srv), want);
     }
 }
 

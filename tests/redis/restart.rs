@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// Polls `/readyz` on `srv` (bounded, 10 s) until it answers `status`.
 #[track_caller]
-fn wait_ready(srv: &Server, status: u16) {
+pub fn wait_ready(srv: &Server, status: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while srv.get("/readyz").status != status {
         assert!(Instant::now() < deadline, "/readyz never answered {status}");
@@ -23,7 +23,7 @@ fn wait_ready(srv: &Server, status: u16) {
 /// `GET /sessions/{sid}` on `srv` until it says the agent is `want`
 /// (bounded, 5 s: well inside the agent's 50 s poll); the last body.
 #[track_caller]
-fn wait_agent(srv: &Server, sid: &str, want: &str) -> Value {
+pub fn wait_agent(srv: &Server, sid: &str, want: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let got = srv.get(&format!("/sessions/{sid}"));

@@ -39,6 +39,10 @@ pub(super) enum Op {
     Probe,
     Ask,
     Reply,
+    /// An all-sessions read (`every.rs`).
+    Every,
+    /// This instance's agent of every session a scope covers.
+    EveryAgent,
 }
 
 /// Which of the library's functions runs an operation.
@@ -71,13 +75,17 @@ impl Op {
             Op::Probe => "probe",
             Op::Ask => "ask",
             Op::Reply => "reply",
+            Op::Every => "every",
+            Op::EveryAgent => "everyagent",
         }
     }
 
     pub(super) fn function(self) -> Function {
         match self {
             Op::Sync => Function::Read,
-            Op::Delete | Op::Collect => Function::Delete,
+            // A read that drops the entries it finds stale: it only
+            // deletes.
+            Op::Delete | Op::Collect | Op::Every => Function::Delete,
             _ => Function::Write,
         }
     }

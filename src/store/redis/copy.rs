@@ -421,6 +421,7 @@ impl RedisStore {
     /// left.
     pub fn keep_alive(&mut self, copy: &MemStore, waited: &dyn Waited, ttl_ms: u64) {
         self.unlisten_unless(&|sid| waited.waits_on(sid));
+        self.arrivals_sweep();
         let mut present: Vec<SessionId> = Vec::with_capacity(waited.count());
         waited.each(&mut |sid, _| present.push(sid.clone()));
         let names: Vec<&str> = present.iter().map(|s| s.as_str()).collect();

@@ -5,24 +5,54 @@
 
 use super::route::Expect;
 use super::{Known, Op, RedisStore};
-use crate::store::seam::{AgentHere, Announced};
+use crate::store::seam::{AgentHere, Announced, Scope};
 use crate::store::types::SessionId;
 
 /// How long an instance's parked poll counts as an online agent for the
 /// other instances without being announced again (it is, halfway).
 const LEASE: u64 = 60_000;
 
+/// What to announce of an agent that is `here` at `unix_ms`, when the
+/// other instances were last told `told` (updated): `Some(until)` to
+/// announce (0: offline), and in how many ms to look again while nothing
+/// changes (a parked poll's lease to renew).
+///
+/// An online agent is announced as online until a little later than it
+/// will be (by `slack`, half the grace), and again only once that is
+/// passed: the other instances never see it offline early, and hear of
+/// it at most once per `slack` however often the agent asks. Going
+/// offline is announced at once.
+fn lease(
+    told: &mut Announced,
+    here: AgentHere,
+    unix_ms: u64,
+    grace_ms: u64,
+) -> (Option<u64>, Option<u64>) {
+    let slack = grace_ms.min(LEASE) / 2;
+    let want = match here {
+        AgentHere::Parked => unix_ms + LEASE,
+        AgentHere::Until(until) => until,
+        AgentHere::Away => 0,
+    };
+    let mut tell = None;
+    if want == 0 && told.until != 0 {
+        told.until = 0;
+        tell = Some(0);
+    } else if want > told.until {
+        told.until = want + slack;
+        tell = Some(told.until);
+    }
+    // Announced again before the lease runs out.
+    let again =
+        (here == AgentHere::Parked).then(|| told.until.saturating_sub(LEASE + unix_ms).max(1));
+    (tell, again)
+}
+
 impl RedisStore {
     /// This instance's agent in `sid` is `here` at `unix_ms` (wall clock),
     /// last seen at `seen`; `told` is what the other instances were told
     /// before. Returns in how many ms to call again while nothing
-    /// changes (a parked poll's lease to renew).
-    ///
-    /// An online agent is announced as online until a little later than
-    /// it will be (by `slack`, half the grace), and again only once that
-    /// is passed: the other instances never see it offline early, and
-    /// hear of it at most once per `slack` however often the agent asks.
-    /// Going offline is announced at once.
+    /// changes (a parked poll's lease to renew); see [`lease`].
     pub fn announce_agent(
         &mut self,
         sid: &SessionId,
@@ -32,21 +62,29 @@ impl RedisStore {
         unix_ms: u64,
         grace_ms: u64,
     ) -> Option<u64> {
-        let slack = grace_ms.min(LEASE) / 2;
-        let want = match here {
-            AgentHere::Parked => unix_ms + LEASE,
-            AgentHere::Until(until) => until,
-            AgentHere::Away => 0,
-        };
-        if want == 0 && told.until != 0 {
-            told.until = 0;
-            self.agent(sid, 0, seen);
-        } else if want > told.until {
-            told.until = want + slack;
-            self.agent(sid, told.until, seen);
+        let (tell, again) = lease(told, here, unix_ms, grace_ms);
+        if let Some(until) = tell {
+            self.agent(sid, until, seen);
         }
-        // Announced again before the lease runs out.
-        (here == AgentHere::Parked).then(|| told.until.saturating_sub(LEASE + unix_ms).max(1))
+        again
+    }
+
+    /// [`announce_agent`](Self::announce_agent) for this instance's
+    /// agent of every session `scope` covers (an all-sessions poll).
+    pub fn announce_every(
+        &mut self,
+        scope: &Scope,
+        told: &mut Announced,
+        here: AgentHere,
+        seen: u64,
+        unix_ms: u64,
+        grace_ms: u64,
+    ) -> Option<u64> {
+        let (tell, again) = lease(told, here, unix_ms, grace_ms);
+        if let Some(until) = tell {
+            self.every_agent(scope, until, seen, here == AgentHere::Parked);
+        }
+        again
     }
 
     /// Stores this instance's agent state in `sid` (online until `until`,

@@ -139,6 +139,7 @@ impl RedisStore {
             }
             Link::Events => {
                 push_command(&mut setup, &[b"SUBSCRIBE", self.channel.as_bytes()]);
+                self.arrivals_again(&mut setup);
                 for (sid, f) in &mut self.follow {
                     if f.listen.is_some() {
                         f.listen = Some(false);
@@ -226,9 +227,10 @@ impl RedisStore {
 
     /// A link finished its setup: once both have, the relay is connected
     /// (logged, and what the tests wait for before their first request).
-    pub(super) fn set_up(&self) {
+    pub(super) fn set_up(&mut self) {
         if self.linked() {
             note(Level::Info, "connected to Redis", self.health.url(), "");
+            self.every_linked();
         }
     }
 }

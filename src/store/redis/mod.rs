@@ -62,12 +62,15 @@
 //!   into the relay's events;
 //! - `follow`: which channels are listened to, barriers and resyncs;
 //! - `lease`: how other instances hear of this one's agent;
+//! - `every`: the order of every pending prompt, the arrivals, and the
+//!   agents of every session;
 //! - `health`: the probe, readiness, and a lost store noticed;
 //! - `codec`, `reply`, `url`: commands written, replies parsed, the URL.
 
 mod calls;
 mod codec;
 mod copy;
+mod every;
 mod follow;
 mod health;
 mod lease;
@@ -120,8 +123,15 @@ pub struct RedisStore {
     url: RedisUrl,
     prefix: String,
     /// Listened to from the start: its confirmation says the link is set
-    /// up. Nothing is published on it.
+    /// up. The agents of every session are published on it (`every.rs`).
     channel: String,
+    /// Arrivals of prompts, listened to while an all-sessions poll is
+    /// parked here (`every.rs`): `Some` while listened to, true once
+    /// Redis confirmed it.
+    arrivals_channel: String,
+    arrivals: Option<bool>,
+    /// An all-sessions poll was parked here since the last sweep.
+    arrivals_wanted: bool,
     /// The sessions whose channel this instance listens to, or that it
     /// reads on its own (one map: whether a copy follows its channel asks
     /// both at once, and an entry goes when neither holds).
@@ -173,6 +183,9 @@ impl RedisStore {
             url,
             prefix: prefix.to_string(),
             channel: format!("{prefix}events"),
+            arrivals_channel: format!("{prefix}arrivals"),
+            arrivals: None,
+            arrivals_wanted: false,
             follow: HashMap::new(),
             listened: 0,
             barrier_next: Vec::new(),

@@ -52,8 +52,25 @@
 --                     write moves it once a second at most): the TTL and
 --                     the cap
 --   P generation  string  the store's UUID, set by `probe` (lost with it)
+--   P arrived  string  the number of the last prompt that became pending
+--                     anywhere (its arrival); a store without it starts
+--                     from the clock (ms times 1000), above every number
+--                     handed out before it was lost
+--   P pending  zset   every pending prompt, "sid\nseq" -> its arrival
+--                     number: the order of an agent serving every
+--                     session (`every`). A prompt leaves when it is
+--                     answered or cancelled, or its session deleted;
+--                     `every` drops an entry that no longer names a
+--                     pending prompt as it meets it
+--   P agents   hash   "instance\nscope" -> "until\nseen\nparked": the
+--                     agents polling every session a token opens
+--                     (`everyagent`); the key expires with its newest
+--                     entry
 -- Every change is published on the session's channel (P e:<sid>), which
--- the instances with someone waiting on the session listen to.
+-- the instances with someone waiting on the session listen to. Each
+-- arrival is also published on P arrivals ("sid\nnumber"), which an
+-- instance listens to while an agent polls every session there, and the
+-- agents of every session on P events, which every instance listens to.
 --
 -- A refused write leaves no trace (see mod.rs): each write makes its
 -- growing write (HSET, ZADD) first, deletes after it, and publishes last.
@@ -89,6 +106,8 @@ local op, sid, now_ms
 local known_epoch, known_next
 local limit, max_pending
 local new_epoch, channel, prefix
+-- The arrival counter and order (see the keys above).
+local arrived_key, pending_key
 -- The unix second of now: the activity score moves when it changes.
 local second
 -- Now as a number, for the ops that compare times.
@@ -111,6 +130,7 @@ local function begin(keys, argv)
   -- argument twice (strtod each time), arithmetic once.
   limit, max_pending = A[6] + 0, A[8] + 0
   new_epoch, channel, prefix = A[9], A[10], A[11]
+  arrived_key, pending_key = prefix .. 'arrived', prefix .. 'pending'
   second = string.sub(now_ms, 1, -4)
   now = 0
   if op ~= 'prompt' and op ~= 'prompts' then
@@ -276,6 +296,20 @@ local function watched()
     end
   end
   return '0'
+end
+
+-- An agent's state in the hash `key` (`field` -> `value`) while it is
+-- online (`untl` ahead), the key expiring with its newest entry; gone
+-- once it is not.
+local function keep_until(key, field, untl, value)
+  if untl > now then
+    redis.call('HSET', key, field, value)
+    if redis.call('PTTL', key) < untl - now then
+      redis.call('PEXPIRE', key, untl - now)
+    end
+  else
+    redis.call('HDEL', key, field)
+  end
 end
 
 -- A draft's fields: cid, parts, bytes, deadline, text.
@@ -493,6 +527,48 @@ local function reply(aid, text, record)
   return answer('ok', S)
 end
 
+-- The prompt `q` (its seq, as a string) of the session became pending:
+-- it takes the next arrival number, enters the order of every pending
+-- prompt, and is announced to the instances where an agent polls every
+-- session.
+local function arrive(q)
+  local n = redis.call('INCR', arrived_key)
+  if n == 1 then
+    -- No counter (a new or flushed store): numbers go on from the
+    -- clock, above every one handed out before (while fewer than a
+    -- thousand prompts arrive per millisecond).
+    n = tonumber(now_ms) * 1000
+    redis.call('SET', arrived_key, str(n))
+  end
+  local ns = str(n)
+  redis.call('ZADD', pending_key, ns, sid .. '\n' .. q)
+  publish(prefix .. 'arrivals', sid .. '\n' .. ns)
+end
+
+-- Removes `members` from the order of pending prompts, a thousand at a
+-- time (Lua unpacks no more than about 8,000 arguments).
+local function unorder(members)
+  for i = 1, #members, 1000 do
+    redis.call('ZREM', pending_key, unpack(members, i, math.min(i + 999, #members)))
+  end
+end
+
+-- The pending prompts of the session `id` (key `sk`) leave the order:
+-- its session is deleted. Only a session with pending prompts is read.
+local function unlist(sk, id, pc)
+  if (tonumber(pc) or 0) <= 0 then
+    return
+  end
+  local kv = redis.call('HGETALL', sk)
+  local members = {}
+  for i = 1, #kv, 2 do
+    if string.sub(kv[i], 1, 2) == 'c:' and (tonumber(kv[i + 1]) or 0) > 0 then
+      members[#members + 1] = id .. '\n' .. kv[i + 1]
+    end
+  end
+  unorder(members)
+end
+
 local function prompt(cid, record)
   -- The counters and the id's entry (dedupe) in one call.
   local ckey = 'c:' .. cid
@@ -532,6 +608,7 @@ local function prompt(cid, record)
   fields[5], fields[6] = ckey, fields[1]
   fields[7], fields[8] = 'pc', str(S.pc)
   save(S, fields)
+  arrive(wq)
   return answer('ok', S, extra)
 end
 
@@ -611,6 +688,9 @@ local function dispatch()
       end
     end
     save(S, fields)
+    if pseq > 0 then
+      redis.call('ZREM', pending_key, sid .. '\n' .. pv)
+    end
     -- The final answer replaces its draft.
     redis.call('HDEL', prefix .. 'd:' .. sid, aid)
     return done(answer('ok', S, watched()))
@@ -701,6 +781,7 @@ local function dispatch()
       fields[11], fields[12] = 'x:' .. cid, fields[1]
     end
     save(S, fields)
+    redis.call('ZREM', pending_key, sid .. '\n' .. pv)
     local d = prefix .. 'd:' .. sid
     local kv = redis.call('HGETALL', d)
     for i = 1, #kv, 2 do
@@ -717,14 +798,7 @@ local function dispatch()
     -- This instance's agent state: online until A[13] (0: offline).
     local g = prefix .. 'g:' .. sid
     local inst, untl, seen = A[12], tonumber(A[13]), A[14]
-    if untl > now then
-      redis.call('HSET', g, inst, str(untl) .. '\n' .. seen)
-      if redis.call('PTTL', g) < untl - now then
-        redis.call('PEXPIRE', g, untl - now)
-      end
-    else
-      redis.call('HDEL', g, inst)
-    end
+    keep_until(g, inst, untl, str(untl) .. '\n' .. seen)
     publish(channel, 'A\n' .. sid .. '\n' .. inst .. '\n' .. str(untl) .. '\n' .. seen)
     return done({ 'ok', '' })
   elseif op == 'create' then
@@ -745,6 +819,7 @@ local function dispatch()
     if not S then
       return done(gone('e404s'))
     end
+    unlist(s, sid, S.pc)
     redis.call('DEL', s, w, prefix .. 'd:' .. sid, prefix .. 'g:' .. sid)
     redis.call('ZREM', all, sid)
     publish(channel, 'D\n' .. sid .. '\n' .. S.e)
@@ -771,7 +846,8 @@ local function dispatch()
     local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
     for _, id in ipairs(idle) do
       local sk = prefix .. 's:' .. id
-      local e = redis.call('HGET', sk, 'e')
+      local e, pc = unpack(redis.call('HMGET', sk, 'e', 'pc'))
+      unlist(sk, id, pc)
       redis.call('DEL', sk, prefix .. 'w:' .. id, prefix .. 'd:' .. id, prefix .. 'g:' .. id)
       redis.call('ZREM', all, id)
       if e then
@@ -793,6 +869,61 @@ local function dispatch()
     local g = redis.call('GET', key) or new_epoch
     redis.call('SET', key, g)
     return done({ 'ok', g })
+  elseif op == 'every' then
+    -- The pending prompts of every session the scope covers (A[14]: '*'
+    -- every session, 'p' those whose id starts with A[15], 's' the
+    -- session A[15]) that arrived after A[12] ('' for all), oldest
+    -- first, at most A[13]: {'ok', resume, then number, sid, seq, record
+    -- for each}. An entry that names no pending prompt is dropped. At
+    -- most `scan` entries are looked at, so a call stays short however
+    -- many prompts of other sessions are pending: one that found nothing
+    -- before that bound answers the last number it looked at as
+    -- `resume` (else ''), and the caller reads on from there.
+    local lim, kind, val = tonumber(A[13]), A[14], A[15]
+    local from = A[12] == '' and '-inf' or ('(' .. A[12])
+    local out, stale = { 'ok', '' }, {}
+    local found, scan, last = 0, 10000, ''
+    while found < lim and scan > 0 do
+      local got = redis.call('ZRANGEBYSCORE', pending_key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 128)
+      for i = 1, #got, 2 do
+        local id, q = string.match(got[i], '^(.*)\n(%d+)$')
+        last, scan = got[i + 1], scan - 1
+        from = '(' .. last
+        if id and (kind == '*' or (kind == 'p' and string.sub(id, 1, #val) == val) or id == val) then
+          local sk = prefix .. 's:' .. id
+          local rec = redis.call('HGET', sk, q)
+          local cid = rec and string.match(rec, '^[pP]\n([^\n]*)\n')
+          if cid and redis.call('HGET', sk, 'c:' .. cid) == q then
+            local n = #out
+            out[n + 1], out[n + 2], out[n + 3], out[n + 4] = got[i + 1], id, q, rec
+            found = found + 1
+            if found >= lim then
+              break
+            end
+          else
+            stale[#stale + 1] = got[i]
+          end
+        elseif not id then
+          stale[#stale + 1] = got[i]
+        end
+      end
+      if #got < 256 then
+        break
+      end
+    end
+    unorder(stale)
+    if found == 0 and scan <= 0 then
+      out[2] = last
+    end
+    return done(out)
+  elseif op == 'everyagent' then
+    -- This instance's agent of every session a scope covers (A[13]):
+    -- online until A[14] (0: offline), last seen A[15], parked (A[16]
+    -- '1') or in its grace.
+    local key, field = prefix .. 'agents', A[12] .. '\n' .. A[13]
+    keep_until(key, field, tonumber(A[14]), A[14] .. '\n' .. A[15] .. '\n' .. A[16])
+    publish(prefix .. 'events', 'E\n' .. A[12] .. '\n' .. A[14] .. '\n' .. A[15] .. '\n' .. A[16] .. '\n' .. A[13])
+    return done({ 'ok', '' })
   elseif op == 'touch' then
     for i = 12, #A do
       redis.call('ZADD', all, 'XX', now, A[i])

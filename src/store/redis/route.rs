@@ -21,6 +21,7 @@ use super::link::Link;
 use super::reply::{Event, Snapshot, bytes_of, parse_event, parse_snapshot};
 use crate::error::ApiError;
 use crate::store::record::Outcome;
+use crate::store::seam::StoreEvent;
 use crate::store::types::{SessionId, Ticket};
 
 /// Bytes of replies buffered without a whole frame before the link is
@@ -75,6 +76,10 @@ pub(super) enum Expect {
     Quiet,
     /// The health probe (see `health.rs`).
     Probe,
+    /// An all-sessions read (`every.rs`).
+    Every(Ticket),
+    /// `HGETALL` of the agents of every session.
+    Agents,
 }
 
 impl RedisStore {
@@ -191,6 +196,8 @@ impl RedisStore {
                 });
             }
             Expect::Write { conn, sid, write } => return self.written(conn, sid, write, frame),
+            Expect::Every(to) => return self.every_read(to, frame),
+            Expect::Agents => self.every_agents(frame),
         }
         Ok(())
     }
@@ -211,6 +218,8 @@ impl RedisStore {
                 if channel == self.channel.as_bytes() {
                     self.ev.ready = true;
                     self.set_up();
+                } else if channel == self.arrivals_channel.as_bytes() {
+                    self.arrivals_listened();
                 } else if let Some(sid) = self.sid_of_channel(channel)
                     && let Some(f) = self.follow.get_mut(&sid)
                     && f.listen.is_some()
@@ -230,7 +239,12 @@ impl RedisStore {
                 }
             }
             Some(b"message") => {
-                if let Some(e) = parts.get(2).and_then(|p| parse_event(bytes_of(p))) {
+                let channel = parts.get(1).map_or(&b""[..], bytes_of);
+                let payload = parts.get(2).map_or(&b""[..], bytes_of);
+                if self.every_message(channel, payload) {
+                    return Ok(());
+                }
+                if let Some(e) = parse_event(payload) {
                     self.events.push_back(e);
                 }
             }
@@ -282,6 +296,9 @@ impl RedisStore {
                 then: Then::Resynced(sid),
                 delivered: false,
             }),
+            Expect::Every(to) => self
+                .ready
+                .push_back(StoreEvent::EveryPage { to, result: Err(e) }),
             Expect::Write { conn, .. }
             | Expect::Sync {
                 conn: Some(conn), ..
