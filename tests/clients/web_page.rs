@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::cli::Scratch;
-use crate::common::{Dir, Server, assert_error, skip_with_redis, skip_with_tls, unique_session};
+use crate::common::{Dir, Server, assert_error, skip_with_tls, unique_session};
 use serde_json::{Value, json};
 
 const PAGE: &[u8] = include_bytes!("../../src/web/index.html");
@@ -940,9 +940,6 @@ fn mint(args: &[&str]) -> String {
 /// answer "1 AT ONCE" after its wait).
 #[test]
 fn browser_new_conversations_under_a_prefix_token_one_agent_answers_both() {
-    if skip_with_redis("the all-sessions poll answers 501 on Redis for now") {
-        return;
-    }
     let Some(_one) = browser_turn() else {
         return;
     };
