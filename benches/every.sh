@@ -11,8 +11,9 @@
 #    C=16 the every-session poll may list several per wake.
 # 2. jobs: `relay agent --all --jobs J` (default 8) with a stand-in
 #    command (`cat`, so each prompt is one process) serving S2 sessions
-#    (default 1,000), each with a WebSocket client posting one prompt at a
-#    time (the `roundtrip` figure with `--agent external`): rounds per
+#    (default "8 1000": as many sessions as jobs, then more than the jobs
+#    can take at once), each with a WebSocket client posting one prompt at
+#    a time (the `roundtrip` figure with `--agent external`): rounds per
 #    second and p99, RUNS runs, medians.
 #
 # The server (target/release/relay) is pinned to SERVER_CORE (0), the load
@@ -23,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 pairs=${PAIRS:-5}; secs=${SECS:-3}; runs=${RUNS:-3}
-sessions=${SESSIONS:-10000}; sessions2=${SESSIONS2:-1000}; jobs=${JOBS:-8}
+sessions=${SESSIONS:-10000}; sessions2=${SESSIONS2:-8 1000}; jobs=${JOBS:-8}
 server_core=${SERVER_CORE:-0}; load_core=${LOAD_CORE:-1}
 cargo build --release --quiet
 load=$(cargo bench --bench load --no-run --message-format=json 2>/dev/null \
@@ -85,18 +86,19 @@ EOF
     done
     ;;
   jobs)
-    : >"$out/jobs"
-    for i in $(seq 1 "$runs"); do
-      start
-      taskset -c "$load_core" target/release/relay agent --all --jobs "$jobs" \
-        --url "http://127.0.0.1:$port" -- cat >"$out/agent.log" 2>&1 &
-      agent=$!
-      taskset -c "$load_core" "$load" roundtrip --agent external --addr "127.0.0.1:$port" \
-        --server-pid "$pid" --sessions "$sessions2" --seconds "$secs" | grep '^RESULT' >>"$out/jobs"
-      kill -TERM "$agent"; wait "$agent" 2>/dev/null || true
-      stop
-    done
-    python3 - "$out/jobs" "$sessions2" "$jobs" "$runs" <<'EOF'
+    for n in $sessions2; do
+      : >"$out/jobs"
+      for i in $(seq 1 "$runs"); do
+        start
+        taskset -c "$load_core" target/release/relay agent --all --jobs "$jobs" \
+          --url "http://127.0.0.1:$port" -- cat >"$out/agent.log" 2>&1 &
+        agent=$!
+        taskset -c "$load_core" "$load" roundtrip --agent external --addr "127.0.0.1:$port" \
+          --server-pid "$pid" --sessions "$n" --seconds "$secs" | grep '^RESULT' >>"$out/jobs"
+        kill -TERM "$agent"; wait "$agent" 2>/dev/null || true
+        stop
+      done
+      python3 - "$out/jobs" "$n" "$jobs" "$runs" <<'EOF'
 import re, statistics, sys
 rows = [dict(re.findall(r"(\w+)=([\d.]+)", l)) for l in open(sys.argv[1])]
 med = lambda k: statistics.median(float(r[k]) for r in rows)
@@ -105,6 +107,7 @@ print(f"relay agent --all --jobs {sys.argv[3]} -- cat, {sys.argv[2]} sessions "
       f"p50_ms={med('p50_us')/1000:.1f} p99_ms={med('p99_us')/1000:.1f} "
       f"server_us_per_prompt={med('server_us_per_op'):.1f} errors={max(float(r['errors']) for r in rows):.0f}")
 EOF
+    done
     ;;
   *) echo "unknown figure $figure" >&2; exit 1 ;;
   esac

@@ -113,6 +113,9 @@ impl Relay {
             return self.park_every_read(now, conn, scope, q);
         }
         let after = q.after.and_then(|a| a.checked_sub(self.cursor_base()));
+        // A part of the sessions reads its own index of them, not a walk
+        // past every other session's pending prompts.
+        self.store.keep_scope(&scope);
         let (page, listed) = self.every_page(&scope, after, q.limit)?;
         if !q.wait || !listed.is_empty() || q.timeout_ms == 0 {
             debug!(listed = listed.len(); "prompts of every session fetched");
@@ -315,8 +318,7 @@ impl Relay {
         let mut out = Vec::with_capacity(64);
         let mut listed = Vec::new();
         out.push(b'[');
-        let arrivals = self.store.arrivals().after(after);
-        for (n, sid, seq) in arrivals.filter(|(_, sid, _)| scope.covers(sid)) {
+        for (n, sid, seq) in self.store.arrivals().after_in(scope, after) {
             if listed.len() >= limit {
                 break;
             }

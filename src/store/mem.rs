@@ -22,7 +22,7 @@ use super::message::{Message, Parts, cancel_data};
 use super::model::{GivenId, NewCancel, NewPrompt, NewResponse, Write};
 use super::record::{Outcome, Record};
 use super::types::MessagesQuery;
-use super::types::{Seq, SessionId};
+use super::types::{Scope, Seq, SessionId};
 use crate::error::ApiError;
 use crate::time::{Millis, UnixMillis};
 use crate::wire::{decode, push_json_str};
@@ -533,6 +533,12 @@ impl MemStore {
     /// Every session's pending prompts, oldest arrival first.
     pub fn arrivals(&self) -> &Arrivals {
         &self.arrivals
+    }
+
+    /// Keeps the pending prompts `scope` covers indexed for its polls
+    /// ([`Arrivals::keep`]).
+    pub fn keep_scope(&mut self, scope: &Scope) {
+        self.arrivals.keep(scope);
     }
 
     /// Applies a committed change (decided here or by the storage thread);

@@ -15,10 +15,9 @@
 //!   instances of it ([`AgentHere`], [`Announced`]);
 //! - the storage's totals for `/metrics` ([`StoreStats`]).
 
-use std::rc::Rc;
-
 use super::SessionLog;
 use super::record::{Outcome, Record};
+pub use super::types::Scope;
 use super::types::{ConnId, PromptsQuery, Seq, SessionId, Ticket};
 use crate::error::ApiError;
 use crate::histogram::Histogram;
@@ -244,58 +243,4 @@ pub enum AgentHere {
 pub struct Announced {
     /// Online until then (unix ms); 0: offline, or nothing told.
     pub until: u64,
-}
-
-/// The sessions an all-sessions poll covers: what its token opens.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Scope {
-    /// A server-wide token, or an open server.
-    Every,
-    /// A token for the sessions whose id starts with this.
-    Prefix(Rc<str>),
-    /// A token for one session.
-    Session(SessionId),
-}
-
-impl Scope {
-    /// Whether every session `other` covers, this one covers too.
-    pub fn includes(&self, other: &Scope) -> bool {
-        match (self, other) {
-            (Scope::Every, _) => true,
-            (Scope::Prefix(p), Scope::Prefix(q)) => q.starts_with(&**p),
-            (_, Scope::Session(s)) => self.covers(s),
-            _ => false,
-        }
-    }
-
-    /// Whether the poll covers session `sid`.
-    pub fn covers(&self, sid: &str) -> bool {
-        match self {
-            Scope::Every => true,
-            Scope::Prefix(p) => sid.starts_with(&**p),
-            Scope::Session(s) => s.as_str() == sid,
-        }
-    }
-}
-
-impl Scope {
-    /// The scope as the engine names it to other instances: `*`, `p`
-    /// and the prefix, or `s` and the session id.
-    pub fn name(&self) -> String {
-        match self {
-            Scope::Every => "*".to_string(),
-            Scope::Prefix(p) => format!("p{p}"),
-            Scope::Session(s) => format!("s{s}"),
-        }
-    }
-
-    /// A scope from its [`name`](Self::name).
-    pub fn from_name(name: &str) -> Option<Scope> {
-        match name.split_at_checked(1)? {
-            ("*", "") => Some(Scope::Every),
-            ("p", p) => Some(Scope::Prefix(Rc::from(p))),
-            ("s", s) => SessionId::new(s).map(Scope::Session),
-            _ => None,
-        }
-    }
 }

@@ -6,6 +6,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::ops::Deref;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// A session id that passed the contract's rule (1 to 128 characters from
@@ -186,4 +187,58 @@ pub struct MessagesQuery {
     pub offset: usize,
     pub since: Option<u64>,
     pub after: Option<Seq>,
+}
+
+/// The sessions an all-sessions poll covers: what its token opens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// A server-wide token, or an open server.
+    Every,
+    /// A token for the sessions whose id starts with this.
+    Prefix(Rc<str>),
+    /// A token for one session.
+    Session(SessionId),
+}
+
+impl Scope {
+    /// Whether every session `other` covers, this one covers too.
+    pub fn includes(&self, other: &Scope) -> bool {
+        match (self, other) {
+            (Scope::Every, _) => true,
+            (Scope::Prefix(p), Scope::Prefix(q)) => q.starts_with(&**p),
+            (_, Scope::Session(s)) => self.covers(s),
+            _ => false,
+        }
+    }
+
+    /// Whether the poll covers session `sid`.
+    pub fn covers(&self, sid: &str) -> bool {
+        match self {
+            Scope::Every => true,
+            Scope::Prefix(p) => sid.starts_with(&**p),
+            Scope::Session(s) => s.as_str() == sid,
+        }
+    }
+}
+
+impl Scope {
+    /// The scope as the engine names it to other instances: `*`, `p`
+    /// and the prefix, or `s` and the session id.
+    pub fn name(&self) -> String {
+        match self {
+            Scope::Every => "*".to_string(),
+            Scope::Prefix(p) => format!("p{p}"),
+            Scope::Session(s) => format!("s{s}"),
+        }
+    }
+
+    /// A scope from its [`name`](Self::name).
+    pub fn from_name(name: &str) -> Option<Scope> {
+        match name.split_at_checked(1)? {
+            ("*", "") => Some(Scope::Every),
+            ("p", p) => Some(Scope::Prefix(Rc::from(p))),
+            ("s", s) => SessionId::new(s).map(Scope::Session),
+            _ => None,
+        }
+    }
 }

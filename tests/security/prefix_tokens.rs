@@ -197,6 +197,63 @@ fn an_all_sessions_poll_under_a_prefix_lists_only_its_sessions() {
     let resp = call(&srv, "GET", "/prompts?wait=false", Some(&one), None);
     assert_eq!(resp.json()[0]["session_id"], other.as_str());
     assert_eq!(resp.json().as_array().unwrap().len(), 1);
+    // Asked for once, a part of the sessions is kept indexed by the
+    // server: later arrivals and answers change its list alike.
+    let mine2 = format!("{prefix}y");
+    for (sid, id) in [
+        (&other, "o2"),
+        (&mine2, "m2"),
+        (&other, "o3"),
+        (&mine, "m3"),
+    ] {
+        expect(
+            &call(&srv, "POST", "/prompt", c, Some(&prompt(sid, id))),
+            200,
+            None,
+            id,
+        );
+    }
+    let answer = json!({"session_id": mine, "client_msg_id": "m1", "text": "done"});
+    expect(
+        &call(&srv, "POST", "/response", Some(AGENT), Some(&answer)),
+        200,
+        None,
+        "answer m1",
+    );
+    let ids = |resp: &Response| -> Vec<(String, String)> {
+        resp.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let field = |k: &str| p[k].as_str().unwrap_or("?").to_string();
+                (field("session_id"), field("client_msg_id"))
+            })
+            .collect()
+    };
+    let resp = call(&srv, "GET", "/prompts?wait=false", Some(&agent), None);
+    assert_eq!(
+        ids(&resp),
+        [(mine2.clone(), "m2".into()), (mine.clone(), "m3".into())]
+    );
+    let first = resp.json()[0]["cursor"].as_str().unwrap().to_string();
+    let later = call(
+        &srv,
+        "GET",
+        &format!("/prompts?wait=false&after={first}"),
+        Some(&agent),
+        None,
+    );
+    assert_eq!(ids(&later), [(mine.clone(), "m3".into())]);
+    let resp = call(&srv, "GET", "/prompts?wait=false", Some(&one), None);
+    assert_eq!(
+        ids(&resp),
+        [
+            (other.clone(), "o1".into()),
+            (other.clone(), "o2".into()),
+            (other.clone(), "o3".into())
+        ]
+    );
     // A client token polls nothing.
     let client = mint(&["--role", "client", "--prefix", &prefix]);
     expect(

@@ -82,6 +82,10 @@ pub fn session_slot(log_size: usize, id_len: usize) -> usize {
 /// two-thirds full.
 pub const ARRIVAL: usize = (8 + 16 + 8) * 3 / 2;
 
+/// One entry of a kept scope of the arrival order: a B-tree entry of a
+/// number, nodes about two-thirds full.
+pub const KEPT_ARRIVAL: usize = 8 * 3 / 2;
+
 /// One thing's share of a meter (a draft, a connection's output queue),
 /// set as the thing changes and taken back when it is dropped. Without a
 /// meter it counts nowhere.

@@ -8,7 +8,7 @@ use std::mem::size_of;
 
 use super::MemStore;
 use crate::store::log::SessionLog;
-use crate::store::log::weight::{self, ARRIVAL, alloc, rc_bytes};
+use crate::store::log::weight::{self, ARRIVAL, KEPT_ARRIVAL, alloc, rc_bytes};
 use crate::store::message::Message;
 use crate::store::record::Record;
 
@@ -33,7 +33,12 @@ impl MemStore {
     /// The logs' part of [`memory`](Self::memory): their kept counts and
     /// the arrival order.
     pub fn logs_memory(&self) -> usize {
-        self.meter.get() + self.arrivals.len() * ARRIVAL
+        self.meter.get() + self.arrivals_memory()
+    }
+
+    /// The arrival order's part: its entries and those of its kept scopes.
+    fn arrivals_memory(&self) -> usize {
+        self.arrivals.len() * ARRIVAL + self.arrivals.kept_entries() * KEPT_ARRIVAL
     }
 
     /// The logs' part counted from scratch by walking every session: for
@@ -43,7 +48,7 @@ impl MemStore {
             .values()
             .map(SessionLog::recount)
             .sum::<usize>()
-            + self.arrivals.len() * ARRIVAL
+            + self.arrivals_memory()
     }
 
     /// The bytes the session `sid` holds, if the store holds it.
