@@ -4,7 +4,7 @@
 //! count per operation is repeatable on a noisy machine
 //! (`benches/callgrind.sh`); run plainly it prints ns per operation.
 //!
-//! `cargo bench --bench core -- [ingest|prompt|cancel|ask|reply|roundtrip|part|answer|token|wake|wakeall] [ops]`
+//! `cargo bench --bench core -- [ingest|prompt|cancel|ask|reply|roundtrip|part|answer|token|wake|wakeall|wakeprefix] [ops]`
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -420,10 +420,10 @@ const AGENT: ConnId = ConnId {
 /// A relay holding `WAKE_SESSIONS` sessions, each with one prompt
 /// answered (so nothing is pending), and the prompt and answer requests of
 /// the wake workloads: op `n` goes to session `n % WAKE_SESSIONS`.
-fn wake_setup(ops: usize) -> (Relay, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+fn wake_setup(ops: usize, others: usize) -> (Relay, Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let sessions = wake_sessions();
     let mut l = limits();
-    l.max_sessions = 2 * sessions;
+    l.max_sessions = 2 * sessions + others;
     let mut relay = Relay::in_memory(l);
     let mut reader = RequestReader::new(1 << 20);
     for s in 0..sessions {
@@ -433,6 +433,12 @@ fn wake_setup(ops: usize) -> (Relay, Vec<Vec<u8>>, Vec<Vec<u8>>) {
         let r = format!(r#"{{"session_id":"w{s}","client_msg_id":"setup","text":"a"}}"#);
         parse(&mut reader, &post("/response", &r));
         let _ = relay.post_response(Millis(0), 1_700_000_000_000, AGENT, reader.body());
+    }
+    // Prompts left pending in sessions outside the prefix `w`.
+    for s in 0..others {
+        let p = format!(r#"{{"session_id":"x{s}","client_msg_id":"left","prompt":"q"}}"#);
+        parse(&mut reader, &post("/prompt", &p));
+        let _ = relay.post_prompt(Millis(0), 1_700_000_000_000, CLIENT, reader.body());
     }
     let text = "t".repeat(256);
     let (mut prompts, mut answers) = (Vec::with_capacity(ops), Vec::with_capacity(ops));
@@ -452,7 +458,7 @@ fn wake_setup(ops: usize) -> (Relay, Vec<Vec<u8>>, Vec<Vec<u8>>) {
 /// `wakeall` is compared with.
 #[inline(never)]
 fn measure_wake(relay: &mut Relay, prompts: &[Vec<u8>], answers: &[Vec<u8>]) -> usize {
-    wake(relay, prompts, answers, false)
+    wake(relay, prompts, answers, None)
 }
 
 /// The same as [`measure_wake`] with the agent parked on `GET /prompts`
@@ -461,24 +467,38 @@ fn measure_wake(relay: &mut Relay, prompts: &[Vec<u8>], answers: &[Vec<u8>]) -> 
 /// costs.
 #[inline(never)]
 fn measure_wakeall(relay: &mut Relay, prompts: &[Vec<u8>], answers: &[Vec<u8>]) -> usize {
-    wake(relay, prompts, answers, true)
+    wake(relay, prompts, answers, Some(Scope::Every))
 }
 
-fn wake(relay: &mut Relay, prompts: &[Vec<u8>], answers: &[Vec<u8>], every: bool) -> usize {
+/// The same as [`measure_wakeall`] with a token for the prefix `w` (the
+/// sessions prompted), while 10,000 prompts of other sessions wait
+/// unanswered: what they cost a poll of the prefix.
+#[inline(never)]
+fn measure_wakeprefix(relay: &mut Relay, prompts: &[Vec<u8>], answers: &[Vec<u8>]) -> usize {
+    wake(relay, prompts, answers, Some(Scope::Prefix("w".into())))
+}
+
+/// `scope`: the agent's all-sessions poll, or (`None`) the session's own.
+fn wake(
+    relay: &mut Relay,
+    prompts: &[Vec<u8>],
+    answers: &[Vec<u8>],
+    scope: Option<Scope>,
+) -> usize {
     let sessions = wake_sessions();
     let mut reader = RequestReader::new(1 << 20);
     let mut effects = Vec::new();
     let mut out = 0;
     for (n, (p, a)) in prompts.iter().zip(answers).enumerate() {
         let now = Millis(n as u64);
-        let parked = if every {
+        let parked = if let Some(scope) = &scope {
             let q = EveryQuery {
                 timeout_ms: 30_000,
                 wait: true,
                 after: None,
                 limit: 100,
             };
-            relay.get_every_prompts(now, AGENT, Scope::Every, q)
+            relay.get_every_prompts(now, AGENT, scope.clone(), q)
         } else {
             let sid =
                 relay::store::SessionId::new(&format!("w{}", n % sessions)).expect("a valid id");
@@ -557,11 +577,13 @@ fn main() {
             measure_wake as fn(&mut Relay, &[Vec<u8>], &[Vec<u8>]) -> usize,
         ),
         ("wakeall", measure_wakeall),
+        ("wakeprefix", measure_wakeprefix),
     ] {
         if only.is_some_and(|o| o != name) {
             continue;
         }
-        let (mut relay, prompts, answers) = wake_setup(ops);
+        let others = if name == "wakeprefix" { 10_000 } else { 0 };
+        let (mut relay, prompts, answers) = wake_setup(ops, others);
         let t = Instant::now();
         black_box(f(&mut relay, black_box(&prompts), black_box(&answers)));
         let ns = t.elapsed().as_nanos() as f64 / ops as f64;
