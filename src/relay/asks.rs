@@ -88,7 +88,10 @@ impl Relay {
 
     /// The answer of a parked `GET /asks` whose deadline passed, at
     /// `unix_ms`: its ask's state then (open at its own timeout, expired
-    /// at the ask's), or 404 if the ask or its session went.
+    /// at the ask's), or 404 if the ask or its session went. An ask that
+    /// history dropped while it was open is forgotten once it expires,
+    /// but the polls parked until that expiry are still told it expired:
+    /// that is what they waited for.
     pub fn ask_deadline(
         &mut self,
         now: Millis,
@@ -98,7 +101,12 @@ impl Relay {
     ) -> (u16, Rc<[u8]>) {
         match self.store.ask_state(now, unix_ms, sid, ask_id) {
             Ok((_, body)) => (200, Rc::from(body)),
-            Err(e) => (e.status, Rc::from(e.body())),
+            Err(e) => match self.store.get(sid).and_then(|l| l.asks().kept(ask_id)) {
+                Some(ask) if ask.state(unix_ms) == AskState::Expired => {
+                    (200, Rc::from(ask.state_body(ask_id, unix_ms)))
+                }
+                _ => (e.status, Rc::from(e.body())),
+            },
         }
     }
 
