@@ -62,7 +62,7 @@ pub use every::Scope;
 pub use presence::{Presence, Waiter};
 
 use crate::store::record::{Outcome, Record};
-use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
+use crate::store::{Cursor, MemStore, Seq, SessionId, SessionLog, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
 /// The next ticket (borrows only what it needs, so a caller holding an
@@ -303,6 +303,15 @@ impl Relay {
     /// Whether a session exists (tests and `/readyz`).
     pub fn has_session(&self, sid: &str) -> bool {
         self.store.contains(sid)
+    }
+
+    /// The committed log of `sid`, read without touching it (its idle time
+    /// stays as it was): for checks from outside the relay, such as the
+    /// simulation's (`tests/sim`), which compare it with a model after
+    /// every step.
+    #[doc(hidden)]
+    pub fn peek(&self, sid: &str) -> Option<&SessionLog> {
+        self.store.get(sid)
     }
 
     /// `POST /prompt` from its body: stored, deduped, and every parked poll

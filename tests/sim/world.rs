@@ -1,0 +1,339 @@
+//! The simulated world: the real API rules and relay core (and through
+//! them the store and the memory engine) driven as the I/O shell drives
+//! them (`src/net`), with no sockets and a virtual clock. Each step is
+//! one request handled, one client's socket read or closed, or the clock
+//! moved on; the relay's effects are then applied to the simulated
+//! connections as `net/server/effects.rs` applies them, and the model is
+//! checked.
+//!
+//! The shell's parts are mirrored here, not run: a parked request is a
+//! deadline and the promise of one answer; a subscriber is its cursor,
+//! its `lagging` flag and a queue capped like `RELAY_SUBSCRIBER_BUFFER`,
+//! delivered, broadcast to and topped up by the rules of
+//! `net/subscriber.rs`, and read by its client at its own pace.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr};
+use std::rc::Rc;
+use std::time::Duration;
+
+use relay::api::{Api, Facts, Outcome};
+use relay::config::Config;
+use relay::http::parse::{RequestReader, Step};
+use relay::relay::{ConnId, Effect, Relay};
+use relay::store::{Cursor, Kind, Live, Seq, SessionId};
+use relay::time::{Millis, Turn};
+use serde_json::Value;
+
+use crate::model::{Model, View};
+use crate::ops::{Op, Reading, SESSIONS};
+
+mod requests;
+mod shell;
+
+/// Messages each session keeps: few, so history is trimmed all the time.
+pub const HISTORY: usize = 8;
+/// Bytes queued per subscriber: a few frames, so subscribers lag often.
+const SUB_BUFFER: usize = 700;
+const TTL_MS: u64 = 10_000;
+/// The wall clock when the run starts (any fixed value: runs replay).
+const UNIX_START: u64 = 1_800_000_000_000;
+const PEER: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// A request waiting for its answer.
+#[derive(Debug)]
+struct Parked {
+    /// `None`: a poll of every session.
+    sid: Option<String>,
+    after: Option<u64>,
+    deadline: Millis,
+    /// A `GET /asks`: its ask id, and when the ask expires (loop time,
+    /// wall clock).
+    ask: Option<(String, Millis, u64)>,
+}
+
+struct Sub {
+    sid: SessionId,
+    cursor: Cursor,
+    lagging: bool,
+    out: VecDeque<Rc<[u8]>>,
+    queued: usize,
+    reading: Reading,
+    view: View,
+}
+
+enum State {
+    Parked(Parked),
+    Sub(Box<Sub>),
+}
+
+struct Conn {
+    id: ConnId,
+    state: State,
+}
+
+/// Where a subscriber stopped, for a later one to resume from.
+struct Left {
+    sid: String,
+    after: u64,
+    epoch: String,
+}
+
+pub struct World {
+    api: Api,
+    relay: Relay,
+    reader: RequestReader,
+    now: Millis,
+    conns: Vec<Conn>,
+    /// Generation of each slot key, as the slab reuses keys.
+    generations: Vec<u32>,
+    free: Vec<u32>,
+    model: Model,
+    effects: Vec<Effect>,
+    frames: Vec<Rc<[u8]>>,
+    next_sweep: Millis,
+    sweep_ms: u64,
+    left: Vec<Left>,
+    /// Operations run (requests, reads, deadlines fired).
+    pub ops: u64,
+    pub seen: Seen,
+}
+
+type Check = Result<(), String>;
+
+/// What a run went through, so a run that checks nothing shows.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen {
+    pub stored: u64,
+    pub refused: u64,
+    pub parked: u64,
+    pub woken: u64,
+    pub timed_out: u64,
+    pub hung_up: u64,
+    pub closed_by_delete: u64,
+    pub frames: u64,
+    pub resyncs: u64,
+    pub lagged: u64,
+    pub collected: u64,
+    pub ticks: u64,
+}
+
+impl std::ops::AddAssign for Seen {
+    fn add_assign(&mut self, o: Seen) {
+        self.stored += o.stored;
+        self.refused += o.refused;
+        self.parked += o.parked;
+        self.woken += o.woken;
+        self.timed_out += o.timed_out;
+        self.hung_up += o.hung_up;
+        self.closed_by_delete += o.closed_by_delete;
+        self.frames += o.frames;
+        self.resyncs += o.resyncs;
+        self.lagged += o.lagged;
+        self.collected += o.collected;
+        self.ticks += o.ticks;
+    }
+}
+
+fn sid_of(s: u64) -> String {
+    format!("s{s}")
+}
+
+fn json(body: &[u8]) -> Result<Value, String> {
+    serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "an answer that is not JSON ({e}): {}",
+            String::from_utf8_lossy(body)
+        )
+    })
+}
+
+impl World {
+    pub fn new() -> World {
+        let cfg = Config {
+            history_limit: HISTORY,
+            max_sessions: 100,
+            max_pending: 4,
+            max_waiters: 3,
+            max_subscribers: 4,
+            subscriber_buffer_bytes: SUB_BUFFER,
+            session_ttl: Some(Duration::from_millis(TTL_MS)),
+            draft_timeout: Duration::from_millis(3_000),
+            agent_grace: Duration::from_millis(1_500),
+            ..Config::default()
+        };
+        let limits = cfg.relay_limits();
+        let now = Millis(1_000);
+        let mut relay = Relay::in_memory(limits);
+        relay.set_clock(now, UNIX_START);
+        let sweep_ms = (TTL_MS / 4).clamp(100, 60_000);
+        World {
+            api: Api::new(&cfg),
+            relay,
+            reader: RequestReader::new(cfg.max_body_bytes),
+            now,
+            conns: Vec::new(),
+            generations: Vec::new(),
+            free: Vec::new(),
+            model: Model::default(),
+            effects: Vec::new(),
+            frames: Vec::new(),
+            next_sweep: now.after_ms(sweep_ms),
+            sweep_ms,
+            left: Vec::new(),
+            ops: 0,
+            seen: Seen::default(),
+        }
+    }
+
+    fn unix(&self) -> u64 {
+        UNIX_START + self.now.0
+    }
+
+    /// A connection id as the slab hands them out: keys reused last in,
+    /// first out, each reuse a new generation.
+    fn connect(&mut self) -> ConnId {
+        let key = match self.free.pop() {
+            Some(k) => k,
+            None => {
+                self.generations.push(0);
+                self.generations.len() as u32 - 1
+            }
+        };
+        self.generations[key as usize] += 1;
+        ConnId {
+            key,
+            generation: self.generations[key as usize],
+        }
+    }
+
+    fn release(&mut self, id: ConnId) {
+        self.free.push(id.key);
+    }
+
+    /// Runs one request through the parser and the API rules.
+    fn request(&mut self, conn: ConnId, raw: &[u8]) -> Result<Outcome, String> {
+        self.ops += 1;
+        self.relay.set_clock(self.now, self.unix());
+        self.reader.push(raw);
+        let head = match self.reader.next_step() {
+            Ok(Step::Request(head)) => head,
+            other => return Err(format!("the request did not parse: {other:?}")),
+        };
+        let facts = Facts {
+            connections: self.conns.len() + 1,
+            ..Facts::default()
+        };
+        let turn = Turn {
+            now: self.now,
+            unix_ms: self.unix(),
+        };
+        let outcome = self.api.handle(
+            &mut self.relay,
+            turn,
+            conn,
+            PEER,
+            &head,
+            self.reader.body(),
+            facts,
+        );
+        self.reader.finish();
+        Ok(outcome)
+    }
+
+    fn post(&mut self, path: &str, body: &str) -> Result<(u16, Vec<u8>), String> {
+        let raw = format!(
+            "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.call(raw)
+    }
+
+    /// A request answered at once (the memory engine never waits).
+    fn call(&mut self, raw: String) -> Result<(u16, Vec<u8>), String> {
+        let id = self.connect();
+        let outcome = self.request(id, raw.as_bytes())?;
+        self.release(id);
+        match outcome {
+            Outcome::Answer(a) => {
+                if a.status == 200 {
+                    self.seen.stored += 1;
+                } else {
+                    self.seen.refused += 1;
+                }
+                Ok((a.status, a.body.bytes().to_vec()))
+            }
+            other => Err(format!("answered {other:?}, not at once")),
+        }
+    }
+
+    /// Runs one step, then checks every promise.
+    /// Runs one step, then checks every promise.
+    pub fn step(&mut self, op: &Op) -> Check {
+        self.act(op)?;
+        if let Some(s) = op.session()
+            && let Some(inc) = self.model.inc_mut(&sid_of(s))
+        {
+            inc.last_touch = self.now;
+        }
+        self.apply_effects()?;
+        self.settle()?;
+        self.check()
+    }
+
+    /// The relay may have created `sid` in this step: the model takes the
+    /// new life with its epoch.
+    fn learn(&mut self, sid: &str) -> Check {
+        if self.model.live(sid).is_none()
+            && let Some(log) = self.relay.peek(sid)
+        {
+            let epoch = log.epoch().to_string();
+            self.model.create(sid, &epoch, self.now)?;
+        }
+        Ok(())
+    }
+
+    fn holds(&self, c: &Conn, sid: &str) -> bool {
+        match &c.state {
+            State::Parked(p) => p.sid.as_deref() == Some(sid),
+            State::Sub(sub) => sub.sid.as_str() == sid,
+        }
+    }
+
+    fn subscribers_of(&self, sid: &str) -> usize {
+        self.conns
+            .iter()
+            .filter(|c| matches!(&c.state, State::Sub(s) if s.sid.as_str() == sid))
+            .count()
+    }
+
+    /// The promises that hold after every step: each session's log as the
+    /// model says, the relay's counts of parked polls and subscribers as
+    /// the connections say.
+    pub fn check(&self) -> Check {
+        for s in 0..SESSIONS {
+            self.model.compare(&self.relay, &sid_of(s), HISTORY)?;
+        }
+        let counts = self.relay.counts();
+        let parked = self
+            .conns
+            .iter()
+            .filter(|c| matches!(c.state, State::Parked(_)))
+            .count();
+        let subs = self.conns.len() - parked;
+        if counts.parked_polls != parked || counts.subscribers != subs {
+            return Err(format!(
+                "the relay counts {} parked polls and {} subscribers, {parked} and {subs} are",
+                counts.parked_polls, counts.subscribers
+            ));
+        }
+        if counts.sessions != self.model.current.len() {
+            return Err(format!(
+                "the relay counts {} sessions, the model {}",
+                counts.sessions,
+                self.model.current.len()
+            ));
+        }
+        Ok(())
+    }
+}
