@@ -562,6 +562,11 @@ impl Relay {
         let (tickets, issued) = (&mut self.tickets, &mut self.issued);
         let ticket = || issue(tickets, issued, conn);
         if self.engine.submit(&self.store, ticket, &w, unix_ms)? == Submit::Wait {
+            // The session is in use from this request on: an idle sweep
+            // while the write waits for the storage must not pick it, or
+            // the collection, decided after the write, deletes what the
+            // write stored and acknowledged.
+            let _ = self.store.existing(now, w.session());
             return Ok(Reply::Wait);
         }
         let decided = match w {

@@ -336,6 +336,42 @@ fn a_data_directory_that_cannot_be_written_is_reported_as_such() {
 }
 
 #[test]
+fn a_write_waiting_for_a_slow_disk_keeps_its_session_from_the_idle_sweep() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    // A TTL of 3 s, swept every 0.75 s. The session is 2 s idle when a
+    // prompt arrives whose commit takes 2 s: sweeps run while it waits.
+    // The session is in use from that prompt on, so none may pick it: a
+    // collection decided then would run after the prompt's commit and
+    // delete the prompt just acknowledged.
+    let dir = Dir::new("sweep");
+    let srv =
+        Server::start_single_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_SESSION_TTL", "3")]);
+    let sid = unique_session();
+    srv.prompt(&sid, "before", Some("before"));
+    let idle_from = Instant::now();
+    let mut strace = Strace::attach(
+        srv.pid(),
+        &dir.0.join("trace"),
+        &[
+            "-e",
+            "trace=fdatasync",
+            "-e",
+            "inject=fdatasync:delay_enter=2000000",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(2000).saturating_sub(idle_from.elapsed()));
+    let r = srv.post_json("/prompt", &prompt_body(&sid, "slow"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    strace.detach();
+    // A write that commits after whatever was sent before it (a
+    // collection included).
+    srv.prompt(&unique_session(), "later", Some("later"));
+    assert_eq!(stored_prompts(&srv, &sid), ["before", "slow"]);
+}
+
+#[test]
 fn a_second_server_is_refused_even_after_relay_lock_was_deleted() {
     if skip_with_redis("a data directory of its own") {
         return;
