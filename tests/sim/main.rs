@@ -1,7 +1,10 @@
 //! Every interleaving, seeded: the real API rules, relay core, store and
-//! memory engine run in one process under a simulated world (clients,
-//! sockets, a virtual clock), and a model checks every promise after
-//! every step (`world.rs`, `model.rs`): each request answered once,
+//! engine run in one process under a simulated world (clients, sockets,
+//! a virtual clock, and for a data directory the storage thread, whose
+//! commits come late, batched or rolled back: `world/storage.rs`), and a
+//! model checks every promise after every step (`world.rs`,
+//! `model.rs`): each request answered once (by its ticket, when it
+//! waited for the storage) with its own command's outcome,
 //! acknowledged writes present and refused ones absent, `seq` gapless
 //! per epoch, every subscriber's frames in order with no gap and no
 //! duplicate unless a `resync` says so, pending sets as the model has
@@ -27,7 +30,8 @@ use std::time::Instant;
 use ops::{Op, Rng};
 use world::{Seen, World};
 
-/// The seeds CI runs, and the steps of each.
+/// The seeds CI runs (even ones in memory, odd ones with a data
+/// directory), and the steps of each.
 const SEEDS: u64 = 500;
 const STEPS: usize = 5_000;
 
@@ -49,8 +53,8 @@ struct Failure {
 
 /// Runs `ops` in a fresh world; the operations it ran and what it went
 /// through, or its failure.
-fn run(ops: &[&Op]) -> Result<(u64, Seen), Failure> {
-    let mut world = World::new();
+fn run(ops: &[&Op], durable: bool) -> Result<(u64, Seen), Failure> {
+    let mut world = World::new(durable);
     for (step, op) in ops.iter().enumerate() {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| world.step(op)));
         let what = match outcome {
@@ -72,11 +76,11 @@ fn run(ops: &[&Op]) -> Result<(u64, Seen), Failure> {
 
 /// Drops steps while the run still fails: first everything after the
 /// failing step, then chunks of halving size, then single steps.
-fn shrink(ops: &[Op], failing: usize) -> Vec<usize> {
+fn shrink(ops: &[Op], failing: usize, durable: bool) -> Vec<usize> {
     let mut keep: Vec<usize> = (0..=failing).collect();
     let fails = |keep: &[usize]| {
         let sub: Vec<&Op> = keep.iter().map(|&i| &ops[i]).collect();
-        run(&sub).err()
+        run(&sub, durable).err()
     };
     let mut chunk = keep.len() / 2;
     while chunk >= 1 {
@@ -100,19 +104,22 @@ fn shrink(ops: &[Op], failing: usize) -> Vec<usize> {
 /// Runs one seed; on failure, shrinks it and panics with the case.
 fn seed(seed: u64, steps: usize, keep: Option<Vec<usize>>) -> (u64, Seen) {
     let ops = draw(seed, steps);
+    // Odd seeds store through a data directory's storage, played by the
+    // world; even seeds in memory.
+    let durable = seed % 2 == 1;
     let kept: Vec<usize> = keep.unwrap_or_else(|| (0..ops.len()).collect());
     let chosen: Vec<&Op> = kept.iter().filter_map(|&i| ops.get(i)).collect();
-    let failure = match run(&chosen) {
+    let failure = match run(&chosen, durable) {
         Ok(done) => return done,
         Err(f) => f,
     };
     let failing = kept[failure.step];
     let _ = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let short = shrink(&ops, failing);
+    let short = shrink(&ops, failing, durable);
     let _ = std::panic::take_hook();
     let last = short.iter().map(|&i| &ops[i]).collect::<Vec<_>>();
-    let end = run(&last).err();
+    let end = run(&last, durable).err();
     let mut case = String::new();
     for (n, &i) in short.iter().enumerate() {
         case.push_str(&format!("  {n:>3}. [{i}] {}\n", ops[i]));
@@ -122,8 +129,9 @@ fn seed(seed: u64, steps: usize, keep: Option<Vec<usize>>) -> (u64, Seen) {
         .map(|i| i.to_string())
         .collect::<Vec<_>>()
         .join(",");
+    let engine = if durable { "data directory" } else { "memory" };
     panic!(
-        "seed {seed} broke a promise at step {failing}: {}\n\
+        "seed {seed} ({engine}) broke a promise at step {failing}: {}\n\
          shrunk to {} steps, failing with: {}\n{case}\
          replay: SIM_SEED={seed} SIM_STEPS={steps} SIM_KEEP={list} cargo test --test sim\n\
          the whole run: SIM_SEED={seed} SIM_STEPS={steps} cargo test --test sim",

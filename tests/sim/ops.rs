@@ -143,6 +143,12 @@ pub enum Op {
     Delete {
         s: u64,
     },
+    /// The storage (with a data directory) takes up to `take` commands
+    /// into one transaction, which commits or (`fail`) rolls back.
+    Storage {
+        take: u64,
+        fail: bool,
+    },
     /// The clock moves on by `ms`, firing every deadline on the way.
     Advance {
         ms: u64,
@@ -226,6 +232,10 @@ impl Op {
             79..=80 => Op::Messages { s },
             81..=82 => Op::Put { s },
             83..=84 => Op::Delete { s },
+            85..=92 => Op::Storage {
+                take: [1, 2, 3, 8, 32, 1_000][rng.below(6) as usize],
+                fail: rng.below(8) == 0,
+            },
             _ => Op::Advance {
                 ms: [1, 10, 100, 700, 2_500, 12_000][rng.below(6) as usize],
             },
@@ -305,6 +315,11 @@ impl fmt::Display for Op {
             Op::Messages { s } => write!(f, "GET /messages/s{s}"),
             Op::Put { s } => write!(f, "PUT /sessions/s{s}"),
             Op::Delete { s } => write!(f, "DELETE /sessions/s{s}"),
+            Op::Storage { take, fail } => write!(
+                f,
+                "storage takes {take} and {}",
+                if *fail { "rolls back" } else { "commits" }
+            ),
             Op::Advance { ms } => write!(f, "clock +{ms} ms"),
         }
     }

@@ -19,9 +19,12 @@ use std::time::Duration;
 
 use relay::api::{Api, Facts, Outcome};
 use relay::config::Config;
+use relay::error::ApiError;
 use relay::http::parse::{RequestReader, Step};
-use relay::relay::{ConnId, Effect, Relay};
-use relay::store::{Cursor, Kind, Live, Seq, SessionId};
+use relay::relay::{ConnId, Effect, Engine, Relay, Ticket};
+use relay::store::seam::NOBODY;
+use relay::store::sqlite::Durable;
+use relay::store::{Cursor, Kind, Live, MemStore, Seq, SessionId};
 use relay::time::{Millis, Turn};
 use serde_json::Value;
 
@@ -30,12 +33,15 @@ use crate::ops::{Op, Reading, SESSIONS};
 
 mod requests;
 mod shell;
+mod storage;
 
 /// Messages each session keeps: few, so history is trimmed all the time.
 pub const HISTORY: usize = 8;
 /// Bytes queued per subscriber: a few frames, so subscribers lag often.
 const SUB_BUFFER: usize = 700;
 const TTL_MS: u64 = 10_000;
+/// How long a request waits for the storage before it is answered `503`.
+const STORE_TIMEOUT_MS: u64 = 4_000;
 /// The wall clock when the run starts (any fixed value: runs replay).
 const UNIX_START: u64 = 1_800_000_000_000;
 const PEER: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -50,6 +56,8 @@ struct Parked {
     /// A `GET /asks`: its ask id, and when the ask expires (loop time,
     /// wall clock).
     ask: Option<(String, Millis, u64)>,
+    /// The life of its session it waits on.
+    inc: Option<usize>,
 }
 
 struct Sub {
@@ -62,9 +70,31 @@ struct Sub {
     view: View,
 }
 
+/// A request waiting for the storage, under its ticket.
+struct Committing {
+    ticket: Ticket,
+    waits: Waits,
+    /// Its storage timeout.
+    deadline: Millis,
+}
+
+/// What a request waiting for the storage was.
+enum Waits {
+    /// A write: answered with its command's outcome.
+    Write(Op),
+    /// A WebSocket upgrade that created its session: run again once it is.
+    Upgrade {
+        raw: String,
+        after: Option<u64>,
+        epoch: Option<String>,
+        reading: Reading,
+    },
+}
+
 enum State {
     Parked(Parked),
     Sub(Box<Sub>),
+    Committing(Box<Committing>),
 }
 
 struct Conn {
@@ -94,6 +124,9 @@ pub struct World {
     next_sweep: Millis,
     sweep_ms: u64,
     left: Vec<Left>,
+    /// The data directory's storage, played here; `None`: the memory
+    /// engine.
+    storage: Option<storage::Storage>,
     /// Operations run (requests, reads, deadlines fired).
     pub ops: u64,
     pub seen: Seen,
@@ -116,6 +149,8 @@ pub struct Seen {
     pub lagged: u64,
     pub collected: u64,
     pub ticks: u64,
+    pub commits: u64,
+    pub store_timeouts: u64,
 }
 
 impl std::ops::AddAssign for Seen {
@@ -132,6 +167,8 @@ impl std::ops::AddAssign for Seen {
         self.lagged += o.lagged;
         self.collected += o.collected;
         self.ticks += o.ticks;
+        self.commits += o.commits;
+        self.store_timeouts += o.store_timeouts;
     }
 }
 
@@ -149,7 +186,9 @@ fn json(body: &[u8]) -> Result<Value, String> {
 }
 
 impl World {
-    pub fn new() -> World {
+    /// A world whose relay stores in memory, or (`durable`) through a
+    /// data directory's storage thread played by the world.
+    pub fn new(durable: bool) -> World {
         let cfg = Config {
             history_limit: HISTORY,
             max_sessions: 100,
@@ -160,11 +199,19 @@ impl World {
             session_ttl: Some(Duration::from_millis(TTL_MS)),
             draft_timeout: Duration::from_millis(3_000),
             agent_grace: Duration::from_millis(1_500),
+            store_timeout: Duration::from_millis(STORE_TIMEOUT_MS),
             ..Config::default()
         };
         let limits = cfg.relay_limits();
         let now = Millis(1_000);
-        let mut relay = Relay::in_memory(limits);
+        let (mut relay, storage) = if durable {
+            let (handle, side) = Durable::detached();
+            let view = MemStore::new(limits.store());
+            let st = storage::Storage::new(side, limits.store());
+            (Relay::new(limits, view, Engine::Durable(handle)), Some(st))
+        } else {
+            (Relay::in_memory(limits), None)
+        };
         relay.set_clock(now, UNIX_START);
         let sweep_ms = (TTL_MS / 4).clamp(100, 60_000);
         World {
@@ -181,6 +228,7 @@ impl World {
             next_sweep: now.after_ms(sweep_ms),
             sweep_ms,
             left: Vec::new(),
+            storage,
             ops: 0,
             seen: Seen::default(),
         }
@@ -211,8 +259,9 @@ impl World {
         self.free.push(id.key);
     }
 
-    /// Runs one request through the parser and the API rules.
-    fn request(&mut self, conn: ConnId, raw: &[u8]) -> Result<Outcome, String> {
+    /// Runs one request through the parser and the API rules (`synced`:
+    /// run again after what it waited for, as the shell's rerun does).
+    fn request(&mut self, conn: ConnId, raw: &[u8], synced: bool) -> Result<Outcome, String> {
         self.ops += 1;
         self.relay.set_clock(self.now, self.unix());
         self.reader.push(raw);
@@ -222,6 +271,7 @@ impl World {
         };
         let facts = Facts {
             connections: self.conns.len() + 1,
+            synced,
             ..Facts::default()
         };
         let turn = Turn {
@@ -241,30 +291,51 @@ impl World {
         Ok(outcome)
     }
 
-    fn post(&mut self, path: &str, body: &str) -> Result<(u16, Vec<u8>), String> {
-        let raw = format!(
-            "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        self.call(raw)
-    }
-
-    /// A request answered at once (the memory engine never waits).
-    fn call(&mut self, raw: String) -> Result<(u16, Vec<u8>), String> {
+    /// A request answered now (`Some`), or waiting for the storage under
+    /// a ticket (`None`): `op` is then answered when its ticket is.
+    fn send(&mut self, op: &Op, raw: &str) -> Result<Option<(u16, Vec<u8>)>, String> {
         let id = self.connect();
-        let outcome = self.request(id, raw.as_bytes())?;
-        self.release(id);
+        let outcome = self.request(id, raw.as_bytes(), false)?;
         match outcome {
             Outcome::Answer(a) => {
-                if a.status == 200 {
-                    self.seen.stored += 1;
-                } else {
-                    self.seen.refused += 1;
-                }
-                Ok((a.status, a.body.bytes().to_vec()))
+                self.release(id);
+                self.count(a.status);
+                Ok(Some((a.status, a.body.bytes().to_vec())))
             }
-            other => Err(format!("answered {other:?}, not at once")),
+            Outcome::Wait => {
+                self.wait(id, Waits::Write(op.clone()))?;
+                Ok(None)
+            }
+            other => Err(format!("answered {other:?}")),
         }
+    }
+
+    fn count(&mut self, status: u16) {
+        if status == 200 {
+            self.seen.stored += 1;
+        } else {
+            self.seen.refused += 1;
+        }
+    }
+
+    /// The request just handled on `id` waits for the storage.
+    fn wait(&mut self, id: ConnId, waits: Waits) -> Check {
+        let ticket = self
+            .relay
+            .take_ticket()
+            .ok_or("a request waits with no ticket")?;
+        if self.storage.is_none() {
+            return Err("the memory engine made a request wait".to_string());
+        }
+        self.conns.push(Conn {
+            id,
+            state: State::Committing(Box::new(Committing {
+                ticket,
+                waits,
+                deadline: self.now.after_ms(STORE_TIMEOUT_MS),
+            })),
+        });
+        Ok(())
     }
 
     /// Runs one step, then checks every promise.
@@ -278,13 +349,17 @@ impl World {
         }
         self.apply_effects()?;
         self.settle()?;
+        // The turn's writes go to the storage at its end.
+        self.relay.flush_store();
         self.check()
     }
 
     /// The relay may have created `sid` in this step: the model takes the
     /// new life with its epoch.
     fn learn(&mut self, sid: &str) -> Check {
+        // With a storage, the model follows what it committed instead.
         if self.model.live(sid).is_none()
+            && self.storage.is_none()
             && let Some(log) = self.relay.peek(sid)
         {
             let epoch = log.epoch().to_string();
@@ -297,6 +372,7 @@ impl World {
         match &c.state {
             State::Parked(p) => p.sid.as_deref() == Some(sid),
             State::Sub(sub) => sub.sid.as_str() == sid,
+            State::Committing(_) => false,
         }
     }
 
@@ -320,7 +396,11 @@ impl World {
             .iter()
             .filter(|c| matches!(c.state, State::Parked(_)))
             .count();
-        let subs = self.conns.len() - parked;
+        let subs = self
+            .conns
+            .iter()
+            .filter(|c| matches!(c.state, State::Sub(_)))
+            .count();
         if counts.parked_polls != parked || counts.subscribers != subs {
             return Err(format!(
                 "the relay counts {} parked polls and {} subscribers, {parked} and {subs} are",

@@ -8,49 +8,13 @@ use super::*;
 impl World {
     /// The step's own work (its checks follow in [`World::step`]).
     pub(super) fn act(&mut self, op: &Op) -> Check {
+        if let Some(raw) = write_request(op) {
+            if let Some((status, body)) = self.send(op, &raw)? {
+                self.answered(op, status, &body)?;
+            }
+            return Ok(());
+        }
         match *op {
-            Op::Prompt { s, id, text } => self.prompt(s, id, text),
-            Op::Answer {
-                s,
-                prompt,
-                id,
-                text,
-            } => self.answer(s, prompt, id, text),
-            Op::Part {
-                s,
-                prompt,
-                id,
-                text,
-            } => {
-                let body = format!(
-                    r#"{{"session_id":"s{s}","client_msg_id":"c{prompt}","assistant_msg_id":"a{id}","text":"t{text}","partial":true}}"#
-                );
-                let (status, body) = self.post("/response", &body)?;
-                if status == 200 && json(&body)?["partial"] != true {
-                    return Err("a part acknowledged as a whole answer".to_string());
-                }
-                Ok(())
-            }
-            Op::Cancel { s, prompt } => {
-                let body = format!(r#"{{"session_id":"s{s}","client_msg_id":"c{prompt}"}}"#);
-                let cid = format!("c{prompt}");
-                if self.numbered(s, "/cancel", &body, Kind::Cancel, &cid)? {
-                    self.inc(s)?.unpend(&cid);
-                }
-                Ok(())
-            }
-            Op::Ask { s, id, text } => {
-                let body = format!(
-                    r#"{{"session_id":"s{s}","ask_id":"k{id}","text":"q{text}","timeout":5}}"#
-                );
-                self.numbered(s, "/ask", &body, Kind::Ask, &format!("k{id}"))?;
-                Ok(())
-            }
-            Op::Reply { s, ask, text } => {
-                let body = format!(r#"{{"session_id":"s{s}","ask_id":"k{ask}","text":"r{text}"}}"#);
-                self.numbered(s, "/reply", &body, Kind::Reply, &format!("k{ask}"))?;
-                Ok(())
-            }
             Op::Poll {
                 s,
                 after,
@@ -106,25 +70,63 @@ impl World {
             }
             Op::Messages { s } => {
                 let raw = format!("GET /messages/s{s}?limit=1000 HTTP/1.1\r\nHost: sim\r\n\r\n");
-                let (status, body) = self.call(raw)?;
+                let (status, body) = self.send(op, &raw)?.ok_or("a read waited")?;
                 self.messages(s, status, &body)
             }
-            Op::Put { s } => self.put(s),
-            Op::Delete { s } => self.delete(s),
+            Op::Storage { take, fail } => self.storage(take, fail),
             Op::Advance { ms } => self.advance(ms),
+            _ => Ok(()),
+        }
+    }
+
+    /// A write's answer, now or once its ticket is answered. With a
+    /// storage, the model follows its commits, and the answer must be the
+    /// outcome its own command was decided with (checked by ticket); a
+    /// write answered now was decided on the loop's copy (a part, a
+    /// session that exists, a deletion of one that does not).
+    pub(super) fn answered(&mut self, op: &Op, status: u16, body: &[u8]) -> Check {
+        if self.storage.is_some() {
+            return Ok(());
+        }
+        match *op {
+            Op::Prompt { s, id, .. } => self.prompt(s, id, status, body),
+            Op::Answer { s, prompt, .. } => self.answer(s, prompt, status, body),
+            Op::Part { .. } => {
+                if status == 200 && json(body)?["partial"] != true {
+                    return Err("a part acknowledged as a whole answer".to_string());
+                }
+                Ok(())
+            }
+            Op::Cancel { s, prompt } => {
+                let cid = format!("c{prompt}");
+                if self.numbered(s, status, body, Kind::Cancel, &cid)? {
+                    self.inc(s)?.unpend(&cid);
+                }
+                Ok(())
+            }
+            Op::Ask { s, id, .. } => {
+                self.learn(&sid_of(s))?;
+                self.numbered(s, status, body, Kind::Ask, &format!("k{id}"))?;
+                Ok(())
+            }
+            Op::Reply { s, ask, .. } => {
+                self.numbered(s, status, body, Kind::Reply, &format!("k{ask}"))?;
+                Ok(())
+            }
+            Op::Put { s } => self.put(s, status, body),
+            Op::Delete { s } => self.delete(s, status),
+            _ => Ok(()),
         }
     }
 
     /// `POST /prompt`: a new prompt takes the next `seq` and is pending;
     /// a resend must name a stored one.
-    fn prompt(&mut self, s: u64, id: u64, text: u64) -> Check {
-        let body = format!(r#"{{"session_id":"s{s}","client_msg_id":"c{id}","prompt":"t{text}"}}"#);
-        let (status, body) = self.post("/prompt", &body)?;
+    fn prompt(&mut self, s: u64, id: u64, status: u16, body: &[u8]) -> Check {
         self.learn(&sid_of(s))?;
         if status != 200 {
             return Ok(());
         }
-        let v = json(&body)?;
+        let v = json(body)?;
         let now = self.now;
         let inc = self.inc(s)?;
         let cid = format!("c{id}");
@@ -146,15 +148,11 @@ impl World {
 
     /// `POST /response`: a new answer takes the next `seq`, answers its
     /// prompt, and says `delivered` exactly when a subscriber is there.
-    fn answer(&mut self, s: u64, prompt: u64, id: Option<u64>, text: u64) -> Check {
-        let aid = id.map_or(String::new(), |i| format!(r#","assistant_msg_id":"a{i}""#));
-        let body =
-            format!(r#"{{"session_id":"s{s}","client_msg_id":"c{prompt}","text":"t{text}"{aid}}}"#);
-        let (status, body) = self.post("/response", &body)?;
+    fn answer(&mut self, s: u64, prompt: u64, status: u16, body: &[u8]) -> Check {
         if status != 200 {
             return Ok(());
         }
-        let v = json(&body)?;
+        let v = json(body)?;
         let subscribed = self.subscribers_of(&sid_of(s)) > 0;
         let now = self.now;
         let inc = self.inc(s)?;
@@ -186,16 +184,15 @@ impl World {
     fn numbered(
         &mut self,
         s: u64,
-        path: &str,
-        body: &str,
+        status: u16,
+        body: &[u8],
         kind: Kind,
         id: &str,
     ) -> Result<bool, String> {
-        let (status, body) = self.post(path, body)?;
         if status != 200 {
             return Ok(false);
         }
-        let v = json(&body)?;
+        let v = json(body)?;
         let seq = v["seq"].as_u64().unwrap_or(0);
         let duplicate = v["duplicate"] == true;
         self.written(s, seq, duplicate, kind, id)?;
@@ -204,16 +201,14 @@ impl World {
 
     /// `PUT /sessions`: `created` exactly when the model had no session,
     /// under the epoch the relay keeps.
-    fn put(&mut self, s: u64) -> Check {
+    fn put(&mut self, s: u64, status: u16, body: &[u8]) -> Check {
         let sid = sid_of(s);
         let was_new = self.model.live(&sid).is_none();
-        let raw = format!("PUT /sessions/{sid} HTTP/1.1\r\nHost: sim\r\nContent-Length: 0\r\n\r\n");
-        let (status, body) = self.call(raw)?;
         self.learn(&sid)?;
         if status != 200 {
             return Ok(());
         }
-        let v = json(&body)?;
+        let v = json(body)?;
         if v["created"] != was_new {
             return Err(format!(
                 "PUT answered created={} where it was {was_new}",
@@ -228,22 +223,20 @@ impl World {
 
     /// `DELETE /sessions`: `200` exactly when the session existed, and
     /// then nothing of it is left waiting here.
-    fn delete(&mut self, s: u64) -> Check {
+    fn delete(&mut self, s: u64, status: u16) -> Check {
         let sid = sid_of(s);
-        let raw = format!("DELETE /sessions/{sid} HTTP/1.1\r\nHost: sim\r\n\r\n");
-        let (status, _) = self.call(raw)?;
         let existed = self.model.live(&sid).is_some();
         if (status == 200) != existed {
             return Err(format!(
                 "DELETE answered {status} where the session existed: {existed}"
             ));
         }
-        self.apply_effects()?;
         if status == 200 {
             self.model.end(&sid);
-            if self.conns.iter().any(|c| self.holds(c, &sid)) {
-                return Err(format!("{sid} deleted, a poll or subscriber of it left"));
-            }
+        }
+        self.apply_effects()?;
+        if status == 200 && self.conns.iter().any(|c| self.holds(c, &sid)) {
+            return Err(format!("{sid} deleted, a poll or subscriber of it left"));
         }
         Ok(())
     }
@@ -312,4 +305,66 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// The request of a write step, if the step is one.
+fn write_request(op: &Op) -> Option<String> {
+    let (path, body) = match *op {
+        Op::Prompt { s, id, text } => (
+            "/prompt",
+            format!(r#"{{"session_id":"s{s}","client_msg_id":"c{id}","prompt":"t{text}"}}"#),
+        ),
+        Op::Answer {
+            s,
+            prompt,
+            id,
+            text,
+        } => {
+            let aid = id.map_or(String::new(), |i| format!(r#","assistant_msg_id":"a{i}""#));
+            (
+                "/response",
+                format!(
+                    r#"{{"session_id":"s{s}","client_msg_id":"c{prompt}","text":"t{text}"{aid}}}"#
+                ),
+            )
+        }
+        Op::Part {
+            s,
+            prompt,
+            id,
+            text,
+        } => (
+            "/response",
+            format!(
+                r#"{{"session_id":"s{s}","client_msg_id":"c{prompt}","assistant_msg_id":"a{id}","text":"t{text}","partial":true}}"#
+            ),
+        ),
+        Op::Cancel { s, prompt } => (
+            "/cancel",
+            format!(r#"{{"session_id":"s{s}","client_msg_id":"c{prompt}"}}"#),
+        ),
+        Op::Ask { s, id, text } => (
+            "/ask",
+            format!(r#"{{"session_id":"s{s}","ask_id":"k{id}","text":"q{text}","timeout":5}}"#),
+        ),
+        Op::Reply { s, ask, text } => (
+            "/reply",
+            format!(r#"{{"session_id":"s{s}","ask_id":"k{ask}","text":"r{text}"}}"#),
+        ),
+        Op::Put { s } => {
+            return Some(format!(
+                "PUT /sessions/s{s} HTTP/1.1\r\nHost: sim\r\nContent-Length: 0\r\n\r\n"
+            ));
+        }
+        Op::Delete { s } => {
+            return Some(format!(
+                "DELETE /sessions/s{s} HTTP/1.1\r\nHost: sim\r\n\r\n"
+            ));
+        }
+        _ => return None,
+    };
+    Some(format!(
+        "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ))
 }

@@ -5,12 +5,13 @@
 //! idle sweep).
 
 use super::*;
+use relay::relay::Abandon;
 
 impl World {
     /// A `GET` that answers now or parks.
     pub(super) fn poll(&mut self, raw: String, sid: Option<String>, after: Option<u64>) -> Check {
         let id = self.connect();
-        let outcome = self.request(id, raw.as_bytes())?;
+        let outcome = self.request(id, raw.as_bytes(), false)?;
         let ask = raw.starts_with("GET /asks");
         match outcome {
             Outcome::Answer(a) => {
@@ -28,10 +29,12 @@ impl World {
                 if psid.as_ref().map(SessionId::as_str) != sid.as_deref() {
                     return Err("parked on another session".to_string());
                 }
+                let inc = sid.as_deref().and_then(|s| self.model.live(s));
                 self.conns.push(Conn {
                     id,
                     state: State::Parked(Parked {
                         sid,
+                        inc,
                         after,
                         deadline,
                         ask: None,
@@ -54,6 +57,7 @@ impl World {
                         after: None,
                         deadline,
                         ask: Some((ask_id, expires_at, expires_ts)),
+                        inc: self.model.live(psid.as_str()),
                     }),
                 });
                 Ok(())
@@ -65,6 +69,27 @@ impl World {
     /// A list of pending prompts handed to an agent: of one session, the
     /// model's pending set after its `after`; of every session, prompts
     /// the model has pending.
+    /// A list of prompts an agent was woken with while a transaction was
+    /// applied: prompts of life `i`, after `after`, oldest first.
+    fn check_listed(&self, i: usize, after: Option<u64>, body: &[u8]) -> Check {
+        let v = json(body)?;
+        let list = v.as_array().ok_or("a pending list that is no array")?;
+        let inc = &self.model.incs[i];
+        let mut last = after.unwrap_or(0);
+        for p in list {
+            let seq = p["seq"].as_u64().unwrap_or(0);
+            let id = p["client_msg_id"].as_str().unwrap_or("");
+            let prompt = inc
+                .entry(seq)
+                .is_some_and(|e| e.kind == Kind::Prompt && e.id == id);
+            if seq <= last || !prompt {
+                return Err(format!("{}: an agent got {id} at seq {seq}", inc.sid));
+            }
+            last = seq;
+        }
+        Ok(())
+    }
+
     pub(super) fn check_pending_body(
         &self,
         sid: Option<&str>,
@@ -169,17 +194,20 @@ impl World {
             return Err(format!("an answer for {to:?}, a subscriber"));
         };
         if p.ask.is_none() && status == 200 {
-            self.check_pending_body(p.sid.as_deref(), p.after, body)?;
-        }
-        if status == 404 && p.sid.as_ref().is_some_and(|s| self.model.live(s).is_some()) {
-            // A 404 comes only with the session's deletion, applied to
-            // the model after the effects.
-            let sid = p.sid.clone().unwrap_or_default();
-            if self.relay.has_session(&sid) {
-                return Err(format!(
-                    "a parked poll of {sid} answered 404, the session is there"
-                ));
+            if self.storage.is_none() {
+                self.check_pending_body(p.sid.as_deref(), p.after, body)?;
+            } else if let Some(i) = p.inc {
+                // Rendered while a transaction's records were applied:
+                // prompts of its life, pending then if not now.
+                self.check_listed(i, p.after, body)?;
             }
+        }
+        // A 404 comes only with the end of the session's life.
+        if status == 404 && p.inc.is_some_and(|i| self.model.incs[i].alive) {
+            let sid = p.sid.clone().unwrap_or_default();
+            return Err(format!(
+                "a parked poll of {sid} answered 404, the session is there"
+            ));
         }
         let conn = self.conns.swap_remove(i);
         if let State::Parked(p) = &conn.state {
@@ -210,12 +238,35 @@ impl World {
             "GET /ws/{sid}{q} HTTP/1.1\r\nHost: sim\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
         );
         let id = self.connect();
-        let outcome = self.request(id, raw.as_bytes())?;
-        self.learn(&sid)?;
+        let outcome = self.request(id, raw.as_bytes(), false)?;
+        let waits = Waits::Upgrade {
+            raw,
+            after,
+            epoch,
+            reading,
+        };
+        self.upgraded(id, outcome, waits)
+    }
+
+    /// What became of a WebSocket upgrade on `id` (`waits` says what it
+    /// was): a subscriber, a refusal, or a wait for its session.
+    pub(super) fn upgraded(&mut self, id: ConnId, outcome: Outcome, waits: Waits) -> Check {
+        let Waits::Upgrade {
+            after,
+            epoch,
+            reading,
+            ..
+        } = &waits
+        else {
+            return Err("an upgrade that was no upgrade".to_string());
+        };
+        let (after, epoch, reading) = (*after, epoch.clone(), *reading);
         match outcome {
             Outcome::Upgrade {
                 sid: usid, cursor, ..
             } => {
+                self.learn(&usid)?;
+                let sid = usid.to_string();
                 let inc = self
                     .model
                     .live(&sid)
@@ -247,6 +298,7 @@ impl World {
                 self.release(id);
                 Ok(())
             }
+            Outcome::Wait => self.wait(id, waits),
             other => Err(format!("an upgrade answered {other:?}")),
         }
     }
@@ -327,7 +379,7 @@ impl World {
             match &self.conns[i].state {
                 State::Sub(sub) if sub.reading == Reading::Fast => self.read(i, usize::MAX)?,
                 State::Sub(_) => self.top_up(i),
-                State::Parked(_) => {}
+                State::Parked(_) | State::Committing(_) => {}
             }
         }
         Ok(())
@@ -382,7 +434,7 @@ impl World {
                 let State::Sub(sub) = &self.conns[i].state else {
                     return Err(format!("a close for {to:?}, not a subscriber"));
                 };
-                if self.relay.has_session(&sub.sid) {
+                if self.model.incs[sub.view.inc].alive {
                     return Err(format!(
                         "a subscriber of {} closed, the session is there",
                         sub.sid
@@ -395,10 +447,77 @@ impl World {
                 self.drop_sub(i);
                 Ok(())
             }
-            Effect::Reply { to, .. } | Effect::Retry { to } => {
-                Err(format!("the memory engine made {to:?} wait"))
+            Effect::Reply { to, result } => {
+                let (status, body) = match result {
+                    Ok(body) => (200, body),
+                    Err(e) => (e.status, e.body()),
+                };
+                self.ticket_answered(to, status, &body)
+            }
+            Effect::Retry { to } => self.retry(to),
+        }
+    }
+
+    /// The request waiting on `to`, taken off its connection.
+    fn committing(&mut self, to: Ticket) -> Option<(ConnId, Box<Committing>)> {
+        let i = self
+            .conns
+            .iter()
+            .position(|c| matches!(&c.state, State::Committing(w) if w.ticket == to))?;
+        let conn = self.conns.swap_remove(i);
+        match conn.state {
+            State::Committing(w) => Some((conn.id, w)),
+            _ => None,
+        }
+    }
+
+    /// A ticket's answer: its request's, once, and the outcome its own
+    /// command was decided with. One whose request was answered `503` at
+    /// its timeout (cancelled, never to be committed) is dropped, as the
+    /// shell drops it, and must not say it stored anything.
+    fn ticket_answered(&mut self, to: Ticket, status: u16, body: &[u8]) -> Check {
+        let Some((id, w)) = self.committing(to) else {
+            let abandoned = self
+                .storage
+                .as_ref()
+                .is_some_and(|st| st.abandoned.contains(&to.n));
+            if !abandoned {
+                return Err(format!("ticket {} answered, nobody waits on it", to.n));
+            }
+            if status == 200 {
+                return Err(format!(
+                    "ticket {}: a write answered 503 at its timeout was stored",
+                    to.n
+                ));
+            }
+            return self.check_ticket(to.n, status, body);
+        };
+        self.check_ticket(to.n, status, body)?;
+        self.release(id);
+        self.count(status);
+        match &w.waits {
+            Waits::Write(op) => self.answered(op, status, body),
+            Waits::Upgrade { .. } => Ok(()),
+        }
+    }
+
+    /// The session an upgrade waited for exists now: it runs again, as
+    /// the shell reruns a request without a body.
+    fn retry(&mut self, to: Ticket) -> Check {
+        if let Some(st) = &mut self.storage {
+            match st.expected.remove(&to.n) {
+                Some(storage::Expect::Ok(_)) => {}
+                e => return Err(format!("ticket {} run again, decided {e:?}", to.n)),
             }
         }
+        let Some((id, w)) = self.committing(to) else {
+            return Ok(()); // answered at its timeout: dropped
+        };
+        let Waits::Upgrade { raw, .. } = &w.waits else {
+            return Err(format!("ticket {}: a write told to run again", to.n));
+        };
+        let outcome = self.request(id, raw.clone().as_bytes(), true)?;
+        self.upgraded(id, outcome, w.waits)
     }
 
     pub(super) fn each_sub(&mut self, sid: &str, mut f: impl FnMut(&mut Sub)) {
@@ -423,6 +542,7 @@ impl World {
                 .iter()
                 .filter_map(|c| match &c.state {
                     State::Parked(p) => Some(p.deadline),
+                    State::Committing(w) => Some(w.deadline),
                     State::Sub(_) => None,
                 })
                 .min();
@@ -471,6 +591,7 @@ impl World {
             self.answer_parked(id, status, &body)?;
             self.apply_effects()?;
         }
+        self.store_timeouts()?;
         if self.relay.next_tick().is_some_and(|t| now >= t) {
             self.ops += 1;
             self.seen.ticks += 1;
@@ -480,8 +601,42 @@ impl World {
             self.ops += 1;
             self.relay.collect_idle(now);
             self.next_sweep = now.after_ms(self.sweep_ms);
+            if self.storage.is_none() {
+                self.collected()?;
+            }
             self.apply_effects()?;
-            self.collected()?;
+            // The sweep's collection goes to the storage at the turn's end.
+            self.relay.flush_store();
+        }
+        Ok(())
+    }
+
+    /// Requests whose storage timeout passed (`parked::commit_timed_out`):
+    /// a write the storage has not taken is cancelled and answered `503`;
+    /// one it holds is waited for another timeout.
+    fn store_timeouts(&mut self) -> Check {
+        let now = self.now;
+        while let Some(i) = self
+            .conns
+            .iter()
+            .position(|c| matches!(&c.state, State::Committing(w) if w.deadline <= now))
+        {
+            self.ops += 1;
+            let State::Committing(w) = &mut self.conns[i].state else {
+                continue;
+            };
+            let ticket = w.ticket;
+            match self.relay.abandon(ticket) {
+                Abandon::InFlight => w.deadline = now.after_ms(STORE_TIMEOUT_MS),
+                Abandon::Cancelled => {
+                    let conn = self.conns.swap_remove(i);
+                    self.release(conn.id);
+                    self.seen.store_timeouts += 1;
+                    if let Some(st) = &mut self.storage {
+                        st.abandoned.insert(ticket.n);
+                    }
+                }
+            }
         }
         Ok(())
     }
