@@ -45,7 +45,7 @@ pub mod presence;
 mod storage;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use log::{debug, info};
@@ -212,6 +212,10 @@ pub struct Relay {
     /// The ticket of the request being handled, if its write went to the
     /// storage (the shell takes it to park the request).
     issued: Option<Ticket>,
+    /// The writes the engine holds, by ticket, with the session each
+    /// writes to: none of those sessions is idle until its writes are
+    /// answered, however long the storage takes.
+    writing: HashMap<u64, SessionId>,
     /// Drafts, the agent's presence and receipts, per session.
     live: live::LiveMap,
     /// When [`Relay::tick`] is due.
@@ -241,6 +245,7 @@ impl Relay {
             records: Vec::new(),
             tickets: 0,
             issued: None,
+            writing: HashMap::new(),
             live: live::LiveMap::new(),
             next_tick: None,
             clock: (Millis(0), 0),
@@ -274,7 +279,11 @@ impl Relay {
     /// shutdown): a write the storage has not taken is cancelled; one it
     /// holds is left to finish.
     pub fn abandon(&mut self, ticket: Ticket) -> Abandon {
-        self.engine.abandon(ticket)
+        let abandon = self.engine.abandon(ticket);
+        if abandon == Abandon::Cancelled {
+            self.writing.remove(&ticket.n);
+        }
+        abandon
     }
 
     /// Moves the queued effects out; called by the shell after every handler.
@@ -567,6 +576,12 @@ impl Relay {
             // the collection, decided after the write, deletes what the
             // write stored and acknowledged.
             let _ = self.store.existing(now, w.session());
+            // Named even before it exists (a prompt that creates it).
+            let sid = self.store.key(w.session()).cloned();
+            if let (Some(t), Some(sid)) = (self.issued, sid.or_else(|| SessionId::new(w.session())))
+            {
+                self.writing.insert(t.n, sid);
+            }
             return Ok(Reply::Wait);
         }
         let decided = match w {
@@ -596,9 +611,12 @@ impl Relay {
         let ttl = self.limits.session_ttl_ms;
         let after = self.engine.idle_after(ttl);
         let presence = &self.presence;
-        let idle = self
-            .store
-            .idle(|sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= after);
+        let writing: HashSet<&str> = self.writing.values().map(SessionId::as_str).collect();
+        let idle = self.store.idle(|sid, log| {
+            !presence.contains_key(sid)
+                && !writing.contains(sid)
+                && now.since(log.last_active) >= after
+        });
         let n = idle.len();
         let tickets = &mut self.tickets;
         let ticket = || next_ticket(tickets, NOBODY);
