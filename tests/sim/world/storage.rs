@@ -34,6 +34,10 @@ pub(super) struct Storage {
     side: Detached,
     copy: MemStore,
     queue: VecDeque<Command>,
+    /// A transaction taken and not committed yet: its commands are the
+    /// storage's (a timeout leaves them to finish), and those cancelled
+    /// before the take.
+    open: Option<(Vec<Command>, Vec<Done>)>,
     /// The outcome of every ticket the storage decided, until answered.
     pub(super) expected: HashMap<u64, Expect>,
     /// Tickets whose requesters were answered `503` at their timeout.
@@ -46,6 +50,7 @@ impl Storage {
             side,
             copy: MemStore::new(limits),
             queue: VecDeque::new(),
+            open: None,
             expected: HashMap::new(),
             abandoned: HashSet::new(),
         }
@@ -63,9 +68,12 @@ fn seq_of(o: &Decided) -> Option<u64> {
 }
 
 impl World {
-    /// A `Storage` step: up to `take` commands into one transaction,
-    /// committed or (`fail`) rolled back; the relay then takes the
-    /// results as it does when the thread wakes the loop.
+    /// A `Storage` step: the transaction taken at an earlier step, if
+    /// any, commits or (`fail`) rolls back; then up to `take` commands
+    /// are taken into the next, committed at once when there are few, or
+    /// left open until the next step (a request that times out meanwhile
+    /// finds its write in flight). The relay takes each commit as it does
+    /// when the thread wakes the loop.
     pub(super) fn storage(&mut self, take: u64, fail: bool) -> Check {
         let Some(st) = &mut self.storage else {
             return Ok(());
@@ -73,13 +81,33 @@ impl World {
         while let Ok(batch) = st.side.batches.try_recv() {
             st.queue.extend(batch);
         }
+        if let Some((group, cancelled)) = st.open.take() {
+            self.commit(group, cancelled, fail)?;
+        }
+        let Some(st) = &mut self.storage else {
+            return Ok(());
+        };
         let n = (take as usize).min(st.queue.len());
         if n == 0 {
             return Ok(());
         }
-        self.ops += 1;
         let group: Vec<Command> = st.queue.drain(..n).collect();
         let (group, cancelled) = st.side.take(group);
+        if take > 3 {
+            st.open = Some((group, cancelled));
+            return Ok(());
+        }
+        self.commit(group, cancelled, fail)
+    }
+
+    /// Commits (or, `fail`, rolls back) a transaction of `group`, with
+    /// the commands `cancelled` at its take answered apart.
+    fn commit(&mut self, group: Vec<Command>, cancelled: Vec<Done>, fail: bool) -> Check {
+        let Some(st) = &mut self.storage else {
+            return Ok(());
+        };
+        self.ops += 1;
+        let n = group.len() + cancelled.len();
         let mut dones = Vec::with_capacity(n);
         let mut records_of = Vec::new();
         for cmd in group {
