@@ -173,9 +173,10 @@ fn simulation() {
     }
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "simulation: {} seeds, {} steps each, {ops} operations in {secs:.1} s ({:.0} per minute)",
+        "simulation: {} seeds, {} steps, {ops} operations in {secs:.1} s ({:.0} steps and {:.0} operations a minute)",
         seeds.len(),
-        steps,
+        seen.steps,
+        seen.steps as f64 / secs * 60.0,
         ops as f64 / secs * 60.0
     );
     eprintln!("simulation: {seen:?}");

@@ -137,6 +137,7 @@ type Check = Result<(), String>;
 /// What a run went through, so a run that checks nothing shows.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Seen {
+    pub steps: u64,
     pub stored: u64,
     pub refused: u64,
     pub parked: u64,
@@ -155,6 +156,7 @@ pub struct Seen {
 
 impl std::ops::AddAssign for Seen {
     fn add_assign(&mut self, o: Seen) {
+        self.steps += o.steps;
         self.stored += o.stored;
         self.refused += o.refused;
         self.parked += o.parked;
@@ -341,6 +343,7 @@ impl World {
     /// Runs one step, then checks every promise.
     /// Runs one step, then checks every promise.
     pub fn step(&mut self, op: &Op) -> Check {
+        self.seen.steps += 1;
         self.act(op)?;
         if let Some(s) = op.session()
             && let Some(inc) = self.model.inc_mut(&sid_of(s))
