@@ -166,7 +166,7 @@ impl World {
             return;
         };
         self.unpark(conn.id, &p);
-        self.release(conn.id);
+        self.close(conn.id);
         self.seen.hung_up += 1;
     }
 
@@ -324,7 +324,7 @@ impl World {
         if let Some(inc) = self.model.inc_mut(&sub.sid) {
             inc.last_touch = self.now;
         }
-        self.release(conn.id);
+        self.close(conn.id);
     }
 
     /// Refills a lagging subscriber once its queue is at or below half
