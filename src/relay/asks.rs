@@ -11,9 +11,13 @@ use std::rc::Rc;
 
 use log::debug;
 
+use serde_json::value::RawValue;
+
 use super::{ApiError, ConnId, Effect, PromptsQuery, Relay};
 use crate::store::asks::AskState;
+use crate::store::{Seq, SessionLog};
 use crate::time::{Millis, UnixMillis};
+use crate::wire::push_json_str;
 
 /// What `GET /asks` does now.
 #[derive(Debug, PartialEq, Eq)]
@@ -84,7 +88,10 @@ impl Relay {
 
     /// The answer of a parked `GET /asks` whose deadline passed, at
     /// `unix_ms`: its ask's state then (open at its own timeout, expired
-    /// at the ask's), or 404 if the ask or its session went.
+    /// at the ask's), or 404 if the ask or its session went. An ask that
+    /// history dropped while it was open is forgotten once it expires,
+    /// but the polls parked until that expiry are still told it expired:
+    /// that is what they waited for.
     pub fn ask_deadline(
         &mut self,
         now: Millis,
@@ -94,7 +101,12 @@ impl Relay {
     ) -> (u16, Rc<[u8]>) {
         match self.store.ask_state(now, unix_ms, sid, ask_id) {
             Ok((_, body)) => (200, Rc::from(body)),
-            Err(e) => (e.status, Rc::from(e.body())),
+            Err(e) => match self.store.get(sid).and_then(|l| l.asks().kept(ask_id)) {
+                Some(ask) if ask.state(unix_ms) == AskState::Expired => {
+                    (200, Rc::from(ask.state_body(ask_id, unix_ms)))
+                }
+                _ => (e.status, Rc::from(e.body())),
+            },
         }
     }
 
@@ -112,9 +124,12 @@ impl Relay {
         }
     }
 
-    /// A reply to `ask_id` of `sid` is applied: every poll parked on that
-    /// ask here is answered with its state (answered, and the reply).
-    pub(super) fn wake_ask_waiters(&mut self, sid: &str, ask_id: &str) {
+    /// A reply to `ask_id` of `sid` is applied at `seq`: every poll parked
+    /// on that ask here is answered with its state (answered, and the
+    /// reply). When the reply itself pushed the ask out of history (an
+    /// answered ask that history dropped is forgotten), the state is read
+    /// from the reply: the agent waiting on the ask still gets it.
+    pub(super) fn wake_ask_waiters(&mut self, sid: &str, ask_id: &str, seq: Seq) {
         let Some(here) = self.presence.get_mut(sid) else {
             return;
         };
@@ -124,7 +139,14 @@ impl Relay {
         let (now, unix_ms) = self.clock;
         let (status, body) = match self.store.ask_state(now, unix_ms, sid, ask_id) {
             Ok((_, body)) => (200, Rc::<[u8]>::from(body)),
-            Err(e) => (e.status, Rc::from(e.body())),
+            Err(e) => match self
+                .store
+                .get(sid)
+                .and_then(|l| answered_by(l, seq, ask_id))
+            {
+                Some(body) => (200, Rc::from(body)),
+                None => (e.status, Rc::from(e.body())),
+            },
         };
         let mut woken = 0;
         here.asks.retain(|w| {
@@ -145,4 +167,24 @@ impl Relay {
         }
         debug!(session_id = sid, woken = woken; "ask replied to");
     }
+}
+
+/// `{"ask_id","state":"answered","text"}` for the reply at `seq`, read
+/// from the reply's stored `data`; `None` if history does not hold it.
+fn answered_by(log: &SessionLog, seq: Seq, ask_id: &str) -> Option<Vec<u8>> {
+    #[derive(serde::Deserialize)]
+    struct Reply<'a> {
+        #[serde(borrow)]
+        text: &'a RawValue,
+    }
+    let msg = log.history().find(|m| m.seq == seq)?;
+    let reply: Reply = serde_json::from_slice(msg.data()).ok()?;
+    let text = reply.text.get();
+    let mut out = String::with_capacity(48 + ask_id.len() + text.len());
+    out.push_str("{\"ask_id\":");
+    push_json_str(&mut out, ask_id);
+    out.push_str(",\"state\":\"answered\",\"text\":");
+    out.push_str(text);
+    out.push('}');
+    Some(out.into_bytes())
 }

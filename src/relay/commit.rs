@@ -70,7 +70,7 @@ impl Relay {
                     ..
                 } => {
                     delivered |= self.stored_response(&sid, seq, prev, frame);
-                    self.wake_ask_waiters(&sid, &ask_id);
+                    self.wake_ask_waiters(&sid, &ask_id, seq);
                 }
             }
         }

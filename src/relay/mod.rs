@@ -48,7 +48,7 @@ pub mod presence;
 mod storage;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use log::{debug, info};
@@ -65,7 +65,7 @@ pub use every::Scope;
 pub use presence::{Presence, Waiter};
 
 use crate::store::record::{Outcome, Record};
-use crate::store::{Cursor, MemStore, Seq, SessionId, StoreLimits};
+use crate::store::{Cursor, MemStore, Seq, SessionId, SessionLog, StoreLimits};
 use crate::time::{Millis, UnixMillis};
 
 /// The next ticket (borrows only what it needs, so a caller holding an
@@ -225,6 +225,10 @@ pub struct Relay {
     /// The ticket of the request being handled, if its write went to the
     /// storage (the shell takes it to park the request).
     issued: Option<Ticket>,
+    /// The writes the engine holds, by ticket, with the session each
+    /// writes to: none of those sessions is idle until its writes are
+    /// answered, however long the storage takes.
+    writing: HashMap<u64, SessionId>,
     /// Drafts, the agent's presence and receipts, per session.
     live: live::LiveMap,
     /// When [`Relay::tick`] is due.
@@ -259,6 +263,7 @@ impl Relay {
             records: Vec::new(),
             tickets: 0,
             issued: None,
+            writing: HashMap::new(),
             live: live::LiveMap::new(),
             next_tick: None,
             clock: (Millis(0), 0),
@@ -293,7 +298,11 @@ impl Relay {
     /// shutdown): a write the storage has not taken is cancelled; one it
     /// holds is left to finish.
     pub fn abandon(&mut self, ticket: Ticket) -> Abandon {
-        self.engine.abandon(ticket)
+        let abandon = self.engine.abandon(ticket);
+        if abandon == Abandon::Cancelled {
+            self.writing.remove(&ticket.n);
+        }
+        abandon
     }
 
     /// Moves the queued effects out; called by the shell after every handler.
@@ -324,6 +333,15 @@ impl Relay {
     /// Whether a session exists (tests and `/readyz`).
     pub fn has_session(&self, sid: &str) -> bool {
         self.store.contains(sid)
+    }
+
+    /// The committed log of `sid`, read without touching it (its idle time
+    /// stays as it was): for checks from outside the relay, such as the
+    /// simulation's (`tests/sim`), which compare it with a model after
+    /// every step.
+    #[doc(hidden)]
+    pub fn peek(&self, sid: &str) -> Option<&SessionLog> {
+        self.store.get(sid)
     }
 
     /// `POST /prompt` from its body: stored, deduped, and every parked poll
@@ -574,6 +592,17 @@ impl Relay {
         let (tickets, issued) = (&mut self.tickets, &mut self.issued);
         let ticket = || issue(tickets, issued, conn);
         if self.engine.submit(&self.store, ticket, &w, unix_ms)? == Submit::Wait {
+            // The session is in use from this request on: an idle sweep
+            // while the write waits for the storage must not pick it, or
+            // the collection, decided after the write, deletes what the
+            // write stored and acknowledged.
+            let _ = self.store.existing(now, w.session());
+            // Named even before it exists (a prompt that creates it).
+            let sid = self.store.key(w.session()).cloned();
+            if let (Some(t), Some(sid)) = (self.issued, sid.or_else(|| SessionId::new(w.session())))
+            {
+                self.writing.insert(t.n, sid);
+            }
             return Ok(Reply::Wait);
         }
         let decided = match w {
@@ -603,9 +632,12 @@ impl Relay {
         let ttl = self.limits.session_ttl_ms;
         let after = self.engine.idle_after(ttl);
         let presence = &self.presence;
-        let idle = self
-            .store
-            .idle(|sid, log| !presence.contains_key(sid) && now.since(log.last_active) >= after);
+        let writing: HashSet<&str> = self.writing.values().map(SessionId::as_str).collect();
+        let idle = self.store.idle(|sid, log| {
+            !presence.contains_key(sid)
+                && !writing.contains(sid)
+                && now.since(log.last_active) >= after
+        });
         let n = idle.len();
         let tickets = &mut self.tickets;
         let ticket = || next_ticket(tickets, NOBODY);

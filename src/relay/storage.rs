@@ -114,11 +114,15 @@ impl Relay {
                     result,
                     delivered,
                 } => {
+                    self.writing.remove(&to.n);
                     let delivered = self.apply(now, records) || delivered;
                     let result = result.map(|o| self.ack(o, delivered));
                     self.effects.push(Effect::Reply { to, result });
                 }
-                StoreEvent::Retry(to) => self.effects.push(Effect::Retry { to }),
+                StoreEvent::Retry(to) => {
+                    self.writing.remove(&to.n);
+                    self.effects.push(Effect::Retry { to });
+                }
                 StoreEvent::Replaced {
                     sid,
                     mut log,

@@ -111,6 +111,14 @@ impl Asks {
             .filter(|e| e.in_history || (e.reply.is_none() && now < e.expires_ts))
     }
 
+    /// The ask `ask_id` as kept, known or not: an unanswered ask that
+    /// history dropped stays after it expired, until the next ask is
+    /// stored, so the polls parked until its expiry can be told it
+    /// expired.
+    pub fn kept(&self, ask_id: &str) -> Option<&AskEntry> {
+        self.entries.get(ask_id)
+    }
+
     /// Asks open at `now`: counted with the pending prompts against the cap.
     pub fn open_len(&self, now: UnixMillis) -> usize {
         self.unanswered.iter().filter(|(_, e)| now < *e).count()

@@ -321,6 +321,64 @@ fn a_parked_ask_poll_is_woken_by_the_reply() {
 }
 
 #[test]
+fn a_reply_that_pushes_its_ask_out_of_history_still_answers_the_parked_poll() {
+    // Three messages kept: the ask and two prompts fill history, and the
+    // reply, the fourth, drops the ask it answers (an answered ask that
+    // history dropped is forgotten). The agent waiting on it still gets
+    // the reply.
+    let srv = Server::start_with(&[("RELAY_HISTORY_LIMIT", "3")]);
+    let sid = created(&srv);
+    ask(
+        &srv,
+        json!({"session_id": sid, "ask_id": "k", "text": "Name?"}),
+    );
+    srv.prompt(&sid, "one", Some("c1"));
+    srv.prompt(&sid, "two", Some("c2"));
+    let mut poll = srv.conn();
+    poll.send("GET", &format!("/asks/{sid}/k?timeout=60"), &[], None);
+    srv.wait_health("parked_polls", 1);
+    let ok = srv.post_json(
+        "/reply",
+        &json!({"session_id": sid, "ask_id": "k", "text": "Ada"}),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let resp = poll.read_response();
+    assert_eq!(
+        (resp.status, resp.json()),
+        (
+            200,
+            json!({"ask_id": "k", "state": "answered", "text": "Ada"})
+        )
+    );
+}
+
+#[test]
+fn an_ask_that_left_history_still_tells_its_parked_poll_it_expired() {
+    // Three messages kept: three prompts after the ask push it out of
+    // history, unanswered and open (kept, as a pending prompt is). The
+    // poll parked until its expiry is told it expired, with its default.
+    let srv = Server::start_with(&[("RELAY_HISTORY_LIMIT", "3")]);
+    let sid = created(&srv);
+    ask(
+        &srv,
+        json!({"session_id": sid, "ask_id": "k", "text": "Name?", "default": "Bob", "timeout": 1}),
+    );
+    for id in ["c1", "c2", "c3"] {
+        srv.prompt(&sid, "more", Some(id));
+    }
+    let mut poll = srv.conn();
+    poll.send("GET", &format!("/asks/{sid}/k?timeout=60"), &[], None);
+    let resp = poll.read_response();
+    assert_eq!(
+        (resp.status, resp.json()),
+        (
+            200,
+            json!({"ask_id": "k", "state": "expired", "text": "Bob"})
+        )
+    );
+}
+
+#[test]
 fn a_parked_ask_poll_times_out_open_and_waits_not_when_told() {
     let srv = Server::start();
     let sid = created(&srv);

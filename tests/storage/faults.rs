@@ -335,6 +335,56 @@ fn a_data_directory_that_cannot_be_written_is_reported_as_such() {
     assert_eq!(files(&dir), before, "nothing in the directory changed");
 }
 
+/// A prompt to a session idle for `idle` whose commit takes `stall`
+/// (strace delays each fdatasync), on a server whose TTL is `ttl_s`
+/// (swept every quarter of it): sweeps run while the prompt waits. The
+/// session is in use from that prompt on, so none may pick it: a
+/// collection decided then would run after the prompt's commit and
+/// delete the prompt just acknowledged.
+#[track_caller]
+fn write_across_sweeps(ttl_s: &str, idle: Duration, stall: Duration) {
+    let dir = Dir::new("sweep");
+    let srv =
+        Server::start_single_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_SESSION_TTL", ttl_s)]);
+    let sid = unique_session();
+    srv.prompt(&sid, "before", Some("before"));
+    let idle_from = Instant::now();
+    let inject = format!("inject=fdatasync:delay_enter={}", stall.as_micros());
+    let mut strace = Strace::attach(
+        srv.pid(),
+        &dir.0.join("trace"),
+        &["-e", "trace=fdatasync", "-e", &inject],
+    );
+    std::thread::sleep(idle.saturating_sub(idle_from.elapsed()));
+    let r = srv.post_json("/prompt", &prompt_body(&sid, "slow"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    strace.detach();
+    // A write that commits after whatever was sent before it (a
+    // collection included).
+    srv.prompt(&unique_session(), "later", Some("later"));
+    assert_eq!(stored_prompts(&srv, &sid), ["before", "slow"]);
+}
+
+#[test]
+fn a_write_waiting_for_a_slow_disk_keeps_its_session_from_the_idle_sweep() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    // 2 s idle of a TTL of 3 s, and a commit of 2 s: the sweeps that see
+    // the TTL pass come while the prompt waits.
+    write_across_sweeps("3", Duration::from_secs(2), Duration::from_secs(2));
+}
+
+#[test]
+fn a_write_waiting_longer_than_the_ttl_keeps_its_session_from_the_idle_sweep() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    // A commit of 3 s under a TTL of 2 s: the session stays in use for
+    // as long as the prompt waits.
+    write_across_sweeps("2", Duration::ZERO, Duration::from_secs(3));
+}
+
 #[test]
 fn a_second_server_is_refused_even_after_relay_lock_was_deleted() {
     if skip_with_redis("a data directory of its own") {

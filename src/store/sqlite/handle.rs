@@ -43,7 +43,30 @@ pub struct Durable {
     health: Arc<Health>,
     frontier: Arc<Mutex<Frontier>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    _lock: File,
+    /// The data directory's lock (none for a [`Durable::detached`] one).
+    _lock: Option<File>,
+}
+
+/// The storage side of a handle with no storage thread
+/// ([`Durable::detached`]): the batches the loop sends, and where the
+/// commits go back, for a storage the caller plays. The simulation
+/// (`tests/sim`) plays it: it decides each command with the memory
+/// engine's rules, as the thread's writer does, and chooses when a
+/// transaction commits and whether it rolls back.
+#[doc(hidden)]
+pub struct Detached {
+    pub batches: Receiver<Vec<Command>>,
+    pub done: Sender<Committed>,
+    frontier: Arc<Mutex<Frontier>>,
+}
+
+impl Detached {
+    /// Takes a group of commands into a transaction as the storage thread
+    /// does: the commands whose requesters were answered meanwhile come
+    /// back apart, answered `503`, and are never to be committed.
+    pub fn take(&self, group: Vec<Command>) -> (Vec<Command>, Vec<Done>) {
+        super::thread::take_group(&self.frontier, group)
+    }
 }
 
 /// One committed command as the relay takes it: its records, then its
@@ -112,9 +135,37 @@ impl Durable {
             health,
             frontier,
             thread,
-            _lock: opened.lock,
+            _lock: Some(opened.lock),
         };
         (opened.view, durable)
+    }
+
+    /// A handle with no storage thread and no database: the caller plays
+    /// the storage through the [`Detached`] side (see there).
+    #[doc(hidden)]
+    pub fn detached() -> (Durable, Detached) {
+        let (batch_tx, batch_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let frontier = Arc::new(Mutex::new(Frontier::default()));
+        let durable = Durable {
+            batches: Some(batch_tx),
+            done: done_rx,
+            stats: StoreStats::default(),
+            batch: Vec::new(),
+            inflight: 0,
+            ready: VecDeque::new(),
+            gone: false,
+            health: Arc::new(Health::new()),
+            frontier: frontier.clone(),
+            thread: None,
+            _lock: None,
+        };
+        let detached = Detached {
+            batches: batch_rx,
+            done: done_tx,
+            frontier,
+        };
+        (durable, detached)
     }
 
     /// Adds a command to this turn's batch.

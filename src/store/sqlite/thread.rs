@@ -45,7 +45,10 @@ pub struct Frontier {
 /// requesters were answered meanwhile: those come back apart, answered
 /// `503` (nobody waits on that answer; it keeps the count of commands in
 /// flight right).
-fn take_group(frontier: &Mutex<Frontier>, group: Vec<Command>) -> (Vec<Command>, Vec<Done>) {
+pub(super) fn take_group(
+    frontier: &Mutex<Frontier>,
+    group: Vec<Command>,
+) -> (Vec<Command>, Vec<Done>) {
     let mut f = frontier.lock().unwrap_or_else(PoisonError::into_inner);
     let cancelled = f.cancelled;
     if let Some(last) = group.last() {

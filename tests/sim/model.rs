@@ -1,0 +1,329 @@
+//! What the clients were told, kept apart from the relay: every write
+//! acknowledged (with the `seq` it must have taken), the pending prompts,
+//! each session's epoch, and what every subscriber's client has read. The
+//! relay's committed log is compared with it after every step, read
+//! without touching it ([`Relay::peek`]); a subscriber's frames are
+//! checked against it as its client reads them.
+
+use std::collections::{HashMap, HashSet};
+
+use relay::relay::Relay;
+use relay::store::{Kind, Seq};
+use relay::time::Millis;
+
+/// One message the model knows was stored, at `seq = index + 1`.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub kind: Kind,
+    /// A prompt's or a cancel's `client_msg_id`, an answer's
+    /// `assistant_msg_id`, an ask's or a reply's `ask_id`.
+    pub id: String,
+}
+
+impl Entry {
+    /// Whether subscribers get it as a frame (prompts are not sent).
+    pub fn framed(&self) -> bool {
+        self.kind != Kind::Prompt
+    }
+}
+
+/// One life of a session: from its creation to its deletion.
+#[derive(Debug)]
+pub struct Inc {
+    pub sid: String,
+    pub epoch: String,
+    pub entries: Vec<Entry>,
+    /// Pending prompts, oldest first: (`seq`, `client_msg_id`).
+    pub pending: Vec<(u64, String)>,
+    /// The last write acknowledged (the TTL counts from no earlier).
+    pub last_write: Millis,
+    /// The last request that named the session, or a client of it that
+    /// left (the TTL counts from no later).
+    pub last_touch: Millis,
+    pub alive: bool,
+}
+
+impl Inc {
+    /// The `seq` the next stored message takes.
+    pub fn next_seq(&self) -> u64 {
+        self.entries.len() as u64 + 1
+    }
+
+    pub fn push(&mut self, kind: Kind, id: &str) -> u64 {
+        self.entries.push(Entry {
+            kind,
+            id: id.to_string(),
+        });
+        self.entries.len() as u64
+    }
+
+    pub fn entry(&self, seq: u64) -> Option<&Entry> {
+        seq.checked_sub(1)
+            .and_then(|i| self.entries.get(i as usize))
+    }
+
+    /// The oldest `seq` history still holds.
+    pub fn first_retained(&self, limit: usize) -> u64 {
+        self.entries.len().saturating_sub(limit) as u64 + 1
+    }
+
+    /// The first framed message after `seq`, if any is stored.
+    pub fn next_framed_after(&self, seq: u64) -> Option<u64> {
+        (seq as usize..self.entries.len())
+            .find(|&i| self.entries[i].framed())
+            .map(|i| i as u64 + 1)
+    }
+
+    /// Whether a framed message after `seq` was already trimmed: a
+    /// subscriber there can only be told with a `resync`.
+    pub fn trimmed_after(&self, seq: u64, limit: usize) -> bool {
+        self.next_framed_after(seq)
+            .is_some_and(|n| n < self.first_retained(limit))
+    }
+
+    pub fn unpend(&mut self, client_msg_id: &str) {
+        self.pending.retain(|(_, id)| id != client_msg_id);
+    }
+}
+
+/// Every session's lives, and the epochs ever handed out.
+#[derive(Default)]
+pub struct Model {
+    pub incs: Vec<Inc>,
+    /// The live incarnation of each session id.
+    pub current: HashMap<String, usize>,
+    epochs: HashSet<String>,
+}
+
+impl Model {
+    pub fn live(&self, sid: &str) -> Option<usize> {
+        self.current.get(sid).copied()
+    }
+
+    pub fn inc_mut(&mut self, sid: &str) -> Option<&mut Inc> {
+        let i = self.live(sid)?;
+        Some(&mut self.incs[i])
+    }
+
+    /// The relay created `sid` under `epoch`: a new life, whose epoch no
+    /// earlier one had.
+    pub fn create(&mut self, sid: &str, epoch: &str, now: Millis) -> Result<usize, String> {
+        if !self.epochs.insert(epoch.to_string()) {
+            return Err(format!("{sid} created again under an old epoch {epoch}"));
+        }
+        self.incs.push(Inc {
+            sid: sid.to_string(),
+            epoch: epoch.to_string(),
+            entries: Vec::new(),
+            pending: Vec::new(),
+            last_write: now,
+            last_touch: now,
+            alive: true,
+        });
+        let i = self.incs.len() - 1;
+        self.current.insert(sid.to_string(), i);
+        Ok(i)
+    }
+
+    /// `sid` is gone (deleted, or collected).
+    pub fn end(&mut self, sid: &str) {
+        if let Some(i) = self.current.remove(sid) {
+            self.incs[i].alive = false;
+        }
+    }
+
+    /// The relay's committed log of `sid` against the model's: the same
+    /// epoch, the next `seq`, history (the last `limit` messages, kind,
+    /// `seq` and id each) and pending set.
+    pub fn compare(&self, relay: &Relay, sid: &str, limit: usize) -> Result<(), String> {
+        let (log, i) = match (relay.peek(sid), self.live(sid)) {
+            (None, None) => return Ok(()),
+            (Some(_), None) => return Err(format!("{sid} exists, the model has no such session")),
+            (None, Some(_)) => return Err(format!("{sid} is gone, the model still has it")),
+            (Some(log), Some(i)) => (log, i),
+        };
+        let inc = &self.incs[i];
+        if **log.epoch() != *inc.epoch {
+            return Err(format!(
+                "{sid}: epoch {} where {} was",
+                log.epoch(),
+                inc.epoch
+            ));
+        }
+        if log.next_seq() != Seq(inc.next_seq()) {
+            return Err(format!(
+                "{sid}: next seq {} where the model says {} (stored {:?})",
+                log.next_seq().get(),
+                inc.next_seq(),
+                log.history().map(|m| m.seq.get()).collect::<Vec<_>>()
+            ));
+        }
+        let mut want = inc.first_retained(limit);
+        for m in log.history() {
+            let Some(e) = inc.entry(want) else {
+                return Err(format!(
+                    "{sid}: history holds seq {} beyond the model",
+                    m.seq.get()
+                ));
+            };
+            let id: &str = match m.kind {
+                Kind::Assistant => m.assistant_msg_id.as_deref().unwrap_or(""),
+                _ => &m.client_msg_id,
+            };
+            if m.seq.get() != want || m.kind != e.kind || id != e.id {
+                return Err(format!(
+                    "{sid}: history has {:?} {id} at seq {} where the model has {:?} {} at seq {want}",
+                    m.kind,
+                    m.seq.get(),
+                    e.kind,
+                    e.id
+                ));
+            }
+            if m.frame().is_some() != e.framed() {
+                return Err(format!("{sid}: seq {want} framed wrongly"));
+            }
+            want += 1;
+        }
+        if want != inc.next_seq() {
+            return Err(format!(
+                "{sid}: history ends before seq {want}, the model has {}",
+                inc.next_seq() - 1
+            ));
+        }
+        let pending: Vec<(u64, &str)> = log
+            .page_all_pending()
+            .map(|m| (m.seq.get(), &*m.client_msg_id))
+            .collect();
+        let model: Vec<(u64, &str)> = inc.pending.iter().map(|(s, id)| (*s, &**id)).collect();
+        if pending != model {
+            return Err(format!(
+                "{sid}: pending {pending:?}, the model has {model:?}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a subscriber's client has read, checked frame by frame against
+/// the life of the session it subscribed to.
+#[derive(Debug)]
+pub struct View {
+    pub inc: usize,
+    /// The `seq` of the last message it was sent (or its `after`).
+    pub last: u64,
+    /// It must be told `resync` before any message (its epoch differs).
+    pub owed_resync: bool,
+    /// Frames read.
+    pub frames: u64,
+}
+
+/// The frame's type, and the `seq` at its end when it carries one
+/// (every stored message's `data` ends with it).
+fn type_and_seq(payload: &[u8]) -> Result<(&str, Option<u64>), String> {
+    let text = std::str::from_utf8(payload).map_err(|_| "a frame not UTF-8".to_string())?;
+    let rest = text
+        .strip_prefix("{\"type\":\"")
+        .ok_or_else(|| format!("a frame without a type first: {text}"))?;
+    let ty = &rest[..rest.find('"').unwrap_or(0)];
+    let seq = text.rfind("\"seq\":").and_then(|at| {
+        let digits: String = text[at + 6..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    });
+    Ok((ty, seq))
+}
+
+/// The payload of one server frame (unmasked, one text frame).
+pub fn payload(frame: &[u8]) -> Result<&[u8], String> {
+    if frame.len() < 2 || frame[0] != 0x81 {
+        return Err(format!(
+            "not a final text frame: {:?}",
+            &frame[..frame.len().min(4)]
+        ));
+    }
+    let (len, at) = match frame[1] & 0x7f {
+        126 => (u16::from_be_bytes([frame[2], frame[3]]) as usize, 4),
+        127 => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&frame[2..10]);
+            (u64::from_be_bytes(b) as usize, 10)
+        }
+        n => (n as usize, 2),
+    };
+    if frame.len() != at + len {
+        return Err("a frame whose length is not its header's".to_string());
+    }
+    Ok(&frame[at..])
+}
+
+impl View {
+    /// Checks one frame the client read: a message must be the next one
+    /// the model has after the last it saw (no gap, no duplicate), a
+    /// `resync` must have a cause and name the live epoch and the oldest
+    /// retained `seq`.
+    pub fn read(&mut self, model: &Model, frame: &[u8], limit: usize) -> Result<(), String> {
+        self.frames += 1;
+        let payload = payload(frame)?;
+        let (ty, seq) = type_and_seq(payload)?;
+        let inc = &model.incs[self.inc];
+        match ty {
+            "message" | "cancel" | "ask" | "reply" => {
+                let seq = seq.ok_or_else(|| format!("a {ty} frame without seq"))?;
+                if self.owed_resync {
+                    return Err(format!("{ty} seq {seq} before the resync owed"));
+                }
+                let want = inc.next_framed_after(self.last);
+                if want != Some(seq) {
+                    return Err(format!(
+                        "{}: {ty} seq {seq} after seq {}, where the next is {want:?}",
+                        inc.sid, self.last
+                    ));
+                }
+                let kind = match ty {
+                    "message" => Kind::Assistant,
+                    "cancel" => Kind::Cancel,
+                    "ask" => Kind::Ask,
+                    _ => Kind::Reply,
+                };
+                if inc.entry(seq).map(|e| e.kind) != Some(kind) {
+                    return Err(format!("{}: seq {seq} sent as {ty}", inc.sid));
+                }
+                self.last = seq;
+            }
+            "resync" => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+                let epoch = v["epoch"].as_str().unwrap_or("");
+                let first = v["first_seq"].as_u64().unwrap_or(0);
+                if !self.owed_resync && !inc.trimmed_after(self.last, limit) {
+                    return Err(format!(
+                        "{}: a resync after seq {} with nothing trimmed",
+                        inc.sid, self.last
+                    ));
+                }
+                if epoch != inc.epoch {
+                    return Err(format!(
+                        "{}: resync to epoch {epoch}, not {}",
+                        inc.sid, inc.epoch
+                    ));
+                }
+                // The frame was made when it was queued: history may have
+                // moved on since, never back.
+                if first == 0 || first > inc.first_retained(limit) {
+                    return Err(format!(
+                        "{}: resync at first_seq {first}, history starts at {}",
+                        inc.sid,
+                        inc.first_retained(limit)
+                    ));
+                }
+                self.owed_resync = false;
+                self.last = first - 1;
+            }
+            "delta" | "delta_end" | "presence" | "receipt" => {}
+            other => return Err(format!("a frame of unknown type {other}")),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,446 @@
+//! The simulated world: the real API rules and relay core (and through
+//! them the store and the memory engine) driven as the I/O shell drives
+//! them (`src/net`), with no sockets and a virtual clock. Each step is
+//! one request handled, one client's socket read or closed, or the clock
+//! moved on; the relay's effects are then applied to the simulated
+//! connections as `net/server/effects.rs` applies them, and the model is
+//! checked.
+//!
+//! The shell's parts are mirrored here, not run: a parked request is a
+//! deadline and the promise of one answer; a subscriber is its cursor,
+//! its `lagging` flag and a queue capped like `RELAY_SUBSCRIBER_BUFFER`,
+//! delivered, broadcast to and topped up by the rules of
+//! `net/subscriber.rs`, and read by its client at its own pace.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr};
+use std::rc::Rc;
+use std::time::Duration;
+
+use relay::api::{Api, Facts, Outcome};
+use relay::config::Config;
+use relay::error::ApiError;
+use relay::http::parse::{RequestReader, Step};
+use relay::relay::{ConnId, Effect, Engine, Relay, Ticket};
+use relay::store::seam::NOBODY;
+use relay::store::sqlite::Durable;
+use relay::store::{Cursor, Kind, Live, MemStore, Seq, SessionId};
+use relay::time::{Millis, Turn};
+use serde_json::Value;
+
+use crate::model::{Model, View};
+use crate::ops::{Op, Reading, SESSIONS};
+
+mod requests;
+mod shell;
+mod storage;
+
+/// Messages each session keeps: few, so history is trimmed all the time.
+pub const HISTORY: usize = 8;
+/// Bytes queued per subscriber: a few frames, so subscribers lag often.
+const SUB_BUFFER: usize = 700;
+const TTL_MS: u64 = 10_000;
+/// How long a request waits for the storage before it is answered `503`.
+const STORE_TIMEOUT_MS: u64 = 4_000;
+/// The wall clock when the run starts (any fixed value: runs replay).
+const UNIX_START: u64 = 1_800_000_000_000;
+const PEER: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// A request waiting for its answer.
+#[derive(Debug)]
+struct Parked {
+    /// `None`: a poll of every session.
+    sid: Option<String>,
+    after: Option<u64>,
+    deadline: Millis,
+    /// A `GET /asks`: its ask id, and when the ask expires (loop time,
+    /// wall clock).
+    ask: Option<(String, Millis, u64)>,
+    /// The life of its session it waits on.
+    inc: Option<usize>,
+}
+
+struct Sub {
+    sid: SessionId,
+    cursor: Cursor,
+    lagging: bool,
+    out: VecDeque<Rc<[u8]>>,
+    queued: usize,
+    reading: Reading,
+    view: View,
+}
+
+/// A request waiting for the storage, under its ticket.
+struct Committing {
+    ticket: Ticket,
+    waits: Waits,
+    /// Its storage timeout.
+    deadline: Millis,
+}
+
+/// What a request waiting for the storage was.
+enum Waits {
+    /// A write: answered with its command's outcome.
+    Write(Op),
+    /// A WebSocket upgrade that created its session: run again once it is.
+    Upgrade {
+        raw: String,
+        after: Option<u64>,
+        epoch: Option<String>,
+        reading: Reading,
+    },
+}
+
+enum State {
+    Parked(Parked),
+    Sub(Box<Sub>),
+    Committing(Box<Committing>),
+}
+
+struct Conn {
+    id: ConnId,
+    state: State,
+}
+
+/// Where a subscriber stopped, for a later one to resume from.
+struct Left {
+    sid: String,
+    after: u64,
+    epoch: String,
+}
+
+pub struct World {
+    api: Api,
+    relay: Relay,
+    reader: RequestReader,
+    now: Millis,
+    conns: Vec<Conn>,
+    /// Generation of each slot key, as the slab reuses keys.
+    generations: Vec<u32>,
+    free: Vec<u32>,
+    /// Connections kept open between requests: a later request comes on
+    /// one under the same id, as a client's next request on its
+    /// keep-alive connection does (after a `503` at its storage timeout,
+    /// say, while its write may still come back).
+    idle: Vec<ConnId>,
+    model: Model,
+    effects: Vec<Effect>,
+    frames: Vec<Rc<[u8]>>,
+    next_sweep: Millis,
+    sweep_ms: u64,
+    left: Vec<Left>,
+    /// The data directory's storage, played here; `None`: the memory
+    /// engine.
+    storage: Option<storage::Storage>,
+    /// Operations run (requests, reads, deadlines fired).
+    pub ops: u64,
+    pub seen: Seen,
+}
+
+type Check = Result<(), String>;
+
+/// What a run went through, so a run that checks nothing shows.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen {
+    pub steps: u64,
+    pub stored: u64,
+    pub refused: u64,
+    pub parked: u64,
+    pub woken: u64,
+    pub timed_out: u64,
+    pub hung_up: u64,
+    pub closed_by_delete: u64,
+    pub frames: u64,
+    pub resyncs: u64,
+    pub lagged: u64,
+    pub collected: u64,
+    pub ticks: u64,
+    pub commits: u64,
+    pub store_timeouts: u64,
+}
+
+impl std::ops::AddAssign for Seen {
+    fn add_assign(&mut self, o: Seen) {
+        self.steps += o.steps;
+        self.stored += o.stored;
+        self.refused += o.refused;
+        self.parked += o.parked;
+        self.woken += o.woken;
+        self.timed_out += o.timed_out;
+        self.hung_up += o.hung_up;
+        self.closed_by_delete += o.closed_by_delete;
+        self.frames += o.frames;
+        self.resyncs += o.resyncs;
+        self.lagged += o.lagged;
+        self.collected += o.collected;
+        self.ticks += o.ticks;
+        self.commits += o.commits;
+        self.store_timeouts += o.store_timeouts;
+    }
+}
+
+fn sid_of(s: u64) -> String {
+    format!("s{s}")
+}
+
+fn json(body: &[u8]) -> Result<Value, String> {
+    serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "an answer that is not JSON ({e}): {}",
+            String::from_utf8_lossy(body)
+        )
+    })
+}
+
+impl World {
+    /// A world whose relay stores in memory, or (`durable`) through a
+    /// data directory's storage thread played by the world.
+    pub fn new(durable: bool) -> World {
+        let cfg = Config {
+            history_limit: HISTORY,
+            max_sessions: 100,
+            max_pending: 4,
+            max_waiters: 3,
+            max_subscribers: 4,
+            subscriber_buffer_bytes: SUB_BUFFER,
+            session_ttl: Some(Duration::from_millis(TTL_MS)),
+            draft_timeout: Duration::from_millis(3_000),
+            agent_grace: Duration::from_millis(1_500),
+            store_timeout: Duration::from_millis(STORE_TIMEOUT_MS),
+            ..Config::default()
+        };
+        let limits = cfg.relay_limits();
+        let now = Millis(1_000);
+        let (mut relay, storage) = if durable {
+            let (handle, side) = Durable::detached();
+            let view = MemStore::new(limits.store());
+            let st = storage::Storage::new(side, limits.store());
+            (Relay::new(limits, view, Engine::Durable(handle)), Some(st))
+        } else {
+            (Relay::in_memory(limits), None)
+        };
+        relay.set_clock(now, UNIX_START);
+        let sweep_ms = (TTL_MS / 4).clamp(100, 60_000);
+        World {
+            api: Api::new(&cfg),
+            relay,
+            reader: RequestReader::new(cfg.max_body_bytes),
+            now,
+            conns: Vec::new(),
+            generations: Vec::new(),
+            free: Vec::new(),
+            idle: Vec::new(),
+            model: Model::default(),
+            effects: Vec::new(),
+            frames: Vec::new(),
+            next_sweep: now.after_ms(sweep_ms),
+            sweep_ms,
+            left: Vec::new(),
+            storage,
+            ops: 0,
+            seen: Seen::default(),
+        }
+    }
+
+    fn unix(&self) -> u64 {
+        UNIX_START + self.now.0
+    }
+
+    /// A connection id as the slab hands them out: keys reused last in,
+    /// first out, each reuse a new generation.
+    fn connect(&mut self) -> ConnId {
+        if self.ops.is_multiple_of(2)
+            && let Some(id) = self.idle.pop()
+        {
+            return id;
+        }
+        let key = match self.free.pop() {
+            Some(k) => k,
+            None => {
+                self.generations.push(0);
+                self.generations.len() as u32 - 1
+            }
+        };
+        self.generations[key as usize] += 1;
+        ConnId {
+            key,
+            generation: self.generations[key as usize],
+        }
+    }
+
+    /// A connection whose request was answered stays open for the next
+    /// (a few of them do).
+    fn release(&mut self, id: ConnId) {
+        if self.idle.len() < 4 {
+            self.idle.push(id);
+        } else {
+            self.close(id);
+        }
+    }
+
+    /// A connection closed: its slot goes to the next one accepted.
+    fn close(&mut self, id: ConnId) {
+        self.free.push(id.key);
+    }
+
+    /// Runs one request through the parser and the API rules (`synced`:
+    /// run again after what it waited for, as the shell's rerun does).
+    fn request(&mut self, conn: ConnId, raw: &[u8], synced: bool) -> Result<Outcome, String> {
+        self.ops += 1;
+        self.relay.set_clock(self.now, self.unix());
+        // No ticket left over from a request before it (`Ctx::handle`).
+        let _ = self.relay.take_ticket();
+        self.reader.push(raw);
+        let head = match self.reader.next_step() {
+            Ok(Step::Request(head)) => head,
+            other => return Err(format!("the request did not parse: {other:?}")),
+        };
+        let facts = Facts {
+            connections: self.conns.len() + 1,
+            synced,
+            ..Facts::default()
+        };
+        let turn = Turn {
+            now: self.now,
+            unix_ms: self.unix(),
+        };
+        let outcome = self.api.handle(
+            &mut self.relay,
+            turn,
+            conn,
+            PEER,
+            &head,
+            self.reader.body(),
+            facts,
+        );
+        self.reader.finish();
+        Ok(outcome)
+    }
+
+    /// A request answered now (`Some`), or waiting for the storage under
+    /// a ticket (`None`): `op` is then answered when its ticket is.
+    fn send(&mut self, op: &Op, raw: &str) -> Result<Option<(u16, Vec<u8>)>, String> {
+        let id = self.connect();
+        let outcome = self.request(id, raw.as_bytes(), false)?;
+        match outcome {
+            Outcome::Answer(a) => {
+                self.release(id);
+                self.count(a.status);
+                Ok(Some((a.status, a.body.bytes().to_vec())))
+            }
+            Outcome::Wait => {
+                self.wait(id, Waits::Write(op.clone()))?;
+                Ok(None)
+            }
+            other => Err(format!("answered {other:?}")),
+        }
+    }
+
+    fn count(&mut self, status: u16) {
+        if status == 200 {
+            self.seen.stored += 1;
+        } else {
+            self.seen.refused += 1;
+        }
+    }
+
+    /// The request just handled on `id` waits for the storage.
+    fn wait(&mut self, id: ConnId, waits: Waits) -> Check {
+        let ticket = self
+            .relay
+            .take_ticket()
+            .ok_or("a request waits with no ticket")?;
+        if self.storage.is_none() {
+            return Err("the memory engine made a request wait".to_string());
+        }
+        self.conns.push(Conn {
+            id,
+            state: State::Committing(Box::new(Committing {
+                ticket,
+                waits,
+                deadline: self.now.after_ms(STORE_TIMEOUT_MS),
+            })),
+        });
+        Ok(())
+    }
+
+    /// Runs one step, then checks every promise.
+    /// Runs one step, then checks every promise.
+    pub fn step(&mut self, op: &Op) -> Check {
+        self.seen.steps += 1;
+        self.act(op)?;
+        if let Some(s) = op.session()
+            && let Some(inc) = self.model.inc_mut(&sid_of(s))
+        {
+            inc.last_touch = self.now;
+        }
+        self.apply_effects()?;
+        self.settle()?;
+        // The turn's writes go to the storage at its end.
+        self.relay.flush_store();
+        self.check()
+    }
+
+    /// The relay may have created `sid` in this step: the model takes the
+    /// new life with its epoch.
+    fn learn(&mut self, sid: &str) -> Check {
+        // With a storage, the model follows what it committed instead.
+        if self.model.live(sid).is_none()
+            && self.storage.is_none()
+            && let Some(log) = self.relay.peek(sid)
+        {
+            let epoch = log.epoch().to_string();
+            self.model.create(sid, &epoch, self.now)?;
+        }
+        Ok(())
+    }
+
+    fn holds(&self, c: &Conn, sid: &str) -> bool {
+        match &c.state {
+            State::Parked(p) => p.sid.as_deref() == Some(sid),
+            State::Sub(sub) => sub.sid.as_str() == sid,
+            State::Committing(_) => false,
+        }
+    }
+
+    fn subscribers_of(&self, sid: &str) -> usize {
+        self.conns
+            .iter()
+            .filter(|c| matches!(&c.state, State::Sub(s) if s.sid.as_str() == sid))
+            .count()
+    }
+
+    /// The promises that hold after every step: each session's log as the
+    /// model says, the relay's counts of parked polls and subscribers as
+    /// the connections say.
+    pub fn check(&self) -> Check {
+        for s in 0..SESSIONS {
+            self.model.compare(&self.relay, &sid_of(s), HISTORY)?;
+        }
+        let counts = self.relay.counts();
+        let parked = self
+            .conns
+            .iter()
+            .filter(|c| matches!(c.state, State::Parked(_)))
+            .count();
+        let subs = self
+            .conns
+            .iter()
+            .filter(|c| matches!(c.state, State::Sub(_)))
+            .count();
+        if counts.parked_polls != parked || counts.subscribers != subs {
+            return Err(format!(
+                "the relay counts {} parked polls and {} subscribers, {parked} and {subs} are",
+                counts.parked_polls, counts.subscribers
+            ));
+        }
+        if counts.sessions != self.model.current.len() {
+            return Err(format!(
+                "the relay counts {} sessions, the model {}",
+                counts.sessions,
+                self.model.current.len()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,276 @@
+//! The data directory's storage thread, simulated: the relay holds a
+//! real `Durable` handle with no thread behind it
+//! (`Durable::detached`), and this side plays the thread. It takes the
+//! commands the loop sent, in order, a few at a time into one
+//! transaction, decides each with the memory engine's rules on its own
+//! copy of the log (as the thread's writer does), and commits it, or
+//! rolls it back and answers every command `503`. Commands wait in the
+//! queue until a `Storage` step takes them: completions come late,
+//! batched, or never (a request that timed out meanwhile is cancelled at
+//! the take, as `Frontier` has it).
+//!
+//! The model follows what the storage committed, record by record (a
+//! life of a session begins at its `Created`, ends at its `Deleted`); the
+//! relay must then hold exactly that, and answer each request waiting on
+//! a ticket with its own command's outcome, once.
+
+use std::collections::{HashMap, HashSet};
+
+use relay::store::record::{Command, Done, Op as Cmd, Outcome as Decided, Record};
+use relay::store::sqlite::{Committed, Detached};
+use relay::store::{MemStore, StoreLimits};
+
+use super::*;
+
+/// What a request waiting on a ticket must be answered.
+#[derive(Debug)]
+pub(super) enum Expect {
+    /// Stored (or found stored), with the `seq` its answer carries.
+    Ok(Option<u64>),
+    Refused(u16),
+}
+
+pub(super) struct Storage {
+    side: Detached,
+    copy: MemStore,
+    queue: VecDeque<Command>,
+    /// A transaction taken and not committed yet: its commands are the
+    /// storage's (a timeout leaves them to finish), and those cancelled
+    /// before the take.
+    open: Option<(Vec<Command>, Vec<Done>)>,
+    /// The outcome of every ticket the storage decided, until answered.
+    pub(super) expected: HashMap<u64, Expect>,
+    /// Tickets whose requesters were answered `503` at their timeout.
+    pub(super) abandoned: HashSet<u64>,
+}
+
+impl Storage {
+    pub(super) fn new(side: Detached, limits: StoreLimits) -> Storage {
+        Storage {
+            side,
+            copy: MemStore::new(limits),
+            queue: VecDeque::new(),
+            open: None,
+            expected: HashMap::new(),
+            abandoned: HashSet::new(),
+        }
+    }
+}
+
+/// The `seq` an outcome's answer carries.
+fn seq_of(o: &Decided) -> Option<u64> {
+    match o {
+        Decided::Cancel { seq, .. } | Decided::Ask { seq, .. } | Decided::Reply { seq, .. } => {
+            Some(seq.get())
+        }
+        _ => None,
+    }
+}
+
+impl World {
+    /// A `Storage` step: the transaction taken at an earlier step, if
+    /// any, commits or (`fail`) rolls back; then up to `take` commands
+    /// are taken into the next, committed at once when there are few, or
+    /// left open until the next step (a request that times out meanwhile
+    /// finds its write in flight). The relay takes each commit as it does
+    /// when the thread wakes the loop.
+    pub(super) fn storage(&mut self, take: u64, fail: bool) -> Check {
+        let Some(st) = &mut self.storage else {
+            return Ok(());
+        };
+        while let Ok(batch) = st.side.batches.try_recv() {
+            st.queue.extend(batch);
+        }
+        if let Some((group, cancelled)) = st.open.take() {
+            self.commit(group, cancelled, fail)?;
+        }
+        let Some(st) = &mut self.storage else {
+            return Ok(());
+        };
+        let n = (take as usize).min(st.queue.len());
+        if n == 0 {
+            return Ok(());
+        }
+        let group: Vec<Command> = st.queue.drain(..n).collect();
+        let (group, cancelled) = st.side.take(group);
+        if take > 3 {
+            st.open = Some((group, cancelled));
+            return Ok(());
+        }
+        self.commit(group, cancelled, fail)
+    }
+
+    /// Commits (or, `fail`, rolls back) a transaction of `group`, with
+    /// the commands `cancelled` at its take answered apart.
+    fn commit(&mut self, group: Vec<Command>, cancelled: Vec<Done>, fail: bool) -> Check {
+        let Some(st) = &mut self.storage else {
+            return Ok(());
+        };
+        self.ops += 1;
+        let n = group.len() + cancelled.len();
+        let mut dones = Vec::with_capacity(n);
+        let mut records_of = Vec::new();
+        for cmd in group {
+            let ticket = cmd.ticket;
+            if fail {
+                dones.push(Done {
+                    ticket,
+                    result: Err(ApiError::storage_unavailable()),
+                    records: Vec::new(),
+                });
+                continue;
+            }
+            let mut records = Vec::new();
+            let collect = matches!(cmd.op, Cmd::Collect { .. });
+            let result = match cmd.op {
+                Cmd::Write(w) => st.copy.decide(Millis(0), cmd.unix_ms, w, &mut records),
+                Cmd::Collect { sids } => {
+                    for sid in sids.into_iter().filter(|sid| st.copy.contains(sid)) {
+                        records.push(Record::Deleted { sid });
+                    }
+                    Ok(Decided::Collected)
+                }
+            };
+            for r in &records {
+                st.copy.apply(Millis(0), r.clone());
+            }
+            records_of.push((records.clone(), collect));
+            dones.push(Done {
+                ticket,
+                result,
+                records,
+            });
+        }
+        for d in dones.iter().chain(&cancelled) {
+            if d.ticket.conn == NOBODY {
+                continue;
+            }
+            let e = match &d.result {
+                Ok(o) => Expect::Ok(seq_of(o)),
+                Err(e) => Expect::Refused(e.status),
+            };
+            st.expected.insert(d.ticket.n, e);
+        }
+        let commands = dones.len();
+        dones.extend(cancelled);
+        let committed = Committed {
+            done: dones,
+            commands,
+            micros: 0,
+            ok: !fail,
+        };
+        if st.side.done.send(committed).is_err() {
+            return Err("the relay dropped its storage handle".to_string());
+        }
+        for (records, collect) in records_of {
+            for r in &records {
+                self.committed(r, collect)?;
+            }
+        }
+        self.seen.commits += 1;
+        self.relay.storage_done(self.now);
+        self.apply_effects()
+    }
+
+    /// The model follows one committed record.
+    fn committed(&mut self, r: &Record, collect: bool) -> Check {
+        let now = self.now;
+        let (sid, seq, kind, id) = match r {
+            Record::Created { sid, epoch } => {
+                if self.model.live(sid).is_some() {
+                    return Err(format!("{sid} created while it exists"));
+                }
+                self.model.create(sid, epoch, now)?;
+                return Ok(());
+            }
+            Record::Deleted { sid } => {
+                let Some(i) = self.model.live(sid) else {
+                    return Err(format!("{sid} deleted while it does not exist"));
+                };
+                let since = now.since(self.model.incs[i].last_write);
+                if collect && since < TTL_MS {
+                    return Err(format!(
+                        "{sid} collected {since} ms after a write was committed"
+                    ));
+                }
+                if collect {
+                    self.seen.collected += 1;
+                }
+                self.model.end(sid);
+                return Ok(());
+            }
+            Record::Prompt {
+                sid,
+                seq,
+                client_msg_id,
+                ..
+            } => (sid, seq, Kind::Prompt, client_msg_id),
+            Record::Response {
+                sid,
+                seq,
+                assistant_msg_id,
+                ..
+            } => (sid, seq, Kind::Assistant, assistant_msg_id),
+            Record::Cancel {
+                sid,
+                seq,
+                client_msg_id,
+                ..
+            } => (sid, seq, Kind::Cancel, client_msg_id),
+            Record::Ask {
+                sid, seq, ask_id, ..
+            } => (sid, seq, Kind::Ask, ask_id),
+            Record::Reply {
+                sid, seq, ask_id, ..
+            } => (sid, seq, Kind::Reply, ask_id),
+        };
+        let inc = self
+            .model
+            .inc_mut(sid)
+            .ok_or_else(|| format!("a message committed to {sid}, which does not exist"))?;
+        if seq.get() != inc.next_seq() {
+            return Err(format!(
+                "{sid}: {kind:?} {id} committed at seq {}, the next is {}",
+                seq.get(),
+                inc.next_seq()
+            ));
+        }
+        inc.push(kind, id);
+        inc.last_write = now;
+        match r {
+            Record::Prompt { client_msg_id, .. } => {
+                inc.pending.push((seq.get(), client_msg_id.clone()));
+            }
+            Record::Response { client_msg_id, .. } | Record::Cancel { client_msg_id, .. } => {
+                inc.unpend(client_msg_id);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A request that waited on `ticket` is answered `status` with
+    /// `body`: the outcome its own command was decided with.
+    pub(super) fn check_ticket(&mut self, n: u64, status: u16, body: &[u8]) -> Check {
+        let Some(st) = &mut self.storage else {
+            return Err("an answer by ticket from the memory engine".to_string());
+        };
+        match st.expected.remove(&n) {
+            Some(Expect::Ok(seq)) if status == 200 => {
+                if let Some(seq) = seq {
+                    let got = json(body)?["seq"].as_u64();
+                    if got != Some(seq) {
+                        return Err(format!(
+                            "ticket {n} answered seq {got:?}, its command was decided at {seq}"
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Some(Expect::Refused(s)) if s == status => Ok(()),
+            e => Err(format!(
+                "ticket {n} answered {status}, its command was decided {e:?}"
+            )),
+        }
+    }
+}
