@@ -412,7 +412,8 @@ impl World {
 
     /// The promises that hold after every step: each session's log as the
     /// model says, the relay's counts of parked polls and subscribers as
-    /// the connections say.
+    /// the connections say, and the memory it counts as it goes equal to a
+    /// recount from scratch.
     pub fn check(&self) -> Check {
         for s in 0..SESSIONS {
             self.model.compare(&self.relay, &sid_of(s), HISTORY)?;
@@ -432,6 +433,13 @@ impl World {
             return Err(format!(
                 "the relay counts {} parked polls and {} subscribers, {parked} and {subs} are",
                 counts.parked_polls, counts.subscribers
+            ));
+        }
+        if let Some((kept, walked)) = self.relay.memory_recount()
+            && kept != walked
+        {
+            return Err(format!(
+                "the relay counts {kept} bytes held for sessions, a recount {walked}"
             ));
         }
         if counts.sessions != self.model.current.len() {
