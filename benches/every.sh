@@ -16,7 +16,8 @@
 #    a time (the `roundtrip` figure with `--agent external`): rounds per
 #    second and p99, RUNS runs, medians.
 #
-# The server (target/release/relay) is pinned to SERVER_CORE (0), the load
+# The server (target/release/relay, RELAY_MAX_MEMORY=2G as in
+# benches/load/run.sh) is pinned to SERVER_CORE (0), the load
 # and the agent to LOAD_CORE (1).
 #
 #   benches/every.sh
@@ -39,7 +40,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # Starts a fresh server on $port, pinned; waits for its /healthz.
 start() {
   port=$(free_port)
-  RELAY_PORT=$port RELAY_HOST=127.0.0.1 RELAY_MAX_CONNECTIONS=19000 RUST_LOG=warn \
+  RELAY_PORT=$port RELAY_HOST=127.0.0.1 RELAY_MAX_CONNECTIONS=19000 RELAY_MAX_MEMORY=2G RUST_LOG=warn \
     taskset -c "$server_core" target/release/relay >"$out/server.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
@@ -79,6 +80,7 @@ ratio = statistics.median(float(rows["every"][i]["server_us_per_op"]) /
 print(f"wake S={sys.argv[3]} C={sys.argv[2]} ({sys.argv[4]} pairs, medians)")
 for agent in ("own", "every"):
     print(f"  {agent:<6} server_us_per_round={med(agent, 'server_us_per_op'):6.2f} "
+          f"(kernel {med(agent, 'server_kernel_us_per_op'):6.2f}) "
           f"rounds/s={med(agent, 'ops_per_s'):8.0f} p99_us={med(agent, 'p99_us'):8.0f} "
           f"prompts_per_wake={med(agent, 'prompts_per_page'):.2f}")
 print(f"  every/own server CPU per round: {ratio:.3f}")

@@ -10,8 +10,12 @@
 //! - `own`: one keep-alive connection per session parked on
 //!   `GET /prompts/{sid}`, answering on that connection and parking again;
 //! - `every`: one connection parked on `GET /prompts` with no session and
-//!   `after=<cursor>`, parking again at once, and the answers posted on one
-//!   connection per lane.
+//!   `after=<cursor>`, answering what a page lists on that connection and
+//!   parking again after the last answer's acknowledgement.
+//!
+//! Both agents answer on the connection their poll came on, so the server
+//! handles the same connections per round; with several lanes the
+//! all-sessions poll may list several prompts in one page.
 //!
 //! Every session is created (`PUT /sessions/{sid}`) before the window in
 //! both, so the server holds the same sessions.
@@ -64,6 +68,8 @@ struct Run<'a> {
     next_session: usize,
     /// `every`: the cursor of the last prompt listed.
     after: Option<String>,
+    /// `every`: answers posted and not acknowledged yet.
+    every_acks: usize,
     hist: Histogram,
     errors: Errors,
     measuring: bool,
@@ -86,6 +92,7 @@ pub fn run(c: &Common, sessions: usize, lanes: usize, agent: Agent) -> Result<()
         lanes: (0..lanes).map(|_| Lane::default()).collect(),
         next_session: 0,
         after: None,
+        every_acks: 0,
         hist: Histogram::new(),
         errors: Errors::default(),
         measuring: false,
@@ -102,7 +109,7 @@ pub fn run(c: &Common, sessions: usize, lanes: usize, agent: Agent) -> Result<()
     run.create_sessions()?;
     let agents = match agent {
         Agent::Own => sessions,
-        Agent::Every => 1 + lanes,
+        Agent::Every => 1,
     };
     for _ in 0..agents {
         run.net.open().map_err(|e| format!("connect: {e}"))?;
@@ -240,8 +247,7 @@ impl Run<'_> {
             } else {
                 match self.agent {
                     Agent::Own => self.on_own(index - lanes, index),
-                    Agent::Every if index == lanes => self.on_every(index),
-                    Agent::Every => self.on_answer(index - lanes - 1, index),
+                    Agent::Every => self.on_every(index),
                 }
             };
             if let Err(e) = result {
@@ -312,8 +318,9 @@ impl Run<'_> {
         }
     }
 
-    /// `every`: a page of prompts of any session: each answered on its
-    /// lane's answer connection, and the poll parked again at once.
+    /// `every`: a page of prompts of any session (answered on this
+    /// connection), or an answer's acknowledgement (finish its round; after
+    /// the page's last, park again).
     fn on_every(&mut self, index: usize) -> Result<(), String> {
         loop {
             let conn = &mut self.net.conns[index];
@@ -325,39 +332,35 @@ impl Run<'_> {
                 return Err(format!("agent got {}", resp.status));
             }
             let body: Value = serde_json::from_slice(&resp.body).map_err(|e| e.to_string())?;
+            if self.every_acks > 0 {
+                let assistant = body["assistant_msg_id"].as_str().unwrap_or("");
+                let l = lane_of(assistant.strip_prefix("a-").unwrap_or(assistant))?;
+                self.lanes[l].answered = true;
+                self.maybe_finish(l);
+                self.every_acks -= 1;
+                if self.every_acks == 0 {
+                    let req = self.every_poll();
+                    self.net.conns[index].send(&req);
+                }
+                continue;
+            }
             let Value::Array(items) = body else {
                 return Err("the poll's answer is not a list".into());
             };
-            if let Some(last) = items.last() {
-                self.after = last["cursor"].as_str().map(str::to_owned);
-                self.pages += 1;
-                self.listed += items.len() as u64;
-            }
-            let req = self.every_poll();
-            self.net.conns[index].send(&req);
-            let lanes = self.lanes.len();
+            let Some(last) = items.last() else {
+                let req = self.every_poll();
+                self.net.conns[index].send(&req);
+                continue;
+            };
+            self.after = last["cursor"].as_str().map(str::to_owned);
+            self.pages += 1;
+            self.listed += items.len() as u64;
+            self.every_acks = items.len();
             for item in &items {
                 let (sid, id) = ids(item)?;
-                let l = lane_of(id)?;
                 let req = self.answer(sid, id);
-                self.net.conns[lanes + 1 + l].send(&req);
+                self.net.conns[index].send(&req);
             }
-        }
-    }
-
-    /// `every`: an answer's acknowledgement on lane `l`'s connection.
-    fn on_answer(&mut self, l: usize, index: usize) -> Result<(), String> {
-        loop {
-            let conn = &mut self.net.conns[index];
-            let Some((resp, n)) = net::parse_response(&conn.inbuf)? else {
-                return Ok(());
-            };
-            conn.consume(n);
-            if resp.status != 200 {
-                return Err(format!("answer answered {}", resp.status));
-            }
-            self.lanes[l].answered = true;
-            self.maybe_finish(l);
         }
     }
 
