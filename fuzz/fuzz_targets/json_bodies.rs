@@ -539,6 +539,8 @@ fuzz_target!(|data: &[u8]| {
         session_ttl_ms: 1000,
         draft_timeout_ms: 1000,
         agent_grace_ms: 1000,
+        // The model knows nothing of the memory budget: none here.
+        max_memory: usize::MAX,
     };
     let mut world = World {
         relay: Relay::in_memory(limits.clone()),
