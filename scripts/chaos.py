@@ -204,6 +204,21 @@ class Http:
             c.close()
 
 
+def cut(port, method, path, body):
+    """Sends a request and closes the connection at once (a reset, unread)."""
+    op()
+    data = json.dumps(body).encode()
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                  .encode() + data)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    except OSError:
+        pass
+
+
 def ws_connect(port, path, timeout=3):
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     key = base64.b64encode(os.urandom(16)).decode()
@@ -361,6 +376,12 @@ def prompter(w, tag):
             cid, text = f"{tag}-{n}", f"prompt {tag} {n}"
             mine.append((session, cid, text))
         t = now()
+        if random.random() < 0.02:
+            # A client that hangs up before its answer: stored or not.
+            cut(w.port(), "POST", "/prompt",
+                {"session_id": session, "prompt": text, "client_msg_id": cid})
+            w.record("prompt", cid, None, t, session)
+            continue
         st, body = http.req(w.port(), "POST", "/prompt",
                             {"session_id": session, "prompt": text, "client_msg_id": cid})
         if st == 200:
@@ -409,9 +430,13 @@ def agent(w, tag, all_sessions):
                              {"session_id": sid, "client_msg_id": p["client_msg_id"],
                               "assistant_msg_id": aid, "text": f"part{part} ", "partial": True})
             t = now()
-            st, rb = http.req(w.port(), "POST", "/response",
-                              {"session_id": sid, "client_msg_id": p["client_msg_id"],
-                               "assistant_msg_id": aid, "text": f"answer {aid}"})
+            answer = {"session_id": sid, "client_msg_id": p["client_msg_id"],
+                      "assistant_msg_id": aid, "text": f"answer {aid}"}
+            if random.random() < 0.02:
+                cut(w.port(), "POST", "/response", answer)
+                w.record("assistant", aid, None, t, sid)
+                continue
+            st, rb = http.req(w.port(), "POST", "/response", answer)
             if st == 200 and rb.get("assistant_msg_id") != aid:
                 problem(f"{w.name}: POST /response {aid} answered for {rb.get('assistant_msg_id')}")
             w.record("assistant", aid, st, t, sid)
@@ -606,9 +631,11 @@ class Faults:
         filler = os.path.join(self.disk, "filler")
         st = os.statvfs(self.disk)
         free = st.f_bavail * st.f_frsize
+        chunk = b"\0" * (1 << 20)
         try:
             with open(filler, "wb") as f:
-                f.write(b"\0" * free)
+                for _ in range(free // len(chunk) + 1):
+                    f.write(chunk)
         except OSError:
             pass  # full: what we wanted
         self.hold(1, 4)
@@ -768,10 +795,26 @@ def check(w):
 # ---------------------------------------------------------------- main
 
 
+def guarded(run):
+    """A client that fails (an answer it cannot read) is a problem, not a
+    silent end of its traffic."""
+
+    def go():
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001
+            problem(f"a client stopped: {e!r}")
+
+    return go
+
+
 def main():
     disk = os.path.join(WORK, "disk")
     os.mkdir(disk)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", disk],
+    # Room for what the run writes (about a quarter of a MiB a second,
+    # never trimmed), so that the disk is full only while the fault fills it.
+    size = 32 + int(SECS) // 2
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}m", "tmpfs", disk],
                              capture_output=True).returncode == 0
     if not mounted:
         log("no tmpfs could be mounted (needs root): the disk-full fault is skipped")
@@ -784,6 +827,8 @@ def main():
         dw = World("data", [Relay("d", {"RELAY_DATA_DIR": os.path.join(disk, "data")})],
                    [f"dp{i}" for i in range(4)], ["de0", "de1"])
         relays = rw.relays + dw.relays
+        if os.environ.get("CHAOS_KEEP") == "1":
+            log(f"logs in {WORK}")
         log(f"seed {SEED}; redis :{redis.port}; relays "
             + " ".join(f"{r.name}:{r.port}" for r in relays) + f"; {SECS:.0f} s")
         threads = []
@@ -799,6 +844,7 @@ def main():
                 threads.append(threading.Thread(target=subscriber, args=(w, s)))
         for t in threads:
             t.daemon = True
+            t.run = guarded(t.run)
             t.start()
         faults = Faults(redis, rw, dw, disk if mounted else None)
         ft = threading.Thread(target=faults.run, daemon=True)

@@ -15,8 +15,8 @@
 #
 #   scripts/chaos.sh                      # 180 s
 #   CHAOS_SECS=3600 scripts/chaos.sh      # an hour
-#   CHAOS_SEED=123 scripts/chaos.sh       # the same choices of faults and traffic
-#   CHAOS_KEEP=1 scripts/chaos.sh         # keep the relays' logs (path printed)
+#   CHAOS_SEED=123 scripts/chaos.sh       # seeds its choices (threads still interleave anew)
+#   CHAOS_KEEP=1 scripts/chaos.sh         # keep the relays' logs (the path is printed)
 #
 # Needs redis-server, redis-cli and strace (scripts/install-test-deps.sh);
 # the disk-full fault needs root (a tmpfs mount) and is skipped, saying so,
