@@ -648,6 +648,7 @@ class Faults:
             kinds.append(("disk_fill", 1))
         while not FAULTS_STOP.is_set():
             time.sleep(random.uniform(0.5, 2.5))
+            self.watch()
             kind = random.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
             if kind == "relay":
                 r = random.choice(self.rw.relays + self.dw.relays)
@@ -671,6 +672,18 @@ class Faults:
                         self.busy.discard(res)
 
             threading.Thread(target=go, daemon=True).start()
+
+    def watch(self):
+        """A relay that exited while no fault held it died on its own."""
+        for r in self.rw.relays + self.dw.relays:
+            with LOCK:
+                if r.name in self.busy or r.proc.poll() is None:
+                    continue
+                self.busy.add(r.name)
+            PROBLEMS.append(f"{r.name} exited on its own (status {r.proc.returncode})")
+            r.start()
+            with LOCK:
+                self.busy.discard(r.name)
 
     def wait_idle(self):
         while True:
@@ -856,6 +869,7 @@ def main():
         FAULTS_STOP.set()
         ft.join()
         faults.wait_idle()
+        faults.watch()
         # Calm: a few seconds of traffic with no fault, so that subscribers
         # catch up, then traffic stops.
         time.sleep(3)
@@ -864,6 +878,12 @@ def main():
             t.join(timeout=30)
         for w in (rw, dw):
             check(w)
+        faults.watch()
+        for r in relays:
+            with open(os.path.join(WORK, f"{r.name}.log"), errors="replace") as f:
+                panics = sum("panicked" in line for line in f)
+            if panics:
+                problem(f"{r.name}: {panics} panics in its log")
     finally:
         for r in relays:
             r.stop()
