@@ -69,8 +69,10 @@ def main():
             expect(page.locator("#token-form")).to_be_hidden()
             expect(page.locator("#e2e")).to_have_text("End-to-end encrypted")
             assert page.evaluate("location.hash") == f"#{session}", page.evaluate("location.href")
-            kept = page.evaluate("sessionStorage.getItem('relay.client_token')")
-            assert kept == token, f"token not kept in the tab: {kept!r}"
+            chats = page.evaluate("JSON.parse(localStorage.getItem('relay.chats') || '[]')")
+            kept = next((c for c in chats if c.get("id") == session), {})
+            assert kept.get("token") == token, f"token not kept on the device: {kept!r}"
+            assert kept.get("key") == key, "key not kept on the device"
 
             page.get_by_label("Prompt").fill(args.prompt)
             page.get_by_role("button", name="Send").click()
