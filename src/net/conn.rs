@@ -71,7 +71,9 @@ pub struct Parked {
     /// When it was parked, for the request log.
     pub since: Millis,
     /// A `GET /asks` waits on this ask; `None` for a `GET /prompts`.
-    pub ask: Option<ParkedAsk>,
+    /// Boxed: parked prompt polls are the many, and each would carry room
+    /// for an ask it does not have.
+    pub ask: Option<Box<ParkedAsk>>,
 }
 
 /// What a parked `GET /asks` waits on.

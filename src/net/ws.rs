@@ -21,8 +21,12 @@ use crate::time::Millis;
 /// Largest client message or frame; client traffic is pongs and the odd
 /// control frame, so anything big is abuse (close 1009).
 pub const MAX_CLIENT_MESSAGE: usize = 64 * 1024;
-/// The context's read buffer: small, since idle subscribers are the many.
-const READ_BUFFER: usize = 512;
+/// The context's read buffer, and the most it reads at a time: a client's
+/// pong (`{"type":"pong","ts":…}`, about 40 bytes framed) fits in one read,
+/// and anything longer takes a few more reads of a rare message. It stays
+/// allocated for the life of the subscriber, and idle subscribers are the
+/// many, so it is kept this small.
+const READ_BUFFER: usize = 64;
 /// Messages read per turn before yielding to other connections (bytes are
 /// budgeted too, by the turn's read budget).
 const MAX_MESSAGES_PER_TURN: usize = 64;
