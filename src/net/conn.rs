@@ -399,12 +399,14 @@ impl Conn {
         self.out_paused = false;
     }
 
-    /// Parks the HTTP stage for a long-poll.
+    /// Parks the HTTP stage for a long-poll. An output queue already
+    /// written gives back its room: the poll may wait for minutes.
     pub fn park(&mut self, parked: Parked) {
         self.phase = match std::mem::replace(&mut self.phase, Phase::Closing(Closing::default())) {
             Phase::Http(h) => Phase::Parked(h, parked),
             other => other,
         };
+        self.out.release();
     }
 
     /// Holds the HTTP stage until the storage commits its request.

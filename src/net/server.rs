@@ -413,6 +413,9 @@ impl Server {
                 conn.resume_reading();
                 cx.run_again(id);
             }
+            // A parked poll's earlier answers are written: it waits with
+            // no room kept for output.
+            Phase::Parked(..) => conn.out().release(),
             Phase::WebSocket(ws) => {
                 let lagging = ws.lagging;
                 if conn.reading_paused() {
