@@ -416,8 +416,14 @@ impl Server {
             // A parked poll's earlier answers are written: it waits with
             // no room kept for output.
             Phase::Parked(..) => conn.out().release(),
-            Phase::WebSocket(ws) => {
+            Phase::WebSocket(_) => {
+                let Some((ws, out)) = conn.subscriber() else {
+                    return;
+                };
                 let lagging = ws.lagging;
+                if !lagging && std::mem::take(&mut ws.quiet) {
+                    out.release();
+                }
                 if conn.reading_paused() {
                     conn.resume_reading();
                     cx.run_again(id);

@@ -47,6 +47,11 @@ pub struct WsState {
     pub lagging: bool,
     /// Bytes read since the client's last complete message.
     pub wire_since_message: usize,
+    /// What is queued is the first replay or a keep-alive ping, not live
+    /// traffic: once it is written, the output queue's room goes, so a
+    /// quiet subscriber holds none between pings. A busy one gives it
+    /// back at most once a ping interval.
+    pub quiet: bool,
 }
 
 impl std::fmt::Debug for WsState {
@@ -73,6 +78,7 @@ impl WsState {
             cursor,
             lagging: true,
             wire_since_message: 0,
+            quiet: true,
         }
     }
 }
