@@ -295,10 +295,11 @@ enum Progress {
     Head { scan: HeadScan },
     /// Head parsed, waiting for a `Content-Length` body of `len` bytes.
     Body { head: Box<RequestHead>, len: usize },
-    /// Head parsed, decoding a chunked body.
+    /// Head parsed, decoding a chunked body. The decoder is boxed: it is
+    /// rare, and every connection's reader would carry room for it.
     Chunked {
         head: Box<RequestHead>,
-        decoder: ChunkedDecoder,
+        decoder: Box<ChunkedDecoder>,
     },
 }
 
@@ -463,7 +464,7 @@ impl RequestReader {
                         super::Framing::Chunked => {
                             self.progress = Progress::Chunked {
                                 head: Box::new(head),
-                                decoder: ChunkedDecoder::new(self.max_body),
+                                decoder: Box::new(ChunkedDecoder::new(self.max_body)),
                             };
                         }
                     }

@@ -123,6 +123,18 @@ impl OutQueue {
         self.weigh();
     }
 
+    /// Frees the queue's room when nothing is queued: a connection about
+    /// to wait (a parked poll, a quiet subscriber) would otherwise keep
+    /// room for four chunks it may not need for minutes. Not called after
+    /// every write: a busy connection keeps its room.
+    pub fn release(&mut self) {
+        if self.queued == 0 && self.chunks.capacity() > 0 {
+            self.chunks = VecDeque::new();
+            self.front_off = 0;
+            self.weigh();
+        }
+    }
+
     /// Drops every chunk not yet started, keeping a partly written one so the
     /// stream stays well-formed; called before a close frame on a slow
     /// subscriber.
@@ -258,6 +270,25 @@ mod tests {
         };
         assert_eq!(q.write_to(&mut w, 300), WriteStatus::Budget);
         assert_eq!(w.got.len(), 300);
+    }
+
+    #[test]
+    fn release_frees_only_an_empty_queue() {
+        let mut q = OutQueue::default();
+        q.push_owned(b"answer".to_vec());
+        q.release();
+        assert_eq!(q.queued(), 6);
+        let mut w = Trickle {
+            got: Vec::new(),
+            per_call: 100,
+            calls_left: 100,
+        };
+        assert_eq!(q.write_to(&mut w, usize::MAX), WriteStatus::Drained);
+        assert!(q.chunks.capacity() > 0);
+        q.release();
+        assert_eq!(q.chunks.capacity(), 0);
+        q.push_shared(Rc::from(&b"frame"[..]));
+        assert_eq!(q.queued(), 5);
     }
 
     #[test]

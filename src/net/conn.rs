@@ -71,7 +71,9 @@ pub struct Parked {
     /// When it was parked, for the request log.
     pub since: Millis,
     /// A `GET /asks` waits on this ask; `None` for a `GET /prompts`.
-    pub ask: Option<ParkedAsk>,
+    /// Boxed: parked prompt polls are the many, and each would carry room
+    /// for an ask it does not have.
+    pub ask: Option<Box<ParkedAsk>>,
 }
 
 /// What a parked `GET /asks` waits on.
@@ -397,12 +399,14 @@ impl Conn {
         self.out_paused = false;
     }
 
-    /// Parks the HTTP stage for a long-poll.
+    /// Parks the HTTP stage for a long-poll. An output queue already
+    /// written gives back its room: the poll may wait for minutes.
     pub fn park(&mut self, parked: Parked) {
         self.phase = match std::mem::replace(&mut self.phase, Phase::Closing(Closing::default())) {
             Phase::Http(h) => Phase::Parked(h, parked),
             other => other,
         };
+        self.out.release();
     }
 
     /// Holds the HTTP stage until the storage commits its request.

@@ -202,11 +202,11 @@ pub fn apply(
                 http10: head.http10,
                 origin: head.origin.as_deref().map(Rc::from),
                 since: started,
-                ask: Some(ParkedAsk {
+                ask: Some(Box::new(ParkedAsk {
                     ask_id: Rc::from(ask_id),
                     expires_at,
                     expires_ts,
-                }),
+                })),
             };
             conn.park(parked);
             cx.set_deadline(id, conn, deadline);

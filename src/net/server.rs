@@ -413,8 +413,17 @@ impl Server {
                 conn.resume_reading();
                 cx.run_again(id);
             }
-            Phase::WebSocket(ws) => {
+            // A parked poll's earlier answers are written: it waits with
+            // no room kept for output.
+            Phase::Parked(..) => conn.out().release(),
+            Phase::WebSocket(_) => {
+                let Some((ws, out)) = conn.subscriber() else {
+                    return;
+                };
                 let lagging = ws.lagging;
+                if !lagging && std::mem::take(&mut ws.quiet) {
+                    out.release();
+                }
                 if conn.reading_paused() {
                     conn.resume_reading();
                     cx.run_again(id);

@@ -75,6 +75,7 @@ pub fn on_deadline(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
             let ping = format!("{{\"type\":\"ping\",\"ts\":{unix_ms}}}");
             out.push_owned(ws::encode_text(&ping));
             out.push_owned(ws::encode_ping());
+            ws.quiet = true;
             cx.set_deadline(id, conn, next);
             cx.queue_write(id, conn);
         }

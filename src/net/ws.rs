@@ -21,8 +21,12 @@ use crate::time::Millis;
 /// Largest client message or frame; client traffic is pongs and the odd
 /// control frame, so anything big is abuse (close 1009).
 pub const MAX_CLIENT_MESSAGE: usize = 64 * 1024;
-/// The context's read buffer: small, since idle subscribers are the many.
-const READ_BUFFER: usize = 512;
+/// The context's read buffer, and the most it reads at a time: a client's
+/// pong (`{"type":"pong","ts":…}`, about 40 bytes framed) fits in one read,
+/// and anything longer takes a few more reads of a rare message. It stays
+/// allocated for the life of the subscriber, and idle subscribers are the
+/// many, so it is kept this small.
+const READ_BUFFER: usize = 64;
 /// Messages read per turn before yielding to other connections (bytes are
 /// budgeted too, by the turn's read budget).
 const MAX_MESSAGES_PER_TURN: usize = 64;
@@ -43,6 +47,11 @@ pub struct WsState {
     pub lagging: bool,
     /// Bytes read since the client's last complete message.
     pub wire_since_message: usize,
+    /// What is queued is the first replay or a keep-alive ping, not live
+    /// traffic: once it is written, the output queue's room goes, so a
+    /// quiet subscriber holds none between pings. A busy one gives it
+    /// back at most once a ping interval.
+    pub quiet: bool,
 }
 
 impl std::fmt::Debug for WsState {
@@ -69,6 +78,7 @@ impl WsState {
             cursor,
             lagging: true,
             wire_since_message: 0,
+            quiet: true,
         }
     }
 }

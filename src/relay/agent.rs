@@ -292,8 +292,7 @@ impl Relay {
         let unix = self.unix_at(now);
         let live = self.live.entry(sid_key.clone()).or_default();
         live.agent_end = None;
-        live.every_cut = Some(self.every_stamps);
-        live.every_cut_unix = Some(unix);
+        live.cut_every(self.every_stamps, unix);
         self.refresh_presence(now, sid);
         Ok(sid_key)
     }

@@ -71,10 +71,13 @@ impl Relay {
                 "waiter limit reached for this session",
             ));
         }
-        here.asks.push(super::presence::AskWaiter {
-            conn,
-            ask_id: Rc::from(ask_id),
-        });
+        super::presence::push_one(
+            &mut here.asks,
+            super::presence::AskWaiter {
+                conn,
+                ask_id: Rc::from(ask_id),
+            },
+        );
         self.counts.parked_polls += 1;
         self.listen(&key);
         let expires_at = Millis(now.0.saturating_add(expires_ts.saturating_sub(unix_ms)));

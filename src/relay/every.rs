@@ -204,7 +204,7 @@ impl Relay {
     /// When the last all-sessions poll covering `sid` ended, if its
     /// grace may last (and the agent did not stop there since).
     pub(super) fn every_end(&self, sid: &str) -> Option<Millis> {
-        let cut = self.live.get(sid).and_then(|l| l.every_cut);
+        let cut = self.live.get(sid).and_then(|l| l.every_cut());
         end_covering(&self.every_graces, sid, cut)
     }
 
@@ -286,8 +286,7 @@ impl Relay {
             .filter(|(sid, _)| scope.covers(sid))
             .map(|(sid, live)| {
                 live.agent_end = None;
-                live.every_cut = Some(cut);
-                live.every_cut_unix = Some(unix);
+                live.cut_every(cut, unix);
                 sid.clone()
             })
             .collect();

@@ -332,7 +332,7 @@ impl Relay {
     /// Where another instance announced an agent of every session that
     /// covers `sid`, online at `unix`: until when, at the soonest.
     pub(super) fn every_remote(&self, sid: &str, unix: u64) -> Option<u64> {
-        let cut = self.live.get(sid).and_then(|l| l.every_cut_unix);
+        let cut = self.live.get(sid).and_then(|l| l.every_cut_unix());
         remote_every_until(&self.remote_every, sid, cut, unix)
     }
 }

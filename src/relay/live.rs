@@ -47,12 +47,10 @@ pub struct Live {
     // The agent's presence (`agent.rs`).
     /// When the last agent request to the session ended (loop clock).
     pub(super) agent_end: Option<Millis>,
-    /// The agent stopped here (`DELETE /agent`): the graces of
-    /// all-sessions polls that ended before count no more.
-    pub(super) every_cut: Option<u64>,
-    /// And when (wall clock): the graces of all-sessions polls other
-    /// instances announced that began before count no more here.
-    pub(super) every_cut_unix: Option<UnixMillis>,
+    /// The agent stopped here (`DELETE /agent`, or an all-sessions one):
+    /// boxed, since few sessions ever have one and every session an agent
+    /// polled has this entry.
+    cut: Option<Box<EveryCut>>,
     /// The wall-clock time of the agent's last request, for `GET /sessions`.
     pub(super) agent_seen: Option<UnixMillis>,
     /// The state subscribers were last told, and since when.
@@ -67,6 +65,33 @@ pub struct Live {
     /// what they were last told of this one's (kept for the engine).
     pub(super) remote: Vec<AgentState>,
     pub(super) told: Announced,
+}
+
+/// Where the agent stopped in a session.
+#[derive(Clone, Copy, Debug)]
+struct EveryCut {
+    /// The graces of all-sessions polls that ended before count no more.
+    stamp: u64,
+    /// And when (wall clock): the graces of all-sessions polls other
+    /// instances announced that began before count no more here.
+    unix: UnixMillis,
+}
+
+impl Live {
+    /// The all-sessions stamp at which the agent last stopped here.
+    pub(super) fn every_cut(&self) -> Option<u64> {
+        self.cut.as_ref().map(|c| c.stamp)
+    }
+
+    /// When (wall clock) the agent last stopped here.
+    pub(super) fn every_cut_unix(&self) -> Option<UnixMillis> {
+        self.cut.as_ref().map(|c| c.unix)
+    }
+
+    /// The agent stopped here at all-sessions stamp `stamp`, at `unix`.
+    pub(super) fn cut_every(&mut self, stamp: u64, unix: UnixMillis) {
+        self.cut = Some(Box::new(EveryCut { stamp, unix }));
+    }
 }
 
 /// The live state of every session that had any (dropped with its session).
@@ -226,8 +251,8 @@ impl Relay {
             });
             let parked =
                 here.is_some_and(|p| !p.waiters.is_empty()) || every.iter().any(|w| w.covers(sid));
-            let every_end = super::every::end_covering(every_graces, sid, live.every_cut);
-            let cut = live.every_cut_unix;
+            let every_end = super::every::end_covering(every_graces, sid, live.every_cut());
+            let cut = live.every_cut_unix();
             let every_remote =
                 super::every_read::remote_every_until(remote_every, sid, cut, at.unix);
             let step = live.step(at, parked, every_end, every_remote);

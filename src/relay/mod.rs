@@ -394,10 +394,13 @@ impl Relay {
                 "waiter limit reached for this session",
             ));
         }
-        here.waiters.push(Waiter {
-            conn,
-            after: q.after,
-        });
+        presence::push_one(
+            &mut here.waiters,
+            Waiter {
+                conn,
+                after: q.after,
+            },
+        );
         self.counts.parked_polls += 1;
         let key = key.clone();
         self.listen(&key);
@@ -476,7 +479,7 @@ impl Relay {
         }
         let cursor = log.cursor(after, epoch);
         let subscribers = &mut self.presence.entry(sid.clone()).or_default().subscribers;
-        subscribers.push(conn);
+        presence::push_one(subscribers, conn);
         if subscribers.len() == 1 {
             self.watching(sid, true);
             self.listen(sid);
