@@ -152,8 +152,13 @@ impl RedisStore {
         }
         let mut it = text.splitn(3, '\n');
         let (kind, instance) = (it.next(), it.next().unwrap_or(""));
-        if instance == self.instance {
-            return true; // this instance's own: known here already
+        // This instance's own messages are known here already, but for a
+        // stop: heard back in Redis's order, it is applied again, after
+        // every announcement another instance published before it (a
+        // grace told while the stop was on its way, whose start this
+        // instance's clock may place a millisecond after the stop's).
+        if instance == self.instance && kind != Some("S") {
+            return true;
         }
         let rest = it.next().unwrap_or("");
         let event = match kind {
