@@ -21,7 +21,7 @@ use super::{Parsed, Spec, e2e};
 use crate::token::{Role, Secret};
 
 const HELP: &str =
-    "usage: relay pair --url PUBLIC_URL --session ID [--e2e] [--expires S] [-- CMD [ARGS...]]
+    "usage: relay pair --url PUBLIC_URL --session ID [--e2e | --e2e-key-file FILE] [--expires S] [-- CMD [ARGS...]]
 
 Prints what a phone needs to join the session, in one scan:
   - the page's link, PUBLIC_URL/#ID&token=TOKEN&key=KEY: with a client
@@ -44,6 +44,9 @@ else. Nothing is sent to the server.
   --session ID      the session to pair
   --e2e             encrypt the conversation end to end with a new key
                     (relay key): the server sees only ciphertext
+  --e2e-key-file FILE
+                    the conversation's key already in use (another phone
+                    joining an encrypted conversation), read from FILE
   --expires S       the tokens stop working S seconds from now (default:
                     never); needs RELAY_TOKEN_SECRET
 
@@ -51,7 +54,7 @@ exit codes: 0 printed, 1 no randomness available, 2 bad usage
 ";
 
 const SPEC: Spec = Spec {
-    valued: &["--url", "--session", "--expires"],
+    valued: &["--url", "--session", "--expires", "--e2e-key-file"],
     switches: &["--e2e"],
     interleaved: false,
 };
@@ -72,6 +75,8 @@ struct Options {
     page: String,
     session: String,
     e2e: bool,
+    /// `--e2e-key-file`: the key in use, rather than a new one.
+    key: Option<String>,
     /// How long the tokens last; `None`: for ever.
     expires: Option<Duration>,
     /// The agent's command; empty: the placeholder `CMD`.
@@ -97,7 +102,11 @@ pub fn main(args: &[String], env: &[(String, String)]) -> u8 {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
-    let key = match options.e2e.then(e2e::new_key).transpose() {
+    let new_key = || match &options.key {
+        Some(k) => Ok(k.clone()),
+        None => e2e::new_key(),
+    };
+    let key = match options.e2e.then(new_key).transpose() {
         Ok(k) => k,
         Err(e) => {
             eprintln!("relay pair: {e}");
@@ -220,11 +229,28 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         None => None,
         Some(_) => Some(super::seconds_of(parsed, "--expires", Duration::ZERO)?),
     };
+    // The file alone, never RELAY_E2E_KEY: a key in the environment is
+    // not a request to hand it to a phone.
+    let key = match parsed.value("--e2e-key-file") {
+        None => None,
+        Some(_) if parsed.switch("--e2e") => {
+            return Err(
+                "--e2e makes a new key and --e2e-key-file gives the one in use: give one of them"
+                    .into(),
+            );
+        }
+        Some(_) => {
+            let k = super::secret_of(parsed, &[], "--e2e-key", "")?.unwrap_or_default();
+            e2e::Key::parse(&k).map_err(|e| format!("--e2e-key-file: {e}"))?;
+            Some(k)
+        }
+    };
     Ok(Options {
         url: url.to_string(),
         page,
         session: super::session_of(parsed)?,
-        e2e: parsed.switch("--e2e"),
+        e2e: parsed.switch("--e2e") || key.is_some(),
+        key,
         expires,
         command: parsed.rest.clone(),
     })

@@ -188,6 +188,85 @@ fn pair_bad_flags_are_usage_errors() {
     assert_eq!(via_help.stdout, help.stdout);
 }
 
+/// A second phone joins an encrypted conversation: `--e2e-key-file` hands
+/// over the key in use (from its file, never from RELAY_E2E_KEY) in the
+/// link and the agent's line alike; with `--e2e`, or a file that holds no
+/// key, it is a usage error.
+#[test]
+fn pair_hands_over_the_key_in_use_from_a_file() {
+    let dir = crate::common::Dir::new("pair-key");
+    std::fs::create_dir_all(dir.path()).expect("mkdir");
+    let key_out = relay().arg("key").output().expect("run relay key");
+    assert_eq!(key_out.status.code(), Some(0), "{key_out:?}");
+    let key = String::from_utf8(key_out.stdout).expect("UTF-8 key");
+    let key = key.trim();
+    let file = format!("{}/key", dir.path());
+    std::fs::write(&file, format!("{key}\n")).expect("write the key");
+    let file = file.as_str();
+    let args = [
+        "--url",
+        "https://relay.example",
+        "--session",
+        "s1",
+        "--e2e-key-file",
+        file,
+    ];
+    let other = "e2e1-not-this-one";
+    let out = pair(
+        &args,
+        &[("RELAY_TOKEN_SECRET", SECRET), ("RELAY_E2E_KEY", other)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let p = printed(&out);
+    assert!(p.link.ends_with(&format!("&key={key}")), "{}", p.link);
+    assert!(
+        p.agent.contains(&format!("RELAY_E2E_KEY={key} ")),
+        "{}",
+        p.agent
+    );
+    assert!(!p.link.contains(other) && !p.agent.contains(other));
+    // The same key each time: the phones share the conversation.
+    assert_eq!(
+        printed(&pair(&args, &[])).link,
+        format!("https://relay.example/#s1&key={key}")
+    );
+
+    let both = [&args[..], &["--e2e"]].concat();
+    let bad = format!("{}/bad", dir.path());
+    std::fs::write(&bad, "not a key\n").expect("write");
+    let bad = bad.as_str();
+    for (args, needle) in [
+        (&both[..], "give one of them"),
+        (
+            &[
+                "--url",
+                "https://h",
+                "--session",
+                "s",
+                "--e2e-key-file",
+                bad,
+            ][..],
+            "--e2e-key-file",
+        ),
+        (
+            &[
+                "--url",
+                "https://h",
+                "--session",
+                "s",
+                "--e2e-key-file",
+                "/nonexistent/k",
+            ][..],
+            "cannot read",
+        ),
+    ] {
+        let out = pair(args, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
 /// The round trip a person makes: `relay pair`, the agent line it printed
 /// run in a shell, the link opened in the browser; the prompt typed there
 /// reaches the agent encrypted, and the answer shows decrypted. The server
