@@ -108,9 +108,7 @@ struct Options {
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
-    let url = super::url_of(parsed, env)?;
-    let tls = super::tls_of(parsed, env, &url)?;
-    let token = super::token_of(parsed, env, "RELAY_AGENT_TOKEN")?;
+    let client = super::client_of(parsed, env, "RELAY_AGENT_TOKEN")?;
     let session = super::session_or_env(parsed, env)?;
     let prompt = match parsed
         .value("--prompt")
@@ -151,7 +149,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         return Err(format!("the question exceeds {max} bytes"));
     }
     Ok(Options {
-        client: Client::new(url, token, tls),
+        client,
         session,
         prompt,
         text,

@@ -290,6 +290,20 @@ fn token_of(
     }
 }
 
+/// The client of a tool that talks to the server as one role: `--url`,
+/// `--ca` and the role's token (`--token`, `--token-file`, else
+/// `token_env`), checked in that order.
+fn client_of(
+    parsed: &Parsed,
+    env: &[(String, String)],
+    token_env: &str,
+) -> Result<client::Client, String> {
+    let url = url_of(parsed, env)?;
+    let tls = tls_of(parsed, env, &url)?;
+    let token = token_of(parsed, env, token_env)?;
+    Ok(client::Client::new(url, token, tls))
+}
+
 /// `--e2e-key`, `--e2e-key-file`, else `RELAY_E2E_KEY`: the end-to-end
 /// key, if any.
 fn e2e_key_of(parsed: &Parsed, env: &[(String, String)]) -> Result<Option<e2e::Key>, String> {

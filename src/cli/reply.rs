@@ -64,9 +64,7 @@ struct Options {
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
-    let url = super::url_of(parsed, env)?;
-    let tls = super::tls_of(parsed, env, &url)?;
-    let token = super::token_of(parsed, env, "RELAY_CLIENT_TOKEN")?;
+    let client = super::client_of(parsed, env, "RELAY_CLIENT_TOKEN")?;
     let session = super::session_of(parsed)?;
     let ask_id = match parsed.value("--ask") {
         Some(id) if !id.is_empty() && id.len() <= 256 => id.to_string(),
@@ -82,7 +80,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         return Err(format!("the reply exceeds {MAX_TEXT_BYTES} bytes"));
     }
     Ok(Options {
-        client: Client::new(url, token, tls),
+        client,
         session,
         ask_id,
         text,

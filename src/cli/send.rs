@@ -113,9 +113,7 @@ struct Options {
 }
 
 fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String> {
-    let url = super::url_of(parsed, env)?;
-    let tls = super::tls_of(parsed, env, &url)?;
-    let token = super::token_of(parsed, env, "RELAY_CLIENT_TOKEN")?;
+    let client = super::client_of(parsed, env, "RELAY_CLIENT_TOKEN")?;
     let session = super::session_of(parsed)?;
     let timeout = super::seconds_of(parsed, "--timeout", DEFAULT_TIMEOUT)?;
     let key = super::e2e_key_of(parsed, env)?;
@@ -140,7 +138,7 @@ fn options(parsed: &Parsed, env: &[(String, String)]) -> Result<Options, String>
         return Err(format!("the prompt exceeds {max} bytes"));
     }
     Ok(Options {
-        client: Client::new(url, token, tls),
+        client,
         session,
         text,
         all: parsed.switch("--all"),
