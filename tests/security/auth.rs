@@ -18,7 +18,7 @@ fn both_tokens() -> Server {
 /// One request on a fresh connection, with `Authorization: Bearer <token>`
 /// when a token is given and a JSON body when one is given.
 #[track_caller]
-fn call(
+pub(super) fn call(
     srv: &Server,
     method: &str,
     path: &str,

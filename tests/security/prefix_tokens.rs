@@ -5,37 +5,18 @@
 //! prefix the token is for; an agent's all-sessions poll lists only the
 //! sessions under its prefix; `/whoami` says what a token opens.
 
-use std::process::{Command, Stdio};
-
+use super::auth::call;
+use super::session_tokens::{AGENT, CLIENT, SECRET, expect, prompt, relay, with_secret};
 use crate::common::*;
 use serde_json::{Value, json};
-
-const SECRET: &str = "test-secret-0123456789-abcdefghij-KLMNOP";
-const CLIENT: &str = "server-wide-client-Qx81";
-const AGENT: &str = "server-wide-agent-Vb27";
-
-fn with_secret() -> Server {
-    Server::start_with(&[
-        ("RELAY_TOKEN_SECRET", SECRET),
-        ("RELAY_CLIENT_TOKEN", CLIENT),
-        ("RELAY_AGENT_TOKEN", AGENT),
-    ])
-}
 
 /// `relay token` with the test secret; the token printed.
 #[track_caller]
 fn mint(args: &[&str]) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
-    for (key, _) in std::env::vars() {
-        if key.starts_with("RELAY_") {
-            cmd.env_remove(key);
-        }
-    }
-    let out = cmd
+    let out = relay()
         .arg("token")
         .args(args)
         .env("RELAY_TOKEN_SECRET", SECRET)
-        .stdin(Stdio::null())
         .output()
         .expect("run relay token");
     assert!(out.status.success(), "{out:?}");
@@ -43,38 +24,6 @@ fn mint(args: &[&str]) -> String {
         .unwrap()
         .trim_end()
         .to_string()
-}
-
-#[track_caller]
-fn call(
-    srv: &Server,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&Value>,
-) -> Response {
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers = Vec::new();
-    if let Some(a) = &auth {
-        headers.push(("Authorization", a.as_str()));
-    }
-    let bytes = body.map(|b| serde_json::to_vec(b).unwrap());
-    if bytes.is_some() {
-        headers.push(("Content-Type", "application/json"));
-    }
-    srv.request(method, path, &headers, bytes.as_deref())
-}
-
-#[track_caller]
-fn expect(resp: &Response, status: u16, details: Option<&str>, what: &str) {
-    assert_eq!(resp.status, status, "{what}: {}", resp.text());
-    if let Some(d) = details {
-        assert_eq!(resp.json()["details"], d, "{what}: {}", resp.text());
-    }
-}
-
-fn prompt(sid: &str, id: &str) -> Value {
-    json!({"session_id": sid, "prompt": "q", "client_msg_id": id})
 }
 
 #[test]

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use serde_json::{Value, json};
 
-const SECRET: &str = "test-secret-0123456789-abcdefghij-KLMNOP";
+pub(super) const SECRET: &str = "test-secret-0123456789-abcdefghij-KLMNOP";
 const OTHER_SECRET: &str = "another-secret-0123456789-abcdefghijklm";
-const CLIENT: &str = "server-wide-client-Qx81";
-const AGENT: &str = "server-wide-agent-Vb27";
+pub(super) const CLIENT: &str = "server-wide-client-Qx81";
+pub(super) const AGENT: &str = "server-wide-agent-Vb27";
 
-fn with_secret() -> Server {
+pub(super) fn with_secret() -> Server {
     Server::start_with(&[
         ("RELAY_TOKEN_SECRET", SECRET),
         ("RELAY_CLIENT_TOKEN", CLIENT),
@@ -28,7 +28,7 @@ fn with_secret() -> Server {
 
 /// The binary with the caller's `RELAY_*` settings removed (and the
 /// harness's CA trusted with `TEST_WITH_TLS`).
-fn relay() -> Command {
+pub(super) fn relay() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_relay"));
     for (key, _) in std::env::vars() {
         if key.starts_with("RELAY_") || key == "PORT" {
@@ -78,14 +78,14 @@ fn call(srv: &Server, method: &str, path: &str, token: &str, body: Option<&Value
 }
 
 #[track_caller]
-fn expect(resp: &Response, status: u16, details: Option<&str>, what: &str) {
+pub(super) fn expect(resp: &Response, status: u16, details: Option<&str>, what: &str) {
     assert_eq!(resp.status, status, "{what}: {}", resp.text());
     if let Some(d) = details {
         assert_eq!(resp.json()["details"], d, "{what}: {}", resp.text());
     }
 }
 
-fn prompt(sid: &str, id: &str) -> Value {
+pub(super) fn prompt(sid: &str, id: &str) -> Value {
     json!({"session_id": sid, "prompt": "q", "client_msg_id": id})
 }
 
