@@ -17,6 +17,7 @@ use crate::api::{Answer, Body};
 use log::debug;
 
 use crate::relay::{Abandon, ApiError, ConnId, Ticket};
+use crate::time::Millis;
 
 /// Reads what a parked poll's client sent; a hang-up (EOF, reset) closes
 /// the connection, which cancels the wait. A reader that is full reads no
@@ -87,6 +88,26 @@ pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[
     } else {
         closing::begin(id, conn, cx);
     }
+}
+
+/// A parked poll's deadline passed. A `GET /asks` parked until its ask's
+/// own expiry is told "expired" only once the wall clock, which decides
+/// replies, has reached the ask's `expires_ts`: the loop's monotonic clock
+/// may run a few milliseconds ahead of it, and a reply accepted after the
+/// poll was told "expired" would contradict it. Until then its deadline
+/// moves by the difference (at most a second at a time).
+pub fn deadline(id: ConnId, conn: &mut Conn, cx: &mut Ctx) {
+    if let Phase::Parked(_, p) = conn.phase()
+        && let Some(ask) = &p.ask
+        && cx.now() >= ask.expires_at
+        && cx.unix_ms() < ask.expires_ts
+    {
+        let lag = (ask.expires_ts - cx.unix_ms()).min(1_000);
+        let later = Millis(cx.now().0.saturating_add(lag));
+        cx.set_deadline(id, conn, later);
+        return;
+    }
+    timed_out(id, conn, cx);
 }
 
 /// A parked poll's deadline passed, or the server shuts down: a

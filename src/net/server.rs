@@ -327,7 +327,7 @@ impl Server {
             }
             // Idle past its timeout, or done lingering.
             Phase::Http(_) | Phase::Closing(_) => self.close(id),
-            Phase::Parked(..) => parked::timed_out(id, conn, cx),
+            Phase::Parked(..) => parked::deadline(id, conn, cx),
             Phase::Committing(..) => parked::commit_timed_out(id, conn, cx, false),
             Phase::WebSocket(_) => subscriber::on_deadline(id, conn, cx),
         }

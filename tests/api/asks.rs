@@ -296,6 +296,41 @@ fn an_expired_ask_refuses_its_reply_and_answers_its_default() {
 }
 
 #[test]
+fn no_reply_is_taken_after_a_poll_was_told_its_ask_expired() {
+    // Each poll is told "expired" by its own deadline; a reply sent the
+    // moment that answer arrives must be refused, however the loop's
+    // monotonic clock and the wall clock that decides replies disagree
+    // (their milliseconds turn at different instants, fixed per process:
+    // several servers cover several offsets).
+    let servers: Vec<Server> = (0..8).map(|_| Server::start()).collect();
+    let mut polls = Vec::new();
+    for srv in &servers {
+        for _ in 0..3 {
+            let sid = created(srv);
+            ask(
+                srv,
+                json!({"session_id": sid, "ask_id": "k", "text": "Go?", "default": "no", "timeout": 1}),
+            );
+            polls.push((srv, sid));
+        }
+    }
+    std::thread::scope(|s| {
+        for (srv, sid) in &polls {
+            s.spawn(move || {
+                let resp = srv.get(&format!("/asks/{sid}/k?timeout=5"));
+                assert_eq!(resp.json()["state"], "expired", "{}", resp.text());
+                let late = srv.post_json(
+                    "/reply",
+                    &json!({"session_id": sid, "ask_id": "k", "text": "yes"}),
+                );
+                assert_error(&late, 409, "Conflict");
+                assert_eq!(late.json()["details"], "ask expired");
+            });
+        }
+    });
+}
+
+#[test]
 fn a_parked_ask_poll_is_woken_by_the_reply() {
     let srv = Server::start();
     let sid = created(&srv);
