@@ -18,9 +18,15 @@ impl Ws {
     /// Next message of any kind (protocol Pings are answered by tungstenite).
     #[track_caller]
     pub fn recv(&mut self) -> Message {
-        match self.socket.read() {
-            Ok(m) => m,
-            Err(e) => panic!("WebSocket read failed: {e}"),
+        loop {
+            match self.socket.read() {
+                Ok(m) => return m,
+                // A read with a timeout is not restarted after the test
+                // process is stopped and continued (signal(7)); tungstenite
+                // keeps what it had read, so reading again is safe.
+                Err(tungstenite::Error::Io(e)) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => panic!("WebSocket read failed: {e}"),
+            }
         }
     }
 
