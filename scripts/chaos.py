@@ -19,9 +19,19 @@ seconds, then checks the promises over everything acknowledged and refused:
   * each subscriber's frames are in order, with no gap and no duplicate
     unless a resync says so, and a resync only where something was lost;
   * a 504 (or a cut connection) may be stored or not, never both ways;
-  * the three relays on Redis end with the same history.
+  * the three relays on Redis end with the same history;
+  * a streamed part on a WebSocket names a draft an agent streamed, for its
+    prompt and session, with one of its parts (a snapshot: parts in order),
+    and none follows the answer's `message` on one connection; presence and
+    receipt frames name their session, a receipt a prompt stored;
+  * the all-sessions poll lists prompts oldest first by arrival (checked in
+    the data directory's sessions that are never deleted).
 
-Its last line is `chaos: N operations, M faults, K problems`.
+CHAOS_SEED seeds every choice: each thread draws from a generator of its
+own, seeded by the seed and the thread's name, so a seed replays each
+client's operations and the faults' schedule (which, when, how long); the
+threads' interleaving, and so what each client is answered, still differs.
+Its last line is `chaos: N operations, M faults, K problems, seed S`.
 """
 
 import base64
@@ -44,6 +54,17 @@ RELAY_BIN = os.environ["RELAY_BIN"]
 SECS = float(os.environ.get("CHAOS_SECS", "180"))
 SEED = int(os.environ.get("CHAOS_SEED", str(random.randrange(1 << 31))))
 random.seed(SEED)
+_LOCAL = threading.local()
+
+
+def rng():
+    """The calling thread's generator, seeded by CHAOS_SEED and the
+    thread's name: each client's draws and the faults' schedule are the
+    same on every run of a seed, whatever the threads' interleaving."""
+    r = getattr(_LOCAL, "rng", None)
+    if r is None:
+        r = _LOCAL.rng = random.Random(f"{SEED}/{threading.current_thread().name}")
+    return r
 
 WORK = tempfile.mkdtemp(prefix="chaos.")
 LOCK = threading.Lock()
@@ -305,9 +326,13 @@ class World:
         self.polled = {}  # client_msg_id -> session it was shown in
         self.final = {}  # session -> (epoch, {seq: (kind, id)}) per relay list
         self.lost = []  # (t_start, t_end) of Redis flushes and restarts
+        # assistant_msg_id -> (session, client_msg_id, [texts of its parts])
+        self.drafts = {}
+        self.frames = defaultdict(int)  # frame type -> frames read and checked
+        self.ordered = [0]  # all-sessions lists checked for arrival order
 
     def port(self):
-        return random.choice(self.relays).port
+        return rng().choice(self.relays).port
 
     def record(self, kind, ident, status, t_sent, session, seq=None):
         with LOCK:
@@ -368,15 +393,15 @@ def prompter(w, tag):
     mine = []  # (session, id, text)
     n = 0
     while not STOP.is_set():
-        if mine and random.random() < 0.2:
-            session, cid, text = random.choice(mine)  # a reused id, same text
+        if mine and rng().random() < 0.2:
+            session, cid, text = rng().choice(mine)  # a reused id, same text
         else:
             n += 1
-            session = random.choice(w.persistent + w.ephemeral)
+            session = rng().choice(w.persistent + w.ephemeral)
             cid, text = f"{tag}-{n}", f"prompt {tag} {n}"
             mine.append((session, cid, text))
         t = now()
-        if random.random() < 0.02:
+        if rng().random() < 0.02:
             # A client that hangs up before its answer: stored or not.
             cut(w.port(), "POST", "/prompt",
                 {"session_id": session, "prompt": text, "client_msg_id": cid})
@@ -404,15 +429,17 @@ def agent(w, tag, all_sessions):
         port = w.port()
         if all_sessions:
             path = "/prompts?timeout=1&limit=20" + (f"&after={cursor}" if cursor else "")
-            if random.random() < 0.3:
+            if rng().random() < 0.3:
                 cursor = None
         else:
-            session = random.choice(w.persistent + w.ephemeral)
+            session = rng().choice(w.persistent + w.ephemeral)
             path = f"/prompts/{session}?timeout=1"
         st, body = http.req(port, "GET", path)
         if st != 200 or not isinstance(body, list):
             time.sleep(0.05)
             continue
+        if all_sessions:
+            arrival_order(w, path, body)
         for p in body:
             sid = p.get("session_id", None if all_sessions else session)
             if not all_sessions and sid not in (None, session):
@@ -424,15 +451,18 @@ def agent(w, tag, all_sessions):
             sid = p.get("session_id") or session
             n += 1
             aid = f"{tag}-{n}"
-            if random.random() < 0.3:
-                for part in range(random.randint(1, 2)):
+            if rng().random() < 0.3:
+                parts = [f"part{k} " for k in range(rng().randint(1, 2))]
+                with LOCK:
+                    w.drafts[aid] = (sid, p["client_msg_id"], parts)
+                for text in parts:
                     http.req(w.port(), "POST", "/response",
                              {"session_id": sid, "client_msg_id": p["client_msg_id"],
-                              "assistant_msg_id": aid, "text": f"part{part} ", "partial": True})
+                              "assistant_msg_id": aid, "text": text, "partial": True})
             t = now()
             answer = {"session_id": sid, "client_msg_id": p["client_msg_id"],
                       "assistant_msg_id": aid, "text": f"answer {aid}"}
-            if random.random() < 0.02:
+            if rng().random() < 0.02:
                 cut(w.port(), "POST", "/response", answer)
                 w.record("assistant", aid, None, t, sid)
                 continue
@@ -447,9 +477,9 @@ def canceller_asker(w, tag):
     n = 0
     while not STOP.is_set():
         time.sleep(0.02)
-        session = random.choice(w.persistent + w.ephemeral)
+        session = rng().choice(w.persistent + w.ephemeral)
         n += 1
-        if random.random() < 0.5:
+        if rng().random() < 0.5:
             # Cancel a prompt of its own, posted just now.
             cid = f"{tag}-c{n}"
             t = now()
@@ -462,7 +492,7 @@ def canceller_asker(w, tag):
             seq = body.get("seq") if st == 200 else None
             w.record("cancel", cid, st, t, session, seq)
         else:
-            aid = str(uuid.uuid4())
+            aid = str(uuid.UUID(int=rng().getrandbits(128), version=4))
             t = now()
             st, body = http.req(w.port(), "POST", "/ask",
                                 {"session_id": session, "ask_id": aid, "text": "go?",
@@ -479,8 +509,8 @@ def canceller_asker(w, tag):
 def deleter(w):
     http = Http()
     while not STOP.is_set():
-        time.sleep(random.uniform(2, 6))
-        http.req(w.port(), "DELETE", f"/sessions/{random.choice(w.ephemeral)}")
+        time.sleep(rng().uniform(2, 6))
+        http.req(w.port(), "DELETE", f"/sessions/{rng().choice(w.ephemeral)}")
 
 
 def snapshotter(w):
@@ -532,7 +562,8 @@ def subscriber(w, session):
             continue
         s.settimeout(0.5)
         rd = WsReader(s, rest)
-        until = time.monotonic() + random.uniform(0.5, 6)
+        finals = set()  # answers this connection was sent whole
+        until = time.monotonic() + rng().uniform(0.5, 6)
         try:
             while time.monotonic() < until and not STOP.is_set():
                 try:
@@ -543,6 +574,8 @@ def subscriber(w, session):
                     break
                 f = json.loads(text)
                 t = f.get("type")
+                with LOCK:
+                    w.frames[t] += 1
                 if t == "resync":
                     # First on a connection that resumed, or on a live one
                     # when the store lost the session (a new epoch).
@@ -560,10 +593,86 @@ def subscriber(w, session):
                         w.seen_in[key].add((session, run.epoch))
                     w.show(key[0], key[1], f"WebSocket {session}")
                     last = seq
+                    if t == "message":
+                        finals.add(f["data"].get("assistant_msg_id"))
+                elif t in ("delta", "delta_end"):
+                    draft_frame(w, session, f, finals)
+                elif t == "presence":
+                    d = f["data"]
+                    if d.get("session_id") != session or d.get("agent") not in ("online", "offline"):
+                        problem(f"{w.name} {session}: a presence frame {d}")
+                elif t == "receipt":
+                    # A prompt fetched by an agent: stored, so never one refused.
+                    d = f["data"]
+                    if d.get("session_id") != session or d.get("state") != "fetched":
+                        problem(f"{w.name} {session}: a receipt frame {d}")
+                    else:
+                        w.show("prompt", d.get("client_msg_id"), f"receipt {session}")
         except (OSError, EOFError, ValueError):
             pass
         finally:
             s.close()
+
+
+def draft_frame(w, session, f, finals):
+    """A part of a streamed answer (`delta`, or `delta_end` when its draft
+    ends unanswered) names a draft an agent streamed in this session, for
+    its prompt, and carries one of its parts (a snapshot: parts taken so
+    far, in the order sent); on one connection no part follows the answer's `message`,
+    which ends the draft."""
+    t, d = f["type"], f["data"]
+    aid = d.get("assistant_msg_id")
+    with LOCK:
+        draft = w.drafts.get(aid)
+    if draft is None:
+        problem(f"{w.name} {session}: a {t} frame of {aid}, which no agent streamed")
+        return
+    sid, cid, parts = draft
+    if sid != session or d.get("session_id", session) != session or d.get("client_msg_id") != cid:
+        problem(f"{w.name} {session}: a {t} frame of {aid} for {d.get('session_id')} "
+                f"{d.get('client_msg_id')}, streamed for {sid} {cid}")
+    if t != "delta":
+        return
+    if aid in finals:
+        problem(f"{w.name} {session}: a part of {aid} after its final answer")
+    text = d.get("text")
+    if d.get("snapshot"):
+        # The parts taken so far, in order (a part may have been refused).
+        rest = text if isinstance(text, str) else ""
+        for part in parts:
+            if rest.startswith(part):
+                rest = rest[len(part):]
+        ok = bool(text) and rest == ""
+    else:
+        ok = text in parts
+    if not ok:
+        problem(f"{w.name} {session}: a part of {aid} reads {text!r}, streamed {parts}")
+
+
+def arrival_order(w, path, body):
+    """The all-sessions poll lists prompts oldest first by arrival across
+    sessions: a prompt acknowledged before another was first sent arrived
+    first, and must not be listed after it. Checked where arrivals are
+    known once acknowledged: the data directory's sessions never deleted
+    (Redis may lose a prompt and take it again later, and a deleted
+    session's id may be prompted again, with no acknowledgement seen)."""
+    if w.name != "data":
+        return
+    listed = []
+    with LOCK:
+        for p in body:
+            cid, sid = p.get("client_msg_id"), p.get("session_id")
+            recs = w.writes.get(("prompt", cid), [])
+            sent = min((r[1] for r in recs), default=None)
+            acked = min((r[2] for r in recs if r[0] == 200), default=None)
+            listed.append((cid, sid in w.persistent, sent, acked))
+        w.ordered[0] += 1
+    for i, (ci, kept_i, sent_i, _) in enumerate(listed):
+        for cj, kept_j, _, acked_j in listed[i + 1:]:
+            if kept_i and kept_j and sent_i is not None and acked_j is not None \
+                    and acked_j < sent_i:
+                problem(f"{w.name}: GET {path} listed {ci} (first sent at {sent_i:.3f} s) "
+                        f"before {cj} (acknowledged at {acked_j:.3f} s)")
 
 
 # ---------------------------------------------------------------- faults
@@ -576,7 +685,7 @@ class Faults:
         self.straces = []
 
     def hold(self, lo, hi):
-        end = time.monotonic() + random.uniform(lo, hi)
+        end = time.monotonic() + rng().uniform(lo, hi)
         while time.monotonic() < end and not FAULTS_STOP.is_set():
             time.sleep(0.05)
 
@@ -610,11 +719,11 @@ class Faults:
         self.redis.cli("config", "set", "maxmemory", "0")
 
     def redis_cut(self):
-        self.redis.cli("client", "kill", "type", random.choice(["normal", "pubsub"]))
+        self.redis.cli("client", "kill", "type", rng().choice(["normal", "pubsub"]))
 
     def disk_stall(self):
         d = self.dw.relays[0]
-        delay = random.choice([500000, 2000000, 4000000])
+        delay = rng().choice([500000, 2000000, 4000000])
         p = subprocess.Popen(["strace", "-f", "-o", "/dev/null", "-e", "trace=fdatasync", "-e",
                               f"inject=fdatasync:delay_enter={delay}", "-p", str(d.proc.pid)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -646,12 +755,14 @@ class Faults:
                  ("redis_oom", 1), ("redis_cut", 2), ("disk_stall", 2)]
         if self.disk:
             kinds.append(("disk_fill", 1))
+        drawn = 0
         while not FAULTS_STOP.is_set():
-            time.sleep(random.uniform(0.5, 2.5))
+            drawn += 1
+            time.sleep(rng().uniform(0.5, 2.5))
             self.watch()
-            kind = random.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
+            kind = rng().choices([k for k, _ in kinds], [w for _, w in kinds])[0]
             if kind == "relay":
-                r = random.choice(self.rw.relays + self.dw.relays)
+                r = rng().choice(self.rw.relays + self.dw.relays)
                 res, fn = r.name, lambda r=r: self.kill_relay(r)
             elif kind.startswith("redis"):
                 res, fn = "redis", getattr(self, kind)
@@ -671,7 +782,9 @@ class Faults:
                     with LOCK:
                         self.busy.discard(res)
 
-            threading.Thread(target=go, daemon=True).start()
+            # Named by its place in the schedule: its own draws (how long
+            # it holds) are the same on every run of the seed.
+            threading.Thread(target=go, name=f"fault{drawn}", daemon=True).start()
 
     def watch(self):
         """A relay that exited while no fault held it died on its own."""
@@ -802,7 +915,8 @@ def check(w):
                             f"(epoch {run.epoch[:8]})")
                     break
     log(f"{w.name}: {acked} acknowledged, {refused} refused, {maybe} unsure writes; "
-        f"{len(w.subs)} subscriber runs, {resyncs} resyncs; {len(w.lost)} losses of Redis")
+        f"{len(w.subs)} subscriber runs, {resyncs} resyncs; {len(w.lost)} losses of Redis; "
+        f"frames {dict(sorted(w.frames.items()))}; {w.ordered[0]} all-sessions lists ordered")
 
 
 # ---------------------------------------------------------------- main
@@ -846,21 +960,24 @@ def main():
             + " ".join(f"{r.name}:{r.port}" for r in relays) + f"; {SECS:.0f} s")
         threads = []
         for w in (rw, dw):
+            # Each thread is named, for its generator (`rng`).
+            def thread(target, name, *args):
+                threads.append(threading.Thread(target=target, name=name, args=args))
             for i in range(2):
-                threads.append(threading.Thread(target=prompter, args=(w, f"{w.name}-p{i}")))
-            threads.append(threading.Thread(target=agent, args=(w, f"{w.name}-a", False)))
-            threads.append(threading.Thread(target=agent, args=(w, f"{w.name}-all", True)))
-            threads.append(threading.Thread(target=canceller_asker, args=(w, f"{w.name}-c")))
-            threads.append(threading.Thread(target=deleter, args=(w,)))
-            threads.append(threading.Thread(target=snapshotter, args=(w,)))
+                thread(prompter, f"{w.name}-p{i}", w, f"{w.name}-p{i}")
+            thread(agent, f"{w.name}-a", w, f"{w.name}-a", False)
+            thread(agent, f"{w.name}-all", w, f"{w.name}-all", True)
+            thread(canceller_asker, f"{w.name}-c", w, f"{w.name}-c")
+            thread(deleter, f"{w.name}-deleter", w)
+            thread(snapshotter, f"{w.name}-snapshots", w)
             for s in w.persistent + w.ephemeral:
-                threads.append(threading.Thread(target=subscriber, args=(w, s)))
+                thread(subscriber, f"{w.name}-sub-{s}", w, s)
         for t in threads:
             t.daemon = True
             t.run = guarded(t.run)
             t.start()
         faults = Faults(redis, rw, dw, disk if mounted else None)
-        ft = threading.Thread(target=faults.run, daemon=True)
+        ft = threading.Thread(target=faults.run, name="faults", daemon=True)
         ft.start()
         # The faults stop a few seconds early, so that the calm below and
         # the checks keep the whole run near CHAOS_SECS.
@@ -899,7 +1016,10 @@ def main():
         print(f"chaos: problem: {p}")
     if len(PROBLEMS) > 40:
         print(f"chaos: … and {len(PROBLEMS) - 40} more")
-    print(f"chaos: {OPS[0]} operations, {FAULTS[0]} faults, {len(PROBLEMS)} problems")
+    if PROBLEMS:
+        print(f"chaos: replay the schedule: CHAOS_SEED={SEED} CHAOS_SECS={SECS:.0f} scripts/chaos.sh")
+    print(f"chaos: {OPS[0]} operations, {FAULTS[0]} faults, {len(PROBLEMS)} problems, "
+          f"seed {SEED}")
     sys.exit(1 if PROBLEMS else 0)
 
 

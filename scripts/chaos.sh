@@ -10,12 +10,12 @@
 # memory, its connections cut, the disk stalling (strace fault injection on
 # fdatasync) and full. scripts/chaos.py then checks the promises over
 # everything acknowledged and refused. The last line is
-# `chaos: N operations, M faults, K problems`; the exit status is non-zero
-# unless K is 0.
+# `chaos: N operations, M faults, K problems, seed S`; the exit status is
+# non-zero unless K is 0.
 #
 #   scripts/chaos.sh                      # 180 s
 #   CHAOS_SECS=3600 scripts/chaos.sh      # an hour
-#   CHAOS_SEED=123 scripts/chaos.sh       # seeds its choices (threads still interleave anew)
+#   CHAOS_SEED=123 scripts/chaos.sh       # the same clients' operations and faults' schedule (threads still interleave anew)
 #   CHAOS_KEEP=1 scripts/chaos.sh         # keep the relays' logs (the path is printed)
 #
 # Needs redis-server, redis-cli and strace (scripts/install-test-deps.sh);

@@ -94,6 +94,13 @@ for r in "${RELEASES[@]}"; do
   cargo build --release --locked --target "$target"
   cp "target/$target/release/relay" "$DIST/relay-$VERSION-$suffix"
   check_linkage "$DIST/relay-$VERSION-$suffix" "$target"
+  # The tests' clock (the `test-clock` feature, src/time.rs) is built for
+  # the test targets only: a release that reads RELAY_TEST_CLOCK_FILE
+  # would let its environment move its clock.
+  if grep -q RELAY_TEST_CLOCK_FILE "$DIST/relay-$VERSION-$suffix"; then
+    echo "release.sh: relay-$VERSION-$suffix carries the tests' clock (feature test-clock)" >&2
+    exit 1
+  fi
 done
 
 step "smoke tests"

@@ -18,7 +18,7 @@
 //! (half to seven eighths full just before they grow, instead of seven
 //! eighths).
 
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::rc::Rc;
 
 use hashbrown::HashTable;
@@ -49,12 +49,67 @@ pub fn growth_point(cap: usize, seed: usize) -> usize {
     cap / 2 + seed % (cap - cap / 2 + 1)
 }
 
+/// The keys ids are hashed with: std's random ones. Where each map grows,
+/// and so the bytes the memory budget counts, follow from them.
+#[cfg(not(feature = "fixed-hash-keys"))]
+pub(crate) type Keys = std::hash::RandomState;
+#[cfg(feature = "fixed-hash-keys")]
+pub(crate) use fixed::Keys;
+#[cfg(feature = "fixed-hash-keys")]
+pub use fixed::fix_keys_on_this_thread;
+
+/// Built for tests only (the `fixed-hash-keys` feature, on for the test
+/// targets through the package's dev-dependency on itself): a thread
+/// that asks for it gets maps hashing with fixed keys, so that a seeded
+/// simulation replays to the byte. Other threads keep random keys.
+#[cfg(feature = "fixed-hash-keys")]
+mod fixed {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, DefaultHasher, RandomState};
+
+    thread_local! {
+        static FIXED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Maps made on this thread from now on hash with fixed keys.
+    pub fn fix_keys_on_this_thread() {
+        FIXED.with(|f| f.set(true));
+    }
+
+    #[derive(Clone)]
+    pub(crate) enum Keys {
+        Random(RandomState),
+        Fixed,
+    }
+
+    impl Default for Keys {
+        fn default() -> Keys {
+            if FIXED.with(Cell::get) {
+                Keys::Fixed
+            } else {
+                Keys::Random(RandomState::new())
+            }
+        }
+    }
+
+    impl BuildHasher for Keys {
+        type Hasher = DefaultHasher;
+
+        fn build_hasher(&self) -> DefaultHasher {
+            match self {
+                Keys::Random(r) => r.build_hasher(),
+                Keys::Fixed => DefaultHasher::new(),
+            }
+        }
+    }
+}
+
 /// A key's hash in one map ([`IdMap::hash_of`]).
 #[derive(Clone, Copy, Debug)]
 pub struct KeyHash(u64);
 
 pub struct IdMap<V> {
-    keys: RandomState,
+    keys: Keys,
     table: HashTable<Slot<V>>,
     /// This map's own fraction of a table at which it grows.
     seed: usize,
@@ -78,7 +133,7 @@ impl<V: std::fmt::Debug> std::fmt::Debug for IdMap<V> {
 
 impl<V> IdMap<V> {
     pub fn new() -> IdMap<V> {
-        let keys = RandomState::new();
+        let keys = Keys::default();
         IdMap {
             seed: keys.hash_one(0x5eed_u64) as usize,
             keys,

@@ -18,7 +18,7 @@
 //! are open is [`Asks`]'s.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::rc::Rc;
 
 use super::asks::Asks;
@@ -26,7 +26,7 @@ use super::message::{Kind, Message};
 use super::pending::{Pending, grow_early};
 use super::types::Seq;
 use crate::error::ApiError;
-use crate::store::idmap::IdMap;
+use crate::store::idmap::{IdMap, Keys};
 use crate::store::types::MessagesQuery;
 use crate::time::Millis;
 use crate::wire::to_json;
@@ -215,7 +215,7 @@ impl SessionLog {
             last_assistant: Seq(0),
             dropped_assistant: Seq(0),
             page: None,
-            seed: RandomState::new().hash_one(0x5eed_u64) as usize,
+            seed: Keys::default().hash_one(0x5eed_u64) as usize,
             last_active: now,
             held: 0,
             asks_held: 0,

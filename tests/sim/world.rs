@@ -45,6 +45,21 @@ const STORE_TIMEOUT_MS: u64 = 4_000;
 /// The wall clock when the run starts (any fixed value: runs replay).
 const UNIX_START: u64 = 1_800_000_000_000;
 const PEER: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+/// The memory budget of the seeds that run with one: a few sessions'
+/// worth of messages, so the clients' writes reach it within a few
+/// dozen steps, and deletions, trimming and the TTL bring it back down.
+pub const BUDGET: usize = 6_000;
+/// More than any one simulated write adds to the memory count (a new
+/// session with its first message): a write is refused at the budget
+/// only when the count is within this of it.
+const LARGEST_WRITE: usize = 1_500;
+/// How far the count may pass the budget: a write is admitted on an
+/// estimate of what it adds (`MemStore::gross`), which does not see a
+/// hash table or ring growing to its next power of two, and reads are
+/// never refused though a session keeps the pending page one rendered
+/// (up to `max_pending` prompts); once past the budget, only writes that
+/// free as much as they add are taken.
+const OVERSHOOT: usize = 2_048;
 
 /// A request waiting for its answer.
 #[derive(Debug)]
@@ -132,6 +147,10 @@ pub struct World {
     /// The data directory's storage, played here; `None`: the memory
     /// engine.
     storage: Option<storage::Storage>,
+    /// The memory budget, when the run has a small one.
+    budget: Option<usize>,
+    /// A write was refused at the budget and none was taken since.
+    full: bool,
     /// Operations run (requests, reads, deadlines fired).
     pub ops: u64,
     pub seen: Seen,
@@ -157,6 +176,12 @@ pub struct Seen {
     pub ticks: u64,
     pub commits: u64,
     pub store_timeouts: u64,
+    /// Writes refused at the memory budget.
+    pub over_budget: u64,
+    /// Writes taken after a refusal at the budget, once space was freed.
+    pub taken_again: u64,
+    /// The most the count passed the budget by, in bytes.
+    pub overshoot: u64,
 }
 
 impl std::ops::AddAssign for Seen {
@@ -176,6 +201,9 @@ impl std::ops::AddAssign for Seen {
         self.ticks += o.ticks;
         self.commits += o.commits;
         self.store_timeouts += o.store_timeouts;
+        self.over_budget += o.over_budget;
+        self.taken_again += o.taken_again;
+        self.overshoot = self.overshoot.max(o.overshoot);
     }
 }
 
@@ -194,8 +222,10 @@ fn json(body: &[u8]) -> Result<Value, String> {
 
 impl World {
     /// A world whose relay stores in memory, or (`durable`) through a
-    /// data directory's storage thread played by the world.
-    pub fn new(durable: bool) -> World {
+    /// data directory's storage thread played by the world; `budget`: a
+    /// memory budget of that many bytes (the memory engine refuses writes
+    /// past it), else the default, which a run never reaches.
+    pub fn new(durable: bool, budget: Option<usize>) -> World {
         let cfg = Config {
             history_limit: HISTORY,
             max_sessions: 100,
@@ -208,6 +238,10 @@ impl World {
             agent_grace: Duration::from_millis(1_500),
             store_timeout: Duration::from_millis(STORE_TIMEOUT_MS),
             ..Config::default()
+        };
+        let cfg = Config {
+            max_memory: budget.unwrap_or(cfg.max_memory),
+            ..cfg
         };
         let limits = cfg.relay_limits();
         let now = Millis(1_000);
@@ -237,6 +271,8 @@ impl World {
             sweep_ms,
             left: Vec::new(),
             storage,
+            budget,
+            full: false,
             ops: 0,
             seen: Seen::default(),
         }
@@ -326,6 +362,9 @@ impl World {
             Outcome::Answer(a) => {
                 self.release(id);
                 self.count(a.status);
+                if !matches!(op, Op::Messages { .. } | Op::Delete { .. }) {
+                    self.budgeted(a.status, a.body.bytes())?;
+                }
                 Ok(Some((a.status, a.body.bytes().to_vec())))
             }
             Outcome::Wait => {
@@ -342,6 +381,41 @@ impl World {
         } else {
             self.seen.refused += 1;
         }
+    }
+
+    /// A request answered `status` with `body`: a refusal at the memory
+    /// budget must be the contract's, come only from a run with a budget
+    /// and only when the count is near it (so a write is taken again once
+    /// deletions, trimming or the TTL free space); a write taken after
+    /// one is counted, to show the budget fills and empties.
+    fn budgeted(&mut self, status: u16, body: &[u8]) -> Check {
+        let new = !body.windows(16).any(|w| w == b"\"duplicate\":true");
+        if status == 200 && new && self.full {
+            self.full = false;
+            self.seen.taken_again += 1;
+        }
+        if status != 503 || !body.windows(6).any(|w| w == b"budget") {
+            return Ok(());
+        }
+        let want = r#"{"error":"Service Unavailable","details":"memory budget reached"}"#;
+        if body != want.as_bytes() {
+            return Err(format!(
+                "a refusal at the budget answered {}",
+                String::from_utf8_lossy(body)
+            ));
+        }
+        let Some(budget) = self.budget else {
+            return Err("a write refused at the budget in a run without one".to_string());
+        };
+        let held = self.relay.memory_bytes();
+        if held + LARGEST_WRITE <= budget {
+            return Err(format!(
+                "a write refused at the budget of {budget} bytes with {held} held"
+            ));
+        }
+        self.seen.over_budget += 1;
+        self.full = true;
+        Ok(())
     }
 
     /// The request just handled on `id` waits for the storage.
@@ -414,7 +488,11 @@ impl World {
     /// model says, the relay's counts of parked polls and subscribers as
     /// the connections say, and the memory it counts as it goes equal to a
     /// recount from scratch.
-    pub fn check(&self) -> Check {
+    pub fn check(&mut self) -> Check {
+        if let Some(budget) = self.budget {
+            let over = self.relay.memory_bytes().saturating_sub(budget) as u64;
+            self.seen.overshoot = self.seen.overshoot.max(over);
+        }
         for s in 0..SESSIONS {
             self.model.compare(&self.relay, &sid_of(s), HISTORY)?;
         }
@@ -433,6 +511,14 @@ impl World {
             return Err(format!(
                 "the relay counts {} parked polls and {} subscribers, {parked} and {subs} are",
                 counts.parked_polls, counts.subscribers
+            ));
+        }
+        if let Some(budget) = self.budget
+            && self.relay.memory_bytes() > budget + OVERSHOOT
+        {
+            return Err(format!(
+                "{} bytes held for sessions, over the budget of {budget}",
+                self.relay.memory_bytes()
             ));
         }
         if let Some((kept, walked)) = self.relay.memory_recount()

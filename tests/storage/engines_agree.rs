@@ -17,13 +17,32 @@
 //! replies to them (a choice, another text, again), reads of an ask's
 //! state, creates, deletes and re-creates, reads of history and pending
 //! prompts with cursors and pages, at a history limit of a few messages
-//! so trims happen all the time. Expiry is not among them, by TTL or of
-//! an ask: each engine reads its own clock, which a test over the wire
-//! cannot drive (the rules of expiry are the unit tests' of
-//! `store/mem/asks.rs` and `store/asks.rs`, on a virtual clock); asks stay
-//! open for the default 300 s. A cancel's `ts` and an ask's `ts` and
-//! `expires_ts` are the server's clock, so they are compared as present,
-//! not by value.
+//! so trims happen all the time, and the clock moved on.
+//!
+//! The clock: the three relays are built for tests (the `test-clock`
+//! feature, `src/time.rs`) and read one file, `RELAY_TEST_CLOCK_FILE`,
+//! whose number of milliseconds they add to their clocks. A step that
+//! moves it on (by 100 to 1,000 s) lets asks expire (each asked for 150,
+//! 250 or 350 s) and drafts end, in every engine at once; the steps after
+//! it compare what became of them (a reply to an expired ask, its state,
+//! a part after its draft ended). The amounts keep every deadline tens of
+//! seconds from any point the clock stops at, so the milliseconds between
+//! the engines' requests never decide. After moving the clock, each relay
+//! is asked `/healthz`, so that a turn of its loop reads the clock and
+//! fires what is due before the next step. With Redis, the asks' expiry
+//! is the relay's clock, passed to the scripts (Redis's own clock only
+//! expires keys of drafts and agents).
+//!
+//! Sessions are not collected in the random sequences (no TTL): with
+//! Redis a session's activity is its writes and the waits on it (the
+//! `sessions` score of `relay.lua`), while in memory and with a data
+//! directory a read counts too, so a sequence that reads a session and
+//! lets the TTL pass would tell the engines apart by design. The TTL is
+//! compared by [`idle_sessions_are_collected_alike`] instead, on what the
+//! three count alike.
+//!
+//! A cancel's `ts` and an ask's `ts` and `expires_ts` are the server's
+//! clock, so they are compared as present, not by value.
 //!
 //! Ids the server makes (message ids, epochs) differ between engines by
 //! nature; they are compared by the order in which they first appear. A
@@ -113,13 +132,15 @@ enum Op {
         s: u64,
         after: Option<u64>,
     },
-    /// `POST /ask`, about a prompt or not, with choices or not.
+    /// `POST /ask`, about a prompt or not, with choices or not, open
+    /// for `timeout` seconds.
     Ask {
         s: u64,
         id: Option<u64>,
         prompt: Option<u64>,
         text: u64,
         choices: bool,
+        timeout: u64,
     },
     /// `POST /reply`: `text` 0 and 1 are the choices, 2 is neither.
     Reply {
@@ -138,6 +159,10 @@ enum Op {
         since: Option<u64>,
         limit: u64,
         offset: u64,
+    },
+    /// The three relays' clock moves on by `secs` seconds.
+    Advance {
+        secs: u64,
     },
 }
 
@@ -179,9 +204,10 @@ impl fmt::Debug for Op {
                 prompt,
                 text,
                 choices,
+                timeout,
             } => write!(
                 f,
-                "ask s{s} id={} prompt={} text=q{text} choices={choices}",
+                "ask s{s} id={} prompt={} text=q{text} choices={choices} timeout={timeout}",
                 opt(id),
                 opt(prompt)
             ),
@@ -199,6 +225,7 @@ impl fmt::Debug for Op {
                 opt(after),
                 opt(since)
             ),
+            Op::Advance { secs } => write!(f, "clock +{secs} s"),
         }
     }
 }
@@ -210,7 +237,7 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
         .map(|_| {
             ts += rng.below(3);
             let s = rng.below(SESSIONS);
-            match rng.below(30) {
+            match rng.below(32) {
                 0 => Op::Create { s },
                 1 => Op::Delete { s },
                 2..=7 => Op::Prompt {
@@ -237,6 +264,7 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
                     prompt: rng.maybe(PROMPT_IDS),
                     text: rng.below(2),
                     choices: rng.below(2) == 0,
+                    timeout: [150, 250, 350][rng.below(3) as usize],
                 },
                 24..=25 => Op::Reply {
                     s,
@@ -252,6 +280,9 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
                     prompt: rng.below(PROMPT_IDS),
                     id: rng.below(ANSWER_IDS),
                     text: rng.below(2),
+                },
+                30..=31 => Op::Advance {
+                    secs: [100, 200, 400, 1000][rng.below(4) as usize],
                 },
                 27..=29 => Op::Cancel {
                     s,
@@ -274,7 +305,7 @@ fn sequence(seed: u64, len: usize) -> Vec<Op> {
 struct Engine {
     name: &'static str,
     /// Kept running while the engine is used.
-    _srv: Server,
+    srv: Server,
     conn: Http,
     made: HashMap<String, usize>,
 }
@@ -284,7 +315,7 @@ impl Engine {
         Engine {
             name,
             conn: srv.conn(),
-            _srv: srv,
+            srv,
             made: HashMap::new(),
         }
     }
@@ -366,8 +397,13 @@ impl Engine {
                 prompt,
                 text,
                 choices,
+                timeout,
             } => {
-                let mut body = json!({"session_id": sid(s), "text": format!("q{text}")});
+                let mut body = json!({
+                    "session_id": sid(s),
+                    "text": format!("q{text}"),
+                    "timeout": timeout,
+                });
                 if let Some(id) = id {
                     body["ask_id"] = json!(format!("k{id}"));
                 }
@@ -412,6 +448,15 @@ impl Engine {
                 ]);
                 let path = format!("/messages/{}?{q}", sid(s));
                 self.conn.request("GET", &path, &[], None)
+            }
+            // The clock is the three engines' (`Engines::advance`): here,
+            // the turn of the loop that reads it, whose counters differ,
+            // on a new connection (the idle one is closed at its timeout,
+            // which the clock just passed).
+            Op::Advance { .. } => {
+                self.conn = self.srv.conn();
+                let resp = self.conn.request("GET", "/healthz", &[], None);
+                return (resp.status, Value::Null);
             }
         };
         let body = resp.json();
@@ -459,29 +504,53 @@ impl Engine {
     }
 }
 
+/// Seconds a session stays idle before it is collected, in the random
+/// sequences: never (see the module doc), so that only asks and drafts
+/// expire there.
+const TTL_NEVER: &str = "0";
+/// In the test of the TTL alone: between the clock's steps there
+/// (multiples of 100 s), never near one.
+const TTL_SECS: &str = "950";
+
 /// The three engines, each a single relay so every answer is its own.
 struct Engines {
     list: Vec<Engine>,
     trials: usize,
+    /// The file of the relays' clock, and the offset it holds.
+    clock: std::path::PathBuf,
+    offset_ms: u64,
+    /// Answers that told of an expired ask (its state, a reply refused).
+    expired: usize,
     _redis: Redis,
     _dir: Dir,
+    _clock_dir: Dir,
 }
 
 impl Engines {
-    fn start() -> Engines {
+    /// The three relays, sessions collected after `ttl` idle seconds.
+    fn start(ttl: &str) -> Engines {
         let redis = Redis::start();
         let dir = Dir::new("agree");
         let data_dir = dir.path().to_string();
         let prefix = format!("{}:", unique_session());
-        let history = ("RELAY_HISTORY_LIMIT", HISTORY);
-        let memory = Server::start_single_with(&[history]);
-        let sqlite = Server::start_single_with(&[history, ("RELAY_DATA_DIR", &data_dir)]);
+        let clock_dir = Dir::created("agree-clock");
+        let clock = std::path::Path::new(clock_dir.path()).join("offset");
+        std::fs::write(&clock, "0").expect("the clock file");
+        let clock_file = clock.to_str().expect("a UTF-8 path").to_string();
+        let shared = [
+            ("RELAY_HISTORY_LIMIT", HISTORY),
+            ("RELAY_SESSION_TTL", ttl),
+            ("RELAY_TEST_CLOCK_FILE", clock_file.as_str()),
+        ];
+        let with = |more: &[(&'static str, &str)]| {
+            let mut env: Vec<(&str, &str)> = shared.to_vec();
+            env.extend_from_slice(more);
+            Server::start_single_with(&env)
+        };
+        let memory = with(&[]);
+        let sqlite = with(&[("RELAY_DATA_DIR", &data_dir)]);
         let url = redis.url();
-        let redis_relay = Server::start_single_with(&[
-            history,
-            ("RELAY_REDIS_URL", &url),
-            ("RELAY_REDIS_PREFIX", &prefix),
-        ]);
+        let redis_relay = with(&[("RELAY_REDIS_URL", &url), ("RELAY_REDIS_PREFIX", &prefix)]);
         redis_relay.wait_for_log("connected to Redis");
         Engines {
             list: vec![
@@ -490,9 +559,22 @@ impl Engines {
                 Engine::new("redis", redis_relay),
             ],
             trials: 0,
+            clock,
+            offset_ms: 0,
+            expired: 0,
             _redis: redis,
             _dir: dir,
+            _clock_dir: clock_dir,
         }
+    }
+
+    /// Moves the relays' clock on by `secs`: the file is replaced whole
+    /// (written aside, then renamed), so no relay reads half a number.
+    fn advance(&mut self, secs: u64) {
+        self.offset_ms += secs * 1000;
+        let aside = self.clock.with_extension("new");
+        std::fs::write(&aside, self.offset_ms.to_string()).expect("the clock file");
+        std::fs::rename(&aside, &self.clock).expect("the clock file");
     }
 
     /// Runs `ops` in fresh sessions; the first step where an engine's
@@ -504,9 +586,15 @@ impl Engines {
             engine.made.clear();
         }
         for (step, op) in ops.iter().enumerate() {
+            if let Op::Advance { secs } = op {
+                self.advance(*secs);
+            }
             let answers: Vec<(u16, Value)> =
                 self.list.iter_mut().map(|e| e.run(&trial, op)).collect();
             let (want, rest) = answers.split_first().expect("three engines");
+            if want.1["state"] == "expired" || want.1["details"] == "ask expired" {
+                self.expired += 1;
+            }
             for (engine, got) in self.list[1..].iter().zip(rest) {
                 if got != want {
                     return Some((
@@ -593,15 +681,17 @@ fn memory_sqlite_and_redis_answer_every_step_alike() {
                 .collect()
         }
     };
-    let mut engines = Engines::start();
+    let mut engines = Engines::start(TTL_NEVER);
+    let fixed = std::env::var_os("TEST_DIFF_SEED").is_none();
     for seed in seeds {
         // A panic on the way (a request that failed, a server that died)
         // names the seed too, not only a difference found.
         let _seed = SeedOnPanic(seed, len);
         let ops = sequence(seed, len);
-        let Some((step, _)) = engines.first_difference(&ops) else {
+        let Some((step, first)) = engines.first_difference(&ops) else {
             continue;
         };
+        eprintln!("engines_agree: seed {seed} differs at step {step}:\n{first}");
         let shortest = engines.shrink(ops[..=step].to_vec());
         let (_, how) = engines
             .first_difference(&shortest)
@@ -614,4 +704,92 @@ fn memory_sqlite_and_redis_answer_every_step_alike() {
             listing.join("\n")
         );
     }
+    // The clock's steps must reach the asks' expiry, or expiry stops
+    // being compared without anyone noticing.
+    if fixed {
+        assert!(
+            engines.expired > 0,
+            "no answer told of an expired ask: the clock's steps no longer reach them"
+        );
+    }
+    eprintln!(
+        "engines_agree: {} answers of an expired ask",
+        engines.expired
+    );
+}
+
+/// The clock moved past the TTL: a session created and never used again
+/// and one whose last write is older than the TTL are collected by all
+/// three engines (in Redis by the relay's sweep, `collect`, which reads
+/// the relay's clock); one written since is kept by all three. A session
+/// only read since its last write is kept in memory and with a data
+/// directory, where a read is activity; Redis counts writes (see the
+/// module doc), so it is compared between the first two only.
+#[test]
+fn idle_sessions_are_collected_alike() {
+    if redis_mode() || tls_mode() || std::env::var_os("TEST_WITH_DATA_DIR").is_some() {
+        eprintln!("skipped: the plain pass runs the three engines");
+        return;
+    }
+    let mut engines = Engines::start(TTL_SECS);
+    let trial = format!("{}-ttl", unique_session());
+    let sid = |name: &str| format!("{trial}-{name}");
+    let prompt =
+        |name: &str, id: &str| json!({"session_id": sid(name), "client_msg_id": id, "prompt": "t"});
+    for e in &mut engines.list {
+        for name in ["created", "written", "rewritten", "read"] {
+            let path = format!("/sessions/{}", sid(name));
+            assert_eq!(e.conn.request("PUT", &path, &[], None).status, 200);
+        }
+        for name in ["written", "rewritten", "read"] {
+            assert_eq!(e.conn.post_json("/prompt", &prompt(name, "c0")).status, 200);
+        }
+    }
+    engines.advance(500);
+    for e in &mut engines.list {
+        e.conn = e.srv.conn();
+        let again = prompt("rewritten", "c1");
+        assert_eq!(
+            e.conn.post_json("/prompt", &again).status,
+            200,
+            "{}",
+            e.name
+        );
+        let path = format!("/messages/{}", sid("read"));
+        assert_eq!(e.conn.request("GET", &path, &[], None).status, 200);
+    }
+    // 1,000 s after the first writes, 500 s after the second.
+    engines.advance(500);
+    for e in &mut engines.list {
+        e.conn = e.srv.conn();
+        assert_eq!(e.conn.request("GET", "/healthz", &[], None).status, 200);
+    }
+    // The memory engine collects in the turn that sweeps; a data
+    // directory once its storage thread committed the deletion, Redis once
+    // its `collect` ran: wait for each (bounded) before comparing.
+    let gone = format!("/sessions/{}", sid("created"));
+    for e in &mut engines.list {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while e.conn.request("GET", &gone, &[], None).status != 404 {
+            assert!(
+                std::time::Instant::now() < until,
+                "{}: a session idle past the TTL was never collected",
+                e.name
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    let status = |e: &mut Engine, name: &str| {
+        let path = format!("/sessions/{}", sid(name));
+        e.conn.request("GET", &path, &[], None).status
+    };
+    for e in &mut engines.list {
+        assert_eq!(status(e, "written"), 404, "{}: written 1,000 s ago", e.name);
+        assert_eq!(status(e, "rewritten"), 200, "{}: written 500 s ago", e.name);
+    }
+    let read: Vec<u16> = engines.list[..2]
+        .iter_mut()
+        .map(|e| status(e, "read"))
+        .collect();
+    assert_eq!(read, [200, 200], "memory, data directory: read 500 s ago");
 }

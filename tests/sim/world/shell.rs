@@ -296,7 +296,7 @@ impl World {
             }
             Outcome::Answer(a) if a.status >= 400 => {
                 self.release(id);
-                Ok(())
+                self.budgeted(a.status, a.body.bytes())
             }
             Outcome::Wait => self.wait(id, waits),
             other => Err(format!("an upgrade answered {other:?}")),
