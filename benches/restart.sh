@@ -3,7 +3,7 @@
 # messages (SESSIONS sessions, half prompts and half answers, answers of
 # TEXT bytes), written straight into relay.db with the server's schema;
 # then the time from exec until the server answers /healthz, i.e. until it
-# restored every session and listens, and until it acknowledged a first
+# listens (it reads no session first), and until it acknowledged a first
 # write (the storage thread has read its own mirror of the log by then)
 # (medians of RUNS starts), the file's size, and the server's RSS once up.
 #
@@ -63,7 +63,7 @@ binary, data, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ready, written, rss = [], [], []
 for _ in range(runs):
     t0 = time.perf_counter()
-    p, port, secs = start_until_ready([binary], {"RELAY_DATA_DIR": data, "RELAY_LOG": "error"}, pause=0.005)
+    p, port, secs = start_until_ready([binary], {"RELAY_DATA_DIR": data, "RELAY_LOG": "error"}, pause=0.001)
     ready.append(secs)
     body = b'{"session_id":"after-restart","prompt":"hi"}'
     c = socket.create_connection(("127.0.0.1", port))
@@ -74,7 +74,8 @@ for _ in range(runs):
     written.append(time.perf_counter() - t0)
     rss.append(rss_kib(p.pid))
     p.terminate(); p.wait()
-print(f"restart (exec to first 200, {runs} starts): median {statistics.median(ready):.2f} s, "
-      f"min {min(ready):.2f} s, max {max(ready):.2f} s; first write acknowledged: median "
-      f"{statistics.median(written):.2f} s; RSS once up: median {statistics.median(rss) // 1024} MiB")
+ms = lambda xs: 1000 * statistics.median(xs)
+print(f"restart (exec to first 200, {runs} starts): median {ms(ready):.1f} ms, "
+      f"min {1000 * min(ready):.1f} ms, max {1000 * max(ready):.1f} ms; first write acknowledged: "
+      f"median {ms(written):.1f} ms; RSS once up: median {statistics.median(rss) // 1024} MiB")
 PY

@@ -56,7 +56,7 @@ FILE_LAYERS = {
         ["message", "model"],   # a stored message; the bodies and a Write
         ["pending", "arrivals", "asks", "record"],  # unanswered prompts (one session's, every session's by arrival); asks; what a write records
         ["log", "seam"],        # one session's log; the words engines share
-        ["mem"],                # the rules, which every engine decides with
+        ["mem", "image"],       # the rules, which every engine decides with; a session read whole made a log
         ["redis", "sqlite"],    # the engines: neither names the other
         ["engine"],             # the dispatcher, over every engine
     ],

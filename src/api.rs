@@ -442,6 +442,9 @@ impl Api {
             }
             Route::GetEveryPrompts => {
                 let q = every_query(head.query.as_deref())?;
+                if !facts.synced && relay.sync_first_every(conn) {
+                    return Ok(Outcome::Wait);
+                }
                 match relay.get_every_prompts(now, conn, grant.scope(), q)? {
                     Fetch::Ready(list) => Answer::shared(list),
                     Fetch::Park { deadline } => {

@@ -129,8 +129,7 @@ fn main() -> ExitCode {
                 log::error!("cannot start: {e}");
                 return ExitCode::FAILURE;
             }
-            let limits = cfg.relay_limits().store();
-            match relay::store::sqlite::open(dir, limits, cfg.sync, relay::time::Millis(0)) {
+            match relay::store::sqlite::open(dir, cfg.sync) {
                 Ok(opened) => Some(opened),
                 Err(e) => {
                     log::error!("cannot start: {e}");

@@ -214,7 +214,7 @@ pub fn render(s: &Snapshot) -> Vec<u8> {
         &mut out,
         "relay_sessions",
         "gauge",
-        "Sessions stored.",
+        "Sessions stored (in memory, and with a data directory on disk only).",
         c.sessions as u64,
     );
     single(
@@ -236,14 +236,21 @@ pub fn render(s: &Snapshot) -> Vec<u8> {
         "relay_sessions_resident",
         "gauge",
         "Sessions held in memory.",
-        c.sessions as u64,
+        c.resident as u64,
     );
     single(
         &mut out,
         "relay_session_loads_total",
         "counter",
         "Sessions read back into memory from the storage.",
-        0,
+        s.stats.session_loads,
+    );
+    single(
+        &mut out,
+        "relay_session_evictions_total",
+        "counter",
+        "Sessions dropped from memory to keep the budget (read back on their next use).",
+        s.stats.session_evictions,
     );
     if let Some((kept, walked)) = s.memory_recount {
         let help = "Debug builds: the logs' part of relay_memory_bytes, kept and recounted.";

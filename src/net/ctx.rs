@@ -316,6 +316,12 @@ impl Ctx {
         self.api.sweep(self.turn.now);
     }
 
+    /// Drops the least recently used sessions nothing holds while the
+    /// memory budget is passed (where the storage reads them back).
+    pub fn evict(&mut self) {
+        self.relay.evict(self.turn.now);
+    }
+
     /// Hands the turn's writes to the storage thread.
     pub fn flush_store(&mut self) {
         self.relay.flush_store();

@@ -264,6 +264,9 @@ impl Server {
             self.next_gauge = now.after(Duration::from_secs(1));
         }
         self.flush_pending();
+        // After every request that waited for a session read back ran
+        // again (their retries are applied as the storage's news comes).
+        self.cx.evict();
         self.cx.flush_store();
         let engine = self.cx.engine();
         engine.tick(now);

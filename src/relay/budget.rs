@@ -2,11 +2,12 @@
 //! the loop's log is the whole state (the memory engine), a write whose
 //! records would pass the budget is refused `503` before anything of it
 //! is applied, and `/readyz` reports `memory` from that refusal until
-//! space is freed; deletions and the idle sweep always go on. Where an
-//! engine keeps the sessions elsewhere (a data directory, Redis), the
-//! bytes are counted and reported, and nothing is refused: the loop's
-//! copy of a data directory holds every session, so refusing at the
-//! budget would refuse every write on a database larger than it.
+//! space is freed; deletions and the idle sweep always go on. Where the
+//! engine reads a session back on its next use (a data directory), the
+//! budget is kept by dropping the least recently used sessions nothing
+//! holds (`resident.rs`), and a write is refused only when the count is
+//! past the budget and nothing more can be dropped. With Redis the bytes
+//! are counted and reported, and nothing is refused.
 
 use super::{ApiError, Relay};
 use crate::store::engine::Engine;
@@ -36,9 +37,10 @@ impl Budget {
 }
 
 impl Relay {
-    /// Bytes held for sessions, as counted (`relay_memory_bytes`).
+    /// Bytes held for sessions, as counted (`relay_memory_bytes`): the
+    /// log's, and the ids of the sessions known by id only.
     pub fn memory_bytes(&self) -> usize {
-        self.store.memory()
+        self.store.memory() + self.resident.bytes()
     }
 
     /// The budget, in bytes (`relay_memory_budget_bytes`).
@@ -63,7 +65,7 @@ impl Relay {
     pub fn memory_full(&self) -> bool {
         self.budget
             .refused_at
-            .is_some_and(|at| self.store.memory() >= at)
+            .is_some_and(|at| self.memory_bytes() >= at)
     }
 
     /// Admits the records of a write decided on the loop's log, or
@@ -88,8 +90,19 @@ impl Relay {
         Err(self.refuse())
     }
 
-    fn refuse(&mut self) -> ApiError {
-        let at = self.store.memory();
+    /// Where sessions leave memory to make room: whether `w` is refused
+    /// because the count is past the budget and the last eviction found
+    /// nothing more to drop (every session held here is in use). A
+    /// deletion always goes through.
+    pub(super) fn budget_full_for(&self, w: &super::Write) -> bool {
+        !self.budget.refuses
+            && self.resident.stuck()
+            && !matches!(w, super::Write::Delete { .. })
+            && self.memory_bytes() > self.budget.bytes
+    }
+
+    pub(super) fn refuse(&mut self) -> ApiError {
+        let at = self.memory_bytes();
         if self.budget.refused_at.is_none() {
             log::warn!(bytes = at, budget = self.budget.bytes; "memory budget reached: writes refused until space is freed");
         }

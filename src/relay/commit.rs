@@ -27,6 +27,9 @@ impl Relay {
     pub(super) fn apply(&mut self, now: Millis, records: impl IntoIterator<Item = Record>) -> bool {
         let mut delivered = false;
         for record in records {
+            if let Record::Created { sid, .. } | Record::Deleted { sid } = &record {
+                self.resident.remove(sid);
+            }
             match self.store.apply(now, record) {
                 Applied::Nothing => {}
                 Applied::Prompt { sid, .. } => {

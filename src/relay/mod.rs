@@ -43,6 +43,7 @@ mod every_read;
 mod frames;
 mod live;
 mod receipts;
+mod resident;
 
 pub mod presence;
 mod storage;
@@ -174,7 +175,10 @@ pub enum Fetch {
 /// Counters for `/healthz`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// Sessions stored: in the log, and known by id only.
     pub sessions: usize,
+    /// Sessions the log holds in memory.
+    pub resident: usize,
     /// Bytes held for sessions, as counted, and the budget.
     pub memory_bytes: usize,
     pub memory_budget: usize,
@@ -191,6 +195,9 @@ pub struct Stats {
     pub response_duplicates: u64,
     /// `resync` frames sent to subscribers.
     pub resyncs: u64,
+    /// Sessions read back into memory, and dropped from it.
+    pub session_loads: u64,
+    pub session_evictions: u64,
 }
 
 /// The relay: the log and the engine it stores through, who waits on each
@@ -240,6 +247,12 @@ pub struct Relay {
     started: UnixMillis,
     /// The memory budget ([`budget`]).
     budget: budget::Budget,
+    /// The sessions known by id only, where the log holds only those in
+    /// use ([`resident`]).
+    resident: resident::Resident,
+    /// Parts of streamed answers waiting for their session to be read
+    /// back, by ticket: decided on the log once it is there.
+    held: HashMap<u64, (Write<'static>, UnixMillis)>,
 }
 
 impl Relay {
@@ -269,6 +282,8 @@ impl Relay {
             clock: (Millis(0), 0),
             started: 0,
             budget,
+            resident: resident::Resident::default(),
+            held: HashMap::new(),
         }
     }
 
@@ -299,6 +314,9 @@ impl Relay {
     /// holds is left to finish.
     pub fn abandon(&mut self, ticket: Ticket) -> Abandon {
         let abandon = self.engine.abandon(ticket);
+        // A part waiting for its session is not decided once its
+        // requester has been answered.
+        self.held.remove(&ticket.n);
         if abandon == Abandon::Cancelled {
             self.writing.remove(&ticket.n);
         }
@@ -313,8 +331,9 @@ impl Relay {
     /// Sessions, subscribers and parked polls, for `/healthz`.
     pub fn counts(&self) -> Counts {
         Counts {
-            sessions: self.store.len(),
-            memory_bytes: self.store.memory(),
+            sessions: self.store.len() + self.resident.len(),
+            resident: self.store.len(),
+            memory_bytes: self.memory_bytes(),
             memory_budget: self.budget_bytes(),
             ..self.counts
         }
@@ -322,12 +341,16 @@ impl Relay {
 
     /// Totals since start, for `/metrics`.
     pub fn stats(&self) -> Stats {
-        self.stats
+        Stats {
+            session_loads: self.resident.loads,
+            session_evictions: self.resident.evictions,
+            ..self.stats
+        }
     }
 
     /// Whether the session cap is reached (`/readyz` reports it).
     pub fn sessions_full(&self) -> bool {
-        self.store.full()
+        self.store.full() || self.store.len() + self.resident.len() >= self.limits.max_sessions
     }
 
     /// Whether a session exists (tests and `/readyz`).
@@ -592,9 +615,27 @@ impl Relay {
             // The agent is online from its request on, whatever its answer.
             self.agent_seen(now, &r.session_id, true);
         }
+        if self.budget_full_for(&w) {
+            return Err(self.refuse());
+        }
+        // A part of a session that does not exist is refused at once.
+        if matches!(w, Write::Part(_))
+            && !self.store.contains(w.session())
+            && self.holds_every_session()
+        {
+            return self.decide_write(now, unix_ms, w);
+        }
         let (tickets, issued) = (&mut self.tickets, &mut self.issued);
         let ticket = || issue(tickets, issued, conn);
-        if self.engine.submit(&self.store, ticket, &w, unix_ms)? == Submit::Wait {
+        let submitted = self.engine.submit(&self.store, ticket, &w, unix_ms)?;
+        if submitted == Submit::Load {
+            // Its session is read first; the part is decided then.
+            if let Some(t) = self.issued {
+                self.held.insert(t.n, (w.into_owned(unix_ms), unix_ms));
+            }
+            return Ok(Reply::Wait);
+        }
+        if submitted == Submit::Wait {
             // The session is in use from this request on: an idle sweep
             // while the write waits for the storage must not pick it, or
             // the collection, decided after the write, deletes what the
@@ -608,6 +649,17 @@ impl Relay {
             }
             return Ok(Reply::Wait);
         }
+        self.decide_write(now, unix_ms, w)
+    }
+
+    /// A write the engine handed back to be decided on the loop's log:
+    /// decided, applied and answered now.
+    fn decide_write(
+        &mut self,
+        now: Millis,
+        unix_ms: UnixMillis,
+        w: Write,
+    ) -> Result<Reply, ApiError> {
         let decided = match w {
             // Decided like any write, on a view: the relay keeps the part
             // for its draft.
@@ -636,11 +688,12 @@ impl Relay {
         let after = self.engine.idle_after(ttl);
         let presence = &self.presence;
         let writing: HashSet<&str> = self.writing.values().map(SessionId::as_str).collect();
-        let idle = self.store.idle(|sid, log| {
+        let mut idle = self.store.idle(|sid, log| {
             !presence.contains_key(sid)
                 && !writing.contains(sid)
                 && now.since(log.last_active) >= after
         });
+        idle.extend(self.resident.idle(now, after, &writing));
         let n = idle.len();
         let tickets = &mut self.tickets;
         let ticket = || next_ticket(tickets, NOBODY);

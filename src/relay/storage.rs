@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::{ApiError, ConnId, Effect, Engine, Presence, PromptsQuery, Relay, issue};
+use super::{ApiError, ConnId, Effect, Engine, Presence, PromptsQuery, Relay, Reply, issue};
 use crate::store::SessionId;
 use crate::store::seam::{Read, StoreEvent, StoreStats, Waited};
 use crate::time::Millis;
@@ -90,7 +90,19 @@ impl Relay {
         self.before_read(conn, sid, Read::Subscribe)
     }
 
+    /// Before an all-sessions read from the log: true when it waits
+    /// (under a ticket) until the log holds every pending prompt (the
+    /// start's reading under way); the request runs again then.
+    pub fn sync_first_every(&mut self, conn: ConnId) -> bool {
+        let (tickets, issued) = (&mut self.tickets, &mut self.issued);
+        let ticket = || issue(tickets, issued, conn);
+        self.engine.before_every_read(ticket)
+    }
+
     fn before_read(&mut self, conn: ConnId, sid: &SessionId, read: Read) -> Result<bool, ApiError> {
+        if self.engine.reads_back() && !self.store.contains(sid) && self.holds_every_session() {
+            return Ok(false);
+        }
         let (tickets, issued) = (&mut self.tickets, &mut self.issued);
         let ticket = || issue(tickets, issued, conn);
         self.engine
@@ -115,14 +127,28 @@ impl Relay {
                     delivered,
                 } => {
                     self.writing.remove(&to.n);
+                    self.held.remove(&to.n);
                     let delivered = self.apply(now, records) || delivered;
                     let result = result.map(|o| self.ack(o, delivered));
                     self.effects.push(Effect::Reply { to, result });
                 }
                 StoreEvent::Retry(to) => {
                     self.writing.remove(&to.n);
-                    self.effects.push(Effect::Retry { to });
+                    match self.held.remove(&to.n) {
+                        // A part whose session was read: decided now.
+                        Some((w, unix_ms)) => {
+                            let result = match self.decide_write(now, unix_ms, w) {
+                                Ok(Reply::Now(body)) => Ok(body),
+                                Ok(Reply::Wait) => Err(ApiError::storage_unavailable()),
+                                Err(e) => Err(e),
+                            };
+                            self.effects.push(Effect::Reply { to, result });
+                        }
+                        None => self.effects.push(Effect::Retry { to }),
+                    }
                 }
+                StoreEvent::Loaded { sid, log } => self.loaded(now, sid, log),
+                StoreEvent::Dormant(sids) => self.dormant_known(now, sids),
                 StoreEvent::Replaced {
                     sid,
                     mut log,

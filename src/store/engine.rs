@@ -7,7 +7,8 @@
 //!   (it has no state of its own here: the log is the relay's).
 //! - [`Engine::Durable`]: SQLite on the storage thread, which decides with
 //!   the memory engine's rules on its own copy and answers when the write
-//!   is durable.
+//!   is durable; the relay's log holds the sessions in use, and one it
+//!   lacks is read back whole under a ticket.
 //! - [`Engine::Shared`]: Redis, shared by several instances, whose script
 //!   decides; the relay's log is this instance's copy of the sessions it
 //!   serves.
@@ -81,6 +82,22 @@ impl Engine {
         matches!(self, Engine::Memory)
     }
 
+    /// Whether a session the copy drops is read back on its next use, so
+    /// the budget is kept by dropping the least recently used sessions
+    /// nothing here holds, rather than by refusing writes.
+    pub fn reads_back(&self) -> bool {
+        matches!(self, Engine::Durable(_))
+    }
+
+    /// Whether the start's reading of the sessions the copy needs (those
+    /// with pending prompts) is under way.
+    pub fn warming(&self) -> bool {
+        match self {
+            Engine::Durable(d) => d.warming(),
+            _ => false,
+        }
+    }
+
     /// Redis, when sessions are shared.
     pub fn redis(&mut self) -> Option<&mut RedisStore> {
         match self {
@@ -101,21 +118,38 @@ impl Engine {
     ) -> Result<Submit, ApiError> {
         match self {
             Engine::Memory => Ok(Submit::Decide),
-            Engine::Durable(_) if matches!(w, Write::Part(_)) => Ok(Submit::Decide),
+            // A part is decided on the copy, once it holds the session
+            // (read first when it does not).
+            Engine::Durable(d) if matches!(w, Write::Part(_)) => {
+                let sid = w.session();
+                match SessionId::new(sid).filter(|_| !copy.contains(sid)) {
+                    Some(sid) => {
+                        d.submit(Command {
+                            ticket: ticket(),
+                            op: Op::Load { sid },
+                            unix_ms,
+                            load: false,
+                        });
+                        Ok(Submit::Load)
+                    }
+                    None => Ok(Submit::Decide),
+                }
+            }
             // A session the loop's copy holds exists on disk: creating
             // it changes nothing.
             Engine::Durable(_) if matches!(w, Write::Create { sid, .. } if copy.contains(sid)) => {
                 Ok(Submit::Decide)
             }
-            // Only a session the copy holds is on disk.
-            Engine::Durable(_) if matches!(w, Write::Delete { sid } if !copy.contains(sid)) => {
-                Err(ApiError::session_not_found())
-            }
             Engine::Durable(d) => {
+                // A session the copy does not hold comes back with the
+                // answer, as it stood before the write (a deletion needs
+                // nothing of it).
+                let load = !copy.contains(w.session()) && !matches!(w, Write::Delete { .. });
                 d.submit(Command {
                     ticket: ticket(),
                     op: Op::Write(w.clone().into_owned(unix_ms)),
                     unix_ms,
+                    load,
                 });
                 Ok(Submit::Wait)
             }
@@ -140,7 +174,29 @@ impl Engine {
     ) -> Result<bool, ApiError> {
         match self {
             Engine::Shared(r) => r.before_read(copy, ticket, sid, read, waited),
+            // A session the copy does not hold may be on disk: read it.
+            Engine::Durable(d) if !copy.contains(sid) => {
+                d.submit(Command {
+                    ticket: ticket(),
+                    op: Op::Load { sid: sid.clone() },
+                    unix_ms: 0,
+                    load: false,
+                });
+                Ok(true)
+            }
             _ => Ok(false),
+        }
+    }
+
+    /// Before an all-sessions read from the copy (where it
+    /// [`holds_every_prompt`](Self::holds_every_prompt)): true when it
+    /// must wait (under the ticket `ticket` issues) until the copy holds
+    /// every pending prompt, which it does not while the start's reading
+    /// is under way; it runs again then.
+    pub fn before_every_read(&mut self, ticket: impl FnOnce() -> Ticket) -> bool {
+        match self {
+            Engine::Durable(d) => d.before_every_read(ticket),
+            _ => false,
         }
     }
 
@@ -214,6 +270,7 @@ impl Engine {
                         ticket: ticket(),
                         op: Op::Collect { sids: idle },
                         unix_ms: 0,
+                        load: false,
                     });
                 }
                 Collect::Sent

@@ -346,6 +346,15 @@ impl SessionLog {
         log
     }
 
+    /// Raises the counters to at least these (a session read back
+    /// whole: the rows replayed may have set them lower than the log
+    /// they were read from had them).
+    pub fn raise_counters(&mut self, next_seq: Seq, last_assistant: Seq, dropped_assistant: Seq) {
+        self.next_seq = self.next_seq.max(next_seq);
+        self.last_assistant = self.last_assistant.max(last_assistant);
+        self.dropped_assistant = self.dropped_assistant.max(dropped_assistant);
+    }
+
     /// The `seq` the next message gets; appending it moves this on.
     pub fn next_seq(&self) -> Seq {
         self.next_seq

@@ -39,6 +39,7 @@ pub mod arrivals;
 pub mod asks;
 pub mod engine;
 pub mod idmap;
+pub mod image;
 pub mod log;
 pub mod mem;
 pub mod message;

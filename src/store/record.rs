@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use super::message::Framed;
+use super::message::{Framed, Kind};
 use super::types::{Seq, SessionId};
 use crate::error::ApiError;
 use crate::store::model::Write;
@@ -25,6 +25,11 @@ pub struct Command {
     /// The loop's wall clock when the write was asked (the thread reads
     /// none): what an ask's expiry is measured against.
     pub unix_ms: u64,
+    /// The loop's copy does not hold the write's session: the session as
+    /// it stood before the write comes back with its answer
+    /// ([`Done::images`]), so the records apply to a session the copy
+    /// holds.
+    pub load: bool,
 }
 
 /// What the storage thread is sent.
@@ -34,6 +39,13 @@ pub enum Op {
     Write(Write<'static>),
     /// Sessions the loop found idle past the TTL.
     Collect { sids: Vec<SessionId> },
+    /// A read of `sid`, which the loop's copy does not hold, waits: the
+    /// session whole, if it exists ([`Outcome::Loaded`]).
+    Load { sid: SessionId },
+    /// At start, while the loop's copy holds no session: every session
+    /// with a pending prompt whole (the all-sessions poll lists them from
+    /// the loop's copy), the others by name ([`Outcome::Warmed`]).
+    Warm,
 }
 
 /// The outcome of one write, for its requester. A prompt or an answer
@@ -92,6 +104,12 @@ pub enum Outcome {
         sid: SessionId,
     },
     Collected,
+    /// A session read for the loop ([`Op::Load`]); it is in the images.
+    Loaded,
+    /// The start's reading ([`Op::Warm`]): the sessions not sent whole.
+    Warmed {
+        dormant: Vec<SessionId>,
+    },
 }
 
 impl Outcome {
@@ -124,7 +142,7 @@ impl Outcome {
                 ..
             } => put_ack(sid, epoch, *created),
             Outcome::Deleted { .. } => b"{\"deleted\":true}".to_vec(),
-            Outcome::Collected => Vec::new(),
+            Outcome::Collected | Outcome::Loaded | Outcome::Warmed { .. } => Vec::new(),
         }
     }
 }
@@ -189,6 +207,22 @@ pub struct Done {
     pub ticket: Ticket,
     pub result: Result<Outcome, ApiError>,
     pub records: Vec<Record>,
+    /// Sessions read whole for the loop's copy, taken before the records
+    /// (a [`Command::load`] write's session as it stood before it, a
+    /// load's, the start's): the copy takes each it does not hold.
+    pub images: Vec<SessionImage>,
+}
+
+impl Done {
+    /// A command answered with `result` and nothing else.
+    pub fn only(ticket: Ticket, result: Result<Outcome, ApiError>) -> Done {
+        Done {
+            ticket,
+            result,
+            records: Vec::new(),
+            images: Vec::new(),
+        }
+    }
 }
 
 /// `{"ok":true,"assistant_msg_id":…,"delivered":…}`, the answer to a stored
@@ -294,4 +328,36 @@ fn prompt_ack(id: &str, duplicate: bool) -> Vec<u8> {
         "}"
     });
     ack.into_bytes()
+}
+
+/// One stored message, as its row holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRow {
+    pub seq: Seq,
+    pub kind: Kind,
+    /// The prompt's id (an answer's and a cancel's prompt; an ask's and a
+    /// reply's `ask_id`).
+    pub client_msg_id: String,
+    /// An answer's own id.
+    pub assistant_msg_id: Option<String>,
+    pub ts: u64,
+    /// The `data` object as stored, or `None` when it was read back
+    /// damaged (kept for its columns, never sent).
+    pub data: Option<Vec<u8>>,
+}
+
+/// A session read whole, as the storage thread sends it to the loop's
+/// copy: its counters and every message the log retains (history, and
+/// below it pending prompts and unanswered asks), in `seq` order.
+/// Replayed with the same history limit
+/// ([`into_log`](SessionImage::into_log), in `image.rs`) they give the
+/// same history, pending set, dedupe window and counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionImage {
+    pub sid: SessionId,
+    pub epoch: String,
+    /// The next `seq`, the newest framed message's, the newest answer
+    /// trimmed: the floor the rows raise, as at a restore.
+    pub counters: (Seq, Seq, Seq),
+    pub rows: Vec<StoredRow>,
 }

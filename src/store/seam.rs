@@ -37,6 +37,10 @@ pub enum Submit {
     Decide,
     /// Taken under the ticket: its answer comes as an event.
     Wait,
+    /// Decided on the copy, but not yet: the copy does not hold the
+    /// write's session, which is read first under the ticket; the write
+    /// is decided when [`StoreEvent::Retry`] says it is there.
+    Load,
 }
 
 /// What a read is, for [`Engine::before_read`](super::engine::Engine::before_read).
@@ -85,6 +89,16 @@ pub enum StoreEvent {
         log: Box<SessionLog>,
         refill: Option<bool>,
     },
+    /// A session read back whole: the copy takes it if it does not hold
+    /// it (one it holds has followed every change since, and is as new).
+    Loaded {
+        sid: SessionId,
+        log: Box<SessionLog>,
+    },
+    /// The sessions the engine holds that were not read into the copy
+    /// at start (the copy knows them by id, for their idle time); sent
+    /// once, when the copy holds what it needs at start.
+    Dormant(Vec<SessionId>),
     /// The answer to a ticket: its `records` are applied first. It was
     /// `delivered` to a subscriber if an answer among them went to one
     /// here, or if the engine says one elsewhere has it.

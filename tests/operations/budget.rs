@@ -290,10 +290,11 @@ fn a_hostile_fill_ends_at_the_budget() {
     );
 }
 
-/// With a data directory or Redis the budget is counted and reported but
-/// refuses nothing (the loop's copy holds every session it serves until
-/// sessions can be dropped from memory): writes past it are taken and
-/// kept.
+/// With Redis the budget is counted and reported but refuses nothing;
+/// with a data directory, sessions nothing holds leave memory to make
+/// room, and writes past the budget are taken and kept. Only a session
+/// that holds what memory needs (its prompts pending: the all-sessions
+/// poll lists them from memory) fills it until writes get `503`.
 #[test]
 fn engines_that_keep_sessions_elsewhere_count_the_budget_and_go_on() {
     let dir = Dir::new("budget");
@@ -303,16 +304,34 @@ fn engines_that_keep_sessions_elsewhere_count_the_budget_and_go_on() {
         env.push(("RELAY_DATA_DIR", dir.path()));
     }
     let srv = Server::start_single_with(&env);
-    let sid = unique_session();
     let text = "d".repeat(16 * 1024);
-    for i in 0..100 {
-        srv.prompt(&sid, &text, Some(&format!("d{i}")));
+    let sids: Vec<String> = (0..100).map(|_| unique_session()).collect();
+    for (i, sid) in sids.iter().enumerate() {
+        srv.prompt(sid, &text, Some(&format!("d{i}")));
+        srv.respond(sid, &format!("d{i}"), "ok");
     }
-    assert_eq!(srv.messages(&sid, "")["total"], 100);
+    for sid in &sids {
+        assert_eq!(srv.messages(sid, "")["total"], 2);
+    }
     let counted = metric(&srv, "relay_memory_bytes");
-    assert!(counted > MIB, "counted {counted}: 1.6 MB of prompts");
     assert_eq!(metric(&srv, "relay_memory_budget_bytes"), MIB);
     assert_eq!(srv.get("/readyz").status, 200);
+    if redis_mode() {
+        assert!(counted > MIB, "counted {counted}: 1.6 MB of prompts");
+        return;
+    }
+    assert!(counted <= MIB, "counted {counted}: sessions left memory");
+    assert!(metric(&srv, "relay_session_loads_total") > 0);
+    // Pending prompts keep their session in memory: one session of them
+    // fills the budget, and the write that finds nothing to drop is
+    // refused.
+    let hog = unique_session();
+    let refused = (0..100).find_map(|i| {
+        let resp = srv.post_json("/prompt", &prompt_body(&hog, &format!("h{i}"), &text));
+        (resp.status != 200).then_some(resp)
+    });
+    assert_refused(&refused.expect("a write refused at the budget"));
+    assert_eq!(srv.get("/readyz").json()["reason"], "memory");
 }
 
 /// The kept count against a recount over the real binary: after writes of

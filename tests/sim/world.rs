@@ -246,7 +246,7 @@ impl World {
         let limits = cfg.relay_limits();
         let now = Millis(1_000);
         let (mut relay, storage) = if durable {
-            let (handle, side) = Durable::detached();
+            let (handle, side) = Durable::detached(limits.store());
             let view = MemStore::new(limits.store());
             let st = storage::Storage::new(side, limits.store());
             (Relay::new(limits, view, Engine::Durable(handle)), Some(st))

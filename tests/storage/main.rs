@@ -1,7 +1,8 @@
 //! Persistence with a data directory (SQLite), against the real binary and
 //! real files: what survives a crash (persistence, asks), disks that stall or fail
 //! (faults, write_timeouts), and the memory, SQLite and Redis engines
-//! deciding every write alike (engines_agree).
+//! deciding every write alike (engines_agree), and sessions that leave
+//! memory under the budget and come back whole (resident).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -10,4 +11,5 @@ mod asks;
 mod engines_agree;
 mod faults;
 mod persistence;
+mod resident;
 mod write_timeouts;

@@ -11,6 +11,9 @@
 use log::{debug, error, warn};
 use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
+mod load;
+pub use load::reads_only;
+
 use super::generation::GenFile;
 use super::rows::Rows;
 use super::schema;
@@ -31,7 +34,7 @@ const NOW: Millis = Millis(0);
 const GARBAGE_BATCH: usize = 256;
 
 /// The log as the file holds it, and where its rows are.
-struct State {
+pub(super) struct State {
     log: MemStore,
     rows: Rows,
 }
@@ -60,16 +63,17 @@ impl Writer {
             generation: 0,
             file,
         };
-        w.rebuild();
+        w.rebuild(true);
         w
     }
 
     /// Reads the log and its rows again from the file: at start, and after
     /// a transaction rolled back (its decisions are then in the copy and
     /// not in the file).
-    fn rebuild(&mut self) {
+    /// Damaged rows are logged at start (`report`), not again.
+    fn rebuild(&mut self, report: bool) {
         let read = schema::generation(&self.conn).and_then(|g| {
-            let log = schema::restore(&self.conn, self.limits, NOW, false)?;
+            let log = schema::restore(&self.conn, self.limits, NOW, report)?;
             let rows = Rows::read(&self.conn, &log)?;
             Ok((g, State { log, rows }))
         });
@@ -90,7 +94,10 @@ impl Writer {
     /// transaction back and every command in it gets `503`.
     pub fn commit(&mut self, mut cmds: Vec<Command>) -> Vec<Done> {
         if self.state.is_none() {
-            self.rebuild();
+            self.rebuild(false);
+        }
+        if cmds.iter().all(load::reads_only) {
+            return self.read_only(cmds);
         }
         // Without a copy (the file could not be read back) nothing can be
         // decided; `rebuild` logged why.
@@ -102,16 +109,12 @@ impl Writer {
                 }
                 Err(e) => {
                     error!(error = e.to_string().as_str(), commands = cmds.len(); "storage write failed");
-                    self.rebuild();
+                    self.rebuild(false);
                 }
             }
         }
         cmds.iter()
-            .map(|c| Done {
-                ticket: c.ticket,
-                result: Err(ApiError::storage_unavailable()),
-                records: Vec::new(),
-            })
+            .map(|c| Done::only(c.ticket, Err(ApiError::storage_unavailable())))
             .collect()
     }
 
@@ -228,9 +231,14 @@ fn transaction(
     let mut out = Vec::with_capacity(cmds.len());
     for cmd in cmds {
         let mut records = Vec::new();
+        let mut images = Vec::new();
+        let read = state.read_for_loop(&tx, cmd, &mut images)?;
         // Decided once: the write moves into its decision.
         let op = std::mem::replace(&mut cmd.op, Op::Collect { sids: Vec::new() });
-        let result = decide(&mut state.log, op, cmd.unix_ms, &mut records);
+        let result = match read {
+            Some(outcome) => Ok(outcome),
+            None => decide(&mut state.log, op, cmd.unix_ms, &mut records),
+        };
         for record in &records {
             let (sid, seq) = match record {
                 Record::Prompt { sid, seq, .. }
@@ -274,6 +282,7 @@ fn transaction(
             ticket: cmd.ticket,
             result,
             records,
+            images,
         });
     }
     if state.rows.garbage.len() >= GARBAGE_BATCH {
@@ -304,6 +313,8 @@ fn decide(
             }
             Ok(Outcome::Collected)
         }
+        // Answered before the decision (`State::read_for_loop`).
+        Op::Load { .. } | Op::Warm => Ok(Outcome::Loaded),
     }
 }
 

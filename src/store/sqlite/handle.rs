@@ -23,8 +23,10 @@ use super::decide::Writer;
 use super::open::Opened;
 use super::thread::{Committed, Frontier, Health, run};
 use crate::store::mem::{MemStore, StoreLimits};
-use crate::store::record::{Command, Done, Outcome, Record};
+use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::store::seam::{NOBODY, StoreEvent, StoreStats};
+use crate::store::types::Ticket;
+use crate::time::Millis;
 
 /// The loop's handle on the storage thread.
 pub struct Durable {
@@ -45,6 +47,12 @@ pub struct Durable {
     thread: Option<std::thread::JoinHandle<()>>,
     /// The data directory's lock (none for a [`Durable::detached`] one).
     _lock: Option<File>,
+    /// Messages of history a session keeps (a session read back is
+    /// replayed with it).
+    history_limit: usize,
+    /// The all-sessions reads waiting for the start's reading, while it
+    /// is under way (`None` once the copy holds every pending prompt).
+    warming: Option<Vec<Ticket>>,
 }
 
 /// The storage side of a handle with no storage thread
@@ -69,22 +77,31 @@ impl Detached {
     }
 }
 
-/// One committed command as the relay takes it: its records, then its
-/// requester's answer (a connect whose session was created runs again; a
-/// sweep has no requester).
-fn events_of(done: Done, out: &mut VecDeque<StoreEvent>) {
+/// One committed command as the relay takes it: the sessions it read
+/// whole, its records, then its requester's answer (a connect whose
+/// session was created, and a read that waited for its session, run
+/// again; a sweep has no requester). The start's reading ends with the
+/// ids of the sessions it did not send.
+fn events_of(done: Done, limit: usize, out: &mut VecDeque<StoreEvent>) {
     for record in &done.records {
         if let Record::Deleted { sid } = record {
             info!(session_id = sid.as_str(); "session deleted");
         }
     }
+    for image in done.images {
+        let sid = image.sid.clone();
+        // Its activity is set when the copy takes it.
+        let log = Box::new(image.into_log(Millis(0), limit));
+        out.push_back(StoreEvent::Loaded { sid, log });
+    }
     let to = done.ticket;
     let answered = to.conn != NOBODY && !matches!(done.result, Ok(Outcome::Collected));
     match done.result {
-        Ok(Outcome::Session { put: false, .. }) => {
+        Ok(Outcome::Session { put: false, .. }) | Ok(Outcome::Loaded) => {
             out.push_back(StoreEvent::Records(done.records));
             out.push_back(StoreEvent::Retry(to));
         }
+        Ok(Outcome::Warmed { dormant }) => out.push_back(StoreEvent::Dormant(dormant)),
         result if answered => out.push_back(StoreEvent::Answer {
             to,
             records: done.records,
@@ -101,7 +118,8 @@ pub const MAX_INFLIGHT: usize = 16_384;
 
 impl Durable {
     /// Starts the storage thread on an opened database; returns the
-    /// restored state for the loop, and the handle.
+    /// loop's copy, which holds no session yet (the thread's first work
+    /// reads those with pending prompts into it), and the handle.
     pub fn start(
         opened: Opened,
         limits: StoreLimits,
@@ -136,14 +154,23 @@ impl Durable {
             frontier,
             thread,
             _lock: Some(opened.lock),
+            history_limit: limits.history_limit,
+            warming: Some(Vec::new()),
         };
-        (opened.view, durable)
+        let mut durable = durable;
+        durable.submit(Command {
+            ticket: Ticket { conn: NOBODY, n: 0 },
+            op: Op::Warm,
+            unix_ms: 0,
+            load: false,
+        });
+        (MemStore::new(limits), durable)
     }
 
     /// A handle with no storage thread and no database: the caller plays
     /// the storage through the [`Detached`] side (see there).
     #[doc(hidden)]
-    pub fn detached() -> (Durable, Detached) {
+    pub fn detached(limits: StoreLimits) -> (Durable, Detached) {
         let (batch_tx, batch_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let frontier = Arc::new(Mutex::new(Frontier::default()));
@@ -159,6 +186,8 @@ impl Durable {
             frontier: frontier.clone(),
             thread: None,
             _lock: None,
+            history_limit: limits.history_limit,
+            warming: None,
         };
         let detached = Detached {
             batches: batch_rx,
@@ -171,6 +200,24 @@ impl Durable {
     /// Adds a command to this turn's batch.
     pub fn submit(&mut self, cmd: Command) {
         self.batch.push(cmd);
+    }
+
+    /// Before an all-sessions read: true (its ticket taken) while the
+    /// start's reading is under way; the read runs again once the copy
+    /// holds every pending prompt.
+    pub fn before_every_read(&mut self, ticket: impl FnOnce() -> Ticket) -> bool {
+        match &mut self.warming {
+            Some(waiting) => {
+                waiting.push(ticket());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the start's reading is under way.
+    pub fn warming(&self) -> bool {
+        self.warming.is_some()
     }
 
     /// Whether the queue to the storage thread is full.
@@ -199,12 +246,24 @@ impl Durable {
         if self.ready.is_empty() {
             while let Ok(c) = self.done.try_recv() {
                 self.inflight = self.inflight.saturating_sub(c.done.len());
-                self.stats.commits += 1;
-                self.stats.commands += c.commands as u64;
-                self.stats.errors += u64::from(!c.ok);
-                self.stats.commit_time.observe_us(c.micros);
+                // A group of reads alone is no commit.
+                if c.commands > 0 {
+                    self.stats.commits += 1;
+                    self.stats.commands += c.commands as u64;
+                    self.stats.errors += u64::from(!c.ok);
+                    self.stats.commit_time.observe_us(c.micros);
+                }
                 for done in c.done {
-                    events_of(done, &mut self.ready);
+                    // The start's reading is ticket 0 (it failed only
+                    // when nothing can be read: the reads waiting on it
+                    // then go on with what the copy holds).
+                    let warmed = done.ticket.conn == NOBODY && done.ticket.n == 0;
+                    events_of(done, self.history_limit, &mut self.ready);
+                    if warmed {
+                        for to in self.warming.take().unwrap_or_default() {
+                            self.ready.push_back(StoreEvent::Retry(to));
+                        }
+                    }
                 }
             }
         }

@@ -1,9 +1,15 @@
 //! Persistence on one machine: every session in an SQLite database
 //! `relay.db` in `RELAY_DATA_DIR`, owned by one storage thread.
 //!
-//! The loop keeps the committed state in memory (a
-//! [`MemStore`](super::MemStore) restored at start) and serves every read
-//! from it. A write becomes a [`Command`](super::record::Command); the
+//! The loop keeps the committed state of the sessions in use in memory (a
+//! [`MemStore`](super::MemStore), empty at start) and serves every read
+//! from it; a session it does not hold is read back whole first, under a
+//! ticket ([`Op::Load`](super::record::Op::Load), or with a write's
+//! answer), and the loop drops the least recently used ones nothing holds
+//! to keep the memory budget (`relay/resident.rs`). At start the thread's
+//! first work sends the sessions with pending prompts, and the others'
+//! ids ([`Op::Warm`](super::record::Op::Warm)). A write becomes a
+//! [`Command`](super::record::Command); the
 //! commands of a loop turn go to the storage thread as one batch, and the
 //! thread takes every batch waiting for it into one transaction (group
 //! commit), decides each command there with the memory engine's own rules
@@ -21,7 +27,7 @@
 //! The rooms:
 //!
 //! - `open`: the database opened at start, its lock taken, its schema
-//!   checked, every session restored ([`open()`], [`Opened`]);
+//!   checked ([`open()`], [`Opened`]);
 //! - `handle`: the loop's side, [`Durable`]: batches sent, commits taken
 //!   back as events, cancellation, readiness, shutdown;
 //! - `thread`: the storage thread's loop: group commit, the upkeep
@@ -29,7 +35,8 @@
 //! - `checkpoint`: the thread that copies the write-ahead log into the
 //!   database with `RELAY_SYNC=always`;
 //! - `decide`: the writer, each command decided and written as rows
-//!   inside a transaction;
+//!   inside a transaction; `decide/load` the sessions read for the loop
+//!   (one function, `State::session_for_loop`);
 //! - `rows`: where each retained message's row is, and the rows history
 //!   dropped;
 //! - `schema`: the SQL, its migrations and the restore at start;

@@ -2,8 +2,8 @@
 //! data directory checked (a directory, writable), `relay.db` created if
 //! missing and `flock`ed for as long as the server runs, the schema
 //! checked and migrated, a lost write-ahead log noticed against the side
-//! file (`generation`), and every session restored into the loop's
-//! [`MemStore`].
+//! file (`generation`). No session is read here: the loop starts with
+//! none, and the storage thread reads what it needs (see `handle`).
 //!
 //! Invariants: a file that is not a relay database, or that a newer relay
 //! wrote, is refused and left untouched; a second server on the directory
@@ -18,13 +18,10 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::generation::{self, GenFile};
 use super::{Sync, schema};
-use crate::store::mem::{MemStore, StoreLimits};
-use crate::time::Millis;
 
-/// A database opened, checked and restored, before the loop starts.
+/// A database opened and checked, before the loop starts.
 pub struct Opened {
     pub conn: Connection,
-    pub view: MemStore,
     /// `relay.db` itself, flocked while the server runs: a second server on
     /// the directory fails to take it. Closed only after every SQLite
     /// connection (closing any descriptor of the file would drop SQLite's
@@ -46,11 +43,10 @@ impl std::fmt::Display for OpenError {
 }
 
 /// Opens `relay.db` in `dir` (created if missing), takes its lock, checks
-/// and migrates the schema, and restores every session into memory.
-/// Called once at start, before listening. A directory the server cannot
+/// and migrates the schema. Called once at start, before listening. A directory the server cannot
 /// write in is reported as such; a file that is not a database, or one
 /// from a newer version, is refused and left untouched.
-pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<Opened, OpenError> {
+pub fn open(dir: &Path, sync: Sync) -> Result<Opened, OpenError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| OpenError(format!("{what}: {e}"));
     if dir.exists() && !dir.is_dir() {
         return Err(OpenError(format!(
@@ -92,12 +88,9 @@ pub fn open(dir: &Path, limits: StoreLimits, sync: Sync, now: Millis) -> Result<
             &e,
         )
     })?;
-    let view = schema::restore(&conn, limits, now, true)
-        .map_err(|e| fail(&format!("cannot read {}", path.display()), &e))?;
-    info!(path = path.display().to_string().as_str(), sessions = view.len(), schema = version; "database opened");
+    info!(path = path.display().to_string().as_str(), schema = version; "database opened");
     Ok(Opened {
         conn,
-        view,
         lock,
         path,
         generation,

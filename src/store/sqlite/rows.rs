@@ -42,6 +42,16 @@ impl Session {
         }
     }
 
+    /// How many messages the log retains.
+    pub fn len(&self) -> usize {
+        self.by_seq.len()
+    }
+
+    /// The rows of the messages the log retains, in `seq` order.
+    pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.by_seq.iter().map(|&(_, row)| row)
+    }
+
     /// A message's row, appended (messages come in `seq` order).
     pub fn appended(&mut self, seq: Seq, row: i64) {
         self.by_seq.push_back((seq.get(), row));

@@ -48,10 +48,10 @@ use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 
 use super::Sync;
+use crate::store::image::replay_row;
 use crate::store::log::SessionLog;
 use crate::store::mem::{IdGen, MemStore, StoreLimits};
 use crate::store::message::Kind;
-use crate::store::message::Message;
 use crate::store::types::{Seq, SessionId};
 use crate::time::Millis;
 
@@ -277,41 +277,8 @@ pub fn restore(
                     "stored message damaged (not UTF-8 or not a JSON object): kept, never sent; pages that would carry it answer 500");
             }
         }
-        if kind == KIND_ASK || kind == KIND_REPLY {
-            let id: Rc<str> = Rc::from(cid);
-            let msg = match (data, kind) {
-                (Some(d), KIND_ASK) => Message::ask_with(id, seq, ts, d),
-                (Some(d), _) => Message::reply_with(id, seq, ts, d),
-                (None, KIND_ASK) => Message::damaged(Kind::Ask, id, None, seq, ts),
-                (None, _) => Message::damaged(Kind::Reply, id, None, seq, ts),
-            };
-            if kind == KIND_ASK {
-                log.append_ask(msg, limit);
-            } else {
-                log.append_reply(msg, limit);
-            }
-        } else if kind == 0 {
-            let msg = match data {
-                Some(d) => Message::prompt_with(Rc::from(cid), seq, ts, d.to_vec()),
-                None => Message::damaged(Kind::Prompt, Rc::from(cid), None, seq, ts),
-            };
-            log.append_prompt(msg, limit);
-        } else if kind == 2 {
-            let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));
-            let msg = match data {
-                Some(d) => Message::cancel_with(cid, seq, ts, d),
-                None => Message::damaged(Kind::Cancel, cid, None, seq, ts),
-            };
-            log.append_cancel(msg, limit);
-        } else {
-            let aid: Rc<str> = Rc::from(r.get_ref(4)?.as_str_or_null()?.unwrap_or(""));
-            let cid = log.prompt_id(cid).unwrap_or_else(|| Rc::from(cid));
-            let msg = match data {
-                Some(d) => Message::assistant_with(cid, aid, seq, ts, d),
-                None => Message::damaged(Kind::Assistant, cid, Some(aid), seq, ts),
-            };
-            log.append_response(msg, limit);
-        }
+        let aid = r.get_ref(4)?.as_str_or_null()?;
+        replay_row(log, seq, kind_of(kind), cid, aid, ts, data, limit);
     }
     if report && damaged > MAX_DAMAGED_LOGGED {
         error!(count = damaged; "stored messages damaged in all");
@@ -326,6 +293,17 @@ pub fn restore(
     }
     store.order_restored();
     Ok(store)
+}
+
+/// The message kind a row's `kind` column names (see the module doc).
+pub fn kind_of(kind: i64) -> Kind {
+    match kind {
+        0 => Kind::Prompt,
+        2 => Kind::Cancel,
+        KIND_ASK => Kind::Ask,
+        KIND_REPLY => Kind::Reply,
+        _ => Kind::Assistant,
+    }
 }
 
 /// Damaged rows logged one by one at restore; past this, a count.

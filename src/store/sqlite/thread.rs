@@ -23,9 +23,10 @@ use log::{error, info};
 
 use super::Sync;
 use super::checkpoint::Checkpointer;
-use super::decide::Writer;
+use super::decide::{Writer, reads_only};
 use crate::error::ApiError;
 use crate::store::record::{Command, Done};
+use crate::store::seam::NOBODY;
 
 /// Where the loop and the storage thread meet over a write whose requester
 /// stopped waiting (see [`Durable::cancel`](super::Durable::cancel)).
@@ -58,15 +59,14 @@ pub(super) fn take_group(
     if group.first().is_none_or(|c| c.ticket.n > cancelled) {
         return (group, Vec::new());
     }
-    let (dropped, kept): (Vec<_>, Vec<_>) =
-        group.into_iter().partition(|c| c.ticket.n <= cancelled);
+    // A command for nobody (the sweep's, the start's reading) has no
+    // requester to stop waiting: it is never cancelled.
+    let (dropped, kept): (Vec<_>, Vec<_>) = group
+        .into_iter()
+        .partition(|c| c.ticket.n <= cancelled && c.ticket.conn != NOBODY);
     let dropped = dropped
         .into_iter()
-        .map(|c| Done {
-            ticket: c.ticket,
-            result: Err(ApiError::storage_unavailable()),
-            records: Vec::new(),
-        })
+        .map(|c| Done::only(c.ticket, Err(ApiError::storage_unavailable())))
         .collect();
     (kept, dropped)
 }
@@ -184,7 +184,9 @@ pub(super) fn run(
             }
         }
         let (group, mut cancelled) = take_group(&frontier, group);
-        let commands = group.len();
+        // Reads for the loop are no commands of a commit: a group of
+        // them alone commits nothing.
+        let commands = group.iter().filter(|c| !reads_only(c)).count();
         let started = Instant::now();
         let mut results = if group.is_empty() {
             Vec::new()

@@ -16,7 +16,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use relay::store::Message;
 use relay::store::record::{Command, Done, Op as Cmd, Outcome as Decided, Record};
+use relay::store::record::{SessionImage, StoredRow};
 use relay::store::sqlite::{Committed, Detached};
 use relay::store::{MemStore, StoreLimits};
 
@@ -42,6 +44,9 @@ pub(super) struct Storage {
     pub(super) expected: HashMap<u64, Expect>,
     /// Tickets whose requesters were answered `503` at their timeout.
     pub(super) abandoned: HashSet<u64>,
+    /// Tickets of reads for the loop (a session read back): their
+    /// requests are answered by what they run, or decide, again.
+    reads: HashSet<u64>,
 }
 
 impl Storage {
@@ -53,8 +58,42 @@ impl Storage {
             open: None,
             expected: HashMap::new(),
             abandoned: HashSet::new(),
+            reads: HashSet::new(),
         }
     }
+}
+
+/// A session the copy holds, whole, as the storage thread sends it to the
+/// loop: its counters and the messages its history and pending set hold
+/// (the thread reads them from their rows). The relay takes it only when
+/// its log lacks the session, which here (nothing is ever dropped from
+/// it, and no start reads a database) means a session the copy holds and
+/// the relay's log does not yet: one created by a write still in flight.
+fn image(copy: &MemStore, sid: &str) -> Option<SessionImage> {
+    let (key, log) = copy.key_and_log(sid)?;
+    let mut msgs: Vec<&Message> = log.history().map(|m| &**m).collect();
+    for m in log.page_all_pending() {
+        if !msgs.iter().any(|h| h.seq == m.seq) {
+            msgs.push(m);
+        }
+    }
+    msgs.sort_by_key(|m| m.seq);
+    Some(SessionImage {
+        sid: key.clone(),
+        epoch: log.epoch().to_string(),
+        counters: log.counters(),
+        rows: msgs
+            .into_iter()
+            .map(|m| StoredRow {
+                seq: m.seq,
+                kind: m.kind,
+                client_msg_id: m.client_msg_id.to_string(),
+                assistant_msg_id: m.assistant_msg_id.as_deref().map(str::to_string),
+                ts: m.ts,
+                data: Some(m.data().to_vec()),
+            })
+            .collect(),
+    })
 }
 
 /// The `seq` an outcome's answer carries.
@@ -111,19 +150,31 @@ impl World {
         let mut dones = Vec::with_capacity(n);
         let mut records_of = Vec::new();
         for cmd in group {
+            if matches!(cmd.op, Cmd::Load { .. } | Cmd::Warm) {
+                st.reads.insert(cmd.ticket.n);
+            }
             let ticket = cmd.ticket;
             if fail {
-                dones.push(Done {
-                    ticket,
-                    result: Err(ApiError::storage_unavailable()),
-                    records: Vec::new(),
-                });
+                dones.push(Done::only(ticket, Err(ApiError::storage_unavailable())));
                 continue;
             }
             let mut records = Vec::new();
             let collect = matches!(cmd.op, Cmd::Collect { .. });
+            let mut images = Vec::new();
             let result = match cmd.op {
-                Cmd::Write(w) => st.copy.decide(Millis(0), cmd.unix_ms, w, &mut records),
+                Cmd::Write(w) => {
+                    if cmd.load {
+                        images.extend(image(&st.copy, w.session()));
+                    }
+                    st.copy.decide(Millis(0), cmd.unix_ms, w, &mut records)
+                }
+                Cmd::Load { sid } => {
+                    images.extend(image(&st.copy, &sid));
+                    Ok(Decided::Loaded)
+                }
+                Cmd::Warm => Ok(Decided::Warmed {
+                    dormant: Vec::new(),
+                }),
                 Cmd::Collect { sids } => {
                     for sid in sids.into_iter().filter(|sid| st.copy.contains(sid)) {
                         records.push(Record::Deleted { sid });
@@ -139,10 +190,11 @@ impl World {
                 ticket,
                 result,
                 records,
+                images,
             });
         }
         for d in dones.iter().chain(&cancelled) {
-            if d.ticket.conn == NOBODY {
+            if d.ticket.conn == NOBODY || st.reads.contains(&d.ticket.n) {
                 continue;
             }
             let e = match &d.result {
@@ -255,6 +307,10 @@ impl World {
         let Some(st) = &mut self.storage else {
             return Err("an answer by ticket from the memory engine".to_string());
         };
+        if st.reads.remove(&n) {
+            // A part decided on the log once its session was read.
+            return Ok(());
+        }
         match st.expected.remove(&n) {
             Some(Expect::Ok(seq)) if status == 200 => {
                 if let Some(seq) = seq {

@@ -1,0 +1,188 @@
+//! Which sessions the loop's log holds, where the engine reads a session
+//! back on its next use (a data directory): only those in use. When the
+//! counted bytes pass the budget, the least recently used sessions that
+//! nothing here holds are dropped from the log ([`Relay::evict`]); a
+//! request that needs one again waits for it under a ticket, and the
+//! engine hands it over whole ([`StoreEvent::Loaded`](crate::store::seam::StoreEvent::Loaded)).
+//!
+//! What holds a session (it is never dropped while any does): a parked
+//! poll or `GET /asks`, a subscriber, an open draft, a write in flight,
+//! and a pending prompt: the all-sessions poll lists every session's
+//! pending prompts from the log's arrival order, which must hold them
+//! all. The agent's presence and receipts are live state beside the log
+//! (`live.rs`): they stay when the log goes.
+//!
+//! The sessions dropped, and those the engine holds that were never read
+//! since start, are known by id with their last activity ([`Resident`]):
+//! the idle sweep collects them past the TTL as it does the others.
+//! Their entries count on the budget.
+//!
+//! Invariant: a session is in the log or in `dormant`, never both; the
+//! eviction runs at the end of a loop turn, never between a session read
+//! back and the request that waited for it running again.
+
+use std::collections::{HashMap, HashSet};
+
+use log::debug;
+
+use super::Relay;
+use crate::store::log::weight::alloc;
+use crate::store::{SessionId, SessionLog};
+use crate::time::Millis;
+
+/// How long a pass that found nothing to drop keeps the next one off:
+/// a walk over the sessions at most this often while the budget is full.
+const STUCK_RETRY_MS: u64 = 100;
+
+/// An entry of `dormant`, besides its id's bytes: the map's slot (key,
+/// value, control byte, load factor) and the id's shared block.
+const DORMANT_ENTRY: usize = 48 + 16;
+
+/// The sessions known by id only, and what eviction did.
+#[derive(Debug, Default)]
+pub(super) struct Resident {
+    /// Sessions the engine holds and the log does not, with their last
+    /// activity.
+    dormant: HashMap<SessionId, Millis>,
+    /// What `dormant` weighs, as counted.
+    dormant_bytes: usize,
+    /// Sessions read back into the log.
+    pub(super) loads: u64,
+    /// Sessions dropped from the log.
+    pub(super) evictions: u64,
+    /// When the last pass found too little to drop, while the budget is
+    /// still passed.
+    stuck_at: Option<Millis>,
+}
+
+impl Resident {
+    fn weight(sid: &SessionId) -> usize {
+        DORMANT_ENTRY + alloc(sid.len())
+    }
+
+    fn add(&mut self, sid: SessionId, last_active: Millis) {
+        let w = Resident::weight(&sid);
+        if self.dormant.insert(sid, last_active).is_none() {
+            self.dormant_bytes += w;
+        }
+    }
+
+    /// `sid` is in the log now, or gone: no longer known by id only.
+    pub(super) fn remove(&mut self, sid: &str) {
+        if let Some((sid, _)) = self.dormant.remove_entry(sid) {
+            self.dormant_bytes -= Resident::weight(&sid);
+        }
+    }
+
+    /// Sessions known by id only.
+    pub(super) fn len(&self) -> usize {
+        self.dormant.len()
+    }
+
+    /// What they weigh on the budget.
+    pub(super) fn bytes(&self) -> usize {
+        self.dormant_bytes
+    }
+
+    /// The sessions known by id only that nobody used for `after` ms and
+    /// that no write in flight names: the idle sweep's.
+    pub(super) fn idle(&self, now: Millis, after: u64, writing: &HashSet<&str>) -> Vec<SessionId> {
+        self.dormant
+            .iter()
+            .filter(|(sid, t)| now.since(**t) >= after && !writing.contains(sid.as_str()))
+            .map(|(sid, _)| sid.clone())
+            .collect()
+    }
+
+    /// Whether the last eviction pass could not bring the count under
+    /// the budget.
+    pub(super) fn stuck(&self) -> bool {
+        self.stuck_at.is_some()
+    }
+}
+
+impl Relay {
+    /// Whether the log holds every session the engine holds (but those
+    /// whose creation is in flight): nothing was dropped from it, or
+    /// everything dropped is gone since, and the start's reading is done.
+    /// A session it lacks then does not exist, and no read waits to find
+    /// that out.
+    pub(super) fn holds_every_session(&self) -> bool {
+        self.resident.len() == 0 && !self.engine.warming()
+    }
+
+    /// A session read back whole: the log takes it unless it holds it
+    /// already (read back or created meanwhile, and followed since).
+    pub(super) fn loaded(&mut self, now: Millis, sid: SessionId, mut log: Box<SessionLog>) {
+        if self.store.contains(&sid) {
+            return;
+        }
+        self.resident.remove(&sid);
+        log.last_active = now;
+        self.store.insert(sid, *log);
+        self.resident.loads += 1;
+    }
+
+    /// The start's reading is done: the sessions it read (those with
+    /// pending prompts) are in the log, their prompts ordered by arrival
+    /// across sessions as before the restart; the others are known by id
+    /// from now on, idle since now.
+    pub(super) fn dormant_known(&mut self, now: Millis, sids: Vec<SessionId>) {
+        self.store.order_restored();
+        for sid in sids {
+            if !self.store.contains(&sid) {
+                self.resident.add(sid, now);
+            }
+        }
+    }
+
+    /// Drops the least recently used sessions nothing holds until the
+    /// count is an eighth under the budget (so a pass is not needed again
+    /// at the next write), when it is past the budget and the engine reads
+    /// sessions back. Called by the shell at the end of every loop turn;
+    /// returns how many were dropped.
+    pub fn evict(&mut self, now: Millis) -> usize {
+        let budget = self.budget_bytes();
+        if !self.engine.reads_back() || self.memory_bytes() <= budget {
+            self.resident.stuck_at = None;
+            return 0;
+        }
+        if self
+            .resident
+            .stuck_at
+            .is_some_and(|at| now.since(at) < STUCK_RETRY_MS)
+        {
+            return 0;
+        }
+        let writing: HashSet<&str> = self.writing.values().map(SessionId::as_str).collect();
+        let (presence, live) = (&self.presence, &self.live);
+        let mut lru: Vec<(Millis, SessionId)> = self
+            .store
+            .idle(|sid, log| {
+                !(presence.contains_key(sid)
+                    || live.get(sid).is_some_and(|l| !l.drafts.is_empty())
+                    || writing.contains(sid)
+                    || log.pending_len() > 0)
+            })
+            .into_iter()
+            .filter_map(|sid| Some((self.store.get(&sid)?.last_active, sid)))
+            .collect();
+        lru.sort_unstable();
+        let target = budget - budget / 8;
+        let mut dropped = 0;
+        for (last_active, sid) in lru {
+            if self.memory_bytes() <= target {
+                break;
+            }
+            self.store.forget(&sid);
+            self.resident.add(sid, last_active);
+            dropped += 1;
+        }
+        self.resident.evictions += dropped as u64;
+        self.resident.stuck_at = (self.memory_bytes() > budget).then_some(now);
+        if dropped > 0 {
+            debug!(count = dropped, resident = self.store.len(); "sessions dropped from memory");
+        }
+        dropped
+    }
+}

@@ -1,0 +1,166 @@
+//! With a data directory, memory holds only the sessions in use: under a
+//! budget far smaller than what is written, the least recently used
+//! sessions leave memory and are read back on their next use, with every
+//! acknowledged message, `seq` and epoch as they were; a subscriber that
+//! resumes gets no `resync`; a parked poll keeps its session; and after a
+//! restart, which reads no session, the first request is answered and
+//! everything is there.
+
+use crate::common::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// A budget far below what the test writes (about 2.4 MB of messages).
+const BUDGET: &str = "1M";
+const SESSIONS: usize = 60;
+const PAIRS: usize = 10;
+
+fn start(dir: &Dir) -> Server {
+    Server::start_single_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_MAX_MEMORY", BUDGET)])
+}
+
+/// A sample of the `/metrics` exposition, by its exact name.
+#[track_caller]
+fn metric(srv: &Server, name: &str) -> u64 {
+    let text = srv.get("/metrics").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+}
+
+/// Every message of a session, asserting `seq` runs from 1 with no hole.
+#[track_caller]
+fn all_messages(srv: &Server, sid: &str) -> Vec<Value> {
+    let page = srv.messages(sid, "?limit=1000");
+    let msgs = page["messages"].as_array().expect("messages").clone();
+    let seqs: Vec<u64> = msgs
+        .iter()
+        .map(|m| m["data"]["seq"].as_u64().unwrap())
+        .collect();
+    let want: Vec<u64> = (1..=msgs.len() as u64).collect();
+    assert_eq!(seqs, want, "{sid}: seq has holes or repeats");
+    msgs
+}
+
+/// What a session holds, as (kind, client_msg_id, text) in order.
+fn contents(msgs: &[Value]) -> Vec<(String, String, String)> {
+    msgs.iter()
+        .map(|m| {
+            let d = &m["data"];
+            let text = d["prompt"].as_str().or(d["text"].as_str()).unwrap_or("");
+            (
+                m["type"].as_str().unwrap().to_string(),
+                d["client_msg_id"].as_str().unwrap().to_string(),
+                text.to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn sessions_leave_memory_under_the_budget_and_come_back_whole() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    let dir = Dir::new("resident");
+    let mut srv = start(&dir);
+    let big = "m".repeat(4000);
+    let sid = |i: usize| format!("res-{i}");
+    // A session someone waits on: its poll parks first, before anything
+    // is written, and must stay parked (its session in memory) however
+    // much is written meanwhile.
+    srv.put("/sessions/res-parked");
+    let mut poll = srv.start_poll("res-parked", "?timeout=60");
+    srv.wait_health("parked_polls", 1);
+    let mut acked: BTreeMap<String, Vec<(String, String, String)>> = BTreeMap::new();
+    let mut epochs = BTreeMap::new();
+    for round in 0..PAIRS {
+        for i in 0..SESSIONS {
+            let s = sid(i);
+            let cid = format!("p{round}");
+            let text = format!("{round}{big}");
+            srv.prompt(&s, &text, Some(&cid));
+            srv.respond(&s, &cid, &format!("a{round}"));
+            let log = acked.entry(s.clone()).or_default();
+            log.push(("prompt".into(), cid.clone(), text));
+            log.push(("assistant".into(), cid, format!("a{round}")));
+        }
+        if round == 0 {
+            for i in 0..SESSIONS {
+                let info = srv.get(&format!("/sessions/{}", sid(i))).json();
+                epochs.insert(sid(i), info["epoch"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    let resident = metric(&srv, "relay_sessions_resident");
+    assert!(
+        resident < SESSIONS as u64 / 2,
+        "{resident} of {SESSIONS} sessions held in memory under a 1 MiB budget"
+    );
+    assert!(metric(&srv, "relay_memory_bytes") <= 1024 * 1024 + 64 * 1024);
+    assert!(metric(&srv, "relay_session_evictions_total") > 0);
+    assert_eq!(metric(&srv, "relay_sessions"), SESSIONS as u64 + 1);
+
+    // The parked poll is still parked, and its session answers it.
+    assert!(poll.is_silent_for(std::time::Duration::from_millis(100)));
+    srv.prompt("res-parked", "wake", Some("w1"));
+    let woke = poll.read_response();
+    assert_eq!(woke.status, 200, "{}", woke.text());
+    assert_eq!(woke.json()[0]["client_msg_id"], "w1");
+    srv.respond("res-parked", "w1", "done");
+
+    // A subscriber that saw seq 2 of session 0 resumes with its cursor
+    // and epoch: the rest of the answers, no resync.
+    let s0 = sid(0);
+    let loads = metric(&srv, "relay_session_loads_total");
+    let mut ws = srv.ws(&format!("/ws/{s0}?after=2&epoch={}", epochs[&s0]));
+    let f = ws.recv_json_skip_pings();
+    assert_eq!(f["type"], "message", "no resync: {f}");
+    assert_eq!(f["data"]["seq"], 4);
+    drop(ws);
+    assert!(metric(&srv, "relay_session_loads_total") > loads);
+
+    // Every session read back: all that was acknowledged, in order.
+    for i in 0..SESSIONS {
+        let s = sid(i);
+        let msgs = all_messages(&srv, &s);
+        assert_eq!(contents(&msgs), acked[&s], "{s}");
+        let info = srv.get(&format!("/sessions/{s}")).json();
+        assert_eq!(info["epoch"], epochs[&s], "{s}: the same epoch");
+    }
+    assert!(metric(&srv, "relay_session_loads_total") >= SESSIONS as u64 / 2);
+    assert!(metric(&srv, "relay_sessions_resident") < SESSIONS as u64 / 2);
+    // A resend is still a duplicate, and seq goes on.
+    let s5 = sid(5);
+    assert_eq!(
+        srv.prompt(&s5, &format!("0{big}"), Some("p0"))["duplicate"],
+        true
+    );
+    srv.prompt(&s5, "after", Some("later"));
+    let last = srv.messages(&s5, &format!("?after={}", 2 * PAIRS));
+    assert_eq!(last["messages"][0]["data"]["seq"], 2 * PAIRS as u64 + 1);
+    acked
+        .get_mut(&s5)
+        .unwrap()
+        .push(("prompt".into(), "later".into(), "after".into()));
+
+    // A restart reads no session: the first request is answered, then
+    // everything is there.
+    srv.kill9();
+    let srv = start(&dir);
+    let health = srv.get("/healthz");
+    assert_eq!(health.status, 200);
+    assert_eq!(metric(&srv, "relay_sessions_resident"), 0);
+    for i in 0..SESSIONS {
+        let s = sid(i);
+        assert_eq!(contents(&all_messages(&srv, &s)), acked[&s], "{s}");
+    }
+    assert_eq!(srv.pending(&s5).len(), 1, "the prompt left pending");
+    let every = srv.get("/prompts?wait=false");
+    assert_eq!(every.status, 200, "{}", every.text());
+    assert_eq!(every.json().as_array().map(Vec::len), Some(1));
+    let gone = srv.get("/messages/res-nobody");
+    assert_eq!(gone.status, 404);
+}
