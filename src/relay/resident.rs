@@ -106,9 +106,10 @@ impl Relay {
     /// whose creation is in flight): nothing was dropped from it, or
     /// everything dropped is gone since, and the start's reading is done.
     /// A session it lacks then does not exist, and no read waits to find
-    /// that out.
+    /// that out. Never with Redis: other instances create sessions this
+    /// copy has not heard of.
     pub(super) fn holds_every_session(&self) -> bool {
-        self.resident.len() == 0 && !self.engine.warming()
+        self.engine.holds_every_prompt() && self.resident.len() == 0 && !self.engine.warming()
     }
 
     /// A session read back whole: the log takes it unless it holds it
