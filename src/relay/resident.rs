@@ -1,5 +1,5 @@
 //! Which sessions the loop's log holds, where the engine reads a session
-//! back on its next use (a data directory): only those in use. When the
+//! back on its next use (a data directory, Redis): only those in use. When the
 //! counted bytes pass the budget, the least recently used sessions that
 //! nothing here holds are dropped from the log ([`Relay::evict`]); a
 //! request that needs one again waits for it under a ticket, and the
@@ -7,15 +7,19 @@
 //!
 //! What holds a session (it is never dropped while any does): a parked
 //! poll or `GET /asks`, a subscriber, an open draft, a write in flight,
-//! and a pending prompt: the all-sessions poll lists every session's
-//! pending prompts from the log's arrival order, which must hold them
-//! all. The agent's presence and receipts are live state beside the log
-//! (`live.rs`): they stay when the log goes.
+//! and with a data directory a pending prompt: the all-sessions poll
+//! lists every session's pending prompts from the log's arrival order,
+//! which must hold them all (with Redis it reads them from Redis). With a
+//! data directory the agent's presence and receipts are live state beside
+//! the log (`live.rs`): they stay when the log goes.
 //!
-//! The sessions dropped, and those the engine holds that were never read
-//! since start, are known by id with their last activity ([`Resident`]):
-//! the idle sweep collects them past the TTL as it does the others.
-//! Their entries count on the budget.
+//! With a data directory, the sessions dropped, and those the engine holds
+//! that were never read since start, are known by id with their last
+//! activity ([`Resident`]): the idle sweep collects them past the TTL as
+//! it does the others. Their entries count on the budget. Redis keeps
+//! and collects its sessions itself, so a copy dropped there is forgotten
+//! as the idle sweep forgets one (with the other instances' state in it,
+//! which comes back with the session).
 //!
 //! Invariant: a session is in the log or in `dormant`, never both; the
 //! eviction runs at the end of a loop turn, never between a session read
@@ -157,13 +161,14 @@ impl Relay {
         }
         let writing: HashSet<&str> = self.writing.values().map(SessionId::as_str).collect();
         let (presence, live) = (&self.presence, &self.live);
+        let every_from_log = self.engine.holds_every_prompt();
         let mut lru: Vec<(Millis, SessionId)> = self
             .store
             .idle(|sid, log| {
                 !(presence.contains_key(sid)
                     || live.get(sid).is_some_and(|l| !l.drafts.is_empty())
                     || writing.contains(sid)
-                    || log.pending_len() > 0)
+                    || (every_from_log && log.pending_len() > 0))
             })
             .into_iter()
             .filter_map(|sid| Some((self.store.get(&sid)?.last_active, sid)))
@@ -176,7 +181,13 @@ impl Relay {
                 break;
             }
             self.store.forget(&sid);
-            self.resident.add(sid, last_active);
+            if self.engine.collects_itself() {
+                // As the idle sweep forgets a copy: Redis keeps the
+                // session, and its other instances' state here goes too.
+                self.live.remove(&sid);
+            } else {
+                self.resident.add(sid, last_active);
+            }
             dropped += 1;
         }
         self.resident.evictions += dropped as u64;

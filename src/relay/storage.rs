@@ -155,6 +155,11 @@ impl Relay {
                     refill,
                 } => {
                     log.last_active = now;
+                    // Read into a copy that lacked it: a session read
+                    // back (with Redis, the copy is a cache).
+                    if !self.store.contains(&sid) {
+                        self.resident.loads += 1;
+                    }
                     self.store.insert(sid.clone(), *log);
                     if let Some(resync) = refill {
                         // A new epoch: the parked polls are checked

@@ -84,9 +84,17 @@ impl Engine {
 
     /// Whether a session the copy drops is read back on its next use, so
     /// the budget is kept by dropping the least recently used sessions
-    /// nothing here holds, rather than by refusing writes.
+    /// nothing here holds, rather than by refusing writes: from the data
+    /// directory, or from Redis (whose copy is this instance's cache).
     pub fn reads_back(&self) -> bool {
-        matches!(self, Engine::Durable(_))
+        matches!(self, Engine::Durable(_) | Engine::Shared(_))
+    }
+
+    /// Whether the engine keeps the sessions the copy drops, and deletes
+    /// them past the TTL itself (Redis): the copy then forgets a dropped
+    /// session outright instead of knowing it by id for its idle sweep.
+    pub fn collects_itself(&self) -> bool {
+        matches!(self, Engine::Shared(_))
     }
 
     /// Whether the start's reading of the sessions the copy needs (those

@@ -544,6 +544,17 @@ impl Server {
         h
     }
 
+    /// A sample of the `/metrics` exposition, by its exact name.
+    #[track_caller]
+    pub fn metric(&self, name: &str) -> u64 {
+        let text = self.get("/metrics").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+            .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+    }
+
     /// Polls `/healthz` (bounded, 10 s) until `field` equals `want`: a readiness check, not a
     /// sleep. Returns the last body.
     #[track_caller]

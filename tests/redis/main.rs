@@ -1,7 +1,8 @@
 //! Several relays sharing sessions through Redis, against real relay
 //! processes and a real `redis-server`: every flow across instances
 //! (instances), a cancel across instances (cancels), one agent for every
-//! session across instances (every), a reply waking an ask
+//! session across instances (every), each copy under the memory budget
+//! (budget), a reply waking an ask
 //! parked on another instance (asks), faults injected into
 //! the shared Redis (faults, counted by the writers of writers), and what
 //! waits on a relay while Redis restarts empty (restart).
@@ -10,6 +11,7 @@
 mod common;
 
 mod asks;
+mod budget;
 mod cancels;
 mod every;
 mod faults;

@@ -19,17 +19,6 @@ fn start(dir: &Dir) -> Server {
     Server::start_single_with(&[("RELAY_DATA_DIR", dir.path()), ("RELAY_MAX_MEMORY", BUDGET)])
 }
 
-/// A sample of the `/metrics` exposition, by its exact name.
-#[track_caller]
-fn metric(srv: &Server, name: &str) -> u64 {
-    let text = srv.get("/metrics").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
-}
-
 /// Every message of a session, asserting `seq` runs from 1 with no hole.
 #[track_caller]
 fn all_messages(srv: &Server, sid: &str) -> Vec<Value> {
@@ -94,14 +83,14 @@ fn sessions_leave_memory_under_the_budget_and_come_back_whole() {
             }
         }
     }
-    let resident = metric(&srv, "relay_sessions_resident");
+    let resident = srv.metric("relay_sessions_resident");
     assert!(
         resident < SESSIONS as u64 / 2,
         "{resident} of {SESSIONS} sessions held in memory under a 1 MiB budget"
     );
-    assert!(metric(&srv, "relay_memory_bytes") <= 1024 * 1024 + 64 * 1024);
-    assert!(metric(&srv, "relay_session_evictions_total") > 0);
-    assert_eq!(metric(&srv, "relay_sessions"), SESSIONS as u64 + 1);
+    assert!(srv.metric("relay_memory_bytes") <= 1024 * 1024 + 64 * 1024);
+    assert!(srv.metric("relay_session_evictions_total") > 0);
+    assert_eq!(srv.metric("relay_sessions"), SESSIONS as u64 + 1);
 
     // The parked poll is still parked, and its session answers it.
     assert!(poll.is_silent_for(std::time::Duration::from_millis(100)));
@@ -114,13 +103,13 @@ fn sessions_leave_memory_under_the_budget_and_come_back_whole() {
     // A subscriber that saw seq 2 of session 0 resumes with its cursor
     // and epoch: the rest of the answers, no resync.
     let s0 = sid(0);
-    let loads = metric(&srv, "relay_session_loads_total");
+    let loads = srv.metric("relay_session_loads_total");
     let mut ws = srv.ws(&format!("/ws/{s0}?after=2&epoch={}", epochs[&s0]));
     let f = ws.recv_json_skip_pings();
     assert_eq!(f["type"], "message", "no resync: {f}");
     assert_eq!(f["data"]["seq"], 4);
     drop(ws);
-    assert!(metric(&srv, "relay_session_loads_total") > loads);
+    assert!(srv.metric("relay_session_loads_total") > loads);
 
     // Every session read back: all that was acknowledged, in order.
     for i in 0..SESSIONS {
@@ -130,8 +119,8 @@ fn sessions_leave_memory_under_the_budget_and_come_back_whole() {
         let info = srv.get(&format!("/sessions/{s}")).json();
         assert_eq!(info["epoch"], epochs[&s], "{s}: the same epoch");
     }
-    assert!(metric(&srv, "relay_session_loads_total") >= SESSIONS as u64 / 2);
-    assert!(metric(&srv, "relay_sessions_resident") < SESSIONS as u64 / 2);
+    assert!(srv.metric("relay_session_loads_total") >= SESSIONS as u64 / 2);
+    assert!(srv.metric("relay_sessions_resident") < SESSIONS as u64 / 2);
     // A resend is still a duplicate, and seq goes on.
     let s5 = sid(5);
     assert_eq!(
@@ -152,7 +141,7 @@ fn sessions_leave_memory_under_the_budget_and_come_back_whole() {
     let srv = start(&dir);
     let health = srv.get("/healthz");
     assert_eq!(health.status, 200);
-    assert_eq!(metric(&srv, "relay_sessions_resident"), 0);
+    assert_eq!(srv.metric("relay_sessions_resident"), 0);
     for i in 0..SESSIONS {
         let s = sid(i);
         assert_eq!(contents(&all_messages(&srv, &s)), acked[&s], "{s}");
