@@ -36,9 +36,11 @@ impl Budget {
 }
 
 impl Relay {
-    /// Bytes held for sessions, as counted (`relay_memory_bytes`).
+    /// Bytes held for sessions, as counted (`relay_memory_bytes`): the
+    /// loop's log and what it holds beside, and what the engine holds
+    /// (the storage thread's cache).
     pub fn memory_bytes(&self) -> usize {
-        self.store.memory()
+        self.store.memory() + self.engine.held_bytes()
     }
 
     /// The budget, in bytes (`relay_memory_budget_bytes`).

@@ -314,7 +314,7 @@ impl Relay {
     pub fn counts(&self) -> Counts {
         Counts {
             sessions: self.store.len(),
-            memory_bytes: self.store.memory(),
+            memory_bytes: self.memory_bytes(),
             memory_budget: self.budget_bytes(),
             ..self.counts
         }

@@ -81,6 +81,15 @@ impl Engine {
         matches!(self, Engine::Memory)
     }
 
+    /// Bytes the engine holds for sessions outside the relay's log (the
+    /// storage thread's cache), counted in the one memory budget.
+    pub fn held_bytes(&self) -> usize {
+        match self {
+            Engine::Durable(d) => d.cache_bytes(),
+            Engine::Memory | Engine::Shared(_) => 0,
+        }
+    }
+
     /// Redis, when sessions are shared.
     pub fn redis(&mut self) -> Option<&mut RedisStore> {
         match self {

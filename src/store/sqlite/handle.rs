@@ -12,6 +12,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -42,6 +43,8 @@ pub struct Durable {
     gone: bool,
     health: Arc<Health>,
     frontier: Arc<Mutex<Frontier>>,
+    /// The bytes the storage thread's cache holds (it publishes them).
+    held: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// The data directory's lock (none for a [`Durable::detached`] one).
     _lock: Option<File>,
@@ -100,13 +103,15 @@ fn events_of(done: Done, out: &mut VecDeque<StoreEvent>) {
 pub const MAX_INFLIGHT: usize = 16_384;
 
 impl Durable {
-    /// Starts the storage thread on an opened database; returns the
-    /// restored state for the loop, and the handle.
+    /// Starts the storage thread on an opened database, its cache holding
+    /// at most `share` bytes between transactions; returns the restored
+    /// state for the loop, and the handle.
     pub fn start(
         opened: Opened,
         limits: StoreLimits,
         sync: Sync,
         waker: Arc<mio::Waker>,
+        share: usize,
     ) -> (MemStore, Durable) {
         let (batch_tx, batch_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -115,12 +120,12 @@ impl Durable {
         let theirs = frontier.clone();
         let health = Arc::new(Health::new());
         let shared = health.clone();
-        // The writer reads its copy of the log in the thread, while the
-        // loop starts serving what it restored.
+        let held = Arc::new(AtomicU64::new(0));
+        let publish = held.clone();
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())
             .spawn(move || {
-                let writer = Writer::new(conn, limits, generation);
+                let writer = Writer::new(conn, limits, generation, share, publish);
                 run(writer, batch_rx, done_tx, waker, sync, theirs, shared)
             })
             .ok();
@@ -134,6 +139,7 @@ impl Durable {
             gone: thread.is_none(),
             health,
             frontier,
+            held,
             thread,
             _lock: Some(opened.lock),
         };
@@ -157,6 +163,7 @@ impl Durable {
             gone: false,
             health: Arc::new(Health::new()),
             frontier: frontier.clone(),
+            held: Arc::default(),
             thread: None,
             _lock: None,
         };
@@ -209,6 +216,12 @@ impl Durable {
             }
         }
         self.ready.pop_front()
+    }
+
+    /// The bytes the storage thread's cache holds, as it last published
+    /// them (counted in `relay_memory_bytes`).
+    pub fn cache_bytes(&self) -> usize {
+        self.held.load(Ordering::Relaxed) as usize
     }
 
     /// Whether writes succeed and none is overdue (`/readyz`): follows

@@ -7,7 +7,8 @@
 //! commands of a loop turn go to the storage thread as one batch, and the
 //! thread takes every batch waiting for it into one transaction (group
 //! commit), decides each command there with the memory engine's own rules
-//! over its own copy of the log (dedupe, `seq`, caps, trimming), appends
+//! over the sessions it names (dedupe, `seq`, caps, trimming), as its cache
+//! holds them or reads them back from the file, appends
 //! one row per message, commits (`synchronous=FULL` for
 //! `RELAY_SYNC=always`: one fsync per transaction), and sends back a
 //! [`Done`](super::record::Done) per command, with the committed changes,
@@ -30,6 +31,9 @@
 //!   database with `RELAY_SYNC=always`;
 //! - `decide`: the writer, each command decided and written as rows
 //!   inside a transaction;
+//! - `cache`: the sessions the writer holds, read back on demand, the
+//!   least recently used dropped past the cache's share of the budget
+//!   ([`cache_share`]);
 //! - `rows`: where each retained message's row is, and the rows history
 //!   dropped;
 //! - `schema`: the SQL, its migrations and the restore at start;
@@ -41,6 +45,7 @@
 //! read or a socket added there fails CI (the checkpointer sleeps between
 //! copies, but reads no clock).
 
+mod cache;
 mod checkpoint;
 mod decide;
 mod generation;
@@ -48,6 +53,8 @@ mod handle;
 mod open;
 mod rows;
 mod schema;
+#[cfg(test)]
+mod tests;
 mod thread;
 
 use std::time::Duration;
@@ -56,6 +63,14 @@ pub use decide::Writer;
 pub use handle::{Detached, Durable, MAX_INFLIGHT, STOP_BOUND};
 pub use open::{OpenError, Opened, open};
 pub use thread::{Committed, Frontier};
+
+/// The storage thread's share of the memory budget (`RELAY_MAX_MEMORY`):
+/// an eighth. Its cache needs only the sessions being written; the rest
+/// of the budget is the loop's, which serves every read. Both count in
+/// the one figure the loop reports (`relay_memory_bytes`).
+pub fn cache_share(max_memory: usize) -> usize {
+    max_memory / 8
+}
 
 /// How often the storage thread makes its data durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
