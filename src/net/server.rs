@@ -147,9 +147,9 @@ impl Server {
             None => Relay::in_memory(limits),
             Some(opened) => {
                 let waker = Arc::new(mio::Waker::new(poll.registry(), STORE)?);
-                let share = crate::store::sqlite::cache_share(limits.max_memory);
+                let budget = limits.max_memory;
                 let (view, durable) =
-                    Durable::start(opened, limits.store(), cfg.sync, waker, share);
+                    Durable::start(opened, limits.store(), cfg.sync, waker, budget);
                 Relay::new(limits, view, Engine::Durable(durable))
             }
         };

@@ -367,10 +367,13 @@ impl Engine {
         }
     }
 
-    /// Sends this turn's writes to the storage thread; called at the end of
-    /// every loop turn.
-    pub fn flush(&mut self) {
+    /// Sends this turn's writes to the storage thread, and tells it how
+    /// many bytes the relay's log holds (`held`: its cache takes what
+    /// they leave of the memory budget); called at the end of every loop
+    /// turn.
+    pub fn flush(&mut self, held: usize) {
         if let Engine::Durable(d) = self {
+            d.loop_holds(held);
             d.flush();
         }
     }

@@ -4,7 +4,7 @@
 //! that restores every session at start, so a decision on a session read
 //! back is the decision on one never dropped), and the least recently
 //! used ones dropped once the cache holds more than its share of the
-//! memory budget ([`Cache::evict_to`]).
+//! memory budget ([`Share`], [`Cache::evict_to`]).
 //!
 //! Invariants: the cache's log ([`MemStore`]) and its rows ([`Rows`]) hold
 //! the same sessions, each once in the use order; the log counts the
@@ -15,6 +15,7 @@
 //! reads the clock: the use order is a counter.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::Connection;
 
@@ -31,6 +32,37 @@ const ROW: usize = 24;
 /// What one cached session weighs besides its log: its rows' entry in
 /// their map under its id, and its place in the use order.
 const SESSION: usize = 160;
+
+/// The memory budget (`RELAY_MAX_MEMORY`) as the storage thread's cache
+/// and the loop share it: one budget, counted in one figure
+/// (`relay_memory_bytes`, the loop's count plus [`held`](Self::held)).
+/// The cache may hold what the loop leaves of the budget, and a quarter
+/// of it whatever the loop holds: a cache smaller than the sessions
+/// written in turn reads a session back for nearly every write.
+#[derive(Debug, Default)]
+pub struct Share {
+    budget: usize,
+    /// The bytes the cache holds (the storage thread publishes them).
+    pub held: AtomicU64,
+    /// The bytes the loop holds (it publishes them every turn).
+    pub others: AtomicU64,
+}
+
+impl Share {
+    /// The split of a budget of `budget` bytes, nothing held yet.
+    pub fn new(budget: usize) -> Share {
+        Share {
+            budget,
+            ..Share::default()
+        }
+    }
+
+    /// What the cache may hold now.
+    pub fn room(&self) -> usize {
+        let others = self.others.load(Ordering::Relaxed) as usize;
+        (self.budget / 4).max(self.budget.saturating_sub(others))
+    }
+}
 
 /// The sessions the storage thread holds, and where their rows are.
 pub struct Cache {

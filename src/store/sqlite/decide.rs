@@ -12,12 +12,12 @@
 //! memory budget; its bytes are published for the loop's count.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use log::{debug, error, warn};
 use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
 
-use super::cache::Cache;
+use super::cache::{Cache, Share};
 use super::generation::GenFile;
 use super::schema;
 
@@ -45,10 +45,9 @@ pub struct Writer {
     /// `None` after reading the file back failed: read again before the
     /// next transaction.
     state: Option<Cache>,
-    /// The bytes the cache may hold between transactions.
-    share: usize,
-    /// The bytes it holds, published for the loop's count of the budget.
-    held: Arc<AtomicU64>,
+    /// The budget the cache shares with the loop: what it may hold
+    /// between transactions, and where it publishes what it holds.
+    share: Arc<Share>,
     /// The generation of the last transaction committed (`generation.rs`).
     generation: u64,
     /// The side file the generation is recorded in after each commit.
@@ -57,21 +56,13 @@ pub struct Writer {
 
 impl Writer {
     /// A writer over an opened, migrated database, with an empty cache
-    /// that may hold `share` bytes between transactions; what it holds is
-    /// published in `held`. Reads no session.
-    pub fn new(
-        conn: Connection,
-        limits: StoreLimits,
-        file: GenFile,
-        share: usize,
-        held: Arc<AtomicU64>,
-    ) -> Writer {
+    /// held to `share` between transactions. Reads no session.
+    pub fn new(conn: Connection, limits: StoreLimits, file: GenFile, share: Arc<Share>) -> Writer {
         let mut w = Writer {
             conn,
             limits,
             state: None,
             share,
-            held,
             generation: 0,
             file,
         };
@@ -102,7 +93,7 @@ impl Writer {
     /// Publishes what the cache holds for the loop's count.
     fn publish(&self) {
         let bytes = self.state.as_ref().map_or(0, Cache::bytes);
-        self.held.store(bytes as u64, Ordering::Relaxed);
+        self.share.held.store(bytes as u64, Ordering::Relaxed);
     }
 
     /// The session `sid` as the file holds it: the cache's copy, or read
@@ -119,7 +110,7 @@ impl Writer {
             return None;
         }
         let bytes = cache.bytes();
-        self.held.store(bytes as u64, Ordering::Relaxed);
+        self.share.held.store(bytes as u64, Ordering::Relaxed);
         self.state.as_ref()?.log.get(sid)
     }
 
@@ -136,7 +127,7 @@ impl Writer {
             match transaction(&mut self.conn, state, self.generation + 1, &mut cmds) {
                 Ok(out) => {
                     self.generation += 1;
-                    state.evict_to(self.share);
+                    state.evict_to(self.share.room());
                     self.publish();
                     return out;
                 }

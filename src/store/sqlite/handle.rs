@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,6 +20,7 @@ use std::time::Duration;
 use log::{error, info, warn};
 
 use super::Sync;
+use super::cache::Share;
 use super::decide::Writer;
 use super::open::Opened;
 use super::thread::{Committed, Frontier, Health, run};
@@ -43,8 +44,8 @@ pub struct Durable {
     gone: bool,
     health: Arc<Health>,
     frontier: Arc<Mutex<Frontier>>,
-    /// The bytes the storage thread's cache holds (it publishes them).
-    held: Arc<AtomicU64>,
+    /// The budget the storage thread's cache shares with the loop.
+    share: Arc<Share>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// The data directory's lock (none for a [`Durable::detached`] one).
     _lock: Option<File>,
@@ -103,15 +104,15 @@ fn events_of(done: Done, out: &mut VecDeque<StoreEvent>) {
 pub const MAX_INFLIGHT: usize = 16_384;
 
 impl Durable {
-    /// Starts the storage thread on an opened database, its cache holding
-    /// at most `share` bytes between transactions; returns the restored
-    /// state for the loop, and the handle.
+    /// Starts the storage thread on an opened database, its cache sharing
+    /// the memory budget of `budget` bytes with the loop ([`Share`]);
+    /// returns the restored state for the loop, and the handle.
     pub fn start(
         opened: Opened,
         limits: StoreLimits,
         sync: Sync,
         waker: Arc<mio::Waker>,
-        share: usize,
+        budget: usize,
     ) -> (MemStore, Durable) {
         let (batch_tx, batch_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -120,12 +121,12 @@ impl Durable {
         let theirs = frontier.clone();
         let health = Arc::new(Health::new());
         let shared = health.clone();
-        let held = Arc::new(AtomicU64::new(0));
-        let publish = held.clone();
+        let share = Arc::new(Share::new(budget));
+        let theirs_share = share.clone();
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())
             .spawn(move || {
-                let writer = Writer::new(conn, limits, generation, share, publish);
+                let writer = Writer::new(conn, limits, generation, theirs_share);
                 run(writer, batch_rx, done_tx, waker, sync, theirs, shared)
             })
             .ok();
@@ -139,7 +140,7 @@ impl Durable {
             gone: thread.is_none(),
             health,
             frontier,
-            held,
+            share,
             thread,
             _lock: Some(opened.lock),
         };
@@ -163,7 +164,7 @@ impl Durable {
             gone: false,
             health: Arc::new(Health::new()),
             frontier: frontier.clone(),
-            held: Arc::default(),
+            share: Arc::default(),
             thread: None,
             _lock: None,
         };
@@ -221,7 +222,13 @@ impl Durable {
     /// The bytes the storage thread's cache holds, as it last published
     /// them (counted in `relay_memory_bytes`).
     pub fn cache_bytes(&self) -> usize {
-        self.held.load(Ordering::Relaxed) as usize
+        self.share.held.load(Ordering::Relaxed) as usize
+    }
+
+    /// The bytes the loop's log holds now: the cache takes what they
+    /// leave of the budget. Called every loop turn.
+    pub fn loop_holds(&self, bytes: usize) {
+        self.share.others.store(bytes as u64, Ordering::Relaxed);
     }
 
     /// Whether writes succeed and none is overdue (`/readyz`): follows

@@ -32,8 +32,7 @@
 //! - `decide`: the writer, each command decided and written as rows
 //!   inside a transaction;
 //! - `cache`: the sessions the writer holds, read back on demand, the
-//!   least recently used dropped past the cache's share of the budget
-//!   ([`cache_share`]);
+//!   least recently used dropped past the cache's share of the budget;
 //! - `rows`: where each retained message's row is, and the rows history
 //!   dropped;
 //! - `schema`: the SQL, its migrations and the restore at start;
@@ -63,14 +62,6 @@ pub use decide::Writer;
 pub use handle::{Detached, Durable, MAX_INFLIGHT, STOP_BOUND};
 pub use open::{OpenError, Opened, open};
 pub use thread::{Committed, Frontier};
-
-/// The storage thread's share of the memory budget (`RELAY_MAX_MEMORY`):
-/// an eighth. Its cache needs only the sessions being written; the rest
-/// of the budget is the loop's, which serves every read. Both count in
-/// the one figure the loop reports (`relay_memory_bytes`).
-pub fn cache_share(max_memory: usize) -> usize {
-    max_memory / 8
-}
 
 /// How often the storage thread makes its data durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,8 +7,9 @@
 use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
+use super::cache::Share;
 use super::decide::Writer;
 use super::{Sync, open};
 use crate::error::ApiError;
@@ -43,11 +44,12 @@ impl Drop for Dir {
     }
 }
 
-fn writer(dir: &Dir, share: usize) -> (Writer, Arc<AtomicU64>, std::fs::File) {
+/// A writer with a budget of `budget` bytes (the loop holding nothing).
+fn writer(dir: &Dir, budget: usize) -> (Writer, Arc<Share>, std::fs::File) {
     let opened = open(&dir.0, LIMITS, Sync::Always, Millis(0)).expect("a database");
-    let held = Arc::new(AtomicU64::new(0));
-    let w = Writer::new(opened.conn, LIMITS, opened.generation, share, held.clone());
-    (w, held, opened.lock)
+    let share = Arc::new(Share::new(budget));
+    let w = Writer::new(opened.conn, LIMITS, opened.generation, share.clone());
+    (w, share, opened.lock)
 }
 
 /// A small deterministic generator (xorshift), so a failure replays.
@@ -190,7 +192,7 @@ fn a_session_read_back_decides_as_one_never_dropped() {
         }
         // Everything but the sessions whose counters wait for the next
         // garbage collection was dropped.
-        assert!(held.load(Ordering::Relaxed) < 64 << 10);
+        assert!(held.held.load(Ordering::Relaxed) < 64 << 10);
     }
     assert!(outcomes[0] > 100 && outcomes[1] > 100, "{outcomes:?}");
     drop((whole, cached));
