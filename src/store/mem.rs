@@ -171,6 +171,12 @@ impl MemStore {
         held
     }
 
+    /// A session this copy did not hold was deleted from the storage: it
+    /// no longer counts for the session cap.
+    pub fn absent_deleted(&mut self) {
+        self.absent = self.absent.saturating_sub(1);
+    }
+
     /// Puts a session read back from the storage in place (one of the
     /// absent ones, see [`evict`](Self::evict)); its pending prompts
     /// arrive now, in `seq` order.

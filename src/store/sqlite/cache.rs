@@ -138,13 +138,26 @@ impl Cache {
         self.touch(sid);
     }
 
-    /// A session deleted: its rows no longer followed. Returns its
-    /// `sessions` row, if the cache held it.
-    pub fn deleted(&mut self, sid: &str) -> Option<i64> {
-        let s = self.rows.removed(sid)?;
-        self.by_use.remove(&s.used);
-        self.followed -= s.followed();
-        Some(s.id)
+    /// Whether the session `sid` exists: the cache holds it, or the file
+    /// does (looked up, not read back).
+    pub fn stored(&self, conn: &Connection, sid: &str) -> rusqlite::Result<bool> {
+        Ok(self.log.contains(sid) || schema::session_row(conn, sid)?.is_some())
+    }
+
+    /// A session deleted: its rows no longer followed, or, one the cache
+    /// did not hold, no longer counted for the session cap. Returns its
+    /// `sessions` row (none if the file has no such session).
+    pub fn deleted(&mut self, conn: &Connection, sid: &str) -> rusqlite::Result<Option<i64>> {
+        if let Some(s) = self.rows.removed(sid) {
+            self.by_use.remove(&s.used);
+            self.followed -= s.followed();
+            return Ok(Some(s.id));
+        }
+        let id = schema::session_row(conn, sid)?;
+        if id.is_some() {
+            self.log.absent_deleted();
+        }
+        Ok(id)
     }
 
     /// Marks a cached session as just used.

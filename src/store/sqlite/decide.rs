@@ -1,7 +1,8 @@
 //! The storage thread's writer: each command of a group decided by the
-//! memory engine's own rules ([`MemStore`]) over the sessions it names, as
-//! the file holds them (the thread's [`Cache`], which reads a session back
-//! when it does not hold it), and its records written as rows (one
+//! memory engine's own rules ([`MemStore`](crate::store::mem::MemStore))
+//! over the sessions it names, as the file holds them (the thread's
+//! [`Cache`], which reads a session back when it does not hold it; a
+//! sweep's sessions are only looked up), and its records written as rows (one
 //! appended row per message); the group commits as one transaction. The
 //! writer adds only what the file needs: where each retained message's row
 //! is, and which rows history dropped (`rows.rs`). A transaction that rolls
@@ -23,7 +24,7 @@ use super::schema;
 
 use crate::error::ApiError;
 use crate::store::log::SessionLog;
-use crate::store::mem::{Applied, MemStore, StoreLimits};
+use crate::store::mem::{Applied, StoreLimits};
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::time::Millis;
 
@@ -261,18 +262,25 @@ fn transaction(
         let mut records = Vec::new();
         // Decided once: the write moves into its decision.
         let op = std::mem::replace(&mut cmd.op, Op::Collect { sids: Vec::new() });
-        // The sessions it names, read back if the cache lacks them.
-        match &op {
+        let result = match op {
+            // The session it names, read back if the cache lacks it. The
+            // write carries its time, and the loop's clock comes with it:
+            // the thread's clock is not asked.
             Op::Write(w) => {
                 state.get_or_load(&tx, w.session())?;
+                state.log.decide(NOW, cmd.unix_ms, w, &mut records)
             }
+            // A sweep's sessions go whole: one the cache lacks is looked
+            // up, not read back.
             Op::Collect { sids } => {
                 for sid in sids {
-                    state.get_or_load(&tx, sid)?;
+                    if state.stored(&tx, &sid)? {
+                        records.push(Record::Deleted { sid });
+                    }
                 }
+                Ok(Outcome::Collected)
             }
-        }
-        let result = decide(&mut state.log, op, cmd.unix_ms, &mut records);
+        };
         for record in &records {
             let (sid, seq) = match record {
                 Record::Prompt { sid, seq, .. }
@@ -330,27 +338,6 @@ fn transaction(
     Ok(out)
 }
 
-/// A command, decided by the memory engine's rules over the thread's copy;
-/// its records pushed onto `out` (none when refused).
-fn decide(
-    log: &mut MemStore,
-    op: Op,
-    unix_ms: u64,
-    out: &mut Vec<Record>,
-) -> Result<Outcome, ApiError> {
-    match op {
-        // The write carries its time, and the loop's clock comes with it:
-        // the thread's clock is not asked.
-        Op::Write(w) => log.decide(NOW, unix_ms, w, out),
-        Op::Collect { sids } => {
-            for sid in sids.into_iter().filter(|sid| log.contains(sid)) {
-                out.push(Record::Deleted { sid });
-            }
-            Ok(Outcome::Collected)
-        }
-    }
-}
-
 /// One transaction's row writes.
 struct RowWriter<'a> {
     tx: &'a Transaction<'a>,
@@ -377,7 +364,7 @@ impl RowWriter<'_> {
             Record::Deleted { sid } => {
                 // Every row of the session, through the index: those its
                 // log retains and those waiting in the garbage.
-                if let Some(session) = cache.deleted(sid) {
+                if let Some(session) = cache.deleted(self.tx, sid)? {
                     self.tx
                         .prepare_cached("DELETE FROM messages WHERE session = ?1")?
                         .execute([session])?;

@@ -393,6 +393,13 @@ pub fn load(
     Ok(Some(Loaded { id, log, rows }))
 }
 
+/// The `sessions` row of the session named `sid`, if the file has it.
+pub fn session_row(conn: &Connection, sid: &str) -> rusqlite::Result<Option<i64>> {
+    let mut st = conn.prepare_cached("SELECT id FROM sessions WHERE name = ?1")?;
+    let mut q = st.query([sid])?;
+    q.next()?.map(|r| r.get(0)).transpose()
+}
+
 /// The sessions the file holds.
 pub fn count_sessions(conn: &Connection) -> rusqlite::Result<usize> {
     let n: i64 = conn.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))?;
