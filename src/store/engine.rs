@@ -106,6 +106,15 @@ impl Engine {
         }
     }
 
+    /// Bytes the engine holds for sessions outside the relay's log (the
+    /// storage thread's cache), counted in the one memory budget.
+    pub fn held_bytes(&self) -> usize {
+        match self {
+            Engine::Durable(d) => d.cache_bytes(),
+            Engine::Memory | Engine::Shared(_) => 0,
+        }
+    }
+
     /// Redis, when sessions are shared.
     pub fn redis(&mut self) -> Option<&mut RedisStore> {
         match self {
@@ -423,10 +432,13 @@ impl Engine {
         }
     }
 
-    /// Sends this turn's writes to the storage thread; called at the end of
-    /// every loop turn.
-    pub fn flush(&mut self) {
+    /// Sends this turn's writes to the storage thread, and tells it how
+    /// many bytes the relay's log holds (`held`: its cache takes what
+    /// they leave of the memory budget); called at the end of every loop
+    /// turn.
+    pub fn flush(&mut self, held: usize) {
         if let Engine::Durable(d) = self {
+            d.loop_holds(held);
             d.flush();
         }
     }
