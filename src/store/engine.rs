@@ -6,7 +6,8 @@
 //! - [`Engine::Memory`]: the relay's own log decides every write at once
 //!   (it has no state of its own here: the log is the relay's).
 //! - [`Engine::Durable`]: SQLite on the storage thread, which decides with
-//!   the memory engine's rules on its own copy and answers when the write
+//!   the memory engine's rules on its cache of the sessions written (read
+//!   back from the file when it lacks one) and answers when the write
 //!   is durable; the relay's log holds the sessions in use, and one it
 //!   lacks is read back whole under a ticket.
 //! - [`Engine::Shared`]: Redis, shared by several instances, whose script

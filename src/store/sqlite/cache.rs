@@ -1,8 +1,8 @@
 //! The storage thread's cache of its own database: the sessions a write
 //! needs, each read back from the file when a command for it arrives and
 //! the cache does not hold it ([`Cache::get_or_load`], by the same replay
-//! that restores every session at start, so a decision on a session read
-//! back is the decision on one never dropped), and the least recently
+//! that gives the loop a session read back, so a decision on a session
+//! read back is the decision on one never dropped), and the least recently
 //! used ones dropped once the cache holds more than its share of the
 //! memory budget ([`Share`], [`Cache::evict_to`]).
 //!

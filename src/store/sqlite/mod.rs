@@ -37,7 +37,7 @@
 //!   database with `RELAY_SYNC=always`;
 //! - `decide`: the writer, each command decided and written as rows
 //!   inside a transaction; `decide/load` the sessions read for the loop
-//!   (one function, `State::session_for_loop`);
+//!   (one function, `Cache::session_for_loop`);
 //! - `cache`: the sessions the writer holds, read back on demand, the
 //!   least recently used dropped past the cache's share of the budget;
 //! - `rows`: where each retained message's row is, and the rows history
