@@ -2,7 +2,8 @@
 //! writer that drops every session it can after each transaction (so
 //! nearly every command reads its session back from the file) and by one
 //! that never drops anything, give the same outcomes, the same records
-//! and the same rows.
+//! and the same rows; and a session read for the loop is the same whether
+//! it comes from the cache or from the file alone.
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, W
 use crate::store::record::{Command, Op, Outcome, Record};
 use crate::store::seam::NOBODY;
 use crate::store::types::{SessionId, Ticket};
+use crate::time::Millis;
 
 const LIMITS: StoreLimits = StoreLimits {
     history_limit: 4,
@@ -233,4 +235,62 @@ fn the_session_cap_counts_the_sessions_the_cache_dropped() {
     ));
     assert!(w.get_or_load("s3").is_some_and(|l| l.has_prompt("p")));
     assert!(w.get_or_load("s5").is_none());
+}
+
+/// A session as the loop would hold it after reading it back from `w`,
+/// with the epoch (random) left out; `None` when there is no such session.
+fn for_the_loop(w: &mut Writer, sid: &str, n: u64) -> Option<String> {
+    let load = Command {
+        ticket: Ticket { conn: NOBODY, n },
+        op: Op::Load {
+            sid: SessionId::new(sid).unwrap(),
+        },
+        unix_ms: 0,
+        load: false,
+    };
+    let mut done = w.commit(vec![load]);
+    assert_eq!(done.len(), 1);
+    let done = done.pop().unwrap();
+    assert!(done.result.is_ok(), "{:?}", done.result);
+    let image = done.images.into_iter().next()?;
+    let log = image.into_log(Millis(0), LIMITS.history_limit);
+    Some(format!(
+        "{:?} {:?} {:?}",
+        log.counters(),
+        log.history().collect::<Vec<_>>(),
+        log.page_all_pending().map(|m| m.seq).collect::<Vec<_>>()
+    ))
+}
+
+#[test]
+fn the_loop_reads_a_session_alike_from_the_cache_and_from_the_file() {
+    let (whole_dir, cached_dir) = (Dir::new("loop-whole"), Dir::new("loop-cached"));
+    let (mut whole, _, _lock1) = writer(&whole_dir, usize::MAX);
+    let (mut cached, _, _lock2) = writer(&cached_dir, 0);
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut n = 0;
+    let mut read = 0;
+    for round in 0..1_000 {
+        n += 1;
+        let seed = rng.0;
+        let a = command(&mut rng, n);
+        let b = command(&mut Rng(seed), n);
+        whole.commit(vec![a]);
+        cached.commit(vec![b]);
+        if round % 10 == 0 {
+            // The writer that keeps everything sends its cache's copy;
+            // the one that keeps nothing reads the file alone.
+            for s in 0..7 {
+                let sid = format!("s{s}");
+                n += 1;
+                let (a, b) = (
+                    for_the_loop(&mut whole, &sid, n),
+                    for_the_loop(&mut cached, &sid, n),
+                );
+                assert_eq!(a, b, "{sid} after command {n}");
+                read += usize::from(a.is_some());
+            }
+        }
+    }
+    assert!(read > 100, "sessions read: {read}");
 }
