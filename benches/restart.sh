@@ -4,8 +4,10 @@
 # TEXT bytes), written straight into relay.db with the server's schema;
 # then the time from exec until the server answers /healthz, i.e. until it
 # listens (it reads no session first), and until it acknowledged a first
-# write (the storage thread has read its own mirror of the log by then)
-# (medians of RUNS starts), the file's size, and the server's RSS once up.
+# write (to a new session: the storage thread first reads the sessions
+# with pending prompts for the loop, then only the sessions a write
+# names) (medians of RUNS starts), the file's size, and the server's RSS
+# once up.
 #
 #   benches/restart.sh                         # 1,000,000 messages
 #   MESSAGES=100000 RUNS=3 benches/restart.sh

@@ -147,7 +147,9 @@ impl Server {
             None => Relay::in_memory(limits),
             Some(opened) => {
                 let waker = Arc::new(mio::Waker::new(poll.registry(), STORE)?);
-                let (view, durable) = Durable::start(opened, limits.store(), cfg.sync, waker);
+                let budget = limits.max_memory;
+                let (view, durable) =
+                    Durable::start(opened, limits.store(), cfg.sync, waker, budget);
                 Relay::new(limits, view, Engine::Durable(durable))
             }
         };

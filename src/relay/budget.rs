@@ -38,9 +38,29 @@ impl Budget {
 
 impl Relay {
     /// Bytes held for sessions, as counted (`relay_memory_bytes`): the
-    /// log's, and the ids of the sessions known by id only.
+    /// loop's log, the ids of the sessions it knows by id only, and what
+    /// the engine holds beside (the storage thread's cache).
     pub fn memory_bytes(&self) -> usize {
+        self.loop_bytes() + self.engine.held_bytes()
+    }
+
+    /// Bytes the loop holds for sessions: the log's, and the ids of the
+    /// sessions known by id only (the storage thread's cache takes what
+    /// they leave of the budget).
+    pub fn loop_bytes(&self) -> usize {
         self.store.memory() + self.resident.bytes()
+    }
+
+    /// What the loop weighs against the budget when it drops sessions or
+    /// refuses a write ([`evict`](Relay::evict)): its own bytes, and what
+    /// the storage thread's cache holds up to the quarter of the budget
+    /// it keeps whatever the loop holds. The cache gives back what it
+    /// holds past the rest at its next transaction or read, so the loop
+    /// holds up to three quarters of the budget before it drops a
+    /// session, and the two together stay within it.
+    pub(super) fn claimed_bytes(&self) -> usize {
+        let cache = self.engine.held_bytes().min(self.budget.bytes / 4);
+        self.loop_bytes() + cache
     }
 
     /// The budget, in bytes (`relay_memory_budget_bytes`).
@@ -98,7 +118,7 @@ impl Relay {
         !self.budget.refuses
             && self.resident.stuck()
             && !matches!(w, super::Write::Delete { .. })
-            && self.memory_bytes() > self.budget.bytes
+            && self.claimed_bytes() > self.budget.bytes
     }
 
     pub(super) fn refuse(&mut self) -> ApiError {

@@ -141,14 +141,15 @@ impl Relay {
         }
     }
 
-    /// Drops the least recently used sessions nothing holds until the
-    /// count is an eighth under the budget (so a pass is not needed again
-    /// at the next write), when it is past the budget and the engine reads
+    /// Drops the least recently used sessions nothing holds until what the
+    /// loop claims of the budget ([`claimed_bytes`](Relay::claimed_bytes))
+    /// is an eighth under it (so a pass is not needed again at the next
+    /// write), when it is past the budget and the engine reads
     /// sessions back. Called by the shell at the end of every loop turn;
     /// returns how many were dropped.
     pub fn evict(&mut self, now: Millis) -> usize {
         let budget = self.budget_bytes();
-        if !self.engine.reads_back() || self.memory_bytes() <= budget {
+        if !self.engine.reads_back() || self.claimed_bytes() <= budget {
             self.resident.stuck_at = None;
             return 0;
         }
@@ -177,7 +178,7 @@ impl Relay {
         let target = budget - budget / 8;
         let mut dropped = 0;
         for (last_active, sid) in lru {
-            if self.memory_bytes() <= target {
+            if self.claimed_bytes() <= target {
                 break;
             }
             self.store.forget(&sid);
@@ -191,7 +192,7 @@ impl Relay {
             dropped += 1;
         }
         self.resident.evictions += dropped as u64;
-        self.resident.stuck_at = (self.memory_bytes() > budget).then_some(now);
+        self.resident.stuck_at = (self.claimed_bytes() > budget).then_some(now);
         if dropped > 0 {
             debug!(count = dropped, resident = self.store.len(); "sessions dropped from memory");
         }

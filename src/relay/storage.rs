@@ -39,7 +39,8 @@ impl Relay {
     /// Sends this turn's writes to the storage; called at the end of every
     /// loop turn.
     pub fn flush_store(&mut self) {
-        self.engine.flush();
+        let held = self.loop_bytes();
+        self.engine.flush(held);
     }
 
     /// Whether the storage's queue is full: the shell takes no new request

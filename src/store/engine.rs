@@ -6,7 +6,8 @@
 //! - [`Engine::Memory`]: the relay's own log decides every write at once
 //!   (it has no state of its own here: the log is the relay's).
 //! - [`Engine::Durable`]: SQLite on the storage thread, which decides with
-//!   the memory engine's rules on its own copy and answers when the write
+//!   the memory engine's rules on its cache of the sessions written (read
+//!   back from the file when it lacks one) and answers when the write
 //!   is durable; the relay's log holds the sessions in use, and one it
 //!   lacks is read back whole under a ticket.
 //! - [`Engine::Shared`]: Redis, shared by several instances, whose script
@@ -103,6 +104,15 @@ impl Engine {
         match self {
             Engine::Durable(d) => d.warming(),
             _ => false,
+        }
+    }
+
+    /// Bytes the engine holds for sessions outside the relay's log (the
+    /// storage thread's cache), counted in the one memory budget.
+    pub fn held_bytes(&self) -> usize {
+        match self {
+            Engine::Durable(d) => d.cache_bytes(),
+            Engine::Memory | Engine::Shared(_) => 0,
         }
     }
 
@@ -423,10 +433,13 @@ impl Engine {
         }
     }
 
-    /// Sends this turn's writes to the storage thread; called at the end of
-    /// every loop turn.
-    pub fn flush(&mut self) {
+    /// Sends this turn's writes to the storage thread, and tells it how
+    /// many bytes the relay's log holds (`held`: its cache takes what
+    /// they leave of the memory budget); called at the end of every loop
+    /// turn.
+    pub fn flush(&mut self, held: usize) {
         if let Engine::Durable(d) = self {
+            d.loop_holds(held);
             d.flush();
         }
     }

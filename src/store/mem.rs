@@ -106,6 +106,10 @@ pub struct MemStore {
     /// The bytes held beside the logs for their sessions: drafts, and
     /// the connections' output queues.
     beside: Meter,
+    /// Sessions that exist in the storage and that this copy does not
+    /// hold (a cache's: [`evict`](Self::evict)ed, or never read): the
+    /// session cap counts them with those held.
+    absent: usize,
 }
 
 impl MemStore {
@@ -118,6 +122,7 @@ impl MemStore {
             arrivals: Arrivals::default(),
             meter: Meter::default(),
             beside: Meter::default(),
+            absent: 0,
         }
     }
 
@@ -125,6 +130,11 @@ impl MemStore {
     /// output queues) counts on the memory budget.
     pub fn beside(&self) -> &Meter {
         &self.beside
+    }
+
+    /// The limits it enforces.
+    pub fn limits(&self) -> StoreLimits {
+        self.limits
     }
 
     /// Sessions stored.
@@ -137,9 +147,44 @@ impl MemStore {
         self.sessions.is_empty()
     }
 
-    /// Whether the session cap is reached (`/readyz` reports it).
+    /// Whether the session cap is reached (`/readyz` reports it): the
+    /// sessions held and those the storage holds for this copy.
     pub fn full(&self) -> bool {
-        self.sessions.len() >= self.limits.max_sessions
+        self.sessions.len() + self.absent >= self.limits.max_sessions
+    }
+
+    /// This copy is a cache of a storage that holds `n` sessions it does
+    /// not hold yet (none read): they count for the session cap. Called
+    /// once, on an empty copy.
+    pub fn set_absent(&mut self, n: usize) {
+        self.absent = n;
+    }
+
+    /// Drops the copy of a session the storage keeps, which still counts
+    /// for the session cap; false if it was not held.
+    pub fn evict(&mut self, sid: &str) -> bool {
+        let held = self.sessions.contains_key(sid);
+        if held {
+            self.drop_session(sid);
+            self.absent += 1;
+        }
+        held
+    }
+
+    /// A session this copy did not hold was deleted from the storage: it
+    /// no longer counts for the session cap.
+    pub fn absent_deleted(&mut self) {
+        self.absent = self.absent.saturating_sub(1);
+    }
+
+    /// Puts a session read back from the storage in place (one of the
+    /// absent ones, see [`evict`](Self::evict)); its pending prompts
+    /// arrive now, in `seq` order.
+    pub fn reload(&mut self, sid: SessionId, log: SessionLog) {
+        if !self.sessions.contains_key(&*sid) {
+            self.absent = self.absent.saturating_sub(1);
+        }
+        self.insert(sid, log);
     }
 
     /// Whether a session exists.

@@ -135,13 +135,15 @@ fn sessions_leave_memory_under_the_budget_and_come_back_whole() {
         .unwrap()
         .push(("prompt".into(), "later".into(), "after".into()));
 
-    // A restart reads no session: the first request is answered, then
+    // A restart reads no session before it answers, and then only the
+    // one with a pending prompt: the first request is answered, then
     // everything is there.
     srv.kill9();
     let srv = start(&dir);
     let health = srv.get("/healthz");
     assert_eq!(health.status, 200);
-    assert_eq!(srv.metric("relay_sessions_resident"), 0);
+    // Only the session with a pending prompt is read at start.
+    assert!(srv.metric("relay_sessions_resident") <= 1);
     for i in 0..SESSIONS {
         let s = sid(i);
         assert_eq!(contents(&all_messages(&srv, &s)), acked[&s], "{s}");

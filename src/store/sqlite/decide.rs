@@ -1,12 +1,19 @@
 //! The storage thread's writer: each command of a group decided by the
-//! memory engine's own rules ([`MemStore`]) over the thread's own copy of
-//! the log, as the file holds it, and its records written as rows (one
+//! memory engine's own rules ([`MemStore`](crate::store::mem::MemStore))
+//! over the sessions it names, as the file holds them (the thread's
+//! [`Cache`], which reads a session back when it does not hold it; a
+//! sweep's sessions are only looked up), and its records written as rows (one
 //! appended row per message); the group commits as one transaction. The
 //! writer adds only what the file needs: where each retained message's row
-//! is, and which rows history dropped ([`Rows`]). A transaction that rolls
+//! is, and which rows history dropped (`rows.rs`). A transaction that rolls
 //! back leaves nothing behind: not in the file, not in the loop (which
-//! applies only what was committed), and not in the thread's copy, which
-//! is read back from the file.
+//! applies only what was committed), and not in the thread's cache, which
+//! is dropped whole and read back from the file as sessions are needed.
+//! Between transactions the cache is brought down to its share of the
+//! memory budget; its bytes are published for the loop's count.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use log::{debug, error, warn};
 use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, params};
@@ -14,12 +21,13 @@ use rusqlite::{CachedStatement, Connection, Transaction, TransactionBehavior, pa
 mod load;
 pub use load::reads_only;
 
+use super::cache::{Cache, Share};
 use super::generation::GenFile;
-use super::rows::Rows;
 use super::schema;
 
 use crate::error::ApiError;
-use crate::store::mem::{Applied, MemStore, StoreLimits};
+use crate::store::log::SessionLog;
+use crate::store::mem::{Applied, StoreLimits};
 use crate::store::record::{Command, Done, Op, Outcome, Record};
 use crate::time::Millis;
 
@@ -33,20 +41,17 @@ const NOW: Millis = Millis(0);
 /// and share pages.
 const GARBAGE_BATCH: usize = 256;
 
-/// The log as the file holds it, and where its rows are.
-pub(super) struct State {
-    log: MemStore,
-    rows: Rows,
-}
-
-/// The storage thread's state: the connection, the limits, and the copy
-/// of the log every write is decided on.
+/// The storage thread's state: the connection, the limits, and the cache
+/// of the sessions every write is decided on.
 pub struct Writer {
     conn: Connection,
     limits: StoreLimits,
     /// `None` after reading the file back failed: read again before the
     /// next transaction.
-    state: Option<State>,
+    state: Option<Cache>,
+    /// The budget the cache shares with the loop: what it may hold
+    /// between transactions, and where it publishes what it holds.
+    share: Arc<Share>,
     /// The generation of the last transaction committed (`generation.rs`).
     generation: u64,
     /// The side file the generation is recorded in after each commit.
@@ -54,39 +59,63 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// A writer over an opened, migrated database; reads the whole log once.
-    pub fn new(conn: Connection, limits: StoreLimits, file: GenFile) -> Writer {
+    /// A writer over an opened, migrated database, with an empty cache
+    /// held to `share` between transactions. Reads no session.
+    pub fn new(conn: Connection, limits: StoreLimits, file: GenFile, share: Arc<Share>) -> Writer {
         let mut w = Writer {
             conn,
             limits,
             state: None,
+            share,
             generation: 0,
             file,
         };
-        w.rebuild(true);
+        w.rebuild();
         w
     }
 
-    /// Reads the log and its rows again from the file: at start, and after
-    /// a transaction rolled back (its decisions are then in the copy and
+    /// Starts the cache over, empty, from what the file says (its
+    /// generation, how many sessions it holds): at start, and after a
+    /// transaction rolled back (its decisions are then in the cache and
     /// not in the file).
-    /// Damaged rows are logged at start (`report`), not again.
-    fn rebuild(&mut self, report: bool) {
-        let read = schema::generation(&self.conn).and_then(|g| {
-            let log = schema::restore(&self.conn, self.limits, NOW, report)?;
-            let rows = Rows::read(&self.conn, &log)?;
-            Ok((g, State { log, rows }))
-        });
+    fn rebuild(&mut self) {
+        let read = schema::generation(&self.conn)
+            .and_then(|g| Ok((g, schema::count_sessions(&self.conn)?)));
         self.state = match read {
-            Ok((generation, state)) => {
+            Ok((generation, sessions)) => {
                 self.generation = generation;
-                Some(state)
+                Some(Cache::new(self.limits, sessions))
             }
             Err(e) => {
                 error!(error = e.to_string().as_str(); "cannot read the database back");
                 None
             }
         };
+        self.publish();
+    }
+
+    /// Publishes what the cache holds for the loop's count.
+    fn publish(&self) {
+        let bytes = self.state.as_ref().map_or(0, Cache::bytes);
+        self.share.held.store(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// The session `sid` as the file holds it: the cache's copy, or read
+    /// back into the cache (marked as just used either way). `None` when
+    /// the file has no such session, or cannot be read (logged). Between
+    /// transactions, for whoever needs a session the cache may not hold.
+    pub fn get_or_load(&mut self, sid: &str) -> Option<&SessionLog> {
+        if self.state.is_none() {
+            self.rebuild();
+        }
+        let cache = self.state.as_mut()?;
+        if let Err(e) = cache.get_or_load(&self.conn, sid) {
+            error!(session_id = sid, error = e.to_string().as_str(); "cannot read a session back");
+            return None;
+        }
+        let bytes = cache.bytes();
+        self.share.held.store(bytes as u64, Ordering::Relaxed);
+        self.state.as_ref()?.log.get(sid)
     }
 
     /// Decides every command in one transaction and commits it. Refusals
@@ -94,10 +123,17 @@ impl Writer {
     /// transaction back and every command in it gets `503`.
     pub fn commit(&mut self, mut cmds: Vec<Command>) -> Vec<Done> {
         if self.state.is_none() {
-            self.rebuild(false);
+            self.rebuild();
         }
         if cmds.iter().all(load::reads_only) {
-            return self.read_only(cmds);
+            // What the loop read back grows its share: the cache gives
+            // back what that leaves it no room for.
+            let out = self.read_only(cmds);
+            if let Some(state) = &mut self.state {
+                state.evict_to(self.share.room());
+            }
+            self.publish();
+            return out;
         }
         // Without a copy (the file could not be read back) nothing can be
         // decided; `rebuild` logged why.
@@ -105,11 +141,13 @@ impl Writer {
             match transaction(&mut self.conn, state, self.generation + 1, &mut cmds) {
                 Ok(out) => {
                     self.generation += 1;
+                    state.evict_to(self.share.room());
+                    self.publish();
                     return out;
                 }
                 Err(e) => {
                     error!(error = e.to_string().as_str(), commands = cmds.len(); "storage write failed");
-                    self.rebuild(false);
+                    self.rebuild();
                 }
             }
         }
@@ -219,7 +257,7 @@ impl Writer {
 /// them to its own copy as the thread did to this one.
 fn transaction(
     conn: &mut Connection,
-    state: &mut State,
+    state: &mut Cache,
     generation: u64,
     cmds: &mut [Command],
 ) -> rusqlite::Result<Vec<Done>> {
@@ -237,7 +275,7 @@ fn transaction(
         let op = std::mem::replace(&mut cmd.op, Op::Collect { sids: Vec::new() });
         let result = match read {
             Some(outcome) => Ok(outcome),
-            None => decide(&mut state.log, op, cmd.unix_ms, &mut records),
+            None => decide(state, &tx, op, cmd.unix_ms, &mut records)?,
         };
         for record in &records {
             let (sid, seq) = match record {
@@ -247,7 +285,7 @@ fn transaction(
                 | Record::Ask { sid, seq, .. }
                 | Record::Reply { sid, seq, .. } => (sid, *seq),
                 Record::Created { .. } | Record::Deleted { .. } => {
-                    w.write(&mut state.rows, record)?;
+                    w.write(state, record)?;
                     state.log.apply(NOW, record.clone());
                     continue;
                 }
@@ -259,6 +297,7 @@ fn transaction(
             let Some(s) = state.rows.sessions.get_mut(&**sid) else {
                 return Err(rusqlite::Error::QueryReturnedNoRows);
             };
+            let before = s.followed();
             s.appended(seq, w.insert(s.id, record)?);
             let mut answered = match record {
                 Record::Response { client_msg_id, .. } | Record::Cancel { client_msg_id, .. } => {
@@ -277,6 +316,7 @@ fn transaction(
             if let Some(log) = state.log.get(sid) {
                 s.trim(sid, log, answered, &mut state.rows.garbage);
             }
+            state.followed = state.followed + s.followed() - before;
         }
         out.push(Done {
             ticket: cmd.ticket,
@@ -295,27 +335,36 @@ fn transaction(
     Ok(out)
 }
 
-/// A command, decided by the memory engine's rules over the thread's copy;
-/// its records pushed onto `out` (none when refused).
+/// A command, decided by the memory engine's rules over the session it
+/// names (read back into the cache if the cache lacks it); its records
+/// pushed onto `out` (none when refused). The outer error is the file's.
 fn decide(
-    log: &mut MemStore,
+    state: &mut Cache,
+    tx: &Transaction<'_>,
     op: Op,
     unix_ms: u64,
     out: &mut Vec<Record>,
-) -> Result<Outcome, ApiError> {
-    match op {
+) -> rusqlite::Result<Result<Outcome, ApiError>> {
+    Ok(match op {
         // The write carries its time, and the loop's clock comes with it:
         // the thread's clock is not asked.
-        Op::Write(w) => log.decide(NOW, unix_ms, w, out),
+        Op::Write(w) => {
+            state.get_or_load(tx, w.session())?;
+            state.log.decide(NOW, unix_ms, w, out)
+        }
+        // A sweep's sessions go whole: one the cache lacks is looked up,
+        // not read back.
         Op::Collect { sids } => {
-            for sid in sids.into_iter().filter(|sid| log.contains(sid)) {
-                out.push(Record::Deleted { sid });
+            for sid in sids {
+                if state.stored(tx, &sid)? {
+                    out.push(Record::Deleted { sid });
+                }
             }
             Ok(Outcome::Collected)
         }
-        // Answered before the decision (`State::read_for_loop`).
+        // Answered before the decision (`Cache::read_for_loop`).
         Op::Load { .. } | Op::Warm => Ok(Outcome::Loaded),
-    }
+    })
 }
 
 /// One transaction's row writes.
@@ -328,9 +377,9 @@ struct RowWriter<'a> {
 
 impl RowWriter<'_> {
     /// Writes what a session record changes: a `sessions` row, or a
-    /// session's rows deleted (its garbage goes with the next collection).
+    /// session's rows deleted.
     /// Messages are [`insert`](Self::insert)ed.
-    fn write(&mut self, rows: &mut Rows, record: &Record) -> rusqlite::Result<()> {
+    fn write(&mut self, cache: &mut Cache, record: &Record) -> rusqlite::Result<()> {
         match record {
             Record::Created { sid, epoch } => {
                 self.tx
@@ -339,16 +388,15 @@ impl RowWriter<'_> {
                          VALUES (?1, ?2, 1, 0, 0)",
                     )?
                     .execute(params![sid.as_str(), epoch])?;
-                rows.created(sid.clone(), self.tx.last_insert_rowid());
+                cache.created(sid, self.tx.last_insert_rowid());
             }
             Record::Deleted { sid } => {
-                if let Some((session, messages)) = rows.deleted(sid) {
-                    let mut st = self
-                        .tx
-                        .prepare_cached("DELETE FROM messages WHERE id = ?1")?;
-                    for row in messages {
-                        st.execute([row])?;
-                    }
+                // Every row of the session, through the index: those its
+                // log retains and those waiting in the garbage.
+                if let Some(session) = cache.deleted(self.tx, sid)? {
+                    self.tx
+                        .prepare_cached("DELETE FROM messages WHERE session = ?1")?
+                        .execute([session])?;
                     self.tx
                         .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
                         .execute([session])?;
@@ -439,7 +487,7 @@ impl RowWriter<'_> {
     /// sessions, which restore takes as its floor (`next_seq`, the newest
     /// answer, the newest answer dropped) since the rows that set them are
     /// gone.
-    fn collect_garbage(&mut self, state: &mut State) -> rusqlite::Result<()> {
+    fn collect_garbage(&mut self, state: &mut Cache) -> rusqlite::Result<()> {
         let (garbage, dirty) = state.rows.take_garbage();
         let mut st = self.tx.prepare_cached(
             "UPDATE sessions SET next_seq = ?2, last_assistant = ?3, dropped_assistant = ?4

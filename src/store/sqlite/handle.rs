@@ -12,6 +12,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use log::{error, info, warn};
 
 use super::Sync;
+use super::cache::Share;
 use super::decide::Writer;
 use super::open::Opened;
 use super::thread::{Committed, Frontier, Health, run};
@@ -44,6 +46,8 @@ pub struct Durable {
     gone: bool,
     health: Arc<Health>,
     frontier: Arc<Mutex<Frontier>>,
+    /// The budget the storage thread's cache shares with the loop.
+    share: Arc<Share>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// The data directory's lock (none for a [`Durable::detached`] one).
     _lock: Option<File>,
@@ -117,14 +121,17 @@ fn events_of(done: Done, limit: usize, out: &mut VecDeque<StoreEvent>) {
 pub const MAX_INFLIGHT: usize = 16_384;
 
 impl Durable {
-    /// Starts the storage thread on an opened database; returns the
-    /// loop's copy, which holds no session yet (the thread's first work
-    /// reads those with pending prompts into it), and the handle.
+    /// Starts the storage thread on an opened database, its cache sharing
+    /// the memory budget of `budget` bytes with the loop ([`Share`]);
+    /// returns the loop's copy, which holds no session yet (the thread's
+    /// first work reads those with pending prompts into it), and the
+    /// handle.
     pub fn start(
         opened: Opened,
         limits: StoreLimits,
         sync: Sync,
         waker: Arc<mio::Waker>,
+        budget: usize,
     ) -> (MemStore, Durable) {
         let (batch_tx, batch_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -133,12 +140,12 @@ impl Durable {
         let theirs = frontier.clone();
         let health = Arc::new(Health::new());
         let shared = health.clone();
-        // The writer reads its copy of the log in the thread, while the
-        // loop starts serving what it restored.
+        let share = Arc::new(Share::new(budget));
+        let theirs_share = share.clone();
         let thread = std::thread::Builder::new()
             .name("relay-storage".into())
             .spawn(move || {
-                let writer = Writer::new(conn, limits, generation);
+                let writer = Writer::new(conn, limits, generation, theirs_share);
                 run(writer, batch_rx, done_tx, waker, sync, theirs, shared)
             })
             .ok();
@@ -152,6 +159,7 @@ impl Durable {
             gone: thread.is_none(),
             health,
             frontier,
+            share,
             thread,
             _lock: Some(opened.lock),
             history_limit: limits.history_limit,
@@ -164,6 +172,10 @@ impl Durable {
             unix_ms: 0,
             load: false,
         });
+        // Sent now, not with the first loop turn's batch: a server nobody
+        // talks to yet reads its pending sessions (and reports damaged
+        // rows among them) all the same.
+        durable.flush();
         (MemStore::new(limits), durable)
     }
 
@@ -184,6 +196,7 @@ impl Durable {
             gone: false,
             health: Arc::new(Health::new()),
             frontier: frontier.clone(),
+            share: Arc::default(),
             thread: None,
             _lock: None,
             history_limit: limits.history_limit,
@@ -268,6 +281,18 @@ impl Durable {
             }
         }
         self.ready.pop_front()
+    }
+
+    /// The bytes the storage thread's cache holds, as it last published
+    /// them (counted in `relay_memory_bytes`).
+    pub fn cache_bytes(&self) -> usize {
+        self.share.held.load(Ordering::Relaxed) as usize
+    }
+
+    /// The bytes the loop's log holds now: the cache takes what they
+    /// leave of the budget. Called every loop turn.
+    pub fn loop_holds(&self, bytes: usize) {
+        self.share.others.store(bytes as u64, Ordering::Relaxed);
     }
 
     /// Whether writes succeed and none is overdue (`/readyz`): follows

@@ -13,7 +13,8 @@
 //! commands of a loop turn go to the storage thread as one batch, and the
 //! thread takes every batch waiting for it into one transaction (group
 //! commit), decides each command there with the memory engine's own rules
-//! over its own copy of the log (dedupe, `seq`, caps, trimming), appends
+//! over the sessions it names (dedupe, `seq`, caps, trimming), as its cache
+//! holds them or reads them back from the file, appends
 //! one row per message, commits (`synchronous=FULL` for
 //! `RELAY_SYNC=always`: one fsync per transaction), and sends back a
 //! [`Done`](super::record::Done) per command, with the committed changes,
@@ -36,7 +37,9 @@
 //!   database with `RELAY_SYNC=always`;
 //! - `decide`: the writer, each command decided and written as rows
 //!   inside a transaction; `decide/load` the sessions read for the loop
-//!   (one function, `State::session_for_loop`);
+//!   (one function, `Cache::session_for_loop`);
+//! - `cache`: the sessions the writer holds, read back on demand, the
+//!   least recently used dropped past the cache's share of the budget;
 //! - `rows`: where each retained message's row is, and the rows history
 //!   dropped;
 //! - `schema`: the SQL, its migrations and the restore at start;
@@ -48,6 +51,7 @@
 //! read or a socket added there fails CI (the checkpointer sleeps between
 //! copies, but reads no clock).
 
+mod cache;
 mod checkpoint;
 mod decide;
 mod generation;
@@ -55,6 +59,8 @@ mod handle;
 mod open;
 mod rows;
 mod schema;
+#[cfg(test)]
+mod tests;
 mod thread;
 
 use std::time::Duration;

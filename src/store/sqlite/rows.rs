@@ -6,16 +6,14 @@
 //! database still holds, deleted in bulk later ([`Garbage::take`]), because
 //! a row deleted at once would dirty a page of its own in every commit.
 //!
-//! Read from the file with the log ([`Rows::read`]), and read again after
-//! a transaction rolls back, so a failed commit never leaves it ahead of
-//! the file.
+//! Held for the sessions the thread's cache holds (`cache.rs`): read from
+//! the file with each session's log ([`Session::loaded`]), dropped with it,
+//! and dropped whole after a transaction rolls back, so a failed commit
+//! never leaves it ahead of the file.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-
-use rusqlite::Connection;
+use std::collections::{HashMap, VecDeque};
 
 use crate::store::SessionLog;
-use crate::store::mem::MemStore;
 use crate::store::types::{Seq, SessionId};
 
 /// One session's rows.
@@ -30,6 +28,8 @@ pub struct Session {
     /// Rows of this session went to the garbage since its counters were
     /// last written (it is then in `Garbage::dirty`).
     dirty: bool,
+    /// When the session was last used, in the cache's uses (`cache.rs`).
+    pub used: u64,
 }
 
 impl Session {
@@ -39,17 +39,38 @@ impl Session {
             by_seq: VecDeque::new(),
             floor: 0,
             dirty: false,
+            used: 0,
         }
-    }
-
-    /// How many messages the log retains.
-    pub fn len(&self) -> usize {
-        self.by_seq.len()
     }
 
     /// The rows of the messages the log retains, in `seq` order.
     pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
         self.by_seq.iter().map(|&(_, row)| row)
+    }
+
+    /// The rows of a session read back (`schema::load`), in the order
+    /// written, before [`trim`](Self::trim) sorts out those its log no
+    /// longer retains.
+    pub fn loaded(id: i64, mut rows: Vec<(u64, i64)>) -> Session {
+        // Rows written by hand out of order still count.
+        if !rows.is_sorted() {
+            rows.sort_unstable();
+        }
+        Session {
+            by_seq: rows.into(),
+            ..Session::new(id)
+        }
+    }
+
+    /// Rows followed.
+    pub fn followed(&self) -> usize {
+        self.by_seq.len()
+    }
+
+    /// Whether its counters wait to be written with the next garbage
+    /// collection: its log must stay until then.
+    pub fn dirty(&self) -> bool {
+        self.dirty
     }
 
     /// A message's row, appended (messages come in `seq` order).
@@ -157,63 +178,14 @@ pub struct Rows {
 }
 
 impl Rows {
-    /// The rows of the file, for `log` as restored from the same file:
-    /// what the log does not retain (trimmed at restore, or left by a
-    /// deleted session before a restart) is garbage from the start.
-    pub fn read(conn: &Connection, log: &MemStore) -> rusqlite::Result<Rows> {
-        let mut rows = Rows::default();
-        let mut names: HashMap<i64, SessionId> = HashMap::new();
-        let mut known: HashSet<i64> = HashSet::new();
-        let mut st = conn.prepare("SELECT id, name FROM sessions")?;
-        let mut q = st.query([])?;
-        while let Some(r) = q.next()? {
-            let id: i64 = r.get(0)?;
-            known.insert(id);
-            // A session restore skipped (an invalid id) keeps its rows.
-            if let Some(sid) = SessionId::new(r.get_ref(1)?.as_str()?) {
-                names.insert(id, sid);
-            }
-        }
-        for (&id, sid) in &names {
-            rows.created(sid.clone(), id);
-        }
-        // In the order written, which is each session's `seq` order.
-        let mut st = conn.prepare("SELECT id, session, seq FROM messages ORDER BY id")?;
-        let mut q = st.query([])?;
-        while let Some(r) = q.next()? {
-            let (row, session, seq): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
-            match names.get(&session) {
-                Some(sid) => {
-                    if let Some(s) = rows.sessions.get_mut(sid) {
-                        s.appended(Seq(seq as u64), row);
-                    }
-                }
-                None if !known.contains(&session) => rows.garbage.rows.push(row),
-                None => {}
-            }
-        }
-        let Rows { sessions, garbage } = &mut rows;
-        for (sid, s) in sessions.iter_mut() {
-            // Rows written by hand out of order still count.
-            if !s.by_seq.iter().is_sorted() {
-                s.by_seq.make_contiguous().sort_unstable();
-            }
-            if let Some(l) = log.get(sid) {
-                s.trim(sid, l, None, garbage);
-            }
-        }
-        Ok(rows)
-    }
-
     pub fn created(&mut self, sid: SessionId, id: i64) {
         self.sessions.insert(sid, Session::new(id));
     }
 
-    /// A deleted session's `sessions` row and every message row it still
-    /// needs (its garbage goes with the next collection).
-    pub fn deleted(&mut self, sid: &str) -> Option<(i64, Vec<i64>)> {
-        let s = self.sessions.remove(sid)?;
-        Some((s.id, s.by_seq.into_iter().map(|(_, row)| row).collect()))
+    /// A session's rows no longer followed: it was deleted, or its log
+    /// left the cache.
+    pub fn removed(&mut self, sid: &str) -> Option<Session> {
+        self.sessions.remove(sid)
     }
 
     /// The garbage rows to delete, and the sessions whose counters to write.

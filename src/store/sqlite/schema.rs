@@ -1,12 +1,12 @@
-//! The database's schema, its versions and migrations, and the restore of
-//! every session at start.
+//! The database's schema, its versions and migrations, and the reading
+//! back of one session.
 //!
-//! Schema version 6 (`PRAGMA user_version`):
+//! Schema version 7 (`PRAGMA user_version`):
 //!
 //! - `sessions(id, name, epoch, next_seq, last_assistant,
 //!   dropped_assistant)`: one row per session; `name` is the session id.
 //!   The counters are a floor, written when rows that set them are
-//!   deleted; the rows that remain raise them on restore. `id` is never
+//!   deleted; the rows that remain raise them when the session is read back. `id` is never
 //!   reused (`AUTOINCREMENT`): rows of a deleted session may wait for the
 //!   next garbage collection, and must not join a new one.
 //! - `messages(id, session, seq, kind, client_msg_id, assistant_msg_id, ts,
@@ -16,14 +16,15 @@
 //!   the prompt it stopped), 3 an ask and 4 a reply (whose
 //!   `client_msg_id` column holds the `ask_id`); `data` is the message's
 //!   JSON object
-//!   exactly as the API serves it. No index: the storage thread decides
-//!   writes on its copy of the log and knows each retained message's row
-//!   (`rows.rs`), and restore reads the table in order.
+//!   exactly as the API serves it. One index, `messages_by_session`
+//!   (`session`, then the rowid): the storage thread reads one session's
+//!   rows back when it needs the session and does not hold it
+//!   ([`load`], and the loop's copy through `decide/load.rs`).
 //! - `generation(n)`: one row, the number of the last transaction (each
 //!   adds one), compared at start with the side file `relay.generation`
 //!   to notice a lost write-ahead log (`generation.rs`).
 //!
-//! Restore replays the rows oldest first through the same rules that built
+//! A session read back replays its rows oldest first through the same rules that built
 //! them (a prompt is answered when an answer to it follows; history keeps
 //! the newest `RELAY_HISTORY_LIMIT`), so nothing derived is stored. Rows
 //! history dropped are deleted in batches.
@@ -38,25 +39,25 @@
 //! hold no asks or replies, and version 4 no cancels: version 6 adds those
 //! kinds of rows and no table, and its number keeps an older relay, which
 //! would read any kind but a prompt as an answer, from opening a database
-//! that holds them.
+//! that holds them. Version 6 had no index: version 7 adds it, and drops
+//! the rows a deleted session left for a collection that had not come
+//! (a deletion now removes every row of its session through the index).
 
-use std::collections::HashMap;
 use std::rc::Rc;
 
-use log::{error, warn};
 use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 
 use super::Sync;
 use crate::store::image::replay_row;
 use crate::store::log::SessionLog;
-use crate::store::mem::{IdGen, MemStore, StoreLimits};
+use crate::store::mem::IdGen;
 use crate::store::message::Kind;
-use crate::store::types::{Seq, SessionId};
+use crate::store::types::Seq;
 use crate::time::Millis;
 
 /// The schema this build writes.
-pub const VERSION: i64 = 6;
+pub const VERSION: i64 = 7;
 
 /// The `kind` of an ask's row, and of a reply's.
 pub const KIND_ASK: i64 = 3;
@@ -85,6 +86,14 @@ CREATE TABLE messages (
     data TEXT NOT NULL
 );
 ";
+
+/// A session's rows found without reading the others': one index entry
+/// per row (the session, then the rowid, so in the order written).
+const BY_SESSION: &str = "CREATE INDEX messages_by_session ON messages (session);";
+
+/// Version 6 to 7, after [`BY_SESSION`]: the rows of sessions deleted
+/// before it dropped (from then on they go with their session).
+const V6_TO_V7: &str = "DELETE FROM messages WHERE session NOT IN (SELECT id FROM sessions);";
 
 /// One row: the generation of the last transaction (see `generation.rs`).
 const GENERATION: &str = "
@@ -155,22 +164,24 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
     ))?;
     match version {
         0 => conn.execute_batch(&format!(
-            "BEGIN; {SESSIONS} {MESSAGES} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
+            "BEGIN; {SESSIONS} {MESSAGES} {BY_SESSION} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         1 => conn.execute_batch(&format!(
-            "BEGIN; {V1_TO_V2} {} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;",
+            "BEGIN; {V1_TO_V2} {} {GENERATION} {BY_SESSION} {V6_TO_V7} PRAGMA user_version = {VERSION}; COMMIT;",
             v2_to_v3()
         )),
         2 => conn.execute_batch(&format!(
-            "BEGIN; {} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;",
+            "BEGIN; {} {GENERATION} {BY_SESSION} {V6_TO_V7} PRAGMA user_version = {VERSION}; COMMIT;",
             v2_to_v3()
         )),
         3 => conn.execute_batch(&format!(
-            "BEGIN; {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
+            "BEGIN; {GENERATION} {BY_SESSION} {V6_TO_V7} PRAGMA user_version = {VERSION}; COMMIT;"
         )),
         // Cancels, asks and replies are rows of kinds of their own: no
         // table changes.
-        4 | 5 => conn.execute_batch(&format!("BEGIN; PRAGMA user_version = {VERSION}; COMMIT;")),
+        4..=6 => conn.execute_batch(&format!(
+            "BEGIN; {BY_SESSION} {V6_TO_V7} PRAGMA user_version = {VERSION}; COMMIT;"
+        )),
         _ => Ok(()),
     }
 }
@@ -204,97 +215,6 @@ pub fn new_epochs(conn: &Connection, acknowledged: u64) -> rusqlite::Result<usiz
     Ok(sessions.len())
 }
 
-/// A session's row: its name, epoch and counters.
-struct SessionRow {
-    id: i64,
-    name: String,
-    epoch: String,
-    next_seq: u64,
-    last_assistant: u64,
-    dropped_assistant: u64,
-}
-
-fn sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
-    let mut st = conn.prepare(
-        "SELECT id, name, epoch, next_seq, last_assistant, dropped_assistant FROM sessions",
-    )?;
-    let rows = st.query_map([], |r| {
-        Ok(SessionRow {
-            id: r.get(0)?,
-            name: r.get(1)?,
-            epoch: r.get(2)?,
-            next_seq: r.get::<_, i64>(3)? as u64,
-            last_assistant: r.get::<_, i64>(4)? as u64,
-            dropped_assistant: r.get::<_, i64>(5)? as u64,
-        })
-    })?;
-    rows.collect()
-}
-
-/// Every session and message, replayed oldest first into an in-memory
-/// copy: the loop's (which logs each damaged row, `report`) and the
-/// storage thread's.
-pub fn restore(
-    conn: &Connection,
-    limits: StoreLimits,
-    now: Millis,
-    report: bool,
-) -> rusqlite::Result<MemStore> {
-    let mut logs: HashMap<i64, (String, SessionLog)> = HashMap::new();
-    for s in sessions(conn)? {
-        let log = SessionLog::restored(
-            now,
-            Rc::from(s.epoch.as_str()),
-            Seq(s.next_seq),
-            Seq(s.last_assistant),
-            Seq(s.dropped_assistant),
-        );
-        logs.insert(s.id, (s.name, log));
-    }
-    let limit = limits.history_limit;
-    let mut st = conn.prepare(
-        "SELECT session, seq, kind, client_msg_id, assistant_msg_id, ts, data, id
-         FROM messages ORDER BY id",
-    )?;
-    let mut rows = st.query([])?;
-    let mut damaged = 0usize;
-    while let Some(r) = rows.next()? {
-        let Some((name, log)) = logs.get_mut(&r.get::<_, i64>(0)?) else {
-            continue;
-        };
-        let seq = Seq(r.get::<_, i64>(1)? as u64);
-        let kind: i64 = r.get(2)?;
-        let cid = r.get_ref(3)?.as_str()?;
-        let ts = r.get::<_, i64>(5)? as u64;
-        let data = match r.get_ref(6)? {
-            ValueRef::Text(b) | ValueRef::Blob(b) if json_object(b) => Some(b),
-            _ => None,
-        };
-        if data.is_none() {
-            damaged += 1;
-            if report && damaged <= MAX_DAMAGED_LOGGED {
-                error!(session_id = name.as_str(), seq = seq.get(), row = r.get::<_, i64>(7)?;
-                    "stored message damaged (not UTF-8 or not a JSON object): kept, never sent; pages that would carry it answer 500");
-            }
-        }
-        let aid = r.get_ref(4)?.as_str_or_null()?;
-        replay_row(log, seq, kind_of(kind), cid, aid, ts, data, limit);
-    }
-    if report && damaged > MAX_DAMAGED_LOGGED {
-        error!(count = damaged; "stored messages damaged in all");
-    }
-    let mut store = MemStore::new(limits);
-    for (_, (name, log)) in logs {
-        // Every name was a valid id when it was written.
-        match SessionId::new(&name) {
-            Some(sid) => store.insert(sid, log),
-            None => warn!(session_id = name.as_str(); "stored session with an invalid id skipped"),
-        }
-    }
-    store.order_restored();
-    Ok(store)
-}
-
 /// The message kind a row's `kind` column names (see the module doc).
 pub fn kind_of(kind: i64) -> Kind {
     match kind {
@@ -306,8 +226,83 @@ pub fn kind_of(kind: i64) -> Kind {
     }
 }
 
-/// Damaged rows logged one by one at restore; past this, a count.
-const MAX_DAMAGED_LOGGED: usize = 20;
+/// The columns [`replay`] reads, in its order: the session's row, then
+/// the message's.
+const ROW: &str = "session, seq, kind, client_msg_id, assistant_msg_id, ts, data, id";
+
+/// Appends one stored row ([`ROW`]'s columns) to its session's log by the
+/// rules that stored it. False when its `data` is damaged: the message is
+/// kept for what its columns hold, and never sent.
+fn replay(log: &mut SessionLog, r: &rusqlite::Row<'_>, limit: usize) -> rusqlite::Result<bool> {
+    let seq = Seq(r.get::<_, i64>(1)? as u64);
+    let kind = kind_of(r.get(2)?);
+    let cid = r.get_ref(3)?.as_str()?;
+    let aid = r.get_ref(4)?.as_str_or_null()?;
+    let ts = r.get::<_, i64>(5)? as u64;
+    let data = match r.get_ref(6)? {
+        ValueRef::Text(b) | ValueRef::Blob(b) if json_object(b) => Some(b),
+        _ => None,
+    };
+    replay_row(log, seq, kind, cid, aid, ts, data, limit);
+    Ok(data.is_some())
+}
+
+/// One session read back from the file: its `sessions` row, its log as
+/// its rows replayed build it, and its rows' `(seq, row)` in the order written.
+pub struct Loaded {
+    pub id: i64,
+    pub log: SessionLog,
+    pub rows: Vec<(u64, i64)>,
+}
+
+/// Reads the session named `sid` back, through the index on the log's
+/// `session` column, by the rules that stored its rows
+/// (`store/image.rs`, as the loop's copy replays a session read back); `None` when the file holds no such session.
+pub fn load(
+    conn: &Connection,
+    sid: &str,
+    history_limit: usize,
+) -> rusqlite::Result<Option<Loaded>> {
+    let mut st = conn.prepare_cached(
+        "SELECT id, epoch, next_seq, last_assistant, dropped_assistant FROM sessions WHERE name = ?1",
+    )?;
+    let mut q = st.query([sid])?;
+    let Some(r) = q.next()? else {
+        return Ok(None);
+    };
+    let id: i64 = r.get(0)?;
+    let mut log = SessionLog::restored(
+        Millis(0),
+        Rc::from(r.get_ref(1)?.as_str()?),
+        Seq(r.get::<_, i64>(2)? as u64),
+        Seq(r.get::<_, i64>(3)? as u64),
+        Seq(r.get::<_, i64>(4)? as u64),
+    );
+    drop(q);
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {ROW} FROM messages WHERE session = ?1 ORDER BY id"
+    ))?;
+    let mut q = st.query([id])?;
+    let mut rows = Vec::new();
+    while let Some(r) = q.next()? {
+        replay(&mut log, r, history_limit)?;
+        rows.push((r.get::<_, i64>(1)? as u64, r.get::<_, i64>(7)?));
+    }
+    Ok(Some(Loaded { id, log, rows }))
+}
+
+/// The `sessions` row of the session named `sid`, if the file has it.
+pub fn session_row(conn: &Connection, sid: &str) -> rusqlite::Result<Option<i64>> {
+    let mut st = conn.prepare_cached("SELECT id FROM sessions WHERE name = ?1")?;
+    let mut q = st.query([sid])?;
+    q.next()?.map(|r| r.get(0)).transpose()
+}
+
+/// The sessions the file holds.
+pub fn count_sessions(conn: &Connection) -> rusqlite::Result<usize> {
+    let n: i64 = conn.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))?;
+    Ok(n.max(0) as usize)
+}
 
 /// Whether a stored `data` is what the server wrote: UTF-8 text holding one
 /// JSON object. Checked on every row read back, since the file may have

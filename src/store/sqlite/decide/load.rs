@@ -4,21 +4,135 @@
 //! back with its answer), and at start for those with pending prompts.
 //!
 //! Every session the loop gets comes out of one function,
-//! [`State::session_for_loop`]: its counters from the thread's copy, its
-//! retained messages from their rows, by rowid, so what the loop gets is
-//! what a restart would read. A group that only reads commits nothing:
-//! no transaction, no generation, no fsync.
+//! [`Cache::session_for_loop`], as plain data (the thread's logs hold
+//! `Rc`s and stay on the thread): a session the thread's cache holds is
+//! sent with the cache's counters and its retained messages read from
+//! their rows by rowid; one it does not hold is read from the file
+//! through the `messages_by_session` index, every row of it with the
+//! `sessions` row's counters, as a restart reads it. Either way what the
+//! loop gets is what a restart would read, and the cache is left as it
+//! was (a read does not fill it). The start reads no session whole but
+//! those with pending prompts, found by one pass over the messages' small
+//! columns; the others go to the loop by name. A group that only reads
+//! commits nothing: no transaction, no generation, no fsync.
 
+use std::collections::{HashMap, HashSet};
+
+use log::error;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension};
 
-use super::{State, Writer};
+use super::Writer;
 use crate::error::ApiError;
 use crate::store::record::{Command, Done, Op, Outcome, SessionImage, StoredRow};
+use crate::store::sqlite::cache::Cache;
 use crate::store::sqlite::schema::{json_object, kind_of};
 use crate::store::types::{Seq, SessionId};
 
-impl State {
+/// The columns [`stored_row`] reads, in its order.
+const COLUMNS: &str = "seq, kind, client_msg_id, assistant_msg_id, ts, data, id";
+
+/// One message row ([`COLUMNS`]) as plain data; a damaged `data` is
+/// logged (naming the session) and read as `None`.
+fn stored_row(sid: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredRow> {
+    let seq = Seq(r.get::<_, i64>(0)? as u64);
+    let data = match r.get_ref(5)? {
+        ValueRef::Text(b) | ValueRef::Blob(b) if json_object(b) => Some(b.to_vec()),
+        _ => {
+            error!(session_id = sid, seq = seq.get(), row = r.get::<_, i64>(6)?;
+                "stored message damaged (not UTF-8 or not a JSON object): kept, never sent; pages that would carry it answer 500");
+            None
+        }
+    };
+    Ok(StoredRow {
+        seq,
+        kind: kind_of(r.get(1)?),
+        client_msg_id: r.get_ref(2)?.as_str()?.to_string(),
+        assistant_msg_id: r.get_ref(3)?.as_str_or_null()?.map(str::to_string),
+        ts: r.get::<_, i64>(4)? as u64,
+        data,
+    })
+}
+
+/// The session named `sid` read from the file alone, or `None` when the
+/// file has no such session: its `sessions` row's counters and every row
+/// of it, in the order written, through the index.
+fn image_from_file(conn: &Connection, sid: &str) -> rusqlite::Result<Option<SessionImage>> {
+    let Some(key) = SessionId::new(sid) else {
+        return Ok(None);
+    };
+    let found = conn
+        .prepare_cached(
+            "SELECT id, epoch, next_seq, last_assistant, dropped_assistant FROM sessions WHERE name = ?1",
+        )?
+        .query_row([sid], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get_ref(1)?.as_str()?.to_string(),
+                (
+                    Seq(r.get::<_, i64>(2)? as u64),
+                    Seq(r.get::<_, i64>(3)? as u64),
+                    Seq(r.get::<_, i64>(4)? as u64),
+                ),
+            ))
+        })
+        .optional()?;
+    let Some((id, epoch, counters)) = found else {
+        return Ok(None);
+    };
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM messages WHERE session = ?1 ORDER BY id"
+    ))?;
+    let mut q = st.query([id])?;
+    let mut rows = Vec::new();
+    while let Some(r) = q.next()? {
+        rows.push(stored_row(sid, r)?);
+    }
+    Ok(Some(SessionImage {
+        sid: key,
+        epoch,
+        counters,
+        rows,
+    }))
+}
+
+/// The names of the sessions with a prompt that no answer or cancel
+/// row follows (those the loop must hold from the start, for the
+/// all-sessions poll), and the names of all the others: one pass over
+/// the messages' small columns in the order written, and one over the
+/// sessions. A session named here that the log replays with no prompt
+/// pending is sent whole all the same: harmless, the loop drops it when
+/// it needs room.
+fn pending_and_others(conn: &Connection) -> rusqlite::Result<(Vec<String>, Vec<String>)> {
+    let mut open: HashMap<i64, HashSet<String>> = HashMap::new();
+    let mut st = conn
+        .prepare("SELECT session, kind, client_msg_id FROM messages WHERE kind <= 2 ORDER BY id")?;
+    let mut q = st.query([])?;
+    while let Some(r) = q.next()? {
+        let session: i64 = r.get(0)?;
+        let cid = r.get_ref(2)?.as_str()?;
+        if r.get::<_, i64>(1)? == 0 {
+            open.entry(session).or_default().insert(cid.to_string());
+        } else if let Some(ids) = open.get_mut(&session) {
+            ids.remove(cid);
+        }
+    }
+    open.retain(|_, ids| !ids.is_empty());
+    let (mut pending, mut others) = (Vec::new(), Vec::new());
+    let mut st = conn.prepare("SELECT id, name FROM sessions")?;
+    let mut q = st.query([])?;
+    while let Some(r) = q.next()? {
+        let name = r.get_ref(1)?.as_str()?.to_string();
+        if open.contains_key(&r.get::<_, i64>(0)?) {
+            pending.push(name);
+        } else {
+            others.push(name);
+        }
+    }
+    Ok((pending, others))
+}
+
+impl Cache {
     /// The session `sid` whole, as the loop is to hold it, or `None` when
     /// there is no such session. Called inside the transaction that
     /// decides the command asking for it, before that command: it sees
@@ -31,29 +145,15 @@ impl State {
         let (Some((key, log)), Some(rows)) =
             (self.log.key_and_log(sid), self.rows.sessions.get(sid))
         else {
-            return Ok(None);
+            // Not in the cache: the file's counters are the session's
+            // (those waiting for a garbage collection keep it cached).
+            return image_from_file(conn, sid);
         };
-        let mut st = conn.prepare_cached(
-            "SELECT seq, kind, client_msg_id, assistant_msg_id, ts, data FROM messages WHERE id = ?1",
-        )?;
-        let mut out = Vec::with_capacity(rows.len());
+        let mut st =
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM messages WHERE id = ?1"))?;
+        let mut out = Vec::with_capacity(rows.followed());
         for row in rows.ids() {
-            let found = st
-                .query_row([row], |r| {
-                    let data = match r.get_ref(5)? {
-                        ValueRef::Text(b) | ValueRef::Blob(b) if json_object(b) => Some(b.to_vec()),
-                        _ => None,
-                    };
-                    Ok(StoredRow {
-                        seq: Seq(r.get::<_, i64>(0)? as u64),
-                        kind: kind_of(r.get(1)?),
-                        client_msg_id: r.get_ref(2)?.as_str()?.to_string(),
-                        assistant_msg_id: r.get_ref(3)?.as_str_or_null()?.map(str::to_string),
-                        ts: r.get::<_, i64>(4)? as u64,
-                        data,
-                    })
-                })
-                .optional()?;
+            let found = st.query_row([row], |r| stored_row(sid, r)).optional()?;
             out.extend(found);
         }
         Ok(Some(SessionImage {
@@ -71,11 +171,11 @@ impl State {
         conn: &Connection,
         images: &mut Vec<SessionImage>,
     ) -> rusqlite::Result<Vec<SessionId>> {
-        let pending = self.log.idle(|_, log| log.pending_len() > 0);
+        let (pending, others) = pending_and_others(conn)?;
         for sid in &pending {
             images.extend(self.session_for_loop(conn, sid)?);
         }
-        Ok(self.log.idle(|_, log| log.pending_len() == 0))
+        Ok(others.iter().filter_map(|s| SessionId::new(s)).collect())
     }
 
     /// What a command reads for the loop before it is decided: the
@@ -96,6 +196,9 @@ impl State {
                 dormant: self.warm(conn, images)?,
             })),
             Op::Write(w) if cmd.load => {
+                // The write reads its session into the cache to decide it:
+                // read it there first, and send the cache's.
+                self.get_or_load(conn, w.session())?;
                 images.extend(self.session_for_loop(conn, w.session())?);
                 Ok(None)
             }
@@ -130,7 +233,7 @@ impl Writer {
                         images,
                     },
                     Err(e) => {
-                        log::error!(error = e.to_string().as_str(); "cannot read a session back");
+                        error!(error = e.to_string().as_str(); "cannot read a session back");
                         Done::only(cmd.ticket, Err(ApiError::storage_unavailable()))
                     }
                 }
