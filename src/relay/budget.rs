@@ -53,11 +53,17 @@ impl Relay {
         self.store.beside()
     }
 
-    /// In debug builds, the logs' kept count and a recount that walks
-    /// every session, which the tests compare over the real binary
-    /// (`/metrics`); release builds never walk and give nothing.
+    /// In debug builds, the kept count of the logs and of the sessions
+    /// known by id only, and a recount that walks every one of them,
+    /// which the tests compare over the real binary (`/metrics`); release
+    /// builds never walk and give nothing.
     pub fn memory_recount(&self) -> Option<(usize, usize)> {
-        cfg!(debug_assertions).then(|| (self.store.logs_memory(), self.store.recount()))
+        cfg!(debug_assertions).then(|| {
+            (
+                self.store.logs_memory() + self.resident.bytes(),
+                self.store.recount() + self.resident.recount(),
+            )
+        })
     }
 
     /// Whether a write was refused at the budget and no space was freed

@@ -88,6 +88,11 @@ impl Resident {
         self.dormant_bytes
     }
 
+    /// What they weigh, counted again from scratch (debug checks).
+    pub(super) fn recount(&self) -> usize {
+        self.dormant.keys().map(Resident::weight).sum()
+    }
+
     /// The sessions known by id only that nobody used for `after` ms and
     /// that no write in flight names: the idle sweep's.
     pub(super) fn idle(&self, now: Millis, after: u64, writing: &HashSet<&str>) -> Vec<SessionId> {
