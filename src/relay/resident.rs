@@ -121,6 +121,21 @@ impl Relay {
         self.engine.holds_every_prompt() && self.resident.len() == 0 && !self.engine.warming()
     }
 
+    /// Whether `sid` is known by id only: dropped from the log, or not
+    /// read since start. For checks from outside the relay (the
+    /// simulation's, `tests/sim`).
+    #[doc(hidden)]
+    pub fn dormant(&self, sid: &str) -> bool {
+        self.resident.dormant.contains_key(sid)
+    }
+
+    /// Whether `sid` has an open draft (a streamed answer not final yet),
+    /// which holds it in the log. For checks from outside the relay.
+    #[doc(hidden)]
+    pub fn drafting(&self, sid: &str) -> bool {
+        self.live.get(sid).is_some_and(|l| !l.drafts.is_empty())
+    }
+
     /// A session read back whole: the log takes it unless it holds it
     /// already (read back or created meanwhile, and followed since).
     pub(super) fn loaded(&mut self, now: Millis, sid: SessionId, mut log: Box<SessionLog>) {

@@ -8,6 +8,10 @@ use std::fmt;
 
 /// Sessions the clients touch: few, so every step meets the others' work.
 pub const SESSIONS: u64 = 3;
+/// Sessions the clients of a spread run touch ([`Op::spread`]): enough
+/// that some are idle at any time, so a small memory budget drops them
+/// from memory and their next use reads them back.
+pub const WIDE_SESSIONS: u64 = 9;
 /// `client_msg_id`s drawn: reused all the time (duplicates, conflicts,
 /// answers to prompts answered, cancelled or trimmed already).
 const PROMPT_IDS: u64 = 6;
@@ -240,6 +244,29 @@ impl Op {
                 ms: [1, 10, 100, 700, 2_500, 12_000][rng.below(6) as usize],
             },
         }
+    }
+
+    /// The same step, on one of [`WIDE_SESSIONS`] sessions (drawn from
+    /// `rng`) instead of one of [`SESSIONS`].
+    pub fn spread(mut self, rng: &mut Rng) -> Op {
+        let to = rng.below(WIDE_SESSIONS / SESSIONS) * SESSIONS;
+        match &mut self {
+            Op::Prompt { s, .. }
+            | Op::Answer { s, .. }
+            | Op::Part { s, .. }
+            | Op::Cancel { s, .. }
+            | Op::Ask { s, .. }
+            | Op::Reply { s, .. }
+            | Op::Poll { s, .. }
+            | Op::PollNow { s }
+            | Op::AskPoll { s, .. }
+            | Op::Subscribe { s, .. }
+            | Op::Messages { s }
+            | Op::Put { s }
+            | Op::Delete { s } => *s += to,
+            _ => {}
+        }
+        self
     }
 
     /// The session the step names, if one.

@@ -34,7 +34,8 @@ pub(super) enum Expect {
 
 pub(super) struct Storage {
     side: Detached,
-    copy: MemStore,
+    /// The storage's own state of every session (the thread's copy).
+    pub(super) copy: MemStore,
     queue: VecDeque<Command>,
     /// A transaction taken and not committed yet: its commands are the
     /// storage's (a timeout leaves them to finish), and those cancelled
@@ -46,7 +47,7 @@ pub(super) struct Storage {
     pub(super) abandoned: HashSet<u64>,
     /// Tickets of reads for the loop (a session read back): their
     /// requests are answered by what they run, or decide, again.
-    reads: HashSet<u64>,
+    pub(super) reads: HashSet<u64>,
 }
 
 impl Storage {
@@ -65,10 +66,12 @@ impl Storage {
 
 /// A session the copy holds, whole, as the storage thread sends it to the
 /// loop: its counters and the messages its history and pending set hold
-/// (the thread reads them from their rows). The relay takes it only when
-/// its log lacks the session, which here (nothing is ever dropped from
-/// it, and no start reads a database) means a session the copy holds and
-/// the relay's log does not yet: one created by a write still in flight.
+/// (the thread reads them from their rows). Built inside the group that
+/// carries the command asking for it, before that command is decided, as
+/// the thread's `State::session_for_loop` is: it sees every command
+/// queued before it and none after. The relay takes it only when its log
+/// lacks the session: one dropped from memory past the budget, or one
+/// created by a write still in flight.
 fn image(copy: &MemStore, sid: &str) -> Option<SessionImage> {
     let (key, log) = copy.key_and_log(sid)?;
     let mut msgs: Vec<&Message> = log.history().map(|m| &**m).collect();
@@ -149,9 +152,11 @@ impl World {
         let n = group.len() + cancelled.len();
         let mut dones = Vec::with_capacity(n);
         let mut records_of = Vec::new();
+        let mut reads = 0;
         for cmd in group {
             if matches!(cmd.op, Cmd::Load { .. } | Cmd::Warm) {
                 st.reads.insert(cmd.ticket.n);
+                reads += 1;
             }
             let ticket = cmd.ticket;
             if fail {
@@ -203,7 +208,8 @@ impl World {
             };
             st.expected.insert(d.ticket.n, e);
         }
-        let commands = dones.len();
+        // A group of reads alone commits nothing (`thread.rs`).
+        let commands = dones.len() - reads;
         dones.extend(cancelled);
         let committed = Committed {
             done: dones,
