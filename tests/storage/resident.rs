@@ -175,7 +175,10 @@ fn answers_to_pending_prompts_are_taken_when_pending_prompts_fill_the_budget() {
     };
     let mut held = Vec::new();
     let refused = loop {
-        assert!(held.len() < 1_000, "8 MB of pending prompts never reached the budget");
+        assert!(
+            held.len() < 1_000,
+            "8 MB of pending prompts never reached the budget"
+        );
         let sid = format!("held-{}", held.len());
         let resp = prompt(&sid);
         match resp.status {
