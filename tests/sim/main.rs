@@ -221,7 +221,7 @@ fn simulation() {
         );
     }
     // Likewise the data directory's budget seeds must drop sessions and
-    // read them back.
+    // read them back, and restart the relay.
     if replay.is_none() && keep.is_none() && seeds.iter().any(|s| s % 4 == 1) {
         assert!(
             seen.evicted > 0 && seen.read_back > 0,
@@ -230,5 +230,6 @@ fn simulation() {
             seen.evicted,
             seen.read_back
         );
+        assert!(seen.restarts > 0, "no seed restarted the relay");
     }
 }

@@ -164,8 +164,8 @@ pub struct World {
     budget: Option<usize>,
     /// A write was refused at the budget and none was taken since.
     full: bool,
-    /// What eviction did.
-    tally: resident::Tally,
+    /// What outlives a restart of the relay.
+    run: resident::Run,
     /// The sessions the clients touch: more with a data directory and a
     /// budget, whose steps are spread over more ([`Op::spread`]).
     sessions: u64,
@@ -204,6 +204,8 @@ pub struct Seen {
     pub evicted: u64,
     /// Sessions read back into memory.
     pub read_back: u64,
+    /// Restarts of the relay.
+    pub restarts: u64,
 }
 
 impl std::ops::AddAssign for Seen {
@@ -228,6 +230,7 @@ impl std::ops::AddAssign for Seen {
         self.overshoot = self.overshoot.max(o.overshoot);
         self.evicted += o.evicted;
         self.read_back += o.read_back;
+        self.restarts += o.restarts;
     }
 }
 
@@ -297,7 +300,7 @@ impl World {
             storage,
             budget,
             full: false,
-            tally: resident::Tally::default(),
+            run: resident::Run::new(&cfg),
             sessions: match (durable, budget) {
                 (true, Some(_)) => WIDE_SESSIONS,
                 _ => SESSIONS,
@@ -564,7 +567,9 @@ impl World {
                 "the relay counts {kept} bytes held for sessions, a recount {walked}"
             ));
         }
-        if counts.sessions != self.model.current.len() {
+        // Until the start's reading is done, the relay knows only the
+        // sessions it read or created since.
+        if counts.sessions != self.model.current.len() && !self.relay.engine().warming() {
             return Err(format!(
                 "the relay counts {} sessions, the model {}",
                 counts.sessions,

@@ -197,6 +197,22 @@ impl Durable {
         (durable, detached)
     }
 
+    /// [`detached`](Self::detached), as [`start`](Self::start) leaves the
+    /// handle: the start's reading (`Op::Warm`) is its first command, and
+    /// reads of every session wait for it.
+    #[doc(hidden)]
+    pub fn detached_starting(limits: StoreLimits) -> (Durable, Detached) {
+        let (mut durable, detached) = Durable::detached(limits);
+        durable.warming = Some(Vec::new());
+        durable.submit(Command {
+            ticket: Ticket { conn: NOBODY, n: 0 },
+            op: Op::Warm,
+            unix_ms: 0,
+            load: false,
+        });
+        (durable, detached)
+    }
+
     /// Adds a command to this turn's batch.
     pub fn submit(&mut self, cmd: Command) {
         self.batch.push(cmd);

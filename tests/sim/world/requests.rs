@@ -74,6 +74,7 @@ impl World {
             }
             Op::Storage { take, fail } => self.storage(take, fail),
             Op::Advance { ms } => self.advance(ms),
+            Op::Restart => self.restart(),
             _ => Ok(()),
         }
     }

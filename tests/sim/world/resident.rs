@@ -4,14 +4,26 @@
 //! sessions dropped were held by nothing, that a session known by id
 //! only is the one the storage holds (the model's, unchanged since it
 //! left), and that a session is in the log or known by id, never both.
+//! And the relay restarts: a new one on the same storage, which reads
+//! no session at start (only, as its first command, those with pending
+//! prompts whole and the others' ids).
 
 use super::*;
 
-/// What eviction did in a run, counted from the relay's totals.
-#[derive(Debug, Default)]
-pub(super) struct Tally {
+/// What outlives a restart of the relay.
+pub(super) struct Run {
+    cfg: Config,
     /// The relay's read-backs when last looked at.
     loads: u64,
+}
+
+impl Run {
+    pub(super) fn new(cfg: &Config) -> Run {
+        Run {
+            cfg: cfg.clone(),
+            loads: 0,
+        }
+    }
 }
 
 impl World {
@@ -68,12 +80,17 @@ impl World {
     /// brings), and nothing here may be waiting on it.
     pub(super) fn check_sessions(&mut self) -> Check {
         let loads = self.relay.stats().session_loads;
-        self.seen.read_back += loads.saturating_sub(self.tally.loads);
-        self.tally.loads = loads;
+        self.seen.read_back += loads.saturating_sub(self.run.loads);
+        self.run.loads = loads;
+        // While the start's reading is under way, a session may be
+        // neither in the log nor known by id yet.
+        let warming = self.relay.engine().warming();
         for s in 0..self.sessions {
             let sid = sid_of(s);
             let dormant = self.relay.dormant(&sid);
-            if !dormant {
+            let unread =
+                warming && self.relay.peek(&sid).is_none() && self.model.live(&sid).is_some();
+            if !dormant && !unread {
                 self.model.compare(&self.relay, &sid, HISTORY)?;
                 continue;
             }
@@ -101,14 +118,53 @@ impl World {
             if self.relay.drafting(&sid) {
                 return Err(format!("{sid} dropped from memory with a draft open"));
             }
-            if self
-                .model
-                .inc_mut(&sid)
-                .is_some_and(|i| !i.pending.is_empty())
+            if dormant
+                && self
+                    .model
+                    .inc_mut(&sid)
+                    .is_some_and(|i| !i.pending.is_empty())
             {
                 return Err(format!("{sid} dropped from memory with prompts pending"));
             }
         }
+        Ok(())
+    }
+
+    /// The relay restarts on the storage it had: every connection is
+    /// closed (a subscriber's client keeps where it stopped, to resume
+    /// from), what the storage had not committed is lost, and the new
+    /// relay's first command is the start's reading.
+    pub(super) fn restart(&mut self) -> Check {
+        let Some(st) = &mut self.storage else {
+            return Ok(());
+        };
+        self.ops += 1;
+        self.seen.restarts += 1;
+        let limits = self.run.cfg.relay_limits();
+        let (handle, side) = Durable::detached_starting(limits.store());
+        st.restart(side);
+        let view = MemStore::new(limits.store());
+        let mut relay = Relay::new(limits, view, Engine::Durable(handle));
+        relay.set_clock(self.now, self.unix());
+        self.relay = relay;
+        self.api = Api::new(&self.run.cfg);
+        for c in std::mem::take(&mut self.conns) {
+            if let State::Sub(sub) = c.state {
+                let life = &self.model.incs[sub.view.inc];
+                self.left.push(Left {
+                    sid: sub.sid.to_string(),
+                    after: sub.view.last,
+                    epoch: life.epoch.clone(),
+                });
+            }
+        }
+        let keep = self.left.len().saturating_sub(16);
+        self.left.drain(..keep);
+        self.idle.clear();
+        self.effects.clear();
+        self.full = false;
+        self.next_sweep = self.now.after_ms(self.sweep_ms);
+        self.run.loads = 0;
         Ok(())
     }
 }

@@ -525,6 +525,20 @@ impl World {
     /// without a body. An all-sessions poll waits on no command, but on
     /// the start's reading.
     fn retry(&mut self, to: Ticket) -> Check {
+        // Answered `503` at its timeout, and its connection moved on: the
+        // shell finds no request waiting on the ticket, and drops it.
+        let waiting = self
+            .conns
+            .iter()
+            .any(|c| matches!(&c.state, State::Committing(w) if w.ticket == to));
+        if !waiting
+            && self
+                .storage
+                .as_ref()
+                .is_some_and(|st| st.abandoned.contains(&to.n))
+        {
+            return Ok(());
+        }
         let every = self.conns.iter().any(|c| {
             matches!(&c.state, State::Committing(w)
                 if w.ticket == to && matches!(w.waits, Waits::Read { sid: None, .. }))
