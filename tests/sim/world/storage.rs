@@ -165,10 +165,6 @@ impl World {
         let n = group.len() + cancelled.len();
         let mut dones = Vec::with_capacity(n);
         let mut records_of = Vec::new();
-        // A start whose reading fails goes on as though nothing were
-        // stored (`Durable::next_event`): a database unreadable at start
-        // is left to the tests over the real binary.
-        let fail = fail && !group.iter().any(|c| matches!(c.op, Cmd::Warm));
         let mut reads = 0;
         for cmd in group {
             if matches!(cmd.op, Cmd::Load { .. } | Cmd::Warm) {
