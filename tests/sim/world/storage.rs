@@ -48,6 +48,10 @@ pub(super) struct Storage {
     /// Tickets of reads for the loop (a session read back): their
     /// requests are answered by what they run, or decide, again.
     pub(super) reads: HashSet<u64>,
+    /// The row of every ask stored, by session and `seq`: an unanswered
+    /// ask that history dropped keeps its row, and a session read back
+    /// has it (as the thread reads it by its rowid).
+    asked: HashMap<(String, u64), StoredRow>,
 }
 
 impl Storage {
@@ -60,6 +64,7 @@ impl Storage {
             expected: HashMap::new(),
             abandoned: HashSet::new(),
             reads: HashSet::new(),
+            asked: HashMap::new(),
         }
     }
 }
@@ -85,7 +90,11 @@ impl Storage {
 /// queued before it and none after. The relay takes it only when its log
 /// lacks the session: one dropped from memory past the budget, or one
 /// created by a write still in flight.
-fn image(copy: &MemStore, sid: &str) -> Option<SessionImage> {
+fn image(
+    copy: &MemStore,
+    asked: &HashMap<(String, u64), StoredRow>,
+    sid: &str,
+) -> Option<SessionImage> {
     let (key, log) = copy.key_and_log(sid)?;
     let mut msgs: Vec<&Message> = log.history().map(|m| &**m).collect();
     for m in log.page_all_pending() {
@@ -93,23 +102,31 @@ fn image(copy: &MemStore, sid: &str) -> Option<SessionImage> {
             msgs.push(m);
         }
     }
-    msgs.sort_by_key(|m| m.seq);
+    let mut rows: Vec<StoredRow> = msgs.into_iter().map(row).collect();
+    for ((s, seq), r) in asked {
+        if s == sid && log.retains(Seq(*seq)) && !rows.iter().any(|h| h.seq.get() == *seq) {
+            rows.push(r.clone());
+        }
+    }
+    rows.sort_by_key(|r| r.seq);
     Some(SessionImage {
         sid: key.clone(),
         epoch: log.epoch().to_string(),
         counters: log.counters(),
-        rows: msgs
-            .into_iter()
-            .map(|m| StoredRow {
-                seq: m.seq,
-                kind: m.kind,
-                client_msg_id: m.client_msg_id.to_string(),
-                assistant_msg_id: m.assistant_msg_id.as_deref().map(str::to_string),
-                ts: m.ts,
-                data: Some(m.data().to_vec()),
-            })
-            .collect(),
+        rows,
     })
+}
+
+/// A stored message as its row.
+fn row(m: &Message) -> StoredRow {
+    StoredRow {
+        seq: m.seq,
+        kind: m.kind,
+        client_msg_id: m.client_msg_id.to_string(),
+        assistant_msg_id: m.assistant_msg_id.as_deref().map(str::to_string),
+        ts: m.ts,
+        data: Some(m.data().to_vec()),
+    }
 }
 
 /// The `seq` an outcome's answer carries.
@@ -182,19 +199,19 @@ impl World {
             let result = match cmd.op {
                 Cmd::Write(w) => {
                     if cmd.load {
-                        images.extend(image(&st.copy, w.session()));
+                        images.extend(image(&st.copy, &st.asked, w.session()));
                     }
                     st.copy.decide(Millis(0), cmd.unix_ms, w, &mut records)
                 }
                 Cmd::Load { sid } => {
-                    images.extend(image(&st.copy, &sid));
+                    images.extend(image(&st.copy, &st.asked, &sid));
                     Ok(Decided::Loaded)
                 }
                 // The start's reading (`State::warm`): every session
                 // with a pending prompt whole, the others' ids.
                 Cmd::Warm => {
                     for sid in st.copy.idle(|_, log| log.pending_len() > 0) {
-                        images.extend(image(&st.copy, &sid));
+                        images.extend(image(&st.copy, &st.asked, &sid));
                     }
                     Ok(Decided::Warmed {
                         dormant: st.copy.idle(|_, log| log.pending_len() == 0),
@@ -209,6 +226,17 @@ impl World {
             };
             for r in &records {
                 st.copy.apply(Millis(0), r.clone());
+                match r {
+                    Record::Ask { sid, seq, .. } => {
+                        let log = st.copy.get(sid);
+                        let m = log.and_then(|l| l.history().find(|m| m.seq == *seq));
+                        if let Some(m) = m {
+                            st.asked.insert((sid.to_string(), seq.get()), row(m));
+                        }
+                    }
+                    Record::Deleted { sid } => st.asked.retain(|(s, _), _| s != sid.as_str()),
+                    _ => {}
+                }
             }
             records_of.push((records.clone(), collect));
             dones.push(Done {
