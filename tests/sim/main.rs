@@ -230,6 +230,15 @@ fn simulation() {
             seen.evicted,
             seen.read_back
         );
-        assert!(seen.restarts > 0, "no seed restarted the relay");
+        assert!(
+            seen.read_waits > 0,
+            "no read waited for its session to be read back"
+        );
+        assert!(
+            seen.restarts > 0 && seen.start_waits > 0,
+            "no all-sessions poll waited for the start's reading after a restart \
+             ({} restarts)",
+            seen.restarts
+        );
     }
 }

@@ -206,6 +206,10 @@ pub struct Seen {
     pub read_back: u64,
     /// Restarts of the relay.
     pub restarts: u64,
+    /// Reads that waited for their session to be read back.
+    pub read_waits: u64,
+    /// All-sessions polls that waited for the start's reading.
+    pub start_waits: u64,
 }
 
 impl std::ops::AddAssign for Seen {
@@ -231,6 +235,8 @@ impl std::ops::AddAssign for Seen {
         self.evicted += o.evicted;
         self.read_back += o.read_back;
         self.restarts += o.restarts;
+        self.read_waits += o.read_waits;
+        self.start_waits += o.start_waits;
     }
 }
 

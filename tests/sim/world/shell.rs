@@ -39,7 +39,13 @@ impl World {
                 }
                 Ok(())
             }
-            Outcome::Wait => self.wait(id, Waits::Read { raw, sid, after }),
+            Outcome::Wait => {
+                match sid {
+                    Some(_) => self.seen.read_waits += 1,
+                    None => self.seen.start_waits += 1,
+                }
+                self.wait(id, Waits::Read { raw, sid, after })
+            }
             Outcome::Park {
                 sid: psid,
                 deadline,
