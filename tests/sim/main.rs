@@ -12,7 +12,9 @@
 //! data directory and a small budget, sessions leave memory at the end
 //! of each step and are read back on their next use
 //! (`world/resident.rs`): a session known by id only must be held by
-//! nothing and be, in the storage, what the model has.
+//! nothing and be, in the storage, what the model has. Those seeds also
+//! restart the relay now and then on the storage it had, which reads no
+//! session at start.
 //!
 //! A run is a seed: the steps are drawn from it (`ops.rs`), so a seed
 //! replays the same run anywhere. The fixed seeds run by default;
