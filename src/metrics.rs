@@ -253,7 +253,7 @@ pub fn render(s: &Snapshot) -> Vec<u8> {
         s.stats.session_evictions,
     );
     if let Some((kept, walked)) = s.memory_recount {
-        let help = "Debug builds: the logs' part of relay_memory_bytes, kept and recounted.";
+        let help = "Debug builds: the logs' part of relay_memory_bytes (with the sessions known by id only), kept and recounted.";
         family(&mut out, "relay_memory_logs_bytes", "gauge", help);
         let _ = writeln!(out, "relay_memory_logs_bytes{{count=\"kept\"}} {kept}");
         let _ = writeln!(out, "relay_memory_logs_bytes{{count=\"walked\"}} {walked}");

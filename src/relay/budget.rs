@@ -73,11 +73,17 @@ impl Relay {
         self.store.beside()
     }
 
-    /// In debug builds, the logs' kept count and a recount that walks
-    /// every session, which the tests compare over the real binary
-    /// (`/metrics`); release builds never walk and give nothing.
+    /// In debug builds, the kept count of the logs and of the sessions
+    /// known by id only, and a recount that walks every one of them,
+    /// which the tests compare over the real binary (`/metrics`); release
+    /// builds never walk and give nothing.
     pub fn memory_recount(&self) -> Option<(usize, usize)> {
-        cfg!(debug_assertions).then(|| (self.store.logs_memory(), self.store.recount()))
+        cfg!(debug_assertions).then(|| {
+            (
+                self.store.logs_memory() + self.resident.bytes(),
+                self.store.recount() + self.resident.recount(),
+            )
+        })
     }
 
     /// Whether a write was refused at the budget and no space was freed
@@ -113,12 +119,33 @@ impl Relay {
     /// Where sessions leave memory to make room: whether `w` is refused
     /// because the count is past the budget and the last eviction found
     /// nothing more to drop (every session held here is in use). A
-    /// deletion always goes through.
+    /// deletion always goes through, and so does a final answer or a
+    /// cancel of a prompt pending in a session held here: pending
+    /// prompts hold their sessions in memory, so refusing what ends them
+    /// would keep the budget full until the TTL (one message each, at
+    /// most `max_pending` per session).
     pub(super) fn budget_full_for(&self, w: &super::Write) -> bool {
+        use super::Write;
+        let frees = match w {
+            Write::Delete { .. } => true,
+            Write::Response(r) => self.ends_pending(&r.session_id, &r.client_msg_id),
+            Write::Cancel(c) => self.ends_pending(&c.session_id, &c.client_msg_id),
+            _ => false,
+        };
         !self.budget.refuses
             && self.resident.stuck()
-            && !matches!(w, super::Write::Delete { .. })
+            && !frees
             && self.claimed_bytes() > self.budget.bytes
+    }
+
+    /// Whether the prompt `client_msg_id` of `sid` is pending in the log.
+    fn ends_pending(&self, sid: &str, client_msg_id: &str) -> bool {
+        self.store.get(sid).is_some_and(|log| {
+            matches!(
+                log.prompt_state(client_msg_id),
+                crate::store::log::PromptState::Pending
+            )
+        })
     }
 
     pub(super) fn refuse(&mut self) -> ApiError {

@@ -88,6 +88,11 @@ impl Resident {
         self.dormant_bytes
     }
 
+    /// What they weigh, counted again from scratch (debug checks).
+    pub(super) fn recount(&self) -> usize {
+        self.dormant.keys().map(Resident::weight).sum()
+    }
+
     /// The sessions known by id only that nobody used for `after` ms and
     /// that no write in flight names: the idle sweep's.
     pub(super) fn idle(&self, now: Millis, after: u64, writing: &HashSet<&str>) -> Vec<SessionId> {
@@ -114,6 +119,21 @@ impl Relay {
     /// copy has not heard of.
     pub(super) fn holds_every_session(&self) -> bool {
         self.engine.holds_every_prompt() && self.resident.len() == 0 && !self.engine.warming()
+    }
+
+    /// Whether `sid` is known by id only: dropped from the log, or not
+    /// read since start. For checks from outside the relay (the
+    /// simulation's, `tests/sim`).
+    #[doc(hidden)]
+    pub fn dormant(&self, sid: &str) -> bool {
+        self.resident.dormant.contains_key(sid)
+    }
+
+    /// Whether `sid` has an open draft (a streamed answer not final yet),
+    /// which holds it in the log. For checks from outside the relay.
+    #[doc(hidden)]
+    pub fn drafting(&self, sid: &str) -> bool {
+        self.live.get(sid).is_some_and(|l| !l.drafts.is_empty())
     }
 
     /// A session read back whole: the log takes it unless it holds it

@@ -8,7 +8,13 @@
 //! acknowledged writes present and refused ones absent, `seq` gapless
 //! per epoch, every subscriber's frames in order with no gap and no
 //! duplicate unless a `resync` says so, pending sets as the model has
-//! them, sessions collected by the clock's TTL and no earlier.
+//! them, sessions collected by the clock's TTL and no earlier. With a
+//! data directory and a small budget, sessions leave memory at the end
+//! of each step and are read back on their next use
+//! (`world/resident.rs`): a session known by id only must be held by
+//! nothing and be, in the storage, what the model has. Those seeds also
+//! restart the relay now and then on the storage it had, which reads no
+//! session at start.
 //!
 //! A run is a seed: the steps are drawn from it (`ops.rs`), so a seed
 //! replays the same run anywhere. The fixed seeds run by default;
@@ -28,7 +34,7 @@ mod world;
 use std::time::Instant;
 
 use ops::{Op, Rng};
-use world::{BUDGET, Seen, World};
+use world::{BUDGET, EVICT_BUDGET, Seen, World};
 
 /// The seeds CI runs (even ones in memory, odd ones with a data
 /// directory), and the steps of each.
@@ -39,10 +45,18 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// The steps of seed `seed`.
+/// The steps of seed `seed`: those of the data directory's budget seeds
+/// spread over more sessions, so that some are idle and leave memory.
 fn draw(seed: u64, steps: usize) -> Vec<Op> {
     let mut rng = Rng::new(seed);
-    (0..steps).map(|_| Op::draw(&mut rng)).collect()
+    let mut spread = Rng::new(!seed);
+    (0..steps)
+        .map(|_| Op::draw(&mut rng))
+        .map(|op| match seed % 4 {
+            1 => op.spread(&mut spread),
+            _ => op,
+        })
+        .collect()
 }
 
 /// A failure: the step that broke a promise, and which.
@@ -105,10 +119,15 @@ fn shrink(ops: &[Op], failing: usize, durable: bool, budget: Option<usize>) -> V
 fn seed(seed: u64, steps: usize, keep: Option<Vec<usize>>) -> (u64, Seen) {
     let ops = draw(seed, steps);
     // Odd seeds store through a data directory's storage, played by the
-    // world; even seeds in memory, every other one of them under a small
-    // memory budget.
+    // world; even seeds in memory. Every other seed of each has a small
+    // memory budget: writes are refused at it in memory, and with a data
+    // directory sessions are dropped from memory and read back.
     let durable = seed % 2 == 1;
-    let budget = seed.is_multiple_of(4).then_some(BUDGET);
+    let budget = match seed % 4 {
+        0 => Some(BUDGET),
+        1 => Some(EVICT_BUDGET),
+        _ => None,
+    };
     let kept: Vec<usize> = keep.unwrap_or_else(|| (0..ops.len()).collect());
     let chosen: Vec<&Op> = kept.iter().filter_map(|&i| ops.get(i)).collect();
     let failure = match run(&chosen, durable, budget) {
@@ -132,7 +151,8 @@ fn seed(seed: u64, steps: usize, keep: Option<Vec<usize>>) -> (u64, Seen) {
         .collect::<Vec<_>>()
         .join(",");
     let engine = match (durable, budget) {
-        (true, _) => "data directory".to_string(),
+        (true, None) => "data directory".to_string(),
+        (true, Some(b)) => format!("data directory, a budget of {b} bytes"),
         (false, None) => "memory".to_string(),
         (false, Some(b)) => format!("memory, a budget of {b} bytes"),
     };
@@ -200,6 +220,27 @@ fn simulation() {
         assert!(
             seen.taken_again > 0,
             "no write was taken again after a refusal at the budget"
+        );
+    }
+    // Likewise the data directory's budget seeds must drop sessions and
+    // read them back, and restart the relay.
+    if replay.is_none() && keep.is_none() && seeds.iter().any(|s| s % 4 == 1) {
+        assert!(
+            seen.evicted > 0 && seen.read_back > 0,
+            "no session was dropped from memory and read back ({} dropped, {} read): \
+             the data directory's budget seeds no longer reach the budget",
+            seen.evicted,
+            seen.read_back
+        );
+        assert!(
+            seen.read_waits > 0,
+            "no read waited for its session to be read back"
+        );
+        assert!(
+            seen.restarts > 0 && seen.start_waits > 0,
+            "no all-sessions poll waited for the start's reading after a restart \
+             ({} restarts)",
+            seen.restarts
         );
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 
 use relay::relay::Relay;
-use relay::store::{Kind, Seq};
+use relay::store::{Kind, Seq, SessionLog};
 use relay::time::Millis;
 
 /// One message the model knows was stored, at `seq = index + 1`.
@@ -136,7 +136,18 @@ impl Model {
     /// epoch, the next `seq`, history (the last `limit` messages, kind,
     /// `seq` and id each) and pending set.
     pub fn compare(&self, relay: &Relay, sid: &str, limit: usize) -> Result<(), String> {
-        let (log, i) = match (relay.peek(sid), self.live(sid)) {
+        self.compare_log(relay.peek(sid), sid, limit)
+    }
+
+    /// [`compare`](Self::compare) with the log `log` of `sid`, wherever
+    /// it is held (the storage's own, for a session the relay dropped).
+    pub fn compare_log(
+        &self,
+        log: Option<&SessionLog>,
+        sid: &str,
+        limit: usize,
+    ) -> Result<(), String> {
+        let (log, i) = match (log, self.live(sid)) {
             (None, None) => return Ok(()),
             (Some(_), None) => return Err(format!("{sid} exists, the model has no such session")),
             (None, Some(_)) => return Err(format!("{sid} is gone, the model still has it")),

@@ -8,6 +8,12 @@ use std::fmt;
 
 /// Sessions the clients touch: few, so every step meets the others' work.
 pub const SESSIONS: u64 = 3;
+/// Sessions the clients of a spread run touch ([`Op::spread`]): enough
+/// that some are idle at any time, so a small memory budget drops them
+/// from memory and their next use reads them back.
+pub const WIDE_SESSIONS: u64 = 9;
+/// One step in this many of a spread run restarts the relay.
+const RESTART_ONE_IN: u64 = 500;
 /// `client_msg_id`s drawn: reused all the time (duplicates, conflicts,
 /// answers to prompts answered, cancelled or trimmed already).
 const PROMPT_IDS: u64 = 6;
@@ -153,6 +159,10 @@ pub enum Op {
     Advance {
         ms: u64,
     },
+    /// The relay restarts with its data directory ([`Op::spread`] runs
+    /// only): every connection is closed, what the storage had not
+    /// committed is lost, and the new relay reads no session at start.
+    Restart,
 }
 
 fn reading(rng: &mut Rng) -> Reading {
@@ -242,6 +252,33 @@ impl Op {
         }
     }
 
+    /// The same step, on one of [`WIDE_SESSIONS`] sessions (drawn from
+    /// `rng`) instead of one of [`SESSIONS`]; or, now and then, a restart
+    /// instead.
+    pub fn spread(mut self, rng: &mut Rng) -> Op {
+        let to = rng.below(WIDE_SESSIONS / SESSIONS) * SESSIONS;
+        if rng.below(RESTART_ONE_IN) == 0 {
+            return Op::Restart;
+        }
+        match &mut self {
+            Op::Prompt { s, .. }
+            | Op::Answer { s, .. }
+            | Op::Part { s, .. }
+            | Op::Cancel { s, .. }
+            | Op::Ask { s, .. }
+            | Op::Reply { s, .. }
+            | Op::Poll { s, .. }
+            | Op::PollNow { s }
+            | Op::AskPoll { s, .. }
+            | Op::Subscribe { s, .. }
+            | Op::Messages { s }
+            | Op::Put { s }
+            | Op::Delete { s } => *s += to,
+            _ => {}
+        }
+        self
+    }
+
     /// The session the step names, if one.
     pub fn session(&self) -> Option<u64> {
         match *self {
@@ -321,6 +358,7 @@ impl fmt::Display for Op {
                 if *fail { "rolls back" } else { "commits" }
             ),
             Op::Advance { ms } => write!(f, "clock +{ms} ms"),
+            Op::Restart => write!(f, "the relay restarts"),
         }
     }
 }

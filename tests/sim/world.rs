@@ -29,9 +29,10 @@ use relay::time::{Millis, Turn};
 use serde_json::Value;
 
 use crate::model::{Model, View};
-use crate::ops::{Op, Reading, SESSIONS};
+use crate::ops::{Op, Reading, SESSIONS, WIDE_SESSIONS};
 
 mod requests;
+mod resident;
 mod shell;
 mod storage;
 
@@ -49,6 +50,10 @@ const PEER: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 /// worth of messages, so the clients' writes reach it within a few
 /// dozen steps, and deletions, trimming and the TTL bring it back down.
 pub const BUDGET: usize = 6_000;
+/// The memory budget of the data directory's seeds that run with one:
+/// about a session's worth, so that every step's end drops the sessions
+/// nothing holds, and most requests find their session on disk only.
+pub const EVICT_BUDGET: usize = 6_000;
 /// More than any one simulated write adds to the memory count (a new
 /// session with its first message): a write is refused at the budget
 /// only when the count is within this of it.
@@ -97,6 +102,14 @@ struct Committing {
 enum Waits {
     /// A write: answered with its command's outcome.
     Write(Op),
+    /// A read of a session the relay's log lacks (dropped from memory,
+    /// or not read since start), or of every session while the start's
+    /// reading is under way: run again once it is read.
+    Read {
+        raw: String,
+        sid: Option<String>,
+        after: Option<u64>,
+    },
     /// A WebSocket upgrade that created its session: run again once it is.
     Upgrade {
         raw: String,
@@ -151,6 +164,11 @@ pub struct World {
     budget: Option<usize>,
     /// A write was refused at the budget and none was taken since.
     full: bool,
+    /// What outlives a restart of the relay.
+    run: resident::Run,
+    /// The sessions the clients touch: more with a data directory and a
+    /// budget, whose steps are spread over more ([`Op::spread`]).
+    sessions: u64,
     /// Operations run (requests, reads, deadlines fired).
     pub ops: u64,
     pub seen: Seen,
@@ -182,6 +200,16 @@ pub struct Seen {
     pub taken_again: u64,
     /// The most the count passed the budget by, in bytes.
     pub overshoot: u64,
+    /// Sessions dropped from memory past the budget.
+    pub evicted: u64,
+    /// Sessions read back into memory.
+    pub read_back: u64,
+    /// Restarts of the relay.
+    pub restarts: u64,
+    /// Reads that waited for their session to be read back.
+    pub read_waits: u64,
+    /// All-sessions polls that waited for the start's reading.
+    pub start_waits: u64,
 }
 
 impl std::ops::AddAssign for Seen {
@@ -204,6 +232,11 @@ impl std::ops::AddAssign for Seen {
         self.over_budget += o.over_budget;
         self.taken_again += o.taken_again;
         self.overshoot = self.overshoot.max(o.overshoot);
+        self.evicted += o.evicted;
+        self.read_back += o.read_back;
+        self.restarts += o.restarts;
+        self.read_waits += o.read_waits;
+        self.start_waits += o.start_waits;
     }
 }
 
@@ -273,6 +306,11 @@ impl World {
             storage,
             budget,
             full: false,
+            run: resident::Run::new(&cfg),
+            sessions: match (durable, budget) {
+                (true, Some(_)) => WIDE_SESSIONS,
+                _ => SESSIONS,
+            },
             ops: 0,
             seen: Seen::default(),
         }
@@ -408,7 +446,14 @@ impl World {
             return Err("a write refused at the budget in a run without one".to_string());
         };
         let held = self.relay.memory_bytes();
-        if held + LARGEST_WRITE <= budget {
+        // With a data directory sessions leave memory instead, and a
+        // write is refused only past the budget, with nothing left to
+        // drop (`world/resident.rs`).
+        let near = match self.storage {
+            None => held + LARGEST_WRITE > budget,
+            Some(_) => held > budget,
+        };
+        if !near {
             return Err(format!(
                 "a write refused at the budget of {budget} bytes with {held} held"
             ));
@@ -450,7 +495,9 @@ impl World {
         }
         self.apply_effects()?;
         self.settle()?;
-        // The turn's writes go to the storage at its end.
+        // The turn ends: sessions dropped past the budget, and its writes
+        // sent to the storage.
+        self.end_turn()?;
         self.relay.flush_store();
         self.check()
     }
@@ -489,13 +536,11 @@ impl World {
     /// the connections say, and the memory it counts as it goes equal to a
     /// recount from scratch.
     pub fn check(&mut self) -> Check {
-        if let Some(budget) = self.budget {
+        if let Some(budget) = self.budget.filter(|_| self.storage.is_none()) {
             let over = self.relay.memory_bytes().saturating_sub(budget) as u64;
             self.seen.overshoot = self.seen.overshoot.max(over);
         }
-        for s in 0..SESSIONS {
-            self.model.compare(&self.relay, &sid_of(s), HISTORY)?;
-        }
+        self.check_sessions()?;
         let counts = self.relay.counts();
         let parked = self
             .conns
@@ -513,7 +558,7 @@ impl World {
                 counts.parked_polls, counts.subscribers
             ));
         }
-        if let Some(budget) = self.budget
+        if let Some(budget) = self.budget.filter(|_| self.storage.is_none())
             && self.relay.memory_bytes() > budget + OVERSHOOT
         {
             return Err(format!(
@@ -528,7 +573,9 @@ impl World {
                 "the relay counts {kept} bytes held for sessions, a recount {walked}"
             ));
         }
-        if counts.sessions != self.model.current.len() {
+        // Until the start's reading is done, the relay knows only the
+        // sessions it read or created since.
+        if counts.sessions != self.model.current.len() && !self.relay.engine().warming() {
             return Err(format!(
                 "the relay counts {} sessions, the model {}",
                 counts.sessions,

@@ -7,7 +7,7 @@
 //! everything is there.
 
 use crate::common::*;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 /// A budget far below what the test writes (about 2.4 MB of messages).
@@ -154,4 +154,74 @@ fn sessions_leave_memory_under_the_budget_and_come_back_whole() {
     assert_eq!(every.json().as_array().map(Vec::len), Some(1));
     let gone = srv.get("/messages/res-nobody");
     assert_eq!(gone.status, 404);
+}
+
+/// Pending prompts hold their sessions in memory (every session's pending
+/// prompts are listed from it). When they alone fill the budget, new
+/// writes are refused, but the answers and cancels that end those
+/// prompts are taken: they are what lets the sessions leave memory, and
+/// then new writes are taken again.
+#[test]
+fn answers_to_pending_prompts_are_taken_when_pending_prompts_fill_the_budget() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    let dir = Dir::new("resident-pending");
+    let srv = start(&dir);
+    let text = "h".repeat(8_000);
+    let prompt = |sid: &str| {
+        srv.post_json(
+            "/prompt",
+            &json!({"session_id": sid, "client_msg_id": "p", "prompt": text}),
+        )
+    };
+    let mut held = Vec::new();
+    let refused = loop {
+        assert!(
+            held.len() < 1_000,
+            "8 MB of pending prompts never reached the budget"
+        );
+        let sid = format!("held-{}", held.len());
+        let resp = prompt(&sid);
+        match resp.status {
+            200 => held.push(sid),
+            503 => break resp,
+            s => panic!("unexpected {s}: {}", resp.text()),
+        }
+    };
+    assert_eq!(
+        refused.json(),
+        json!({"error": "Service Unavailable", "details": "memory budget reached"})
+    );
+    // Every pending prompt is answered or cancelled, though the budget is
+    // passed.
+    for (i, sid) in held.iter().enumerate() {
+        let resp = if i % 2 == 0 {
+            srv.post_json(
+                "/response",
+                &json!({"session_id": sid, "client_msg_id": "p", "text": "done"}),
+            )
+        } else {
+            srv.post_json("/cancel", &json!({"session_id": sid, "client_msg_id": "p"}))
+        };
+        assert_eq!(resp.status, 200, "{sid}: {}", resp.text());
+    }
+    // Their sessions leave memory, and a new write is taken again (once
+    // the next eviction pass runs).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let resp = prompt("after-the-answers");
+        if resp.status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes still refused after every pending prompt ended: {}",
+            resp.text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(srv.metric("relay_session_evictions_total") > 0);
+    let msgs = all_messages(&srv, &held[0]);
+    assert_eq!(msgs.len(), 2, "{}: the prompt and its answer", held[0]);
 }

@@ -57,6 +57,9 @@ pub struct Durable {
     /// The all-sessions reads waiting for the start's reading, while it
     /// is under way (`None` once the copy holds every pending prompt).
     warming: Option<Vec<Ticket>>,
+    /// The start's reading failed (its group rolled back, or the database
+    /// could not be read): it is asked again before the next command.
+    rewarm: bool,
 }
 
 /// The storage side of a handle with no storage thread
@@ -116,6 +119,17 @@ fn events_of(done: Done, limit: usize, out: &mut VecDeque<StoreEvent>) {
     }
 }
 
+/// The start's reading: the sessions with pending prompts whole, the
+/// others' ids (ticket 0, for nobody).
+fn warm() -> Command {
+    Command {
+        ticket: Ticket { conn: NOBODY, n: 0 },
+        op: Op::Warm,
+        unix_ms: 0,
+        load: false,
+    }
+}
+
 /// Commands in flight above which the loop takes no new request until some
 /// are answered: the queue to the storage thread stays bounded.
 pub const MAX_INFLIGHT: usize = 16_384;
@@ -164,14 +178,10 @@ impl Durable {
             _lock: Some(opened.lock),
             history_limit: limits.history_limit,
             warming: Some(Vec::new()),
+            rewarm: false,
         };
         let mut durable = durable;
-        durable.submit(Command {
-            ticket: Ticket { conn: NOBODY, n: 0 },
-            op: Op::Warm,
-            unix_ms: 0,
-            load: false,
-        });
+        durable.submit(warm());
         // Sent now, not with the first loop turn's batch: a server nobody
         // talks to yet reads its pending sessions (and reports damaged
         // rows among them) all the same.
@@ -201,6 +211,7 @@ impl Durable {
             _lock: None,
             history_limit: limits.history_limit,
             warming: None,
+            rewarm: false,
         };
         let detached = Detached {
             batches: batch_rx,
@@ -210,8 +221,23 @@ impl Durable {
         (durable, detached)
     }
 
-    /// Adds a command to this turn's batch.
+    /// [`detached`](Self::detached), as [`start`](Self::start) leaves the
+    /// handle: the start's reading (`Op::Warm`) is its first command, and
+    /// reads of every session wait for it.
+    #[doc(hidden)]
+    pub fn detached_starting(limits: StoreLimits) -> (Durable, Detached) {
+        let (mut durable, detached) = Durable::detached(limits);
+        durable.warming = Some(Vec::new());
+        durable.submit(warm());
+        (durable, detached)
+    }
+
+    /// Adds a command to this turn's batch (after the start's reading,
+    /// when it is to be asked again).
     pub fn submit(&mut self, cmd: Command) {
+        if std::mem::take(&mut self.rewarm) {
+            self.batch.push(warm());
+        }
         self.batch.push(cmd);
     }
 
@@ -267,10 +293,17 @@ impl Durable {
                     self.stats.commit_time.observe_us(c.micros);
                 }
                 for done in c.done {
-                    // The start's reading is ticket 0 (it failed only
-                    // when nothing can be read: the reads waiting on it
-                    // then go on with what the copy holds).
+                    // The start's reading is ticket 0. Until it is done
+                    // the loop's copy cannot tell a session on disk from
+                    // none: when it fails, the reads waiting on it wait on
+                    // (to their storage timeout), and it is asked again
+                    // with the next command.
                     let warmed = done.ticket.conn == NOBODY && done.ticket.n == 0;
+                    if warmed && done.result.is_err() {
+                        warn!("the start's reading of the sessions failed; it will be tried again");
+                        self.rewarm = true;
+                        continue;
+                    }
                     events_of(done, self.history_limit, &mut self.ready);
                     if warmed {
                         for to in self.warming.take().unwrap_or_default() {
@@ -362,3 +395,76 @@ impl Drop for Durable {
 
 /// How long a shutdown waits for the storage thread to finish.
 pub const STOP_BOUND: Duration = Duration::from_millis(500);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ApiError;
+    use crate::store::types::{ConnId, SessionId};
+
+    fn limits() -> StoreLimits {
+        StoreLimits {
+            history_limit: 10,
+            max_sessions: 10,
+            max_pending: 10,
+            draft_timeout_ms: 60_000,
+        }
+    }
+
+    fn answer(side: &Detached, done: Vec<Done>) {
+        let commands = done.len();
+        let committed = Committed {
+            done,
+            commands,
+            micros: 0,
+            ok: false,
+        };
+        side.done.send(committed).unwrap();
+    }
+
+    /// A start whose reading failed does not count as done: the
+    /// all-sessions read keeps waiting, and the reading is sent again,
+    /// first, with the next command; once it succeeds the read runs.
+    #[test]
+    fn a_failed_start_reading_is_asked_again_before_the_next_command() {
+        let (mut d, side) = Durable::detached_starting(limits());
+        let conn = ConnId {
+            key: 1,
+            generation: 1,
+        };
+        let every = Ticket { conn, n: 1 };
+        assert!(d.before_every_read(|| every));
+        d.flush();
+        let first = side.batches.try_recv().unwrap();
+        assert!(matches!(first[0].op, Op::Warm));
+        answer(
+            &side,
+            vec![Done::only(
+                first[0].ticket,
+                Err(ApiError::storage_unavailable()),
+            )],
+        );
+        assert!(d.next_event().is_none(), "nothing for the loop yet");
+        assert!(d.warming(), "the start's reading is not done");
+
+        let sid = SessionId::new("s").unwrap();
+        let load = Ticket { conn, n: 2 };
+        d.submit(Command {
+            ticket: load,
+            op: Op::Load { sid },
+            unix_ms: 0,
+            load: false,
+        });
+        d.flush();
+        let next = side.batches.try_recv().unwrap();
+        assert!(matches!(next[0].op, Op::Warm), "the reading goes first");
+        assert_eq!(next[1].ticket, load);
+        let warmed = Outcome::Warmed {
+            dormant: Vec::new(),
+        };
+        answer(&side, vec![Done::only(next[0].ticket, Ok(warmed))]);
+        assert!(matches!(d.next_event(), Some(StoreEvent::Dormant(_))));
+        assert!(matches!(d.next_event(), Some(StoreEvent::Retry(t)) if t == every));
+        assert!(!d.warming());
+    }
+}

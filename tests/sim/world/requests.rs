@@ -70,11 +70,11 @@ impl World {
             }
             Op::Messages { s } => {
                 let raw = format!("GET /messages/s{s}?limit=1000 HTTP/1.1\r\nHost: sim\r\n\r\n");
-                let (status, body) = self.send(op, &raw)?.ok_or("a read waited")?;
-                self.messages(s, status, &body)
+                self.poll(raw, Some(sid_of(s)), None)
             }
             Op::Storage { take, fail } => self.storage(take, fail),
             Op::Advance { ms } => self.advance(ms),
+            Op::Restart => self.restart(),
             _ => Ok(()),
         }
     }
@@ -273,8 +273,8 @@ impl World {
     }
 
     /// `GET /messages`: the history the model says, with its epoch.
-    fn messages(&mut self, s: u64, status: u16, body: &[u8]) -> Check {
-        let sid = sid_of(s);
+    pub(super) fn messages(&mut self, sid: &str, status: u16, body: &[u8]) -> Check {
+        let sid = sid.to_string();
         let Some(i) = self.model.live(&sid) else {
             return if status == 404 {
                 Ok(())

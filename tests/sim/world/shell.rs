@@ -8,18 +8,43 @@ use super::*;
 use relay::relay::Abandon;
 
 impl World {
-    /// A `GET` that answers now or parks.
+    /// A `GET` that answers now, parks, or waits for its session to be
+    /// read.
     pub(super) fn poll(&mut self, raw: String, sid: Option<String>, after: Option<u64>) -> Check {
         let id = self.connect();
         let outcome = self.request(id, raw.as_bytes(), false)?;
+        self.polled(id, outcome, raw, sid, after)
+    }
+
+    /// What became of a `GET` on `id`.
+    fn polled(
+        &mut self,
+        id: ConnId,
+        outcome: Outcome,
+        raw: String,
+        sid: Option<String>,
+        after: Option<u64>,
+    ) -> Check {
         let ask = raw.starts_with("GET /asks");
         match outcome {
+            Outcome::Answer(a) if raw.starts_with("GET /messages") => {
+                self.release(id);
+                self.count(a.status);
+                self.messages(sid.as_deref().unwrap_or(""), a.status, a.body.bytes())
+            }
             Outcome::Answer(a) => {
                 self.release(id);
                 if !ask && a.status == 200 {
                     self.check_pending_body(sid.as_deref(), after, a.body.bytes())?;
                 }
                 Ok(())
+            }
+            Outcome::Wait => {
+                match sid {
+                    Some(_) => self.seen.read_waits += 1,
+                    None => self.seen.start_waits += 1,
+                }
+                self.wait(id, Waits::Read { raw, sid, after })
             }
             Outcome::Park {
                 sid: psid,
@@ -497,14 +522,37 @@ impl World {
         self.count(status);
         match &w.waits {
             Waits::Write(op) => self.answered(op, status, body),
-            Waits::Upgrade { .. } => Ok(()),
+            Waits::Read { .. } | Waits::Upgrade { .. } => Ok(()),
         }
     }
 
-    /// The session an upgrade waited for exists now: it runs again, as
-    /// the shell reruns a request without a body.
+    /// The session an upgrade or a read waited for is in the log now (or
+    /// known not to exist): it runs again, as the shell reruns a request
+    /// without a body. An all-sessions poll waits on no command, but on
+    /// the start's reading.
     fn retry(&mut self, to: Ticket) -> Check {
-        if let Some(st) = &mut self.storage {
+        // Answered `503` at its timeout, and its connection moved on: the
+        // shell finds no request waiting on the ticket, and drops it.
+        let waiting = self
+            .conns
+            .iter()
+            .any(|c| matches!(&c.state, State::Committing(w) if w.ticket == to));
+        if !waiting
+            && self
+                .storage
+                .as_ref()
+                .is_some_and(|st| st.abandoned.contains(&to.n))
+        {
+            return Ok(());
+        }
+        let every = self.conns.iter().any(|c| {
+            matches!(&c.state, State::Committing(w)
+                if w.ticket == to && matches!(w.waits, Waits::Read { sid: None, .. }))
+        });
+        if let Some(st) = &mut self.storage
+            && !every
+            && !st.reads.remove(&to.n)
+        {
             match st.expected.remove(&to.n) {
                 Some(storage::Expect::Ok(_)) => {}
                 e => return Err(format!("ticket {} run again, decided {e:?}", to.n)),
@@ -513,11 +561,25 @@ impl World {
         let Some((id, w)) = self.committing(to) else {
             return Ok(()); // answered at its timeout: dropped
         };
-        let Waits::Upgrade { raw, .. } = &w.waits else {
-            return Err(format!("ticket {}: a write told to run again", to.n));
-        };
-        let outcome = self.request(id, raw.clone().as_bytes(), true)?;
-        self.upgraded(id, outcome, w.waits)
+        match w.waits {
+            Waits::Upgrade { ref raw, .. } => {
+                let outcome = self.request(id, raw.clone().as_bytes(), true)?;
+                self.upgraded(id, outcome, w.waits)
+            }
+            Waits::Read { raw, sid, after } => {
+                let outcome = self.request(id, raw.as_bytes(), true)?;
+                self.polled(id, outcome, raw, sid, after)
+            }
+            // A part whose session was read after its requester's
+            // timeout (the relay dropped it then): a request with a body
+            // cannot run again, and is answered `503`, never stored.
+            Waits::Write(Op::Part { .. }) => {
+                self.release(id);
+                self.count(503);
+                Ok(())
+            }
+            Waits::Write(_) => Err(format!("ticket {}: a write told to run again", to.n)),
+        }
     }
 
     pub(super) fn each_sub(&mut self, sid: &str, mut f: impl FnMut(&mut Sub)) {

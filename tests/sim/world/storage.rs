@@ -34,7 +34,8 @@ pub(super) enum Expect {
 
 pub(super) struct Storage {
     side: Detached,
-    copy: MemStore,
+    /// The storage's own state of every session (the thread's copy).
+    pub(super) copy: MemStore,
     queue: VecDeque<Command>,
     /// A transaction taken and not committed yet: its commands are the
     /// storage's (a timeout leaves them to finish), and those cancelled
@@ -46,7 +47,11 @@ pub(super) struct Storage {
     pub(super) abandoned: HashSet<u64>,
     /// Tickets of reads for the loop (a session read back): their
     /// requests are answered by what they run, or decide, again.
-    reads: HashSet<u64>,
+    pub(super) reads: HashSet<u64>,
+    /// The row of every ask stored, by session and `seq`: an unanswered
+    /// ask that history dropped keeps its row, and a session read back
+    /// has it (as the thread reads it by its rowid).
+    asked: HashMap<(String, u64), StoredRow>,
 }
 
 impl Storage {
@@ -59,17 +64,37 @@ impl Storage {
             expected: HashMap::new(),
             abandoned: HashSet::new(),
             reads: HashSet::new(),
+            asked: HashMap::new(),
         }
+    }
+}
+
+impl Storage {
+    /// The relay restarts: what was queued or taken and not committed is
+    /// lost with it, and the new relay's handle is played from now on.
+    pub(super) fn restart(&mut self, side: Detached) {
+        self.side = side;
+        self.queue.clear();
+        self.open = None;
+        self.expected.clear();
+        self.abandoned.clear();
+        self.reads.clear();
     }
 }
 
 /// A session the copy holds, whole, as the storage thread sends it to the
 /// loop: its counters and the messages its history and pending set hold
-/// (the thread reads them from their rows). The relay takes it only when
-/// its log lacks the session, which here (nothing is ever dropped from
-/// it, and no start reads a database) means a session the copy holds and
-/// the relay's log does not yet: one created by a write still in flight.
-fn image(copy: &MemStore, sid: &str) -> Option<SessionImage> {
+/// (the thread reads them from their rows). Built inside the group that
+/// carries the command asking for it, before that command is decided, as
+/// the thread's `State::session_for_loop` is: it sees every command
+/// queued before it and none after. The relay takes it only when its log
+/// lacks the session: one dropped from memory past the budget, or one
+/// created by a write still in flight.
+fn image(
+    copy: &MemStore,
+    asked: &HashMap<(String, u64), StoredRow>,
+    sid: &str,
+) -> Option<SessionImage> {
     let (key, log) = copy.key_and_log(sid)?;
     let mut msgs: Vec<&Message> = log.history().map(|m| &**m).collect();
     for m in log.page_all_pending() {
@@ -77,23 +102,31 @@ fn image(copy: &MemStore, sid: &str) -> Option<SessionImage> {
             msgs.push(m);
         }
     }
-    msgs.sort_by_key(|m| m.seq);
+    let mut rows: Vec<StoredRow> = msgs.into_iter().map(row).collect();
+    for ((s, seq), r) in asked {
+        if s == sid && log.retains(Seq(*seq)) && !rows.iter().any(|h| h.seq.get() == *seq) {
+            rows.push(r.clone());
+        }
+    }
+    rows.sort_by_key(|r| r.seq);
     Some(SessionImage {
         sid: key.clone(),
         epoch: log.epoch().to_string(),
         counters: log.counters(),
-        rows: msgs
-            .into_iter()
-            .map(|m| StoredRow {
-                seq: m.seq,
-                kind: m.kind,
-                client_msg_id: m.client_msg_id.to_string(),
-                assistant_msg_id: m.assistant_msg_id.as_deref().map(str::to_string),
-                ts: m.ts,
-                data: Some(m.data().to_vec()),
-            })
-            .collect(),
+        rows,
     })
+}
+
+/// A stored message as its row.
+fn row(m: &Message) -> StoredRow {
+    StoredRow {
+        seq: m.seq,
+        kind: m.kind,
+        client_msg_id: m.client_msg_id.to_string(),
+        assistant_msg_id: m.assistant_msg_id.as_deref().map(str::to_string),
+        ts: m.ts,
+        data: Some(m.data().to_vec()),
+    }
 }
 
 /// The `seq` an outcome's answer carries.
@@ -149,9 +182,11 @@ impl World {
         let n = group.len() + cancelled.len();
         let mut dones = Vec::with_capacity(n);
         let mut records_of = Vec::new();
+        let mut reads = 0;
         for cmd in group {
             if matches!(cmd.op, Cmd::Load { .. } | Cmd::Warm) {
                 st.reads.insert(cmd.ticket.n);
+                reads += 1;
             }
             let ticket = cmd.ticket;
             if fail {
@@ -164,17 +199,24 @@ impl World {
             let result = match cmd.op {
                 Cmd::Write(w) => {
                     if cmd.load {
-                        images.extend(image(&st.copy, w.session()));
+                        images.extend(image(&st.copy, &st.asked, w.session()));
                     }
                     st.copy.decide(Millis(0), cmd.unix_ms, w, &mut records)
                 }
                 Cmd::Load { sid } => {
-                    images.extend(image(&st.copy, &sid));
+                    images.extend(image(&st.copy, &st.asked, &sid));
                     Ok(Decided::Loaded)
                 }
-                Cmd::Warm => Ok(Decided::Warmed {
-                    dormant: Vec::new(),
-                }),
+                // The start's reading (`State::warm`): every session
+                // with a pending prompt whole, the others' ids.
+                Cmd::Warm => {
+                    for sid in st.copy.idle(|_, log| log.pending_len() > 0) {
+                        images.extend(image(&st.copy, &st.asked, &sid));
+                    }
+                    Ok(Decided::Warmed {
+                        dormant: st.copy.idle(|_, log| log.pending_len() == 0),
+                    })
+                }
                 Cmd::Collect { sids } => {
                     for sid in sids.into_iter().filter(|sid| st.copy.contains(sid)) {
                         records.push(Record::Deleted { sid });
@@ -184,6 +226,17 @@ impl World {
             };
             for r in &records {
                 st.copy.apply(Millis(0), r.clone());
+                match r {
+                    Record::Ask { sid, seq, .. } => {
+                        let log = st.copy.get(sid);
+                        let m = log.and_then(|l| l.history().find(|m| m.seq == *seq));
+                        if let Some(m) = m {
+                            st.asked.insert((sid.to_string(), seq.get()), row(m));
+                        }
+                    }
+                    Record::Deleted { sid } => st.asked.retain(|(s, _), _| s != sid.as_str()),
+                    _ => {}
+                }
             }
             records_of.push((records.clone(), collect));
             dones.push(Done {
@@ -203,7 +256,8 @@ impl World {
             };
             st.expected.insert(d.ticket.n, e);
         }
-        let commands = dones.len();
+        // A group of reads alone commits nothing (`thread.rs`).
+        let commands = dones.len() - reads;
         dones.extend(cancelled);
         let committed = Committed {
             done: dones,
