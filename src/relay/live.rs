@@ -281,11 +281,15 @@ impl Relay {
         }
     }
 
-    /// The wall-clock time at loop time `now`.
-    pub(super) fn unix_at(&self, now: Millis) -> UnixMillis {
-        self.clock
-            .1
-            .saturating_add(now.0.saturating_sub(self.clock.0.0))
+    /// The wall-clock time at loop time `at`, before the turn's clock
+    /// (when a poll ended, told later) as after it.
+    pub(super) fn unix_at(&self, at: Millis) -> UnixMillis {
+        let (now, unix) = self.clock;
+        if at >= now {
+            unix.saturating_add(at.0 - now.0)
+        } else {
+            unix.saturating_sub(now.0 - at.0)
+        }
     }
 }
 

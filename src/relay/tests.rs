@@ -1529,3 +1529,15 @@ fn records_committed_elsewhere_wake_and_deliver_like_a_local_write() {
     );
     assert_eq!(r.counts().subscribers, 0);
 }
+
+/// A loop time before the turn's clock maps to the wall clock then,
+/// not to now: a poll's end told a while later keeps its own time (the
+/// other instances judge a stop by it).
+#[test]
+fn unix_at_maps_past_and_future_loop_times() {
+    let mut r = relay();
+    r.set_clock(Millis(10_000), 1_700_000_010_000);
+    assert_eq!(r.unix_at(Millis(10_000)), 1_700_000_010_000);
+    assert_eq!(r.unix_at(Millis(9_980)), 1_700_000_009_980);
+    assert_eq!(r.unix_at(Millis(12_500)), 1_700_000_012_500);
+}
