@@ -55,3 +55,18 @@ pub use log::{Cursor, Live, MAX_PAGE_BYTES, Refill, SessionLog};
 pub use mem::{Applied, IdGen, MemStore, StoreLimits};
 pub use message::{Kind, Message};
 pub use types::{Seq, SessionId};
+
+/// A small deterministic generator (xorshift) for the store's randomized
+/// unit tests, so a failure repeats.
+#[cfg(test)]
+pub(crate) struct Rng(pub(crate) u64);
+
+#[cfg(test)]
+impl Rng {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}

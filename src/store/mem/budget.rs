@@ -146,21 +146,10 @@ mod tests {
 
     use super::super::StoreLimits;
     use super::*;
+    use crate::store::Rng;
     use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, Write};
     use crate::store::types::{Seq, SessionId};
     use crate::time::Millis;
-
-    /// A small deterministic generator (xorshift), so a failure repeats.
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
 
     fn run(m: &mut MemStore, unix_ms: u64, w: Write) -> Vec<Record> {
         let mut out = Vec::new();

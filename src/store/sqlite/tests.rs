@@ -14,6 +14,7 @@ use super::cache::Share;
 use super::decide::Writer;
 use super::{Sync, open};
 use crate::error::ApiError;
+use crate::store::Rng;
 use crate::store::mem::StoreLimits;
 use crate::store::model::{NewAsk, NewCancel, NewPrompt, NewReply, NewResponse, Write};
 use crate::store::record::{Command, Op, Outcome, Record};
@@ -51,18 +52,6 @@ fn writer(dir: &Dir, budget: usize) -> (Writer, Arc<Share>, std::fs::File) {
     let share = Arc::new(Share::new(budget));
     let w = Writer::new(opened.conn, LIMITS, opened.generation, share.clone());
     (w, share, opened.lock)
-}
-
-/// A small deterministic generator (xorshift), so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// One write of a mix over seven sessions (more than the cap of five):
