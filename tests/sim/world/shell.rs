@@ -12,14 +12,51 @@ impl World {
     pub(super) fn poll(&mut self, raw: String, sid: Option<String>, after: Option<u64>) -> Check {
         let id = self.connect();
         let outcome = self.request(id, raw.as_bytes(), false)?;
+        self.polled(id, outcome, raw, sid, after)
+    }
+
+    /// The life of `sid` the relay serves: the model's live one, or with
+    /// a shared store the one its copy holds (which may lag).
+    pub(super) fn life_here(&self, sid: &str) -> Option<usize> {
+        if self.shared.is_none() {
+            return self.model.live(sid);
+        }
+        let log = self.node.relay.peek(sid)?;
+        self.model.life_of(sid, log.epoch())
+    }
+
+    /// What a poll on `id` came to: answered, parked, or (with a shared
+    /// store) waiting until the relay's copy holds what was stored
+    /// before it, to run again then.
+    pub(super) fn polled(
+        &mut self,
+        id: ConnId,
+        outcome: Outcome,
+        raw: String,
+        sid: Option<String>,
+        after: Option<u64>,
+    ) -> Check {
         let ask = raw.starts_with("GET /asks");
         match outcome {
             Outcome::Answer(a) => {
                 self.release(id);
                 if !ask && a.status == 200 {
-                    self.check_pending_body(sid.as_deref(), after, a.body.bytes())?;
+                    if self.shared.is_none() {
+                        self.check_pending_body(sid.as_deref(), after, a.body.bytes())?;
+                    } else if let Some(i) = sid.as_deref().and_then(|s| self.life_here(s)) {
+                        self.check_listed(i, after, a.body.bytes())?;
+                    }
                 }
                 Ok(())
+            }
+            Outcome::Wait => {
+                let waits = Waits::Read {
+                    raw,
+                    sid,
+                    after,
+                    since: None,
+                };
+                self.wait(id, waits)
             }
             Outcome::Park {
                 sid: psid,
@@ -29,8 +66,8 @@ impl World {
                 if psid.as_ref().map(SessionId::as_str) != sid.as_deref() {
                     return Err("parked on another session".to_string());
                 }
-                let inc = sid.as_deref().and_then(|s| self.model.live(s));
-                self.conns.push(Conn {
+                let inc = sid.as_deref().and_then(|s| self.life_here(s));
+                self.node.conns.push(Conn {
                     id,
                     state: State::Parked(Parked {
                         sid,
@@ -50,14 +87,14 @@ impl World {
                 expires_ts,
             } => {
                 self.seen.parked += 1;
-                self.conns.push(Conn {
+                self.node.conns.push(Conn {
                     id,
                     state: State::Parked(Parked {
                         sid: Some(psid.to_string()),
                         after: None,
                         deadline,
                         ask: Some((ask_id, expires_at, expires_ts)),
-                        inc: self.model.live(psid.as_str()),
+                        inc: self.life_here(psid.as_str()),
                     }),
                 });
                 Ok(())
@@ -71,7 +108,7 @@ impl World {
     /// the model has pending.
     /// A list of prompts an agent was woken with while a transaction was
     /// applied: prompts of life `i`, after `after`, oldest first.
-    fn check_listed(&self, i: usize, after: Option<u64>, body: &[u8]) -> Check {
+    pub(super) fn check_listed(&self, i: usize, after: Option<u64>, body: &[u8]) -> Check {
         let v = json(body)?;
         let list = v.as_array().ok_or("a pending list that is no array")?;
         let inc = &self.model.incs[i];
@@ -142,15 +179,15 @@ impl World {
     }
 
     pub(super) fn parked_index(&self, pick: u64) -> Option<usize> {
-        let parked: Vec<usize> = (0..self.conns.len())
-            .filter(|&i| matches!(self.conns[i].state, State::Parked(_)))
+        let parked: Vec<usize> = (0..self.node.conns.len())
+            .filter(|&i| matches!(self.node.conns[i].state, State::Parked(_)))
             .collect();
         (!parked.is_empty()).then(|| parked[(pick % parked.len() as u64) as usize])
     }
 
     pub(super) fn pick_sub(&self, pick: u64) -> Option<usize> {
-        let subs: Vec<usize> = (0..self.conns.len())
-            .filter(|&i| matches!(self.conns[i].state, State::Sub(_)))
+        let subs: Vec<usize> = (0..self.node.conns.len())
+            .filter(|&i| matches!(self.node.conns[i].state, State::Sub(_)))
             .collect();
         (!subs.is_empty()).then(|| subs[(pick % subs.len() as u64) as usize])
     }
@@ -161,7 +198,7 @@ impl World {
         let Some(i) = self.parked_index(pick) else {
             return;
         };
-        let conn = self.conns.swap_remove(i);
+        let conn = self.node.conns.swap_remove(i);
         let State::Parked(p) = conn.state else {
             return;
         };
@@ -173,9 +210,9 @@ impl World {
     pub(super) fn unpark(&mut self, id: ConnId, p: &Parked) {
         self.ops += 1;
         match (&p.ask, &p.sid) {
-            (Some(_), Some(sid)) => self.relay.cancel_ask_wait(id, sid, self.now),
-            (None, Some(sid)) => self.relay.cancel_wait(id, sid, self.now),
-            (_, None) => self.relay.cancel_every_wait(id, self.now),
+            (Some(_), Some(sid)) => self.node.relay.cancel_ask_wait(id, sid, self.now),
+            (None, Some(sid)) => self.node.relay.cancel_wait(id, sid, self.now),
+            (_, None) => self.node.relay.cancel_every_wait(id, self.now),
         }
         if let Some(sid) = &p.sid
             && let Some(inc) = self.model.inc_mut(sid)
@@ -187,14 +224,14 @@ impl World {
     /// A parked request answered (woken, timed out, its session deleted):
     /// it must be parked still, and is answered once.
     pub(super) fn answer_parked(&mut self, to: ConnId, status: u16, body: &[u8]) -> Check {
-        let Some(i) = self.conns.iter().position(|c| c.id == to) else {
+        let Some(i) = self.node.conns.iter().position(|c| c.id == to) else {
             return Err(format!("an answer for {to:?}, which waits for none"));
         };
-        let State::Parked(p) = &self.conns[i].state else {
+        let State::Parked(p) = &self.node.conns[i].state else {
             return Err(format!("an answer for {to:?}, a subscriber"));
         };
         if p.ask.is_none() && status == 200 {
-            if self.storage.is_none() {
+            if self.alone() {
                 self.check_pending_body(p.sid.as_deref(), p.after, body)?;
             } else if let Some(i) = p.inc {
                 // Rendered while a transaction's records were applied:
@@ -209,7 +246,7 @@ impl World {
                 "a parked poll of {sid} answered 404, the session is there"
             ));
         }
-        let conn = self.conns.swap_remove(i);
+        let conn = self.node.conns.swap_remove(i);
         if let State::Parked(p) = &conn.state {
             self.unpark(conn.id, p);
         }
@@ -220,7 +257,7 @@ impl World {
     pub(super) fn subscribe(&mut self, s: u64, resume: Option<u64>, reading: Reading) -> Check {
         let sid = sid_of(s);
         let resume = resume.and_then(|r| {
-            let mine: Vec<&Left> = self.left.iter().filter(|l| l.sid == sid).collect();
+            let mine: Vec<&Left> = self.node.left.iter().filter(|l| l.sid == sid).collect();
             (!mine.is_empty()).then(|| mine[(r as usize) % mine.len()])
         });
         let (after, epoch) = match resume {
@@ -268,14 +305,19 @@ impl World {
                 self.learn(&usid)?;
                 let sid = usid.to_string();
                 let inc = self
-                    .model
-                    .live(&sid)
+                    .life_here(&sid)
                     .ok_or("a subscriber of a session the model lacks")?;
                 let life = &self.model.incs[inc];
-                let last = after.unwrap_or(life.next_seq() - 1);
+                // What the relay's log holds: the model's, or with a
+                // shared store the relay's copy, which may lag it.
+                let (next, first) = match (&self.shared, self.node.relay.peek(&sid)) {
+                    (Some(_), Some(log)) => (log.next_seq().get(), log.first_seq().get()),
+                    _ => (life.next_seq(), life.first_retained(HISTORY)),
+                };
+                let last = after.unwrap_or(next - 1);
                 let owed_resync = epoch.as_ref().is_some_and(|e| *e != life.epoch)
-                    || after.is_some_and(|a| a + 1 < life.first_retained(HISTORY));
-                self.conns.push(Conn {
+                    || after.is_some_and(|a| a + 1 < first);
+                self.node.conns.push(Conn {
                     id,
                     state: State::Sub(Box::new(Sub {
                         sid: usid,
@@ -289,6 +331,7 @@ impl World {
                             last,
                             owed_resync,
                             frames: 0,
+                            copied: self.shared.is_some(),
                         },
                     })),
                 });
@@ -307,19 +350,19 @@ impl World {
     /// for a later one to resume from.
     pub(super) fn drop_sub(&mut self, i: usize) {
         self.ops += 1;
-        let conn = self.conns.swap_remove(i);
+        let conn = self.node.conns.swap_remove(i);
         let State::Sub(sub) = conn.state else {
             return;
         };
-        self.relay.unsubscribe(conn.id, &sub.sid, self.now);
+        self.node.relay.unsubscribe(conn.id, &sub.sid, self.now);
         let life = &self.model.incs[sub.view.inc];
-        self.left.push(Left {
+        self.node.left.push(Left {
             sid: sub.sid.to_string(),
             after: sub.view.last,
             epoch: life.epoch.clone(),
         });
-        if self.left.len() > 16 {
-            self.left.remove(0);
+        if self.node.left.len() > 16 {
+            self.node.left.remove(0);
         }
         if let Some(inc) = self.model.inc_mut(&sub.sid) {
             inc.last_touch = self.now;
@@ -330,22 +373,22 @@ impl World {
     /// Refills a lagging subscriber once its queue is at or below half
     /// the cap (`subscriber::top_up`).
     pub(super) fn top_up(&mut self, i: usize) {
-        let State::Sub(sub) = &mut self.conns[i].state else {
+        let State::Sub(sub) = &mut self.node.conns[i].state else {
             return;
         };
         if !sub.lagging || sub.queued > SUB_BUFFER / 2 {
             return;
         }
         let room = SUB_BUFFER - sub.queued;
-        let caught_up = self.relay.refill(
+        let caught_up = self.node.relay.refill(
             &sub.sid,
             &mut sub.cursor,
             room,
             sub.out.is_empty(),
-            &mut self.frames,
+            &mut self.node.frames,
         );
         sub.lagging = !caught_up;
-        for f in self.frames.drain(..) {
+        for f in self.node.frames.drain(..) {
             sub.queued += f.len();
             sub.out.push_back(f);
         }
@@ -356,7 +399,7 @@ impl World {
     pub(super) fn read(&mut self, i: usize, n: usize) -> Check {
         for _ in 0..n {
             self.top_up(i);
-            let State::Sub(sub) = &mut self.conns[i].state else {
+            let State::Sub(sub) = &mut self.node.conns[i].state else {
                 return Ok(());
             };
             let Some(frame) = sub.out.pop_front() else {
@@ -375,8 +418,8 @@ impl World {
 
     /// The end of a step: fast readers read all they have.
     pub(super) fn settle(&mut self) -> Check {
-        for i in 0..self.conns.len() {
-            match &self.conns[i].state {
+        for i in 0..self.node.conns.len() {
+            match &self.node.conns[i].state {
                 State::Sub(sub) if sub.reading == Reading::Fast => self.read(i, usize::MAX)?,
                 State::Sub(_) => self.top_up(i),
                 State::Parked(_) | State::Committing(_) => {}
@@ -387,12 +430,12 @@ impl World {
 
     /// Applies the relay's effects as `net/server/effects.rs` does.
     pub(super) fn apply_effects(&mut self) -> Check {
-        self.relay.take_effects(&mut self.effects);
-        while !self.effects.is_empty() {
-            for effect in std::mem::take(&mut self.effects) {
+        self.node.relay.take_effects(&mut self.node.effects);
+        while !self.node.effects.is_empty() {
+            for effect in std::mem::take(&mut self.node.effects) {
                 self.apply(effect)?;
             }
-            self.relay.take_effects(&mut self.effects);
+            self.node.relay.take_effects(&mut self.node.effects);
         }
         Ok(())
     }
@@ -428,10 +471,10 @@ impl World {
                 Ok(())
             }
             Effect::CloseSubscriber { to, .. } => {
-                let Some(i) = self.conns.iter().position(|c| c.id == to) else {
+                let Some(i) = self.node.conns.iter().position(|c| c.id == to) else {
                     return Err(format!("a close for {to:?}, no such subscriber"));
                 };
-                let State::Sub(sub) = &self.conns[i].state else {
+                let State::Sub(sub) = &self.node.conns[i].state else {
                     return Err(format!("a close for {to:?}, not a subscriber"));
                 };
                 if self.model.incs[sub.view.inc].alive {
@@ -461,10 +504,11 @@ impl World {
     /// The request waiting on `to`, taken off its connection.
     fn committing(&mut self, to: Ticket) -> Option<(ConnId, Box<Committing>)> {
         let i = self
+            .node
             .conns
             .iter()
             .position(|c| matches!(&c.state, State::Committing(w) if w.ticket == to))?;
-        let conn = self.conns.swap_remove(i);
+        let conn = self.node.conns.swap_remove(i);
         match conn.state {
             State::Committing(w) => Some((conn.id, w)),
             _ => None,
@@ -476,6 +520,21 @@ impl World {
     /// its timeout (cancelled, never to be committed) is dropped, as the
     /// shell drops it, and must not say it stored anything.
     fn ticket_answered(&mut self, to: Ticket, status: u16, body: &[u8]) -> Check {
+        if self.shared.is_some() {
+            let Some((id, w)) = self.committing(to) else {
+                return Err(format!("ticket {} answered, nobody waits on it", to.n));
+            };
+            self.release(id);
+            self.count(status);
+            return match &w.waits {
+                Waits::Write(op) => self.check_shared(op, status, body),
+                Waits::Read { raw, since, .. } if raw.starts_with("GET /messages") => {
+                    let s = raw[15..16].parse().unwrap_or(0);
+                    self.messages(s, status, body, *since)
+                }
+                _ => Ok(()),
+            };
+        }
         let Some((id, w)) = self.committing(to) else {
             let abandoned = self
                 .storage
@@ -497,7 +556,7 @@ impl World {
         self.count(status);
         match &w.waits {
             Waits::Write(op) => self.answered(op, status, body),
-            Waits::Upgrade { .. } => Ok(()),
+            Waits::Upgrade { .. } | Waits::Read { .. } => Ok(()),
         }
     }
 
@@ -513,17 +572,48 @@ impl World {
         let Some((id, w)) = self.committing(to) else {
             return Ok(()); // answered at its timeout: dropped
         };
-        let Waits::Upgrade { raw, .. } = &w.waits else {
-            return Err(format!("ticket {}: a write told to run again", to.n));
+        let outcome = match &w.waits {
+            Waits::Upgrade { raw, .. } | Waits::Read { raw, .. } => {
+                self.request(id, raw.clone().as_bytes(), true)?
+            }
+            Waits::Write(_) => return Err(format!("ticket {}: a write told to run again", to.n)),
         };
-        let outcome = self.request(id, raw.clone().as_bytes(), true)?;
-        self.upgraded(id, outcome, w.waits)
+        match w.waits {
+            Waits::Read {
+                raw,
+                sid,
+                after,
+                since,
+            } => {
+                if !raw.starts_with("GET /messages") {
+                    return self.polled(id, outcome, raw, sid, after);
+                }
+                let s = raw[15..16].parse().unwrap_or(0);
+                match outcome {
+                    Outcome::Answer(a) => {
+                        self.release(id);
+                        self.messages(s, a.status, a.body.bytes(), since)
+                    }
+                    Outcome::Wait => {
+                        let waits = Waits::Read {
+                            raw,
+                            sid,
+                            after,
+                            since,
+                        };
+                        self.wait(id, waits)
+                    }
+                    other => Err(format!("messages answered {other:?}")),
+                }
+            }
+            waits => self.upgraded(id, outcome, waits),
+        }
     }
 
     pub(super) fn each_sub(&mut self, sid: &str, mut f: impl FnMut(&mut Sub)) {
-        let order: Vec<ConnId> = self.relay.subscribers(sid).to_vec();
+        let order: Vec<ConnId> = self.node.relay.subscribers(sid).to_vec();
         for id in order {
-            if let Some(c) = self.conns.iter_mut().find(|c| c.id == id)
+            if let Some(c) = self.node.conns.iter_mut().find(|c| c.id == id)
                 && let State::Sub(sub) = &mut c.state
             {
                 f(sub);
@@ -536,27 +626,29 @@ impl World {
     /// idle sweep.
     pub(super) fn advance(&mut self, ms: u64) -> Check {
         let end = self.now.after_ms(ms);
+        let nodes = if self.shared.is_some() {
+            shared::NODES
+        } else {
+            1
+        };
         loop {
-            let parked = self
-                .conns
-                .iter()
-                .filter_map(|c| match &c.state {
-                    State::Parked(p) => Some(p.deadline),
-                    State::Committing(w) => Some(w.deadline),
-                    State::Sub(_) => None,
-                })
-                .min();
-            let next = [parked, self.relay.next_tick(), Some(self.next_sweep)]
-                .into_iter()
-                .flatten()
-                .min()
-                .filter(|t| *t <= end);
-            let Some(at) = next else {
+            // The relay whose deadline comes first.
+            let mut first: Option<(Millis, usize)> = None;
+            for n in 0..nodes {
+                self.enter(n);
+                if let Some(t) = self.next_deadline().filter(|t| *t <= end)
+                    && first.is_none_or(|(f, _)| t < f)
+                {
+                    first = Some((t, n));
+                }
+            }
+            let Some((at, n)) = first else {
                 self.now = end;
                 return Ok(());
             };
+            self.enter(n);
             self.now = self.now.max(at);
-            self.relay.set_clock(self.now, self.unix());
+            self.node.relay.set_clock(self.now, self.unix());
             self.fire()?;
             self.apply_effects()?;
             self.settle()?;
@@ -564,16 +656,40 @@ impl World {
         }
     }
 
+    /// The relay's next deadline: a parked request's, its tick's, the
+    /// idle sweep's.
+    fn next_deadline(&self) -> Option<Millis> {
+        let parked = self
+            .node
+            .conns
+            .iter()
+            .filter_map(|c| match &c.state {
+                State::Parked(p) => Some(p.deadline),
+                State::Committing(w) => Some(w.deadline),
+                State::Sub(_) => None,
+            })
+            .min();
+        [
+            parked,
+            self.node.relay.next_tick(),
+            Some(self.node.next_sweep),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     /// Every deadline due now.
     pub(super) fn fire(&mut self) -> Check {
         let now = self.now;
         while let Some(i) = self
+            .node
             .conns
             .iter()
             .position(|c| matches!(&c.state, State::Parked(p) if p.deadline <= now))
         {
             self.ops += 1;
-            let State::Parked(p) = &self.conns[i].state else {
+            let State::Parked(p) = &self.node.conns[i].state else {
                 continue;
             };
             let (status, body) = match (&p.ask, &p.sid) {
@@ -582,31 +698,31 @@ impl World {
                     if now >= *expires_at {
                         unix = unix.max(*expires_ts);
                     }
-                    self.relay.ask_deadline(now, unix, sid, ask)
+                    self.node.relay.ask_deadline(now, unix, sid, ask)
                 }
                 _ => (200, Rc::from(&b"[]"[..])),
             };
-            let id = self.conns[i].id;
+            let id = self.node.conns[i].id;
             self.seen.timed_out += 1;
             self.answer_parked(id, status, &body)?;
             self.apply_effects()?;
         }
         self.store_timeouts()?;
-        if self.relay.next_tick().is_some_and(|t| now >= t) {
+        if self.node.relay.next_tick().is_some_and(|t| now >= t) {
             self.ops += 1;
             self.seen.ticks += 1;
-            self.relay.tick(now);
+            self.node.relay.tick(now);
         }
-        if now >= self.next_sweep {
+        if now >= self.node.next_sweep {
             self.ops += 1;
-            self.relay.collect_idle(now);
-            self.next_sweep = now.after_ms(self.sweep_ms);
-            if self.storage.is_none() {
+            self.node.relay.collect_idle(now);
+            self.node.next_sweep = now.after_ms(self.sweep_ms);
+            if self.alone() {
                 self.collected()?;
             }
             self.apply_effects()?;
             // The sweep's collection goes to the storage at the turn's end.
-            self.relay.flush_store();
+            self.node.relay.flush_store();
         }
         Ok(())
     }
@@ -617,19 +733,20 @@ impl World {
     fn store_timeouts(&mut self) -> Check {
         let now = self.now;
         while let Some(i) = self
+            .node
             .conns
             .iter()
             .position(|c| matches!(&c.state, State::Committing(w) if w.deadline <= now))
         {
             self.ops += 1;
-            let State::Committing(w) = &mut self.conns[i].state else {
+            let State::Committing(w) = &mut self.node.conns[i].state else {
                 continue;
             };
             let ticket = w.ticket;
-            match self.relay.abandon(ticket) {
+            match self.node.relay.abandon(ticket) {
                 Abandon::InFlight => w.deadline = now.after_ms(STORE_TIMEOUT_MS),
                 Abandon::Cancelled => {
-                    let conn = self.conns.swap_remove(i);
+                    let conn = self.node.conns.swap_remove(i);
                     self.release(conn.id);
                     self.seen.store_timeouts += 1;
                     if let Some(st) = &mut self.storage {
@@ -650,9 +767,9 @@ impl World {
             let Some(i) = self.model.live(&sid) else {
                 continue;
             };
-            let held = self.conns.iter().any(|c| self.holds(c, &sid));
+            let held = self.node.conns.iter().any(|c| self.holds(c, &sid));
             let inc = &self.model.incs[i];
-            let gone = !self.relay.has_session(&sid);
+            let gone = !self.node.relay.has_session(&sid);
             if gone && (held || self.now.since(inc.last_write) < TTL_MS) {
                 return Err(format!(
                     "{sid} collected {} ms after its last write, held: {held}",
