@@ -396,8 +396,10 @@ impl RedisStore {
             // to may be on its way here in a reply that ran before this
             // change (the links are read apart): it is read again after
             // it, so the copy does not start from that older state.
+            // (Each such change asks: a read already on its way may have
+            // run before it.)
             let listened = self.follow.get(sid).is_some_and(|f| f.listen.is_some());
-            if listened && self.up() && !self.resyncing(sid) {
+            if listened && self.up() {
                 let sid = sid.clone();
                 self.sync(None, &sid, Known::default());
             }
