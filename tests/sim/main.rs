@@ -68,8 +68,9 @@ use std::time::Instant;
 use ops::{Op, Rng};
 use world::{BUDGET, EVICT_BUDGET, Seen, Store, World};
 
-/// The seeds CI runs (even ones in memory, odd ones with a data
-/// directory), and the steps of each.
+/// The seeds CI runs (odd ones with a data directory, even ones in
+/// memory or, one in four of those, on relays sharing Redis), and the
+/// steps of each.
 const SEEDS: u64 = 500;
 const STEPS: usize = 5_000;
 /// The steps of a seed whose relays share a store, at most.
