@@ -56,6 +56,7 @@ use log::{debug, info};
 
 pub use crate::error::ApiError;
 pub use crate::store::engine::Engine;
+use crate::store::idmap::Keys;
 pub(crate) use crate::store::model::Write;
 use crate::store::model::{NewPrompt, NewResponse};
 pub use crate::store::seam::Abandon;
@@ -209,7 +210,7 @@ pub struct Relay {
     store: MemStore,
     /// Where writes are decided and kept (see [`Engine`]).
     engine: Engine,
-    presence: HashMap<SessionId, Presence>,
+    presence: HashMap<SessionId, Presence, Keys>,
     /// Parked polls of every session a token opens (`every`).
     every: Vec<every::EveryWaiter>,
     /// When the last all-sessions poll of each scope ended, while its
@@ -264,7 +265,7 @@ impl Relay {
             store,
             engine,
             limits,
-            presence: HashMap::new(),
+            presence: HashMap::default(),
             every: Vec::new(),
             every_graces: Vec::new(),
             every_stamps: 0,

@@ -94,13 +94,18 @@ impl Resident {
     }
 
     /// The sessions known by id only that nobody used for `after` ms and
-    /// that no write in flight names: the idle sweep's.
+    /// that no write in flight names: the idle sweep's, in the order of
+    /// their ids (the map's own order changes from one process to the
+    /// next, and the collection's command would with it).
     pub(super) fn idle(&self, now: Millis, after: u64, writing: &HashSet<&str>) -> Vec<SessionId> {
-        self.dormant
+        let mut idle: Vec<SessionId> = self
+            .dormant
             .iter()
             .filter(|(sid, t)| now.since(**t) >= after && !writing.contains(sid.as_str()))
             .map(|(sid, _)| sid.clone())
-            .collect()
+            .collect();
+        idle.sort_unstable();
+        idle
     }
 
     /// Whether the last eviction pass could not bring the count under

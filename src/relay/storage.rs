@@ -10,10 +10,11 @@ use std::collections::HashMap;
 
 use super::{ApiError, ConnId, Effect, Engine, Presence, PromptsQuery, Relay, Reply, issue};
 use crate::store::SessionId;
+use crate::store::idmap::Keys;
 use crate::store::seam::{Read, StoreEvent, StoreStats, Waited};
 use crate::time::Millis;
 
-impl Waited for HashMap<SessionId, Presence> {
+impl Waited for HashMap<SessionId, Presence, Keys> {
     fn waits_on(&self, sid: &str) -> bool {
         self.contains_key(sid)
     }

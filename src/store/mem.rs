@@ -711,13 +711,18 @@ impl MemStore {
         }
     }
 
-    /// The sessions `idle` picks, by id.
+    /// The sessions `idle` picks, by id, in the order of their ids (the
+    /// map's own order changes from one process to the next, and what is
+    /// done with them in turn would with it).
     pub fn idle(&self, mut idle: impl FnMut(&str, &SessionLog) -> bool) -> Vec<SessionId> {
-        self.sessions
+        let mut picked: Vec<SessionId> = self
+            .sessions
             .iter()
             .filter(|(sid, log)| idle(sid, log))
             .map(|(sid, _)| sid.clone())
-            .collect()
+            .collect();
+        picked.sort_unstable();
+        picked
     }
 }
 

@@ -1,7 +1,9 @@
 //! Every interleaving, seeded: the real API rules, relay core, store and
 //! engine run in one process under a simulated world (clients, sockets,
-//! a virtual clock, and for a data directory the storage thread, whose
-//! commits come late, batched or rolled back: `world/storage.rs`), and a
+//! a virtual clock, for a data directory the storage thread, whose
+//! commits come late, batched or rolled back: `world/storage.rs`, and
+//! for relays sharing Redis the Redis server, whose answers and published
+//! changes come late and apart: `world/shared.rs`, `world/links.rs`), and a
 //! model checks every promise after every step (`world.rs`,
 //! `model.rs`): each request answered once (by its ticket, when it
 //! waited for the storage) with its own command's outcome,
@@ -21,11 +23,41 @@
 //! `SIM_SEED=<seed>` runs one, `SIM_SEEDS=<n>` the first `n`,
 //! `SIM_STEPS=<n>` sets the steps of each. A failing run is shrunk (its
 //! steps dropped while it still fails) to a short case, printed with the
-//! command that replays it (`SIM_SEED=<seed> SIM_KEEP=<steps kept>`).
+//! command that replays it (`SIM_SEED=<seed> SIM_KEEP=<steps kept>`);
+//! `SIM_SHRINK=0` skips the shrinking, `SIM_TRACE=1` prints the last
+//! steps of the failing run.
 //!
 //! The suite runs once more with a data directory, over TLS and against
 //! Redis (`TEST_WITH_*`): none of those changes what runs here, so the
 //! simulation runs in the plain pass only.
+
+/// Whether `SIM_TRACE` asks for the last steps of a failing run.
+fn tracing() -> bool {
+    thread_local!(static ON: bool = std::env::var("SIM_TRACE").is_ok());
+    ON.with(|on| *on)
+}
+
+thread_local!(static TRACE: std::cell::RefCell<std::collections::VecDeque<String>> = Default::default());
+
+/// A line of the run's trace: the last twenty thousand are kept.
+fn trace(line: String) {
+    TRACE.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.len() >= 20_000 {
+            t.pop_front();
+        }
+        t.push_back(line);
+    });
+}
+
+#[macro_export]
+macro_rules! strace {
+    ($($t:tt)*) => {
+        if $crate::tracing() {
+            $crate::trace(format!($($t)*));
+        }
+    };
+}
 
 mod model;
 mod ops;
@@ -34,12 +66,15 @@ mod world;
 use std::time::Instant;
 
 use ops::{Op, Rng};
-use world::{BUDGET, EVICT_BUDGET, Seen, World};
+use world::{BUDGET, EVICT_BUDGET, Seen, Store, World};
 
-/// The seeds CI runs (even ones in memory, odd ones with a data
-/// directory), and the steps of each.
+/// The seeds CI runs (odd ones with a data directory, even ones in
+/// memory or, one in four of those, on relays sharing Redis), and the
+/// steps of each.
 const SEEDS: u64 = 500;
 const STEPS: usize = 5_000;
+/// The steps of a seed whose relays share a store, at most.
+const SHARED_STEPS: usize = 2_500;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -67,8 +102,13 @@ struct Failure {
 
 /// Runs `ops` in a fresh world; the operations it ran and what it went
 /// through, or its failure.
-fn run(ops: &[&Op], durable: bool, budget: Option<usize>) -> Result<(u64, Seen), Failure> {
-    let mut world = World::new(durable, budget);
+fn run(
+    ops: &[&Op],
+    store: Store,
+    budget: Option<usize>,
+    seed: u64,
+) -> Result<(u64, Seen), Failure> {
+    let mut world = World::new(store, budget, seed);
     for (step, op) in ops.iter().enumerate() {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| world.step(op)));
         let what = match outcome {
@@ -90,11 +130,17 @@ fn run(ops: &[&Op], durable: bool, budget: Option<usize>) -> Result<(u64, Seen),
 
 /// Drops steps while the run still fails: first everything after the
 /// failing step, then chunks of halving size, then single steps.
-fn shrink(ops: &[Op], failing: usize, durable: bool, budget: Option<usize>) -> Vec<usize> {
+fn shrink(
+    ops: &[Op],
+    failing: usize,
+    store: Store,
+    budget: Option<usize>,
+    seed: u64,
+) -> Vec<usize> {
     let mut keep: Vec<usize> = (0..=failing).collect();
     let fails = |keep: &[usize]| {
         let sub: Vec<&Op> = keep.iter().map(|&i| &ops[i]).collect();
-        run(&sub, durable, budget).err()
+        run(&sub, store, budget, seed).err()
     };
     let mut chunk = keep.len() / 2;
     while chunk >= 1 {
@@ -117,30 +163,58 @@ fn shrink(ops: &[Op], failing: usize, durable: bool, budget: Option<usize>) -> V
 
 /// Runs one seed; on failure, shrinks it and panics with the case.
 fn seed(seed: u64, steps: usize, keep: Option<Vec<usize>>) -> (u64, Seen) {
-    let ops = draw(seed, steps);
     // Odd seeds store through a data directory's storage, played by the
-    // world; even seeds in memory. Every other seed of each has a small
-    // memory budget: writes are refused at it in memory, and with a data
-    // directory sessions are dropped from memory and read back.
-    let durable = seed % 2 == 1;
+    // world; even seeds in memory, or (one in four of them) on relays
+    // sharing a Redis the world plays. Every other seed of the data
+    // directory and of memory has a small memory budget: writes are
+    // refused at it in memory, and with a data directory sessions are
+    // dropped from memory and read back.
+    let store = match seed % 8 {
+        1 | 3 | 5 | 7 => Store::Durable,
+        2 => Store::Shared,
+        _ => Store::Memory,
+    };
     let budget = match seed % 4 {
         0 => Some(BUDGET),
         1 => Some(EVICT_BUDGET),
         _ => None,
     };
+    // Relays sharing a store run fewer steps: each costs more (two relays,
+    // the RESP both ways); `SIM_STEPS` sets theirs too.
+    let steps = if store == Store::Shared && env_u64("SIM_STEPS").is_none() {
+        steps.min(SHARED_STEPS)
+    } else {
+        steps
+    };
+    let ops = draw(seed, steps);
     let kept: Vec<usize> = keep.unwrap_or_else(|| (0..ops.len()).collect());
     let chosen: Vec<&Op> = kept.iter().filter_map(|&i| ops.get(i)).collect();
-    let failure = match run(&chosen, durable, budget) {
+    let failure = match run(&chosen, store, budget, seed) {
         Ok(done) => return done,
         Err(f) => f,
     };
     let failing = kept[failure.step];
+    if tracing() {
+        TRACE.with(|t| {
+            for l in t.borrow().iter() {
+                eprintln!("{l}");
+            }
+        });
+        eprintln!("failed: {}", failure.what);
+    }
+    if std::env::var("SIM_SHRINK").is_ok_and(|v| v == "0") {
+        panic!(
+            "seed {seed} broke a promise at step {failing}: {}",
+            failure.what
+        );
+    }
+
     let _ = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let short = shrink(&ops, failing, durable, budget);
+    let short = shrink(&ops, failing, store, budget, seed);
     let _ = std::panic::take_hook();
     let last = short.iter().map(|&i| &ops[i]).collect::<Vec<_>>();
-    let end = run(&last, durable, budget).err();
+    let end = run(&last, store, budget, seed).err();
     let mut case = String::new();
     for (n, &i) in short.iter().enumerate() {
         case.push_str(&format!("  {n:>3}. [{i}] {}\n", ops[i]));
@@ -150,11 +224,12 @@ fn seed(seed: u64, steps: usize, keep: Option<Vec<usize>>) -> (u64, Seen) {
         .map(|i| i.to_string())
         .collect::<Vec<_>>()
         .join(",");
-    let engine = match (durable, budget) {
-        (true, None) => "data directory".to_string(),
-        (true, Some(b)) => format!("data directory, a budget of {b} bytes"),
-        (false, None) => "memory".to_string(),
-        (false, Some(b)) => format!("memory, a budget of {b} bytes"),
+    let engine = match (store, budget) {
+        (Store::Durable, None) => "data directory".to_string(),
+        (Store::Durable, Some(b)) => format!("data directory, a budget of {b} bytes"),
+        (Store::Shared, _) => "relays sharing Redis".to_string(),
+        (Store::Memory, None) => "memory".to_string(),
+        (Store::Memory, Some(b)) => format!("memory, a budget of {b} bytes"),
     };
     panic!(
         "seed {seed} ({engine}) broke a promise at step {failing}: {}\n\

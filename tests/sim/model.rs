@@ -215,6 +215,76 @@ impl Model {
     }
 }
 
+impl Model {
+    /// The life of `sid` whose epoch is `epoch`, if one had it.
+    pub fn life_of(&self, sid: &str, epoch: &str) -> Option<usize> {
+        self.incs
+            .iter()
+            .rposition(|i| i.sid == sid && *i.epoch == *epoch)
+    }
+
+    /// A relay's copy of `sid`, with a shared store: it may lag what the
+    /// store decided, never hold anything else. Its epoch is one of the
+    /// session's lives, its next `seq` no further than that life's, and
+    /// every message it holds is that life's at its `seq`, a prompt it
+    /// holds pending one of the life's prompts.
+    pub fn compare_copy(&self, relay: &Relay, sid: &str, limit: usize) -> Result<(), String> {
+        let Some(log) = relay.peek(sid) else {
+            return Ok(());
+        };
+        let Some(i) = self.life_of(sid, log.epoch()) else {
+            return Err(format!(
+                "{sid}: a copy under epoch {}, which no life had",
+                log.epoch()
+            ));
+        };
+        let inc = &self.incs[i];
+        if log.next_seq().get() > inc.next_seq() {
+            return Err(format!(
+                "{sid}: the copy's next seq is {}, the store's {}",
+                log.next_seq().get(),
+                inc.next_seq()
+            ));
+        }
+        let mut want = log.first_seq().get();
+        if log.history().count() > limit {
+            return Err(format!("{sid}: the copy's history holds more than {limit}"));
+        }
+        for m in log.history() {
+            let id: &str = match m.kind {
+                Kind::Assistant => m.assistant_msg_id.as_deref().unwrap_or(""),
+                _ => &m.client_msg_id,
+            };
+            let e = inc.entry(m.seq.get());
+            if m.seq.get() != want || e.is_none_or(|e| e.kind != m.kind || e.id != id) {
+                return Err(format!(
+                    "{sid}: the copy has {:?} {id} at seq {} where the store has {e:?} at seq {want}",
+                    m.kind,
+                    m.seq.get(),
+                ));
+            }
+            want += 1;
+        }
+        if want != log.next_seq().get() {
+            return Err(format!(
+                "{sid}: the copy's history ends before seq {want}, its next is {}",
+                log.next_seq().get()
+            ));
+        }
+        for m in log.page_all_pending() {
+            let e = inc.entry(m.seq.get());
+            if e.is_none_or(|e| e.kind != Kind::Prompt || *e.id != *m.client_msg_id) {
+                return Err(format!(
+                    "{sid}: the copy has {} pending at seq {}, the store {e:?}",
+                    m.client_msg_id,
+                    m.seq.get()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a subscriber's client has read, checked frame by frame against
 /// the life of the session it subscribed to.
 #[derive(Debug)]
@@ -226,6 +296,10 @@ pub struct View {
     pub owed_resync: bool,
     /// Frames read.
     pub frames: u64,
+    /// A `resync` may come with nothing trimmed: with a shared store,
+    /// the relay's copy read whole (another epoch, or more than history
+    /// went by) resyncs the subscribers it serves.
+    pub copied: bool,
 }
 
 /// The frame's type, and the `seq` at its end when it carries one
@@ -308,7 +382,7 @@ impl View {
                     serde_json::from_slice(payload).map_err(|e| e.to_string())?;
                 let epoch = v["epoch"].as_str().unwrap_or("");
                 let first = v["first_seq"].as_u64().unwrap_or(0);
-                if !self.owed_resync && !inc.trimmed_after(self.last, limit) {
+                if !self.owed_resync && !self.copied && !inc.trimmed_after(self.last, limit) {
                     return Err(format!(
                         "{}: a resync after seq {} with nothing trimmed",
                         inc.sid, self.last

@@ -31,8 +31,10 @@ use serde_json::Value;
 use crate::model::{Model, View};
 use crate::ops::{Op, Reading, SESSIONS, WIDE_SESSIONS};
 
+mod links;
 mod requests;
 mod resident;
+mod shared;
 mod shell;
 mod storage;
 
@@ -104,11 +106,16 @@ enum Waits {
     Write(Op),
     /// A read of a session the relay's log lacks (dropped from memory,
     /// or not read since start), or of every session while the start's
-    /// reading is under way: run again once it is read.
+    /// reading is under way: run again once it is read. With a shared
+    /// store, a read waiting until the relay's copy holds what any relay
+    /// stored before it: run again then. `since`: the life of its
+    /// session and its next `seq` when it began, which its answer must
+    /// reach.
     Read {
         raw: String,
         sid: Option<String>,
         after: Option<u64>,
+        since: Option<(usize, u64)>,
     },
     /// A WebSocket upgrade that created its session: run again once it is.
     Upgrade {
@@ -137,11 +144,13 @@ struct Left {
     epoch: String,
 }
 
-pub struct World {
+/// One relay of the world and what its shell holds: the requests
+/// waiting on it and its subscribers. A world has one; sharing a store
+/// (`shared.rs`), several, of which one is `World::node` at a time.
+pub(super) struct Node {
     api: Api,
     relay: Relay,
     reader: RequestReader,
-    now: Millis,
     conns: Vec<Conn>,
     /// Generation of each slot key, as the slab reuses keys.
     generations: Vec<u32>,
@@ -151,15 +160,26 @@ pub struct World {
     /// keep-alive connection does (after a `503` at its storage timeout,
     /// say, while its write may still come back).
     idle: Vec<ConnId>,
-    model: Model,
     effects: Vec<Effect>,
     frames: Vec<Rc<[u8]>>,
     next_sweep: Millis,
-    sweep_ms: u64,
     left: Vec<Left>,
+}
+
+pub struct World {
+    /// The relay a step acts on.
+    node: Box<Node>,
+    /// The other relays sharing the store, and which of them `node` is.
+    others: Vec<Option<Box<Node>>>,
+    at: usize,
+    now: Millis,
+    model: Model,
+    sweep_ms: u64,
     /// The data directory's storage, played here; `None`: the memory
     /// engine.
     storage: Option<storage::Storage>,
+    /// The shared store (Redis), played here, when the relays share one.
+    shared: Option<shared::Shared>,
     /// The memory budget, when the run has a small one.
     budget: Option<usize>,
     /// A write was refused at the budget and none was taken since.
@@ -194,6 +214,10 @@ pub struct Seen {
     pub ticks: u64,
     pub commits: u64,
     pub store_timeouts: u64,
+    /// Links to the shared store cut, and its memory limit turned on or
+    /// off.
+    pub links_cut: u64,
+    pub redis_oom: u64,
     /// Writes refused at the memory budget.
     pub over_budget: u64,
     /// Writes taken after a refusal at the budget, once space was freed.
@@ -229,6 +253,8 @@ impl std::ops::AddAssign for Seen {
         self.ticks += o.ticks;
         self.commits += o.commits;
         self.store_timeouts += o.store_timeouts;
+        self.links_cut += o.links_cut;
+        self.redis_oom += o.redis_oom;
         self.over_budget += o.over_budget;
         self.taken_again += o.taken_again;
         self.overshoot = self.overshoot.max(o.overshoot);
@@ -253,12 +279,24 @@ fn json(body: &[u8]) -> Result<Value, String> {
     })
 }
 
+/// Where a world's relays store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    Memory,
+    /// A data directory, its storage thread played by the world.
+    Durable,
+    /// Redis, played by the world, shared by [`shared::NODES`] relays.
+    Shared,
+}
+
 impl World {
-    /// A world whose relay stores in memory, or (`durable`) through a
-    /// data directory's storage thread played by the world; `budget`: a
-    /// memory budget of that many bytes (the memory engine refuses writes
-    /// past it), else the default, which a run never reaches.
-    pub fn new(durable: bool, budget: Option<usize>) -> World {
+    /// A world whose relay stores in memory, or through a data
+    /// directory's storage thread played by the world, or whose relays
+    /// share a Redis played by the world (`seed` draws its schedule);
+    /// `budget`: a memory budget of that many bytes (the memory engine
+    /// refuses writes past it), else the default, which a run never
+    /// reaches.
+    pub fn new(store: Store, budget: Option<usize>, seed: u64) -> World {
         let cfg = Config {
             history_limit: HISTORY,
             max_sessions: 100,
@@ -278,37 +316,55 @@ impl World {
         };
         let limits = cfg.relay_limits();
         let now = Millis(1_000);
-        let (mut relay, storage) = if durable {
-            let (handle, side) = Durable::detached(limits.store());
-            let view = MemStore::new(limits.store());
-            let st = storage::Storage::new(side, limits.store());
-            (Relay::new(limits, view, Engine::Durable(handle)), Some(st))
-        } else {
-            (Relay::in_memory(limits), None)
-        };
-        relay.set_clock(now, UNIX_START);
         let sweep_ms = (TTL_MS / 4).clamp(100, 60_000);
+        let node = |mut relay: Relay| {
+            relay.set_clock(now, UNIX_START);
+            Box::new(Node {
+                api: Api::new(&cfg),
+                relay,
+                reader: RequestReader::new(cfg.max_body_bytes),
+                conns: Vec::new(),
+                generations: Vec::new(),
+                free: Vec::new(),
+                idle: Vec::new(),
+                effects: Vec::new(),
+                frames: Vec::new(),
+                next_sweep: now.after_ms(sweep_ms),
+                left: Vec::new(),
+            })
+        };
+        let (mut storage, mut shared, mut others) = (None, None, Vec::new());
+        let first = match store {
+            Store::Memory => node(Relay::in_memory(limits)),
+            Store::Durable => {
+                let (handle, side) = Durable::detached(limits.store());
+                let view = MemStore::new(limits.store());
+                storage = Some(storage::Storage::new(side, limits.store()));
+                node(Relay::new(limits, view, Engine::Durable(handle)))
+            }
+            Store::Shared => {
+                shared = Some(shared::Shared::new(limits.store(), seed));
+                others.push(None);
+                for _ in 1..shared::NODES {
+                    others.push(Some(node(shared::relay(cfg.relay_limits()))));
+                }
+                node(shared::relay(limits))
+            }
+        };
         World {
-            api: Api::new(&cfg),
-            relay,
-            reader: RequestReader::new(cfg.max_body_bytes),
+            node: first,
+            others,
+            at: 0,
             now,
-            conns: Vec::new(),
-            generations: Vec::new(),
-            free: Vec::new(),
-            idle: Vec::new(),
             model: Model::default(),
-            effects: Vec::new(),
-            frames: Vec::new(),
-            next_sweep: now.after_ms(sweep_ms),
             sweep_ms,
-            left: Vec::new(),
             storage,
+            shared,
             budget,
             full: false,
             run: resident::Run::new(&cfg),
-            sessions: match (durable, budget) {
-                (true, Some(_)) => WIDE_SESSIONS,
+            sessions: match (store, budget) {
+                (Store::Durable, Some(_)) => WIDE_SESSIONS,
                 _ => SESSIONS,
             },
             ops: 0,
@@ -324,29 +380,29 @@ impl World {
     /// first out, each reuse a new generation.
     fn connect(&mut self) -> ConnId {
         if self.ops.is_multiple_of(2)
-            && let Some(id) = self.idle.pop()
+            && let Some(id) = self.node.idle.pop()
         {
             return id;
         }
-        let key = match self.free.pop() {
+        let key = match self.node.free.pop() {
             Some(k) => k,
             None => {
-                self.generations.push(0);
-                self.generations.len() as u32 - 1
+                self.node.generations.push(0);
+                self.node.generations.len() as u32 - 1
             }
         };
-        self.generations[key as usize] += 1;
+        self.node.generations[key as usize] += 1;
         ConnId {
             key,
-            generation: self.generations[key as usize],
+            generation: self.node.generations[key as usize],
         }
     }
 
     /// A connection whose request was answered stays open for the next
     /// (a few of them do).
     fn release(&mut self, id: ConnId) {
-        if self.idle.len() < 4 {
-            self.idle.push(id);
+        if self.node.idle.len() < 4 {
+            self.node.idle.push(id);
         } else {
             self.close(id);
         }
@@ -354,23 +410,23 @@ impl World {
 
     /// A connection closed: its slot goes to the next one accepted.
     fn close(&mut self, id: ConnId) {
-        self.free.push(id.key);
+        self.node.free.push(id.key);
     }
 
     /// Runs one request through the parser and the API rules (`synced`:
     /// run again after what it waited for, as the shell's rerun does).
     fn request(&mut self, conn: ConnId, raw: &[u8], synced: bool) -> Result<Outcome, String> {
         self.ops += 1;
-        self.relay.set_clock(self.now, self.unix());
+        self.node.relay.set_clock(self.now, self.unix());
         // No ticket left over from a request before it (`Ctx::handle`).
-        let _ = self.relay.take_ticket();
-        self.reader.push(raw);
-        let head = match self.reader.next_step() {
+        let _ = self.node.relay.take_ticket();
+        self.node.reader.push(raw);
+        let head = match self.node.reader.next_step() {
             Ok(Step::Request(head)) => head,
             other => return Err(format!("the request did not parse: {other:?}")),
         };
         let facts = Facts {
-            connections: self.conns.len() + 1,
+            connections: self.node.conns.len() + 1,
             synced,
             ..Facts::default()
         };
@@ -378,16 +434,16 @@ impl World {
             now: self.now,
             unix_ms: self.unix(),
         };
-        let outcome = self.api.handle(
-            &mut self.relay,
+        let outcome = self.node.api.handle(
+            &mut self.node.relay,
             turn,
             conn,
             PEER,
             &head,
-            self.reader.body(),
+            self.node.reader.body(),
             facts,
         );
-        self.reader.finish();
+        self.node.reader.finish();
         Ok(outcome)
     }
 
@@ -406,7 +462,21 @@ impl World {
                 Ok(Some((a.status, a.body.bytes().to_vec())))
             }
             Outcome::Wait => {
-                self.wait(id, Waits::Write(op.clone()))?;
+                let waits = match op {
+                    // A read waiting until the relay's copy holds what
+                    // the store held when it began.
+                    Op::Messages { s } => Waits::Read {
+                        raw: raw.to_string(),
+                        sid: Some(sid_of(*s)),
+                        after: None,
+                        since: self
+                            .model
+                            .live(&sid_of(*s))
+                            .map(|i| (i, self.model.incs[i].next_seq())),
+                    },
+                    _ => Waits::Write(op.clone()),
+                };
+                self.wait(id, waits)?;
                 Ok(None)
             }
             other => Err(format!("answered {other:?}")),
@@ -445,7 +515,7 @@ impl World {
         let Some(budget) = self.budget else {
             return Err("a write refused at the budget in a run without one".to_string());
         };
-        let held = self.relay.memory_bytes();
+        let held = self.node.relay.memory_bytes();
         // With a data directory sessions leave memory instead, and a
         // write is refused only past the budget, with nothing left to
         // drop (`world/resident.rs`).
@@ -466,13 +536,14 @@ impl World {
     /// The request just handled on `id` waits for the storage.
     fn wait(&mut self, id: ConnId, waits: Waits) -> Check {
         let ticket = self
+            .node
             .relay
             .take_ticket()
             .ok_or("a request waits with no ticket")?;
-        if self.storage.is_none() {
+        if self.alone() {
             return Err("the memory engine made a request wait".to_string());
         }
-        self.conns.push(Conn {
+        self.node.conns.push(Conn {
             id,
             state: State::Committing(Box::new(Committing {
                 ticket,
@@ -483,10 +554,26 @@ impl World {
         Ok(())
     }
 
-    /// Runs one step, then checks every promise.
-    /// Runs one step, then checks every promise.
+    /// Whether the relay's own log decides every write (the memory
+    /// engine): elsewhere the model follows what the storage or the
+    /// shared store decided.
+    fn alone(&self) -> bool {
+        self.storage.is_none() && self.shared.is_none()
+    }
+
+    /// Runs one step, then checks every promise. With a shared store, a
+    /// client's step goes to one of the relays, the same one for the
+    /// same step wherever it stands in a run (so a shrunk run keeps it).
     pub fn step(&mut self, op: &Op) -> Check {
         self.seen.steps += 1;
+        if self.shared.is_some() {
+            let name = op.to_string();
+            let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+                (h ^ c as u64).wrapping_mul(0x100_0000_01b3)
+            });
+            self.enter((h % shared::NODES as u64) as usize);
+        }
+        crate::strace!("step at relay {}: {op}", self.at);
         self.act(op)?;
         if let Some(s) = op.session()
             && let Some(inc) = self.model.inc_mut(&sid_of(s))
@@ -498,7 +585,8 @@ impl World {
         // The turn ends: sessions dropped past the budget, and its writes
         // sent to the storage.
         self.end_turn()?;
-        self.relay.flush_store();
+        self.node.relay.flush_store();
+        self.pump();
         self.check()
     }
 
@@ -507,8 +595,8 @@ impl World {
     fn learn(&mut self, sid: &str) -> Check {
         // With a storage, the model follows what it committed instead.
         if self.model.live(sid).is_none()
-            && self.storage.is_none()
-            && let Some(log) = self.relay.peek(sid)
+            && self.alone()
+            && let Some(log) = self.node.relay.peek(sid)
         {
             let epoch = log.epoch().to_string();
             self.model.create(sid, &epoch, self.now)?;
@@ -525,7 +613,8 @@ impl World {
     }
 
     fn subscribers_of(&self, sid: &str) -> usize {
-        self.conns
+        self.node
+            .conns
             .iter()
             .filter(|c| matches!(&c.state, State::Sub(s) if s.sid.as_str() == sid))
             .count()
@@ -536,18 +625,40 @@ impl World {
     /// the connections say, and the memory it counts as it goes equal to a
     /// recount from scratch.
     pub fn check(&mut self) -> Check {
+        if self.shared.is_none() {
+            return self.check_node();
+        }
+        let at = self.at;
+        for n in 0..shared::NODES {
+            self.enter(n);
+            self.check_node().map_err(|e| format!("relay {n}: {e}"))?;
+        }
+        self.enter(at);
+        Ok(())
+    }
+
+    fn check_node(&mut self) -> Check {
         if let Some(budget) = self.budget.filter(|_| self.storage.is_none()) {
-            let over = self.relay.memory_bytes().saturating_sub(budget) as u64;
+            let over = self.node.relay.memory_bytes().saturating_sub(budget) as u64;
             self.seen.overshoot = self.seen.overshoot.max(over);
         }
-        self.check_sessions()?;
-        let counts = self.relay.counts();
+        if self.shared.is_some() {
+            for s in 0..SESSIONS {
+                self.model
+                    .compare_copy(&self.node.relay, &sid_of(s), HISTORY)?;
+            }
+        } else {
+            self.check_sessions()?;
+        }
+        let counts = self.node.relay.counts();
         let parked = self
+            .node
             .conns
             .iter()
             .filter(|c| matches!(c.state, State::Parked(_)))
             .count();
         let subs = self
+            .node
             .conns
             .iter()
             .filter(|c| matches!(c.state, State::Sub(_)))
@@ -559,14 +670,14 @@ impl World {
             ));
         }
         if let Some(budget) = self.budget.filter(|_| self.storage.is_none())
-            && self.relay.memory_bytes() > budget + OVERSHOOT
+            && self.node.relay.memory_bytes() > budget + OVERSHOOT
         {
             return Err(format!(
                 "{} bytes held for sessions, over the budget of {budget}",
-                self.relay.memory_bytes()
+                self.node.relay.memory_bytes()
             ));
         }
-        if let Some((kept, walked)) = self.relay.memory_recount()
+        if let Some((kept, walked)) = self.node.relay.memory_recount()
             && kept != walked
         {
             return Err(format!(
@@ -575,7 +686,10 @@ impl World {
         }
         // Until the start's reading is done, the relay knows only the
         // sessions it read or created since.
-        if counts.sessions != self.model.current.len() && !self.relay.engine().warming() {
+        if self.shared.is_none()
+            && counts.sessions != self.model.current.len()
+            && !self.node.relay.engine().warming()
+        {
             return Err(format!(
                 "the relay counts {} sessions, the model {}",
                 counts.sessions,

@@ -175,6 +175,17 @@ impl RedisStore {
     /// requester's answer.
     #[inline(never)]
     fn answered(&mut self, copy: &MemStore, a: Answered) {
+        // A read that waited for what its copy lacked, answered with what
+        // follows a copy forgotten meanwhile (the sweep): nothing can be
+        // applied, so the session is read whole before the read runs.
+        if let (Some(to), Then::Retry, Some(s)) = (a.conn, &a.then, &a.snapshot)
+            && s.head.as_ref().is_some_and(|h| !h.full)
+            && !copy.contains(&s.sid)
+        {
+            let sid = s.sid.clone();
+            self.sync(Some(to), &sid, Known::default());
+            return;
+        }
         let (records, live) = match a.snapshot {
             Some(s) => {
                 let key = s.sid.clone();
@@ -283,7 +294,12 @@ impl RedisStore {
                 }
                 records
             }
-            Some((epoch, next)) if *epoch == *head.epoch && next == head.next => Vec::new(),
+            // The copy holds as much or more of this epoch: a change
+            // published after the call ran can reach the copy before the
+            // call's answer (the two links are read apart), and a log only
+            // grows within an epoch, so an older whole session would roll
+            // the copy back.
+            Some((epoch, next)) if *epoch == *head.epoch && next >= head.next => Vec::new(),
             // Lacking the base an increment follows (forgotten meanwhile):
             // the next read takes the whole session.
             None if !head.full => Vec::new(),
@@ -376,7 +392,18 @@ impl RedisStore {
             return; // taken above
         };
         let Some(log) = copy.get(sid) else {
-            return; // not served here: the next read takes it whole
+            // Not served here: the next read takes it whole. One listened
+            // to may be on its way here in a reply that ran before this
+            // change (the links are read apart): it is read again after
+            // it, so the copy does not start from that older state.
+            // (Each such change asks: a read already on its way may have
+            // run before it.)
+            let listened = self.follow.get(sid).is_some_and(|f| f.listen.is_some());
+            if listened && self.up() {
+                let sid = sid.clone();
+                self.sync(None, &sid, Known::default());
+            }
+            return;
         };
         let same = **log.epoch() == **epoch;
         let next = log.next_seq();

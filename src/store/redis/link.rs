@@ -153,6 +153,21 @@ impl RedisStore {
         side.ready = false;
         side.input.clear();
         side.out = setup;
+        if link == Link::Command {
+            // The reads owed since the last link was lost.
+            let owed: Vec<_> = self
+                .follow
+                .iter_mut()
+                .filter(|(_, f)| f.resyncs > 0)
+                .map(|(sid, f)| {
+                    f.resyncs = 0;
+                    sid.clone()
+                })
+                .collect();
+            for sid in owed {
+                self.sync(None, &sid, super::Known::default());
+            }
+        }
     }
 
     /// The socket is gone: every request waiting on it is answered `503`.
@@ -169,6 +184,12 @@ impl RedisStore {
             // nothing.
             let uncertain = ApiError::storage_uncertain("the connection to Redis was lost");
             for e in std::mem::take(&mut self.expect) {
+                // A read the relay asked for on its own stays owed: its
+                // copy may lack changes it was to bring, so the session is
+                // not followed until it is sent again on the next link.
+                if matches!(e, Expect::Sync { conn: None, .. }) {
+                    continue;
+                }
                 let e_for = match e {
                     Expect::Prompts(_) | Expect::Write { .. } => uncertain.clone(),
                     _ => ApiError::storage_unavailable(),

@@ -88,6 +88,7 @@ pub use reply::{Event, Head, Msg, Snapshot};
 pub use route::{Answered, Then};
 pub use url::RedisUrl;
 
+use super::idmap::Keys;
 use super::mem::{IdGen, StoreLimits};
 use super::seam::{StoreEvent, StoreStats};
 use super::types::SessionId;
@@ -135,7 +136,7 @@ pub struct RedisStore {
     /// The sessions whose channel this instance listens to, or that it
     /// reads on its own (one map: whether a copy follows its channel asks
     /// both at once, and an entry goes when neither holds).
-    follow: HashMap<SessionId, Follow>,
+    follow: HashMap<SessionId, Follow, Keys>,
     /// How many of them are listened to.
     listened: usize,
     /// Reads waiting for the next `PING` to go out, then for each `PING`
@@ -186,7 +187,7 @@ impl RedisStore {
             arrivals_channel: format!("{prefix}arrivals"),
             arrivals: None,
             arrivals_wanted: false,
-            follow: HashMap::new(),
+            follow: HashMap::default(),
             listened: 0,
             barrier_next: Vec::new(),
             pings: VecDeque::new(),

@@ -56,7 +56,7 @@ impl World {
             },
             Op::SetReading { pick, reading } => {
                 if let Some(i) = self.pick_sub(pick)
-                    && let State::Sub(sub) = &mut self.conns[i].state
+                    && let State::Sub(sub) = &mut self.node.conns[i].state
                 {
                     sub.reading = reading;
                 }
@@ -70,8 +70,15 @@ impl World {
             }
             Op::Messages { s } => {
                 let raw = format!("GET /messages/s{s}?limit=1000 HTTP/1.1\r\nHost: sim\r\n\r\n");
-                self.poll(raw, Some(sid_of(s)), None)
+                if self.shared.is_none() {
+                    return self.poll(raw, Some(sid_of(s)), None);
+                }
+                match self.send(op, &raw)? {
+                    Some((status, body)) => self.messages(&sid_of(s), status, &body, None),
+                    None => Ok(()),
+                }
             }
+            Op::Storage { take, fail } if self.shared.is_some() => self.redis(take, fail),
             Op::Storage { take, fail } => self.storage(take, fail),
             Op::Advance { ms } => self.advance(ms),
             Op::Restart => self.restart(),
@@ -85,7 +92,7 @@ impl World {
     /// write answered now was decided on the loop's copy (a part, a
     /// session that exists, a deletion of one that does not).
     pub(super) fn answered(&mut self, op: &Op, status: u16, body: &[u8]) -> Check {
-        if self.storage.is_some() {
+        if !self.alone() {
             return Ok(());
         }
         match *op {
@@ -235,7 +242,7 @@ impl World {
             self.model.end(&sid);
         }
         self.apply_effects()?;
-        if status == 200 && self.conns.iter().any(|c| self.holds(c, &sid)) {
+        if status == 200 && self.node.conns.iter().any(|c| self.holds(c, &sid)) {
             return Err(format!("{sid} deleted, a poll or subscriber of it left"));
         }
         Ok(())
@@ -272,9 +279,21 @@ impl World {
             .ok_or_else(|| format!("a write to {sid} acknowledged, the session unknown"))
     }
 
-    /// `GET /messages`: the history the model says, with its epoch.
-    pub(super) fn messages(&mut self, sid: &str, status: u16, body: &[u8]) -> Check {
+    /// `GET /messages`: the history the model says, with its epoch. With
+    /// a shared store, a run of the history of one of the session's
+    /// lives, reaching what the store held when the read began (`since`:
+    /// that life, and its next `seq` then) if it is that life's.
+    pub(super) fn messages(
+        &mut self,
+        sid: &str,
+        status: u16,
+        body: &[u8],
+        since: Option<(usize, u64)>,
+    ) -> Check {
         let sid = sid.to_string();
+        if self.shared.is_some() {
+            return self.messages_shared(&sid, status, body, since);
+        }
         let Some(i) = self.model.live(&sid) else {
             return if status == 404 {
                 Ok(())
@@ -301,6 +320,61 @@ impl World {
         if got != want {
             return Err(format!(
                 "messages of {sid}: seqs {got:?}, the model has {want:?}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl World {
+    fn messages_shared(
+        &mut self,
+        sid: &str,
+        status: u16,
+        body: &[u8],
+        since: Option<(usize, u64)>,
+    ) -> Check {
+        let alive_since = since.filter(|(i, _)| self.model.incs[*i].alive);
+        if status == 404 {
+            return match alive_since {
+                Some(_) => Err(format!(
+                    "messages of {sid} answered 404, the session is there"
+                )),
+                None => Ok(()),
+            };
+        }
+        if status != 200 {
+            return Ok(());
+        }
+        let v = json(body)?;
+        let epoch = v["epoch"].as_str().unwrap_or("");
+        let i = self
+            .model
+            .life_of(sid, epoch)
+            .ok_or_else(|| format!("messages of {sid} under epoch {epoch}, which no life had"))?;
+        let inc = &self.model.incs[i];
+        let got: Vec<u64> = v["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .map(|m| m["data"]["seq"].as_u64().unwrap_or(0))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let end = got.last().map_or(0, |l| l + 1);
+        if got.iter().zip(got.iter().skip(1)).any(|(a, b)| a + 1 != *b) || end > inc.next_seq() {
+            return Err(format!(
+                "messages of {sid}: seqs {got:?}, the store has {} messages",
+                inc.next_seq() - 1
+            ));
+        }
+        if let Some((j, next)) = since
+            && j == i
+            && end.max(got.first().copied().unwrap_or(1)) < next
+        {
+            return Err(format!(
+                "messages of {sid}: seqs {got:?}, where {} messages were stored before the read",
+                next - 1
             ));
         }
         Ok(())

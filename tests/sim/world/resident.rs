@@ -35,19 +35,19 @@ impl World {
     /// for one as a read does) holds nothing: its read brings it back.
     pub(super) fn end_turn(&mut self) -> Check {
         let resident: Vec<bool> = (0..self.sessions)
-            .map(|s| self.relay.peek(&sid_of(s)).is_some())
+            .map(|s| self.node.relay.peek(&sid_of(s)).is_some())
             .collect();
-        let dropped = self.relay.evict(self.now);
+        let dropped = self.node.relay.evict(self.now);
         if dropped == 0 {
             return Ok(());
         }
         self.seen.evicted += dropped as u64;
         for s in 0..self.sessions {
             let sid = sid_of(s);
-            if !resident[s as usize] || self.relay.peek(&sid).is_some() {
+            if !resident[s as usize] || self.node.relay.peek(&sid).is_some() {
                 continue;
             }
-            let writing = self.conns.iter().find_map(|c| match &c.state {
+            let writing = self.node.conns.iter().find_map(|c| match &c.state {
                 State::Committing(c) => match &c.waits {
                     // A part waits for its session's read, as a read
                     // does: the read brings the session back.
@@ -64,11 +64,11 @@ impl World {
                 .model
                 .live(&sid)
                 .is_some_and(|i| !self.model.incs[i].pending.is_empty());
-            if writing.is_some() || pending || self.relay.drafting(&sid) {
+            if writing.is_some() || pending || self.node.relay.drafting(&sid) {
                 return Err(format!(
                     "{sid} dropped from memory while held (a write in flight: {writing:?}, \
                      pending prompts: {pending}, a draft: {})",
-                    self.relay.drafting(&sid)
+                    self.node.relay.drafting(&sid)
                 ));
             }
         }
@@ -79,22 +79,22 @@ impl World {
     /// it; where it knows it by id only, the storage's (what a read-back
     /// brings), and nothing here may be waiting on it.
     pub(super) fn check_sessions(&mut self) -> Check {
-        let loads = self.relay.stats().session_loads;
+        let loads = self.node.relay.stats().session_loads;
         self.seen.read_back += loads.saturating_sub(self.run.loads);
         self.run.loads = loads;
         // While the start's reading is under way, a session may be
         // neither in the log nor known by id yet.
-        let warming = self.relay.engine().warming();
+        let warming = self.node.relay.engine().warming();
         for s in 0..self.sessions {
             let sid = sid_of(s);
-            let dormant = self.relay.dormant(&sid);
+            let dormant = self.node.relay.dormant(&sid);
             let unread =
-                warming && self.relay.peek(&sid).is_none() && self.model.live(&sid).is_some();
+                warming && self.node.relay.peek(&sid).is_none() && self.model.live(&sid).is_some();
             if !dormant && !unread {
-                self.model.compare(&self.relay, &sid, HISTORY)?;
+                self.model.compare(&self.node.relay, &sid, HISTORY)?;
                 continue;
             }
-            if self.relay.peek(&sid).is_some() {
+            if self.node.relay.peek(&sid).is_some() {
                 return Err(format!("{sid} is in the log and known by id only"));
             }
             if self.model.live(&sid).is_none() {
@@ -106,7 +106,7 @@ impl World {
                 return Err(format!("{sid} dropped from memory by the memory engine"));
             };
             self.model.compare_log(st.copy.get(&sid), &sid, HISTORY)?;
-            if let Some(c) = self.conns.iter().find(|c| self.holds(c, &sid)) {
+            if let Some(c) = self.node.conns.iter().find(|c| self.holds(c, &sid)) {
                 let what = match c.state {
                     State::Parked(_) => "a parked request",
                     _ => "a subscriber",
@@ -115,7 +115,7 @@ impl World {
                     "{sid} dropped from memory while {what} waits on it"
                 ));
             }
-            if self.relay.drafting(&sid) {
+            if self.node.relay.drafting(&sid) {
                 return Err(format!("{sid} dropped from memory with a draft open"));
             }
             if dormant
@@ -146,24 +146,24 @@ impl World {
         let view = MemStore::new(limits.store());
         let mut relay = Relay::new(limits, view, Engine::Durable(handle));
         relay.set_clock(self.now, self.unix());
-        self.relay = relay;
-        self.api = Api::new(&self.run.cfg);
-        for c in std::mem::take(&mut self.conns) {
+        self.node.relay = relay;
+        self.node.api = Api::new(&self.run.cfg);
+        for c in std::mem::take(&mut self.node.conns) {
             if let State::Sub(sub) = c.state {
                 let life = &self.model.incs[sub.view.inc];
-                self.left.push(Left {
+                self.node.left.push(Left {
                     sid: sub.sid.to_string(),
                     after: sub.view.last,
                     epoch: life.epoch.clone(),
                 });
             }
         }
-        let keep = self.left.len().saturating_sub(16);
-        self.left.drain(..keep);
-        self.idle.clear();
-        self.effects.clear();
+        let keep = self.node.left.len().saturating_sub(16);
+        self.node.left.drain(..keep);
+        self.node.idle.clear();
+        self.node.effects.clear();
         self.full = false;
-        self.next_sweep = self.now.after_ms(self.sweep_ms);
+        self.node.next_sweep = self.now.after_ms(self.sweep_ms);
         self.run.loads = 0;
         Ok(())
     }

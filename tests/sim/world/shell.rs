@@ -16,8 +16,20 @@ impl World {
         self.polled(id, outcome, raw, sid, after)
     }
 
-    /// What became of a `GET` on `id`.
-    fn polled(
+    /// The life of `sid` the relay serves: the model's live one, or with
+    /// a shared store the one its copy holds (which may lag).
+    pub(super) fn life_here(&self, sid: &str) -> Option<usize> {
+        if self.shared.is_none() {
+            return self.model.live(sid);
+        }
+        let log = self.node.relay.peek(sid)?;
+        self.model.life_of(sid, log.epoch())
+    }
+
+    /// What a poll on `id` came to: answered, parked, or waiting until
+    /// its session is read (with a shared store, until the relay's copy
+    /// holds what was stored before it), to run again then.
+    pub(super) fn polled(
         &mut self,
         id: ConnId,
         outcome: Outcome,
@@ -30,21 +42,33 @@ impl World {
             Outcome::Answer(a) if raw.starts_with("GET /messages") => {
                 self.release(id);
                 self.count(a.status);
-                self.messages(sid.as_deref().unwrap_or(""), a.status, a.body.bytes())
+                self.messages(sid.as_deref().unwrap_or(""), a.status, a.body.bytes(), None)
             }
             Outcome::Answer(a) => {
                 self.release(id);
                 if !ask && a.status == 200 {
-                    self.check_pending_body(sid.as_deref(), after, a.body.bytes())?;
+                    if self.shared.is_none() {
+                        self.check_pending_body(sid.as_deref(), after, a.body.bytes())?;
+                    } else if let Some(i) = sid.as_deref().and_then(|s| self.life_here(s)) {
+                        self.check_listed(i, after, a.body.bytes())?;
+                    }
                 }
                 Ok(())
             }
             Outcome::Wait => {
-                match sid {
-                    Some(_) => self.seen.read_waits += 1,
-                    None => self.seen.start_waits += 1,
+                if self.shared.is_none() {
+                    match sid {
+                        Some(_) => self.seen.read_waits += 1,
+                        None => self.seen.start_waits += 1,
+                    }
                 }
-                self.wait(id, Waits::Read { raw, sid, after })
+                let waits = Waits::Read {
+                    raw,
+                    sid,
+                    after,
+                    since: None,
+                };
+                self.wait(id, waits)
             }
             Outcome::Park {
                 sid: psid,
@@ -54,8 +78,8 @@ impl World {
                 if psid.as_ref().map(SessionId::as_str) != sid.as_deref() {
                     return Err("parked on another session".to_string());
                 }
-                let inc = sid.as_deref().and_then(|s| self.model.live(s));
-                self.conns.push(Conn {
+                let inc = sid.as_deref().and_then(|s| self.life_here(s));
+                self.node.conns.push(Conn {
                     id,
                     state: State::Parked(Parked {
                         sid,
@@ -75,14 +99,14 @@ impl World {
                 expires_ts,
             } => {
                 self.seen.parked += 1;
-                self.conns.push(Conn {
+                self.node.conns.push(Conn {
                     id,
                     state: State::Parked(Parked {
                         sid: Some(psid.to_string()),
                         after: None,
                         deadline,
                         ask: Some((ask_id, expires_at, expires_ts)),
-                        inc: self.model.live(psid.as_str()),
+                        inc: self.life_here(psid.as_str()),
                     }),
                 });
                 Ok(())
@@ -96,7 +120,7 @@ impl World {
     /// the model has pending.
     /// A list of prompts an agent was woken with while a transaction was
     /// applied: prompts of life `i`, after `after`, oldest first.
-    fn check_listed(&self, i: usize, after: Option<u64>, body: &[u8]) -> Check {
+    pub(super) fn check_listed(&self, i: usize, after: Option<u64>, body: &[u8]) -> Check {
         let v = json(body)?;
         let list = v.as_array().ok_or("a pending list that is no array")?;
         let inc = &self.model.incs[i];
@@ -167,15 +191,15 @@ impl World {
     }
 
     pub(super) fn parked_index(&self, pick: u64) -> Option<usize> {
-        let parked: Vec<usize> = (0..self.conns.len())
-            .filter(|&i| matches!(self.conns[i].state, State::Parked(_)))
+        let parked: Vec<usize> = (0..self.node.conns.len())
+            .filter(|&i| matches!(self.node.conns[i].state, State::Parked(_)))
             .collect();
         (!parked.is_empty()).then(|| parked[(pick % parked.len() as u64) as usize])
     }
 
     pub(super) fn pick_sub(&self, pick: u64) -> Option<usize> {
-        let subs: Vec<usize> = (0..self.conns.len())
-            .filter(|&i| matches!(self.conns[i].state, State::Sub(_)))
+        let subs: Vec<usize> = (0..self.node.conns.len())
+            .filter(|&i| matches!(self.node.conns[i].state, State::Sub(_)))
             .collect();
         (!subs.is_empty()).then(|| subs[(pick % subs.len() as u64) as usize])
     }
@@ -186,7 +210,7 @@ impl World {
         let Some(i) = self.parked_index(pick) else {
             return;
         };
-        let conn = self.conns.swap_remove(i);
+        let conn = self.node.conns.swap_remove(i);
         let State::Parked(p) = conn.state else {
             return;
         };
@@ -198,9 +222,9 @@ impl World {
     pub(super) fn unpark(&mut self, id: ConnId, p: &Parked) {
         self.ops += 1;
         match (&p.ask, &p.sid) {
-            (Some(_), Some(sid)) => self.relay.cancel_ask_wait(id, sid, self.now),
-            (None, Some(sid)) => self.relay.cancel_wait(id, sid, self.now),
-            (_, None) => self.relay.cancel_every_wait(id, self.now),
+            (Some(_), Some(sid)) => self.node.relay.cancel_ask_wait(id, sid, self.now),
+            (None, Some(sid)) => self.node.relay.cancel_wait(id, sid, self.now),
+            (_, None) => self.node.relay.cancel_every_wait(id, self.now),
         }
         if let Some(sid) = &p.sid
             && let Some(inc) = self.model.inc_mut(sid)
@@ -212,14 +236,14 @@ impl World {
     /// A parked request answered (woken, timed out, its session deleted):
     /// it must be parked still, and is answered once.
     pub(super) fn answer_parked(&mut self, to: ConnId, status: u16, body: &[u8]) -> Check {
-        let Some(i) = self.conns.iter().position(|c| c.id == to) else {
+        let Some(i) = self.node.conns.iter().position(|c| c.id == to) else {
             return Err(format!("an answer for {to:?}, which waits for none"));
         };
-        let State::Parked(p) = &self.conns[i].state else {
+        let State::Parked(p) = &self.node.conns[i].state else {
             return Err(format!("an answer for {to:?}, a subscriber"));
         };
         if p.ask.is_none() && status == 200 {
-            if self.storage.is_none() {
+            if self.alone() {
                 self.check_pending_body(p.sid.as_deref(), p.after, body)?;
             } else if let Some(i) = p.inc {
                 // Rendered while a transaction's records were applied:
@@ -234,7 +258,7 @@ impl World {
                 "a parked poll of {sid} answered 404, the session is there"
             ));
         }
-        let conn = self.conns.swap_remove(i);
+        let conn = self.node.conns.swap_remove(i);
         if let State::Parked(p) = &conn.state {
             self.unpark(conn.id, p);
         }
@@ -245,7 +269,7 @@ impl World {
     pub(super) fn subscribe(&mut self, s: u64, resume: Option<u64>, reading: Reading) -> Check {
         let sid = sid_of(s);
         let resume = resume.and_then(|r| {
-            let mine: Vec<&Left> = self.left.iter().filter(|l| l.sid == sid).collect();
+            let mine: Vec<&Left> = self.node.left.iter().filter(|l| l.sid == sid).collect();
             (!mine.is_empty()).then(|| mine[(r as usize) % mine.len()])
         });
         let (after, epoch) = match resume {
@@ -293,14 +317,19 @@ impl World {
                 self.learn(&usid)?;
                 let sid = usid.to_string();
                 let inc = self
-                    .model
-                    .live(&sid)
+                    .life_here(&sid)
                     .ok_or("a subscriber of a session the model lacks")?;
                 let life = &self.model.incs[inc];
-                let last = after.unwrap_or(life.next_seq() - 1);
+                // What the relay's log holds: the model's, or with a
+                // shared store the relay's copy, which may lag it.
+                let (next, first) = match (&self.shared, self.node.relay.peek(&sid)) {
+                    (Some(_), Some(log)) => (log.next_seq().get(), log.first_seq().get()),
+                    _ => (life.next_seq(), life.first_retained(HISTORY)),
+                };
+                let last = after.unwrap_or(next - 1);
                 let owed_resync = epoch.as_ref().is_some_and(|e| *e != life.epoch)
-                    || after.is_some_and(|a| a + 1 < life.first_retained(HISTORY));
-                self.conns.push(Conn {
+                    || after.is_some_and(|a| a + 1 < first);
+                self.node.conns.push(Conn {
                     id,
                     state: State::Sub(Box::new(Sub {
                         sid: usid,
@@ -314,6 +343,7 @@ impl World {
                             last,
                             owed_resync,
                             frames: 0,
+                            copied: self.shared.is_some(),
                         },
                     })),
                 });
@@ -332,19 +362,19 @@ impl World {
     /// for a later one to resume from.
     pub(super) fn drop_sub(&mut self, i: usize) {
         self.ops += 1;
-        let conn = self.conns.swap_remove(i);
+        let conn = self.node.conns.swap_remove(i);
         let State::Sub(sub) = conn.state else {
             return;
         };
-        self.relay.unsubscribe(conn.id, &sub.sid, self.now);
+        self.node.relay.unsubscribe(conn.id, &sub.sid, self.now);
         let life = &self.model.incs[sub.view.inc];
-        self.left.push(Left {
+        self.node.left.push(Left {
             sid: sub.sid.to_string(),
             after: sub.view.last,
             epoch: life.epoch.clone(),
         });
-        if self.left.len() > 16 {
-            self.left.remove(0);
+        if self.node.left.len() > 16 {
+            self.node.left.remove(0);
         }
         if let Some(inc) = self.model.inc_mut(&sub.sid) {
             inc.last_touch = self.now;
@@ -355,22 +385,22 @@ impl World {
     /// Refills a lagging subscriber once its queue is at or below half
     /// the cap (`subscriber::top_up`).
     pub(super) fn top_up(&mut self, i: usize) {
-        let State::Sub(sub) = &mut self.conns[i].state else {
+        let State::Sub(sub) = &mut self.node.conns[i].state else {
             return;
         };
         if !sub.lagging || sub.queued > SUB_BUFFER / 2 {
             return;
         }
         let room = SUB_BUFFER - sub.queued;
-        let caught_up = self.relay.refill(
+        let caught_up = self.node.relay.refill(
             &sub.sid,
             &mut sub.cursor,
             room,
             sub.out.is_empty(),
-            &mut self.frames,
+            &mut self.node.frames,
         );
         sub.lagging = !caught_up;
-        for f in self.frames.drain(..) {
+        for f in self.node.frames.drain(..) {
             sub.queued += f.len();
             sub.out.push_back(f);
         }
@@ -381,7 +411,7 @@ impl World {
     pub(super) fn read(&mut self, i: usize, n: usize) -> Check {
         for _ in 0..n {
             self.top_up(i);
-            let State::Sub(sub) = &mut self.conns[i].state else {
+            let State::Sub(sub) = &mut self.node.conns[i].state else {
                 return Ok(());
             };
             let Some(frame) = sub.out.pop_front() else {
@@ -400,8 +430,8 @@ impl World {
 
     /// The end of a step: fast readers read all they have.
     pub(super) fn settle(&mut self) -> Check {
-        for i in 0..self.conns.len() {
-            match &self.conns[i].state {
+        for i in 0..self.node.conns.len() {
+            match &self.node.conns[i].state {
                 State::Sub(sub) if sub.reading == Reading::Fast => self.read(i, usize::MAX)?,
                 State::Sub(_) => self.top_up(i),
                 State::Parked(_) | State::Committing(_) => {}
@@ -412,12 +442,12 @@ impl World {
 
     /// Applies the relay's effects as `net/server/effects.rs` does.
     pub(super) fn apply_effects(&mut self) -> Check {
-        self.relay.take_effects(&mut self.effects);
-        while !self.effects.is_empty() {
-            for effect in std::mem::take(&mut self.effects) {
+        self.node.relay.take_effects(&mut self.node.effects);
+        while !self.node.effects.is_empty() {
+            for effect in std::mem::take(&mut self.node.effects) {
                 self.apply(effect)?;
             }
-            self.relay.take_effects(&mut self.effects);
+            self.node.relay.take_effects(&mut self.node.effects);
         }
         Ok(())
     }
@@ -453,10 +483,10 @@ impl World {
                 Ok(())
             }
             Effect::CloseSubscriber { to, .. } => {
-                let Some(i) = self.conns.iter().position(|c| c.id == to) else {
+                let Some(i) = self.node.conns.iter().position(|c| c.id == to) else {
                     return Err(format!("a close for {to:?}, no such subscriber"));
                 };
-                let State::Sub(sub) = &self.conns[i].state else {
+                let State::Sub(sub) = &self.node.conns[i].state else {
                     return Err(format!("a close for {to:?}, not a subscriber"));
                 };
                 if self.model.incs[sub.view.inc].alive {
@@ -486,10 +516,11 @@ impl World {
     /// The request waiting on `to`, taken off its connection.
     fn committing(&mut self, to: Ticket) -> Option<(ConnId, Box<Committing>)> {
         let i = self
+            .node
             .conns
             .iter()
             .position(|c| matches!(&c.state, State::Committing(w) if w.ticket == to))?;
-        let conn = self.conns.swap_remove(i);
+        let conn = self.node.conns.swap_remove(i);
         match conn.state {
             State::Committing(w) => Some((conn.id, w)),
             _ => None,
@@ -501,6 +532,23 @@ impl World {
     /// its timeout (cancelled, never to be committed) is dropped, as the
     /// shell drops it, and must not say it stored anything.
     fn ticket_answered(&mut self, to: Ticket, status: u16, body: &[u8]) -> Check {
+        if self.shared.is_some() {
+            let Some((id, w)) = self.committing(to) else {
+                return Err(format!("ticket {} answered, nobody waits on it", to.n));
+            };
+            self.release(id);
+            self.count(status);
+            return match &w.waits {
+                Waits::Write(op) => self.check_shared(op, status, body),
+                Waits::Read {
+                    raw,
+                    sid: Some(sid),
+                    since,
+                    ..
+                } if raw.starts_with("GET /messages") => self.messages(sid, status, body, *since),
+                _ => Ok(()),
+            };
+        }
         let Some((id, w)) = self.committing(to) else {
             let abandoned = self
                 .storage
@@ -534,6 +582,7 @@ impl World {
         // Answered `503` at its timeout, and its connection moved on: the
         // shell finds no request waiting on the ticket, and drops it.
         let waiting = self
+            .node
             .conns
             .iter()
             .any(|c| matches!(&c.state, State::Committing(w) if w.ticket == to));
@@ -545,7 +594,7 @@ impl World {
         {
             return Ok(());
         }
-        let every = self.conns.iter().any(|c| {
+        let every = self.node.conns.iter().any(|c| {
             matches!(&c.state, State::Committing(w)
                 if w.ticket == to && matches!(w.waits, Waits::Read { sid: None, .. }))
         });
@@ -561,14 +610,9 @@ impl World {
         let Some((id, w)) = self.committing(to) else {
             return Ok(()); // answered at its timeout: dropped
         };
-        match w.waits {
-            Waits::Upgrade { ref raw, .. } => {
-                let outcome = self.request(id, raw.clone().as_bytes(), true)?;
-                self.upgraded(id, outcome, w.waits)
-            }
-            Waits::Read { raw, sid, after } => {
-                let outcome = self.request(id, raw.as_bytes(), true)?;
-                self.polled(id, outcome, raw, sid, after)
+        let outcome = match &w.waits {
+            Waits::Upgrade { raw, .. } | Waits::Read { raw, .. } => {
+                self.request(id, raw.clone().as_bytes(), true)?
             }
             // A part whose session was read after its requester's
             // timeout (the relay dropped it then): a request with a body
@@ -576,16 +620,46 @@ impl World {
             Waits::Write(Op::Part { .. }) => {
                 self.release(id);
                 self.count(503);
-                Ok(())
+                return Ok(());
             }
-            Waits::Write(_) => Err(format!("ticket {}: a write told to run again", to.n)),
+            Waits::Write(_) => return Err(format!("ticket {}: a write told to run again", to.n)),
+        };
+        match w.waits {
+            Waits::Read {
+                raw,
+                sid,
+                after,
+                since,
+            } => {
+                if self.shared.is_none() || !raw.starts_with("GET /messages") {
+                    return self.polled(id, outcome, raw, sid, after);
+                }
+                match outcome {
+                    Outcome::Answer(a) => {
+                        self.release(id);
+                        let sid = sid.unwrap_or_default();
+                        self.messages(&sid, a.status, a.body.bytes(), since)
+                    }
+                    Outcome::Wait => {
+                        let waits = Waits::Read {
+                            raw,
+                            sid,
+                            after,
+                            since,
+                        };
+                        self.wait(id, waits)
+                    }
+                    other => Err(format!("messages answered {other:?}")),
+                }
+            }
+            waits => self.upgraded(id, outcome, waits),
         }
     }
 
     pub(super) fn each_sub(&mut self, sid: &str, mut f: impl FnMut(&mut Sub)) {
-        let order: Vec<ConnId> = self.relay.subscribers(sid).to_vec();
+        let order: Vec<ConnId> = self.node.relay.subscribers(sid).to_vec();
         for id in order {
-            if let Some(c) = self.conns.iter_mut().find(|c| c.id == id)
+            if let Some(c) = self.node.conns.iter_mut().find(|c| c.id == id)
                 && let State::Sub(sub) = &mut c.state
             {
                 f(sub);
@@ -598,27 +672,29 @@ impl World {
     /// idle sweep.
     pub(super) fn advance(&mut self, ms: u64) -> Check {
         let end = self.now.after_ms(ms);
+        let nodes = if self.shared.is_some() {
+            shared::NODES
+        } else {
+            1
+        };
         loop {
-            let parked = self
-                .conns
-                .iter()
-                .filter_map(|c| match &c.state {
-                    State::Parked(p) => Some(p.deadline),
-                    State::Committing(w) => Some(w.deadline),
-                    State::Sub(_) => None,
-                })
-                .min();
-            let next = [parked, self.relay.next_tick(), Some(self.next_sweep)]
-                .into_iter()
-                .flatten()
-                .min()
-                .filter(|t| *t <= end);
-            let Some(at) = next else {
+            // The relay whose deadline comes first.
+            let mut first: Option<(Millis, usize)> = None;
+            for n in 0..nodes {
+                self.enter(n);
+                if let Some(t) = self.next_deadline().filter(|t| *t <= end)
+                    && first.is_none_or(|(f, _)| t < f)
+                {
+                    first = Some((t, n));
+                }
+            }
+            let Some((at, n)) = first else {
                 self.now = end;
                 return Ok(());
             };
+            self.enter(n);
             self.now = self.now.max(at);
-            self.relay.set_clock(self.now, self.unix());
+            self.node.relay.set_clock(self.now, self.unix());
             self.fire()?;
             self.apply_effects()?;
             self.settle()?;
@@ -626,16 +702,40 @@ impl World {
         }
     }
 
+    /// The relay's next deadline: a parked request's, its tick's, the
+    /// idle sweep's.
+    fn next_deadline(&self) -> Option<Millis> {
+        let parked = self
+            .node
+            .conns
+            .iter()
+            .filter_map(|c| match &c.state {
+                State::Parked(p) => Some(p.deadline),
+                State::Committing(w) => Some(w.deadline),
+                State::Sub(_) => None,
+            })
+            .min();
+        [
+            parked,
+            self.node.relay.next_tick(),
+            Some(self.node.next_sweep),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     /// Every deadline due now.
     pub(super) fn fire(&mut self) -> Check {
         let now = self.now;
         while let Some(i) = self
+            .node
             .conns
             .iter()
             .position(|c| matches!(&c.state, State::Parked(p) if p.deadline <= now))
         {
             self.ops += 1;
-            let State::Parked(p) = &self.conns[i].state else {
+            let State::Parked(p) = &self.node.conns[i].state else {
                 continue;
             };
             let (status, body) = match (&p.ask, &p.sid) {
@@ -644,31 +744,31 @@ impl World {
                     if now >= *expires_at {
                         unix = unix.max(*expires_ts);
                     }
-                    self.relay.ask_deadline(now, unix, sid, ask)
+                    self.node.relay.ask_deadline(now, unix, sid, ask)
                 }
                 _ => (200, Rc::from(&b"[]"[..])),
             };
-            let id = self.conns[i].id;
+            let id = self.node.conns[i].id;
             self.seen.timed_out += 1;
             self.answer_parked(id, status, &body)?;
             self.apply_effects()?;
         }
         self.store_timeouts()?;
-        if self.relay.next_tick().is_some_and(|t| now >= t) {
+        if self.node.relay.next_tick().is_some_and(|t| now >= t) {
             self.ops += 1;
             self.seen.ticks += 1;
-            self.relay.tick(now);
+            self.node.relay.tick(now);
         }
-        if now >= self.next_sweep {
+        if now >= self.node.next_sweep {
             self.ops += 1;
-            self.relay.collect_idle(now);
-            self.next_sweep = now.after_ms(self.sweep_ms);
-            if self.storage.is_none() {
+            self.node.relay.collect_idle(now);
+            self.node.next_sweep = now.after_ms(self.sweep_ms);
+            if self.alone() {
                 self.collected()?;
             }
             self.apply_effects()?;
             // The sweep's collection goes to the storage at the turn's end.
-            self.relay.flush_store();
+            self.node.relay.flush_store();
         }
         Ok(())
     }
@@ -679,19 +779,20 @@ impl World {
     fn store_timeouts(&mut self) -> Check {
         let now = self.now;
         while let Some(i) = self
+            .node
             .conns
             .iter()
             .position(|c| matches!(&c.state, State::Committing(w) if w.deadline <= now))
         {
             self.ops += 1;
-            let State::Committing(w) = &mut self.conns[i].state else {
+            let State::Committing(w) = &mut self.node.conns[i].state else {
                 continue;
             };
             let ticket = w.ticket;
-            match self.relay.abandon(ticket) {
+            match self.node.relay.abandon(ticket) {
                 Abandon::InFlight => w.deadline = now.after_ms(STORE_TIMEOUT_MS),
                 Abandon::Cancelled => {
-                    let conn = self.conns.swap_remove(i);
+                    let conn = self.node.conns.swap_remove(i);
                     self.release(conn.id);
                     self.seen.store_timeouts += 1;
                     if let Some(st) = &mut self.storage {
@@ -712,9 +813,9 @@ impl World {
             let Some(i) = self.model.live(&sid) else {
                 continue;
             };
-            let held = self.conns.iter().any(|c| self.holds(c, &sid));
+            let held = self.node.conns.iter().any(|c| self.holds(c, &sid));
             let inc = &self.model.incs[i];
-            let gone = !self.relay.has_session(&sid);
+            let gone = !self.node.relay.has_session(&sid);
             if gone && (held || self.now.since(inc.last_write) < TTL_MS) {
                 return Err(format!(
                     "{sid} collected {} ms after its last write, held: {held}",

@@ -274,12 +274,12 @@ impl World {
             }
         }
         self.seen.commits += 1;
-        self.relay.storage_done(self.now);
+        self.node.relay.storage_done(self.now);
         self.apply_effects()
     }
 
     /// The model follows one committed record.
-    fn committed(&mut self, r: &Record, collect: bool) -> Check {
+    pub(super) fn committed(&mut self, r: &Record, collect: bool) -> Check {
         let now = self.now;
         let (sid, seq, kind, id) = match r {
             Record::Created { sid, epoch } => {
