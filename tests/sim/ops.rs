@@ -173,6 +173,26 @@ fn reading(rng: &mut Rng) -> Reading {
     }
 }
 
+/// The steps that name a session, binding it to `$s`: one list for
+/// reading the session and for moving a step to another.
+macro_rules! session_op {
+    ($s:ident) => {
+        Op::Prompt { s: $s, .. }
+            | Op::Answer { s: $s, .. }
+            | Op::Part { s: $s, .. }
+            | Op::Cancel { s: $s, .. }
+            | Op::Ask { s: $s, .. }
+            | Op::Reply { s: $s, .. }
+            | Op::Poll { s: $s, .. }
+            | Op::PollNow { s: $s }
+            | Op::AskPoll { s: $s, .. }
+            | Op::Subscribe { s: $s, .. }
+            | Op::Messages { s: $s }
+            | Op::Put { s: $s }
+            | Op::Delete { s: $s }
+    };
+}
+
 impl Op {
     /// One step drawn from `rng`, weighted so that writes dominate and
     /// every kind of client shows up within a few dozen steps.
@@ -260,21 +280,8 @@ impl Op {
         if rng.below(RESTART_ONE_IN) == 0 {
             return Op::Restart;
         }
-        match &mut self {
-            Op::Prompt { s, .. }
-            | Op::Answer { s, .. }
-            | Op::Part { s, .. }
-            | Op::Cancel { s, .. }
-            | Op::Ask { s, .. }
-            | Op::Reply { s, .. }
-            | Op::Poll { s, .. }
-            | Op::PollNow { s }
-            | Op::AskPoll { s, .. }
-            | Op::Subscribe { s, .. }
-            | Op::Messages { s }
-            | Op::Put { s }
-            | Op::Delete { s } => *s += to,
-            _ => {}
+        if let session_op!(s) = &mut self {
+            *s += to;
         }
         self
     }
@@ -282,19 +289,7 @@ impl Op {
     /// The session the step names, if one.
     pub fn session(&self) -> Option<u64> {
         match *self {
-            Op::Prompt { s, .. }
-            | Op::Answer { s, .. }
-            | Op::Part { s, .. }
-            | Op::Cancel { s, .. }
-            | Op::Ask { s, .. }
-            | Op::Reply { s, .. }
-            | Op::Poll { s, .. }
-            | Op::PollNow { s }
-            | Op::AskPoll { s, .. }
-            | Op::Subscribe { s, .. }
-            | Op::Messages { s }
-            | Op::Put { s }
-            | Op::Delete { s } => Some(s),
+            session_op!(s) => Some(s),
             _ => None,
         }
     }

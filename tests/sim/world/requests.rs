@@ -308,14 +308,7 @@ impl World {
         if v["epoch"] != *inc.epoch {
             return Err(format!("messages of {sid} under another epoch"));
         }
-        let got: Vec<u64> = v["messages"]
-            .as_array()
-            .map(|m| {
-                m.iter()
-                    .map(|m| m["data"]["seq"].as_u64().unwrap_or(0))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let got = seqs_of(&v);
         let want: Vec<u64> = (inc.first_retained(HISTORY)..inc.next_seq()).collect();
         if got != want {
             return Err(format!(
@@ -353,14 +346,7 @@ impl World {
             .life_of(sid, epoch)
             .ok_or_else(|| format!("messages of {sid} under epoch {epoch}, which no life had"))?;
         let inc = &self.model.incs[i];
-        let got: Vec<u64> = v["messages"]
-            .as_array()
-            .map(|m| {
-                m.iter()
-                    .map(|m| m["data"]["seq"].as_u64().unwrap_or(0))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let got = seqs_of(&v);
         let end = got.last().map_or(0, |l| l + 1);
         if got.iter().zip(got.iter().skip(1)).any(|(a, b)| a + 1 != *b) || end > inc.next_seq() {
             return Err(format!(
@@ -441,4 +427,16 @@ fn write_request(op: &Op) -> Option<String> {
         "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     ))
+}
+
+/// The `seq` of each message of a `/messages` page, in order.
+fn seqs_of(page: &serde_json::Value) -> Vec<u64> {
+    page["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .map(|m| m["data"]["seq"].as_u64().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default()
 }
