@@ -81,14 +81,19 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// The steps of seed `seed`: those of the data directory's budget seeds
-/// spread over more sessions, so that some are idle and leave memory.
+/// spread over more sessions, so that some are idle and leave memory;
+/// those of its other seeds crash now and then, losing the write-ahead
+/// log. Each from a generator of its own, so the other seeds' steps stay
+/// as they were.
 fn draw(seed: u64, steps: usize) -> Vec<Op> {
     let mut rng = Rng::new(seed);
     let mut spread = Rng::new(!seed);
+    let mut crash = Rng::new(seed.rotate_left(32) ^ 0x0077_616c);
     (0..steps)
         .map(|_| Op::draw(&mut rng))
         .map(|op| match seed % 4 {
             1 => op.spread(&mut spread),
+            3 => op.crash(&mut crash),
             _ => op,
         })
         .collect()
