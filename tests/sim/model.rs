@@ -352,10 +352,6 @@ pub struct View {
     pub owed_resync: bool,
     /// Frames read.
     pub frames: u64,
-    /// A `resync` may come with nothing trimmed: with a shared store,
-    /// the relay's copy read whole (another epoch, or more than history
-    /// went by) resyncs the subscribers it serves.
-    pub copied: bool,
 }
 
 /// The frame's type, and the `seq` at its end when it carries one
@@ -438,7 +434,7 @@ impl View {
                     serde_json::from_slice(payload).map_err(|e| e.to_string())?;
                 let epoch = v["epoch"].as_str().unwrap_or("");
                 let first = v["first_seq"].as_u64().unwrap_or(0);
-                if !self.owed_resync && !self.copied && !inc.trimmed_after(self.last, limit) {
+                if !self.owed_resync && !inc.trimmed_after(self.last, limit) {
                     return Err(format!(
                         "{}: a resync after seq {} with nothing trimmed",
                         inc.sid, self.last
