@@ -16,7 +16,9 @@
 //! (`world/resident.rs`): a session known by id only must be held by
 //! nothing and be, in the storage, what the model has. Those seeds also
 //! restart the relay now and then on the storage it had, which reads no
-//! session at start.
+//! session at start; the other seeds with a data directory crash it now
+//! and then, losing the last transactions committed with the write-ahead
+//! log, and the start decides what to do about it (`sqlite::recover`).
 //!
 //! A run is a seed: the steps are drawn from it (`ops.rs`), so a seed
 //! replays the same run anywhere. The fixed seeds run by default;
@@ -321,6 +323,16 @@ fn simulation() {
             "no all-sessions poll waited for the start's reading after a restart \
              ({} restarts)",
             seen.restarts
+        );
+    }
+    // And the crash seeds must lose the log, and their starts notice.
+    if replay.is_none() && keep.is_none() && seeds.iter().any(|s| s % 4 == 3) {
+        assert!(
+            seen.lost_logs > 0 && seen.new_epochs > 0,
+            "no crash lost the write-ahead log and gave a session a new epoch \
+             ({} crashes, {} new epochs)",
+            seen.lost_logs,
+            seen.new_epochs
         );
     }
 }
