@@ -325,7 +325,15 @@ impl Relay {
     }
 
     /// Moves the queued effects out; called by the shell after every handler.
+    /// The requests to run again come last: each runs on the state after
+    /// every event of the batch, so an effect decided for an earlier state
+    /// (a `Refill` with its `resync`, for the subscribers there were then)
+    /// must not reach the subscriber a re-run upgrade makes.
     pub fn take_effects(&mut self, out: &mut Vec<Effect>) {
+        out.extend(
+            self.effects
+                .extract_if(.., |e| !matches!(e, Effect::Retry { .. })),
+        );
         out.append(&mut self.effects);
     }
 

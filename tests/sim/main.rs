@@ -16,7 +16,9 @@
 //! (`world/resident.rs`): a session known by id only must be held by
 //! nothing and be, in the storage, what the model has. Those seeds also
 //! restart the relay now and then on the storage it had, which reads no
-//! session at start.
+//! session at start; the other seeds with a data directory crash it now
+//! and then, losing the last transactions committed with the write-ahead
+//! log, and the start decides what to do about it (`sqlite::recover`).
 //!
 //! A run is a seed: the steps are drawn from it (`ops.rs`), so a seed
 //! replays the same run anywhere. The fixed seeds run by default;
@@ -81,14 +83,19 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// The steps of seed `seed`: those of the data directory's budget seeds
-/// spread over more sessions, so that some are idle and leave memory.
+/// spread over more sessions, so that some are idle and leave memory;
+/// those of its other seeds crash now and then, losing the write-ahead
+/// log. Each from a generator of its own, so the other seeds' steps stay
+/// as they were.
 fn draw(seed: u64, steps: usize) -> Vec<Op> {
     let mut rng = Rng::new(seed);
     let mut spread = Rng::new(!seed);
+    let mut crash = Rng::new(seed.rotate_left(32) ^ 0x0077_616c);
     (0..steps)
         .map(|_| Op::draw(&mut rng))
         .map(|op| match seed % 4 {
             1 => op.spread(&mut spread),
+            3 => op.crash(&mut crash),
             _ => op,
         })
         .collect()
@@ -316,6 +323,16 @@ fn simulation() {
             "no all-sessions poll waited for the start's reading after a restart \
              ({} restarts)",
             seen.restarts
+        );
+    }
+    // And the crash seeds must lose the log, and their starts notice.
+    if replay.is_none() && keep.is_none() && seeds.iter().any(|s| s % 4 == 3) {
+        assert!(
+            seen.lost_logs > 0 && seen.new_epochs > 0,
+            "no crash lost the write-ahead log and gave a session a new epoch \
+             ({} crashes, {} new epochs)",
+            seen.lost_logs,
+            seen.new_epochs
         );
     }
 }

@@ -41,6 +41,10 @@ pub struct Inc {
     /// left (the TTL counts from no later).
     pub last_touch: Millis,
     pub alive: bool,
+    /// Every message acknowledged under this epoch, by `seq`, when a
+    /// lost write-ahead log took the last of them from `entries`: their
+    /// `seq`s must not go to other messages under this epoch.
+    pub given: Vec<Entry>,
 }
 
 impl Inc {
@@ -84,6 +88,26 @@ impl Inc {
     pub fn unpend(&mut self, client_msg_id: &str) {
         self.pending.retain(|(_, id)| id != client_msg_id);
     }
+
+    /// A message acknowledged at `seq` under this epoch before a lost
+    /// log took it, if it is not this one (`kind`, `id`): the `seq` would
+    /// name two messages for a client that resumes with `after`.
+    pub fn reused(&self, seq: u64, kind: Kind, id: &str) -> Option<&Entry> {
+        let e = seq
+            .checked_sub(1)
+            .and_then(|i| self.given.get(i as usize))?;
+        (e.kind != kind || e.id != id).then_some(e)
+    }
+
+    /// A lost log took the messages after `last`, and left `pending` the
+    /// prompts unanswered.
+    pub fn cut(&mut self, last: u64, pending: Vec<(u64, String)>) {
+        if self.given.len() < self.entries.len() {
+            self.given = self.entries.clone();
+        }
+        self.entries.truncate(last as usize);
+        self.pending = pending;
+    }
 }
 
 /// Every session's lives, and the epochs ever handed out.
@@ -119,6 +143,7 @@ impl Model {
             last_write: now,
             last_touch: now,
             alive: true,
+            given: Vec::new(),
         });
         let i = self.incs.len() - 1;
         self.current.insert(sid.to_string(), i);
@@ -130,6 +155,37 @@ impl Model {
         if let Some(i) = self.current.remove(sid) {
             self.incs[i].alive = false;
         }
+    }
+
+    /// After a lost log, `sid`'s life is life `i` again (its deletion, or
+    /// the creation of the one after it, was lost).
+    pub fn revive(&mut self, sid: &str, i: usize) {
+        self.end(sid);
+        self.incs[i].alive = true;
+        self.current.insert(sid.to_string(), i);
+    }
+
+    /// `sid` goes on under a new epoch, everything it holds kept: a new
+    /// life, its `seq`s those of the last.
+    pub fn renew(&mut self, sid: &str, epoch: &str, now: Millis) -> Result<(), String> {
+        let Some(old) = self.live(sid) else {
+            return Err(format!(
+                "{sid} given a new epoch, the model has no such session"
+            ));
+        };
+        self.end(sid);
+        let new = self.create(sid, epoch, now)?;
+        let (entries, pending) = (
+            self.incs[old].entries.clone(),
+            self.incs[old].pending.clone(),
+        );
+        let (last_write, last_touch) = (self.incs[old].last_write, self.incs[old].last_touch);
+        let inc = &mut self.incs[new];
+        inc.entries = entries;
+        inc.pending = pending;
+        inc.last_write = last_write;
+        inc.last_touch = last_touch;
+        Ok(())
     }
 
     /// The relay's committed log of `sid` against the model's: the same
@@ -296,10 +352,6 @@ pub struct View {
     pub owed_resync: bool,
     /// Frames read.
     pub frames: u64,
-    /// A `resync` may come with nothing trimmed: with a shared store,
-    /// the relay's copy read whole (another epoch, or more than history
-    /// went by) resyncs the subscribers it serves.
-    pub copied: bool,
 }
 
 /// The frame's type, and the `seq` at its end when it carries one
@@ -382,7 +434,7 @@ impl View {
                     serde_json::from_slice(payload).map_err(|e| e.to_string())?;
                 let epoch = v["epoch"].as_str().unwrap_or("");
                 let first = v["first_seq"].as_u64().unwrap_or(0);
-                if !self.owed_resync && !self.copied && !inc.trimmed_after(self.last, limit) {
+                if !self.owed_resync && !inc.trimmed_after(self.last, limit) {
                     return Err(format!(
                         "{}: a resync after seq {} with nothing trimmed",
                         inc.sid, self.last

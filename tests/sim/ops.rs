@@ -12,8 +12,11 @@ pub const SESSIONS: u64 = 3;
 /// that some are idle at any time, so a small memory budget drops them
 /// from memory and their next use reads them back.
 pub const WIDE_SESSIONS: u64 = 9;
-/// One step in this many of a spread run restarts the relay.
-const RESTART_ONE_IN: u64 = 500;
+/// One step in this many of a spread run restarts the relay, and of a
+/// run that loses its write-ahead log ([`Op::crash`]) crashes it.
+pub const RESTART_ONE_IN: u64 = 500;
+/// The most committed transactions a crash loses with the log.
+const LOST_AT_MOST: u64 = 3;
 /// `client_msg_id`s drawn: reused all the time (duplicates, conflicts,
 /// answers to prompts answered, cancelled or trimmed already).
 const PROMPT_IDS: u64 = 6;
@@ -159,10 +162,15 @@ pub enum Op {
     Advance {
         ms: u64,
     },
-    /// The relay restarts with its data directory ([`Op::spread`] runs
-    /// only): every connection is closed, what the storage had not
-    /// committed is lost, and the new relay reads no session at start.
-    Restart,
+    /// The relay restarts with its data directory ([`Op::spread`] and
+    /// [`Op::crash`] runs only): every connection is closed, what the
+    /// storage had not committed is lost, and the new relay reads no
+    /// session at start. `lose`: the last committed transactions lost too,
+    /// as with `relay.db-wal` deleted after a crash, while the side file
+    /// `relay.generation` still counts them.
+    Restart {
+        lose: u64,
+    },
 }
 
 fn reading(rng: &mut Rng) -> Reading {
@@ -278,10 +286,22 @@ impl Op {
     pub fn spread(mut self, rng: &mut Rng) -> Op {
         let to = rng.below(WIDE_SESSIONS / SESSIONS) * SESSIONS;
         if rng.below(RESTART_ONE_IN) == 0 {
-            return Op::Restart;
+            return Op::Restart { lose: 0 };
         }
         if let session_op!(s) = &mut self {
             *s += to;
+        }
+        self
+    }
+
+    /// The same step, or now and then (drawn from `rng`) a crash that
+    /// loses the last one to [`LOST_AT_MOST`] committed transactions with
+    /// the write-ahead log instead.
+    pub fn crash(self, rng: &mut Rng) -> Op {
+        if rng.below(RESTART_ONE_IN) == 0 {
+            return Op::Restart {
+                lose: 1 + rng.below(LOST_AT_MOST),
+            };
         }
         self
     }
@@ -353,7 +373,11 @@ impl fmt::Display for Op {
                 if *fail { "rolls back" } else { "commits" }
             ),
             Op::Advance { ms } => write!(f, "clock +{ms} ms"),
-            Op::Restart => write!(f, "the relay restarts"),
+            Op::Restart { lose: 0 } => write!(f, "the relay restarts"),
+            Op::Restart { lose } => write!(
+                f,
+                "the relay restarts, its last {lose} commits lost with relay.db-wal"
+            ),
         }
     }
 }

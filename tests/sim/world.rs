@@ -234,6 +234,10 @@ pub struct Seen {
     pub read_waits: u64,
     /// All-sessions polls that waited for the start's reading.
     pub start_waits: u64,
+    /// Restarts that lost committed transactions with the write-ahead
+    /// log, and sessions given a new epoch at a start for it.
+    pub lost_logs: u64,
+    pub new_epochs: u64,
 }
 
 impl std::ops::AddAssign for Seen {
@@ -263,6 +267,8 @@ impl std::ops::AddAssign for Seen {
         self.restarts += o.restarts;
         self.read_waits += o.read_waits;
         self.start_waits += o.start_waits;
+        self.lost_logs += o.lost_logs;
+        self.new_epochs += o.new_epochs;
     }
 }
 

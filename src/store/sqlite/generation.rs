@@ -28,6 +28,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::store::mem::IdGen;
+
 /// The side file in the data directory.
 pub const NAME: &str = "relay.generation";
 
@@ -36,6 +38,38 @@ pub const NAME: &str = "relay.generation";
 pub fn acknowledged(dir: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(dir.join(NAME)).ok()?;
     text.trim().parse().ok()
+}
+
+/// What a start does about a database behind its side file: one
+/// transaction gives each session its new epoch and raises the
+/// database's generation.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Recovery<K> {
+    /// The generation the database is raised to: the side file's.
+    pub generation: u64,
+    /// Every session (by the key `sessions` gave it) and its new epoch.
+    pub epochs: Vec<(K, String)>,
+}
+
+/// The start's decision, from the side file's generation (`acknowledged`,
+/// none without a file) and the database's (`stored`): nothing while the
+/// database holds every commit acknowledged; past that, the `seq`s of
+/// the lost commits would be given again to other messages, so every
+/// session `sessions` lists (asked only then) gets a new epoch from
+/// `ids`, and the generation is raised to the side file's. The start
+/// (`open`) applies it to `relay.db`; `tests/sim` to the copy of its
+/// simulated storage, so the one decision is tested under both.
+pub fn recover<K, E>(
+    acknowledged: Option<u64>,
+    stored: u64,
+    sessions: impl FnOnce() -> Result<Vec<K>, E>,
+    ids: &mut IdGen,
+) -> Result<Option<Recovery<K>>, E> {
+    let Some(generation) = acknowledged.filter(|a| *a > stored) else {
+        return Ok(None);
+    };
+    let epochs = sessions()?.into_iter().map(|k| (k, ids.uuid())).collect();
+    Ok(Some(Recovery { generation, epochs }))
 }
 
 /// The side file, open for the storage thread.
@@ -74,5 +108,32 @@ impl GenFile {
         if self.unsynced && self.file.sync_data().is_ok() {
             self.unsynced = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sessions() -> Result<Vec<&'static str>, ()> {
+        Ok(vec!["a", "b"])
+    }
+
+    #[test]
+    fn a_database_behind_its_side_file_gives_every_session_a_new_epoch() {
+        let mut ids = IdGen::new();
+        assert_eq!(recover(None, 3, sessions, &mut ids), Ok(None));
+        assert_eq!(recover(Some(3), 3, sessions, &mut ids), Ok(None));
+        // Behind the database: a kill between the commit and the file.
+        assert_eq!(recover(Some(2), 3, sessions, &mut ids), Ok(None));
+        let r = recover(Some(5), 3, sessions, &mut ids).unwrap().unwrap();
+        assert_eq!(r.generation, 5);
+        let keys: Vec<&str> = r.epochs.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["a", "b"]);
+        assert_ne!(r.epochs[0].1, r.epochs[1].1);
+        // Sessions are read only when the database is behind.
+        let unread = || -> Result<Vec<&str>, ()> { Err(()) };
+        assert_eq!(recover(Some(3), 3, unread, &mut ids), Ok(None));
+        assert_eq!(recover(Some(4), 3, unread, &mut ids), Err(()));
     }
 }

@@ -66,6 +66,7 @@ mod thread;
 use std::time::Duration;
 
 pub use decide::Writer;
+pub use generation::{Recovery, recover};
 pub use handle::{Detached, Durable, MAX_INFLIGHT, STOP_BOUND};
 pub use open::{OpenError, Opened, open};
 pub use thread::{Committed, Frontier};

@@ -18,6 +18,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::generation::{self, GenFile};
 use super::{Sync, schema};
+use crate::store::mem::IdGen;
 
 /// A database opened and checked, before the loop starts.
 pub struct Opened {
@@ -74,12 +75,15 @@ pub fn open(dir: &Path, sync: Sync) -> Result<Opened, OpenError> {
     schema::prepare(&conn, sync, version)
         .map_err(|e| fail(&format!("cannot prepare {}", path.display()), &e))?;
     let acknowledged = generation::acknowledged(dir);
-    let stored = schema::generation(&conn)
-        .map_err(|e| fail(&format!("cannot read {}", path.display()), &e))?;
-    if let Some(acked) = acknowledged.filter(|a| *a > stored) {
-        let n = schema::new_epochs(&conn, acked)
+    let read = |e: &dyn std::fmt::Display| fail(&format!("cannot read {}", path.display()), e);
+    let stored = schema::generation(&conn).map_err(|e| read(&e))?;
+    let sessions = || schema::session_ids(&conn);
+    let recovery = generation::recover(acknowledged, stored, sessions, &mut IdGen::new())
+        .map_err(|e| read(&e))?;
+    if let Some(r) = recovery {
+        schema::new_epochs(&conn, &r)
             .map_err(|e| fail(&format!("cannot write {}", path.display()), &e))?;
-        warn!(path = path.display().to_string().as_str(), sessions = n, acknowledged = acked, stored = stored;
+        warn!(path = path.display().to_string().as_str(), sessions = r.epochs.len(), acknowledged = r.generation, stored = stored;
             "the database is behind what was acknowledged (its write-ahead log relay.db-wal was lost): every session gets a new epoch");
     }
     let generation = GenFile::open(dir).map_err(|e| {

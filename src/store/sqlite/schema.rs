@@ -49,9 +49,10 @@ use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 
 use super::Sync;
+use super::generation::Recovery;
 use crate::store::image::replay_row;
 use crate::store::log::SessionLog;
-use crate::store::mem::IdGen;
+
 use crate::store::message::Kind;
 use crate::store::types::Seq;
 use crate::time::Millis;
@@ -192,27 +193,27 @@ pub fn generation(conn: &Connection) -> rusqlite::Result<u64> {
     Ok(n.unwrap_or(0).max(0) as u64)
 }
 
-/// Gives every session a new epoch and raises the generation to
-/// `acknowledged`, in one transaction: the log that held the newest
-/// acknowledged commits was lost, so `seq`s after what the database holds
-/// will be given again, to other messages (see `generation.rs`). Returns
-/// the number of sessions.
-pub fn new_epochs(conn: &Connection, acknowledged: u64) -> rusqlite::Result<usize> {
-    let mut ids = IdGen::new();
-    let tx = conn.unchecked_transaction()?;
-    let sessions: Vec<i64> = tx
-        .prepare("SELECT id FROM sessions")?
+/// The id of every session, for [`recover`](super::generation::recover).
+pub fn session_ids(conn: &Connection) -> rusqlite::Result<Vec<i64>> {
+    conn.prepare("SELECT id FROM sessions")?
         .query_map([], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect()
+}
+
+/// Gives each session its new epoch and raises the generation, in one
+/// transaction, as `recovery` decided: the log that held the newest
+/// acknowledged commits was lost, so `seq`s after what the database holds
+/// will be given again, to other messages (see `generation.rs`).
+pub fn new_epochs(conn: &Connection, recovery: &Recovery<i64>) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
     {
         let mut st = tx.prepare("UPDATE sessions SET epoch = ?2 WHERE id = ?1")?;
-        for id in &sessions {
-            st.execute(rusqlite::params![id, ids.uuid()])?;
+        for (id, epoch) in &recovery.epochs {
+            st.execute(rusqlite::params![id, epoch])?;
         }
     }
-    tx.execute("UPDATE generation SET n = ?1", [acknowledged as i64])?;
-    tx.commit()?;
-    Ok(sessions.len())
+    tx.execute("UPDATE generation SET n = ?1", [recovery.generation as i64])?;
+    tx.commit()
 }
 
 /// The message kind a row's `kind` column names (see the module doc).

@@ -283,3 +283,24 @@ fn the_loop_reads_a_session_alike_from_the_cache_and_from_the_file() {
     }
     assert!(read > 100, "sessions read: {read}");
 }
+
+/// A group that ends with a command numbered below the others (the
+/// start's reading, asked again after its transaction rolled back, is
+/// ticket 0) counts every command in it as taken: a write in it whose
+/// requester's timeout passes waits for the commit, and is not answered
+/// `503` while the transaction stores it.
+#[test]
+fn a_group_ending_with_the_starts_reading_counts_its_writes_taken() {
+    let frontier = std::sync::Mutex::new(super::Frontier::default());
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut group: Vec<Command> = (5..=6).map(|n| command(&mut rng, n)).collect();
+    group.push(Command {
+        ticket: Ticket { conn: NOBODY, n: 0 },
+        op: Op::Warm,
+        unix_ms: 0,
+        load: false,
+    });
+    let (kept, dropped) = super::thread::take_group(&frontier, group);
+    assert_eq!((kept.len(), dropped.len()), (3, 0));
+    assert_eq!(frontier.lock().unwrap().taken, 6);
+}

@@ -52,8 +52,10 @@ pub(super) fn take_group(
 ) -> (Vec<Command>, Vec<Done>) {
     let mut f = frontier.lock().unwrap_or_else(PoisonError::into_inner);
     let cancelled = f.cancelled;
-    if let Some(last) = group.last() {
-        f.taken = f.taken.max(last.ticket.n);
+    // The highest of the group, which need not be its last: the start's
+    // reading, asked again, is numbered 0.
+    if let Some(n) = group.iter().map(|c| c.ticket.n).max() {
+        f.taken = f.taken.max(n);
     }
     drop(f);
     if group.first().is_none_or(|c| c.ticket.n > cancelled) {

@@ -81,7 +81,7 @@ impl World {
             Op::Storage { take, fail } if self.shared.is_some() => self.redis(take, fail),
             Op::Storage { take, fail } => self.storage(take, fail),
             Op::Advance { ms } => self.advance(ms),
-            Op::Restart => self.restart(),
+            Op::Restart { lose } => self.restart(lose),
             _ => Ok(()),
         }
     }

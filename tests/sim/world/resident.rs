@@ -133,8 +133,10 @@ impl World {
     /// The relay restarts on the storage it had: every connection is
     /// closed (a subscriber's client keeps where it stopped, to resume
     /// from), what the storage had not committed is lost, and the new
-    /// relay's first command is the start's reading.
-    pub(super) fn restart(&mut self) -> Check {
+    /// relay's first command is the start's reading. With `lose`, the last
+    /// `lose` committed transactions are lost too (with the write-ahead
+    /// log), and the start decides what to do about it as `open` does.
+    pub(super) fn restart(&mut self, lose: u64) -> Check {
         let Some(st) = &mut self.storage else {
             return Ok(());
         };
@@ -143,6 +145,17 @@ impl World {
         let limits = self.run.cfg.relay_limits();
         let (handle, side) = Durable::detached_starting(limits.store());
         st.restart(side);
+        if lose > 0 {
+            st.lose(lose);
+            self.seen.lost_logs += 1;
+            self.follow_loss()?;
+        }
+        if let Some(r) = self.storage.as_mut().and_then(|st| st.recover()) {
+            for (sid, epoch) in &r.epochs {
+                self.model.renew(sid, epoch, self.now)?;
+                self.seen.new_epochs += 1;
+            }
+        }
         let view = MemStore::new(limits.store());
         let mut relay = Relay::new(limits, view, Engine::Durable(handle));
         relay.set_clock(self.now, self.unix());
@@ -165,6 +178,37 @@ impl World {
         self.full = false;
         self.node.next_sweep = self.now.after_ms(self.sweep_ms);
         self.run.loads = 0;
+        Ok(())
+    }
+
+    /// The model follows a lost log: each session as the database now
+    /// holds it, its messages after that gone (and remembered, under
+    /// their epoch), the life whose deletion was lost back.
+    fn follow_loss(&mut self) -> Check {
+        let Some(st) = &self.storage else {
+            return Ok(());
+        };
+        for s in 0..self.sessions {
+            let sid = sid_of(s);
+            let Some(log) = st.copy.get(&sid) else {
+                self.model.end(&sid);
+                continue;
+            };
+            let Some(i) = self.model.life_of(&sid, log.epoch()) else {
+                return Err(format!(
+                    "{sid}: the database holds epoch {}, which no life had",
+                    log.epoch()
+                ));
+            };
+            if self.model.live(&sid) != Some(i) {
+                self.model.revive(&sid, i);
+            }
+            let pending = log
+                .page_all_pending()
+                .map(|m| (m.seq.get(), m.client_msg_id.to_string()))
+                .collect();
+            self.model.incs[i].cut(log.next_seq().get() - 1, pending);
+        }
         Ok(())
     }
 }

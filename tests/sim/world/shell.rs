@@ -327,6 +327,7 @@ impl World {
                     _ => (life.next_seq(), life.first_retained(HISTORY)),
                 };
                 let last = after.unwrap_or(next - 1);
+                crate::strace!("subscriber {id:?} of {sid} after {last}: {cursor:?}");
                 let owed_resync = epoch.as_ref().is_some_and(|e| *e != life.epoch)
                     || after.is_some_and(|a| a + 1 < first);
                 self.node.conns.push(Conn {
@@ -343,7 +344,6 @@ impl World {
                             last,
                             owed_resync,
                             frames: 0,
-                            copied: self.shared.is_some(),
                         },
                     })),
                 });
@@ -423,6 +423,11 @@ impl World {
             if frame.get(2..15) == Some(&b"{\"type\":\"resy"[..]) {
                 self.seen.resyncs += 1;
             }
+            crate::strace!(
+                "{} subscriber reads {}",
+                sub.sid,
+                String::from_utf8_lossy(&frame)
+            );
             sub.view.read(&self.model, &frame, HISTORY)?;
         }
         Ok(())
@@ -453,6 +458,9 @@ impl World {
     }
 
     pub(super) fn apply(&mut self, effect: Effect) -> Check {
+        if !matches!(effect, Effect::Deliver { .. } | Effect::Broadcast { .. }) {
+            crate::strace!("effect {effect:?}");
+        }
         match effect {
             Effect::Respond { to, status, body } => {
                 self.seen.woken += 1;

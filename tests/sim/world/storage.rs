@@ -13,14 +13,21 @@
 //! life of a session begins at its `Created`, ends at its `Deleted`); the
 //! relay must then hold exactly that, and answer each request waiting on
 //! a ticket with its own command's outcome, once.
+//!
+//! Every transaction committed is kept with its generation, as the
+//! database and its write-ahead log hold them, and the side file's
+//! generation beside them. A crash that loses the log loses the last few
+//! transactions: the copy is then what the rest make, the side file is
+//! ahead, and the start's decision (`sqlite::recover`, the one `open`
+//! makes) is applied to the copy as `open` applies it to `relay.db`.
 
 use std::collections::{HashMap, HashSet};
 
 use relay::store::Message;
 use relay::store::record::{Command, Done, Op as Cmd, Outcome as Decided, Record};
 use relay::store::record::{SessionImage, StoredRow};
-use relay::store::sqlite::{Committed, Detached};
-use relay::store::{MemStore, StoreLimits};
+use relay::store::sqlite::{Committed, Detached, Recovery, recover};
+use relay::store::{IdGen, MemStore, StoreLimits};
 
 use super::*;
 
@@ -52,6 +59,18 @@ pub(super) struct Storage {
     /// ask that history dropped keeps its row, and a session read back
     /// has it (as the thread reads it by its rowid).
     asked: HashMap<(String, u64), StoredRow>,
+    /// Every transaction committed, with its generation, oldest first.
+    txs: Vec<(u64, Tx)>,
+    /// The side file: the generation of the last transaction acknowledged.
+    acked: u64,
+}
+
+/// A committed transaction, replayed after a lost log.
+enum Tx {
+    /// The records its commands wrote.
+    Records(Vec<Record>),
+    /// A start's new epochs, by session.
+    Epochs(Vec<(SessionId, String)>),
 }
 
 impl Storage {
@@ -65,6 +84,8 @@ impl Storage {
             abandoned: HashSet::new(),
             reads: HashSet::new(),
             asked: HashMap::new(),
+            txs: Vec::new(),
+            acked: 0,
         }
     }
 }
@@ -80,6 +101,73 @@ impl Storage {
         self.abandoned.clear();
         self.reads.clear();
     }
+
+    /// A crash lost the write-ahead log: the last `lose` transactions are
+    /// gone from the database, and the side file still counts them. The
+    /// copy is made again from the transactions left.
+    pub(super) fn lose(&mut self, lose: u64) {
+        let keep = self.txs.len().saturating_sub(lose as usize);
+        self.txs.truncate(keep);
+        self.copy = MemStore::new(self.copy.limits());
+        self.asked.clear();
+        for (_, tx) in &self.txs {
+            match tx {
+                Tx::Records(records) => {
+                    for r in records {
+                        apply(&mut self.copy, &mut self.asked, r);
+                    }
+                }
+                Tx::Epochs(epochs) => {
+                    for (sid, epoch) in epochs {
+                        renew(&mut self.copy, &self.asked, sid, epoch);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The start's decision on the side file and the database's
+    /// generation (the real one, `sqlite::recover`), applied to the copy
+    /// in one transaction as `open` applies it to `relay.db`.
+    pub(super) fn recover(&mut self) -> Option<Recovery<SessionId>> {
+        let stored = self.txs.last().map_or(0, |(g, _)| *g);
+        let copy = &self.copy;
+        let sessions = || Ok::<_, std::convert::Infallible>(copy.idle(|_, _| true));
+        let Ok(recovery) = recover(Some(self.acked), stored, sessions, &mut IdGen::new());
+        let r = recovery?;
+        for (sid, epoch) in &r.epochs {
+            renew(&mut self.copy, &self.asked, sid, epoch);
+        }
+        self.txs.push((r.generation, Tx::Epochs(r.epochs.clone())));
+        Some(r)
+    }
+}
+
+/// Applies one committed record to the copy, keeping the row of each ask.
+fn apply(copy: &mut MemStore, asked: &mut HashMap<(String, u64), StoredRow>, r: &Record) {
+    copy.apply(Millis(0), r.clone());
+    match r {
+        Record::Ask { sid, seq, .. } => {
+            let log = copy.get(sid);
+            let m = log.and_then(|l| l.history().find(|m| m.seq == *seq));
+            if let Some(m) = m {
+                asked.insert((sid.to_string(), seq.get()), row(m));
+            }
+        }
+        Record::Deleted { sid } => asked.retain(|(s, _), _| s != sid.as_str()),
+        _ => {}
+    }
+}
+
+/// `sid` in the copy under a new epoch, the rest as stored: read from its
+/// rows again, as a start reads it.
+fn renew(copy: &mut MemStore, asked: &HashMap<(String, u64), StoredRow>, sid: &str, epoch: &str) {
+    let Some(mut image) = image(copy, asked, sid) else {
+        return;
+    };
+    image.epoch = epoch.to_string();
+    let limit = copy.limits().history_limit;
+    copy.insert(image.sid.clone(), image.into_log(Millis(0), limit));
 }
 
 /// A session the copy holds, whole, as the storage thread sends it to the
@@ -225,18 +313,7 @@ impl World {
                 }
             };
             for r in &records {
-                st.copy.apply(Millis(0), r.clone());
-                match r {
-                    Record::Ask { sid, seq, .. } => {
-                        let log = st.copy.get(sid);
-                        let m = log.and_then(|l| l.history().find(|m| m.seq == *seq));
-                        if let Some(m) = m {
-                            st.asked.insert((sid.to_string(), seq.get()), row(m));
-                        }
-                    }
-                    Record::Deleted { sid } => st.asked.retain(|(s, _), _| s != sid.as_str()),
-                    _ => {}
-                }
+                apply(&mut st.copy, &mut st.asked, r);
             }
             records_of.push((records.clone(), collect));
             dones.push(Done {
@@ -256,8 +333,14 @@ impl World {
             };
             st.expected.insert(d.ticket.n, e);
         }
-        // A group of reads alone commits nothing (`thread.rs`).
+        // A group of reads alone commits nothing (`thread.rs`); any other
+        // is the next generation, acknowledged in the side file.
         let commands = dones.len() - reads;
+        if commands > 0 && !fail {
+            st.acked += 1;
+            let records = records_of.iter().flat_map(|(r, _)| r.iter().cloned());
+            st.txs.push((st.acked, Tx::Records(records.collect())));
+        }
         dones.extend(cancelled);
         let committed = Committed {
             done: dones,
@@ -334,6 +417,16 @@ impl World {
             .model
             .inc_mut(sid)
             .ok_or_else(|| format!("a message committed to {sid}, which does not exist"))?;
+        if let Some(was) = inc.reused(seq.get(), kind, id) {
+            return Err(format!(
+                "{sid}: {kind:?} {id} committed at seq {} under epoch {}, where {:?} {} was \
+                 acknowledged under the same epoch before the log was lost",
+                seq.get(),
+                inc.epoch,
+                was.kind,
+                was.id
+            ));
+        }
         if seq.get() != inc.next_seq() {
             return Err(format!(
                 "{sid}: {kind:?} {id} committed at seq {}, the next is {}",
