@@ -153,7 +153,12 @@ impl RedisStore {
             }
             if let Some(e) = self.events.pop_front() {
                 self.published(copy, waited, e);
-            } else if let Some(a) = self.answered.pop_front() {
+            } else if self.hold != Some(0)
+                && let Some(a) = self.answered.pop_front()
+            {
+                if let Some(h) = &mut self.hold {
+                    *h -= 1;
+                }
                 self.answered(copy, a);
             } else {
                 return None;
