@@ -368,6 +368,7 @@ impl RedisLinks {
             return;
         }
         note(Level::Info, "Redis master", &self.url, &addr.to_string());
+        store.master_moved();
         self.addrs = vec![addr];
         // The sentinel that said so is not asked again.
         let watch = self.watch.take();

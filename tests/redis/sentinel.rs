@@ -203,6 +203,10 @@ fn writer(
         let mut send = |path: &str, field: &str, make: &dyn Fn(&str) -> Value, stem: &str| {
             let mut attempt = 0;
             let mut tag = format!("{stem}.0");
+            // Once a `504` said it may be stored, it is sent again under
+            // the same tag until answered: a `503` then speaks for that
+            // attempt only.
+            let mut uncertain = false;
             loop {
                 turn += 1;
                 let before = !killed.load(Ordering::SeqCst);
@@ -214,13 +218,17 @@ fn writer(
                         assert_eq!(resp[field], tag, "{path}: {resp}");
                         return Some((tag, before));
                     }
+                    503 if uncertain => {}
                     503 => {
                         assert_eq!(resp["error"], "Storage unavailable", "{resp}");
                         seen.refused.insert(tag.clone());
                         attempt += 1;
                         tag = format!("{stem}.{attempt}");
                     }
-                    504 => seen.uncertain += 1,
+                    504 => {
+                        seen.uncertain += 1;
+                        uncertain = true;
+                    }
                     404 => return None,
                     other => panic!("{path} {body}: {other} {resp}"),
                 }
@@ -257,13 +265,24 @@ fn writer(
 }
 
 /// Reads a subscriber until it has seen every answer in `want`: only
-/// answers, `seq` rising, none refused. Returns how many it saw.
+/// answers, `seq` rising, none refused; a `resync` only if `rolled_back`
+/// (a relay's copy held a write answered `504` that the promoted replica
+/// lacked), after which the log starts over. Returns how many it saw.
 #[track_caller]
-fn read_answers(ws: &mut Ws, want: &BTreeSet<String>, refused: &BTreeSet<String>) -> usize {
+fn read_answers(
+    ws: &mut Ws,
+    want: &BTreeSet<String>,
+    refused: &BTreeSet<String>,
+    rolled_back: bool,
+) -> usize {
     let mut seen = BTreeSet::new();
     let mut last = 0;
     while !want.is_subset(&seen) {
         let frame = ws.recv_json_skip_pings();
+        if rolled_back && frame["type"] == "resync" {
+            last = 0;
+            continue;
+        }
         assert_eq!(frame["type"], "message", "{frame}");
         let aid = frame["data"]["assistant_msg_id"].as_str().unwrap_or("");
         assert!(!refused.contains(aid), "a refused answer was sent: {frame}");
@@ -336,8 +355,13 @@ fn failover(replicas: &str) {
         all.uncertain += s.uncertain;
         all.orphans.extend(s.orphans);
     }
+    let rolled_back = servers.iter().any(|s| {
+        s.logs()
+            .iter()
+            .any(|l| l.contains("rolled back by a failover"))
+    });
     eprintln!(
-        "RELAY_REDIS_REPLICAS={replicas}: {} prompts, {} answers, {} refused, {} uncertain, {} lost",
+        "RELAY_REDIS_REPLICAS={replicas}: {} prompts, {} answers, {} refused, {} uncertain, {} lost, rolled back: {rolled_back}",
         all.prompts.len(),
         all.answers.len(),
         all.refused.len(),
@@ -392,8 +416,19 @@ fn failover(replicas: &str) {
         .filter(|(_, before)| lossless || !**before)
         .map(|(t, _)| t.clone())
         .collect();
+    let rolled_back = servers.iter().any(|s| {
+        s.logs()
+            .iter()
+            .any(|l| l.contains("rolled back by a failover"))
+    });
+    if rolled_back {
+        assert!(
+            all.uncertain > 0 || !lossless,
+            "rolled back, but nothing was 504"
+        );
+    }
     for ws in &mut subscribers {
-        read_answers(ws, &want, &all.refused);
+        read_answers(ws, &want, &all.refused, rolled_back);
     }
 }
 

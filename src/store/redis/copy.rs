@@ -13,6 +13,7 @@ use std::rc::Rc;
 
 use log::info;
 
+use super::codec::push_channel_command;
 use super::reply::{Event, Head, Msg};
 use super::route::{Answered, Then};
 use super::{Known, RedisStore};
@@ -280,6 +281,15 @@ impl RedisStore {
         msgs: Vec<Msg>,
     ) -> Vec<Record> {
         let local = copy.get(&sid).map(|l| (l.epoch().clone(), l.next_seq()));
+        // The first whole read after a failover, made before the channel
+        // is listened to again: a copy holding more held what the
+        // promoted replica lacked.
+        let rolled_back = head.as_ref().is_none_or(|h| h.full) && self.read_after_failover(&sid);
+        let rolled_back = rolled_back
+            && head
+                .as_ref()
+                .zip(local.as_ref())
+                .is_some_and(|(h, (e, next))| **e == *h.epoch && *next > h.next);
         let Some(head) = head else {
             if local.is_some() {
                 info!(session_id = sid.as_str(); "session deleted");
@@ -289,6 +299,17 @@ impl RedisStore {
             return Vec::new();
         };
         match local {
+            _ if rolled_back => {
+                info!(session_id = sid.as_str(); "session rolled back by a failover");
+                let log = Box::new(rebuild(&head, msgs, self.limits.history_limit));
+                // Its subscribers and parked polls start over from it.
+                self.ready.push_back(StoreEvent::Replaced {
+                    sid,
+                    log,
+                    refill: Some(true),
+                });
+                return Vec::new();
+            }
             Some((epoch, mut next)) if *epoch == *head.epoch && !head.full => {
                 let mut records = Vec::with_capacity(msgs.len());
                 for m in msgs {
@@ -328,6 +349,19 @@ impl RedisStore {
                 Vec::new()
             }
         }
+    }
+
+    /// Whether `sid` waited for its first whole read since a failover;
+    /// its channel is listened to again now.
+    fn read_after_failover(&mut self, sid: &SessionId) -> bool {
+        let Some(f) = self.follow.get_mut(sid).filter(|f| f.rollback) else {
+            return false;
+        };
+        f.rollback = false;
+        if f.listen.is_some() && self.ev.up {
+            push_channel_command(&mut self.ev.out, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
+        }
+        true
     }
 
     /// A change published by an instance: applied when it follows the

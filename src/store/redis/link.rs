@@ -149,7 +149,15 @@ impl RedisStore {
                 for (sid, f) in &mut self.follow {
                     if f.listen.is_some() {
                         f.listen = Some(false);
-                        push_channel_command(&mut setup, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
+                        // After a failover: once read whole (`copy.rs`).
+                        if !f.rollback {
+                            push_channel_command(
+                                &mut setup,
+                                b"SUBSCRIBE",
+                                self.prefix.as_bytes(),
+                                sid,
+                            );
+                        }
                     }
                 }
             }
@@ -161,10 +169,12 @@ impl RedisStore {
         side.out = setup;
         if link == Link::Command {
             // The reads owed since the last link was lost.
+            // And after a failover, every session followed (see
+            // `master_moved`).
             let owed: Vec<_> = self
                 .follow
                 .iter_mut()
-                .filter(|(_, f)| f.resyncs > 0)
+                .filter(|(_, f)| f.resyncs > 0 || f.rollback)
                 .map(|(sid, f)| {
                     f.resyncs = 0;
                     sid.clone()
@@ -229,8 +239,11 @@ impl RedisStore {
     pub fn take_output(&mut self, link: Link) -> Vec<u8> {
         if link == Link::Command {
             self.send_batch();
-            if self.unwaited && self.cmd.up {
-                // One `WAIT` covers every write sent before it.
+            if self.unwaited && self.waits == 0 && self.cmd.up {
+                // One `WAIT` covers every write sent before it; the writes
+                // sent while it waits are covered by the next one, sent
+                // once it is answered (Redis runs nothing else of this
+                // link while a `WAIT` waits).
                 self.unwaited = false;
                 let (n, ms) = (self.replicas.to_string(), self.wait_ms.to_string());
                 push_command(&mut self.cmd.out, &[b"WAIT", n.as_bytes(), ms.as_bytes()]);

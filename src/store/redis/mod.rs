@@ -236,6 +236,19 @@ impl RedisStore {
         }
     }
 
+    /// The links go to another master from now on (a Sentinel failover):
+    /// it may lack the last writes the old one took.
+    /// Each session followed is read again whole before its channel is
+    /// listened to again, so no change published on the new master
+    /// reaches the copy before that read: a copy that then holds more
+    /// than Redis held what the promoted replica lacked, and is rolled
+    /// back to it.
+    pub fn master_moved(&mut self) {
+        for f in self.follow.values_mut() {
+            f.rollback |= f.listen.is_some();
+        }
+    }
+
     /// Writes are acknowledged once `replicas` replicas hold them, waited
     /// for at most `timeout` (then `504`).
     pub fn set_replicas(&mut self, replicas: u32, timeout: std::time::Duration) {

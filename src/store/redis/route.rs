@@ -127,7 +127,7 @@ impl RedisStore {
             self.unhold(confirmed);
             return Ok(());
         }
-        if self.waits > 0
+        if (self.waits > 0 || self.unwaited)
             && self.hold.is_none()
             && matches!(expect, Expect::Write { .. } | Expect::Prompts(_))
         {
