@@ -68,11 +68,17 @@
 //! - `sentinel`: where the master is, as Redis Sentinel says;
 //! - `codec`, `reply`, `url`: commands written, replies parsed, the URL.
 //!
-//! With `RELAY_REDIS_REPLICAS=N`, a turn that sent writes ends with one
+//! With `RELAY_REDIS_REPLICAS=N`, writes are followed by one
 //! `WAIT N <storage timeout>`, which covers every write sent before it on
 //! the link; their answers (and every reply behind them) are held until
 //! it is answered, and each becomes `504` ("may be stored") when fewer
-//! than N replicas confirmed in time.
+//! than N replicas confirmed in time. One `WAIT` is in flight at a time:
+//! Redis runs nothing else of the link while it waits, so the writes
+//! sent meanwhile wait for the next one.
+//!
+//! After a Sentinel failover ([`RedisStore::master_moved`]) every session
+//! followed is read whole before its channel is listened to again, and a
+//! copy holding more than the new master is rolled back to it.
 
 mod calls;
 mod codec;
