@@ -308,7 +308,7 @@ impl RedisStore {
                     log,
                     refill: Some(true),
                 });
-                return Vec::new();
+                Vec::new()
             }
             Some((epoch, mut next)) if *epoch == *head.epoch && !head.full => {
                 let mut records = Vec::with_capacity(msgs.len());
