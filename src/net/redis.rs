@@ -328,7 +328,7 @@ impl RedisLinks {
                 Ok(0) => gone = Some("the sentinel closed the connection".to_string()),
                 Ok(n) => match w.talk.input(&scratch[..n]) {
                     Ok(h) => heard.extend(h),
-                    Err(e) => gone = Some(e),
+                    Err(e) => gone = Some(e.to_string()),
                 },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -359,8 +359,8 @@ impl RedisLinks {
         };
         w.backoff = MIN_BACKOFF;
         let Ok(ip) = host.parse::<std::net::IpAddr>() else {
-            let cause = format!("the sentinel named '{host}', not an IP address");
-            note(Level::Warn, "Redis master not followed", &self.url, &cause);
+            let cause = "the sentinel named a host name, not an IP address";
+            note(Level::Warn, "Redis master not followed", &self.url, cause);
             return;
         };
         let addr = SocketAddr::new(ip, port);

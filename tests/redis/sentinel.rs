@@ -583,6 +583,76 @@ fn a_replica_a_sentinel_names_is_never_written_to() {
 }
 
 #[test]
+fn a_copy_holding_what_the_promoted_replica_lacks_is_rolled_back_with_a_resync() {
+    if skip_unless_plain() {
+        return;
+    }
+    let mut master = Redis::start();
+    let port = master.port.to_string();
+    let replica = Redis::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replicaof",
+        "127.0.0.1",
+        &port,
+    ]);
+    replicas_online(&master, 1);
+    let named = Arc::new(AtomicU64::new(u64::from(master.port)));
+    let sentinel = fake_sentinel(named.clone());
+    let url = format!("redis-sentinel://127.0.0.1:{sentinel}/m");
+    let srv = Server::start_with(&[("RELAY_REDIS_URL", &url)]);
+    srv.wait_for_log("connected to Redis");
+    let sid = unique_session();
+    let (epoch, mut subscribers) = subscribed_on_each(std::slice::from_ref(&srv), &sid);
+    let ws = &mut subscribers[0];
+    srv.prompt(&sid, "q", Some("p1"));
+    srv.respond(&sid, "p1", "kept");
+    assert_eq!(ws.recv_json_skip_pings()["data"]["seq"], 2);
+    assert_eq!(
+        master.cli(&["wait", "1", "5000"]).trim(),
+        "1",
+        "p1 and its answer replicated"
+    );
+    // Acknowledged without a replica confirming (RELAY_REDIS_REPLICAS=0)
+    // once the replica is cut off: only the master and the copy hold it.
+    assert!(replica.cli(&["replicaof", "no", "one"]).contains("OK"));
+    srv.prompt(&sid, "q", Some("p2"));
+    srv.respond(&sid, "p2", "lost");
+    assert_eq!(ws.recv_json_skip_pings()["data"]["seq"], 4);
+    named.store(u64::from(replica.port), Ordering::SeqCst);
+    master.kill9();
+    srv.wait_for_log("rolled back by a failover");
+    let resync = ws.recv_json_skip_pings();
+    assert_eq!(
+        (&resync["type"], &resync["epoch"]),
+        (&json!("resync"), &json!(epoch)),
+        "{resync}"
+    );
+    let kept = ws.recv_json_skip_pings();
+    assert_eq!(kept["data"]["text"], "kept", "{kept}");
+    // The seq the lost answer had goes to the next one, which the
+    // subscriber receives.
+    wait_until("ready", || srv.get("/readyz").status == 200);
+    srv.prompt(&sid, "q", Some("p3"));
+    srv.respond(&sid, "p3", "after");
+    let after = ws.recv_json_skip_pings();
+    assert_eq!(
+        (&after["data"]["text"], &after["data"]["seq"]),
+        (&json!("after"), &json!(4)),
+        "{after}"
+    );
+    let history = srv.messages(&sid, "");
+    let ids: Vec<_> = history["messages"]
+        .as_array()
+        .map(|m| m.iter().map(|m| m["data"]["seq"].clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, [json!(1), json!(2), json!(3), json!(4)], "{history}");
+    assert_eq!(history["messages"][3]["data"]["text"], "after", "{history}");
+}
+
+#[test]
 fn bad_replicas_or_sentinel_settings_exit_2() {
     if skip_unless_plain() {
         return;

@@ -299,17 +299,6 @@ impl RedisStore {
             return Vec::new();
         };
         match local {
-            _ if rolled_back => {
-                info!(session_id = sid.as_str(); "session rolled back by a failover");
-                let log = Box::new(rebuild(&head, msgs, self.limits.history_limit));
-                // Its subscribers and parked polls start over from it.
-                self.ready.push_back(StoreEvent::Replaced {
-                    sid,
-                    log,
-                    refill: Some(true),
-                });
-                Vec::new()
-            }
             Some((epoch, mut next)) if *epoch == *head.epoch && !head.full => {
                 let mut records = Vec::with_capacity(msgs.len());
                 for m in msgs {
@@ -324,8 +313,10 @@ impl RedisStore {
             // published after the call ran can reach the copy before the
             // call's answer (the two links are read apart), and a log only
             // grows within an epoch, so an older whole session would roll
-            // the copy back.
-            Some((epoch, next)) if *epoch == *head.epoch && next >= head.next => Vec::new(),
+            // the copy back (unless it is the read after a failover).
+            Some((epoch, next)) if *epoch == *head.epoch && next >= head.next && !rolled_back => {
+                Vec::new()
+            }
             // Lacking the base an increment follows (forgotten meanwhile):
             // the next read takes the whole session.
             None if !head.full => Vec::new(),
@@ -342,8 +333,12 @@ impl RedisStore {
                 // the log again. Without a copy before, a session first
                 // read here has nobody waiting yet, and one someone waits
                 // on lost its copy with the store: its subscribers start
-                // the new epoch with a `resync`.
-                let refill = (same || local.is_none()).then_some(local.is_none());
+                // the new epoch with a `resync`, and so do those of a copy
+                // rolled back by a failover, and its parked polls.
+                if rolled_back {
+                    info!(session_id = sid.as_str(); "session rolled back by a failover");
+                }
+                let refill = (same || local.is_none()).then_some(local.is_none() || rolled_back);
                 self.ready
                     .push_back(StoreEvent::Replaced { sid, log, refill });
                 Vec::new()

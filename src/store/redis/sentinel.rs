@@ -72,16 +72,15 @@ impl Sentinel {
 
     /// Bytes read: each address heard (the master's, then each new one),
     /// as `host` and `port`. An error says why the link is dropped.
-    pub fn input(&mut self, bytes: &[u8]) -> Result<Vec<(String, u16)>, String> {
+    #[inline(never)]
+    pub fn input(&mut self, bytes: &[u8]) -> Result<Vec<(String, u16)>, &'static str> {
         self.input.extend_from_slice(bytes);
         if self.input.len() > MAX_INPUT {
-            return Err("the sentinel's reply is too large".into());
+            return Err("the sentinel's reply is too large");
         }
         let mut heard = Vec::new();
         let mut at = 0;
-        while let Some((frame, used)) =
-            decode(&self.input[at..]).map_err(|e| format!("bad reply: {e:?}"))?
-        {
+        while let Some((frame, used)) = decode(&self.input[at..]).map_err(|_| "not RESP")? {
             at += used;
             if let Some(addr) = self.frame(frame)? {
                 heard.push(addr);
@@ -91,61 +90,53 @@ impl Sentinel {
         Ok(heard)
     }
 
-    fn frame(&mut self, frame: OwnedFrame) -> Result<Option<(String, u16)>, String> {
-        match self.step {
+    fn frame(&mut self, frame: OwnedFrame) -> Result<Option<(String, u16)>, &'static str> {
+        let parts = match frame {
+            OwnedFrame::Array(parts) => parts,
             // A sentinel without a password refuses AUTH: nothing to log
             // in to. A wrong password shows in the next answer.
+            _ if self.step == Step::Auth => Vec::new(),
+            _ if self.step == Step::Address => {
+                return Err("the sentinel does not know the master, or refused the password");
+            }
+            _ => return Ok(None),
+        };
+        let word = |i: usize| parts.get(i).map_or(&b""[..], bytes_of);
+        match self.step {
             Step::Auth => {
                 self.step = Step::Address;
                 Ok(None)
             }
             Step::Address => {
                 self.step = Step::Listening;
-                let OwnedFrame::Array(parts) = frame else {
-                    let why = match frame {
-                        OwnedFrame::Error(e) => e,
-                        _ => format!("it does not know the master '{}'", self.master),
-                    };
-                    return Err(format!(
-                        "the sentinel did not say where the master is: {why}"
-                    ));
-                };
-                match parts.as_slice() {
-                    [host, port] => address(bytes_of(host), bytes_of(port)).map(Some),
-                    _ => Err("the sentinel answered something else than an address".into()),
+                if parts.len() != 2 {
+                    return Err("the sentinel answered something else than an address");
                 }
+                address(word(0), word(1)).map(Some)
             }
-            Step::Listening => {
-                let OwnedFrame::Array(parts) = frame else {
-                    return Ok(None);
-                };
-                // message, +switch-master, "<name> <old ip> <old port> <new ip> <new port>"
-                let (Some(kind), Some(payload)) = (parts.first(), parts.get(2)) else {
-                    return Ok(None);
-                };
-                if bytes_of(kind) != b"message" {
+            // message, +switch-master, "<name> <old ip> <old port> <new ip> <new port>"
+            Step::Listening if word(0) == b"message" => {
+                let mut words = word(2).split(|b| *b == b' ');
+                if words.next() != Some(self.master.as_bytes()) {
                     return Ok(None);
                 }
-                let payload = String::from_utf8_lossy(bytes_of(payload));
-                let words: Vec<&str> = payload.split(' ').collect();
-                match words.as_slice() {
-                    [name, _, _, host, port] if *name == self.master => {
-                        address(host.as_bytes(), port.as_bytes()).map(Some)
-                    }
+                let mut words = words.skip(2);
+                match (words.next(), words.next(), words.next()) {
+                    (Some(host), Some(port), None) => address(host, port).map(Some),
                     _ => Ok(None),
                 }
             }
+            Step::Listening => Ok(None),
         }
     }
 }
 
-fn address(host: &[u8], port: &[u8]) -> Result<(String, u16), String> {
-    let host = std::str::from_utf8(host).map_err(|_| "a host that is not UTF-8".to_string())?;
-    let port = std::str::from_utf8(port)
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| "a port that is not a port".to_string())?;
-    Ok((host.to_string(), port))
+fn address(host: &[u8], port: &[u8]) -> Result<(String, u16), &'static str> {
+    let port = std::str::from_utf8(port).ok().and_then(|p| p.parse().ok());
+    match (std::str::from_utf8(host), port) {
+        (Ok(host), Some(port)) => Ok((host.to_string(), port)),
+        _ => Err("the sentinel named no address"),
+    }
 }
 
 #[cfg(test)]
