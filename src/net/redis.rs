@@ -255,19 +255,19 @@ impl RedisLinks {
     }
 
     /// The sentinel link failed: the next sentinel is tried after the
-    /// backoff.
+    /// backoff. While no sentinel has named the master yet, Redis is
+    /// unavailable, and logged as such (once, then every 30 s).
     #[inline(never)]
     fn sentinel_failed(&mut self, registry: &Registry, now: Millis, cause: &dyn Display) {
+        if self.addrs.is_empty() {
+            self.failed(now, cause);
+        } else {
+            let cause = cause.to_string();
+            note(Level::Debug, "Redis sentinel failed", &self.url, &cause);
+        }
         let Some(w) = &mut self.watch else {
             return;
         };
-        let url = w.url.display();
-        note(
-            Level::Debug,
-            "Redis sentinel failed",
-            &url,
-            &cause.to_string(),
-        );
         if let Some(mut sock) = w.sock.take() {
             let _ = registry.deregister(&mut sock);
         }

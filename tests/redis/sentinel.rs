@@ -703,3 +703,22 @@ fn bad_replicas_or_sentinel_settings_exit_2() {
         );
     }
 }
+
+#[test]
+fn no_sentinel_answering_is_logged_once_and_not_ready() {
+    if skip_unless_plain() {
+        return;
+    }
+    let url = format!("redis-sentinel://:s3cret@127.0.0.1:{}/m", free_port());
+    let srv = Server::start_with(&[("RELAY_REDIS_URL", &url)]);
+    let line = srv.wait_for_log("Redis unavailable");
+    assert!(line.contains("redis-sentinel://127.0.0.1:"), "{line}");
+    assert!(!line.contains("s3cret"), "{line}");
+    assert_eq!(srv.get("/readyz").status, 503);
+    let sid = unique_session();
+    assert_error(
+        &srv.put(&format!("/sessions/{sid}")),
+        503,
+        "Storage unavailable",
+    );
+}
