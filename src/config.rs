@@ -80,6 +80,9 @@ pub struct Config {
     pub redis: Option<crate::store::redis::RedisUrl>,
     /// What every key relay writes in Redis starts with.
     pub redis_prefix: String,
+    /// Replicas that must hold a write before it is acknowledged
+    /// (`WAIT`); 0: acknowledged once the master ran it.
+    pub redis_replicas: u32,
     /// The certificate chain (`RELAY_TLS_CERT`) and key (`RELAY_TLS_KEY`)
     /// files; set: the port speaks TLS.
     pub tls: Option<crate::tls::CertFiles>,
@@ -146,6 +149,7 @@ impl Default for Config {
             sync: crate::store::sqlite::Sync::Always,
             redis: None,
             redis_prefix: "relay:".to_string(),
+            redis_replicas: 0,
             tls: None,
             redis_ca: None,
             token_secret: None,
@@ -390,7 +394,7 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
     ),
     (
         "RELAY_REDIS_URL",
-        "Redis shared by several instances, redis[s]://[[user]:password@]host[:port][/db] (default unset)",
+        "Redis shared by several instances, redis[s]://[[user]:password@]host[:port][/db] or redis-sentinel://[[user]:password@]host:port[,host:port…]/master[/db] (default unset)",
         |c, v| {
             c.redis = match v.trim() {
                 "" => None,
@@ -407,6 +411,17 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
                 return Err("expected 1 to 64 characters, no spaces".into());
             }
             c.redis_prefix = v.to_string();
+            Ok(())
+        },
+    ),
+    (
+        "RELAY_REDIS_REPLICAS",
+        "replicas that must hold a write before it is acknowledged, by WAIT (default 0)",
+        |c, v| {
+            c.redis_replicas = match v.trim().parse::<u32>() {
+                Ok(n) if n <= 100 => n,
+                _ => return Err("expected a whole number from 0 to 100".into()),
+            };
             Ok(())
         },
     ),
@@ -712,6 +727,11 @@ where
             );
         }
         _ => {}
+    }
+    if cfg.redis_replicas > 0 && cfg.redis.is_none() {
+        return Err(
+            "RELAY_REDIS_REPLICAS is set but RELAY_REDIS_URL is not: replicas are Redis's".into(),
+        );
     }
     if cfg.redis_ca.is_some() && !cfg.redis.as_ref().is_some_and(|r| r.tls) {
         return Err("RELAY_REDIS_CA is set but RELAY_REDIS_URL is not a rediss:// URL".into());

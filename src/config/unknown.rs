@@ -24,7 +24,12 @@ pub const TOOL_VARIABLES: &[&str] = &[
 
 /// Settings whose loss loses data: misspelled, the sessions would live in
 /// memory (gone at the next restart) or under other Redis keys.
-const STORAGE_SETTINGS: &[&str] = &["RELAY_DATA_DIR", "RELAY_REDIS_URL", "RELAY_REDIS_PREFIX"];
+const STORAGE_SETTINGS: &[&str] = &[
+    "RELAY_DATA_DIR",
+    "RELAY_REDIS_URL",
+    "RELAY_REDIS_PREFIX",
+    "RELAY_REDIS_REPLICAS",
+];
 
 /// Whether `name` is one of the tools' variables (exactly as they spell it).
 pub(super) fn tool_variable(name: &str) -> bool {

@@ -8,6 +8,14 @@
 //! logged once. The URL in these lines never carries the password. With
 //! `rediss://` both links speak TLS through the same layer as the server's
 //! clients ([`Stream`]), the certificate checked against the URL's host.
+//!
+//! With `redis-sentinel://` a third socket talks to one sentinel at a
+//! time (the next one when it fails): it asks where the master is and
+//! listens for `+switch-master`. Both links go to the address it names;
+//! when it names another, both are dropped and connect there, and the
+//! engine takes it as a Redis restart (it reads again what it follows).
+//! A lost command link asks the sentinel again, so a master that went
+//! away is looked up without waiting for the failover's announcement.
 
 use std::fmt::Display;
 use std::io::{self, Read, Write};
@@ -23,11 +31,12 @@ use rustls::pki_types::ServerName;
 use super::buffer::WriteStatus;
 use super::stream::Stream;
 use crate::store::engine::Engine;
-use crate::store::redis::{Link, RedisStore, RedisUrl, Trouble, note};
+use crate::store::redis::{Link, RedisStore, RedisUrl, Sentinel, Trouble, note};
 use crate::time::Millis;
 
 pub const COMMAND: Token = Token(usize::MAX - 4);
 pub const EVENTS: Token = Token(usize::MAX - 5);
+pub const SENTINEL: Token = Token(usize::MAX - 6);
 
 /// The first wait before connecting again, doubled up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
@@ -71,8 +80,24 @@ struct RedisTls {
     name: ServerName<'static>,
 }
 
+/// The link to one of the sentinels (`redis-sentinel://`).
+struct Watch {
+    addrs: Vec<SocketAddr>,
+    /// Which sentinel the next connect tries.
+    next: usize,
+    sock: Option<TcpStream>,
+    open: bool,
+    out: Vec<u8>,
+    talk: Sentinel,
+    url: RedisUrl,
+    retry_at: Millis,
+    backoff: Duration,
+}
+
 /// Both links, and where Redis is.
 pub struct RedisLinks {
+    /// With a sentinel: asks it where the master is (then `addrs`).
+    watch: Option<Box<Watch>>,
     addrs: Vec<SocketAddr>,
     tls: Option<RedisTls>,
     socks: [Sock; 2],
@@ -87,7 +112,8 @@ pub struct RedisLinks {
 
 impl RedisLinks {
     /// The links to Redis at `addrs`; over TLS when `url` is `rediss://`,
-    /// trusting `ca` (else the system's roots). Nothing connects yet.
+    /// trusting `ca` (else the system's roots). With `redis-sentinel://`,
+    /// `addrs` are the sentinels'. Nothing connects yet.
     pub fn new(
         addrs: Vec<SocketAddr>,
         url: &RedisUrl,
@@ -102,7 +128,25 @@ impl RedisLinks {
         } else {
             None
         };
+        let (addrs, watch) = match &url.sentinel {
+            None => (addrs, None),
+            Some(s) => {
+                let watch = Watch {
+                    addrs,
+                    next: 0,
+                    sock: None,
+                    open: false,
+                    out: Vec::new(),
+                    talk: Sentinel::new(&s.master),
+                    url: url.clone(),
+                    retry_at: Millis(0),
+                    backoff: MIN_BACKOFF,
+                };
+                (Vec::new(), Some(Box::new(watch)))
+            }
+        };
         Ok(RedisLinks {
+            watch,
             addrs,
             tls,
             socks: [
@@ -130,6 +174,25 @@ impl RedisLinks {
 
     /// Connects the links that are down and due.
     pub fn tick(&mut self, registry: &Registry, now: Millis) {
+        if let Some(w) = &mut self.watch
+            && w.sock.is_none()
+            && now >= w.retry_at
+            && !w.addrs.is_empty()
+        {
+            let addr = w.addrs[w.next % w.addrs.len()];
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            let registered = TcpStream::connect(addr).and_then(|mut sock| {
+                registry.register(&mut sock, SENTINEL, interest)?;
+                Ok(sock)
+            });
+            match registered {
+                Ok(sock) => {
+                    w.sock = Some(sock);
+                    w.open = false;
+                }
+                Err(e) => self.sentinel_failed(registry, now, &e),
+            }
+        }
         for i in 0..2 {
             let s = &mut self.socks[i];
             if s.sock.is_some() || now < s.retry_at || self.addrs.is_empty() {
@@ -182,11 +245,143 @@ impl RedisLinks {
 
     /// When a link is due to connect again, if one is down.
     pub fn next_deadline(&self) -> Option<Millis> {
+        let watch = self.watch.as_ref().filter(|w| w.sock.is_none());
         self.socks
             .iter()
-            .filter(|s| s.sock.is_none())
+            .filter(|s| s.sock.is_none() && !self.addrs.is_empty())
             .map(|s| s.retry_at)
+            .chain(watch.map(|w| w.retry_at))
             .min()
+    }
+
+    /// The sentinel link failed: the next sentinel is tried after the
+    /// backoff. While no sentinel has named the master yet, Redis is
+    /// unavailable, and logged as such (once, then every 30 s).
+    #[inline(never)]
+    fn sentinel_failed(&mut self, registry: &Registry, now: Millis, cause: &dyn Display) {
+        if self.addrs.is_empty() {
+            self.failed(now, cause);
+        } else {
+            let cause = cause.to_string();
+            note(Level::Debug, "Redis sentinel failed", &self.url, &cause);
+        }
+        let Some(w) = &mut self.watch else {
+            return;
+        };
+        if let Some(mut sock) = w.sock.take() {
+            let _ = registry.deregister(&mut sock);
+        }
+        w.open = false;
+        w.out.clear();
+        w.next += 1;
+        w.retry_at = now.after(w.backoff);
+        w.backoff = (w.backoff * 2).min(MAX_BACKOFF);
+    }
+
+    /// An event on the sentinel link: the questions written once it
+    /// connects, every address it names followed.
+    #[inline(never)]
+    fn on_sentinel(
+        &mut self,
+        ev: &mio::event::Event,
+        store: &mut RedisStore,
+        registry: &Registry,
+        now: Millis,
+        scratch: &mut [u8],
+    ) {
+        let Some(w) = &mut self.watch else {
+            return;
+        };
+        let Some(sock) = &mut w.sock else {
+            return;
+        };
+        if !w.open {
+            let cause = match sock.take_error() {
+                Ok(Some(e)) | Err(e) => Some(e.to_string()),
+                Ok(None) if ev.is_error() => Some("connection failed".to_string()),
+                Ok(None) => sock.peer_addr().err().map(|e| e.to_string()),
+            };
+            if let Some(cause) = cause {
+                if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
+                    self.sentinel_failed(registry, now, &cause);
+                }
+                return;
+            }
+            w.open = true;
+            w.out = w.talk.hello(&w.url);
+        }
+        let mut gone = None;
+        let mut heard = Vec::new();
+        while !w.out.is_empty() {
+            match sock.write(&w.out) {
+                Ok(n) => drop(w.out.drain(..n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    gone = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        while gone.is_none() {
+            match sock.read(scratch) {
+                Ok(0) => gone = Some("the sentinel closed the connection".to_string()),
+                Ok(n) => match w.talk.input(&scratch[..n]) {
+                    Ok(h) => heard.extend(h),
+                    Err(e) => gone = Some(e.to_string()),
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => gone = Some(e.to_string()),
+            }
+        }
+        for (host, port) in heard {
+            self.master_at(&host, port, store, registry, now);
+        }
+        if let Some(cause) = gone {
+            self.sentinel_failed(registry, now, &cause);
+        }
+    }
+
+    /// A sentinel says the master is at `host:port`: if that is news,
+    /// both links are dropped and connect there at once.
+    #[inline(never)]
+    fn master_at(
+        &mut self,
+        host: &str,
+        port: u16,
+        store: &mut RedisStore,
+        registry: &Registry,
+        now: Millis,
+    ) {
+        let Some(w) = &mut self.watch else {
+            return;
+        };
+        w.backoff = MIN_BACKOFF;
+        let Ok(ip) = host.parse::<std::net::IpAddr>() else {
+            let cause = "the sentinel named a host name, not an IP address";
+            note(Level::Warn, "Redis master not followed", &self.url, cause);
+            return;
+        };
+        let addr = SocketAddr::new(ip, port);
+        if self.addrs == [addr] {
+            return;
+        }
+        note(Level::Info, "Redis master", &self.url, &addr.to_string());
+        store.master_moved();
+        self.addrs = vec![addr];
+        // The sentinel that said so is not asked again.
+        let watch = self.watch.take();
+        for i in 0..2 {
+            if self.socks[i].sock.is_some() {
+                self.drop_link(i, store, registry, now, &"the master moved");
+            }
+            let s = &mut self.socks[i];
+            s.retry_at = now;
+            s.backoff = MIN_BACKOFF;
+        }
+        self.watch = watch;
+        self.next_addr = 0;
     }
 
     /// An event on one of the links: connects, reads every reply into the
@@ -203,6 +398,10 @@ impl RedisLinks {
         let Some(store) = engine.redis() else {
             return;
         };
+        if token == SENTINEL {
+            self.on_sentinel(ev, store, registry, now, scratch);
+            return;
+        }
         let i = usize::from(token == EVENTS);
         let s = &mut self.socks[i];
         let Some(sock) = &mut s.sock else {
@@ -360,5 +559,16 @@ impl RedisLinks {
         s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
         store.lost(s.link);
         self.next_addr += 1;
+        // Where is the master now? The sentinel is asked again.
+        if i == 0
+            && let Some(w) = &mut self.watch
+            && w.open
+        {
+            if let Some(mut sock) = w.sock.take() {
+                let _ = registry.deregister(&mut sock);
+            }
+            w.open = false;
+            w.retry_at = now;
+        }
     }
 }

@@ -141,7 +141,8 @@ impl Server {
                 links.tick(poll.registry(), turn.now);
                 redis = Some(links);
                 let store = MemStore::new(limits.store());
-                let engine = RedisStore::new(url, &cfg.redis_prefix, limits.store());
+                let mut engine = RedisStore::new(url, &cfg.redis_prefix, limits.store());
+                engine.set_replicas(cfg.redis_replicas, cfg.store_timeout);
                 Relay::new(limits, store, Engine::Shared(engine))
             }
             None => Relay::in_memory(limits),
@@ -200,7 +201,7 @@ impl Server {
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(),
-                    redis::COMMAND | redis::EVENTS => self.on_redis(ev),
+                    redis::COMMAND | redis::EVENTS | redis::SENTINEL => self.on_redis(ev),
                     SIGNALS => self.on_signal(),
                     STORE => {
                         self.cx.storage_done();

@@ -5,7 +5,8 @@
 //! (budget), a reply waking an ask
 //! parked on another instance (asks), faults injected into
 //! the shared Redis (faults, counted by the writers of writers), and what
-//! waits on a relay while Redis restarts empty (restart).
+//! waits on a relay while Redis restarts empty (restart), and a Sentinel
+//! failover under traffic, writes confirmed by replicas (sentinel).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -17,4 +18,5 @@ mod every;
 mod faults;
 mod instances;
 mod restart;
+mod sentinel;
 mod writers;

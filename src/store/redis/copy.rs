@@ -13,6 +13,7 @@ use std::rc::Rc;
 
 use log::info;
 
+use super::codec::push_channel_command;
 use super::reply::{Event, Head, Msg};
 use super::route::{Answered, Then};
 use super::{Known, RedisStore};
@@ -153,7 +154,12 @@ impl RedisStore {
             }
             if let Some(e) = self.events.pop_front() {
                 self.published(copy, waited, e);
-            } else if let Some(a) = self.answered.pop_front() {
+            } else if self.hold != Some(0)
+                && let Some(a) = self.answered.pop_front()
+            {
+                if let Some(h) = &mut self.hold {
+                    *h -= 1;
+                }
                 self.answered(copy, a);
             } else {
                 return None;
@@ -275,6 +281,15 @@ impl RedisStore {
         msgs: Vec<Msg>,
     ) -> Vec<Record> {
         let local = copy.get(&sid).map(|l| (l.epoch().clone(), l.next_seq()));
+        // The first whole read after a failover, made before the channel
+        // is listened to again: a copy holding more held what the
+        // promoted replica lacked.
+        let rolled_back = head.as_ref().is_none_or(|h| h.full) && self.read_after_failover(&sid);
+        let rolled_back = rolled_back
+            && head
+                .as_ref()
+                .zip(local.as_ref())
+                .is_some_and(|(h, (e, next))| **e == *h.epoch && *next > h.next);
         let Some(head) = head else {
             if local.is_some() {
                 info!(session_id = sid.as_str(); "session deleted");
@@ -298,8 +313,10 @@ impl RedisStore {
             // published after the call ran can reach the copy before the
             // call's answer (the two links are read apart), and a log only
             // grows within an epoch, so an older whole session would roll
-            // the copy back.
-            Some((epoch, next)) if *epoch == *head.epoch && next >= head.next => Vec::new(),
+            // the copy back (unless it is the read after a failover).
+            Some((epoch, next)) if *epoch == *head.epoch && next >= head.next && !rolled_back => {
+                Vec::new()
+            }
             // Lacking the base an increment follows (forgotten meanwhile):
             // the next read takes the whole session.
             None if !head.full => Vec::new(),
@@ -316,13 +333,30 @@ impl RedisStore {
                 // the log again. Without a copy before, a session first
                 // read here has nobody waiting yet, and one someone waits
                 // on lost its copy with the store: its subscribers start
-                // the new epoch with a `resync`.
-                let refill = (same || local.is_none()).then_some(local.is_none());
+                // the new epoch with a `resync`, and so do those of a copy
+                // rolled back by a failover, and its parked polls.
+                if rolled_back {
+                    info!(session_id = sid.as_str(); "session rolled back by a failover");
+                }
+                let refill = (same || local.is_none()).then_some(local.is_none() || rolled_back);
                 self.ready
                     .push_back(StoreEvent::Replaced { sid, log, refill });
                 Vec::new()
             }
         }
+    }
+
+    /// Whether `sid` waited for its first whole read since a failover;
+    /// its channel is listened to again now.
+    fn read_after_failover(&mut self, sid: &SessionId) -> bool {
+        let Some(f) = self.follow.get_mut(sid).filter(|f| f.rollback) else {
+            return false;
+        };
+        f.rollback = false;
+        if f.listen.is_some() && self.ev.up {
+            push_channel_command(&mut self.ev.out, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
+        }
+        true
     }
 
     /// A change published by an instance: applied when it follows the

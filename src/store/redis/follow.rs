@@ -15,6 +15,10 @@ pub struct Follow {
     /// Reads of the session the relay asked for on its own (a gap, a new
     /// subscription) not yet applied: the copy may lag the channel.
     pub resyncs: u32,
+    /// The master changed since the copy was read: the next whole read
+    /// replaces a copy that holds more than Redis (what the promoted
+    /// replica lacked is gone).
+    pub rollback: bool,
 }
 
 impl RedisStore {

@@ -126,10 +126,16 @@ impl RedisStore {
         }
         match link {
             Link::Command => {
-                push_command(&mut setup, &[b"SCRIPT", b"LOAD", SCRIPT.as_bytes()]);
-                for _ in 0..=replies {
+                for _ in 0..replies {
                     self.expect.push_back(Expect::Setup);
                 }
+                if self.url.sentinel.is_some() {
+                    // What a sentinel names may have been demoted since.
+                    push_command(&mut setup, &[b"ROLE"]);
+                    self.expect.push_back(Expect::Role);
+                }
+                push_command(&mut setup, &[b"SCRIPT", b"LOAD", SCRIPT.as_bytes()]);
+                self.expect.push_back(Expect::Setup);
                 // Calls go by EVALSHA until Redis confirms the library
                 // (Redis 6.2 has no FUNCTION, and keeps them so).
                 self.fcall = false;
@@ -143,7 +149,15 @@ impl RedisStore {
                 for (sid, f) in &mut self.follow {
                     if f.listen.is_some() {
                         f.listen = Some(false);
-                        push_channel_command(&mut setup, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
+                        // After a failover: once read whole (`copy.rs`).
+                        if !f.rollback {
+                            push_channel_command(
+                                &mut setup,
+                                b"SUBSCRIBE",
+                                self.prefix.as_bytes(),
+                                sid,
+                            );
+                        }
                     }
                 }
             }
@@ -155,10 +169,12 @@ impl RedisStore {
         side.out = setup;
         if link == Link::Command {
             // The reads owed since the last link was lost.
+            // And after a failover, every session followed (see
+            // `master_moved`).
             let owed: Vec<_> = self
                 .follow
                 .iter_mut()
-                .filter(|(_, f)| f.resyncs > 0)
+                .filter(|(_, f)| f.resyncs > 0 || f.rollback)
                 .map(|(sid, f)| {
                     f.resyncs = 0;
                     sid.clone()
@@ -179,6 +195,10 @@ impl RedisStore {
         if link == Link::Command {
             self.fcall = false;
             self.health.link_lost();
+            // Writes answered whose `WAIT` will not be: may be stored.
+            self.unhold(false);
+            self.waits = 0;
+            self.unwaited = false;
             // A write sent is Redis's to run or not: whether it did is not
             // known now (a resend with the same id tells). A read changed
             // nothing.
@@ -219,6 +239,17 @@ impl RedisStore {
     pub fn take_output(&mut self, link: Link) -> Vec<u8> {
         if link == Link::Command {
             self.send_batch();
+            if self.unwaited && self.waits == 0 && self.cmd.up {
+                // One `WAIT` covers every write sent before it; the writes
+                // sent while it waits are covered by the next one, sent
+                // once it is answered (Redis runs nothing else of this
+                // link while a `WAIT` waits).
+                self.unwaited = false;
+                let (n, ms) = (self.replicas.to_string(), self.wait_ms.to_string());
+                push_command(&mut self.cmd.out, &[b"WAIT", n.as_bytes(), ms.as_bytes()]);
+                self.expect.push_back(Expect::Wait);
+                self.waits += 1;
+            }
         }
         if link == Link::Events && !self.barrier_next.is_empty() && self.ev.up {
             push_command(&mut self.ev.out, &[b"PING"]);
@@ -243,6 +274,24 @@ impl RedisStore {
             let library = self.functions.library.as_bytes();
             push_command(&mut self.cmd.out, &[b"FUNCTION", b"LOAD", library]);
             self.expect.push_back(Expect::Library);
+        }
+    }
+
+    /// The `WAIT` owed for the held replies was answered (`confirmed`:
+    /// by enough replicas) or will not be: they go to the relay, every
+    /// write's success turned into `504` unless confirmed.
+    pub(super) fn unhold(&mut self, confirmed: bool) {
+        let Some(from) = self.hold.take() else {
+            return;
+        };
+        if confirmed {
+            return;
+        }
+        let why = "fewer replicas than RELAY_REDIS_REPLICAS confirmed it in time";
+        for a in self.answered.iter_mut().skip(from) {
+            if let Then::Reply(Ok(_)) = a.then {
+                a.then = Then::Reply(Err(ApiError::storage_uncertain(why)));
+            }
         }
     }
 

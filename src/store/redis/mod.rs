@@ -65,7 +65,20 @@
 //! - `every`: the order of every pending prompt, the arrivals, and the
 //!   agents of every session;
 //! - `health`: the probe, readiness, and a lost store noticed;
+//! - `sentinel`: where the master is, as Redis Sentinel says;
 //! - `codec`, `reply`, `url`: commands written, replies parsed, the URL.
+//!
+//! With `RELAY_REDIS_REPLICAS=N`, writes are followed by one
+//! `WAIT N <storage timeout>`, which covers every write sent before it on
+//! the link; their answers (and every reply behind them) are held until
+//! it is answered, and each becomes `504` ("may be stored") when fewer
+//! than N replicas confirmed in time. One `WAIT` is in flight at a time:
+//! Redis runs nothing else of the link while it waits, so the writes
+//! sent meanwhile wait for the next one.
+//!
+//! After a Sentinel failover ([`RedisStore::master_moved`]) every session
+//! followed is read whole before its channel is listened to again, and a
+//! copy holding more than the new master is rolled back to it.
 
 mod calls;
 mod codec;
@@ -78,6 +91,7 @@ mod link;
 mod pipeline;
 mod reply;
 mod route;
+mod sentinel;
 mod url;
 
 use std::collections::{HashMap, VecDeque};
@@ -86,7 +100,8 @@ pub use health::{Trouble, note};
 pub use link::{Link, SCRIPT};
 pub use reply::{Event, Head, Msg, Snapshot};
 pub use route::{Answered, Then};
-pub use url::RedisUrl;
+pub use sentinel::Sentinel;
+pub use url::{RedisUrl, Sentinels};
 
 use super::idmap::Keys;
 use super::mem::{IdGen, StoreLimits};
@@ -170,6 +185,17 @@ pub struct RedisStore {
     /// own, and are not handed to the relay again.
     instance: String,
     health: Health,
+    /// Replicas that must confirm a write (`WAIT`), and how long it
+    /// waits for them (ms).
+    replicas: u32,
+    wait_ms: u64,
+    /// A write was sent since the last `WAIT`.
+    unwaited: bool,
+    /// `WAIT`s sent and not answered.
+    waits: usize,
+    /// While a `WAIT` is owed: how many replies at the front of
+    /// `answered` may go to the relay (the rest wait for it).
+    hold: Option<usize>,
 }
 
 impl RedisStore {
@@ -208,7 +234,34 @@ impl RedisStore {
             unix_ms: 0,
             instance: IdGen::new().uuid(),
             health: Health::new(url_text),
+            replicas: 0,
+            wait_ms: 0,
+            unwaited: false,
+            waits: 0,
+            hold: None,
         }
+    }
+
+    /// The links go to another master from now on (a Sentinel failover):
+    /// it may lack the last writes the old one took.
+    /// Each session followed is read again whole before its channel is
+    /// listened to again, so no change published on the new master
+    /// reaches the copy before that read: a copy that then holds more
+    /// than Redis held what the promoted replica lacked, and is rolled
+    /// back to it.
+    pub fn master_moved(&mut self) {
+        for f in self.follow.values_mut() {
+            f.rollback |= f.listen.is_some();
+        }
+    }
+
+    /// Writes are acknowledged once `replicas` replicas hold them, waited
+    /// for at most `timeout` (then `504`).
+    pub fn set_replicas(&mut self, replicas: u32, timeout: std::time::Duration) {
+        self.replicas = replicas;
+        self.wait_ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
     }
 
     /// Where Redis is.

@@ -88,6 +88,9 @@ impl RedisStore {
             push_bulk(out, &[a]);
         }
         self.stats.commands += 1;
+        if self.replicas > 0 && matches!(expect, Expect::Write { .. }) {
+            self.unwaited = true;
+        }
         self.expect.push_back(expect);
     }
 
@@ -152,6 +155,7 @@ impl RedisStore {
             push_bulk(out, &[g.record.as_bytes()]);
         }
         self.stats.commands += 1;
+        self.unwaited |= self.replicas > 0;
         let waiting = batch.drain(..).map(|g| (g.conn, g.sid, g.id)).collect();
         self.expect.push_back(Expect::Prompts(waiting));
     }

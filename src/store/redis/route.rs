@@ -78,6 +78,10 @@ pub(super) enum Expect {
     Probe,
     /// An all-sessions read (`every.rs`).
     Every(Ticket),
+    /// `ROLE`, on a master named by a sentinel: it must still be one.
+    Role,
+    /// `WAIT`: how many replicas hold the writes sent before it.
+    Wait,
     /// `HGETALL` of the agents of every session.
     Agents,
 }
@@ -116,6 +120,20 @@ impl RedisStore {
         let Some(expect) = self.expect.pop_front() else {
             return Err("a reply nobody asked for".into());
         };
+        if let Expect::Wait = expect {
+            self.waits = self.waits.saturating_sub(1);
+            let confirmed =
+                matches!(frame, OwnedFrame::Integer(n) if n >= i64::from(self.replicas));
+            self.unhold(confirmed);
+            return Ok(());
+        }
+        if (self.waits > 0 || self.unwaited)
+            && self.hold.is_none()
+            && matches!(expect, Expect::Write { .. } | Expect::Prompts(_))
+        {
+            // Held, with every reply behind it, until the `WAIT` after it.
+            self.hold = Some(self.answered.len());
+        }
         if let Expect::Library = expect {
             // Loaded, or loaded before by a relay of this version; any
             // other error (no FUNCTION: Redis 6.2) keeps EVALSHA.
@@ -128,13 +146,18 @@ impl RedisStore {
         if let OwnedFrame::Error(e) = &frame {
             self.stats.errors += 1;
             self.reload(e);
-            if matches!(expect, Expect::Setup) {
+            if matches!(expect, Expect::Setup | Expect::Role) {
                 return Err(format!("Redis refused the connection's setup: {e}"));
             }
             let probe = matches!(expect, Expect::Probe);
             self.health.refused(self.unix_ms, probe, e);
             self.refused(&expect);
             self.fail(expect, ApiError::storage_unavailable());
+            if e.contains("READONLY") {
+                // A replica now (demoted by a failover): the link goes,
+                // and with a sentinel the master is asked for again.
+                return Err(format!("Redis is a replica: {e}"));
+            }
             return Ok(());
         }
         match expect {
@@ -165,7 +188,19 @@ impl RedisStore {
                     self.set_up();
                 }
             }
-            Expect::Quiet | Expect::Library => {}
+            Expect::Quiet | Expect::Library | Expect::Wait => {}
+            Expect::Role => {
+                let role = match &frame {
+                    OwnedFrame::Array(parts) => parts.first().map_or(&b""[..], bytes_of),
+                    _ => b"",
+                };
+                if role != b"master" {
+                    let role = String::from_utf8_lossy(role);
+                    return Err(format!(
+                        "the sentinel's master is not a master (ROLE: {role})"
+                    ));
+                }
+            }
             Expect::Probe => {
                 let generation = match &frame {
                     OwnedFrame::Array(parts) => parts.get(1).map_or(&b""[..], bytes_of),

@@ -2,6 +2,16 @@
 //! form redis-cli and the client libraries take, or `rediss://` for Redis
 //! over TLS (the host is the name its certificate is checked against).
 //! Percent-escapes in the user and password are decoded.
+//!
+//! `redis-sentinel://[[user]:password@]host[:port][,host[:port]…]/master[/db]`
+//! names Redis Sentinels (port 26379 unless given) and the master they
+//! watch: the relay asks them where the master is and follows its
+//! failovers (`net/redis.rs`, `sentinel.rs`). The user and password log in
+//! to the master, and to the sentinels too where they ask for a password
+//! (Redis keeps the two apart; one URL keeps one secret for both, the
+//! common setup, and a sentinel without `requirepass` just ignores it).
+//! Sentinel over TLS is not taken: the master's address comes from the
+//! sentinels as an IP, which a certificate rarely names.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
@@ -15,50 +25,69 @@ pub struct RedisUrl {
     pub db: u32,
     /// `rediss://`: TLS, the certificate checked against `host`.
     pub tls: bool,
+    /// `redis-sentinel://`: the master is whatever these sentinels say
+    /// (`host` and `port` are the first sentinel's).
+    pub sentinel: Option<Sentinels>,
+}
+
+/// The sentinels of a `redis-sentinel://` URL and the master's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sentinels {
+    pub hosts: Vec<(String, u16)>,
+    pub master: String,
 }
 
 impl RedisUrl {
     /// Parses the URL; the error says what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl, String> {
-        let (rest, tls) = match url.split_once("://") {
-            Some(("redis", rest)) => (rest, false),
-            Some(("rediss", rest)) => (rest, true),
-            _ => return Err("expected redis://host[:port][/db] or rediss://…".into()),
+        let (rest, tls, sentinel) = match url.split_once("://") {
+            Some(("redis", rest)) => (rest, false, false),
+            Some(("rediss", rest)) => (rest, true, false),
+            Some(("redis-sentinel", rest)) => (rest, false, true),
+            Some(("rediss-sentinel", _)) => {
+                return Err("Sentinel over TLS is not supported: use redis-sentinel://".into());
+            }
+            _ => {
+                return Err(
+                    "expected redis://host[:port][/db], rediss://… or redis-sentinel://host:port[,…]/master"
+                        .into(),
+                );
+            }
         };
         let (auth, rest) = match rest.rsplit_once('@') {
             Some((auth, rest)) => (Some(auth), rest),
             None => (None, rest),
         };
-        let (hostport, db) = match rest.split_once('/') {
-            Some((hp, "")) => (hp, 0),
-            Some((hp, db)) => (
-                hp,
-                db.parse()
-                    .map_err(|_| format!("database '{db}' is not a number"))?,
-            ),
-            None => (rest, 0),
+        let (hostport, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (master, db) = match path.split_once('/') {
+            _ if !sentinel => ("", path),
+            Some((m, db)) => (m, db),
+            None => (path, ""),
         };
-        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (host, after) = v6
-                .split_once(']')
-                .ok_or_else(|| "unclosed [ in the host".to_string())?;
-            match after.strip_prefix(':') {
-                Some(p) => (host, Some(p)),
-                None if after.is_empty() => (host, None),
-                None => return Err("expected :port after the host".into()),
+        let db = match db {
+            "" => 0,
+            db => db
+                .parse()
+                .map_err(|_| format!("database '{db}' is not a number"))?,
+        };
+        let sentinel = if sentinel {
+            if master.is_empty() {
+                return Err("no master name: redis-sentinel://host:port/<master name>".into());
             }
+            let hosts = hostport
+                .split(',')
+                .map(|h| host_port(h, 26379))
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(Sentinels {
+                hosts,
+                master: master.to_string(),
+            })
         } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (hostport, None),
-            }
+            None
         };
-        if host.is_empty() {
-            return Err("no host".into());
-        }
-        let port = match port {
-            Some(p) => p.parse().map_err(|_| format!("port '{p}' is not a port"))?,
-            None => 6379,
+        let (host, port) = match &sentinel {
+            Some(s) => s.hosts[0].clone(),
+            None => host_port(hostport, 6379)?,
         };
         let (user, password) = match auth {
             None => (None, None),
@@ -68,31 +97,76 @@ impl RedisUrl {
             },
         };
         Ok(RedisUrl {
-            host: host.to_string(),
+            host,
             port,
             user,
             password,
             db,
             tls,
+            sentinel,
         })
     }
 
     /// The addresses the host resolves to (a name is looked up once, at
     /// start: the loop never waits for DNS).
+    /// With sentinels, theirs (each host's first).
     pub fn resolve(&self) -> std::io::Result<Vec<SocketAddr>> {
-        Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect())
+        let Some(s) = &self.sentinel else {
+            return Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect());
+        };
+        let mut addrs = Vec::new();
+        for (host, port) in &s.hosts {
+            addrs.extend((host.as_str(), *port).to_socket_addrs()?.next());
+        }
+        Ok(addrs)
     }
 
     /// For logs: the URL without its password.
     pub fn display(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
+        if let Some(s) = &self.sentinel {
+            let hosts: Vec<String> = s.hosts.iter().map(|(h, p)| bracket(h, *p)).collect();
+            let hosts = hosts.join(",");
+            return format!("redis-sentinel://{hosts}/{}/{}", s.master, self.db);
+        }
         let scheme = if self.tls { "rediss" } else { "redis" };
-        format!("{scheme}://{host}:{}/{}", self.port, self.db)
+        format!("{scheme}://{}/{}", bracket(&self.host, self.port), self.db)
     }
+}
+
+/// `host:port`, an IPv6 address in brackets.
+fn bracket(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// `host[:port]` or `[v6][:port]`.
+fn host_port(hostport: &str, default: u16) -> Result<(String, u16), String> {
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| "unclosed [ in the host".to_string())?;
+        match after.strip_prefix(':') {
+            Some(p) => (host, Some(p)),
+            None if after.is_empty() => (host, None),
+            None => return Err("expected :port after the host".into()),
+        }
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("no host".into());
+    }
+    let port = match port {
+        Some(p) => p.parse().map_err(|_| format!("port '{p}' is not a port"))?,
+        None => default,
+    };
+    Ok((host.to_string(), port))
 }
 
 fn non_empty(s: String) -> Option<String> {
@@ -141,6 +215,33 @@ mod tests {
         let u = RedisUrl::parse("rediss://:pw@cache.example.com:6380").unwrap();
         assert!(u.tls);
         assert_eq!(u.display(), "rediss://cache.example.com:6380/0");
+        assert_eq!(u.sentinel, None);
+    }
+
+    #[test]
+    fn parses_sentinels_and_the_master_name() {
+        let u = RedisUrl::parse("redis-sentinel://:pw@s1:5000,[::1],s3/mymaster/2").unwrap();
+        let s = u.sentinel.clone().unwrap();
+        let hosts = [("s1", 5000), ("::1", 26379), ("s3", 26379)];
+        let hosts: Vec<(String, u16)> = hosts.iter().map(|(h, p)| (h.to_string(), *p)).collect();
+        assert_eq!(s.hosts, hosts);
+        assert_eq!(s.master, "mymaster");
+        assert_eq!((u.db, u.password.as_deref(), u.tls), (2, Some("pw"), false));
+        assert_eq!(
+            u.display(),
+            "redis-sentinel://s1:5000,[::1]:26379,s3:26379/mymaster/2"
+        );
+        let u = RedisUrl::parse("redis-sentinel://s1/m").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.db), ("s1", 26379, 0));
+        for bad in [
+            "redis-sentinel://s1",
+            "redis-sentinel://s1/",
+            "redis-sentinel://s1,/m",
+            "redis-sentinel://s1/m/x",
+            "rediss-sentinel://s1/m",
+        ] {
+            assert!(RedisUrl::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
