@@ -184,7 +184,7 @@ impl World {
         let mut records_of = Vec::new();
         let mut reads = 0;
         for cmd in group {
-            if matches!(cmd.op, Cmd::Load { .. } | Cmd::Warm) {
+            if matches!(cmd.op, Cmd::Load { .. } | Cmd::Warm | Cmd::Dormant { .. }) {
                 st.reads.insert(cmd.ticket.n);
                 reads += 1;
             }
@@ -215,8 +215,14 @@ impl World {
                     }
                     Ok(Decided::Warmed {
                         dormant: st.copy.idle(|_, log| log.pending_len() == 0),
+                        next: None,
                     })
                 }
+                // Never asked: the start's reading lists every id at once.
+                Cmd::Dormant { .. } => Ok(Decided::Warmed {
+                    dormant: Vec::new(),
+                    next: None,
+                }),
                 Cmd::Collect { sids } => {
                     for sid in sids.into_iter().filter(|sid| st.copy.contains(sid)) {
                         records.push(Record::Deleted { sid });
