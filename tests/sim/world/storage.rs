@@ -52,7 +52,16 @@ pub(super) struct Storage {
     /// ask that history dropped keeps its row, and a session read back
     /// has it (as the thread reads it by its rowid).
     asked: HashMap<(String, u64), StoredRow>,
+    /// Every session with the number of its `sessions` row, in the order
+    /// created (the start's reading lists them after a row, as the
+    /// thread does), and the next number.
+    rows: Vec<(i64, SessionId)>,
+    next_row: i64,
 }
+
+/// Sessions listed by one `Cmd::Dormant`: few, so that the start's
+/// reading takes several commands, with the others between them.
+const LISTED: usize = 2;
 
 impl Storage {
     pub(super) fn new(side: Detached, limits: StoreLimits) -> Storage {
@@ -65,7 +74,22 @@ impl Storage {
             abandoned: HashSet::new(),
             reads: HashSet::new(),
             asked: HashMap::new(),
+            rows: Vec::new(),
+            next_row: 1,
         }
+    }
+
+    /// The ids of up to [`LISTED`] sessions after the row `after`, and
+    /// the row to go on after when there may be more.
+    fn listed(&self, after: i64) -> (Vec<SessionId>, Option<i64>) {
+        let list: Vec<&(i64, SessionId)> = self
+            .rows
+            .iter()
+            .filter(|(row, _)| *row > after)
+            .take(LISTED)
+            .collect();
+        let next = (list.len() == LISTED).then(|| list[LISTED - 1].0);
+        (list.into_iter().map(|(_, sid)| sid.clone()).collect(), next)
     }
 }
 
@@ -207,22 +231,22 @@ impl World {
                     images.extend(image(&st.copy, &st.asked, &sid));
                     Ok(Decided::Loaded)
                 }
-                // The start's reading (`State::warm`): every session
-                // with a pending prompt whole, the others' ids.
+                // The start's reading (`Cache::warm`): every session
+                // with a pending prompt whole; every id follows, a few
+                // at a time.
                 Cmd::Warm => {
                     for sid in st.copy.idle(|_, log| log.pending_len() > 0) {
                         images.extend(image(&st.copy, &st.asked, &sid));
                     }
                     Ok(Decided::Warmed {
-                        dormant: st.copy.idle(|_, log| log.pending_len() == 0),
-                        next: None,
+                        dormant: Vec::new(),
+                        next: Some(0),
                     })
                 }
-                // Never asked: the start's reading lists every id at once.
-                Cmd::Dormant { .. } => Ok(Decided::Warmed {
-                    dormant: Vec::new(),
-                    next: None,
-                }),
+                Cmd::Dormant { after } => {
+                    let (dormant, next) = st.listed(after);
+                    Ok(Decided::Warmed { dormant, next })
+                }
                 Cmd::Collect { sids } => {
                     for sid in sids.into_iter().filter(|sid| st.copy.contains(sid)) {
                         records.push(Record::Deleted { sid });
@@ -240,7 +264,14 @@ impl World {
                             st.asked.insert((sid.to_string(), seq.get()), row(m));
                         }
                     }
-                    Record::Deleted { sid } => st.asked.retain(|(s, _), _| s != sid.as_str()),
+                    Record::Deleted { sid } => {
+                        st.asked.retain(|(s, _), _| s != sid.as_str());
+                        st.rows.retain(|(_, s)| s != sid);
+                    }
+                    Record::Created { sid, .. } => {
+                        st.rows.push((st.next_row, sid.clone()));
+                        st.next_row += 1;
+                    }
                     _ => {}
                 }
             }
