@@ -498,4 +498,39 @@ mod tests {
         assert!(matches!(d.next_event(), Some(StoreEvent::Retry(t)) if t == every));
         assert!(!d.warming());
     }
+
+    /// The ids come in lists after the start's reading: each answer
+    /// asks for the next list, after its last row, with the next batch;
+    /// the reading counts as under way until a list says there is no
+    /// more, and only the first orders the restored prompts.
+    #[test]
+    fn the_start_lists_the_sessions_until_the_last_list() {
+        let (mut d, side) = Durable::detached_starting(limits());
+        d.flush();
+        let first = side.batches.try_recv().unwrap();
+        let listed = |next| Outcome::Warmed {
+            dormant: vec![SessionId::new("s").unwrap()],
+            next,
+        };
+        answer(
+            &side,
+            vec![Done::only(first[0].ticket, Ok(listed(Some(7))))],
+        );
+        assert!(matches!(
+            d.next_event(),
+            Some(StoreEvent::Dormant { first: true, .. })
+        ));
+        assert!(d.warming(), "more ids to come");
+        d.flush();
+        let next = side.batches.try_recv().unwrap();
+        assert!(matches!(next[0].op, Op::Dormant { after: 7 }));
+        answer(&side, vec![Done::only(next[0].ticket, Ok(listed(None)))]);
+        assert!(matches!(
+            d.next_event(),
+            Some(StoreEvent::Dormant { first: false, .. })
+        ));
+        assert!(!d.warming());
+        d.flush();
+        assert!(side.batches.try_recv().is_err(), "no list after the last");
+    }
 }
