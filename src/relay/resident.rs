@@ -71,6 +71,15 @@ impl Resident {
         }
     }
 
+    /// [`add`](Self::add) for a session listed at start: one dropped
+    /// from the log meanwhile keeps its last activity.
+    fn listed(&mut self, sid: SessionId, now: Millis) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.dormant.entry(sid) {
+            self.dormant_bytes += Resident::weight(e.key());
+            e.insert(now);
+        }
+    }
+
     /// `sid` is in the log now, or gone: no longer known by id only.
     pub(super) fn remove(&mut self, sid: &str) {
         if let Some((sid, _)) = self.dormant.remove_entry(sid) {
@@ -153,15 +162,19 @@ impl Relay {
         self.resident.loads += 1;
     }
 
-    /// The start's reading is done: the sessions it read (those with
-    /// pending prompts) are in the log, their prompts ordered by arrival
-    /// across sessions as before the restart; the others are known by id
-    /// from now on, idle since now.
-    pub(super) fn dormant_known(&mut self, now: Millis, sids: Vec<SessionId>) {
-        self.store.order_restored();
+    /// Sessions listed at start: those the log does not hold are known
+    /// by id from now on, idle since now. With the `first` list the
+    /// sessions the start read (those with pending prompts) are in the
+    /// log, and their prompts are ordered by arrival across sessions as
+    /// before the restart (once: the order is the all-sessions poll's
+    /// cursor).
+    pub(super) fn dormant_known(&mut self, now: Millis, sids: Vec<SessionId>, first: bool) {
+        if first {
+            self.store.order_restored();
+        }
         for sid in sids {
             if !self.store.contains(&sid) {
-                self.resident.add(sid, now);
+                self.resident.listed(sid, now);
             }
         }
     }

@@ -150,7 +150,7 @@ impl Relay {
                     }
                 }
                 StoreEvent::Loaded { sid, log } => self.loaded(now, sid, log),
-                StoreEvent::Dormant(sids) => self.dormant_known(now, sids),
+                StoreEvent::Dormant { sids, first } => self.dormant_known(now, sids, first),
                 StoreEvent::Replaced {
                     sid,
                     mut log,

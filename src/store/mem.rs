@@ -147,6 +147,12 @@ impl MemStore {
         self.sessions.is_empty()
     }
 
+    /// Sessions stored: those held and those the storage holds for this
+    /// copy.
+    pub fn stored(&self) -> usize {
+        self.sessions.len() + self.absent
+    }
+
     /// Whether the session cap is reached (`/readyz` reports it): the
     /// sessions held and those the storage holds for this copy.
     pub fn full(&self) -> bool {

@@ -44,8 +44,12 @@ pub enum Op {
     Load { sid: SessionId },
     /// At start, while the loop's copy holds no session: every session
     /// with a pending prompt whole (the all-sessions poll lists them from
-    /// the loop's copy), the others by name ([`Outcome::Warmed`]).
+    /// the loop's copy); the ids follow ([`Outcome::Warmed`], then
+    /// [`Op::Dormant`]).
     Warm,
+    /// The start's reading, on: the next ids of the sessions the file
+    /// holds, after the `sessions` row `after` ([`Outcome::Warmed`]).
+    Dormant { after: i64 },
 }
 
 /// The outcome of one write, for its requester. A prompt or an answer
@@ -106,9 +110,12 @@ pub enum Outcome {
     Collected,
     /// A session read for the loop ([`Op::Load`]); it is in the images.
     Loaded,
-    /// The start's reading ([`Op::Warm`]): the sessions not sent whole.
+    /// The start's reading ([`Op::Warm`], [`Op::Dormant`]): sessions
+    /// known by id, and the `sessions` row to list more after, while
+    /// there are more.
     Warmed {
         dormant: Vec<SessionId>,
+        next: Option<i64>,
     },
 }
 

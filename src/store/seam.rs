@@ -95,10 +95,11 @@ pub enum StoreEvent {
         sid: SessionId,
         log: Box<SessionLog>,
     },
-    /// The sessions the engine holds that were not read into the copy
-    /// at start (the copy knows them by id, for their idle time); sent
-    /// once, when the copy holds what it needs at start.
-    Dormant(Vec<SessionId>),
+    /// Sessions the engine holds that were not read into the copy at
+    /// start (the copy knows them by id, for their idle time): `first`
+    /// once the copy holds what it needs at start (every pending prompt),
+    /// then the rest of them, a list at a time.
+    Dormant { sids: Vec<SessionId>, first: bool },
     /// The answer to a ticket: its `records` are applied first. It was
     /// `delivered` to a subscriber if an answer among them went to one
     /// here, or if the engine says one elsewhere has it.

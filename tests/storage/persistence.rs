@@ -679,7 +679,7 @@ fn a_first_version_database_is_migrated() {
     assert_eq!(epoch(&srv, "old"), "epoch-v1");
     assert_eq!(srv.pending("old")[0]["prompt"], "hi");
     srv.respond("old", "p1", "answered after the migration");
-    assert_eq!(user_version(&db), 7);
+    assert_eq!(user_version(&db), 8);
 }
 
 #[test]
@@ -738,7 +738,7 @@ fn a_second_version_database_is_migrated_to_the_same_log() {
         .map(|m| m["data"]["seq"].as_u64().unwrap())
         .collect::<Vec<_>>();
     assert_eq!(last, [5, 6, 7]);
-    assert_eq!(user_version(&db), 7);
+    assert_eq!(user_version(&db), 8);
 }
 
 /// The tables of schema version 4, the last before cancels: the same
@@ -769,7 +769,7 @@ fn a_database_from_before_cancels_is_migrated_and_keeps_them() {
     );
     let mut srv = start(&dir);
     assert_eq!(epoch(&srv, "four"), "epoch-v4");
-    assert_eq!(user_version(&db), 7);
+    assert_eq!(user_version(&db), 8);
     let cancel = json!({"session_id": "four", "client_msg_id": "p1", "reason": "late"});
     let r = srv.post_json("/cancel", &cancel);
     assert_eq!(r.json(), json!({"ok": true, "cancelled": true, "seq": 2}));

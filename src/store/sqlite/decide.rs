@@ -75,12 +75,11 @@ impl Writer {
     }
 
     /// Starts the cache over, empty, from what the file says (its
-    /// generation, how many sessions it holds): at start, and after a
-    /// transaction rolled back (its decisions are then in the cache and
-    /// not in the file).
+    /// generation, how many sessions it holds, as its `generation` row
+    /// says): at start, and after a transaction rolled back (its decisions
+    /// are then in the cache and not in the file).
     fn rebuild(&mut self) {
-        let read = schema::generation(&self.conn)
-            .and_then(|g| Ok((g, schema::count_sessions(&self.conn)?)));
+        let read = schema::counts(&self.conn);
         self.state = match read {
             Ok((generation, sessions)) => {
                 self.generation = generation;
@@ -298,6 +297,7 @@ fn transaction(
                 return Err(rusqlite::Error::QueryReturnedNoRows);
             };
             let before = s.followed();
+            let was_pending = state.log.get(sid).is_some_and(|l| l.pending_len() > 0);
             s.appended(seq, w.insert(s.id, record)?);
             let mut answered = match record {
                 Record::Response { client_msg_id, .. } | Record::Cancel { client_msg_id, .. } => {
@@ -317,6 +317,10 @@ fn transaction(
                 s.trim(sid, log, answered, &mut state.rows.garbage);
             }
             state.followed = state.followed + s.followed() - before;
+            let pending = state.log.get(sid).is_some_and(|l| l.pending_len() > 0);
+            if pending != was_pending {
+                w.pending(s.id, pending)?;
+            }
         }
         out.push(Done {
             ticket: cmd.ticket,
@@ -329,8 +333,8 @@ fn transaction(
         w.collect_garbage(state)?;
     }
     drop(w);
-    tx.prepare_cached("UPDATE generation SET n = ?1")?
-        .execute([generation as i64])?;
+    tx.prepare_cached("UPDATE generation SET n = ?1, sessions = ?2")?
+        .execute([generation as i64, state.log.stored() as i64])?;
     tx.commit()?;
     Ok(out)
 }
@@ -363,7 +367,7 @@ fn decide(
             Ok(Outcome::Collected)
         }
         // Answered before the decision (`Cache::read_for_loop`).
-        Op::Load { .. } | Op::Warm => Ok(Outcome::Loaded),
+        Op::Load { .. } | Op::Warm | Op::Dormant { .. } => Ok(Outcome::Loaded),
     })
 }
 
@@ -400,6 +404,7 @@ impl RowWriter<'_> {
                     self.tx
                         .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
                         .execute([session])?;
+                    self.pending(session, false)?;
                 }
             }
             Record::Prompt { .. }
@@ -408,6 +413,20 @@ impl RowWriter<'_> {
             | Record::Ask { .. }
             | Record::Reply { .. } => {}
         }
+        Ok(())
+    }
+
+    /// Records whether the session of `sessions` row `session` has a
+    /// pending prompt now (the start reads those whole, `decide/load.rs`).
+    /// A row already there stays: a database migrated from version 7 may
+    /// name a session whose log holds none.
+    fn pending(&mut self, session: i64, pending: bool) -> rusqlite::Result<()> {
+        let sql = if pending {
+            "INSERT OR IGNORE INTO pending (session) VALUES (?1)"
+        } else {
+            "DELETE FROM pending WHERE session = ?1"
+        };
+        self.tx.prepare_cached(sql)?.execute([session])?;
         Ok(())
     }
 

@@ -57,8 +57,13 @@ pub struct Durable {
     /// The all-sessions reads waiting for the start's reading, while it
     /// is under way (`None` once the copy holds every pending prompt).
     warming: Option<Vec<Ticket>>,
-    /// The start's reading failed (its group rolled back, or the database
-    /// could not be read): it is asked again before the next command.
+    /// While the file's sessions are still being listed for the loop
+    /// (its copy knows them by id, [`Op::Dormant`]): the `sessions` row
+    /// the next list starts after.
+    listing: Option<i64>,
+    /// The start's reading, or its last list, failed (its group rolled
+    /// back, or the database could not be read): it is asked again before
+    /// the next command.
     rewarm: bool,
 }
 
@@ -88,8 +93,8 @@ impl Detached {
 /// whole, its records, then its requester's answer (a connect whose
 /// session was created, and a read that waited for its session, run
 /// again; a sweep has no requester). The start's reading ends with the
-/// ids of the sessions it did not send.
-fn events_of(done: Done, limit: usize, out: &mut VecDeque<StoreEvent>) {
+/// ids of sessions, as each list that follows it (`first` says which).
+fn events_of(done: Done, limit: usize, first: bool, out: &mut VecDeque<StoreEvent>) {
     for record in &done.records {
         if let Record::Deleted { sid } = record {
             info!(session_id = sid.as_str(); "session deleted");
@@ -108,7 +113,10 @@ fn events_of(done: Done, limit: usize, out: &mut VecDeque<StoreEvent>) {
             out.push_back(StoreEvent::Records(done.records));
             out.push_back(StoreEvent::Retry(to));
         }
-        Ok(Outcome::Warmed { dormant }) => out.push_back(StoreEvent::Dormant(dormant)),
+        Ok(Outcome::Warmed { dormant, .. }) => out.push_back(StoreEvent::Dormant {
+            sids: dormant,
+            first,
+        }),
         result if answered => out.push_back(StoreEvent::Answer {
             to,
             records: done.records,
@@ -119,12 +127,13 @@ fn events_of(done: Done, limit: usize, out: &mut VecDeque<StoreEvent>) {
     }
 }
 
-/// The start's reading: the sessions with pending prompts whole, the
-/// others' ids (ticket 0, for nobody).
-fn warm() -> Command {
+/// The start's reading: the sessions with pending prompts whole and the
+/// first sessions' ids (`after` is `None`), or the next ids, after the
+/// `sessions` row `after` (ticket 0, for nobody, either way).
+fn warm(after: Option<i64>) -> Command {
     Command {
         ticket: Ticket { conn: NOBODY, n: 0 },
-        op: Op::Warm,
+        op: after.map_or(Op::Warm, |after| Op::Dormant { after }),
         unix_ms: 0,
         load: false,
     }
@@ -178,10 +187,11 @@ impl Durable {
             _lock: Some(opened.lock),
             history_limit: limits.history_limit,
             warming: Some(Vec::new()),
+            listing: Some(0),
             rewarm: false,
         };
         let mut durable = durable;
-        durable.submit(warm());
+        durable.submit(warm(None));
         // Sent now, not with the first loop turn's batch: a server nobody
         // talks to yet reads its pending sessions (and reports damaged
         // rows among them) all the same.
@@ -211,6 +221,7 @@ impl Durable {
             _lock: None,
             history_limit: limits.history_limit,
             warming: None,
+            listing: None,
             rewarm: false,
         };
         let detached = Detached {
@@ -228,7 +239,8 @@ impl Durable {
     pub fn detached_starting(limits: StoreLimits) -> (Durable, Detached) {
         let (mut durable, detached) = Durable::detached(limits);
         durable.warming = Some(Vec::new());
-        durable.submit(warm());
+        durable.listing = Some(0);
+        durable.submit(warm(None));
         (durable, detached)
     }
 
@@ -236,9 +248,15 @@ impl Durable {
     /// when it is to be asked again).
     pub fn submit(&mut self, cmd: Command) {
         if std::mem::take(&mut self.rewarm) {
-            self.batch.push(warm());
+            self.batch.push(self.reading());
         }
         self.batch.push(cmd);
+    }
+
+    /// The start's reading as it stands: the first, or the next list.
+    fn reading(&self) -> Command {
+        let after = self.warming.is_none().then_some(self.listing).flatten();
+        warm(after)
     }
 
     /// Before an all-sessions read: true (its ticket taken) while the
@@ -254,9 +272,10 @@ impl Durable {
         }
     }
 
-    /// Whether the start's reading is under way.
+    /// Whether the start's reading is under way: the sessions with
+    /// pending prompts not read yet, or the others not all listed.
     pub fn warming(&self) -> bool {
-        self.warming.is_some()
+        self.warming.is_some() || self.listing.is_some()
     }
 
     /// Whether the queue to the storage thread is full.
@@ -293,19 +312,27 @@ impl Durable {
                     self.stats.commit_time.observe_us(c.micros);
                 }
                 for done in c.done {
-                    // The start's reading is ticket 0. Until it is done
-                    // the loop's copy cannot tell a session on disk from
-                    // none: when it fails, the reads waiting on it wait on
-                    // (to their storage timeout), and it is asked again
-                    // with the next command.
+                    // The start's reading is ticket 0, and each list after
+                    // it. Until it is done the loop's copy cannot tell a
+                    // session on disk from none: when it fails, the reads
+                    // waiting on it wait on (to their storage timeout),
+                    // and it is asked again with the next command.
                     let warmed = done.ticket.conn == NOBODY && done.ticket.n == 0;
                     if warmed && done.result.is_err() {
                         warn!("the start's reading of the sessions failed; it will be tried again");
                         self.rewarm = true;
                         continue;
                     }
-                    events_of(done, self.history_limit, &mut self.ready);
-                    if warmed {
+                    let first = warmed && self.warming.is_some();
+                    if let Ok(Outcome::Warmed { next, .. }) = &done.result {
+                        // The next list goes with this turn's batch.
+                        self.listing = *next;
+                        if next.is_some() {
+                            self.batch.push(warm(*next));
+                        }
+                    }
+                    events_of(done, self.history_limit, first, &mut self.ready);
+                    if first {
                         for to in self.warming.take().unwrap_or_default() {
                             self.ready.push_back(StoreEvent::Retry(to));
                         }
@@ -461,10 +488,49 @@ mod tests {
         assert_eq!(next[1].ticket, load);
         let warmed = Outcome::Warmed {
             dormant: Vec::new(),
+            next: None,
         };
         answer(&side, vec![Done::only(next[0].ticket, Ok(warmed))]);
-        assert!(matches!(d.next_event(), Some(StoreEvent::Dormant(_))));
+        assert!(matches!(
+            d.next_event(),
+            Some(StoreEvent::Dormant { first: true, .. })
+        ));
         assert!(matches!(d.next_event(), Some(StoreEvent::Retry(t)) if t == every));
         assert!(!d.warming());
+    }
+
+    /// The ids come in lists after the start's reading: each answer
+    /// asks for the next list, after its last row, with the next batch;
+    /// the reading counts as under way until a list says there is no
+    /// more, and only the first orders the restored prompts.
+    #[test]
+    fn the_start_lists_the_sessions_until_the_last_list() {
+        let (mut d, side) = Durable::detached_starting(limits());
+        d.flush();
+        let first = side.batches.try_recv().unwrap();
+        let listed = |next| Outcome::Warmed {
+            dormant: vec![SessionId::new("s").unwrap()],
+            next,
+        };
+        answer(
+            &side,
+            vec![Done::only(first[0].ticket, Ok(listed(Some(7))))],
+        );
+        assert!(matches!(
+            d.next_event(),
+            Some(StoreEvent::Dormant { first: true, .. })
+        ));
+        assert!(d.warming(), "more ids to come");
+        d.flush();
+        let next = side.batches.try_recv().unwrap();
+        assert!(matches!(next[0].op, Op::Dormant { after: 7 }));
+        answer(&side, vec![Done::only(next[0].ticket, Ok(listed(None)))]);
+        assert!(matches!(
+            d.next_event(),
+            Some(StoreEvent::Dormant { first: false, .. })
+        ));
+        assert!(!d.warming());
+        d.flush();
+        assert!(side.batches.try_recv().is_err(), "no list after the last");
     }
 }

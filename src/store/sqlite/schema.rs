@@ -1,7 +1,7 @@
 //! The database's schema, its versions and migrations, and the reading
 //! back of one session.
 //!
-//! Schema version 7 (`PRAGMA user_version`):
+//! Schema version 8 (`PRAGMA user_version`):
 //!
 //! - `sessions(id, name, epoch, next_seq, last_assistant,
 //!   dropped_assistant)`: one row per session; `name` is the session id.
@@ -20,9 +20,17 @@
 //!   (`session`, then the rowid): the storage thread reads one session's
 //!   rows back when it needs the session and does not hold it
 //!   ([`load`], and the loop's copy through `decide/load.rs`).
-//! - `generation(n)`: one row, the number of the last transaction (each
-//!   adds one), compared at start with the side file `relay.generation`
-//!   to notice a lost write-ahead log (`generation.rs`).
+//! - `pending(session)`: the sessions whose log holds a pending prompt,
+//!   one row each, kept by every transaction that changes that (a prompt
+//!   stored, answered, cancelled or trimmed; the session deleted): the
+//!   start reads these sessions whole without reading any message row of
+//!   the others.
+//! - `generation(n, sessions)`: one row, the number of the last
+//!   transaction (each adds one), compared at start with the side file
+//!   `relay.generation` to notice a lost write-ahead log
+//!   (`generation.rs`), and the sessions the file holds as that
+//!   transaction left them (the session cap counts them; counting the
+//!   rows at start would read every page of the `sessions` index).
 //!
 //! A session read back replays its rows oldest first through the same rules that built
 //! them (a prompt is answered when an answer to it follows; history keeps
@@ -42,7 +50,11 @@
 //! that holds them. Version 6 had no index: version 7 adds it, and drops
 //! the rows a deleted session left for a collection that had not come
 //! (a deletion now removes every row of its session through the index).
+//! Version 7 had no `pending` table and no `generation.sessions`:
+//! version 8 fills the table with one pass over the log
+//! ([`fill_pending`]), and counts the sessions.
 
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use rusqlite::Connection;
@@ -58,7 +70,7 @@ use crate::store::types::Seq;
 use crate::time::Millis;
 
 /// The schema this build writes.
-pub const VERSION: i64 = 7;
+pub const VERSION: i64 = 8;
 
 /// The `kind` of an ask's row, and of a reply's.
 pub const KIND_ASK: i64 = 3;
@@ -96,11 +108,21 @@ const BY_SESSION: &str = "CREATE INDEX messages_by_session ON messages (session)
 /// before it dropped (from then on they go with their session).
 const V6_TO_V7: &str = "DELETE FROM messages WHERE session NOT IN (SELECT id FROM sessions);";
 
+/// The sessions with a pending prompt (see the module doc).
+const PENDING: &str = "CREATE TABLE pending (session INTEGER PRIMARY KEY);";
+
 /// One row: the generation of the last transaction (see `generation.rs`).
 const GENERATION: &str = "
-CREATE TABLE generation (n INTEGER NOT NULL);
-INSERT INTO generation VALUES (0);
+CREATE TABLE generation (n INTEGER NOT NULL, sessions INTEGER NOT NULL);
+INSERT INTO generation VALUES (0, 0);
 ";
+
+/// Versions 3 to 7 to 8: the count of sessions beside the generation.
+const V7_GENERATION: &str =
+    "ALTER TABLE generation ADD COLUMN sessions INTEGER NOT NULL DEFAULT 0;";
+
+/// Versions before 8 to 8, once `generation.sessions` exists.
+const COUNTED: &str = "UPDATE generation SET sessions = (SELECT count(*) FROM sessions);";
 
 const V1_TO_V2: &str =
     "ALTER TABLE sessions ADD COLUMN dropped_assistant INTEGER NOT NULL DEFAULT 0;";
@@ -163,34 +185,80 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
     conn.execute_batch(&format!(
         "PRAGMA foreign_keys = OFF; PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES};"
     ))?;
-    match version {
-        0 => conn.execute_batch(&format!(
-            "BEGIN; {SESSIONS} {MESSAGES} {BY_SESSION} {GENERATION} PRAGMA user_version = {VERSION}; COMMIT;"
-        )),
-        1 => conn.execute_batch(&format!(
-            "BEGIN; {V1_TO_V2} {} {GENERATION} {BY_SESSION} {V6_TO_V7} PRAGMA user_version = {VERSION}; COMMIT;",
+    let steps = match version {
+        0 => format!("{SESSIONS} {MESSAGES} {BY_SESSION} {PENDING} {GENERATION}"),
+        1 => format!(
+            "{V1_TO_V2} {} {GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING}",
             v2_to_v3()
-        )),
-        2 => conn.execute_batch(&format!(
-            "BEGIN; {} {GENERATION} {BY_SESSION} {V6_TO_V7} PRAGMA user_version = {VERSION}; COMMIT;",
+        ),
+        2 => format!(
+            "{} {GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING}",
             v2_to_v3()
-        )),
-        3 => conn.execute_batch(&format!(
-            "BEGIN; {GENERATION} {BY_SESSION} {V6_TO_V7} PRAGMA user_version = {VERSION}; COMMIT;"
-        )),
+        ),
+        3 => format!("{GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING}"),
         // Cancels, asks and replies are rows of kinds of their own: no
         // table changes.
-        4..=6 => conn.execute_batch(&format!(
-            "BEGIN; {BY_SESSION} {V6_TO_V7} PRAGMA user_version = {VERSION}; COMMIT;"
-        )),
-        _ => Ok(()),
+        4..=6 => format!("{V7_GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING}"),
+        7 => format!("{V7_GENERATION} {PENDING}"),
+        _ => return Ok(()),
+    };
+    let tx = conn.unchecked_transaction()?;
+    tx.execute_batch(&steps)?;
+    if version > 0 {
+        tx.execute_batch(COUNTED)?;
+        fill_pending(&tx)?;
     }
+    tx.execute_batch(&format!("PRAGMA user_version = {VERSION};"))?;
+    tx.commit()
+}
+
+/// Versions before 8 to 8, after [`PENDING`] is created: the table filled
+/// from the log by the rule the start applied before, in one pass over
+/// the messages' small columns in the order written (a prompt row that no
+/// later answer or cancel row of its session with its `client_msg_id`
+/// follows). A session named here whose log replays with no prompt
+/// pending is harmless: it is read whole at start, and the next
+/// transaction that leaves it without one removes its row.
+fn fill_pending(conn: &Connection) -> rusqlite::Result<()> {
+    let mut open: HashMap<i64, HashSet<String>> = HashMap::new();
+    let mut st = conn
+        .prepare("SELECT session, kind, client_msg_id FROM messages WHERE kind <= 2 ORDER BY id")?;
+    let mut q = st.query([])?;
+    while let Some(r) = q.next()? {
+        let session: i64 = r.get(0)?;
+        let cid = r.get_ref(2)?.as_str()?;
+        if r.get::<_, i64>(1)? == 0 {
+            open.entry(session).or_default().insert(cid.to_string());
+        } else if let Some(ids) = open.get_mut(&session) {
+            ids.remove(cid);
+        }
+    }
+    let mut st =
+        conn.prepare("INSERT INTO pending (session) SELECT id FROM sessions WHERE id = ?1")?;
+    for (session, ids) in open {
+        if !ids.is_empty() {
+            st.execute([session])?;
+        }
+    }
+    Ok(())
 }
 
 /// The generation of the last transaction the database holds.
 pub fn generation(conn: &Connection) -> rusqlite::Result<u64> {
-    let n: Option<i64> = conn.query_row("SELECT max(n) FROM generation", [], |r| r.get(0))?;
-    Ok(n.unwrap_or(0).max(0) as u64)
+    Ok(counts(conn)?.0)
+}
+
+/// The generation of the last transaction the database holds, and the
+/// sessions it left (read, not counted).
+pub fn counts(conn: &Connection) -> rusqlite::Result<(u64, usize)> {
+    let (n, sessions): (Option<i64>, Option<i64>) =
+        conn.query_row("SELECT max(n), max(sessions) FROM generation", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    Ok((
+        n.unwrap_or(0).max(0) as u64,
+        sessions.unwrap_or(0).max(0) as usize,
+    ))
 }
 
 /// The id of every session, for [`recover`](super::generation::recover).
@@ -297,12 +365,6 @@ pub fn session_row(conn: &Connection, sid: &str) -> rusqlite::Result<Option<i64>
     let mut st = conn.prepare_cached("SELECT id FROM sessions WHERE name = ?1")?;
     let mut q = st.query([sid])?;
     q.next()?.map(|r| r.get(0)).transpose()
-}
-
-/// The sessions the file holds.
-pub fn count_sessions(conn: &Connection) -> rusqlite::Result<usize> {
-    let n: i64 = conn.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))?;
-    Ok(n.max(0) as usize)
 }
 
 /// Whether a stored `data` is what the server wrote: UTF-8 text holding one

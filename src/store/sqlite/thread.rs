@@ -31,7 +31,8 @@ use crate::store::seam::NOBODY;
 /// Where the loop and the storage thread meet over a write whose requester
 /// stopped waiting (see [`Durable::cancel`](super::Durable::cancel)).
 /// Tickets are numbered in the order the loop submits them, and the thread
-/// takes them in that order, so two numbers say everything.
+/// takes them in that order (the start's reading, ticket 0 and for
+/// nobody, goes between them), so two numbers say everything.
 #[derive(Debug, Default)]
 pub struct Frontier {
     /// The highest ticket the thread has taken into a transaction: its
@@ -52,8 +53,9 @@ pub(super) fn take_group(
 ) -> (Vec<Command>, Vec<Done>) {
     let mut f = frontier.lock().unwrap_or_else(PoisonError::into_inner);
     let cancelled = f.cancelled;
-    // The highest of the group, which need not be its last: the start's
-    // reading, asked again, is numbered 0.
+    // The highest ticket, which need not be the last one's: the start's
+    // reading and its lists are ticket 0 (for nobody) and go out with
+    // whatever the loop sends.
     if let Some(n) = group.iter().map(|c| c.ticket.n).max() {
         f.taken = f.taken.max(n);
     }

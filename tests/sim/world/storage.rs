@@ -63,6 +63,10 @@ pub(super) struct Storage {
     txs: Vec<(u64, Tx)>,
     /// The side file: the generation of the last transaction acknowledged.
     acked: u64,
+    /// Every session with the number of its `sessions` row, in the order
+    /// created (the start's reading lists them after a row, as the
+    /// thread does), and the next number.
+    rows: Rows,
 }
 
 /// A committed transaction, replayed after a lost log.
@@ -72,6 +76,26 @@ enum Tx {
     /// A start's new epochs, by session.
     Epochs(Vec<(SessionId, String)>),
 }
+
+/// The `sessions` rows: each session with its row's number, and the
+/// next number (a lost log takes the rows it created with it).
+struct Rows {
+    list: Vec<(i64, SessionId)>,
+    next: i64,
+}
+
+impl Default for Rows {
+    fn default() -> Rows {
+        Rows {
+            list: Vec::new(),
+            next: 1,
+        }
+    }
+}
+
+/// Sessions listed by one `Cmd::Dormant`: few, so that the start's
+/// reading takes several commands, with the others between them.
+const LISTED: usize = 2;
 
 impl Storage {
     pub(super) fn new(side: Detached, limits: StoreLimits) -> Storage {
@@ -86,7 +110,22 @@ impl Storage {
             asked: HashMap::new(),
             txs: Vec::new(),
             acked: 0,
+            rows: Rows::default(),
         }
+    }
+
+    /// The ids of up to [`LISTED`] sessions after the row `after`, and
+    /// the row to go on after when there may be more.
+    fn listed(&self, after: i64) -> (Vec<SessionId>, Option<i64>) {
+        let list: Vec<&(i64, SessionId)> = self
+            .rows
+            .list
+            .iter()
+            .filter(|(row, _)| *row > after)
+            .take(LISTED)
+            .collect();
+        let next = (list.len() == LISTED).then(|| list[LISTED - 1].0);
+        (list.into_iter().map(|(_, sid)| sid.clone()).collect(), next)
     }
 }
 
@@ -110,11 +149,12 @@ impl Storage {
         self.txs.truncate(keep);
         self.copy = MemStore::new(self.copy.limits());
         self.asked.clear();
+        self.rows = Rows::default();
         for (_, tx) in &self.txs {
             match tx {
                 Tx::Records(records) => {
                     for r in records {
-                        apply(&mut self.copy, &mut self.asked, r);
+                        apply(&mut self.copy, &mut self.asked, &mut self.rows, r);
                     }
                 }
                 Tx::Epochs(epochs) => {
@@ -143,8 +183,14 @@ impl Storage {
     }
 }
 
-/// Applies one committed record to the copy, keeping the row of each ask.
-fn apply(copy: &mut MemStore, asked: &mut HashMap<(String, u64), StoredRow>, r: &Record) {
+/// Applies one committed record to the copy, keeping the row of each ask
+/// and of each session.
+fn apply(
+    copy: &mut MemStore,
+    asked: &mut HashMap<(String, u64), StoredRow>,
+    rows: &mut Rows,
+    r: &Record,
+) {
     copy.apply(Millis(0), r.clone());
     match r {
         Record::Ask { sid, seq, .. } => {
@@ -154,7 +200,14 @@ fn apply(copy: &mut MemStore, asked: &mut HashMap<(String, u64), StoredRow>, r: 
                 asked.insert((sid.to_string(), seq.get()), row(m));
             }
         }
-        Record::Deleted { sid } => asked.retain(|(s, _), _| s != sid.as_str()),
+        Record::Deleted { sid } => {
+            asked.retain(|(s, _), _| s != sid.as_str());
+            rows.list.retain(|(_, s)| s != sid);
+        }
+        Record::Created { sid, .. } => {
+            rows.list.push((rows.next, sid.clone()));
+            rows.next += 1;
+        }
         _ => {}
     }
 }
@@ -272,7 +325,7 @@ impl World {
         let mut records_of = Vec::new();
         let mut reads = 0;
         for cmd in group {
-            if matches!(cmd.op, Cmd::Load { .. } | Cmd::Warm) {
+            if matches!(cmd.op, Cmd::Load { .. } | Cmd::Warm | Cmd::Dormant { .. }) {
                 st.reads.insert(cmd.ticket.n);
                 reads += 1;
             }
@@ -295,15 +348,21 @@ impl World {
                     images.extend(image(&st.copy, &st.asked, &sid));
                     Ok(Decided::Loaded)
                 }
-                // The start's reading (`State::warm`): every session
-                // with a pending prompt whole, the others' ids.
+                // The start's reading (`Cache::warm`): every session
+                // with a pending prompt whole; every id follows, a few
+                // at a time.
                 Cmd::Warm => {
                     for sid in st.copy.idle(|_, log| log.pending_len() > 0) {
                         images.extend(image(&st.copy, &st.asked, &sid));
                     }
                     Ok(Decided::Warmed {
-                        dormant: st.copy.idle(|_, log| log.pending_len() == 0),
+                        dormant: Vec::new(),
+                        next: Some(0),
                     })
+                }
+                Cmd::Dormant { after } => {
+                    let (dormant, next) = st.listed(after);
+                    Ok(Decided::Warmed { dormant, next })
                 }
                 Cmd::Collect { sids } => {
                     for sid in sids.into_iter().filter(|sid| st.copy.contains(sid)) {
@@ -313,7 +372,7 @@ impl World {
                 }
             };
             for r in &records {
-                apply(&mut st.copy, &mut st.asked, r);
+                apply(&mut st.copy, &mut st.asked, &mut st.rows, r);
             }
             records_of.push((records.clone(), collect));
             dones.push(Done {

@@ -12,11 +12,11 @@
 //! `sessions` row's counters, as a restart reads it. Either way what the
 //! loop gets is what a restart would read, and the cache is left as it
 //! was (a read does not fill it). The start reads no session whole but
-//! those with pending prompts, found by one pass over the messages' small
-//! columns; the others go to the loop by name. A group that only reads
-//! commits nothing: no transaction, no generation, no fsync.
-
-use std::collections::{HashMap, HashSet};
+//! those with pending prompts, which the `pending` table names (no
+//! message row is read to find them); the others go to the loop by id,
+//! a few thousand per command, so writes are answered while they come. A
+//! group that only reads commits nothing: no transaction, no generation,
+//! no fsync.
 
 use log::error;
 use rusqlite::types::ValueRef;
@@ -96,40 +96,37 @@ fn image_from_file(conn: &Connection, sid: &str) -> rusqlite::Result<Option<Sess
     }))
 }
 
-/// The names of the sessions with a prompt that no answer or cancel
-/// row follows (those the loop must hold from the start, for the
-/// all-sessions poll), and the names of all the others: one pass over
-/// the messages' small columns in the order written, and one over the
-/// sessions. A session named here that the log replays with no prompt
-/// pending is sent whole all the same: harmless, the loop drops it when
-/// it needs room.
-fn pending_and_others(conn: &Connection) -> rusqlite::Result<(Vec<String>, Vec<String>)> {
-    let mut open: HashMap<i64, HashSet<String>> = HashMap::new();
-    let mut st = conn
-        .prepare("SELECT session, kind, client_msg_id FROM messages WHERE kind <= 2 ORDER BY id")?;
-    let mut q = st.query([])?;
+/// The names of the sessions with a pending prompt (those the loop must
+/// hold from the start, for the all-sessions poll), as the `pending`
+/// table keeps them: no message row is read.
+fn pending(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    // `pending` first: the planner, without statistics, would walk every
+    // session and look each up in it.
+    let mut st =
+        conn.prepare("SELECT s.name FROM pending p CROSS JOIN sessions s ON s.id = p.session")?;
+    let names = st.query_map([], |r| r.get::<_, String>(0))?;
+    names.collect()
+}
+
+/// Sessions listed by one [`Op::Dormant`]: the loop takes their ids
+/// between requests, a few milliseconds at a time, and writes are
+/// answered while the rest wait.
+const LISTED: usize = 1024;
+
+/// The ids of up to [`LISTED`] sessions after the `sessions` row
+/// `after`, in the order of their rows, and the row to go on after
+/// when there may be more.
+fn listed(conn: &Connection, after: i64) -> rusqlite::Result<(Vec<SessionId>, Option<i64>)> {
+    let mut st =
+        conn.prepare_cached("SELECT id, name FROM sessions WHERE id > ?1 ORDER BY id LIMIT ?2")?;
+    let mut q = st.query(rusqlite::params![after, LISTED as i64])?;
+    let (mut sids, mut last, mut n) = (Vec::new(), after, 0);
     while let Some(r) = q.next()? {
-        let session: i64 = r.get(0)?;
-        let cid = r.get_ref(2)?.as_str()?;
-        if r.get::<_, i64>(1)? == 0 {
-            open.entry(session).or_default().insert(cid.to_string());
-        } else if let Some(ids) = open.get_mut(&session) {
-            ids.remove(cid);
-        }
+        last = r.get(0)?;
+        n += 1;
+        sids.extend(SessionId::new(r.get_ref(1)?.as_str()?));
     }
-    open.retain(|_, ids| !ids.is_empty());
-    let (mut pending, mut others) = (Vec::new(), Vec::new());
-    let mut st = conn.prepare("SELECT id, name FROM sessions")?;
-    let mut q = st.query([])?;
-    while let Some(r) = q.next()? {
-        let name = r.get_ref(1)?.as_str()?.to_string();
-        if open.contains_key(&r.get::<_, i64>(0)?) {
-            pending.push(name);
-        } else {
-            others.push(name);
-        }
-    }
-    Ok((pending, others))
+    Ok((sids, (n == LISTED).then_some(last)))
 }
 
 impl Cache {
@@ -165,17 +162,20 @@ impl Cache {
     }
 
     /// The start's reading ([`Op::Warm`]): every session with a pending
-    /// prompt whole into `images`; the others' ids.
+    /// prompt whole into `images`; the sessions' ids follow, listed from
+    /// the first `sessions` row on.
     fn warm(
         &mut self,
         conn: &Connection,
         images: &mut Vec<SessionImage>,
-    ) -> rusqlite::Result<Vec<SessionId>> {
-        let (pending, others) = pending_and_others(conn)?;
-        for sid in &pending {
-            images.extend(self.session_for_loop(conn, sid)?);
+    ) -> rusqlite::Result<Outcome> {
+        for sid in pending(conn)? {
+            images.extend(self.session_for_loop(conn, &sid)?);
         }
-        Ok(others.iter().filter_map(|s| SessionId::new(s)).collect())
+        Ok(Outcome::Warmed {
+            dormant: Vec::new(),
+            next: Some(0),
+        })
     }
 
     /// What a command reads for the loop before it is decided: the
@@ -192,9 +192,11 @@ impl Cache {
                 images.extend(self.session_for_loop(conn, sid)?);
                 Ok(Some(Outcome::Loaded))
             }
-            Op::Warm => Ok(Some(Outcome::Warmed {
-                dormant: self.warm(conn, images)?,
-            })),
+            Op::Warm => Ok(Some(self.warm(conn, images)?)),
+            Op::Dormant { after } => {
+                let (dormant, next) = listed(conn, *after)?;
+                Ok(Some(Outcome::Warmed { dormant, next }))
+            }
             Op::Write(w) if cmd.load => {
                 // The write reads its session into the cache to decide it:
                 // read it there first, and send the cache's.
@@ -209,7 +211,7 @@ impl Cache {
 
 /// Whether a command only reads (a group of such commits nothing).
 pub fn reads_only(cmd: &Command) -> bool {
-    matches!(cmd.op, Op::Load { .. } | Op::Warm)
+    matches!(cmd.op, Op::Load { .. } | Op::Warm | Op::Dormant { .. })
 }
 
 impl Writer {
