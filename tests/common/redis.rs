@@ -44,6 +44,15 @@ impl Redis {
         ])
     }
 
+    /// A replica of `master`, without persistence, on a free port.
+    #[track_caller]
+    pub fn replica_of(master: &Redis) -> Redis {
+        let port = master.port.to_string();
+        let mut args = EPHEMERAL.to_vec();
+        args.extend(["--replicaof", "127.0.0.1", &port]);
+        Redis::start_with(&args)
+    }
+
     /// A Redis with these arguments on a free port.
     #[track_caller]
     pub fn start_with(args: &[&str]) -> Redis {

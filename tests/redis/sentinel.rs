@@ -136,20 +136,9 @@ impl Set {
     #[track_caller]
     fn start() -> Set {
         let master = Redis::start();
-        let port = master.port.to_string();
+        let replicas = [Redis::replica_of(&master), Redis::replica_of(&master)];
         let mut redis = vec![master];
-        for _ in 0..2 {
-            let args = [
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--replicaof",
-                "127.0.0.1",
-                &port,
-            ];
-            redis.push(Redis::start_with(&args));
-        }
+        redis.extend(replicas);
         replicas_online(&redis[0], 2);
         let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(redis[0].port)).collect();
         // Each sentinel found the others and the replicas (through the
@@ -480,16 +469,7 @@ fn writes_wait_for_a_replica_and_are_504_past_the_storage_timeout_while_it_is_st
         return;
     }
     let master = Redis::start();
-    let port = master.port.to_string();
-    let replica = Redis::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--replicaof",
-        "127.0.0.1",
-        &port,
-    ]);
+    let replica = Redis::replica_of(&master);
     replicas_online(&master, 1);
     let env = [("RELAY_REDIS_REPLICAS", "1"), ("RELAY_STORE_TIMEOUT", "1")];
     let [srv]: [Server; 1] = master.relays(1, &env).try_into().ok().unwrap();
@@ -572,16 +552,7 @@ fn a_replica_a_sentinel_names_is_never_written_to() {
         return;
     }
     let master = Redis::start();
-    let port = master.port.to_string();
-    let replica = Redis::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--replicaof",
-        "127.0.0.1",
-        &port,
-    ]);
+    let replica = Redis::replica_of(&master);
     replicas_online(&master, 1);
     let named = Arc::new(AtomicU64::new(u64::from(replica.port)));
     let sentinel = fake_sentinel(named.clone());
@@ -607,16 +578,7 @@ fn a_copy_holding_what_the_promoted_replica_lacks_is_rolled_back_with_a_resync()
         return;
     }
     let mut master = Redis::start();
-    let port = master.port.to_string();
-    let replica = Redis::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--replicaof",
-        "127.0.0.1",
-        &port,
-    ]);
+    let replica = Redis::replica_of(&master);
     replicas_online(&master, 1);
     let named = Arc::new(AtomicU64::new(u64::from(master.port)));
     let sentinel = fake_sentinel(named.clone());
