@@ -435,7 +435,7 @@ impl Api {
                 match relay.get_prompts(now, conn, &sid, q)? {
                     Fetch::Ready(list) => Answer::shared(list),
                     Fetch::Park { deadline } => {
-                        let sid = Some(sid);
+                        let sid = Some(relay.stored_id(sid));
                         return Ok(Outcome::Park { sid, deadline });
                     }
                 }
@@ -572,7 +572,7 @@ impl Api {
         };
         Ok(Outcome::Upgrade {
             accept,
-            sid,
+            sid: relay.stored_id(sid),
             cursor,
             after,
         })
