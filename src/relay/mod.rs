@@ -169,8 +169,14 @@ pub enum Fetch {
     /// Answer at once with this JSON array (shared with other agents
     /// asking the same).
     Ready(Rc<[u8]>),
-    /// The connection is registered as a waiter; answer `[]` at the deadline.
-    Park { deadline: Millis },
+    /// The connection is registered as a waiter; answer `[]` at the
+    /// deadline. `sid` is the session's id as the log stores it, for the
+    /// connection to keep while it waits (shared, not a copy); `None`
+    /// for a poll of every session.
+    Park {
+        deadline: Millis,
+        sid: Option<SessionId>,
+    },
 }
 
 /// Counters for `/healthz`.
@@ -431,6 +437,7 @@ impl Relay {
         self.agent_seen(now, sid, false);
         Ok(Fetch::Park {
             deadline: Millis(now.0.saturating_add(q.timeout_ms)),
+            sid: Some(key),
         })
     }
 
