@@ -41,6 +41,13 @@ pub struct HttpState {
 }
 
 impl HttpState {
+    /// A fresh HTTP stage with a body cap, idle since `now`, boxed as
+    /// the stages hold it. One copy of the code for its three callers.
+    #[inline(never)]
+    pub fn boxed(max_body: usize, now: Millis) -> Box<HttpState> {
+        Box::new(HttpState::new(max_body, now))
+    }
+
     /// A fresh HTTP stage with a body cap, idle since `now`.
     pub fn new(max_body: usize, now: Millis) -> HttpState {
         HttpState {
@@ -242,7 +249,7 @@ impl Conn {
             write_listed: false,
             out_paused: false,
             out: OutQueue::default(),
-            phase: Phase::Http(Box::new(HttpState::new(max_body, now))),
+            phase: Phase::Http(HttpState::boxed(max_body, now)),
             deadline: NONE,
             timer_at: NONE,
         }
@@ -360,7 +367,7 @@ impl Conn {
         if let Got::Bytes(n) = got {
             if let Phase::Parked(h @ None, _) = &mut self.phase {
                 // Its idle time is set when the poll is answered.
-                *h = Some(Box::new(HttpState::new(max_body, Millis(0))));
+                *h = Some(HttpState::boxed(max_body, Millis(0)));
             }
             if let Some(h) = self.requests() {
                 h.reader.push(&buf[..n]);
@@ -446,7 +453,7 @@ impl Conn {
             self.phase = phase;
             return None;
         };
-        let mut h = h.unwrap_or_else(|| Box::new(HttpState::new(max_body, now)));
+        let mut h = h.unwrap_or_else(|| HttpState::boxed(max_body, now));
         h.answered_at(now);
         self.phase = Phase::Http(h);
         Some(parked)
