@@ -434,8 +434,11 @@ impl Api {
                 }
                 match relay.get_prompts(now, conn, &sid, q)? {
                     Fetch::Ready(list) => Answer::shared(list),
-                    Fetch::Park { deadline } => {
-                        let sid = Some(sid);
+                    Fetch::Park {
+                        deadline,
+                        sid: stored,
+                    } => {
+                        let sid = Some(stored.unwrap_or(sid));
                         return Ok(Outcome::Park { sid, deadline });
                     }
                 }
@@ -447,7 +450,7 @@ impl Api {
                 }
                 match relay.get_every_prompts(now, conn, grant.scope(), q)? {
                     Fetch::Ready(list) => Answer::shared(list),
-                    Fetch::Park { deadline } => {
+                    Fetch::Park { deadline, .. } => {
                         return Ok(Outcome::Park {
                             sid: None,
                             deadline,
@@ -572,7 +575,7 @@ impl Api {
         };
         Ok(Outcome::Upgrade {
             accept,
-            sid,
+            sid: relay.stored_id(sid),
             cursor,
             after,
         })

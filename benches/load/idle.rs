@@ -2,6 +2,13 @@
 //! session, held open while nothing happens. Reports the server's RSS growth
 //! per connection (VmRSS before the first connection and after the last one
 //! is up) and its CPU while they idle.
+//!
+//! By default the sessions are created before the first RSS reading (relay
+//! only; nchan makes a channel on its first subscriber), so the figure is
+//! what a connection adds to a session that exists anyway: the connection,
+//! and what the session keeps for it (its place in the session's lists, an
+//! agent's live state). With [`Sessions::New`] each connection creates its
+//! session and the figure holds the session's own cost too.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +22,18 @@ const SETUP_BATCH: usize = 256;
 /// Time for the last requests to reach the server and park.
 const SETTLE: Duration = Duration::from_secs(1);
 
+/// Sessions created per lane at a time while setting up.
+const CREATE_LANES: usize = 32;
+
+/// Whose cost the figure counts: a session's or only its connection's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Sessions {
+    /// Created before the first RSS reading.
+    Existing,
+    /// Created by each connection's setup, inside the measurement.
+    New,
+}
+
 /// What each idle connection is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -26,15 +45,31 @@ pub enum Kind {
 enum State {
     /// WebSocket handshake sent, or (relay long-poll) session creation sent.
     Opening,
+    /// Long-poll sent on a connection not yet known to be established:
+    /// counted as setting up, so connections are opened a batch at a time
+    /// (a burst of thousands overflows the server's listen backlog).
+    Sent,
     /// Upgraded, or long-poll sent.
     Up,
 }
 
 /// Runs the idle figure and prints its result line.
-pub fn run(c: &Common, connections: usize, kind: Kind, hold: Duration) -> Result<(), String> {
+pub fn run(
+    c: &Common,
+    connections: usize,
+    kind: Kind,
+    sessions: Sessions,
+    hold: Duration,
+) -> Result<(), String> {
     let pid = c.server_pid.as_deref().ok_or("idle needs --server-pid")?;
     let tag = c.run_tag();
     let mut net = Net::new(c.addr).map_err(|e| e.to_string())?;
+    let existing =
+        sessions == Sessions::Existing && c.target.create_session(&c.host, "s").is_some();
+    if existing {
+        create_sessions(c, &mut net, connections, &tag)?;
+        net.close_all();
+    }
     let mut states: Vec<State> = Vec::with_capacity(connections);
     let mut errors = Errors::default();
     let mut ready = Vec::new();
@@ -46,7 +81,7 @@ pub fn run(c: &Common, connections: usize, kind: Kind, hold: Duration) -> Result
         while states.len() < connections && states.len() - up < SETUP_BATCH {
             let index = net.open().map_err(|e| format!("connect: {e}"))?;
             let sid = format!("idle{tag}-{index}");
-            let (req, state) = first_request(c, kind, &sid);
+            let (req, state) = first_request(c, kind, &sid, existing);
             net.conns[index].send(&req);
             states.push(state);
             up += usize::from(state == State::Up);
@@ -109,15 +144,86 @@ pub fn run(c: &Common, connections: usize, kind: Kind, hold: Duration) -> Result
     Ok(())
 }
 
-fn first_request(c: &Common, kind: Kind, sid: &str) -> (Vec<u8>, State) {
-    match (kind, c.target.create_session(&c.host, sid)) {
+/// The sessions alone: N created and no connection held, the server's RSS
+/// growth per session (relay only). What the figures with new sessions
+/// hold besides their connections.
+pub fn sessions_only(c: &Common, n: usize) -> Result<(), String> {
+    let pid = c.server_pid.as_deref().ok_or("idle needs --server-pid")?;
+    if c.target.create_session(&c.host, "s").is_none() {
+        return Err("the sessions figure needs sessions to create (relay)".into());
+    }
+    let tag = c.run_tag();
+    let mut net = Net::new(c.addr).map_err(|e| e.to_string())?;
+    let rss_before = stats::rss_bytes(pid).ok_or("cannot read server RSS")?;
+    create_sessions(c, &mut net, n, &tag)?;
+    net.close_all();
+    std::thread::sleep(SETTLE);
+    let rss_after = stats::rss_bytes(pid).ok_or("cannot read server RSS")?;
+    let growth = rss_after.saturating_sub(rss_before) as f64;
+    let mut line = ResultLine::new(&c.figure, &c.name);
+    line.num("sessions", n as f64)
+        .num("rss_before_mib", rss_before as f64 / 1048576.0)
+        .num("rss_after_mib", rss_after as f64 / 1048576.0)
+        .num("rss_bytes_per_session", (growth / n as f64).round());
+    line.print();
+    Ok(())
+}
+
+fn first_request(c: &Common, kind: Kind, sid: &str, existing: bool) -> (Vec<u8>, State) {
+    let create = c.target.create_session(&c.host, sid).filter(|_| !existing);
+    match (kind, create) {
         (Kind::Ws, _) => (
             net::ws_handshake(&c.host, &c.target.ws_path(sid)),
             State::Opening,
         ),
         (Kind::Poll, Some(create)) => (create, State::Opening),
-        (Kind::Poll, None) => (poll_request(c, sid), State::Up),
+        (Kind::Poll, None) => (poll_request(c, sid), State::Sent),
     }
+}
+
+/// Creates the sessions `idle{tag}-0` to `idle{tag}-{n-1}`, one request in
+/// flight per lane, and waits for every answer.
+fn create_sessions(c: &Common, net: &mut Net, n: usize, tag: &str) -> Result<(), String> {
+    let lanes = CREATE_LANES.min(n);
+    for _ in 0..lanes {
+        net.open().map_err(|e| format!("connect: {e}"))?;
+    }
+    let mut busy = vec![false; lanes];
+    let (mut next, mut done) = (0, 0);
+    let mut ready = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while done < n {
+        for (lane, busy) in busy.iter_mut().enumerate() {
+            if !*busy && next < n {
+                let sid = format!("idle{tag}-{next}");
+                if let Some(req) = c.target.create_session(&c.host, &sid) {
+                    net.conns[lane].send(&req);
+                }
+                *busy = true;
+                next += 1;
+            }
+        }
+        net.wait(Duration::from_millis(20), &mut ready)
+            .map_err(|e| e.to_string())?;
+        for &lane in &ready {
+            let conn = &mut net.conns[lane];
+            if let Some(why) = conn.closed.take() {
+                return Err(format!("creating sessions: {why}"));
+            }
+            while let Some((resp, used)) = net::parse_response(&conn.inbuf)? {
+                conn.consume(used);
+                if resp.status != 200 && resp.status != 201 {
+                    return Err(format!("PUT /sessions answered {}", resp.status));
+                }
+                busy[lane] = false;
+                done += 1;
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("setup: {done}/{n} sessions created"));
+        }
+    }
+    Ok(())
 }
 
 fn poll_request(c: &Common, sid: &str) -> Vec<u8> {
@@ -161,6 +267,11 @@ fn on_ready(
     if let Some(why) = conn.closed.take() {
         return Err(why);
     }
+    if *state == State::Sent {
+        // Ready: the connection is established and its request written.
+        *state = State::Up;
+        *up += 1;
+    }
     if *state == State::Opening {
         let Some((resp, n)) = net::parse_response(&conn.inbuf)? else {
             return Ok(());
@@ -190,6 +301,16 @@ fn on_ready(
             Err(format!("long-poll answered early: {status:?}"))
         }
         Kind::Poll => Ok(()),
+    }
+}
+
+impl Sessions {
+    pub fn parse(s: &str) -> Option<Sessions> {
+        match s {
+            "existing" => Some(Sessions::Existing),
+            "new" => Some(Sessions::New),
+            _ => None,
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! load roundtrip --sessions S [--agent own|external] [common]
 //! load fanout    --subscribers N --rate R|max [--window W] [--publishers P] [common]
 //! load catchup   --subscribers N --answers M [--publishers P] [common]   (relay only)
-//! load idle      --connections N --kind ws|poll [--hold SECS] [common]
+//! load idle      --connections N --kind ws|poll|sessions [--sessions existing|new] [--hold SECS] [common]
 //! load ingest    --rate R [--connections C] [common]   (prompts at R/s, open loop)
 //! load handshake [--connections C] [common]   (TLS: new connections, one request each)
 //! load stream    --subscribers N [--window W] [common]   (relay only: one agent streams parts)
@@ -201,10 +201,20 @@ fn run(words: &[String]) -> Result<(), String> {
         "idle" => {
             let connections: usize = args.get("connections", Some(1000))?;
             let kind_arg: String = args.get("kind", Some("ws".to_owned()))?;
-            let kind = idle::Kind::parse(&kind_arg).ok_or("--kind must be ws or poll")?;
+            if kind_arg == "sessions" {
+                let figure = format!("idle/sessions/N={connections}");
+                return idle::sessions_only(&args.common(figure)?, connections);
+            }
+            let kind = idle::Kind::parse(&kind_arg).ok_or("--kind must be ws, poll or sessions")?;
+            let sessions_arg: String = args.get("sessions", Some("existing".to_owned()))?;
+            let sessions =
+                idle::Sessions::parse(&sessions_arg).ok_or("--sessions must be existing or new")?;
             let hold = Duration::from_secs_f64(args.get("hold", Some(3.0))?);
-            let figure = format!("idle/{kind_arg}/N={connections}");
-            idle::run(&args.common(figure)?, connections, kind, hold)
+            let figure = match sessions {
+                idle::Sessions::Existing => format!("idle/{kind_arg}/N={connections}"),
+                idle::Sessions::New => format!("idle/{kind_arg}/N={connections}/new-sessions"),
+            };
+            idle::run(&args.common(figure)?, connections, kind, sessions, hold)
         }
         "ingest" => {
             let rate: f64 = args.get("rate", None)?;

@@ -69,8 +69,15 @@
 #                    M answers and each reads all M (relay and base only;
 #                    the server runs with RELAY_HISTORY_LIMIT=2*M)
 #   rate:N:R         fan-out to N subscribers at R messages/s
-#   idle:ws:N        N idle WebSocket subscribers: server RSS per connection
-#   idle:poll:N      N parked long-polls: server RSS per connection
+#   idle:ws:N        N idle WebSocket subscribers: server RSS per connection,
+#                    each on its own session created before the measurement
+#                    starts (relay; nchan's channel comes with its subscriber)
+#   idle:poll:N      N parked long-polls, the same way
+#   idle:ws:N:new    the same, each connection creating its own session
+#   idle:poll:N:new  inside the measurement: the session's cost included
+#   idle:sessions:N  N sessions created and no connection held: server RSS
+#                    per session, what the :new figures hold besides their
+#                    connections (relay and base only)
 #   ingest           wrk -t1 -c64 -d${INGEST_SECS}s posting prompts (ingest.lua)
 #   irate:R          prompts at R per second on 64 connections, open loop,
 #                    latency from when each was due (the load binary's
@@ -114,7 +121,7 @@ IDLE_N="${IDLE_N:-19000}"
 SERVER_CORE="${SERVER_CORE:-0}"
 LOAD_CORE="${LOAD_CORE:-1}"
 TARGETS="${TARGETS:-relay nchan}"
-FIGURES="${FIGURES:-rt:1 rt:100 rt:1000 fan:1000 fan:10000 catchup:1000:10000 rate:1000:50 rate:10000:5 idle:ws:$IDLE_N idle:poll:$IDLE_N ingest stream:1:1 stream:1000 partcost:1:60000 partcost:100:6000 partcost:1000:1200}"
+FIGURES="${FIGURES:-rt:1 rt:100 rt:1000 fan:1000 fan:10000 catchup:1000:10000 rate:1000:50 rate:10000:5 idle:ws:$IDLE_N idle:poll:$IDLE_N idle:ws:$IDLE_N:new idle:poll:$IDLE_N:new ingest stream:1:1 stream:1000 partcost:1:60000 partcost:100:6000 partcost:1000:1200}"
 NCHAN_DIR="${NCHAN_DIR:-$root/benches/load/nchan}"
 RELAY_BUILD="${RELAY_BUILD:-musl}"
 BASE_BIN="${BASE_BIN:-}"
@@ -461,8 +468,8 @@ runs() {
 
 # run_figure SPEC TARGET: one run of one figure against a fresh server.
 run_figure() {
-  local spec="$1" t="$2" figure args=()
-  IFS=: read -r kind a b <<<"$spec"
+  local spec="$1" t="$2" figure args=() c=""
+  IFS=: read -r kind a b c <<<"$spec"
   runs "$kind" "$t" || return 0
   relay_env=()
   case "$kind" in
@@ -479,7 +486,13 @@ run_figure() {
       [ -n "$b" ] || { echo "run.sh: partcost needs partcost:N:M" >&2; exit 2; }
       figure="partcost/N=$a/M=$b"; args=(partcost --subscribers "$a" --posts "$b")
       ;;
-    idle) figure="idle/$a/N=$b"; args=(idle --kind "$a" --connections "$b") ;;
+    idle)
+      case "${c:-}" in
+        "") figure="idle/$a/N=$b"; args=(idle --kind "$a" --connections "$b") ;;
+        new) figure="idle/$a/N=$b/new-sessions"; args=(idle --kind "$a" --connections "$b" --sessions new) ;;
+        *) echo "run.sh: idle:KIND:N takes only :new after it" >&2; exit 2 ;;
+      esac
+      ;;
     ingest) figure="ingest" ;;
     irate) figure="ingest/rate=$a"; args=(ingest --rate "$a" --connections 64) ;;
     handshake)

@@ -362,6 +362,19 @@ impl RequestReader {
         }
     }
 
+    /// What [`Self::want`] says of a reader that holds nothing: a head,
+    /// up to its cap and one byte more (to tell a head over the cap).
+    pub const FIRST_WANT: usize = MAX_HEAD_BYTES + 1;
+
+    /// Whether it holds nothing: no bytes, no request in progress. Such a
+    /// reader is the same as a new one.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.buf.len()
+            && self.buf.capacity() == 0
+            && matches!(self.handed, Handed::Nothing)
+            && matches!(self.progress, Progress::Head { .. })
+    }
+
     /// Unprocessed bytes.
     pub fn buffered(&self) -> &[u8] {
         &self.buf[self.start..]
@@ -377,7 +390,7 @@ impl RequestReader {
     pub fn want(&self) -> usize {
         let have = self.buf.len() - self.start;
         let need = match &self.progress {
-            Progress::Head { .. } => MAX_HEAD_BYTES + 1,
+            Progress::Head { .. } => Self::FIRST_WANT,
             Progress::Body { len, .. } => *len,
             Progress::Chunked { .. } => CHUNK_WINDOW,
         };

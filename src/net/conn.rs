@@ -41,6 +41,13 @@ pub struct HttpState {
 }
 
 impl HttpState {
+    /// A fresh HTTP stage with a body cap, idle since `now`, boxed as
+    /// the stages hold it. One copy of the code for its three callers.
+    #[inline(never)]
+    pub fn boxed(max_body: usize, now: Millis) -> Box<HttpState> {
+        Box::new(HttpState::new(max_body, now))
+    }
+
     /// A fresh HTTP stage with a body cap, idle since `now`.
     pub fn new(max_body: usize, now: Millis) -> HttpState {
         HttpState {
@@ -147,16 +154,21 @@ impl Held {
     }
 }
 
-/// The connection's stage.
+/// The connection's stage. The HTTP state is boxed, and moves from stage to
+/// stage as the box: the slab entry is sized by its largest stage, and an
+/// idle subscriber, which has no HTTP state, would carry room for one.
 #[derive(Debug)]
 pub enum Phase {
     /// Reading and answering requests.
-    Http(HttpState),
-    /// A long-poll waits; later requests stay buffered, unparsed.
-    Parked(HttpState, Parked),
+    Http(Box<HttpState>),
+    /// A long-poll waits; later requests stay buffered, unparsed. The
+    /// HTTP state is dropped while it holds nothing (as a new one), and
+    /// made again for bytes that arrive or when the poll is answered:
+    /// parked polls are the many, and wait for minutes.
+    Parked(Option<Box<HttpState>>, Parked),
     /// A request waits for the storage thread to commit it; later
     /// requests stay buffered, unparsed.
-    Committing(HttpState, Committing),
+    Committing(Box<HttpState>, Committing),
     /// An upgraded subscriber.
     WebSocket(Box<WsState>),
     /// Flushing the last bytes; then the write side is shut and input is
@@ -200,11 +212,17 @@ pub struct Conn {
     out_paused: bool,
     out: OutQueue,
     phase: Phase,
-    /// When this stage's timer is due (request/idle, poll, ping, linger).
-    deadline: Option<Millis>,
-    /// The earliest wheel entry scheduled for this connection.
-    timer_at: Option<Millis>,
+    /// When this stage's timer is due (request/idle, poll, ping, linger);
+    /// [`NONE`] when it has none. A deadline of "never" is none: no wheel
+    /// entry ever fires for it.
+    deadline: Millis,
+    /// The earliest wheel entry scheduled for this connection, or [`NONE`].
+    timer_at: Millis,
 }
+
+/// No deadline, or no wheel entry: an `Option` would double the bytes of
+/// both in every connection.
+const NONE: Millis = Millis(u64::MAX);
 
 /// What a wheel entry of a connection found when it fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,9 +249,9 @@ impl Conn {
             write_listed: false,
             out_paused: false,
             out: OutQueue::default(),
-            phase: Phase::Http(HttpState::new(max_body, now)),
-            deadline: None,
-            timer_at: None,
+            phase: Phase::Http(HttpState::boxed(max_body, now)),
+            deadline: NONE,
+            timer_at: NONE,
         }
     }
 
@@ -287,13 +305,16 @@ impl Conn {
     /// committing).
     fn requests(&mut self) -> Option<&mut HttpState> {
         match &mut self.phase {
-            Phase::Http(h) | Phase::Parked(h, _) | Phase::Committing(h, _) => Some(h),
+            Phase::Http(h) | Phase::Parked(Some(h), _) | Phase::Committing(h, _) => Some(h),
             _ => None,
         }
     }
 
     /// Bytes the request reader takes next (0: none, or no reader).
     pub fn want(&mut self) -> usize {
+        if let Phase::Parked(None, _) = self.phase {
+            return RequestReader::FIRST_WANT;
+        }
         self.requests().map_or(0, |h| h.reader.want())
     }
 
@@ -339,13 +360,18 @@ impl Conn {
     }
 
     /// Reads once into the stage's request reader (HTTP, parked,
-    /// committing), through `buf`.
-    pub fn read_requests(&mut self, buf: &mut [u8]) -> Got {
+    /// committing), through `buf`; a parked poll without one gets a
+    /// reader refusing bodies over `max_body`.
+    pub fn read_requests(&mut self, buf: &mut [u8], max_body: usize) -> Got {
         let got = read_once(&mut self.sock, buf, &mut self.readable, self.read_closed);
-        if let Got::Bytes(n) = got
-            && let Some(h) = self.requests()
-        {
-            h.reader.push(&buf[..n]);
+        if let Got::Bytes(n) = got {
+            if let Phase::Parked(h @ None, _) = &mut self.phase {
+                // Its idle time is set when the poll is answered.
+                *h = Some(HttpState::boxed(max_body, Millis(0)));
+            }
+            if let Some(h) = self.requests() {
+                h.reader.push(&buf[..n]);
+            }
         }
         got
     }
@@ -399,11 +425,12 @@ impl Conn {
         self.out_paused = false;
     }
 
-    /// Parks the HTTP stage for a long-poll. An output queue already
-    /// written gives back its room: the poll may wait for minutes.
+    /// Parks the HTTP stage for a long-poll. An HTTP state that holds
+    /// nothing and an output queue already written give back their room:
+    /// the poll may wait for minutes.
     pub fn park(&mut self, parked: Parked) {
         self.phase = match std::mem::replace(&mut self.phase, Phase::Closing(Closing::default())) {
-            Phase::Http(h) => Phase::Parked(h, parked),
+            Phase::Http(h) => Phase::Parked((!h.reader.is_empty()).then_some(h), parked),
             other => other,
         };
         self.out.release();
@@ -418,13 +445,15 @@ impl Conn {
     }
 
     /// Back from a parked poll to reading requests (the poll answered at
-    /// `now`); what it was parked with.
-    pub fn unpark(&mut self, now: Millis) -> Option<Parked> {
+    /// `now`; a new reader refuses bodies over `max_body`); what it was
+    /// parked with.
+    pub fn unpark(&mut self, now: Millis, max_body: usize) -> Option<Parked> {
         let phase = std::mem::replace(&mut self.phase, Phase::Closing(Closing::default()));
-        let Phase::Parked(mut h, parked) = phase else {
+        let Phase::Parked(h, parked) = phase else {
             self.phase = phase;
             return None;
         };
+        let mut h = h.unwrap_or_else(|| HttpState::boxed(max_body, now));
         h.answered_at(now);
         self.phase = Phase::Http(h);
         Some(parked)
@@ -527,9 +556,9 @@ impl Conn {
     /// Sets the stage's deadline; true when the wheel needs an entry for
     /// it (it is earlier than the one scheduled: lazy re-arming).
     pub fn schedule(&mut self, deadline: Millis) -> bool {
-        self.deadline = Some(deadline);
-        if self.timer_at.is_none_or(|t| deadline < t) {
-            self.timer_at = Some(deadline);
+        self.deadline = deadline;
+        if deadline < self.timer_at {
+            self.timer_at = deadline;
             return true;
         }
         false
@@ -537,19 +566,19 @@ impl Conn {
 
     /// A wheel entry for this connection at `at` fired at `now`.
     pub fn fire(&mut self, at: Millis, now: Millis) -> Fired {
-        if self.timer_at != Some(at) {
+        if self.timer_at != at || at == NONE {
             return Fired::Stale; // an earlier entry replaced it
         }
-        self.timer_at = None;
+        self.timer_at = NONE;
         match self.deadline {
-            None => Fired::Stale,
-            Some(deadline) if deadline > now => {
+            NONE => Fired::Stale,
+            deadline if deadline > now => {
                 // Moved later since this entry was scheduled: re-arm.
-                self.timer_at = Some(deadline);
+                self.timer_at = deadline;
                 Fired::Later(deadline)
             }
-            Some(_) => {
-                self.deadline = None;
+            _ => {
+                self.deadline = NONE;
                 Fired::Due
             }
         }
@@ -576,6 +605,15 @@ mod tests {
             path: "/messages/s".into(),
             ..RequestHead::default()
         }
+    }
+
+    #[test]
+    fn the_slab_entry_stays_small() {
+        // Every connection takes this much in the slab, idle subscribers
+        // and parked polls included (docs/src/benchmarks.md, idle
+        // connections): a stage that grows it should go in a box.
+        let size = std::mem::size_of::<Conn>();
+        assert!(size <= 200, "a connection is {size} bytes");
     }
 
     #[test]

@@ -35,6 +35,7 @@ const SHARE_ABOVE: usize = 4096;
 /// request left, parks, upgrades, or used its turn's budget.
 pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
     let peer = conn.peer();
+    let max_body = cx.cfg().max_body_bytes;
     let mut handled = 0;
     let mut read = 0;
     loop {
@@ -64,7 +65,7 @@ pub fn drive(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
                     }
                     break;
                 }
-                match conn.read_requests(cx.read_buf(want)) {
+                match conn.read_requests(cx.read_buf(want), max_body) {
                     Got::Bytes(n) => read += n,
                     Got::Blocked => {}
                     // Answer what is buffered first, then close.

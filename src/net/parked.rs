@@ -27,6 +27,7 @@ use crate::time::Millis;
 /// waits for are owed, so an EOF there only marks the connection to close
 /// once they are written.
 pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
+    let max_body = cx.cfg().max_body_bytes;
     let mut read = 0;
     while conn.readable() {
         let committing = matches!(conn.phase(), Phase::Committing(..));
@@ -45,7 +46,7 @@ pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
                 Next::Stay
             };
         }
-        match conn.read_requests(cx.read_buf(want)) {
+        match conn.read_requests(cx.read_buf(want), max_body) {
             Got::Bytes(n) => read += n,
             Got::Blocked => break,
             Got::Eof if committing => conn.mark_eof(),
@@ -61,7 +62,7 @@ pub fn read(id: ConnId, conn: &mut Conn, cx: &mut Ctx) -> Next {
 /// place every answer's do (`Ctx::meta`).
 pub fn answer(id: ConnId, conn: &mut Conn, cx: &mut Ctx, status: u16, body: Rc<[u8]>) {
     let now = cx.now();
-    let Some(parked) = conn.unpark(now) else {
+    let Some(parked) = conn.unpark(now, cx.cfg().max_body_bytes) else {
         return;
     };
     cx.cancel_parked(id, &parked);

@@ -141,6 +141,7 @@ impl Relay {
         self.every_seen(now, &scope, false);
         Ok(Fetch::Park {
             deadline: Millis(now.0.saturating_add(q.timeout_ms)),
+            sid: None,
         })
     }
 

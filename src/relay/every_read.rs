@@ -93,6 +93,7 @@ impl Relay {
         let wait = if once { READ_WAIT_MS } else { q.timeout_ms };
         Ok(Fetch::Park {
             deadline: now.after_ms(wait),
+            sid: None,
         })
     }
 

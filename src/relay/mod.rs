@@ -169,8 +169,14 @@ pub enum Fetch {
     /// Answer at once with this JSON array (shared with other agents
     /// asking the same).
     Ready(Rc<[u8]>),
-    /// The connection is registered as a waiter; answer `[]` at the deadline.
-    Park { deadline: Millis },
+    /// The connection is registered as a waiter; answer `[]` at the
+    /// deadline. `sid` is the session's id as the log stores it, for the
+    /// connection to keep while it waits (shared, not a copy); `None`
+    /// for a poll of every session.
+    Park {
+        deadline: Millis,
+        sid: Option<SessionId>,
+    },
 }
 
 /// Counters for `/healthz`.
@@ -439,6 +445,7 @@ impl Relay {
         self.agent_seen(now, sid, false);
         Ok(Fetch::Park {
             deadline: Millis(now.0.saturating_add(q.timeout_ms)),
+            sid: Some(key),
         })
     }
 
@@ -479,6 +486,14 @@ impl Relay {
         self.presence.get(sid).map_or(&[], |p| &p.subscribers)
     }
 
+    /// The session's id as the log stores it, shared, in place of `sid`
+    /// (a copy made from a request's path): what a connection keeps for
+    /// as long as it waits on the session then costs no allocation of its
+    /// own. `sid` itself if the log does not hold the session.
+    pub fn stored_id(&self, sid: SessionId) -> SessionId {
+        self.store.key(&sid).cloned().unwrap_or(sid)
+    }
+
     /// `WebSocket /ws/{sid}` after a successful upgrade check: creates the
     /// session if needed, registers `conn`, and returns its cursor: the
     /// shell then fills it with [`refill`](Self::refill) (a `resync` and the
@@ -510,7 +525,8 @@ impl Relay {
             ));
         }
         let cursor = log.cursor(after, epoch);
-        let subscribers = &mut self.presence.entry(sid.clone()).or_default().subscribers;
+        let key = self.stored_id(sid.clone());
+        let subscribers = &mut self.presence.entry(key).or_default().subscribers;
         presence::push_one(subscribers, conn);
         if subscribers.len() == 1 {
             self.watching(sid, true);

@@ -502,7 +502,8 @@ fn get_prompts_parks_with_deadline_now_plus_timeout() {
     assert_eq!(
         f,
         Fetch::Park {
-            deadline: Millis(3_500)
+            deadline: Millis(3_500),
+            sid: Some(session("s")),
         }
     );
     assert_eq!(r.counts().parked_polls, 1);
@@ -530,7 +531,8 @@ fn get_prompts_parks_when_after_excludes_every_pending_prompt() {
     assert_eq!(
         f,
         Fetch::Park {
-            deadline: Millis(1_000)
+            deadline: Millis(1_000),
+            sid: Some(session("s")),
         }
     );
 }

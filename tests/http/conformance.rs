@@ -116,6 +116,36 @@ fn request_pipelined_behind_a_parked_poll_waits_for_it() {
 }
 
 #[test]
+fn request_sent_while_a_poll_is_parked_is_answered_after_it() {
+    // The poll parks holding no request bytes; the next request arrives
+    // later, in two pieces, and waits for the poll as a pipelined one does.
+    let srv = Server::start();
+    let sid = unique_session();
+    assert_eq!(srv.put(&format!("/sessions/{sid}")).status, 200);
+    let mut http = srv.conn();
+    http.send_raw(format!("GET /prompts/{sid}?timeout=60 HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes());
+    srv.wait_health("parked_polls", 1);
+    http.send_raw(b"GET /healthz HTTP/1.1\r\n");
+    assert_silent_for(&mut http, Duration::from_millis(200));
+    http.send_raw(b"Host: t\r\n\r\n");
+    assert_silent_for(&mut http, Duration::from_millis(200));
+    let r = srv.post_json(
+        "/prompt",
+        &json!({"session_id": sid, "prompt": "wake", "client_msg_id": "w"}),
+    );
+    assert_eq!(r.status, 200);
+    let first = http.read_response();
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.json()[0]["client_msg_id"], "w", "the poll first");
+    let second = http.read_response();
+    assert_eq!(second.status, 200);
+    assert_eq!(second.json()["ok"], true, "then the request sent behind it");
+    // The connection goes on as before: another poll parks and answers.
+    let again = http.request("GET", &format!("/prompts/{sid}?wait=false"), &[], None);
+    assert_eq!(again.status, 200);
+}
+
+#[test]
 fn chunked_request_body_is_accepted() {
     let srv = Server::start();
     let sid = unique_session();
