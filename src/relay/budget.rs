@@ -168,6 +168,9 @@ mod tests {
     use crate::time::Millis;
 
     const BUDGET: usize = 1 << 20;
+    /// How far past the budget the count may be (see the simulation's
+    /// check in `docs/src/testing.md`).
+    const MARGIN: usize = 2048;
 
     fn relay() -> Relay {
         Relay::in_memory(Limits {
@@ -224,9 +227,24 @@ mod tests {
         };
         assert_eq!(refused, ApiError::memory_budget());
         assert_eq!(refused.status, 503);
+        // Small prompts fill what the large one left, so no write of
+        // the large size fits below (where the large one stopped depends
+        // on where each map grows, which its hash keys pick).
+        let mut small = 0;
+        let refused = loop {
+            let body = format!(r#"{{"session_id":"s0","client_msg_id":"q{small}","prompt":"q"}}"#);
+            match write(&mut r, &body) {
+                Ok(_) => small += 1,
+                Err(e) => break e,
+            }
+            assert!(small < 500, "small prompts never refused");
+        };
+        assert_eq!(refused, ApiError::memory_budget());
         assert!(r.memory_full());
         let held = r.memory_bytes();
-        assert!(held <= BUDGET && held > BUDGET / 2, "{held}");
+        // Admission weighs a write's records, not a table's growth to
+        // its next size: the count may pass the budget by that much.
+        assert!(held <= BUDGET + MARGIN && held > BUDGET - 1024, "{held}");
         assert_eq!(r.store.logs_memory(), r.store.recount(), "kept = recount");
 
         // An answer, a part, an ask, a new session: refused, nothing kept.
@@ -258,7 +276,7 @@ mod tests {
         assert_eq!(put, ApiError::memory_budget());
         assert!(!r.has_session(&format!("fresh{i}")));
         let held = r.memory_bytes();
-        assert!(held <= BUDGET);
+        assert!(held <= BUDGET + MARGIN, "{held}");
 
         // A resend of a stored prompt changes nothing: answered as before.
         let resend = format!(r#"{{"session_id":"s0","client_msg_id":"p0","prompt":"{big}"}}"#);
