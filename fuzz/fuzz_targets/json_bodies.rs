@@ -404,7 +404,7 @@ impl World {
                     Ok(Fetch::Ready(body)) => {
                         assert!(check_json(&body).is_array());
                     }
-                    Ok(Fetch::Park { deadline }) => {
+                    Ok(Fetch::Park { deadline, .. }) => {
                         assert!(deadline > now);
                         self.conns[i] = ConnState::Parked(sid);
                     }
