@@ -197,7 +197,7 @@ impl RedisStore {
             self.health.link_lost();
             // Writes answered whose `WAIT` will not be: may be stored.
             self.unhold(false);
-            self.waits = 0;
+            self.waiting = false;
             self.unwaited = false;
             // A write sent is Redis's to run or not: whether it did is not
             // known now (a resend with the same id tells). A read changed
@@ -239,7 +239,7 @@ impl RedisStore {
     pub fn take_output(&mut self, link: Link) -> Vec<u8> {
         if link == Link::Command {
             self.send_batch();
-            if self.unwaited && self.waits == 0 && self.cmd.up {
+            if self.unwaited && !self.waiting && self.cmd.up {
                 // One `WAIT` covers every write sent before it; the writes
                 // sent while it waits are covered by the next one, sent
                 // once it is answered (Redis runs nothing else of this
@@ -248,7 +248,7 @@ impl RedisStore {
                 let (n, ms) = (self.replicas.to_string(), self.wait_ms.to_string());
                 push_command(&mut self.cmd.out, &[b"WAIT", n.as_bytes(), ms.as_bytes()]);
                 self.expect.push_back(Expect::Wait);
-                self.waits += 1;
+                self.waiting = true;
             }
         }
         if link == Link::Events && !self.barrier_next.is_empty() && self.ev.up {

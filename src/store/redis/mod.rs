@@ -191,8 +191,8 @@ pub struct RedisStore {
     wait_ms: u64,
     /// A write was sent since the last `WAIT`.
     unwaited: bool,
-    /// `WAIT`s sent and not answered.
-    waits: usize,
+    /// A `WAIT` was sent and is not answered (one at a time).
+    waiting: bool,
     /// While a `WAIT` is owed: how many replies at the front of
     /// `answered` may go to the relay (the rest wait for it).
     hold: Option<usize>,
@@ -237,7 +237,7 @@ impl RedisStore {
             replicas: 0,
             wait_ms: 0,
             unwaited: false,
-            waits: 0,
+            waiting: false,
             hold: None,
         }
     }

@@ -121,13 +121,13 @@ impl RedisStore {
             return Err("a reply nobody asked for".into());
         };
         if let Expect::Wait = expect {
-            self.waits = self.waits.saturating_sub(1);
+            self.waiting = false;
             let confirmed =
                 matches!(frame, OwnedFrame::Integer(n) if n >= i64::from(self.replicas));
             self.unhold(confirmed);
             return Ok(());
         }
-        if (self.waits > 0 || self.unwaited)
+        if (self.waiting || self.unwaited)
             && self.hold.is_none()
             && matches!(expect, Expect::Write { .. } | Expect::Prompts(_))
         {
