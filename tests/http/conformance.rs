@@ -98,6 +98,14 @@ fn request_pipelined_behind_a_parked_poll_waits_for_it() {
     http.send_raw(format!("{poll}GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes());
     srv.wait_health("parked_polls", 1);
     assert_silent_for(&mut http, Duration::from_millis(300));
+    wake_then_healthz(&srv, &sid, &mut http);
+}
+
+/// Stores a prompt in `sid`, whose poll is parked on `http` with a
+/// `GET /healthz` behind it: the poll is answered first, with the
+/// prompt, then the `/healthz`.
+#[track_caller]
+fn wake_then_healthz(srv: &Server, sid: &str, http: &mut Http) {
     let r = srv.post_json(
         "/prompt",
         &json!({"session_id": sid, "prompt": "wake", "client_msg_id": "w"}),
@@ -129,17 +137,7 @@ fn request_sent_while_a_poll_is_parked_is_answered_after_it() {
     assert_silent_for(&mut http, Duration::from_millis(200));
     http.send_raw(b"Host: t\r\n\r\n");
     assert_silent_for(&mut http, Duration::from_millis(200));
-    let r = srv.post_json(
-        "/prompt",
-        &json!({"session_id": sid, "prompt": "wake", "client_msg_id": "w"}),
-    );
-    assert_eq!(r.status, 200);
-    let first = http.read_response();
-    assert_eq!(first.status, 200, "{}", first.text());
-    assert_eq!(first.json()[0]["client_msg_id"], "w", "the poll first");
-    let second = http.read_response();
-    assert_eq!(second.status, 200);
-    assert_eq!(second.json()["ok"], true, "then the request sent behind it");
+    wake_then_healthz(&srv, &sid, &mut http);
     // The connection goes on as before: another poll parks and answers.
     let again = http.request("GET", &format!("/prompts/{sid}?wait=false"), &[], None);
     assert_eq!(again.status, 200);
