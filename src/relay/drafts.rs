@@ -213,6 +213,16 @@ impl Relay {
         if lit.len() < 2 {
             return;
         }
+        // A part stored before its final answer can be heard after it:
+        // the answer's reply and the published part come on two links,
+        // read apart. The answer ended the draft; the part is stale.
+        if self
+            .store
+            .get(sid)
+            .is_some_and(|l| l.response(aid).is_some())
+        {
+            return;
+        }
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
         let max_drafts = self.limits.max_pending;
         let live = self.live.entry(sid.clone()).or_default();

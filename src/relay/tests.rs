@@ -1543,3 +1543,29 @@ fn unix_at_maps_past_and_future_loop_times() {
     assert_eq!(r.unix_at(Millis(9_980)), 1_700_000_009_980);
     assert_eq!(r.unix_at(Millis(12_500)), 1_700_000_012_500);
 }
+
+/// A part heard after its final answer (the answer's reply and the
+/// published part come on two links, read apart) sends nothing and opens
+/// no draft; a part of a pending prompt is sent.
+#[test]
+fn a_part_heard_after_its_final_answer_is_dropped() {
+    let mut r = relay();
+    prompt(&mut r, 0, "s", "p", "q");
+    prompt(&mut r, 0, "s", "p2", "q2");
+    respond(&mut r, 0, "s", "p", "a", "done");
+    subscribe_frames(&mut r, conn(1), "s", None, None).expect("subscribed");
+    let mut out = Vec::new();
+    r.take_effects(&mut out);
+    let sid = session("s");
+    out.clear();
+    r.part_published(Millis(0), &sid, "a", "p", 1, "\"late\"");
+    r.take_effects(&mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert!(!r.drafting("s"), "no draft opened");
+    r.part_published(Millis(0), &sid, "b", "p2", 1, "\"live\"");
+    r.take_effects(&mut out);
+    assert!(
+        out.iter().any(|e| matches!(e, Effect::Broadcast { .. })),
+        "{out:?}"
+    );
+}
