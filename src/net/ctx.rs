@@ -42,8 +42,10 @@ pub struct Ctx {
     shutdown: Option<Millis>,
     /// Open connections, for `/healthz`, `/readyz` and the cap.
     connections: usize,
-    /// A read buffer shared by every connection.
-    scratch: Box<[u8]>,
+    /// A read buffer shared by every connection, grown to the largest read
+    /// asked of it (at most [`READ_BUDGET`]): a server that only ever reads
+    /// request heads keeps a 16 KiB buffer, not a 64 KiB one it zeroed.
+    scratch: Vec<u8>,
     /// Frames of one refill, reused.
     frames: Vec<Rc<[u8]>>,
     /// What the shell counts for `/metrics`.
@@ -69,7 +71,7 @@ impl Ctx {
             turn,
             shutdown: None,
             connections: 0,
-            scratch: vec![0u8; READ_BUDGET].into_boxed_slice(),
+            scratch: Vec::new(),
             frames: Vec::new(),
             metrics: Metrics::default(),
             bytes_queued: 0,
@@ -229,6 +231,10 @@ impl Ctx {
 
     /// The shared read buffer, `len` bytes of it (at most [`READ_BUDGET`]).
     pub fn read_buf(&mut self, len: usize) -> &mut [u8] {
+        let len = len.min(READ_BUDGET);
+        if self.scratch.len() < len {
+            self.scratch.resize(len, 0);
+        }
         &mut self.scratch[..len]
     }
 
@@ -286,6 +292,9 @@ impl Ctx {
 
     /// The engine with the shared read buffer, for its sockets.
     pub fn engine_and_buf(&mut self) -> (&mut Engine, &mut [u8]) {
+        if self.scratch.len() < READ_BUDGET {
+            self.scratch.resize(READ_BUDGET, 0);
+        }
         (self.relay.engine(), &mut self.scratch)
     }
 
