@@ -135,11 +135,18 @@ struct Set {
 impl Set {
     #[track_caller]
     fn start() -> Set {
+        Set::with_replicas(2)
+    }
+
+    /// A master with `n` replicas and three sentinels.
+    #[track_caller]
+    fn with_replicas(n: usize) -> Set {
         let master = Redis::start();
-        let replicas = [Redis::replica_of(&master), Redis::replica_of(&master)];
+        let replicas: Vec<Redis> = (0..n).map(|_| Redis::replica_of(&master)).collect();
         let mut redis = vec![master];
         redis.extend(replicas);
-        replicas_online(&redis[0], 2);
+        replicas_online(&redis[0], n);
+        let slaves = n.to_string();
         let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(redis[0].port)).collect();
         // Each sentinel found the others and the replicas (through the
         // master's hello channel and INFO): a failover can be agreed on.
@@ -151,7 +158,7 @@ impl Set {
                     lines.find(|l| *l == name);
                     lines.next().unwrap_or("").to_string()
                 };
-                field("num-other-sentinels") == "2" && field("num-slaves") == "2"
+                field("num-other-sentinels") == "2" && field("num-slaves") == slaves
             })
         });
         Set { redis, sentinels }
@@ -274,8 +281,8 @@ fn writer(
 
 /// Reads a subscriber until it has seen every answer in `want`: only
 /// answers, `seq` rising, none refused; a `resync` only if `rolled_back`
-/// (a relay's copy held a write answered `504` that the promoted replica
-/// lacked), after which the log starts over. Returns how many it saw.
+/// (a relay's copy held a write that the promoted replica lacked, and the
+/// session took a new epoch), after which the log starts over. Returns how many it saw.
 #[track_caller]
 fn read_answers(
     ws: &mut Ws,
@@ -366,7 +373,7 @@ fn failover(replicas: &str) {
     let rolled_back = servers.iter().any(|s| {
         s.logs()
             .iter()
-            .any(|l| l.contains("rolled back by a failover"))
+            .any(|l| l.contains("new epoch by a failover"))
     });
     eprintln!(
         "RELAY_REDIS_REPLICAS={replicas}: {} prompts, {} answers, {} refused, {} uncertain, {} lost, rolled back: {rolled_back}",
@@ -379,7 +386,9 @@ fn failover(replicas: &str) {
     let lossless = replicas != "0";
     for srv in &servers {
         let history = srv.messages(&sid, "?limit=10000");
-        assert_eq!(history["epoch"], epoch, "no new epoch: {history}");
+        if !rolled_back {
+            assert_eq!(history["epoch"], epoch, "no new epoch: {history}");
+        }
         let msgs = history["messages"].as_array().cloned().unwrap_or_default();
         let (mut prompts, mut answered, mut answers) =
             (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
@@ -424,11 +433,6 @@ fn failover(replicas: &str) {
         .filter(|(_, before)| lossless || !**before)
         .map(|(t, _)| t.clone())
         .collect();
-    let rolled_back = servers.iter().any(|s| {
-        s.logs()
-            .iter()
-            .any(|l| l.contains("rolled back by a failover"))
-    });
     if rolled_back {
         assert!(
             all.uncertain > 0 || !lossless,
@@ -573,7 +577,7 @@ fn a_replica_a_sentinel_names_is_never_written_to() {
 }
 
 #[test]
-fn a_copy_holding_what_the_promoted_replica_lacks_is_rolled_back_with_a_resync() {
+fn a_copy_holding_what_the_promoted_replica_lacks_takes_a_new_epoch_with_a_resync() {
     if skip_unless_plain() {
         return;
     }
@@ -600,13 +604,11 @@ fn a_copy_holding_what_the_promoted_replica_lacks_is_rolled_back_with_a_resync()
     assert_eq!(ws.recv_json_skip_pings()["data"]["seq"], 4);
     named.store(u64::from(replica.port), Ordering::SeqCst);
     master.kill9();
-    srv.wait_for_log("rolled back by a failover");
+    srv.wait_for_log("session given a new epoch by a failover");
     let resync = ws.recv_json_skip_pings();
-    assert_eq!(
-        (&resync["type"], &resync["epoch"]),
-        (&json!("resync"), &json!(epoch)),
-        "{resync}"
-    );
+    assert_eq!(resync["type"], "resync", "{resync}");
+    assert_ne!(resync["epoch"], json!(epoch), "a new epoch: {resync}");
+    let now = resync["epoch"].clone();
     let kept = ws.recv_json_skip_pings();
     assert_eq!(kept["data"]["text"], "kept", "{kept}");
     // The seq the lost answer had goes to the next one, which the
@@ -627,6 +629,134 @@ fn a_copy_holding_what_the_promoted_replica_lacks_is_rolled_back_with_a_resync()
         .unwrap_or_default();
     assert_eq!(ids, [json!(1), json!(2), json!(3), json!(4)], "{history}");
     assert_eq!(history["messages"][3]["data"]["text"], "after", "{history}");
+    assert_eq!(history["epoch"], now, "{history}");
+}
+
+/// The first frame of `ws` other than a ping that is a message, skipping
+/// any `resync`s before it; the `resync`s' epochs.
+#[track_caller]
+fn after_resyncs(ws: &mut Ws) -> (Vec<String>, Value) {
+    let mut epochs = Vec::new();
+    loop {
+        let frame = ws.recv_json_skip_pings();
+        if frame["type"] != "resync" {
+            return (epochs, frame);
+        }
+        epochs.push(frame["epoch"].as_str().unwrap_or("").to_string());
+    }
+}
+
+/// A real failover that loses acknowledged writes (`RELAY_REDIS_REPLICAS=0`,
+/// the one replica stopped and cut off while they were written): a client
+/// that saw them, away during the failover and back with its old cursor,
+/// gets a `resync` to a new epoch, never a `seq` it saw given to another
+/// message under the epoch it knows; a subscriber that stayed gets the
+/// same `resync`, not a close.
+#[test]
+fn a_client_back_after_a_failover_that_lost_what_it_saw_gets_a_resync() {
+    if skip_unless_plain() {
+        return;
+    }
+    let mut set = Set::with_replicas(1);
+    let servers = set.relays(2, &[]);
+    for s in &servers {
+        s.wait_for_log("connected to Redis");
+    }
+    let (a, b) = (&servers[0], &servers[1]);
+    let sid = unique_session();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers[..1], &sid);
+    let stayed = &mut subscribers[0];
+    let mut away = b.ws(&format!("/ws/{sid}?after=0&epoch={epoch}"));
+    a.prompt(&sid, "q", Some("p1"));
+    b.respond(&sid, "p1", "kept");
+    assert_eq!(away.recv_json_skip_pings()["data"]["seq"], 2);
+    assert_eq!(stayed.recv_json_skip_pings()["data"]["seq"], 2);
+    replicated(&set.redis[0], &set.redis[1]);
+    // The replica stopped and its link dropped: what the master
+    // acknowledges now reaches no replica.
+    set.redis[1].signal("STOP");
+    let killed = set.redis[0].cli(&["client", "kill", "type", "replica"]);
+    assert_eq!(killed.trim(), "1", "the replica's link dropped");
+    b.prompt(&sid, "q", Some("p2"));
+    a.respond(&sid, "p2", "lost");
+    let lost = away.recv_json_skip_pings();
+    assert_eq!(
+        (&lost["data"]["seq"], &lost["data"]["text"]),
+        (&json!(4), &json!("lost")),
+        "{lost}"
+    );
+    drop(away);
+    assert_eq!(stayed.recv_json_skip_pings()["data"]["seq"], 4);
+    let old = set.redis[0].port.to_string();
+    set.redis[0].kill9();
+    set.redis[1].signal("CONT");
+    let promoted = set.redis[1].port.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while set.sentinels[0].master_port() != promoted {
+        assert!(Instant::now() < deadline, "the replica was not promoted");
+        assert_ne!(
+            set.sentinels[0].master_port(),
+            "",
+            "the sentinel forgot the master"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_ne!(old, promoted);
+    for s in &servers {
+        wait_until("ready", || s.get("/readyz").status == 200);
+    }
+    a.wait_for_log("session given a new epoch by a failover");
+    let now = a.messages(&sid, "")["epoch"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert_ne!(now, epoch, "a new epoch");
+    // The seqs the lost prompt and answer had go to the next ones.
+    a.prompt(&sid, "q", Some("p3"));
+    b.respond(&sid, "p3", "after");
+    for srv in &servers {
+        wait_until("the epoch is the new one on every relay", || {
+            srv.messages(&sid, "")["epoch"] == json!(now)
+        });
+        let history = srv.messages(&sid, "");
+        let seqs: Vec<_> = history["messages"]
+            .as_array()
+            .map(|m| m.iter().map(|m| m["data"]["seq"].clone()).collect())
+            .unwrap_or_default();
+        assert_eq!(seqs, [json!(1), json!(2), json!(3), json!(4)], "{history}");
+        assert_eq!(history["messages"][3]["data"]["text"], "after", "{history}");
+        // The client back with the cursor it had, through either relay.
+        let mut back = srv.ws(&format!("/ws/{sid}?after=4&epoch={epoch}"));
+        let resync = back.recv_json_skip_pings();
+        assert_eq!(
+            (&resync["type"], &resync["epoch"], &resync["first_seq"]),
+            (&json!("resync"), &json!(now), &json!(1)),
+            "{resync}"
+        );
+        let kept = back.recv_json_skip_pings();
+        assert_eq!(
+            (&kept["data"]["seq"], &kept["data"]["text"]),
+            (&json!(2), &json!("kept")),
+            "{kept}"
+        );
+        let after = back.recv_json_skip_pings();
+        assert_eq!(
+            (&after["data"]["seq"], &after["data"]["text"]),
+            (&json!(4), &json!("after")),
+            "{after}"
+        );
+    }
+    // The subscriber that stayed: a resync to the new epoch, then the log.
+    let (epochs, kept) = after_resyncs(stayed);
+    assert_eq!(epochs.last(), Some(&now), "resyncs: {epochs:?}");
+    assert_eq!(kept["data"]["text"], "kept", "{kept}");
+    let (epochs, after) = after_resyncs(stayed);
+    assert!(epochs.iter().all(|e| *e == now), "resyncs: {epochs:?}");
+    assert_eq!(
+        (&after["data"]["seq"], &after["data"]["text"]),
+        (&json!(4), &json!("after")),
+        "{after}"
+    );
 }
 
 #[test]

@@ -32,6 +32,9 @@ pub(super) enum Op {
     Create,
     Delete,
     Sync,
+    /// A read after a failover that gives the session a new epoch where
+    /// the caller's copy holds more than Redis (`relay.lua`).
+    Renew,
     Agent,
     Watch,
     Touch,
@@ -68,6 +71,7 @@ impl Op {
             Op::Create => "create",
             Op::Delete => "delete",
             Op::Sync => "sync",
+            Op::Renew => "renew",
             Op::Agent => "agent",
             Op::Watch => "watch",
             Op::Touch => "touch",
@@ -93,7 +97,10 @@ impl Op {
     /// Whether it may create a session (or the store's generation): its
     /// call then carries a new epoch (`prompts`: one per prompt).
     pub(super) fn creates(self) -> bool {
-        matches!(self, Op::Prompt | Op::Prompts | Op::Create | Op::Probe)
+        matches!(
+            self,
+            Op::Prompt | Op::Prompts | Op::Create | Op::Probe | Op::Renew
+        )
     }
 }
 
