@@ -9,7 +9,9 @@
 //! `rediss://` both links speak TLS through the same layer as the server's
 //! clients ([`Stream`]), the certificate checked against the URL's host.
 //!
-//! With `redis-sentinel://` a third socket talks to one sentinel at a
+//! With `redis-sentinel://` (over TLS with `rediss-sentinel://`, each
+//! certificate checked against the sentinel's host and the master's
+//! address as named) a third socket talks to one sentinel at a
 //! time (the next one when it fails): it asks where the master is and
 //! listens for `+switch-master`. Both links go to the address it names;
 //! when it names another, both are dropped and connect there, and the
@@ -74,10 +76,23 @@ impl Sock {
     }
 }
 
-/// TLS to Redis: the client settings and the name checked.
+/// TLS to Redis: the client settings and the name checked (with
+/// Sentinel, the master's address as the sentinels name it).
 struct RedisTls {
     config: Arc<rustls::ClientConfig>,
     name: ServerName<'static>,
+}
+
+impl RedisTls {
+    /// `sock` over TLS, the certificate checked against `name`.
+    fn stream(&self, sock: TcpStream, name: ServerName<'static>) -> Result<Stream, String> {
+        match rustls::client::UnbufferedClientConnection::new(Arc::clone(&self.config), name) {
+            // Replies are read whole each event: no per-turn cap on this
+            // trusted peer.
+            Ok(c) => Ok(Stream::tls(sock, c.into(), usize::MAX)),
+            Err(e) => Err(format!("cannot start TLS: {e}")),
+        }
+    }
 }
 
 /// The link to one of the sentinels (`redis-sentinel://`).
@@ -85,7 +100,7 @@ struct Watch {
     addrs: Vec<SocketAddr>,
     /// Which sentinel the next connect tries.
     next: usize,
-    sock: Option<TcpStream>,
+    sock: Option<Stream>,
     open: bool,
     out: Vec<u8>,
     talk: Sentinel,
@@ -179,11 +194,25 @@ impl RedisLinks {
             && now >= w.retry_at
             && !w.addrs.is_empty()
         {
-            let addr = w.addrs[w.next % w.addrs.len()];
+            let at = w.next % w.addrs.len();
+            let addr = w.addrs[at];
             let interest = Interest::READABLE | Interest::WRITABLE;
+            // Over TLS, the sentinel's certificate names its host in the URL.
+            let hosts = w.url.sentinel.as_ref().map(|s| &s.hosts[..]);
+            let host = hosts.and_then(|h| h.get(at)).map_or("", |h| h.0.as_str());
             let registered = TcpStream::connect(addr).and_then(|mut sock| {
                 registry.register(&mut sock, SENTINEL, interest)?;
-                Ok(sock)
+                match &self.tls {
+                    None => Ok(Stream::Plain(sock)),
+                    Some(t) => {
+                        let name = ServerName::try_from(host.to_string());
+                        match name.map(|n| t.stream(sock, n)) {
+                            Ok(Ok(s)) => Ok(s),
+                            Ok(Err(e)) => Err(io::Error::other(e)),
+                            Err(_) => Err(io::Error::other("not a name TLS can check")),
+                        }
+                    }
+                }
             });
             match registered {
                 Ok(sock) => {
@@ -205,16 +234,9 @@ impl RedisLinks {
                     if registry.register(&mut sock, s.token, interest).is_ok() {
                         let stream = match &self.tls {
                             None => Stream::Plain(sock),
-                            Some(t) => match rustls::client::UnbufferedClientConnection::new(
-                                Arc::clone(&t.config),
-                                t.name.clone(),
-                            ) {
-                                // Replies are read whole each event: no
-                                // per-turn cap on this trusted peer.
-                                Ok(c) => Stream::tls(sock, c.into(), usize::MAX),
-                                Err(e) => {
-                                    let _ = registry.deregister(&mut sock);
-                                    let cause = format!("cannot start TLS: {e}");
+                            Some(t) => match t.stream(sock, t.name.clone()) {
+                                Ok(s) => s,
+                                Err(cause) => {
                                     self.failed(now, &cause);
                                     let s = &mut self.socks[i];
                                     s.retry_at = now.after(s.backoff);
@@ -269,7 +291,7 @@ impl RedisLinks {
             return;
         };
         if let Some(mut sock) = w.sock.take() {
-            let _ = registry.deregister(&mut sock);
+            let _ = registry.deregister(sock.tcp());
         }
         w.open = false;
         w.out.clear();
@@ -296,10 +318,11 @@ impl RedisLinks {
             return;
         };
         if !w.open {
-            let cause = match sock.take_error() {
+            let tcp = sock.tcp();
+            let cause = match tcp.take_error() {
                 Ok(Some(e)) | Err(e) => Some(e.to_string()),
                 Ok(None) if ev.is_error() => Some("connection failed".to_string()),
-                Ok(None) => sock.peer_addr().err().map(|e| e.to_string()),
+                Ok(None) => tcp.peer_addr().err().map(|e| e.to_string()),
             };
             if let Some(cause) = cause {
                 if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
@@ -322,6 +345,12 @@ impl RedisLinks {
                     break;
                 }
             }
+        }
+        if gone.is_none()
+            && sock.has_records()
+            && matches!(sock.flush_records(), WriteStatus::Failed)
+        {
+            gone = Some("TLS write failed".to_string());
         }
         while gone.is_none() {
             match sock.read(scratch) {
@@ -370,6 +399,11 @@ impl RedisLinks {
         note(Level::Info, "Redis master", &self.url, &addr.to_string());
         store.master_moved();
         self.addrs = vec![addr];
+        // Over TLS, the master's certificate names the address the
+        // sentinels name.
+        if let Some(t) = &mut self.tls {
+            t.name = ServerName::from(ip);
+        }
         // The sentinel that said so is not asked again.
         let watch = self.watch.take();
         for i in 0..2 {
@@ -565,7 +599,7 @@ impl RedisLinks {
             && w.open
         {
             if let Some(mut sock) = w.sock.take() {
-                let _ = registry.deregister(&mut sock);
+                let _ = registry.deregister(sock.tcp());
             }
             w.open = false;
             w.retry_at = now;
