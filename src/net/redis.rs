@@ -17,7 +17,11 @@
 //! when it names another, both are dropped and connect there, and the
 //! engine takes it as a Redis restart (it reads again what it follows).
 //! A lost command link asks the sentinel again, so a master that went
-//! away is looked up without waiting for the failover's announcement.
+//! away is looked up without waiting for the failover's announcement. A
+//! master named by a host name (sentinels with `announce-hostnames yes`)
+//! is looked up on a short-lived thread, one at a time, which wakes the
+//! loop with the addresses ([`RESOLVED`]): the loop never waits on a
+//! name server.
 
 use std::fmt::Display;
 use std::io::{self, Read, Write};
@@ -39,6 +43,8 @@ use crate::time::Millis;
 pub const COMMAND: Token = Token(usize::MAX - 4);
 pub const EVENTS: Token = Token(usize::MAX - 5);
 pub const SENTINEL: Token = Token(usize::MAX - 6);
+/// The waker a lookup of the master's host name fires.
+pub const RESOLVED: Token = Token(usize::MAX - 7);
 
 /// The first wait before connecting again, doubled up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
@@ -109,8 +115,23 @@ struct Watch {
     backoff: Duration,
 }
 
+/// A lookup of the master's host name, on a thread of its own.
+struct Lookup {
+    /// What the thread looks up; `host` and `port` are the newest name
+    /// the sentinels gave.
+    asked: (String, u16),
+    host: String,
+    port: u16,
+    name: ServerName<'static>,
+    /// Filled by the thread, which then wakes the loop.
+    answer: Arc<std::sync::Mutex<Option<io::Result<Vec<SocketAddr>>>>>,
+}
+
 /// Both links, and where Redis is.
 pub struct RedisLinks {
+    /// Wakes the loop when a lookup answers (with a sentinel).
+    waker: Option<Arc<mio::Waker>>,
+    lookup: Option<Lookup>,
     /// With a sentinel: asks it where the master is (then `addrs`).
     watch: Option<Box<Watch>>,
     addrs: Vec<SocketAddr>,
@@ -161,6 +182,8 @@ impl RedisLinks {
             }
         };
         Ok(RedisLinks {
+            waker: None,
+            lookup: None,
             watch,
             addrs,
             tls,
@@ -172,6 +195,18 @@ impl RedisLinks {
             url: url.display(),
             trouble: Trouble::default(),
         })
+    }
+
+    /// The loop's waker, with a sentinel: a host name it names for the
+    /// master is looked up off the loop, which this wakes with the
+    /// answer ([`RESOLVED`]).
+    pub fn set_waker(&mut self, waker: Arc<mio::Waker>) {
+        self.waker = Some(waker);
+    }
+
+    /// Whether a sentinel is asked where the master is.
+    pub fn follows_sentinels(&self) -> bool {
+        self.watch.is_some()
     }
 
     /// A link failed because of `cause`: logged at `debug` every time, at
@@ -374,6 +409,10 @@ impl RedisLinks {
 
     /// A sentinel says the master is at `host:port`: if that is news,
     /// both links are dropped and connect there at once.
+    /// A host name (sentinels with `announce-hostnames yes`) is looked up
+    /// on a thread of its own, which wakes the loop with the addresses
+    /// ([`resolved`](Self::resolved)); a newer answer of the sentinel
+    /// supersedes a lookup under way.
     #[inline(never)]
     fn master_at(
         &mut self,
@@ -388,21 +427,122 @@ impl RedisLinks {
         };
         w.backoff = MIN_BACKOFF;
         let Ok(ip) = host.parse::<std::net::IpAddr>() else {
-            let cause = "the sentinel named a host name, not an IP address";
+            self.lookup(host, port);
+            return;
+        };
+        self.lookup = None;
+        self.master_addrs(
+            vec![SocketAddr::new(ip, port)],
+            ServerName::from(ip),
+            store,
+            registry,
+            now,
+        );
+    }
+
+    /// Starts looking `host` up off the loop, unless that lookup is under
+    /// way.
+    fn lookup(&mut self, host: &str, port: u16) {
+        let (Some(waker), Ok(name)) = (&self.waker, ServerName::try_from(host.to_string())) else {
+            let cause = "the sentinel named a host name that cannot be looked up";
             note(Level::Warn, "Redis master not followed", &self.url, cause);
             return;
         };
-        let addr = SocketAddr::new(ip, port);
-        if self.addrs == [addr] {
+        if let Some(l) = &mut self.lookup {
+            // One lookup at a time: another name waits for its answer.
+            (l.host, l.port, l.name) = (host.to_string(), port, name);
             return;
         }
-        note(Level::Info, "Redis master", &self.url, &addr.to_string());
+        let answer = Arc::new(std::sync::Mutex::new(None));
+        let (to, waker, name_of) = (Arc::clone(&answer), Arc::clone(waker), host.to_string());
+        let spawned = std::thread::Builder::new()
+            .name("relay-resolve".into())
+            .spawn(move || {
+                use std::net::ToSocketAddrs;
+                let found = (name_of.as_str(), port)
+                    .to_socket_addrs()
+                    .map(|a| a.take(16).collect::<Vec<_>>());
+                if let Ok(mut slot) = to.lock() {
+                    *slot = Some(found);
+                }
+                let _ = waker.wake();
+            });
+        if let Err(e) = spawned {
+            note(
+                Level::Warn,
+                "Redis master not followed",
+                &self.url,
+                &e.to_string(),
+            );
+            return;
+        }
+        self.lookup = Some(Lookup {
+            asked: (host.to_string(), port),
+            host: host.to_string(),
+            port,
+            name,
+            answer,
+        });
+    }
+
+    /// The loop was woken: a lookup of the master's name may have
+    /// answered.
+    fn resolved(&mut self, store: &mut RedisStore, registry: &Registry, now: Millis) {
+        let Some(l) = &self.lookup else {
+            return;
+        };
+        let found = match l.answer.lock() {
+            Ok(mut slot) => slot.take(),
+            Err(_) => Some(Err(io::Error::other("the lookup failed"))),
+        };
+        let Some(found) = found else {
+            return;
+        };
+        let Some(l) = self.lookup.take() else {
+            return;
+        };
+        if l.asked.0 != l.host || l.asked.1 != l.port {
+            // The sentinels named another since: that one is looked up.
+            self.lookup(&l.host, l.port);
+            return;
+        }
+        match found {
+            Ok(addrs) if !addrs.is_empty() => {
+                self.master_addrs(addrs, l.name, store, registry, now)
+            }
+            Ok(_) => {
+                let cause = format!("{} has no address", l.host);
+                note(Level::Warn, "Redis master not followed", &self.url, &cause);
+            }
+            Err(e) => {
+                let cause = format!("cannot resolve {}: {e}", l.host);
+                note(Level::Warn, "Redis master not followed", &self.url, &cause);
+            }
+        }
+    }
+
+    /// The master is at `addrs` (each tried in turn), its certificate
+    /// checked against `name` over TLS: if that is news, both links are
+    /// dropped and connect there at once.
+    fn master_addrs(
+        &mut self,
+        addrs: Vec<SocketAddr>,
+        name: ServerName<'static>,
+        store: &mut RedisStore,
+        registry: &Registry,
+        now: Millis,
+    ) {
+        if self.addrs == addrs {
+            return;
+        }
+        let shown: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+        note(Level::Info, "Redis master", &self.url, &shown.join(","));
         store.master_moved();
-        self.addrs = vec![addr];
-        // Over TLS, the master's certificate names the address the
-        // sentinels name.
+        self.addrs = addrs;
+        // Over TLS, the master's certificate names the address (or host
+        // name) the sentinels name.
         if let Some(t) = &mut self.tls {
-            t.name = ServerName::from(ip);
+            t.name = name;
         }
         // The sentinel that said so is not asked again.
         let watch = self.watch.take();
@@ -434,6 +574,10 @@ impl RedisLinks {
         };
         if token == SENTINEL {
             self.on_sentinel(ev, store, registry, now, scratch);
+            return;
+        }
+        if token == RESOLVED {
+            self.resolved(store, registry, now);
             return;
         }
         let i = usize::from(token == EVENTS);

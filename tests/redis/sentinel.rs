@@ -44,20 +44,20 @@ struct Sentinel {
 impl Sentinel {
     #[track_caller]
     fn start(master: u16) -> Sentinel {
-        Sentinel::start_with(master, 2, "")
+        Sentinel::start_with("127.0.0.1", master, 2, "")
     }
 
-    /// A sentinel of `master` with this quorum and `extra` lines of
-    /// configuration.
+    /// A sentinel of the master at `host`:`master` with this quorum and
+    /// `extra` lines of configuration.
     #[track_caller]
-    fn start_with(master: u16, quorum: u32, extra: &str) -> Sentinel {
+    fn start_with(host: &str, master: u16, quorum: u32, extra: &str) -> Sentinel {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("relay-sentinel-{}", unique_session()));
         std::fs::create_dir_all(&dir).expect("sentinel dir");
         let conf = dir.join("sentinel.conf");
         let text = format!(
             "port {port}\nbind 127.0.0.1\ndir {}\n{extra}\
-             sentinel monitor m 127.0.0.1 {master} {quorum}\n\
+             sentinel monitor m {host} {master} {quorum}\n\
              sentinel down-after-milliseconds m 1000\n\
              sentinel failover-timeout m 4000\n\
              sentinel parallel-syncs m 2\n",
@@ -818,7 +818,7 @@ fn sentinel_and_master_over_tls() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let replica = Redis::start_with(&args);
     replicas_online(&master, 1);
-    let sentinel = Sentinel::start_with(master_tls, 1, &tls_conf(sentinel_tls));
+    let sentinel = Sentinel::start_with("127.0.0.1", master_tls, 1, &tls_conf(sentinel_tls));
     let ca = tls_files().ca.display().to_string();
     let url = format!("rediss-sentinel://127.0.0.1:{sentinel_tls}/m");
     let srv = Server::start_with(&[("RELAY_REDIS_URL", &url), ("RELAY_REDIS_CA", &ca)]);
@@ -841,8 +841,10 @@ fn sentinel_and_master_over_tls() {
             .cli(&["sentinel", "replicas", "m"])
             .contains(&replica_tls.to_string())
     });
-    let r = sentinel.cli(&["sentinel", "failover", "m"]);
-    assert!(r.contains("OK"), "{r}");
+    // Until the sentinel has heard enough of the replica to promote it.
+    wait_until("a failover starts", || {
+        sentinel.cli(&["sentinel", "failover", "m"]).contains("OK")
+    });
     srv.wait_for_log(&format!("127.0.0.1:{replica_tls}"));
     wait_until("ready", || srv.get("/readyz").status == 200);
     srv.prompt(&sid, "after the failover", Some("p2"));
@@ -853,6 +855,62 @@ fn sentinel_and_master_over_tls() {
         "3"
     );
     assert_eq!(srv.pending(&sid).len(), 2);
+}
+
+/// Sentinels that announce host names (`announce-hostnames yes`) name
+/// the master `localhost`: the relay looks the name up off its loop and
+/// follows it, and a failover to a replica announced as `localhost` too.
+#[test]
+fn a_master_named_by_its_host_name_is_followed() {
+    if skip_unless_plain() {
+        return;
+    }
+    let master = Redis::start();
+    let mut args = vec![
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replica-announce-ip",
+        "localhost",
+    ];
+    let port = master.port.to_string();
+    args.extend(["--replicaof", "127.0.0.1", &port]);
+    let replica = Redis::start_with(&args);
+    replicas_online(&master, 1);
+    let names = "sentinel resolve-hostnames yes\nsentinel announce-hostnames yes\n";
+    let sentinel = Sentinel::start_with("localhost", master.port, 1, names);
+    let named = sentinel.cli(&["sentinel", "get-master-addr-by-name", "m"]);
+    assert!(named.starts_with("localhost"), "{named}");
+    let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
+    let srv = Server::start_with(&[("RELAY_REDIS_URL", &url)]);
+    srv.wait_for_log("connected to Redis");
+    let sid = unique_session();
+    srv.prompt(&sid, "by name", Some("p1"));
+    assert_eq!(
+        master.cli(&["hget", &format!("relay:s:{sid}"), "n"]).trim(),
+        "2"
+    );
+    replicated(&master, &replica);
+    wait_until("the sentinel knows the replica", || {
+        sentinel
+            .cli(&["sentinel", "replicas", "m"])
+            .contains(&replica.port.to_string())
+    });
+    // Until the sentinel has heard enough of the replica to promote it.
+    wait_until("a failover starts", || {
+        sentinel.cli(&["sentinel", "failover", "m"]).contains("OK")
+    });
+    srv.wait_for_log(&format!(":{}", replica.port));
+    wait_until("ready", || srv.get("/readyz").status == 200);
+    srv.prompt(&sid, "after the failover", Some("p2"));
+    assert_eq!(
+        replica
+            .cli(&["hget", &format!("relay:s:{sid}"), "n"])
+            .trim(),
+        "3"
+    );
+    assert!(!srv.logs().iter().any(|l| l.contains("not followed")));
 }
 
 #[test]
