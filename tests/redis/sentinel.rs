@@ -857,6 +857,80 @@ fn sentinel_and_master_over_tls() {
     assert_eq!(srv.pending(&sid).len(), 2);
 }
 
+/// `kill -<name>` of a relay.
+fn signal(srv: &Server, name: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{name}"), &srv.pid().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{name}");
+}
+
+/// As above, but the lost seqs are taken again, by a relay that held no
+/// copy of the session, before the relay that held them hears of the
+/// failover (stopped meanwhile): the same count of messages, others than
+/// its copy's. It gives the session a new epoch all the same.
+#[test]
+fn a_lost_seq_taken_by_another_relay_before_the_renewal_still_gives_a_new_epoch() {
+    if skip_unless_plain() {
+        return;
+    }
+    let mut set = Set::with_replicas(1);
+    let servers = set.relays(2, &[]);
+    for s in &servers {
+        s.wait_for_log("connected to Redis");
+    }
+    let (a, b) = (&servers[0], &servers[1]);
+    let sid = unique_session();
+    let epoch = a.put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let mut away = a.ws(&format!("/ws/{sid}?after=0&epoch={epoch}"));
+    a.prompt(&sid, "q", Some("p1"));
+    a.respond(&sid, "p1", "kept");
+    assert_eq!(away.recv_json_skip_pings()["data"]["seq"], 2);
+    replicated(&set.redis[0], &set.redis[1]);
+    set.redis[1].signal("STOP");
+    let killed = set.redis[0].cli(&["client", "kill", "type", "replica"]);
+    assert_eq!(killed.trim(), "1", "the replica's link dropped");
+    a.prompt(&sid, "q", Some("p2"));
+    a.respond(&sid, "p2", "lost");
+    assert_eq!(away.recv_json_skip_pings()["data"]["text"], "lost");
+    drop(away);
+    signal(a, "STOP");
+    set.redis[0].kill9();
+    set.redis[1].signal("CONT");
+    let promoted = set.redis[1].port.to_string();
+    wait_until("the replica is promoted", || {
+        set.sentinels[0].master_port() == promoted
+    });
+    wait_until("B follows it", || b.get("/readyz").status == 200);
+    // Through B, which holds no copy: seqs 3 and 4 again, under the epoch
+    // A's clients know.
+    b.prompt(&sid, "q", Some("p3"));
+    b.respond(&sid, "p3", "after");
+    assert_eq!(b.messages(&sid, "")["epoch"], json!(epoch));
+    signal(a, "CONT");
+    a.wait_for_log("session given a new epoch by a failover");
+    let now = a.messages(&sid, "")["epoch"].clone();
+    assert_ne!(now, json!(epoch), "a new epoch");
+    for srv in &servers {
+        wait_until("the new epoch on every relay", || {
+            srv.messages(&sid, "")["epoch"] == now
+        });
+        let mut back = srv.ws(&format!("/ws/{sid}?after=4&epoch={epoch}"));
+        let resync = back.recv_json_skip_pings();
+        assert_eq!(
+            (&resync["type"], &resync["epoch"]),
+            (&json!("resync"), &now),
+            "{resync}"
+        );
+        assert_eq!(back.recv_json_skip_pings()["data"]["text"], "kept");
+        assert_eq!(back.recv_json_skip_pings()["data"]["text"], "after");
+    }
+}
+
 /// Sentinels that announce host names (`announce-hostnames yes`) name
 /// the master `localhost`: the relay looks the name up off its loop and
 /// follows it, and a failover to a replica announced as `localhost` too.
@@ -911,6 +985,12 @@ fn a_master_named_by_its_host_name_is_followed() {
         "3"
     );
     assert!(!srv.logs().iter().any(|l| l.contains("not followed")));
+    // Nothing was lost: the session keeps its epoch.
+    assert!(
+        !srv.logs()
+            .iter()
+            .any(|l| l.contains("new epoch by a failover"))
+    );
 }
 
 #[test]

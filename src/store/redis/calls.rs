@@ -55,7 +55,8 @@ pub(super) enum Function {
     Write,
     /// `no-writes`: runs out of memory too.
     Read,
-    /// `allow-oom`: only deletes, so it runs out of memory too.
+    /// `allow-oom`: only deletes (or, `renew`, sets two short fields), so
+    /// it runs out of memory too.
     Delete,
 }
 
@@ -90,6 +91,10 @@ impl Op {
             // A read that drops the entries it finds stale: it only
             // deletes.
             Op::Delete | Op::Collect | Op::Every => Function::Delete,
+            // A read after a failover that may set the epoch (two short
+            // fields): run out of memory too, or the session would not
+            // be read again.
+            Op::Renew => Function::Delete,
             _ => Function::Write,
         }
     }

@@ -266,9 +266,10 @@ impl RedisStore {
 
     /// After a failover, once the command link to the new master is up:
     /// each session the copy holds is read whole by `renew`, which gives
-    /// it a new epoch where the copy holds more than the new master (what
-    /// a client may have seen and the new master lacks: its seqs would be
-    /// handed out again). Followed sessions the copy lacks are read whole.
+    /// it a new epoch where the copy holds more than the new master, or
+    /// its newest message is not the one the new master holds at that
+    /// seq (what a client may have seen and the new master lacks: its
+    /// seqs would be handed out again, or were). Followed sessions the copy lacks are read whole.
     /// These reads are the reads after a failover (`master_moved`).
     #[inline(never)]
     pub(super) fn renew_copies(&mut self, copy: &MemStore) {
@@ -283,7 +284,13 @@ impl RedisStore {
                 conn: None,
                 sid: sid.clone(),
             };
-            self.call(sid, Op::Renew, known, &[], expect);
+            // Its newest message: whether Redis holds that one at its seq.
+            let newest = log.history().last().map(|m| {
+                let id = m.assistant_msg_id.as_ref().unwrap_or(&m.client_msg_id);
+                [m.seq.get().to_string(), id.to_string(), m.ts.to_string()]
+            });
+            let extra: Vec<&[u8]> = newest.iter().flatten().map(|a| a.as_bytes()).collect();
+            self.call(sid, Op::Renew, known, &extra, expect);
         }
         let rest: Vec<_> = (self.follow.iter())
             .filter(|(sid, f)| f.rollback && !copy.contains(sid))

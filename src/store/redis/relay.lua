@@ -841,7 +841,16 @@ local function dispatch()
     -- again. A new epoch (keeping what is held) makes a client that saw
     -- them resync; the answer is the whole session.
     if op == 'renew' then
-      if S.e == known_epoch and S.n < (tonumber(known_next) or 0) then
+      -- The copy's newest message (seq, id, ts), where it has one: held
+      -- here as a record naming that id and ts, or another message took
+      -- its seq (written through an instance that held no copy).
+      local lost = S.n < (tonumber(known_next) or 0)
+      if not lost and A[12] and A[12] ~= '' then
+        local r = redis.call('HGET', s, A[12])
+        lost = not r or not string.find(r, '\n' .. A[13] .. '\n', 1, true)
+          or not string.find(r, '\n' .. A[14] .. '\n', 1, true)
+      end
+      if S.e == known_epoch and lost then
         redis.call('HSET', s, 'e', new_epoch, 'pe', S.e)
         publish(channel, 'C\n' .. sid .. '\n' .. new_epoch)
         S.e = new_epoch
