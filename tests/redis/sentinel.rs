@@ -6,7 +6,10 @@
 //! is lost; with `0`, only writes acknowledged before the kill may be;
 //! nothing refused (`503`) is ever stored; no prompt is answered twice;
 //! every subscriber, on every relay, sees every answer in order without
-//! reconnecting.
+//! reconnecting. A failover that loses what clients saw gives the session
+//! a new epoch, so a client back with its old cursor resyncs; and the
+//! relay follows sentinels over TLS (`rediss-sentinel://`) and a master
+//! they name by a host name.
 //!
 //! These tests start their own Redis processes whatever the mode, so they
 //! run once per CI run: in the plain pass (`scripts/test`).
