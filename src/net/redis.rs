@@ -9,13 +9,19 @@
 //! `rediss://` both links speak TLS through the same layer as the server's
 //! clients ([`Stream`]), the certificate checked against the URL's host.
 //!
-//! With `redis-sentinel://` a third socket talks to one sentinel at a
+//! With `redis-sentinel://` (over TLS with `rediss-sentinel://`, each
+//! certificate checked against the sentinel's host and the master's
+//! address as named) a third socket talks to one sentinel at a
 //! time (the next one when it fails): it asks where the master is and
 //! listens for `+switch-master`. Both links go to the address it names;
 //! when it names another, both are dropped and connect there, and the
 //! engine takes it as a Redis restart (it reads again what it follows).
 //! A lost command link asks the sentinel again, so a master that went
-//! away is looked up without waiting for the failover's announcement.
+//! away is looked up without waiting for the failover's announcement. A
+//! master named by a host name (sentinels with `announce-hostnames yes`)
+//! is looked up on a short-lived thread, one at a time, which wakes the
+//! loop with the addresses ([`RESOLVED`]): the loop never waits on a
+//! name server.
 
 use std::fmt::Display;
 use std::io::{self, Read, Write};
@@ -37,6 +43,8 @@ use crate::time::Millis;
 pub const COMMAND: Token = Token(usize::MAX - 4);
 pub const EVENTS: Token = Token(usize::MAX - 5);
 pub const SENTINEL: Token = Token(usize::MAX - 6);
+/// The waker a lookup of the master's host name fires.
+pub const RESOLVED: Token = Token(usize::MAX - 7);
 
 /// The first wait before connecting again, doubled up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
@@ -74,10 +82,23 @@ impl Sock {
     }
 }
 
-/// TLS to Redis: the client settings and the name checked.
+/// TLS to Redis: the client settings and the name checked (with
+/// Sentinel, the master's address as the sentinels name it).
 struct RedisTls {
     config: Arc<rustls::ClientConfig>,
     name: ServerName<'static>,
+}
+
+impl RedisTls {
+    /// `sock` over TLS, the certificate checked against `name`.
+    fn stream(&self, sock: TcpStream, name: ServerName<'static>) -> Result<Stream, String> {
+        match rustls::client::UnbufferedClientConnection::new(Arc::clone(&self.config), name) {
+            // Replies are read whole each event: no per-turn cap on this
+            // trusted peer.
+            Ok(c) => Ok(Stream::tls(sock, c.into(), usize::MAX)),
+            Err(e) => Err(format!("cannot start TLS: {e}")),
+        }
+    }
 }
 
 /// The link to one of the sentinels (`redis-sentinel://`).
@@ -85,7 +106,7 @@ struct Watch {
     addrs: Vec<SocketAddr>,
     /// Which sentinel the next connect tries.
     next: usize,
-    sock: Option<TcpStream>,
+    sock: Option<Stream>,
     open: bool,
     out: Vec<u8>,
     talk: Sentinel,
@@ -94,8 +115,23 @@ struct Watch {
     backoff: Duration,
 }
 
+/// A lookup of the master's host name, on a thread of its own.
+struct Lookup {
+    /// What the thread looks up; `host` and `port` are the newest name
+    /// the sentinels gave.
+    asked: (String, u16),
+    host: String,
+    port: u16,
+    name: ServerName<'static>,
+    /// Filled by the thread, which then wakes the loop.
+    answer: Arc<std::sync::Mutex<Option<io::Result<Vec<SocketAddr>>>>>,
+}
+
 /// Both links, and where Redis is.
 pub struct RedisLinks {
+    /// Wakes the loop when a lookup answers (with a sentinel).
+    waker: Option<Arc<mio::Waker>>,
+    lookup: Option<Lookup>,
     /// With a sentinel: asks it where the master is (then `addrs`).
     watch: Option<Box<Watch>>,
     addrs: Vec<SocketAddr>,
@@ -146,6 +182,8 @@ impl RedisLinks {
             }
         };
         Ok(RedisLinks {
+            waker: None,
+            lookup: None,
             watch,
             addrs,
             tls,
@@ -157,6 +195,18 @@ impl RedisLinks {
             url: url.display(),
             trouble: Trouble::default(),
         })
+    }
+
+    /// The loop's waker, with a sentinel: a host name it names for the
+    /// master is looked up off the loop, which this wakes with the
+    /// answer ([`RESOLVED`]).
+    pub fn set_waker(&mut self, waker: Arc<mio::Waker>) {
+        self.waker = Some(waker);
+    }
+
+    /// Whether a sentinel is asked where the master is.
+    pub fn follows_sentinels(&self) -> bool {
+        self.watch.is_some()
     }
 
     /// A link failed because of `cause`: logged at `debug` every time, at
@@ -179,11 +229,25 @@ impl RedisLinks {
             && now >= w.retry_at
             && !w.addrs.is_empty()
         {
-            let addr = w.addrs[w.next % w.addrs.len()];
+            let at = w.next % w.addrs.len();
+            let addr = w.addrs[at];
             let interest = Interest::READABLE | Interest::WRITABLE;
+            // Over TLS, the sentinel's certificate names its host in the URL.
+            let hosts = w.url.sentinel.as_ref().map(|s| &s.hosts[..]);
+            let host = hosts.and_then(|h| h.get(at)).map_or("", |h| h.0.as_str());
             let registered = TcpStream::connect(addr).and_then(|mut sock| {
                 registry.register(&mut sock, SENTINEL, interest)?;
-                Ok(sock)
+                match &self.tls {
+                    None => Ok(Stream::Plain(sock)),
+                    Some(t) => {
+                        let name = ServerName::try_from(host.to_string());
+                        match name.map(|n| t.stream(sock, n)) {
+                            Ok(Ok(s)) => Ok(s),
+                            Ok(Err(e)) => Err(io::Error::other(e)),
+                            Err(_) => Err(io::Error::other("not a name TLS can check")),
+                        }
+                    }
+                }
             });
             match registered {
                 Ok(sock) => {
@@ -205,16 +269,9 @@ impl RedisLinks {
                     if registry.register(&mut sock, s.token, interest).is_ok() {
                         let stream = match &self.tls {
                             None => Stream::Plain(sock),
-                            Some(t) => match rustls::client::UnbufferedClientConnection::new(
-                                Arc::clone(&t.config),
-                                t.name.clone(),
-                            ) {
-                                // Replies are read whole each event: no
-                                // per-turn cap on this trusted peer.
-                                Ok(c) => Stream::tls(sock, c.into(), usize::MAX),
-                                Err(e) => {
-                                    let _ = registry.deregister(&mut sock);
-                                    let cause = format!("cannot start TLS: {e}");
+                            Some(t) => match t.stream(sock, t.name.clone()) {
+                                Ok(s) => s,
+                                Err(cause) => {
                                     self.failed(now, &cause);
                                     let s = &mut self.socks[i];
                                     s.retry_at = now.after(s.backoff);
@@ -269,7 +326,7 @@ impl RedisLinks {
             return;
         };
         if let Some(mut sock) = w.sock.take() {
-            let _ = registry.deregister(&mut sock);
+            let _ = registry.deregister(sock.tcp());
         }
         w.open = false;
         w.out.clear();
@@ -296,10 +353,11 @@ impl RedisLinks {
             return;
         };
         if !w.open {
-            let cause = match sock.take_error() {
+            let tcp = sock.tcp();
+            let cause = match tcp.take_error() {
                 Ok(Some(e)) | Err(e) => Some(e.to_string()),
                 Ok(None) if ev.is_error() => Some("connection failed".to_string()),
-                Ok(None) => sock.peer_addr().err().map(|e| e.to_string()),
+                Ok(None) => tcp.peer_addr().err().map(|e| e.to_string()),
             };
             if let Some(cause) = cause {
                 if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
@@ -323,6 +381,12 @@ impl RedisLinks {
                 }
             }
         }
+        if gone.is_none()
+            && sock.has_records()
+            && matches!(sock.flush_records(), WriteStatus::Failed)
+        {
+            gone = Some("TLS write failed".to_string());
+        }
         while gone.is_none() {
             match sock.read(scratch) {
                 Ok(0) => gone = Some("the sentinel closed the connection".to_string()),
@@ -345,6 +409,10 @@ impl RedisLinks {
 
     /// A sentinel says the master is at `host:port`: if that is news,
     /// both links are dropped and connect there at once.
+    /// A host name (sentinels with `announce-hostnames yes`) is looked up
+    /// on a thread of its own, which wakes the loop with the addresses
+    /// ([`resolved`](Self::resolved)); a newer answer of the sentinel
+    /// supersedes a lookup under way.
     #[inline(never)]
     fn master_at(
         &mut self,
@@ -359,17 +427,123 @@ impl RedisLinks {
         };
         w.backoff = MIN_BACKOFF;
         let Ok(ip) = host.parse::<std::net::IpAddr>() else {
-            let cause = "the sentinel named a host name, not an IP address";
+            self.lookup(host, port);
+            return;
+        };
+        self.lookup = None;
+        self.master_addrs(
+            vec![SocketAddr::new(ip, port)],
+            ServerName::from(ip),
+            store,
+            registry,
+            now,
+        );
+    }
+
+    /// Starts looking `host` up off the loop, unless that lookup is under
+    /// way.
+    fn lookup(&mut self, host: &str, port: u16) {
+        let (Some(waker), Ok(name)) = (&self.waker, ServerName::try_from(host.to_string())) else {
+            let cause = "the sentinel named a host name that cannot be looked up";
             note(Level::Warn, "Redis master not followed", &self.url, cause);
             return;
         };
-        let addr = SocketAddr::new(ip, port);
-        if self.addrs == [addr] {
+        if let Some(l) = &mut self.lookup {
+            // One lookup at a time: another name waits for its answer.
+            (l.host, l.port, l.name) = (host.to_string(), port, name);
             return;
         }
-        note(Level::Info, "Redis master", &self.url, &addr.to_string());
+        let answer = Arc::new(std::sync::Mutex::new(None));
+        let (to, waker, name_of) = (Arc::clone(&answer), Arc::clone(waker), host.to_string());
+        let spawned = std::thread::Builder::new()
+            .name("relay-resolve".into())
+            .spawn(move || {
+                use std::net::ToSocketAddrs;
+                let found = (name_of.as_str(), port)
+                    .to_socket_addrs()
+                    .map(|a| a.take(16).collect::<Vec<_>>());
+                if let Ok(mut slot) = to.lock() {
+                    *slot = Some(found);
+                }
+                let _ = waker.wake();
+            });
+        if let Err(e) = spawned {
+            note(
+                Level::Warn,
+                "Redis master not followed",
+                &self.url,
+                &e.to_string(),
+            );
+            return;
+        }
+        self.lookup = Some(Lookup {
+            asked: (host.to_string(), port),
+            host: host.to_string(),
+            port,
+            name,
+            answer,
+        });
+    }
+
+    /// The loop was woken: a lookup of the master's name may have
+    /// answered.
+    fn resolved(&mut self, store: &mut RedisStore, registry: &Registry, now: Millis) {
+        let Some(l) = &self.lookup else {
+            return;
+        };
+        let found = match l.answer.lock() {
+            Ok(mut slot) => slot.take(),
+            Err(_) => Some(Err(io::Error::other("the lookup failed"))),
+        };
+        let Some(found) = found else {
+            return;
+        };
+        let Some(l) = self.lookup.take() else {
+            return;
+        };
+        if l.asked.0 != l.host || l.asked.1 != l.port {
+            // The sentinels named another since: that one is looked up.
+            self.lookup(&l.host, l.port);
+            return;
+        }
+        match found {
+            Ok(addrs) if !addrs.is_empty() => {
+                self.master_addrs(addrs, l.name, store, registry, now)
+            }
+            Ok(_) => {
+                let cause = format!("{} has no address", l.host);
+                note(Level::Warn, "Redis master not followed", &self.url, &cause);
+            }
+            Err(e) => {
+                let cause = format!("cannot resolve {}: {e}", l.host);
+                note(Level::Warn, "Redis master not followed", &self.url, &cause);
+            }
+        }
+    }
+
+    /// The master is at `addrs` (each tried in turn), its certificate
+    /// checked against `name` over TLS: if that is news, both links are
+    /// dropped and connect there at once.
+    fn master_addrs(
+        &mut self,
+        addrs: Vec<SocketAddr>,
+        name: ServerName<'static>,
+        store: &mut RedisStore,
+        registry: &Registry,
+        now: Millis,
+    ) {
+        if self.addrs == addrs {
+            return;
+        }
+        let shown: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+        note(Level::Info, "Redis master", &self.url, &shown.join(","));
         store.master_moved();
-        self.addrs = vec![addr];
+        self.addrs = addrs;
+        // Over TLS, the master's certificate names the address (or host
+        // name) the sentinels name.
+        if let Some(t) = &mut self.tls {
+            t.name = name;
+        }
         // The sentinel that said so is not asked again.
         let watch = self.watch.take();
         for i in 0..2 {
@@ -400,6 +574,10 @@ impl RedisLinks {
         };
         if token == SENTINEL {
             self.on_sentinel(ev, store, registry, now, scratch);
+            return;
+        }
+        if token == RESOLVED {
+            self.resolved(store, registry, now);
             return;
         }
         let i = usize::from(token == EVENTS);
@@ -565,7 +743,7 @@ impl RedisLinks {
             && w.open
         {
             if let Some(mut sock) = w.sock.take() {
-                let _ = registry.deregister(&mut sock);
+                let _ = registry.deregister(sock.tcp());
             }
             w.open = false;
             w.retry_at = now;

@@ -138,6 +138,10 @@ impl Server {
                 info!(url = url.display().as_str(), prefix = cfg.redis_prefix.as_str(); "sessions shared through Redis");
                 let mut links = RedisLinks::new(addrs, &url, cfg.redis_ca.as_deref())
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                if links.follows_sentinels() {
+                    // A host name a sentinel names is looked up off the loop.
+                    links.set_waker(Arc::new(mio::Waker::new(poll.registry(), redis::RESOLVED)?));
+                }
                 links.tick(poll.registry(), turn.now);
                 redis = Some(links);
                 let store = MemStore::new(limits.store());
@@ -201,7 +205,9 @@ impl Server {
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(),
-                    redis::COMMAND | redis::EVENTS | redis::SENTINEL => self.on_redis(ev),
+                    redis::COMMAND | redis::EVENTS | redis::SENTINEL | redis::RESOLVED => {
+                        self.on_redis(ev)
+                    }
                     SIGNALS => self.on_signal(),
                     STORE => {
                         self.cx.storage_done();

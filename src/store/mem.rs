@@ -137,6 +137,11 @@ impl MemStore {
         self.limits
     }
 
+    /// Every session held, with its log.
+    pub fn iter(&self) -> impl Iterator<Item = (&SessionId, &SessionLog)> {
+        self.sessions.iter()
+    }
+
     /// Sessions stored.
     pub fn len(&self) -> usize {
         self.sessions.len()

@@ -6,7 +6,10 @@
 //! is lost; with `0`, only writes acknowledged before the kill may be;
 //! nothing refused (`503`) is ever stored; no prompt is answered twice;
 //! every subscriber, on every relay, sees every answer in order without
-//! reconnecting.
+//! reconnecting. A failover that loses what clients saw gives the session
+//! a new epoch, so a client back with its old cursor resyncs; and the
+//! relay follows sentinels over TLS (`rediss-sentinel://`) and a master
+//! they name by a host name.
 //!
 //! These tests start their own Redis processes whatever the mode, so they
 //! run once per CI run: in the plain pass (`scripts/test`).
@@ -44,13 +47,20 @@ struct Sentinel {
 impl Sentinel {
     #[track_caller]
     fn start(master: u16) -> Sentinel {
+        Sentinel::start_with("127.0.0.1", master, 2, "")
+    }
+
+    /// A sentinel of the master at `host`:`master` with this quorum and
+    /// `extra` lines of configuration.
+    #[track_caller]
+    fn start_with(host: &str, master: u16, quorum: u32, extra: &str) -> Sentinel {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("relay-sentinel-{}", unique_session()));
         std::fs::create_dir_all(&dir).expect("sentinel dir");
         let conf = dir.join("sentinel.conf");
         let text = format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\n\
-             sentinel monitor m 127.0.0.1 {master} 2\n\
+            "port {port}\nbind 127.0.0.1\ndir {}\n{extra}\
+             sentinel monitor m {host} {master} {quorum}\n\
              sentinel down-after-milliseconds m 1000\n\
              sentinel failover-timeout m 4000\n\
              sentinel parallel-syncs m 2\n",
@@ -135,11 +145,18 @@ struct Set {
 impl Set {
     #[track_caller]
     fn start() -> Set {
+        Set::with_replicas(2)
+    }
+
+    /// A master with `n` replicas and three sentinels.
+    #[track_caller]
+    fn with_replicas(n: usize) -> Set {
         let master = Redis::start();
-        let replicas = [Redis::replica_of(&master), Redis::replica_of(&master)];
+        let replicas: Vec<Redis> = (0..n).map(|_| Redis::replica_of(&master)).collect();
         let mut redis = vec![master];
         redis.extend(replicas);
-        replicas_online(&redis[0], 2);
+        replicas_online(&redis[0], n);
+        let slaves = n.to_string();
         let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(redis[0].port)).collect();
         // Each sentinel found the others and the replicas (through the
         // master's hello channel and INFO): a failover can be agreed on.
@@ -151,7 +168,7 @@ impl Set {
                     lines.find(|l| *l == name);
                     lines.next().unwrap_or("").to_string()
                 };
-                field("num-other-sentinels") == "2" && field("num-slaves") == "2"
+                field("num-other-sentinels") == "2" && field("num-slaves") == slaves
             })
         });
         Set { redis, sentinels }
@@ -274,8 +291,8 @@ fn writer(
 
 /// Reads a subscriber until it has seen every answer in `want`: only
 /// answers, `seq` rising, none refused; a `resync` only if `rolled_back`
-/// (a relay's copy held a write answered `504` that the promoted replica
-/// lacked), after which the log starts over. Returns how many it saw.
+/// (a relay's copy held a write that the promoted replica lacked, and the
+/// session took a new epoch), after which the log starts over. Returns how many it saw.
 #[track_caller]
 fn read_answers(
     ws: &mut Ws,
@@ -366,7 +383,7 @@ fn failover(replicas: &str) {
     let rolled_back = servers.iter().any(|s| {
         s.logs()
             .iter()
-            .any(|l| l.contains("rolled back by a failover"))
+            .any(|l| l.contains("new epoch by a failover"))
     });
     eprintln!(
         "RELAY_REDIS_REPLICAS={replicas}: {} prompts, {} answers, {} refused, {} uncertain, {} lost, rolled back: {rolled_back}",
@@ -379,7 +396,9 @@ fn failover(replicas: &str) {
     let lossless = replicas != "0";
     for srv in &servers {
         let history = srv.messages(&sid, "?limit=10000");
-        assert_eq!(history["epoch"], epoch, "no new epoch: {history}");
+        if !rolled_back {
+            assert_eq!(history["epoch"], epoch, "no new epoch: {history}");
+        }
         let msgs = history["messages"].as_array().cloned().unwrap_or_default();
         let (mut prompts, mut answered, mut answers) =
             (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
@@ -424,11 +443,6 @@ fn failover(replicas: &str) {
         .filter(|(_, before)| lossless || !**before)
         .map(|(t, _)| t.clone())
         .collect();
-    let rolled_back = servers.iter().any(|s| {
-        s.logs()
-            .iter()
-            .any(|l| l.contains("rolled back by a failover"))
-    });
     if rolled_back {
         assert!(
             all.uncertain > 0 || !lossless,
@@ -573,7 +587,7 @@ fn a_replica_a_sentinel_names_is_never_written_to() {
 }
 
 #[test]
-fn a_copy_holding_what_the_promoted_replica_lacks_is_rolled_back_with_a_resync() {
+fn a_copy_holding_what_the_promoted_replica_lacks_takes_a_new_epoch_with_a_resync() {
     if skip_unless_plain() {
         return;
     }
@@ -600,13 +614,11 @@ fn a_copy_holding_what_the_promoted_replica_lacks_is_rolled_back_with_a_resync()
     assert_eq!(ws.recv_json_skip_pings()["data"]["seq"], 4);
     named.store(u64::from(replica.port), Ordering::SeqCst);
     master.kill9();
-    srv.wait_for_log("rolled back by a failover");
+    srv.wait_for_log("session given a new epoch by a failover");
     let resync = ws.recv_json_skip_pings();
-    assert_eq!(
-        (&resync["type"], &resync["epoch"]),
-        (&json!("resync"), &json!(epoch)),
-        "{resync}"
-    );
+    assert_eq!(resync["type"], "resync", "{resync}");
+    assert_ne!(resync["epoch"], json!(epoch), "a new epoch: {resync}");
+    let now = resync["epoch"].clone();
     let kept = ws.recv_json_skip_pings();
     assert_eq!(kept["data"]["text"], "kept", "{kept}");
     // The seq the lost answer had goes to the next one, which the
@@ -627,6 +639,361 @@ fn a_copy_holding_what_the_promoted_replica_lacks_is_rolled_back_with_a_resync()
         .unwrap_or_default();
     assert_eq!(ids, [json!(1), json!(2), json!(3), json!(4)], "{history}");
     assert_eq!(history["messages"][3]["data"]["text"], "after", "{history}");
+    assert_eq!(history["epoch"], now, "{history}");
+}
+
+/// The first frame of `ws` other than a ping that is a message, skipping
+/// any `resync`s before it; the `resync`s' epochs.
+#[track_caller]
+fn after_resyncs(ws: &mut Ws) -> (Vec<String>, Value) {
+    let mut epochs = Vec::new();
+    loop {
+        let frame = ws.recv_json_skip_pings();
+        if frame["type"] != "resync" {
+            return (epochs, frame);
+        }
+        epochs.push(frame["epoch"].as_str().unwrap_or("").to_string());
+    }
+}
+
+/// A real failover that loses acknowledged writes (`RELAY_REDIS_REPLICAS=0`,
+/// the one replica stopped and cut off while they were written): a client
+/// that saw them, away during the failover and back with its old cursor,
+/// gets a `resync` to a new epoch, never a `seq` it saw given to another
+/// message under the epoch it knows; a subscriber that stayed gets the
+/// same `resync`, not a close.
+#[test]
+fn a_client_back_after_a_failover_that_lost_what_it_saw_gets_a_resync() {
+    if skip_unless_plain() {
+        return;
+    }
+    let mut set = Set::with_replicas(1);
+    let servers = set.relays(2, &[]);
+    for s in &servers {
+        s.wait_for_log("connected to Redis");
+    }
+    let (a, b) = (&servers[0], &servers[1]);
+    let sid = unique_session();
+    let (epoch, mut subscribers) = subscribed_on_each(&servers[..1], &sid);
+    let stayed = &mut subscribers[0];
+    let mut away = b.ws(&format!("/ws/{sid}?after=0&epoch={epoch}"));
+    a.prompt(&sid, "q", Some("p1"));
+    b.respond(&sid, "p1", "kept");
+    assert_eq!(away.recv_json_skip_pings()["data"]["seq"], 2);
+    assert_eq!(stayed.recv_json_skip_pings()["data"]["seq"], 2);
+    replicated(&set.redis[0], &set.redis[1]);
+    // The replica stopped and its link dropped: what the master
+    // acknowledges now reaches no replica.
+    set.redis[1].signal("STOP");
+    let killed = set.redis[0].cli(&["client", "kill", "type", "replica"]);
+    assert_eq!(killed.trim(), "1", "the replica's link dropped");
+    b.prompt(&sid, "q", Some("p2"));
+    a.respond(&sid, "p2", "lost");
+    let lost = away.recv_json_skip_pings();
+    assert_eq!(
+        (&lost["data"]["seq"], &lost["data"]["text"]),
+        (&json!(4), &json!("lost")),
+        "{lost}"
+    );
+    drop(away);
+    assert_eq!(stayed.recv_json_skip_pings()["data"]["seq"], 4);
+    let old = set.redis[0].port.to_string();
+    set.redis[0].kill9();
+    set.redis[1].signal("CONT");
+    let promoted = set.redis[1].port.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while set.sentinels[0].master_port() != promoted {
+        assert!(Instant::now() < deadline, "the replica was not promoted");
+        assert_ne!(
+            set.sentinels[0].master_port(),
+            "",
+            "the sentinel forgot the master"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_ne!(old, promoted);
+    for s in &servers {
+        wait_until("ready", || s.get("/readyz").status == 200);
+    }
+    a.wait_for_log("session given a new epoch by a failover");
+    let now = a.messages(&sid, "")["epoch"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert_ne!(now, epoch, "a new epoch");
+    // The seqs the lost prompt and answer had go to the next ones.
+    a.prompt(&sid, "q", Some("p3"));
+    b.respond(&sid, "p3", "after");
+    for srv in &servers {
+        wait_until("the epoch is the new one on every relay", || {
+            srv.messages(&sid, "")["epoch"] == json!(now)
+        });
+        let history = srv.messages(&sid, "");
+        let seqs: Vec<_> = history["messages"]
+            .as_array()
+            .map(|m| m.iter().map(|m| m["data"]["seq"].clone()).collect())
+            .unwrap_or_default();
+        assert_eq!(seqs, [json!(1), json!(2), json!(3), json!(4)], "{history}");
+        assert_eq!(history["messages"][3]["data"]["text"], "after", "{history}");
+        // The client back with the cursor it had, through either relay.
+        let mut back = srv.ws(&format!("/ws/{sid}?after=4&epoch={epoch}"));
+        let resync = back.recv_json_skip_pings();
+        assert_eq!(
+            (&resync["type"], &resync["epoch"], &resync["first_seq"]),
+            (&json!("resync"), &json!(now), &json!(1)),
+            "{resync}"
+        );
+        let kept = back.recv_json_skip_pings();
+        assert_eq!(
+            (&kept["data"]["seq"], &kept["data"]["text"]),
+            (&json!(2), &json!("kept")),
+            "{kept}"
+        );
+        let after = back.recv_json_skip_pings();
+        assert_eq!(
+            (&after["data"]["seq"], &after["data"]["text"]),
+            (&json!(4), &json!("after")),
+            "{after}"
+        );
+    }
+    // The subscriber that stayed: a resync to the new epoch, then the log.
+    let (epochs, kept) = after_resyncs(stayed);
+    assert_eq!(epochs.last(), Some(&now), "resyncs: {epochs:?}");
+    assert_eq!(kept["data"]["text"], "kept", "{kept}");
+    let (epochs, after) = after_resyncs(stayed);
+    assert!(epochs.iter().all(|e| *e == now), "resyncs: {epochs:?}");
+    assert_eq!(
+        (&after["data"]["seq"], &after["data"]["text"]),
+        (&json!(4), &json!("after")),
+        "{after}"
+    );
+}
+
+/// The lines that make a `redis-server` (or a sentinel) also speak TLS
+/// on `port`, with the test CA's certificate for 127.0.0.1, and
+/// replicate over TLS.
+fn tls_conf(port: u16) -> String {
+    let f = tls_files();
+    format!(
+        "tls-port {port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+         tls-auth-clients no\ntls-replication yes\n",
+        f.cert.display(),
+        f.key.display(),
+        f.ca.display()
+    )
+}
+
+/// `tls_conf` as command-line arguments.
+fn tls_args(port: u16) -> Vec<String> {
+    let mut args = vec![
+        "--save".to_string(),
+        String::new(),
+        "--appendonly".into(),
+        "no".into(),
+    ];
+    for line in tls_conf(port).lines() {
+        let (k, v) = line.split_once(' ').unwrap_or((line, ""));
+        args.extend([format!("--{k}"), v.to_string()]);
+    }
+    args
+}
+
+/// `rediss-sentinel://`: the relay asks a sentinel over TLS where the
+/// master is, speaks TLS to the master it names (the certificate checked
+/// against that address), and follows a failover to the replica, over
+/// TLS too. Each Redis also listens in plain text, for the test's own
+/// `redis-cli`; the sentinel names only TLS ports.
+#[test]
+fn sentinel_and_master_over_tls() {
+    if skip_unless_plain() {
+        return;
+    }
+    let (master_tls, replica_tls, sentinel_tls) = (free_port(), free_port(), free_port());
+    let args = tls_args(master_tls);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let master = Redis::start_with(&args);
+    let mut args = tls_args(replica_tls);
+    args.extend([
+        "--replicaof".into(),
+        "127.0.0.1".into(),
+        master_tls.to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let replica = Redis::start_with(&args);
+    replicas_online(&master, 1);
+    let sentinel = Sentinel::start_with("127.0.0.1", master_tls, 1, &tls_conf(sentinel_tls));
+    let ca = tls_files().ca.display().to_string();
+    let url = format!("rediss-sentinel://127.0.0.1:{sentinel_tls}/m");
+    let srv = Server::start_with(&[("RELAY_REDIS_URL", &url), ("RELAY_REDIS_CA", &ca)]);
+    srv.wait_for_log("connected to Redis");
+    assert!(
+        srv.logs()
+            .iter()
+            .any(|l| l.contains("Redis master") && l.contains(&format!(":{master_tls}"))),
+        "the master's TLS port"
+    );
+    let sid = unique_session();
+    srv.prompt(&sid, "over TLS", Some("p1"));
+    assert_eq!(
+        master.cli(&["hget", &format!("relay:s:{sid}"), "n"]).trim(),
+        "2"
+    );
+    replicated(&master, &replica);
+    wait_until("the sentinel knows the replica", || {
+        sentinel
+            .cli(&["sentinel", "replicas", "m"])
+            .contains(&replica_tls.to_string())
+    });
+    // Until the sentinel has heard enough of the replica to promote it.
+    wait_until("a failover starts", || {
+        sentinel.cli(&["sentinel", "failover", "m"]).contains("OK")
+    });
+    srv.wait_for_log(&format!("127.0.0.1:{replica_tls}"));
+    wait_until("ready", || srv.get("/readyz").status == 200);
+    srv.prompt(&sid, "after the failover", Some("p2"));
+    assert_eq!(
+        replica
+            .cli(&["hget", &format!("relay:s:{sid}"), "n"])
+            .trim(),
+        "3"
+    );
+    assert_eq!(srv.pending(&sid).len(), 2);
+}
+
+/// `kill -<name>` of a relay.
+fn signal(srv: &Server, name: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{name}"), &srv.pid().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{name}");
+}
+
+/// As above, but the lost seqs are taken again, by a relay that held no
+/// copy of the session, before the relay that held them hears of the
+/// failover (stopped meanwhile): the same count of messages, others than
+/// its copy's. It gives the session a new epoch all the same.
+#[test]
+fn a_lost_seq_taken_by_another_relay_before_the_renewal_still_gives_a_new_epoch() {
+    if skip_unless_plain() {
+        return;
+    }
+    let mut set = Set::with_replicas(1);
+    let servers = set.relays(2, &[]);
+    for s in &servers {
+        s.wait_for_log("connected to Redis");
+    }
+    let (a, b) = (&servers[0], &servers[1]);
+    let sid = unique_session();
+    let epoch = a.put(&format!("/sessions/{sid}")).json()["epoch"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let mut away = a.ws(&format!("/ws/{sid}?after=0&epoch={epoch}"));
+    a.prompt(&sid, "q", Some("p1"));
+    a.respond(&sid, "p1", "kept");
+    assert_eq!(away.recv_json_skip_pings()["data"]["seq"], 2);
+    replicated(&set.redis[0], &set.redis[1]);
+    set.redis[1].signal("STOP");
+    let killed = set.redis[0].cli(&["client", "kill", "type", "replica"]);
+    assert_eq!(killed.trim(), "1", "the replica's link dropped");
+    a.prompt(&sid, "q", Some("p2"));
+    a.respond(&sid, "p2", "lost");
+    assert_eq!(away.recv_json_skip_pings()["data"]["text"], "lost");
+    drop(away);
+    signal(a, "STOP");
+    set.redis[0].kill9();
+    set.redis[1].signal("CONT");
+    let promoted = set.redis[1].port.to_string();
+    wait_until("the replica is promoted", || {
+        set.sentinels[0].master_port() == promoted
+    });
+    wait_until("B follows it", || b.get("/readyz").status == 200);
+    // Through B, which holds no copy: seqs 3 and 4 again, under the epoch
+    // A's clients know.
+    b.prompt(&sid, "q", Some("p3"));
+    b.respond(&sid, "p3", "after");
+    assert_eq!(b.messages(&sid, "")["epoch"], json!(epoch));
+    signal(a, "CONT");
+    a.wait_for_log("session given a new epoch by a failover");
+    let now = a.messages(&sid, "")["epoch"].clone();
+    assert_ne!(now, json!(epoch), "a new epoch");
+    for srv in &servers {
+        wait_until("the new epoch on every relay", || {
+            srv.messages(&sid, "")["epoch"] == now
+        });
+        let mut back = srv.ws(&format!("/ws/{sid}?after=4&epoch={epoch}"));
+        let resync = back.recv_json_skip_pings();
+        assert_eq!(
+            (&resync["type"], &resync["epoch"]),
+            (&json!("resync"), &now),
+            "{resync}"
+        );
+        assert_eq!(back.recv_json_skip_pings()["data"]["text"], "kept");
+        assert_eq!(back.recv_json_skip_pings()["data"]["text"], "after");
+    }
+}
+
+/// Sentinels that announce host names (`announce-hostnames yes`) name
+/// the master `localhost`: the relay looks the name up off its loop and
+/// follows it, and a failover to a replica announced as `localhost` too.
+#[test]
+fn a_master_named_by_its_host_name_is_followed() {
+    if skip_unless_plain() {
+        return;
+    }
+    let master = Redis::start();
+    let mut args = vec![
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replica-announce-ip",
+        "localhost",
+    ];
+    let port = master.port.to_string();
+    args.extend(["--replicaof", "127.0.0.1", &port]);
+    let replica = Redis::start_with(&args);
+    replicas_online(&master, 1);
+    let names = "sentinel resolve-hostnames yes\nsentinel announce-hostnames yes\n";
+    let sentinel = Sentinel::start_with("localhost", master.port, 1, names);
+    let named = sentinel.cli(&["sentinel", "get-master-addr-by-name", "m"]);
+    assert!(named.starts_with("localhost"), "{named}");
+    let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
+    let srv = Server::start_with(&[("RELAY_REDIS_URL", &url)]);
+    srv.wait_for_log("connected to Redis");
+    let sid = unique_session();
+    srv.prompt(&sid, "by name", Some("p1"));
+    assert_eq!(
+        master.cli(&["hget", &format!("relay:s:{sid}"), "n"]).trim(),
+        "2"
+    );
+    replicated(&master, &replica);
+    wait_until("the sentinel knows the replica", || {
+        sentinel
+            .cli(&["sentinel", "replicas", "m"])
+            .contains(&replica.port.to_string())
+    });
+    // Until the sentinel has heard enough of the replica to promote it.
+    wait_until("a failover starts", || {
+        sentinel.cli(&["sentinel", "failover", "m"]).contains("OK")
+    });
+    srv.wait_for_log(&format!(":{}", replica.port));
+    wait_until("ready", || srv.get("/readyz").status == 200);
+    srv.prompt(&sid, "after the failover", Some("p2"));
+    assert_eq!(
+        replica
+            .cli(&["hget", &format!("relay:s:{sid}"), "n"])
+            .trim(),
+        "3"
+    );
+    assert!(!srv.logs().iter().any(|l| l.contains("not followed")));
+    // Nothing was lost: the session keeps its epoch.
+    assert!(
+        !srv.logs()
+            .iter()
+            .any(|l| l.contains("new epoch by a failover"))
+    );
 }
 
 #[test]
@@ -648,8 +1015,8 @@ fn bad_replicas_or_sentinel_settings_exit_2() {
         ),
         (
             "RELAY_REDIS_URL",
-            "rediss-sentinel://127.0.0.1:1/m",
-            "not supported",
+            "rediss-sentinel://127.0.0.1:1",
+            "no master name",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_relay"))

@@ -32,6 +32,9 @@ pub(super) enum Op {
     Create,
     Delete,
     Sync,
+    /// A read after a failover that gives the session a new epoch where
+    /// the caller's copy holds more than Redis (`relay.lua`).
+    Renew,
     Agent,
     Watch,
     Touch,
@@ -52,7 +55,8 @@ pub(super) enum Function {
     Write,
     /// `no-writes`: runs out of memory too.
     Read,
-    /// `allow-oom`: only deletes, so it runs out of memory too.
+    /// `allow-oom`: only deletes (or, `renew`, sets two short fields), so
+    /// it runs out of memory too.
     Delete,
 }
 
@@ -68,6 +72,7 @@ impl Op {
             Op::Create => "create",
             Op::Delete => "delete",
             Op::Sync => "sync",
+            Op::Renew => "renew",
             Op::Agent => "agent",
             Op::Watch => "watch",
             Op::Touch => "touch",
@@ -86,6 +91,10 @@ impl Op {
             // A read that drops the entries it finds stale: it only
             // deletes.
             Op::Delete | Op::Collect | Op::Every => Function::Delete,
+            // A read after a failover that may set the epoch (two short
+            // fields): run out of memory too, or the session would not
+            // be read again.
+            Op::Renew => Function::Delete,
             _ => Function::Write,
         }
     }
@@ -93,7 +102,10 @@ impl Op {
     /// Whether it may create a session (or the store's generation): its
     /// call then carries a new epoch (`prompts`: one per prompt).
     pub(super) fn creates(self) -> bool {
-        matches!(self, Op::Prompt | Op::Prompts | Op::Create | Op::Probe)
+        matches!(
+            self,
+            Op::Prompt | Op::Prompts | Op::Create | Op::Probe | Op::Renew
+        )
     }
 }
 

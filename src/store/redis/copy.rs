@@ -145,6 +145,9 @@ impl RedisStore {
     /// published, then each reply, in the order they came, read against
     /// the copy as the events before them left it.
     pub fn next_event(&mut self, copy: &MemStore, waited: &dyn Waited) -> Option<StoreEvent> {
+        if self.renew_owed && self.cmd.up {
+            self.renew_copies(copy);
+        }
         loop {
             if let Some(e) = self.ready.pop_front() {
                 return Some(e);
@@ -322,7 +325,15 @@ impl RedisStore {
             None if !head.full => Vec::new(),
             _ => {
                 let same = local.as_ref().is_some_and(|(e, _)| **e == *head.epoch);
-                if local.is_some() && !same {
+                // A new epoch a failover gave the copy's session (`renew`):
+                // not a deletion; its subscribers resync.
+                let renewed = !same
+                    && (local.as_ref().zip(head.prev.as_deref()))
+                        .is_some_and(|((e, _), p)| **e == *p);
+                if renewed {
+                    info!(session_id = sid.as_str(); "session given a new epoch by a failover");
+                }
+                if local.is_some() && !same && !renewed {
                     self.ready
                         .push_back(StoreEvent::Records(vec![Record::Deleted {
                             sid: sid.clone(),
@@ -338,7 +349,8 @@ impl RedisStore {
                 if rolled_back {
                     info!(session_id = sid.as_str(); "session rolled back by a failover");
                 }
-                let refill = (same || local.is_none()).then_some(local.is_none() || rolled_back);
+                let refill = (same || renewed || local.is_none())
+                    .then_some(local.is_none() || rolled_back || renewed);
                 self.ready
                     .push_back(StoreEvent::Replaced { sid, log, refill });
                 Vec::new()

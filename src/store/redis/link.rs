@@ -171,13 +171,16 @@ impl RedisStore {
             // The reads owed since the last link was lost.
             // And after a failover, every session followed (see
             // `master_moved`).
+            // Unless the copies are to be renewed first: the renewal
+            // reads them (`renew_copies`).
+            let renew = self.renew_owed;
             let owed: Vec<_> = self
                 .follow
                 .iter_mut()
                 .filter(|(_, f)| f.resyncs > 0 || f.rollback)
-                .map(|(sid, f)| {
+                .filter_map(|(sid, f)| {
                     f.resyncs = 0;
-                    sid.clone()
+                    (!(renew && f.rollback)).then(|| sid.clone())
                 })
                 .collect();
             for sid in owed {

@@ -77,8 +77,10 @@
 //! sent meanwhile wait for the next one.
 //!
 //! After a Sentinel failover ([`RedisStore::master_moved`]) every session
-//! followed is read whole before its channel is listened to again, and a
-//! copy holding more than the new master is rolled back to it.
+//! the copy holds is read whole (followed ones before their channel is
+//! listened to again), and one whose copy holds more than the new master
+//! is given a new epoch there: the `seq`s of what was lost go to other
+//! messages, so clients that saw it resync.
 
 mod calls;
 mod codec;
@@ -104,7 +106,7 @@ pub use sentinel::Sentinel;
 pub use url::{RedisUrl, Sentinels};
 
 use super::idmap::Keys;
-use super::mem::{IdGen, StoreLimits};
+use super::mem::{IdGen, MemStore, StoreLimits};
 use super::seam::{StoreEvent, StoreStats};
 use super::types::SessionId;
 use crate::store::types::Ticket;
@@ -193,6 +195,9 @@ pub struct RedisStore {
     unwaited: bool,
     /// A `WAIT` was sent and is not answered (one at a time).
     waiting: bool,
+    /// The master moved: the copies are renewed on the new one once the
+    /// command link is up ([`renew_copies`](Self::renew_copies)).
+    renew_owed: bool,
     /// While a `WAIT` is owed: how many replies at the front of
     /// `answered` may go to the relay (the rest wait for it).
     hold: Option<usize>,
@@ -238,6 +243,7 @@ impl RedisStore {
             wait_ms: 0,
             unwaited: false,
             waiting: false,
+            renew_owed: false,
             hold: None,
         }
     }
@@ -249,9 +255,49 @@ impl RedisStore {
     /// reaches the copy before that read: a copy that then holds more
     /// than Redis held what the promoted replica lacked, and is rolled
     /// back to it.
+    /// And each session the copy holds is renewed there (see
+    /// [`renew_copies`](Self::renew_copies)).
     pub fn master_moved(&mut self) {
         for f in self.follow.values_mut() {
             f.rollback |= f.listen.is_some();
+        }
+        self.renew_owed = true;
+    }
+
+    /// After a failover, once the command link to the new master is up:
+    /// each session the copy holds is read whole by `renew`, which gives
+    /// it a new epoch where the copy holds more than the new master, or
+    /// its newest message is not the one the new master holds at that
+    /// seq (what a client may have seen and the new master lacks: its
+    /// seqs would be handed out again, or were). Followed sessions the copy lacks are read whole.
+    /// These reads are the reads after a failover (`master_moved`).
+    #[inline(never)]
+    pub(super) fn renew_copies(&mut self, copy: &MemStore) {
+        self.renew_owed = false;
+        for (sid, log) in copy.iter() {
+            let known = Known {
+                epoch: log.epoch(),
+                next: log.next_seq().get(),
+            };
+            self.follow.entry(sid.clone()).or_default().resyncs += 1;
+            let expect = Expect::Sync {
+                conn: None,
+                sid: sid.clone(),
+            };
+            // Its newest message: whether Redis holds that one at its seq.
+            let newest = log.history().last().map(|m| {
+                let id = m.assistant_msg_id.as_ref().unwrap_or(&m.client_msg_id);
+                [m.seq.get().to_string(), id.to_string(), m.ts.to_string()]
+            });
+            let extra: Vec<&[u8]> = newest.iter().flatten().map(|a| a.as_bytes()).collect();
+            self.call(sid, Op::Renew, known, &extra, expect);
+        }
+        let rest: Vec<_> = (self.follow.iter())
+            .filter(|(sid, f)| f.rollback && !copy.contains(sid))
+            .map(|(sid, _)| sid.clone())
+            .collect();
+        for sid in rest {
+            self.sync(None, &sid, Known::default());
         }
     }
 

@@ -12,7 +12,8 @@
 --                       cancel's: a framed message) seq, da newest one
 --                       history dropped, pc pending
 --                       count, t the second (unix) in which the
---                       session's score in `sessions` was set;
+--                       session's score in `sessions` was set, pe
+--                       the epoch before `renew` gave it a new one;
 --                       <seq> -> a record, as the relay sent it:
 --                       "P\ncid\n\nts\nhead" (a prompt),
 --                       "A\ncid\naid\nts\nhead" (an answer) or
@@ -220,6 +221,12 @@ local function answer(status, S, extra)
   else
     out[7] = '1'
     out[8] = generation()
+    -- An epoch renewed after a failover (`renew`) names the one before
+    -- it, so that a copy of that one is read as renewed, not deleted.
+    local pe = redis.call('HGET', s, 'pe')
+    if pe then
+      out[3] = S.e .. '\n' .. pe
+    end
     local kv = redis.call('HGETALL', s)
     local seqs = {}
     local byseq = {}
@@ -824,10 +831,31 @@ local function dispatch()
     redis.call('ZREM', all, sid)
     publish(channel, 'D\n' .. sid .. '\n' .. S.e)
     return done(gone('ok'))
-  elseif op == 'sync' then
+  elseif op == 'sync' or op == 'renew' then
     local S = session()
     if not S then
       return done(gone('ok'))
+    end
+    -- `renew`, after a failover: the caller's copy held messages this
+    -- master lacks (lost with the old one), whose seqs it would hand out
+    -- again. A new epoch (keeping what is held) makes a client that saw
+    -- them resync; the answer is the whole session.
+    if op == 'renew' then
+      -- The copy's newest message (seq, id, ts), where it has one: held
+      -- here as a record naming that id and ts, or another message took
+      -- its seq (written through an instance that held no copy).
+      local lost = S.n < (tonumber(known_next) or 0)
+      if not lost and A[12] and A[12] ~= '' then
+        local r = redis.call('HGET', s, A[12])
+        lost = not r or not string.find(r, '\n' .. A[13] .. '\n', 1, true)
+          or not string.find(r, '\n' .. A[14] .. '\n', 1, true)
+      end
+      if S.e == known_epoch and lost then
+        redis.call('HSET', s, 'e', new_epoch, 'pe', S.e)
+        publish(channel, 'C\n' .. sid .. '\n' .. new_epoch)
+        S.e = new_epoch
+      end
+      known_epoch = ''
     end
     -- After the records: the open drafts ("d\naid\n" and the draft) and
     -- the instances' agent states ("g\ninstance\n" and the state).

@@ -27,6 +27,9 @@ pub struct Snapshot {
 #[derive(Debug)]
 pub struct Head {
     pub epoch: String,
+    /// In a whole session's answer: the epoch a failover's renewal
+    /// replaced (`renew` in `relay.lua`).
+    pub prev: Option<String>,
     pub next: Seq,
     pub last_assistant: Seq,
     pub dropped_assistant: Seq,
@@ -148,8 +151,13 @@ pub fn parse_snapshot(
             },
         ));
     }
+    let (epoch, prev) = match epoch.split_once('\n') {
+        Some((e, p)) => (e.to_string(), Some(p.to_string())),
+        None => (epoch, None),
+    };
     let head = Head {
         epoch,
+        prev,
         next: Seq(num(3)?),
         last_assistant: Seq(num(4)?),
         dropped_assistant: Seq(num(5)?),

@@ -10,8 +10,9 @@
 //! to the master, and to the sentinels too where they ask for a password
 //! (Redis keeps the two apart; one URL keeps one secret for both, the
 //! common setup, and a sentinel without `requirepass` just ignores it).
-//! Sentinel over TLS is not taken: the master's address comes from the
-//! sentinels as an IP, which a certificate rarely names.
+//! `rediss-sentinel://` speaks TLS to the sentinels (each certificate
+//! checked against its host in the URL) and to the master (checked
+//! against the address the sentinels name, as they name it).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
@@ -44,9 +45,7 @@ impl RedisUrl {
             Some(("redis", rest)) => (rest, false, false),
             Some(("rediss", rest)) => (rest, true, false),
             Some(("redis-sentinel", rest)) => (rest, false, true),
-            Some(("rediss-sentinel", _)) => {
-                return Err("Sentinel over TLS is not supported: use redis-sentinel://".into());
-            }
+            Some(("rediss-sentinel", rest)) => (rest, true, true),
             _ => {
                 return Err(
                     "expected redis://host[:port][/db], rediss://… or redis-sentinel://host:port[,…]/master"
@@ -126,7 +125,8 @@ impl RedisUrl {
         if let Some(s) = &self.sentinel {
             let hosts: Vec<String> = s.hosts.iter().map(|(h, p)| bracket(h, *p)).collect();
             let hosts = hosts.join(",");
-            return format!("redis-sentinel://{hosts}/{}/{}", s.master, self.db);
+            let scheme = if self.tls { "rediss" } else { "redis" };
+            return format!("{scheme}-sentinel://{hosts}/{}/{}", s.master, self.db);
         }
         let scheme = if self.tls { "rediss" } else { "redis" };
         format!("{scheme}://{}/{}", bracket(&self.host, self.port), self.db)
@@ -238,7 +238,7 @@ mod tests {
             "redis-sentinel://s1/",
             "redis-sentinel://s1,/m",
             "redis-sentinel://s1/m/x",
-            "rediss-sentinel://s1/m",
+            "rediss-sentinel://s1",
         ] {
             assert!(RedisUrl::parse(bad).is_err(), "{bad}");
         }
