@@ -55,7 +55,7 @@ impl Relay {
         let expires_ts = self
             .store
             .get(sid)
-            .and_then(|log| log.asks().get(ask_id, unix_ms))
+            .and_then(|log| log.ask(ask_id, unix_ms))
             .map_or(unix_ms, |e| e.expires_ts);
         let key = self
             .store
@@ -104,7 +104,7 @@ impl Relay {
     ) -> (u16, Rc<[u8]>) {
         match self.store.ask_state(now, unix_ms, sid, ask_id) {
             Ok((_, body)) => (200, Rc::from(body)),
-            Err(e) => match self.store.get(sid).and_then(|l| l.asks().kept(ask_id)) {
+            Err(e) => match self.store.get(sid).and_then(|l| l.kept_ask(ask_id)) {
                 Some(ask) if ask.state(unix_ms) == AskState::Expired => {
                     (200, Rc::from(ask.state_body(ask_id, unix_ms)))
                 }

@@ -162,7 +162,7 @@ impl Relay {
                     if !self.store.contains(&sid) {
                         self.resident.loads += 1;
                     }
-                    self.store.insert(sid.clone(), *log);
+                    self.store.insert(sid.clone(), log);
                     if let Some(resync) = refill {
                         // A new epoch: the parked polls are checked
                         // against it at once, their cursors reset.
