@@ -253,7 +253,7 @@ impl Relay {
         } else {
             ",\"agent\":\"offline\",\"agent_seen_ts\":"
         });
-        match live.and_then(Live::seen) {
+        match live.and_then(|l| l.seen()) {
             Some(ts) => push_decimal_str(&mut out, ts),
             None => out.push_str("null"),
         }

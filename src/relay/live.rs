@@ -95,7 +95,7 @@ impl Live {
 }
 
 /// The live state of every session that had any (dropped with its session).
-pub type LiveMap = HashMap<SessionId, Live>;
+pub type LiveMap = HashMap<SessionId, Box<Live>>;
 
 impl Relay {
     /// The drafts and the other instances' agent states a read of `sid`

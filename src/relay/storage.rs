@@ -14,7 +14,7 @@ use crate::store::idmap::Keys;
 use crate::store::seam::{Read, StoreEvent, StoreStats, Waited};
 use crate::time::Millis;
 
-impl Waited for HashMap<SessionId, Presence, Keys> {
+impl Waited for HashMap<SessionId, Box<Presence>, Keys> {
     fn waits_on(&self, sid: &str) -> bool {
         self.contains_key(sid)
     }
