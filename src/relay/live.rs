@@ -95,6 +95,8 @@ impl Live {
 }
 
 /// The live state of every session that had any (dropped with its session).
+/// Boxed: a table keeps room for up to twice its entries, and each
+/// session an agent ever polled has one.
 pub type LiveMap = HashMap<SessionId, Box<Live>>;
 
 impl Relay {
