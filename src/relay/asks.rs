@@ -63,7 +63,7 @@ impl Relay {
             .ok_or_else(ApiError::session_not_found)?
             .clone();
         let here = self.presence.entry(key.clone()).or_default();
-        if here.waiters.len() + here.asks.len() >= self.limits.max_waiters {
+        if here.waiters.len() + here.asks().len() >= self.limits.max_waiters {
             if here.is_empty() {
                 self.presence.remove(sid);
             }
@@ -72,7 +72,7 @@ impl Relay {
             ));
         }
         super::presence::push_one(
-            &mut here.asks,
+            here.asks_mut(),
             super::presence::AskWaiter {
                 conn,
                 ask_id: Rc::from(ask_id),
@@ -136,7 +136,7 @@ impl Relay {
         let Some(here) = self.presence.get_mut(sid) else {
             return;
         };
-        if !here.asks.iter().any(|w| &*w.ask_id == ask_id) {
+        if !here.asks().iter().any(|w| &*w.ask_id == ask_id) {
             return;
         }
         let (now, unix_ms) = self.clock;
@@ -152,7 +152,7 @@ impl Relay {
             },
         };
         let mut woken = 0;
-        here.asks.retain(|w| {
+        here.asks_mut().retain(|w| {
             if &*w.ask_id != ask_id {
                 return true;
             }
