@@ -62,8 +62,10 @@ pub struct Live {
     pub(super) fetched_at: UnixMillis,
     // The agent's presence as other instances see it (`agent.rs`).
     /// The other instances' agent states, as the engine heard them, and
-    /// what they were last told of this one's (kept for the engine).
-    pub(super) remote: Vec<AgentState>,
+    /// what they were last told of this one's (kept for the engine). A
+    /// boxed slice, 8 bytes less than a list in every session's entry:
+    /// the entry is then a 128-byte block, not a 144-byte one.
+    pub(super) remote: Box<[AgentState]>,
     pub(super) told: Announced,
 }
 
