@@ -214,17 +214,19 @@ impl Relay {
     /// Another instance's agent state in `sid` changed.
     pub(super) fn agent_published(&mut self, now: Millis, sid: &SessionId, state: &AgentState) {
         let live = self.live.entry(sid.clone()).or_default();
-        live.remote.retain(|a| a.instance != state.instance);
-        if live.remote.len() >= MAX_INSTANCES {
-            live.remote.remove(0);
+        let mut remote = std::mem::take(&mut live.remote).into_vec();
+        remote.retain(|a| a.instance != state.instance);
+        if remote.len() >= MAX_INSTANCES {
+            remote.remove(0);
         }
         if state.until > 0 {
-            live.remote.push(AgentState {
+            remote.push(AgentState {
                 instance: state.instance.clone(),
                 until: state.until,
                 seen: state.seen,
             });
         }
+        live.remote = remote.into_boxed_slice();
         self.refresh_presence(now, sid);
     }
 
@@ -253,7 +255,7 @@ impl Relay {
         } else {
             ",\"agent\":\"offline\",\"agent_seen_ts\":"
         });
-        match live.and_then(Live::seen) {
+        match live.and_then(|l| l.seen()) {
             Some(ts) => push_decimal_str(&mut out, ts),
             None => out.push_str("null"),
         }

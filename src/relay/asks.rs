@@ -55,7 +55,7 @@ impl Relay {
         let expires_ts = self
             .store
             .get(sid)
-            .and_then(|log| log.asks().get(ask_id, unix_ms))
+            .and_then(|log| log.ask(ask_id, unix_ms))
             .map_or(unix_ms, |e| e.expires_ts);
         let key = self
             .store
@@ -63,7 +63,7 @@ impl Relay {
             .ok_or_else(ApiError::session_not_found)?
             .clone();
         let here = self.presence.entry(key.clone()).or_default();
-        if here.waiters.len() + here.asks.len() >= self.limits.max_waiters {
+        if here.waiters.len() + here.asks().len() >= self.limits.max_waiters {
             if here.is_empty() {
                 self.presence.remove(sid);
             }
@@ -72,7 +72,7 @@ impl Relay {
             ));
         }
         super::presence::push_one(
-            &mut here.asks,
+            here.asks_mut(),
             super::presence::AskWaiter {
                 conn,
                 ask_id: Rc::from(ask_id),
@@ -104,7 +104,7 @@ impl Relay {
     ) -> (u16, Rc<[u8]>) {
         match self.store.ask_state(now, unix_ms, sid, ask_id) {
             Ok((_, body)) => (200, Rc::from(body)),
-            Err(e) => match self.store.get(sid).and_then(|l| l.asks().kept(ask_id)) {
+            Err(e) => match self.store.get(sid).and_then(|l| l.kept_ask(ask_id)) {
                 Some(ask) if ask.state(unix_ms) == AskState::Expired => {
                     (200, Rc::from(ask.state_body(ask_id, unix_ms)))
                 }
@@ -136,7 +136,7 @@ impl Relay {
         let Some(here) = self.presence.get_mut(sid) else {
             return;
         };
-        if !here.asks.iter().any(|w| &*w.ask_id == ask_id) {
+        if !here.asks().iter().any(|w| &*w.ask_id == ask_id) {
             return;
         }
         let (now, unix_ms) = self.clock;
@@ -152,7 +152,7 @@ impl Relay {
             },
         };
         let mut woken = 0;
-        here.asks.retain(|w| {
+        here.asks_mut().retain(|w| {
             if &*w.ask_id != ask_id {
                 return true;
             }

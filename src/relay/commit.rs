@@ -219,7 +219,7 @@ impl Relay {
             return;
         };
         let not_found: Rc<[u8]> = ApiError::session_not_found().body().into();
-        let asks = here.asks.iter().map(|w| w.conn);
+        let asks = here.asks().iter().map(|w| w.conn);
         for to in here.waiters.iter().map(|w| w.conn).chain(asks) {
             self.effects.push(Effect::Respond {
                 to,
@@ -231,7 +231,7 @@ impl Relay {
             self.effects
                 .push(Effect::CloseSubscriber { to: c, code: 1000 });
         }
-        self.counts.parked_polls -= here.waiters.len() + here.asks.len();
+        self.counts.parked_polls -= here.waiters.len() + here.asks().len();
         self.counts.subscribers -= here.subscribers.len();
     }
 }

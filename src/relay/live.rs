@@ -62,8 +62,10 @@ pub struct Live {
     pub(super) fetched_at: UnixMillis,
     // The agent's presence as other instances see it (`agent.rs`).
     /// The other instances' agent states, as the engine heard them, and
-    /// what they were last told of this one's (kept for the engine).
-    pub(super) remote: Vec<AgentState>,
+    /// what they were last told of this one's (kept for the engine). A
+    /// boxed slice, 8 bytes less than a list in every session's entry:
+    /// the entry is then a 128-byte block, not a 144-byte one.
+    pub(super) remote: Box<[AgentState]>,
     pub(super) told: Announced,
 }
 
@@ -95,7 +97,9 @@ impl Live {
 }
 
 /// The live state of every session that had any (dropped with its session).
-pub type LiveMap = HashMap<SessionId, Live>;
+/// Boxed: a table keeps room for up to twice its entries, and each
+/// session an agent ever polled has one.
+pub type LiveMap = HashMap<SessionId, Box<Live>>;
 
 impl Relay {
     /// The drafts and the other instances' agent states a read of `sid`

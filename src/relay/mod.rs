@@ -216,7 +216,9 @@ pub struct Relay {
     store: MemStore,
     /// Where writes are decided and kept (see [`Engine`]).
     engine: Engine,
-    presence: HashMap<SessionId, Presence, Keys>,
+    /// Who waits or listens on each session here. Boxed, as in the
+    /// store's map: a table keeps room for up to twice its entries.
+    presence: HashMap<SessionId, Box<Presence>, Keys>,
     /// Parked polls of every session a token opens (`every`).
     every: Vec<every::EveryWaiter>,
     /// When the last all-sessions poll of each scope ended, while its

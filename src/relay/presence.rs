@@ -28,8 +28,11 @@ pub struct AskWaiter {
 pub struct Presence {
     pub waiters: Vec<Waiter>,
     pub subscribers: Vec<ConnId>,
-    /// Parked `GET /asks`, each on one ask.
-    pub asks: Vec<AskWaiter>,
+    /// Parked `GET /asks`, each on one ask. Boxed: few sessions have
+    /// one, and every session with a poll or a subscriber has this entry:
+    /// the box is one word where the list's own head is three.
+    #[allow(clippy::box_collection)]
+    asks: Option<Box<Vec<AskWaiter>>>,
 }
 
 /// Pushes onto one of a session's lists, the first entry into room for
@@ -46,14 +49,24 @@ pub fn push_one<T>(list: &mut Vec<T>, item: T) {
 impl Presence {
     /// Whether nobody waits or listens (the entry can go).
     pub fn is_empty(&self) -> bool {
-        self.waiters.is_empty() && self.subscribers.is_empty() && self.asks.is_empty()
+        self.waiters.is_empty() && self.subscribers.is_empty() && self.asks().is_empty()
+    }
+
+    /// The parked `GET /asks`.
+    pub fn asks(&self) -> &[AskWaiter] {
+        self.asks.as_deref().map_or(&[], |a| a)
+    }
+
+    /// The parked `GET /asks`, to change.
+    pub fn asks_mut(&mut self) -> &mut Vec<AskWaiter> {
+        self.asks.get_or_insert_with(Box::default)
     }
 
     /// Removes `conn` from the parked asks; true if it was there.
     pub fn remove_ask_waiter(&mut self, conn: ConnId) -> bool {
-        match self.asks.iter().position(|w| w.conn == conn) {
+        match self.asks().iter().position(|w| w.conn == conn) {
             Some(i) => {
-                self.asks.swap_remove(i);
+                self.asks_mut().swap_remove(i);
                 true
             }
             None => false,

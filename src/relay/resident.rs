@@ -158,7 +158,7 @@ impl Relay {
         }
         self.resident.remove(&sid);
         log.last_active = now;
-        self.store.insert(sid, *log);
+        self.store.insert(sid, log);
         self.resident.loads += 1;
     }
 

@@ -14,7 +14,7 @@ use crate::store::idmap::Keys;
 use crate::store::seam::{Read, StoreEvent, StoreStats, Waited};
 use crate::time::Millis;
 
-impl Waited for HashMap<SessionId, Presence, Keys> {
+impl Waited for HashMap<SessionId, Box<Presence>, Keys> {
     fn waits_on(&self, sid: &str) -> bool {
         self.contains_key(sid)
     }
@@ -162,7 +162,7 @@ impl Relay {
                     if !self.store.contains(&sid) {
                         self.resident.loads += 1;
                     }
-                    self.store.insert(sid.clone(), *log);
+                    self.store.insert(sid.clone(), log);
                     if let Some(resync) = refill {
                         // A new epoch: the parked polls are checked
                         // against it at once, their cursors reset.

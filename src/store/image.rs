@@ -17,7 +17,7 @@ impl SessionImage {
     /// messages of history. Called on the loop (the log holds `Rc`s).
     pub fn into_log(self, now: Millis, limit: usize) -> SessionLog {
         let (next, last, dropped) = self.counters;
-        let mut log = SessionLog::restored(now, Rc::from(self.epoch.as_str()), next, last, dropped);
+        let mut log = SessionLog::restored(now, &self.epoch, next, last, dropped);
         for r in &self.rows {
             replay_row(
                 &mut log,

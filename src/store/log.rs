@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::rc::Rc;
 
-use super::asks::Asks;
+use super::asks::{AskEntry, Asks};
 use super::message::{Kind, Message};
 use super::pending::{Pending, grow_early};
 use super::types::Seq;
@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::store::idmap::{IdMap, Keys};
 use crate::store::types::MessagesQuery;
 use crate::time::Millis;
+use crate::time::UnixMillis;
 use crate::wire::to_json;
 use crate::wire::wsframe;
 
@@ -156,35 +157,78 @@ impl Cursor {
     }
 }
 
+/// A session's epoch: the text of a UUID, as relay makes them, kept
+/// inline (as an `Rc<str>` it would be a heap block of 64 bytes for every
+/// session); any other text a store holds, on the heap.
+#[derive(Debug)]
+enum Epoch {
+    Uuid([u8; 36]),
+    Other(Box<str>),
+}
+
+impl Epoch {
+    fn new(text: &str) -> Epoch {
+        match <[u8; 36]>::try_from(text.as_bytes()) {
+            Ok(bytes) => Epoch::Uuid(bytes),
+            Err(_) => Epoch::Other(text.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Bytes of a whole `str`: always UTF-8.
+            Epoch::Uuid(bytes) => std::str::from_utf8(bytes).unwrap_or_default(),
+            Epoch::Other(text) => text,
+        }
+    }
+
+    /// Its heap block, if it has one.
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Epoch::Uuid(_) => 0,
+            Epoch::Other(text) => weight::alloc(text.len()),
+        }
+    }
+}
+
+/// The parts of a log that many sessions never use.
+#[derive(Debug, Default)]
+struct Extra {
+    /// The asks, open or not, that the log knows.
+    asks: Asks,
+    /// What the asks weigh ([`Asks::weigh`]), taken again when they change.
+    asks_held: usize,
+    /// The last `GET /prompts` answer rendered, by its `after`: agents
+    /// polling the same set share these bytes. Dropped on every change.
+    page: Option<(Option<Seq>, Rc<[u8]>)>,
+}
+
 /// A session's durable state.
 #[derive(Debug)]
 pub struct SessionLog {
-    epoch: Rc<str>,
+    epoch: Epoch,
     next_seq: Seq,
     history: VecDeque<Rc<Message>>,
     prompts: IdMap<PromptEntry>,
     pending: Pending,
     responses: IdMap<ResponseEntry>,
-    /// The asks, open or not, that the log knows.
-    asks: Asks,
+    /// The asks and the cached page: boxed, made by the first ask or
+    /// `GET /prompts`, as a session nobody polls or asks in has neither.
+    extra: Option<Box<Extra>>,
     /// The newest assistant message's `seq`, 0 before the first.
     last_assistant: Seq,
     /// The newest assistant message trimmed from history, 0 if none was.
     dropped_assistant: Seq,
-    /// The last `GET /prompts` answer rendered, by its `after`: agents
-    /// polling the same set share these bytes. Dropped on every change.
-    page: Option<(Option<Seq>, Rc<[u8]>)>,
-    /// Where this session's deques grow ([`grow_early`]).
-    seed: usize,
+    /// Where this session's deques grow ([`grow_early`]). This and
+    /// `fixed` are 32 bits, so the two share one word of the box.
+    seed: u32,
     pub last_active: Millis,
     /// What the messages held weigh ([`weight::message`]), each counted
     /// once whether history, the pending set or both hold it.
     held: usize,
-    /// What the asks weigh ([`Asks::weigh`]), taken again when they change.
-    asks_held: usize,
     /// What the log weighs whatever it holds: its place in the store's
     /// map under its id, its epoch. Set when the store takes it.
-    fixed: usize,
+    fixed: u32,
     /// The weight last added to the store's meter ([`bytes`](Self::bytes)).
     counted: usize,
     /// The store's meter, once the store holds this log.
@@ -203,22 +247,20 @@ impl Drop for SessionLog {
 
 impl SessionLog {
     /// A new, empty log with a fresh epoch.
-    pub fn new(now: Millis, epoch: Rc<str>) -> SessionLog {
+    pub fn new(now: Millis, epoch: &str) -> SessionLog {
         SessionLog {
-            epoch,
+            epoch: Epoch::new(epoch),
             next_seq: Seq::FIRST,
             history: VecDeque::new(),
             prompts: IdMap::new(),
             pending: Pending::default(),
             responses: IdMap::new(),
-            asks: Asks::default(),
+            extra: None,
             last_assistant: Seq(0),
             dropped_assistant: Seq(0),
-            page: None,
-            seed: Keys::default().hash_one(0x5eed_u64) as usize,
+            seed: Keys::default().hash_one(0x5eed_u64) as u32,
             last_active: now,
             held: 0,
-            asks_held: 0,
             fixed: 0,
             counted: 0,
             meter: None,
@@ -238,23 +280,38 @@ impl SessionLog {
             m.change(self.counted, 0);
         }
         self.meter = Some(meter.clone());
-        self.fixed = weight::session_slot(std::mem::size_of::<SessionLog>(), key_len)
-            + weight::rc_bytes(self.epoch.len());
+        let fixed = SessionLog::slot_weight(key_len) + self.epoch.heap_bytes();
+        self.fixed = u32::try_from(fixed).unwrap_or(u32::MAX);
         self.counted = 0;
         self.sync();
     }
 
+    /// What a log weighs in the store's map under an id of `key_len`
+    /// bytes: the slot with the id and the box, and the box's block.
+    fn slot_weight(key_len: usize) -> usize {
+        weight::session_slot(std::mem::size_of::<Box<SessionLog>>(), key_len)
+            + weight::alloc(std::mem::size_of::<SessionLog>())
+    }
+
+    /// What a new, empty log weighs in the store under an id of `key_len`
+    /// bytes with this epoch (what [`attach`](Self::attach) counts).
+    pub fn created_weight(key_len: usize, epoch: &str) -> usize {
+        SessionLog::slot_weight(key_len) + Epoch::new(epoch).heap_bytes()
+    }
+
     /// The weight by the log's counters and its tables' room: no walk.
     fn weight_with(&self, held: usize, asks: usize) -> usize {
-        self.fixed
+        self.fixed as usize
             + weight::alloc(self.history.capacity() * std::mem::size_of::<Rc<Message>>())
             + weight::alloc(self.pending.slot_bytes())
             + weight::alloc(self.prompts.heap_bytes())
             + weight::alloc(self.responses.heap_bytes())
-            + self
-                .page
-                .as_ref()
-                .map_or(0, |(_, p)| weight::rc_bytes(p.len()))
+            + self.extra.as_ref().map_or(0, |x| {
+                weight::alloc(std::mem::size_of::<Extra>())
+                    + x.page
+                        .as_ref()
+                        .map_or(0, |(_, p)| weight::rc_bytes(p.len()))
+            })
             + asks
             + held
     }
@@ -262,7 +319,8 @@ impl SessionLog {
     /// Brings the count up to date after a change: called at the end of
     /// every method that changes what the log holds.
     fn sync(&mut self) {
-        let w = self.weight_with(self.held, self.asks_held);
+        let asks = self.extra.as_ref().map_or(0, |x| x.asks_held);
+        let w = self.weight_with(self.held, asks);
         if w != self.counted {
             if let Some(m) = &self.meter {
                 m.change(self.counted, w);
@@ -273,7 +331,21 @@ impl SessionLog {
 
     /// The asks changed: weigh them again.
     fn reweigh_asks(&mut self) {
-        self.asks_held = self.asks.weigh(weight::table, weight::alloc);
+        if let Some(x) = &mut self.extra {
+            x.asks_held = x.asks.weigh(weight::table, weight::alloc);
+        }
+    }
+
+    /// The rarely used parts, made on first use.
+    fn extra(&mut self) -> &mut Extra {
+        self.extra.get_or_insert_with(Box::default)
+    }
+
+    /// The cached `GET /prompts` page is stale: the pending set changed.
+    fn drop_page(&mut self) {
+        if let Some(x) = &mut self.extra {
+            x.page = None;
+        }
     }
 
     /// The weight counted from scratch, walking every message held: what
@@ -291,7 +363,10 @@ impl SessionLog {
                 .take_while(|m| m.seq < first)
                 .map(|m| weight::message(m))
                 .sum::<usize>();
-        self.weight_with(held, self.asks.weigh(weight::table, weight::alloc))
+        let asks = self
+            .asks()
+            .map_or(0, |a| a.weigh(weight::table, weight::alloc));
+        self.weight_with(held, asks)
     }
 
     /// What appending one more message to this log frees by trimming
@@ -324,8 +399,8 @@ impl SessionLog {
     }
 
     /// The session's epoch, chosen when it was created.
-    pub fn epoch(&self) -> &Rc<str> {
-        &self.epoch
+    pub fn epoch(&self) -> &str {
+        self.epoch.as_str()
     }
 
     /// A log restored from the database: its counters as stored (a floor
@@ -334,7 +409,7 @@ impl SessionLog {
     /// [`append_response`](Self::append_response).
     pub fn restored(
         now: Millis,
-        epoch: Rc<str>,
+        epoch: &str,
         next_seq: Seq,
         last_assistant: Seq,
         dropped_assistant: Seq,
@@ -451,8 +526,8 @@ impl SessionLog {
             cancel: None,
         };
         self.prompts.insert(msg.client_msg_id.clone(), entry);
-        let fresh = self.pending.insert(msg.clone(), self.seed);
-        self.page = None;
+        let fresh = self.pending.insert(msg.clone(), self.seed as usize);
+        self.drop_page();
         self.push_history(msg, history_limit);
         self.sync();
         fresh
@@ -513,21 +588,31 @@ impl SessionLog {
         (prev, left)
     }
 
-    /// The asks this log knows (see [`Asks`]).
-    pub fn asks(&self) -> &Asks {
-        &self.asks
+    /// The asks this log knows (see [`Asks`]), if any was ever stored.
+    fn asks(&self) -> Option<&Asks> {
+        self.extra.as_ref().map(|x| &x.asks)
+    }
+
+    /// The ask `ask_id` if it is known at `now` ([`Asks::get`]).
+    pub fn ask(&self, ask_id: &str, now: UnixMillis) -> Option<&AskEntry> {
+        self.asks()?.get(ask_id, now)
+    }
+
+    /// The ask `ask_id` as kept, known or not ([`Asks::kept`]).
+    pub fn kept_ask(&self, ask_id: &str) -> Option<&AskEntry> {
+        self.asks()?.kept(ask_id)
     }
 
     /// Unanswered prompts and asks open at `now` (unix ms): what the
     /// pending cap counts.
     pub fn pending_with_asks(&self, now: u64) -> usize {
-        self.pending.len() + self.asks.open_len(now)
+        self.pending.len() + self.asks().map_or(0, |a| a.open_len(now))
     }
 
     /// Whether the message at `seq`, below history, is kept: a pending
     /// prompt, or an unanswered ask.
     pub fn retains(&self, seq: Seq) -> bool {
-        self.is_pending(seq) || self.asks.retains(seq)
+        self.is_pending(seq) || self.asks().is_some_and(|a| a.retains(seq))
     }
 
     /// Appends an ask (its `client_msg_id` field holds its `ask_id`).
@@ -539,6 +624,7 @@ impl SessionLog {
         let prev = self.last_assistant;
         self.last_assistant = msg.seq;
         let gone = self
+            .extra()
             .asks
             .asked(msg.client_msg_id.clone(), msg.seq, msg.ts, msg.data());
         self.push_history(msg, history_limit);
@@ -554,7 +640,10 @@ impl SessionLog {
         let msg = Rc::new(msg);
         let prev = self.last_assistant;
         self.last_assistant = msg.seq;
-        let gone = self.asks.replied(&msg.client_msg_id, msg.seq, msg.data());
+        let gone = self
+            .extra()
+            .asks
+            .replied(&msg.client_msg_id, msg.seq, msg.data());
         self.push_history(msg, history_limit);
         self.reweigh_asks();
         self.sync();
@@ -566,7 +655,7 @@ impl SessionLog {
     fn push_history(&mut self, msg: Rc<Message>, limit: usize) {
         // A message committed by the storage thread comes with its seq.
         self.next_seq = self.next_seq.max(msg.seq.next());
-        grow_early(&mut self.history, self.seed);
+        grow_early(&mut self.history, self.seed as usize);
         self.held += weight::message(&msg);
         self.history.push_back(msg);
         let mut asks_trimmed = false;
@@ -604,8 +693,10 @@ impl SessionLog {
                 }
                 Kind::Ask => {
                     self.dropped_assistant = self.dropped_assistant.max(old.seq);
-                    self.asks.trimmed(&old.client_msg_id, old.seq);
-                    asks_trimmed = true;
+                    if let Some(x) = &mut self.extra {
+                        x.asks.trimmed(&old.client_msg_id, old.seq);
+                        asks_trimmed = true;
+                    }
                 }
                 Kind::Reply => {
                     self.dropped_assistant = self.dropped_assistant.max(old.seq);
@@ -638,10 +729,10 @@ impl SessionLog {
             self.held = self.held.saturating_sub(w);
         }
         let left = self.pending.remove(entry.seq);
-        self.page = None;
         if !entry.in_history {
             self.prompts.remove(client_msg_id);
         }
+        self.drop_page();
         left
     }
 
@@ -668,7 +759,7 @@ impl SessionLog {
     /// A prompt read back damaged that the page would carry is an error
     /// instead ([`Message::damaged`]).
     pub fn pending_page(&mut self, after: Option<Seq>) -> Result<Rc<[u8]>, ApiError> {
-        if let Some((a, body)) = &self.page
+        if let Some((a, body)) = self.extra.as_ref().and_then(|x| x.page.as_ref())
             && *a == after
         {
             return Ok(body.clone());
@@ -691,7 +782,7 @@ impl SessionLog {
         }
         out.push(b']');
         let body: Rc<[u8]> = Rc::from(out);
-        self.page = Some((after, body.clone()));
+        self.extra().page = Some((after, body.clone()));
         self.sync();
         Ok(body)
     }
@@ -737,7 +828,7 @@ impl SessionLog {
     /// without `after`, it starts at the end of the log (live only).
     pub fn cursor(&self, after: Option<Seq>, epoch: Option<&str>) -> Cursor {
         let first_seq = self.first_seq();
-        let epoch_changed = epoch.is_some_and(|e| e != &*self.epoch);
+        let epoch_changed = epoch.is_some_and(|e| e != self.epoch());
         let trimmed = after.is_some_and(|a| a.next() < first_seq);
         match after {
             _ if epoch_changed || trimmed => Cursor {
@@ -824,7 +915,7 @@ impl SessionLog {
         out.extend_from_slice(b"{\"session_id\":");
         out.extend_from_slice(&to_json(&sid));
         out.extend_from_slice(b",\"epoch\":");
-        out.extend_from_slice(&to_json(&&*self.epoch));
+        out.extend_from_slice(&to_json(&self.epoch()));
         out.extend_from_slice(b",\"messages\":[");
         for m in matching {
             if total >= q.offset && returned < q.limit && !page_full {
@@ -863,7 +954,7 @@ impl SessionLog {
         }
         let payload = to_json(&Resync {
             r#type: "resync",
-            epoch: &self.epoch,
+            epoch: self.epoch(),
             first_seq: first_seq.get(),
         });
         wsframe::text_frame(&[&payload])
@@ -877,8 +968,19 @@ mod tests {
 
     const LIMIT: usize = 1000;
 
+    #[test]
+    fn an_empty_session_stays_small() {
+        // Every session takes this much, in its box in the store's map
+        // (docs/src/benchmarks.md, idle connections): a part most sessions
+        // never use goes in `Extra`. Built for the tests, each dedupe map
+        // carries 8 bytes more of hash keys (`fixed-hash-keys`): 312 in
+        // the release, a block of 320 from the allocator.
+        let size = std::mem::size_of::<SessionLog>();
+        assert!(size <= 328, "a session's log is {size} bytes");
+    }
+
     fn log() -> SessionLog {
-        SessionLog::new(Millis(0), Rc::from("epoch-1"))
+        SessionLog::new(Millis(0), "epoch-1")
     }
 
     fn parts(text: &str, seq: Seq) -> Parts<'_> {

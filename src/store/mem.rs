@@ -97,7 +97,11 @@ pub enum Applied {
 /// Every session's log.
 pub struct MemStore {
     limits: StoreLimits,
-    sessions: HashMap<SessionId, SessionLog>,
+    /// Boxed: the table keeps room for up to twice its entries, and the
+    /// allocator keeps the blocks of the tables it outgrew, so a slot
+    /// holding the log inline would cost several times the log's size for
+    /// every session; a box costs its size once.
+    sessions: HashMap<SessionId, Box<SessionLog>>,
     ids: IdGen,
     /// Every session's pending prompts in arrival order.
     arrivals: Arrivals,
@@ -191,7 +195,7 @@ impl MemStore {
     /// Puts a session read back from the storage in place (one of the
     /// absent ones, see [`evict`](Self::evict)); its pending prompts
     /// arrive now, in `seq` order.
-    pub fn reload(&mut self, sid: SessionId, log: SessionLog) {
+    pub fn reload(&mut self, sid: SessionId, log: impl Into<Box<SessionLog>>) {
         if !self.sessions.contains_key(&*sid) {
             self.absent = self.absent.saturating_sub(1);
         }
@@ -220,17 +224,17 @@ impl MemStore {
 
     /// The id as stored and the session, in one lookup.
     pub fn key_and_log(&self, sid: &str) -> Option<(&SessionId, &SessionLog)> {
-        self.sessions.get_key_value(sid)
+        self.sessions.get_key_value(sid).map(|(k, v)| (k, &**v))
     }
 
     /// The session, without touching it, if it exists.
     pub fn get(&self, sid: &str) -> Option<&SessionLog> {
-        self.sessions.get(sid)
+        self.sessions.get(sid).map(|s| &**s)
     }
 
     /// The session, without touching it, if it exists.
     pub fn get_mut(&mut self, sid: &str) -> Option<&mut SessionLog> {
-        self.sessions.get_mut(sid)
+        self.sessions.get_mut(sid).map(|s| &mut **s)
     }
 
     /// A client's write, decided by its rule below: its outcome, and its
@@ -560,7 +564,8 @@ impl MemStore {
 
     /// Puts a restored session in place (its epoch as stored); its
     /// pending prompts arrive now, in `seq` order.
-    pub fn insert(&mut self, sid: SessionId, mut log: SessionLog) {
+    pub fn insert(&mut self, sid: SessionId, log: impl Into<Box<SessionLog>>) {
+        let mut log = log.into();
         self.drop_session(&sid);
         log.number_all_pending(|seq| self.arrivals.arrived(&sid, seq));
         log.attach(&self.meter, sid.len());
@@ -605,7 +610,7 @@ impl MemStore {
         let limit = self.limits.history_limit;
         match record {
             Record::Created { sid, epoch } => {
-                self.insert(sid, SessionLog::new(now, Rc::from(epoch)));
+                self.insert(sid, Box::new(SessionLog::new(now, &epoch)));
                 Applied::Nothing
             }
             Record::Prompt {

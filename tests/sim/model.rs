@@ -210,7 +210,7 @@ impl Model {
             (Some(log), Some(i)) => (log, i),
         };
         let inc = &self.incs[i];
-        if **log.epoch() != *inc.epoch {
+        if *log.epoch() != *inc.epoch {
             return Err(format!(
                 "{sid}: epoch {} where {} was",
                 log.epoch(),

@@ -35,7 +35,7 @@ impl MemStore {
         let max_pending = self.limits.max_pending;
         let (id, id_literal) = id_and_literal(a.ask_id, &mut self.ids);
         let s = self.existing(now, &a.session_id)?;
-        if let Some(e) = s.asks().get(&id, unix_ms) {
+        if let Some(e) = s.ask(&id, unix_ms) {
             let same_choices = match (&e.choices, &a.choices) {
                 (None, None) => true,
                 (Some(x), Some(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| x == y),
@@ -106,8 +106,7 @@ impl MemStore {
     ) -> Result<Outcome, ApiError> {
         let s = self.existing(now, &r.session_id)?;
         let e = s
-            .asks()
-            .get(&r.ask_id, unix_ms)
+            .ask(&r.ask_id, unix_ms)
             .ok_or_else(ApiError::ask_not_found)?;
         match e.state(unix_ms) {
             AskState::Answered if e.same_reply(&r.text) => {
@@ -154,10 +153,7 @@ impl MemStore {
         ask_id: &str,
     ) -> Result<(AskState, Vec<u8>), ApiError> {
         let s = self.existing(now, sid)?;
-        let e = s
-            .asks()
-            .get(ask_id, unix_ms)
-            .ok_or_else(ApiError::ask_not_found)?;
+        let e = s.ask(ask_id, unix_ms).ok_or_else(ApiError::ask_not_found)?;
         Ok((e.state(unix_ms), e.state_body(ask_id, unix_ms)))
     }
 

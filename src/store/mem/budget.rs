@@ -8,7 +8,7 @@ use std::mem::size_of;
 
 use super::MemStore;
 use crate::store::log::SessionLog;
-use crate::store::log::weight::{self, ARRIVAL, KEPT_ARRIVAL, alloc, rc_bytes};
+use crate::store::log::weight::{ARRIVAL, KEPT_ARRIVAL, alloc, rc_bytes};
 use crate::store::message::Message;
 use crate::store::record::Record;
 
@@ -46,14 +46,14 @@ impl MemStore {
     pub fn recount(&self) -> usize {
         self.sessions
             .values()
-            .map(SessionLog::recount)
+            .map(|log| log.recount())
             .sum::<usize>()
             + self.arrivals_memory()
     }
 
     /// The bytes the session `sid` holds, if the store holds it.
     pub fn session_bytes(&self, sid: &str) -> Option<usize> {
-        self.sessions.get(sid).map(SessionLog::bytes)
+        self.sessions.get(sid).map(|log| log.bytes())
     }
 
     /// What applying `records` would add to [`memory`](Self::memory),
@@ -65,9 +65,7 @@ impl MemStore {
             .iter()
             .map(|r| match r {
                 Record::Created { sid, epoch } => {
-                    weight::session_slot(size_of::<SessionLog>(), sid.len())
-                        + rc_bytes(epoch.len())
-                        + 4 * ENTRY
+                    SessionLog::created_weight(sid.len(), epoch) + 4 * ENTRY
                 }
                 Record::Prompt {
                     client_msg_id,
@@ -263,7 +261,7 @@ mod tests {
             draft_timeout_ms: 60_000,
         });
         let build = || {
-            let mut log = SessionLog::restored(Millis(0), Rc::from("e"), Seq(1), Seq(0), Seq(0));
+            let mut log = SessionLog::restored(Millis(0), "e", Seq(1), Seq(0), Seq(0));
             for n in 1..=5u64 {
                 let text = format!("\"{}\"", "r".repeat(100 * n as usize));
                 let parts = Parts {

@@ -283,7 +283,7 @@ impl RedisStore {
         head: Option<Head>,
         msgs: Vec<Msg>,
     ) -> Vec<Record> {
-        let local = copy.get(&sid).map(|l| (l.epoch().clone(), l.next_seq()));
+        let local = copy.get(&sid).map(|l| (l.epoch(), l.next_seq()));
         // The first whole read after a failover, made before the channel
         // is listened to again: a copy holding more held what the
         // promoted replica lacked.
@@ -398,7 +398,7 @@ impl RedisStore {
                 part,
                 lit,
             } => {
-                if copy.get(&sid).is_some_and(|l| **l.epoch() == *epoch) {
+                if copy.get(&sid).is_some_and(|l| *l.epoch() == *epoch) {
                     self.ready.push_back(StoreEvent::Part {
                         sid,
                         assistant_msg_id,
@@ -451,7 +451,7 @@ impl RedisStore {
             }
             return;
         };
-        let same = **log.epoch() == **epoch;
+        let same = *log.epoch() == **epoch;
         let next = log.next_seq();
         match e {
             Event::Deleted { sid, .. } if same => {
@@ -548,7 +548,7 @@ fn record(sid: &SessionId, m: Msg) -> Record {
 fn rebuild(head: &Head, msgs: Vec<Msg>, limit: usize) -> SessionLog {
     let mut log = SessionLog::restored(
         Millis(0),
-        Rc::from(head.epoch.as_str()),
+        &head.epoch,
         head.next,
         head.last_assistant,
         head.dropped_assistant,

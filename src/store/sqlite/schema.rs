@@ -55,7 +55,6 @@
 //! ([`fill_pending`]), and counts the sessions.
 
 use std::collections::{HashMap, HashSet};
-use std::rc::Rc;
 
 use rusqlite::Connection;
 use rusqlite::types::ValueRef;
@@ -342,7 +341,7 @@ pub fn load(
     let id: i64 = r.get(0)?;
     let mut log = SessionLog::restored(
         Millis(0),
-        Rc::from(r.get_ref(1)?.as_str()?),
+        r.get_ref(1)?.as_str()?,
         Seq(r.get::<_, i64>(2)? as u64),
         Seq(r.get::<_, i64>(3)? as u64),
         Seq(r.get::<_, i64>(4)? as u64),

@@ -695,7 +695,7 @@ impl Shared {
         let known: Option<u64> = call.known_next.parse().ok();
         let limit = self.limits.history_limit as u64;
         match known {
-            Some(k) if *call.known_epoch == **log.epoch() && k + limit >= n && k <= n => {
+            Some(k) if *call.known_epoch == *log.epoch() && k + limit >= n && k <= n => {
                 for (q, r) in recs.range(k..n) {
                     out.push(b(q.to_string()));
                     out.push(b(r));
