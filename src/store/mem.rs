@@ -143,7 +143,7 @@ impl MemStore {
 
     /// Every session held, with its log.
     pub fn iter(&self) -> impl Iterator<Item = (&SessionId, &SessionLog)> {
-        self.sessions.iter()
+        self.sessions.iter().map(|(sid, log)| (sid, &**log))
     }
 
     /// Sessions stored.
