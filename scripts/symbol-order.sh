@@ -17,7 +17,7 @@
 # (same names as the release, which is linked without one), runs it under
 # qemu-user through the start, /healthz, /readyz, a WebSocket subscribe, a
 # prompt, its long-poll and the response (scripts/symbol-order.py), writes
-# the list, and builds the release again with it. About two release links
+# the list, and builds the release again with it: one or two release links
 # per target.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -32,11 +32,13 @@ for target in "${targets[@]}"; do
   # Same crate hashes as the release; only the linker keeps the symbols.
   cargo rustc --release --locked --target "$target" --bin relay -- -C strip=debuginfo
   symbols=$(mktemp)
-  cp "target/$target/release/relay" "$symbols"
+  install -m 755 "target/$target/release/relay" "$symbols"
   python3 scripts/symbol-order.py write "$target" "$symbols" "$list"
   rm -f "$symbols"
-  # The release, linked with the new list (cargo sees the arguments
-  # change, not the list).
+  # The release, linked with the new list: cargo does not see a list
+  # change, and keeps the release and the symbol-table link apart, so the
+  # binary's crate is made to build again.
+  touch src/main.rs
   cargo build --release --locked --target "$target"
   python3 scripts/symbol-order.py check "$target" "target/$target/release/relay"
 done
