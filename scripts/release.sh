@@ -47,8 +47,8 @@ ARMHF_ROOT=/usr/arm-linux-gnueabihf
 # The newest glibc symbol version the armv7 binary may need (Bullseye's).
 ARMV7_GLIBC=2.31
 # The most 64 KiB windows of code the static binaries' start and first
-# requests may run in: 9 on x86_64 and aarch64 with a fresh ordering, about
-# 30 without one.
+# requests may run in: 8 on x86_64 and 7 on aarch64 with a fresh ordering,
+# about 30 without one.
 ORDER_WINDOWS=12
 started=$SECONDS
 
