@@ -163,10 +163,7 @@ impl Garbage {
     /// The rows to delete (`(session, row)`), and the sessions (still in
     /// `sessions`, with their `sessions` row) whose counters to write with
     /// them.
-    pub fn take(
-        &mut self,
-        sessions: &mut HashMap<SessionId, Session>,
-    ) -> Taken {
+    pub fn take(&mut self, sessions: &mut HashMap<SessionId, Session>) -> Taken {
         let mut dirty = Vec::with_capacity(self.dirty.len());
         for sid in self.dirty.drain(..) {
             if let Some(s) = sessions.get_mut(&sid) {

@@ -346,7 +346,8 @@ pub fn kind_of(kind: i64) -> Kind {
 
 /// The columns [`replay`] reads, in its order: the session's row, then
 /// the message's.
-const ROW: &str = "session, seq, kind, client_msg_id, assistant_msg_id, ts, data, id";
+const ROW: &str =
+    "m.session, m.seq, m.kind, m.client_msg_id, m.assistant_msg_id, m.ts, m.data, m.id";
 
 /// Appends one stored row ([`ROW`]'s columns) to its session's log by the
 /// rules that stored it. False when its `data` is damaged: the message is
@@ -377,7 +378,7 @@ pub struct Loaded {
 /// written, each passed to `each`: those `session_rows` lists, then
 /// those in the log's tail (`tail`), each looked up by rowid (a row the
 /// file no longer holds, or holds for another session, is skipped).
-/// `columns` are read from `messages`.
+/// `columns` are read from `messages`, named as `m`.
 pub fn session_rows(
     conn: &Connection,
     session: i64,
@@ -385,9 +386,11 @@ pub fn session_rows(
     columns: &str,
     mut each: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<()> {
+    // `session_rows` first, in its key's order (the rows' order within a
+    // session), each row then found by its rowid: no sort, no list.
     let mut st = conn.prepare_cached(&format!(
-        "SELECT {columns} FROM messages
-         WHERE id IN (SELECT id FROM session_rows WHERE session = ?1) ORDER BY id"
+        "SELECT {columns} FROM session_rows r CROSS JOIN messages m ON m.id = r.id
+         WHERE r.session = ?1 ORDER BY r.id"
     ))?;
     let mut q = st.query([session])?;
     while let Some(r) = q.next()? {
@@ -398,7 +401,7 @@ pub fn session_rows(
         return Ok(());
     }
     let mut st = conn.prepare_cached(&format!(
-        "SELECT {columns} FROM messages WHERE id = ?1 AND session = ?2"
+        "SELECT {columns} FROM messages m WHERE m.id = ?1 AND m.session = ?2"
     ))?;
     for &row in rows {
         let mut q = st.query([row, session])?;

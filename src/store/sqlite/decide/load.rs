@@ -32,7 +32,8 @@ use crate::store::sqlite::schema::{json_object, kind_of, session_rows};
 use crate::store::types::{Seq, SessionId};
 
 /// The columns [`stored_row`] reads, in its order.
-const COLUMNS: &str = "seq, kind, client_msg_id, assistant_msg_id, ts, data, id";
+/// (`messages` named as `m`).
+const COLUMNS: &str = "m.seq, m.kind, m.client_msg_id, m.assistant_msg_id, m.ts, m.data, m.id";
 
 /// One message row ([`COLUMNS`]) as plain data; a damaged `data` is
 /// logged (naming the session) and read as `None`.
@@ -150,7 +151,7 @@ impl Cache {
             return image_from_file(conn, sid, &self.tail);
         };
         let mut st =
-            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM messages WHERE id = ?1"))?;
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM messages m WHERE m.id = ?1"))?;
         let mut out = Vec::with_capacity(rows.followed());
         for row in rows.ids() {
             let found = st.query_row([row], |r| stored_row(sid, r)).optional()?;
