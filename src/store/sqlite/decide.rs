@@ -428,7 +428,7 @@ impl RowWriter<'_> {
                     let mut st = self
                         .tx
                         .prepare_cached("DELETE FROM messages WHERE id = ?1 AND session = ?2")?;
-                    for &row in cache.tail.rows(session) {
+                    for row in cache.tail.rows(session) {
                         st.execute([row, session])?;
                     }
                     cache.tail.remove_session(session);
@@ -564,14 +564,13 @@ impl RowWriter<'_> {
         let mut garbage = garbage;
         // Each session's entries together, on its page of the index.
         garbage.sort_unstable();
-        for (session, row) in garbage {
+        for &(session, row) in &garbage {
             st.execute([row])?;
-            if row > state.tail.upto {
-                state.tail.remove(session, row);
-            } else {
+            if row <= state.tail.upto {
                 unlist.execute([session, row])?;
             }
         }
+        state.tail.remove(&garbage);
         Ok(())
     }
 

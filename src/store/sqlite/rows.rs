@@ -199,83 +199,69 @@ impl Rows {
 }
 
 /// The log's unindexed tail (see `schema.rs`): the rows after `upto`,
-/// which `session_rows` does not list yet, by their `sessions` row, in
+/// which `session_rows` does not list yet, with their `sessions` row, in
 /// the order written. Read from the file when the cache starts over
 /// (a range of at most a few [`TAIL_ROWS`] rowids), kept as rows are
-/// appended and deleted, and emptied when a transaction indexes them.
+/// appended and deleted, and emptied when a transaction lists them.
 #[derive(Default)]
 pub struct Tail {
     /// The newest row `session_rows` lists (`generation.indexed`).
     pub upto: i64,
-    by_session: HashMap<i64, Vec<i64>>,
-    len: usize,
+    /// `(session, row)`, in the order written.
+    rows: Vec<(i64, i64)>,
 }
 
-/// Rows in the tail at which a transaction indexes it: the index then
+/// Rows in the tail at which a transaction lists them: the index then
 /// takes a few rows per session at once, on one page per session, where
 /// indexing each commit's rows would write a page per session it
-/// touched. Reading a session back looks its tail rows up by rowid,
-/// however long the tail.
+/// touched. Reading a session back looks its tail rows up by rowid.
 pub const TAIL_ROWS: usize = 4096;
 
-/// What one tail row weighs in the cache's count: its rowid, its share
-/// of its session's entry, the vector's slack.
+/// What one tail row weighs in the cache's count, with the vector's
+/// slack.
 pub const TAIL_ROW: usize = 24;
 
 impl Tail {
     /// The tail after `upto`, holding `rows` (`(session, row)`, in the
     /// order written).
-    pub fn new(upto: i64, rows: impl IntoIterator<Item = (i64, i64)>) -> Tail {
-        let mut tail = Tail {
-            upto,
-            ..Tail::default()
-        };
-        for (session, row) in rows {
-            tail.push(session, row);
-        }
-        tail
+    pub fn new(upto: i64, rows: Vec<(i64, i64)>) -> Tail {
+        Tail { upto, rows }
     }
 
     /// Rows in the tail.
     pub fn len(&self) -> usize {
-        self.len
+        self.rows.len()
     }
 
     /// A row appended after `upto`.
     pub fn push(&mut self, session: i64, row: i64) {
-        self.by_session.entry(session).or_default().push(row);
-        self.len += 1;
+        self.rows.push((session, row));
     }
 
-    /// The tail's rows of `session`, in the order written.
-    pub fn rows(&self, session: i64) -> &[i64] {
-        self.by_session.get(&session).map_or(&[], Vec::as_slice)
+    /// The tail's rows of `session`, in the order written: a pass over
+    /// at most a few thousand pairs, once per session read back.
+    pub fn rows(&self, session: i64) -> impl Iterator<Item = i64> + '_ {
+        self.rows
+            .iter()
+            .filter(move |&&(s, _)| s == session)
+            .map(|&(_, row)| row)
     }
 
-    /// A row deleted.
-    pub fn remove(&mut self, session: i64, row: i64) {
-        if let Some(rows) = self.by_session.get_mut(&session)
-            && let Some(i) = rows.iter().position(|&r| r == row)
-        {
-            rows.remove(i);
-            self.len -= 1;
-            if rows.is_empty() {
-                self.by_session.remove(&session);
-            }
+    /// Rows deleted (`(session, row)`, sorted).
+    pub fn remove(&mut self, gone: &[(i64, i64)]) {
+        if !gone.is_empty() {
+            self.rows.retain(|e| gone.binary_search(e).is_err());
         }
     }
 
     /// A session's rows deleted.
     pub fn remove_session(&mut self, session: i64) {
-        if let Some(rows) = self.by_session.remove(&session) {
-            self.len -= rows.len();
-        }
+        self.rows.retain(|&(s, _)| s != session);
     }
 
-    /// Every row up to `upto` indexed: the tail is empty.
+    /// Every row up to `upto` listed: the tail is empty.
     pub fn indexed(&mut self, upto: i64) {
         self.upto = upto;
-        self.by_session = HashMap::new();
-        self.len = 0;
+        self.rows = Vec::new();
     }
 }

@@ -384,7 +384,7 @@ pub fn session_rows(
     session: i64,
     tail: &Tail,
     columns: &str,
-    mut each: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
+    each: &mut dyn FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<()> {
     // `session_rows` first, in its key's order (the rows' order within a
     // session), each row then found by its rowid: no sort, no list.
@@ -396,14 +396,14 @@ pub fn session_rows(
     while let Some(r) = q.next()? {
         each(r)?;
     }
-    let rows = tail.rows(session);
+    let rows: Vec<i64> = tail.rows(session).collect();
     if rows.is_empty() {
         return Ok(());
     }
     let mut st = conn.prepare_cached(&format!(
         "SELECT {columns} FROM messages m WHERE m.id = ?1 AND m.session = ?2"
     ))?;
-    for &row in rows {
+    for row in rows {
         let mut q = st.query([row, session])?;
         if let Some(r) = q.next()? {
             each(r)?;
@@ -438,7 +438,7 @@ pub fn load(
     );
     drop(q);
     let mut rows = Vec::new();
-    session_rows(conn, id, tail, ROW, |r| {
+    session_rows(conn, id, tail, ROW, &mut |r| {
         replay(&mut log, r, history_limit)?;
         rows.push((r.get::<_, i64>(1)? as u64, r.get::<_, i64>(7)?));
         Ok(())

@@ -88,7 +88,7 @@ fn image_from_file(
         return Ok(None);
     };
     let mut rows = Vec::new();
-    session_rows(conn, id, tail, COLUMNS, |r| {
+    session_rows(conn, id, tail, COLUMNS, &mut |r| {
         rows.push(stored_row(sid, r)?);
         Ok(())
     })?;
