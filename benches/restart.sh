@@ -63,6 +63,10 @@ with con:
     # What the server keeps beside the rows: the sessions counted (no
     # prompt is pending, so the `pending` table stays empty).
     con.execute("UPDATE generation SET sessions = (SELECT count(*) FROM sessions)")
+    # Every row listed for reading its session back, as the server lists
+    # them (`session_rows`, src/store/sqlite/schema.rs): no unlisted tail.
+    con.execute("INSERT INTO session_rows (session, id) SELECT session, id FROM messages ORDER BY session, id")
+    con.execute("UPDATE generation SET indexed = (SELECT coalesce(max(id), 0) FROM messages)")
 con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 con.close()
 PY

@@ -149,7 +149,7 @@ fn a_fourth_version_database_is_migrated_and_takes_asks() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
     let kinds: Vec<i64> = rusqlite::Connection::open(&db)
         .unwrap()
         .prepare("SELECT kind FROM messages ORDER BY id")

@@ -679,7 +679,7 @@ fn a_first_version_database_is_migrated() {
     assert_eq!(epoch(&srv, "old"), "epoch-v1");
     assert_eq!(srv.pending("old")[0]["prompt"], "hi");
     srv.respond("old", "p1", "answered after the migration");
-    assert_eq!(user_version(&db), 8);
+    assert_eq!(user_version(&db), 9);
 }
 
 #[test]
@@ -738,7 +738,7 @@ fn a_second_version_database_is_migrated_to_the_same_log() {
         .map(|m| m["data"]["seq"].as_u64().unwrap())
         .collect::<Vec<_>>();
     assert_eq!(last, [5, 6, 7]);
-    assert_eq!(user_version(&db), 8);
+    assert_eq!(user_version(&db), 9);
 }
 
 /// The tables of schema version 4, the last before cancels: the same
@@ -769,7 +769,7 @@ fn a_database_from_before_cancels_is_migrated_and_keeps_them() {
     );
     let mut srv = start(&dir);
     assert_eq!(epoch(&srv, "four"), "epoch-v4");
-    assert_eq!(user_version(&db), 8);
+    assert_eq!(user_version(&db), 9);
     let cancel = json!({"session_id": "four", "client_msg_id": "p1", "reason": "late"});
     let r = srv.post_json("/cancel", &cancel);
     assert_eq!(r.json(), json!({"ok": true, "cancelled": true, "seq": 2}));
@@ -787,6 +787,104 @@ fn a_database_from_before_cancels_is_migrated_and_keeps_them() {
     let r = srv.post_json("/response", &answer);
     assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(r.json()["details"], "prompt cancelled");
+}
+
+/// The tables of schema version 8, the last with an index on
+/// `messages (session)`.
+const V8_TABLES: &str = "
+    CREATE TABLE sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE,
+        epoch TEXT NOT NULL, next_seq INTEGER NOT NULL, last_assistant INTEGER NOT NULL,
+        dropped_assistant INTEGER NOT NULL);
+    CREATE TABLE messages (id INTEGER PRIMARY KEY, session INTEGER NOT NULL,
+        seq INTEGER NOT NULL, kind INTEGER NOT NULL, client_msg_id TEXT NOT NULL,
+        assistant_msg_id TEXT, ts INTEGER NOT NULL, data TEXT NOT NULL);
+    CREATE INDEX messages_by_session ON messages (session);
+    CREATE TABLE pending (session INTEGER PRIMARY KEY);
+    CREATE TABLE generation (n INTEGER NOT NULL, sessions INTEGER NOT NULL);
+    INSERT INTO generation VALUES (7, 3);
+";
+
+#[test]
+fn a_database_of_version_8_is_migrated_with_every_message() {
+    let dir = Dir::new("v8");
+    // Three sessions written in turn, eight messages each: prompts
+    // answered, and c's last prompt pending.
+    let names = ["a", "b", "c"];
+    let mut sql = V8_TABLES.to_string();
+    let mut want: BTreeMap<&str, Vec<(String, String)>> = BTreeMap::new();
+    for (i, name) in names.iter().enumerate() {
+        sql += &format!(
+            "INSERT INTO sessions VALUES ({}, '{name}', 'epoch-{name}', 1, 0, 0);",
+            i + 1
+        );
+    }
+    for seq in 1..=8u64 {
+        for (i, &name) in names.iter().enumerate() {
+            let cid = format!("p{}", seq.div_ceil(2));
+            let (kind, aid, body) = if seq % 2 == 1 {
+                (0, "NULL".to_string(), format!(r#""prompt":"{name}{seq}""#))
+            } else if name == "c" && seq == 8 {
+                continue;
+            } else {
+                let aid = format!("x{seq}");
+                let body = format!(r#""assistant_msg_id":"{aid}","text":"{name}{seq}""#);
+                (1, format!("'{aid}'"), body)
+            };
+            sql += &format!(
+                "INSERT INTO messages (session, seq, kind, client_msg_id, assistant_msg_id, ts, data)
+                 VALUES ({}, {seq}, {kind}, '{cid}', {aid}, 5,
+                 '{{\"session_id\":\"{name}\",\"client_msg_id\":\"{cid}\",{body},\"ts\":5,\"seq\":{seq}}}');",
+                i + 1
+            );
+            want.entry(name)
+                .or_default()
+                .push((cid, format!("{name}{seq}")));
+        }
+    }
+    sql += "INSERT INTO pending VALUES (3); PRAGMA user_version = 8;";
+    let db = database(&dir, &sql);
+    // Every session's `(client_msg_id, text)` in order, `seq` without a hole.
+    let texts = |srv: &Server, name: &str| -> Vec<(String, String)> {
+        let msgs = all_messages(srv, name);
+        contiguous_seqs(&msgs);
+        msgs.iter()
+            .map(|m| {
+                let d = &m["data"];
+                let text = d["prompt"].as_str().or(d["text"].as_str()).unwrap();
+                (
+                    d["client_msg_id"].as_str().unwrap().to_string(),
+                    text.to_string(),
+                )
+            })
+            .collect()
+    };
+    let mut srv = start(&dir);
+    for name in names {
+        assert_eq!(texts(&srv, name), want[name], "{name}");
+    }
+    assert_eq!(client_msg_ids(&srv.pending("c")), ["p4"]);
+    assert_eq!(user_version(&db), 9);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT count(*) FROM session_rows"),
+        23,
+        "every row listed"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM sqlite_schema WHERE name = 'messages_by_session'"),
+        0,
+        "the old index dropped"
+    );
+    // Written on after the migration, and read again after kill -9.
+    srv.respond("c", "p4", "c8");
+    want.get_mut("c").unwrap().push(("p4".into(), "c8".into()));
+    srv.kill9();
+    let srv = start(&dir);
+    for name in names {
+        assert_eq!(texts(&srv, name), want[name], "{name}");
+    }
+    assert!(srv.pending("c").is_empty());
 }
 
 #[test]

@@ -225,3 +225,119 @@ fn answers_to_pending_prompts_are_taken_when_pending_prompts_fill_the_budget() {
     let msgs = all_messages(&srv, &held[0]);
     assert_eq!(msgs.len(), 2, "{}: the prompt and its answer", held[0]);
 }
+
+/// Rows the log holds before a transaction lists them in `session_rows`
+/// (`TAIL_ROWS` in `src/store/sqlite/rows.rs`); the test writes past it.
+const TAIL_ROWS: usize = 4096;
+
+/// Prompts to `sids` in turn, each answered, sent pipelined a batch at a
+/// time on one connection; every answer must be a 200.
+fn pipelined_pairs(srv: &Server, sids: &[String], pairs: usize, text: &str, tag: &str) {
+    let mut http = srv.conn();
+    let request = |path: &str, body: Value| {
+        let body = body.to_string();
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    for start in (0..pairs).step_by(100) {
+        let end = (start + 100).min(pairs);
+        let mut batch = String::new();
+        for j in start..end {
+            let (sid, cid) = (&sids[j % sids.len()], format!("{tag}{j}"));
+            batch += &request(
+                "/prompt",
+                json!({"session_id": sid, "client_msg_id": cid, "prompt": text}),
+            );
+            batch += &request(
+                "/response",
+                json!({"session_id": sid, "client_msg_id": cid, "text": "a"}),
+            );
+        }
+        http.send_raw(batch.as_bytes());
+        for _ in start..end {
+            for _ in 0..2 {
+                let r = http.read_response();
+                assert_eq!(r.status, 200, "{}", r.text());
+            }
+        }
+    }
+}
+
+/// The file's rowids of a session's rows, and the newest row its index
+/// lists (`generation.indexed`), read beside the running server.
+fn straddle(dir: &Dir, sid: &str) -> (Vec<i64>, i64) {
+    let conn = rusqlite::Connection::open(dir.0.join("relay.db")).unwrap();
+    let rows = conn
+        .prepare(
+            "SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session
+             WHERE s.name = ?1 ORDER BY m.id",
+        )
+        .unwrap()
+        .query_map([sid], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<Vec<i64>, _>>()
+        .unwrap();
+    let indexed = conn
+        .query_row("SELECT indexed FROM generation", [], |r| r.get(0))
+        .unwrap();
+    (rows, indexed)
+}
+
+#[test]
+fn a_session_whose_rows_straddle_the_index_and_the_tail_is_read_back_whole() {
+    if skip_with_redis("a data directory of its own") {
+        return;
+    }
+    let dir = Dir::new("resident-tail");
+    let mut srv = start(&dir);
+    let sid = "straddle";
+    let mut acked = Vec::new();
+    let pair = |srv: &Server, i: usize, acked: &mut Vec<(String, String, String)>| {
+        let (cid, text) = (format!("s{i}"), format!("question {i}"));
+        srv.prompt(sid, &text, Some(&cid));
+        srv.respond(sid, &cid, &format!("answer {i}"));
+        acked.push(("prompt".into(), cid.clone(), text));
+        acked.push(("assistant".into(), cid, format!("answer {i}")));
+    };
+    for i in 0..3 {
+        pair(&srv, i, &mut acked);
+    }
+    // More rows than the tail holds, in other sessions: a transaction
+    // lists the session's first rows in the index.
+    let fillers: Vec<String> = (0..60).map(|i| format!("filler-{i}")).collect();
+    let text = "f".repeat(400);
+    pipelined_pairs(&srv, &fillers, TAIL_ROWS / 2 + 50, &text, "f");
+    for i in 3..6 {
+        pair(&srv, i, &mut acked);
+    }
+    let (rows, indexed) = straddle(&dir, sid);
+    assert_eq!(rows.len(), 12);
+    assert!(
+        rows[0] <= indexed && indexed < rows[11],
+        "rows {rows:?}, indexed up to {indexed}: not both sides"
+    );
+    // Other sessions written after it push it out of memory.
+    pipelined_pairs(&srv, &fillers, 600, &text, "g");
+    let loads = srv.metric("relay_session_loads_total");
+    let msgs = all_messages(&srv, sid);
+    assert_eq!(contents(&msgs), acked, "read back whole and in order");
+    assert!(
+        srv.metric("relay_session_loads_total") > loads,
+        "the session was still in memory"
+    );
+    // The storage thread reads it back too: a resend is a duplicate, seq
+    // goes on.
+    assert_eq!(srv.prompt(sid, "question 5", Some("s5"))["duplicate"], true);
+    pair(&srv, 6, &mut acked);
+    assert_eq!(
+        srv.messages(sid, "?after=12")["messages"][0]["data"]["seq"],
+        13
+    );
+    // A restart reads the tail from the file.
+    srv.kill9();
+    let srv = start(&dir);
+    assert_eq!(contents(&all_messages(&srv, sid)), acked, "after a restart");
+}

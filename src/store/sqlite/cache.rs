@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::Connection;
 
-use super::rows::{Rows, Session};
+use super::rows::{Rows, Session, TAIL_ROW, Tail};
 use super::schema;
 use crate::store::log::SessionLog;
 use crate::store::mem::{MemStore, StoreLimits};
@@ -70,6 +70,9 @@ pub struct Cache {
     pub(super) log: MemStore,
     /// Where each cached session's rows are, and the garbage.
     pub(super) rows: Rows,
+    /// The rows `session_rows` does not list yet, as the file holds them
+    /// (`schema.rs`).
+    pub(super) tail: Tail,
     /// Rows followed, over every cached session.
     pub(super) followed: usize,
     /// The cached sessions by their last use, oldest first.
@@ -79,13 +82,15 @@ pub struct Cache {
 }
 
 impl Cache {
-    /// An empty cache over a file that holds `sessions` sessions.
-    pub fn new(limits: StoreLimits, sessions: usize) -> Cache {
+    /// An empty cache over a file that holds `sessions` sessions and
+    /// whose log ends with `tail`.
+    pub fn new(limits: StoreLimits, sessions: usize, tail: Tail) -> Cache {
         let mut log = MemStore::new(limits);
         log.set_absent(sessions);
         Cache {
             log,
             rows: Rows::default(),
+            tail,
             followed: 0,
             by_use: BTreeMap::new(),
             uses: 0,
@@ -93,13 +98,18 @@ impl Cache {
     }
 
     /// The bytes the cache holds, as the memory budget counts them: the
-    /// logs (`store/log/weight.rs`) and the rows beside them. No walk.
+    /// logs (`store/log/weight.rs`), the rows beside them and the tail's
+    /// list. No walk.
     pub fn bytes(&self) -> usize {
-        self.log.logs_memory() + self.followed * ROW + self.rows.sessions.len() * SESSION
+        self.log.logs_memory()
+            + self.followed * ROW
+            + self.rows.sessions.len() * SESSION
+            + self.tail.len() * TAIL_ROW
     }
 
     /// The session `sid`, marked as just used: the cache's, or read back
-    /// from `conn` (its `sessions` row and its rows, through the index)
+    /// from `conn` (its `sessions` row and its rows, through
+    /// `session_rows` and the tail)
     /// when the cache does not hold it. `None` when the file has no such
     /// session either. Called for every session a command names, before
     /// it is decided.
@@ -115,7 +125,7 @@ impl Cache {
                     return Ok(None);
                 };
                 let limit = self.log.limits().history_limit;
-                let Some(loaded) = schema::load(conn, sid, limit)? else {
+                let Some(loaded) = schema::load(conn, sid, limit, &self.tail)? else {
                     return Ok(None);
                 };
                 let mut rows = Session::loaded(loaded.id, loaded.rows);

@@ -23,6 +23,7 @@ pub use load::reads_only;
 
 use super::cache::{Cache, Share};
 use super::generation::GenFile;
+use super::rows::{TAIL_ROWS, Tail};
 use super::schema;
 
 use crate::error::ApiError;
@@ -77,13 +78,15 @@ impl Writer {
     /// Starts the cache over, empty, from what the file says (its
     /// generation, how many sessions it holds, as its `generation` row
     /// says): at start, and after a transaction rolled back (its decisions
-    /// are then in the cache and not in the file).
+    /// are then in the cache and not in the file). Reads the log's tail
+    /// (at most about [`TAIL_ROWS`] rows), no session.
     fn rebuild(&mut self) {
-        let read = schema::counts(&self.conn);
+        let read =
+            schema::counts(&self.conn).and_then(|counts| Ok((counts, schema::tail(&self.conn)?)));
         self.state = match read {
-            Ok((generation, sessions)) => {
+            Ok(((generation, sessions), tail)) => {
                 self.generation = generation;
-                Some(Cache::new(self.limits, sessions))
+                Some(Cache::new(self.limits, sessions, tail))
             }
             Err(e) => {
                 error!(error = e.to_string().as_str(); "cannot read the database back");
@@ -298,7 +301,14 @@ fn transaction(
             };
             let before = s.followed();
             let was_pending = state.log.get(sid).is_some_and(|l| l.pending_len() > 0);
-            s.appended(seq, w.insert(s.id, record)?);
+            let row = w.insert(s.id, record)?;
+            if row > state.tail.upto {
+                state.tail.push(s.id, row);
+            } else {
+                // A rowid given again (the largest was deleted): listed now.
+                w.list(s.id, row)?;
+            }
+            s.appended(seq, row);
             let mut answered = match record {
                 Record::Response { client_msg_id, .. } | Record::Cancel { client_msg_id, .. } => {
                     state.log.get(sid).and_then(|l| l.prompt_seq(client_msg_id))
@@ -332,9 +342,16 @@ fn transaction(
     if state.rows.garbage.len() >= GARBAGE_BATCH {
         w.collect_garbage(state)?;
     }
+    if state.tail.len() >= TAIL_ROWS {
+        w.index_tail(&mut state.tail)?;
+    }
     drop(w);
-    tx.prepare_cached("UPDATE generation SET n = ?1, sessions = ?2")?
-        .execute([generation as i64, state.log.stored() as i64])?;
+    tx.prepare_cached("UPDATE generation SET n = ?1, sessions = ?2, indexed = ?3")?
+        .execute([
+            generation as i64,
+            state.log.stored() as i64,
+            state.tail.upto,
+        ])?;
     tx.commit()?;
     Ok(out)
 }
@@ -395,12 +412,26 @@ impl RowWriter<'_> {
                 cache.created(sid, self.tx.last_insert_rowid());
             }
             Record::Deleted { sid } => {
-                // Every row of the session, through the index: those its
-                // log retains and those waiting in the garbage.
+                // Every row of the session, those its log retains and
+                // those waiting in the garbage: the listed ones through
+                // `session_rows`, the tail's by rowid.
                 if let Some(session) = cache.deleted(self.tx, sid)? {
                     self.tx
-                        .prepare_cached("DELETE FROM messages WHERE session = ?1")?
+                        .prepare_cached(
+                            "DELETE FROM messages
+                             WHERE id IN (SELECT id FROM session_rows WHERE session = ?1)",
+                        )?
                         .execute([session])?;
+                    self.tx
+                        .prepare_cached("DELETE FROM session_rows WHERE session = ?1")?
+                        .execute([session])?;
+                    let mut st = self
+                        .tx
+                        .prepare_cached("DELETE FROM messages WHERE id = ?1 AND session = ?2")?;
+                    for row in cache.tail.rows(session) {
+                        st.execute([row, session])?;
+                    }
+                    cache.tail.remove_session(session);
                     self.tx
                         .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
                         .execute([session])?;
@@ -527,9 +558,49 @@ impl RowWriter<'_> {
         let mut st = self
             .tx
             .prepare_cached("DELETE FROM messages WHERE id = ?1")?;
-        for row in garbage {
+        let mut unlist = self
+            .tx
+            .prepare_cached("DELETE FROM session_rows WHERE session = ?1 AND id = ?2")?;
+        let mut garbage = garbage;
+        // Each session's entries together, on its page of the index.
+        garbage.sort_unstable();
+        for &(session, row) in &garbage {
             st.execute([row])?;
+            if row <= state.tail.upto {
+                unlist.execute([session, row])?;
+            }
         }
+        state.tail.remove(&garbage);
+        Ok(())
+    }
+
+    /// Lists a row in `session_rows` as it is written: one given a rowid
+    /// at or below the tail's start.
+    fn list(&mut self, session: i64, row: i64) -> rusqlite::Result<()> {
+        self.tx
+            .prepare_cached("INSERT OR IGNORE INTO session_rows (session, id) VALUES (?1, ?2)")?
+            .execute([session, row])?;
+        Ok(())
+    }
+
+    /// Indexes the log's tail: its rows listed in `session_rows` in one
+    /// statement, sorted by session, so each session's page of the index
+    /// is written once for all of its rows; the tail then starts after
+    /// the newest row. In the transaction of the commit it rides on: a
+    /// crash leaves both or neither.
+    fn index_tail(&mut self, tail: &mut Tail) -> rusqlite::Result<()> {
+        self.tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO session_rows (session, id)
+                 SELECT session, id FROM messages WHERE id > ?1 ORDER BY session, id",
+            )?
+            .execute([tail.upto])?;
+        let upto: i64 = self.tx.query_row(
+            "SELECT coalesce(max(id), ?1) FROM messages",
+            [tail.upto],
+            |r| r.get(0),
+        )?;
+        tail.indexed(upto.max(tail.upto));
         Ok(())
     }
 }

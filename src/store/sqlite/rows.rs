@@ -102,7 +102,7 @@ impl Session {
                 if log.retains(Seq(seq)) {
                     i += 1;
                 } else {
-                    garbage.rows.push(row);
+                    garbage.rows.push((self.id, row));
                     self.by_seq.remove(i);
                 }
             }
@@ -112,7 +112,7 @@ impl Session {
             && let Ok(i) = self.by_seq.binary_search_by_key(&seq.get(), |&(s, _)| s)
             && let Some((_, row)) = self.by_seq.remove(i)
         {
-            garbage.rows.push(row);
+            garbage.rows.push((self.id, row));
         }
         if garbage.rows.len() > before && !self.dirty {
             self.dirty = true;
@@ -129,7 +129,7 @@ impl Session {
             if let Ok(i) = self.by_seq.binary_search_by_key(&seq.get(), |&(s, _)| s)
                 && let Some((_, row)) = self.by_seq.remove(i)
             {
-                garbage.rows.push(row);
+                garbage.rows.push((self.id, row));
                 if !self.dirty {
                     self.dirty = true;
                     garbage.dirty.push(sid.clone());
@@ -139,12 +139,18 @@ impl Session {
     }
 }
 
+/// What [`Garbage::take`] hands over: the rows to delete (`(session,
+/// row)`), and the sessions whose counters to write, with their
+/// `sessions` row.
+pub type Taken = (Vec<(i64, i64)>, Vec<(SessionId, i64)>);
+
 /// Rows waiting to be deleted, and the sessions whose counters (`next_seq`,
 /// the newest answer, the newest answer dropped) are written with them:
 /// restore takes those as its floor, since the rows that set them are gone.
 #[derive(Default)]
 pub struct Garbage {
-    rows: Vec<i64>,
+    /// `(session, row)`: the `sessions` row with each message's row.
+    rows: Vec<(i64, i64)>,
     dirty: Vec<SessionId>,
 }
 
@@ -154,12 +160,10 @@ impl Garbage {
         self.rows.len()
     }
 
-    /// The rows to delete, and the sessions (still in `sessions`, with
-    /// their `sessions` row) whose counters to write with them.
-    pub fn take(
-        &mut self,
-        sessions: &mut HashMap<SessionId, Session>,
-    ) -> (Vec<i64>, Vec<(SessionId, i64)>) {
+    /// The rows to delete (`(session, row)`), and the sessions (still in
+    /// `sessions`, with their `sessions` row) whose counters to write with
+    /// them.
+    pub fn take(&mut self, sessions: &mut HashMap<SessionId, Session>) -> Taken {
         let mut dirty = Vec::with_capacity(self.dirty.len());
         for sid in self.dirty.drain(..) {
             if let Some(s) = sessions.get_mut(&sid) {
@@ -189,7 +193,75 @@ impl Rows {
     }
 
     /// The garbage rows to delete, and the sessions whose counters to write.
-    pub fn take_garbage(&mut self) -> (Vec<i64>, Vec<(SessionId, i64)>) {
+    pub fn take_garbage(&mut self) -> Taken {
         self.garbage.take(&mut self.sessions)
+    }
+}
+
+/// The log's unindexed tail (see `schema.rs`): the rows after `upto`,
+/// which `session_rows` does not list yet, with their `sessions` row, in
+/// the order written. Read from the file when the cache starts over
+/// (a range of at most a few [`TAIL_ROWS`] rowids), kept as rows are
+/// appended and deleted, and emptied when a transaction lists them.
+#[derive(Default)]
+pub struct Tail {
+    /// The newest row `session_rows` lists (`generation.indexed`).
+    pub upto: i64,
+    /// `(session, row)`, in the order written.
+    rows: Vec<(i64, i64)>,
+}
+
+/// Rows in the tail at which a transaction lists them: the index then
+/// takes a few rows per session at once, on one page per session, where
+/// indexing each commit's rows would write a page per session it
+/// touched. Reading a session back looks its tail rows up by rowid.
+pub const TAIL_ROWS: usize = 4096;
+
+/// What one tail row weighs in the cache's count, with the vector's
+/// slack.
+pub const TAIL_ROW: usize = 24;
+
+impl Tail {
+    /// The tail after `upto`, holding `rows` (`(session, row)`, in the
+    /// order written).
+    pub fn new(upto: i64, rows: Vec<(i64, i64)>) -> Tail {
+        Tail { upto, rows }
+    }
+
+    /// Rows in the tail.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// A row appended after `upto`.
+    pub fn push(&mut self, session: i64, row: i64) {
+        self.rows.push((session, row));
+    }
+
+    /// The tail's rows of `session`, in the order written: a pass over
+    /// at most a few thousand pairs, once per session read back.
+    pub fn rows(&self, session: i64) -> impl Iterator<Item = i64> + '_ {
+        self.rows
+            .iter()
+            .filter(move |&&(s, _)| s == session)
+            .map(|&(_, row)| row)
+    }
+
+    /// Rows deleted (`(session, row)`, sorted).
+    pub fn remove(&mut self, gone: &[(i64, i64)]) {
+        if !gone.is_empty() {
+            self.rows.retain(|e| gone.binary_search(e).is_err());
+        }
+    }
+
+    /// A session's rows deleted.
+    pub fn remove_session(&mut self, session: i64) {
+        self.rows.retain(|&(s, _)| s != session);
+    }
+
+    /// Every row up to `upto` listed: the tail is empty.
+    pub fn indexed(&mut self, upto: i64) {
+        self.upto = upto;
+        self.rows = Vec::new();
     }
 }

@@ -1,7 +1,7 @@
 //! The database's schema, its versions and migrations, and the reading
 //! back of one session.
 //!
-//! Schema version 8 (`PRAGMA user_version`):
+//! Schema version 9 (`PRAGMA user_version`):
 //!
 //! - `sessions(id, name, epoch, next_seq, last_assistant,
 //!   dropped_assistant)`: one row per session; `name` is the session id.
@@ -16,21 +16,34 @@
 //!   the prompt it stopped), 3 an ask and 4 a reply (whose
 //!   `client_msg_id` column holds the `ask_id`); `data` is the message's
 //!   JSON object
-//!   exactly as the API serves it. One index, `messages_by_session`
-//!   (`session`, then the rowid): the storage thread reads one session's
-//!   rows back when it needs the session and does not hold it
-//!   ([`load`], and the loop's copy through `decide/load.rs`).
+//!   exactly as the API serves it. The table has no index of its own.
+//! - `session_rows(session, id)`: the rows of each session, a table
+//!   keyed by both (`WITHOUT ROWID`), so one session's entries sit
+//!   together: the storage thread reads one session's rows back through
+//!   it when it needs the session and does not hold it ([`load`], and
+//!   the loop's copy through `decide/load.rs`). It lists the rows up to
+//!   `generation.indexed`; the rows after it are the log's tail, at most
+//!   about `rows::TAIL_ROWS`, which the storage thread keeps a list of
+//!   (`rows.rs`, [`tail`]). The transaction that takes the tail past
+//!   that many indexes it, sorted by session, in one statement: each
+//!   session's page of the index is then written once for thousands of
+//!   rows, where an index on `messages` wrote one page per session every
+//!   commit touched. A session read back is its listed rows and its rows
+//!   in the tail, each looked up by rowid. A row given a rowid at or
+//!   below `indexed` (SQLite reuses the largest after it is deleted) is
+//!   listed as it is written.
 //! - `pending(session)`: the sessions whose log holds a pending prompt,
 //!   one row each, kept by every transaction that changes that (a prompt
 //!   stored, answered, cancelled or trimmed; the session deleted): the
 //!   start reads these sessions whole without reading any message row of
 //!   the others.
-//! - `generation(n, sessions)`: one row, the number of the last
+//! - `generation(n, sessions, indexed)`: one row, the number of the last
 //!   transaction (each adds one), compared at start with the side file
 //!   `relay.generation` to notice a lost write-ahead log
-//!   (`generation.rs`), and the sessions the file holds as that
+//!   (`generation.rs`), the sessions the file holds as that
 //!   transaction left them (the session cap counts them; counting the
-//!   rows at start would read every page of the `sessions` index).
+//!   rows at start would read every page of the `sessions` index), and
+//!   the newest row `session_rows` lists.
 //!
 //! A session read back replays its rows oldest first through the same rules that built
 //! them (a prompt is answered when an answer to it follows; history keeps
@@ -52,7 +65,10 @@
 //! (a deletion now removes every row of its session through the index).
 //! Version 7 had no `pending` table and no `generation.sessions`:
 //! version 8 fills the table with one pass over the log
-//! ([`fill_pending`]), and counts the sessions.
+//! ([`fill_pending`]), and counts the sessions. Version 8 had the index
+//! `messages_by_session` on `messages (session)`, one entry written per
+//! row on its session's page, every commit: version 9 fills
+//! `session_rows` from the log, drops the index, and starts with no tail.
 
 use std::collections::{HashMap, HashSet};
 
@@ -61,6 +77,7 @@ use rusqlite::types::ValueRef;
 
 use super::Sync;
 use super::generation::Recovery;
+use super::rows::Tail;
 use crate::store::image::replay_row;
 use crate::store::log::SessionLog;
 
@@ -69,7 +86,7 @@ use crate::store::types::Seq;
 use crate::time::Millis;
 
 /// The schema this build writes.
-pub const VERSION: i64 = 8;
+pub const VERSION: i64 = 9;
 
 /// The `kind` of an ask's row, and of a reply's.
 pub const KIND_ASK: i64 = 3;
@@ -99,9 +116,25 @@ CREATE TABLE messages (
 );
 ";
 
-/// A session's rows found without reading the others': one index entry
-/// per row (the session, then the rowid, so in the order written).
+/// Versions before 9: a session's rows found through an index on
+/// `messages` (kept by the migrations from before 7, whose deletion of
+/// stray rows reads it; version 9 drops it).
 const BY_SESSION: &str = "CREATE INDEX messages_by_session ON messages (session);";
+
+/// Versions 1 to 8 to 9 (and a new file, after the tables of 8): every
+/// row listed in `session_rows`, sorted by session, the old index
+/// dropped, no tail.
+const V8_TO_V9: &str = "
+CREATE TABLE session_rows (
+    session INTEGER NOT NULL,
+    id INTEGER NOT NULL,
+    PRIMARY KEY (session, id)
+) WITHOUT ROWID;
+INSERT INTO session_rows (session, id) SELECT session, id FROM messages ORDER BY session, id;
+DROP INDEX IF EXISTS messages_by_session;
+ALTER TABLE generation ADD COLUMN indexed INTEGER NOT NULL DEFAULT 0;
+UPDATE generation SET indexed = coalesce((SELECT max(id) FROM messages), 0);
+";
 
 /// Version 6 to 7, after [`BY_SESSION`]: the rows of sessions deleted
 /// before it dropped (from then on they go with their session).
@@ -185,25 +218,26 @@ pub fn prepare(conn: &Connection, sync: Sync, version: i64) -> rusqlite::Result<
         "PRAGMA foreign_keys = OFF; PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES};"
     ))?;
     let steps = match version {
-        0 => format!("{SESSIONS} {MESSAGES} {BY_SESSION} {PENDING} {GENERATION}"),
+        0 => format!("{SESSIONS} {MESSAGES} {PENDING} {GENERATION} {V8_TO_V9}"),
         1 => format!(
-            "{V1_TO_V2} {} {GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING}",
+            "{V1_TO_V2} {} {GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING} {V8_TO_V9}",
             v2_to_v3()
         ),
         2 => format!(
-            "{} {GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING}",
+            "{} {GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING} {V8_TO_V9}",
             v2_to_v3()
         ),
-        3 => format!("{GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING}"),
+        3 => format!("{GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING} {V8_TO_V9}"),
         // Cancels, asks and replies are rows of kinds of their own: no
         // table changes.
-        4..=6 => format!("{V7_GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING}"),
-        7 => format!("{V7_GENERATION} {PENDING}"),
+        4..=6 => format!("{V7_GENERATION} {BY_SESSION} {V6_TO_V7} {PENDING} {V8_TO_V9}"),
+        7 => format!("{V7_GENERATION} {PENDING} {V8_TO_V9}"),
+        8 => V8_TO_V9.to_string(),
         _ => return Ok(()),
     };
     let tx = conn.unchecked_transaction()?;
     tx.execute_batch(&steps)?;
-    if version > 0 {
+    if (1..8).contains(&version) {
         tx.execute_batch(COUNTED)?;
         fill_pending(&tx)?;
     }
@@ -260,6 +294,21 @@ pub fn counts(conn: &Connection) -> rusqlite::Result<(u64, usize)> {
     ))
 }
 
+/// The log's unindexed tail as the file holds it: the rows after
+/// `generation.indexed`, read in one range of rowids (see the module doc).
+pub fn tail(conn: &Connection) -> rusqlite::Result<Tail> {
+    let upto: i64 = conn.query_row(
+        "SELECT coalesce(max(indexed), 0) FROM generation",
+        [],
+        |r| r.get(0),
+    )?;
+    let mut st = conn.prepare("SELECT session, id FROM messages WHERE id > ?1 ORDER BY id")?;
+    let rows = st
+        .query_map([upto], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<Vec<(i64, i64)>>>()?;
+    Ok(Tail::new(upto, rows))
+}
+
 /// The id of every session, for [`recover`](super::generation::recover).
 pub fn session_ids(conn: &Connection) -> rusqlite::Result<Vec<i64>> {
     conn.prepare("SELECT id FROM sessions")?
@@ -296,7 +345,8 @@ pub fn kind_of(kind: i64) -> Kind {
 
 /// The columns [`replay`] reads, in its order: the session's row, then
 /// the message's.
-const ROW: &str = "session, seq, kind, client_msg_id, assistant_msg_id, ts, data, id";
+const ROW: &str =
+    "m.session, m.seq, m.kind, m.client_msg_id, m.assistant_msg_id, m.ts, m.data, m.id";
 
 /// Appends one stored row ([`ROW`]'s columns) to its session's log by the
 /// rules that stored it. False when its `data` is damaged: the message is
@@ -323,13 +373,52 @@ pub struct Loaded {
     pub rows: Vec<(u64, i64)>,
 }
 
-/// Reads the session named `sid` back, through the index on the log's
-/// `session` column, by the rules that stored its rows
+/// The rows of the session of `sessions` row `session`, in the order
+/// written, each passed to `each`: those `session_rows` lists, then
+/// those in the log's tail (`tail`), each looked up by rowid (a row the
+/// file no longer holds, or holds for another session, is skipped).
+/// `columns` are read from `messages`, named as `m`.
+pub fn session_rows(
+    conn: &Connection,
+    session: i64,
+    tail: &Tail,
+    columns: &str,
+    each: &mut dyn FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
+    // `session_rows` first, in its key's order (the rows' order within a
+    // session), each row then found by its rowid: no sort, no list.
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {columns} FROM session_rows r CROSS JOIN messages m ON m.id = r.id
+         WHERE r.session = ?1 ORDER BY r.id"
+    ))?;
+    let mut q = st.query([session])?;
+    while let Some(r) = q.next()? {
+        each(r)?;
+    }
+    let rows: Vec<i64> = tail.rows(session).collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {columns} FROM messages m WHERE m.id = ?1 AND m.session = ?2"
+    ))?;
+    for row in rows {
+        let mut q = st.query([row, session])?;
+        if let Some(r) = q.next()? {
+            each(r)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads the session named `sid` back, through `session_rows` and the
+/// log's tail ([`session_rows`]), by the rules that stored its rows
 /// (`store/image.rs`, as the loop's copy replays a session read back); `None` when the file holds no such session.
 pub fn load(
     conn: &Connection,
     sid: &str,
     history_limit: usize,
+    tail: &Tail,
 ) -> rusqlite::Result<Option<Loaded>> {
     let mut st = conn.prepare_cached(
         "SELECT id, epoch, next_seq, last_assistant, dropped_assistant FROM sessions WHERE name = ?1",
@@ -347,15 +436,12 @@ pub fn load(
         Seq(r.get::<_, i64>(4)? as u64),
     );
     drop(q);
-    let mut st = conn.prepare_cached(&format!(
-        "SELECT {ROW} FROM messages WHERE session = ?1 ORDER BY id"
-    ))?;
-    let mut q = st.query([id])?;
     let mut rows = Vec::new();
-    while let Some(r) = q.next()? {
+    session_rows(conn, id, tail, ROW, &mut |r| {
         replay(&mut log, r, history_limit)?;
         rows.push((r.get::<_, i64>(1)? as u64, r.get::<_, i64>(7)?));
-    }
+        Ok(())
+    })?;
     Ok(Some(Loaded { id, log, rows }))
 }
 

@@ -8,7 +8,8 @@
 //! `Rc`s and stay on the thread): a session the thread's cache holds is
 //! sent with the cache's counters and its retained messages read from
 //! their rows by rowid; one it does not hold is read from the file
-//! through the `messages_by_session` index, every row of it with the
+//! through `session_rows` and the log's tail (`schema.rs`), every row
+//! of it with the
 //! `sessions` row's counters, as a restart reads it. Either way what the
 //! loop gets is what a restart would read, and the cache is left as it
 //! was (a read does not fill it). The start reads no session whole but
@@ -26,11 +27,13 @@ use super::Writer;
 use crate::error::ApiError;
 use crate::store::record::{Command, Done, Op, Outcome, SessionImage, StoredRow};
 use crate::store::sqlite::cache::Cache;
-use crate::store::sqlite::schema::{json_object, kind_of};
+use crate::store::sqlite::rows::Tail;
+use crate::store::sqlite::schema::{json_object, kind_of, session_rows};
 use crate::store::types::{Seq, SessionId};
 
 /// The columns [`stored_row`] reads, in its order.
-const COLUMNS: &str = "seq, kind, client_msg_id, assistant_msg_id, ts, data, id";
+/// (`messages` named as `m`).
+const COLUMNS: &str = "m.seq, m.kind, m.client_msg_id, m.assistant_msg_id, m.ts, m.data, m.id";
 
 /// One message row ([`COLUMNS`]) as plain data; a damaged `data` is
 /// logged (naming the session) and read as `None`.
@@ -56,8 +59,12 @@ fn stored_row(sid: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredRow> {
 
 /// The session named `sid` read from the file alone, or `None` when the
 /// file has no such session: its `sessions` row's counters and every row
-/// of it, in the order written, through the index.
-fn image_from_file(conn: &Connection, sid: &str) -> rusqlite::Result<Option<SessionImage>> {
+/// of it, in the order written, through `session_rows` and `tail`.
+fn image_from_file(
+    conn: &Connection,
+    sid: &str,
+    tail: &Tail,
+) -> rusqlite::Result<Option<SessionImage>> {
     let Some(key) = SessionId::new(sid) else {
         return Ok(None);
     };
@@ -80,14 +87,11 @@ fn image_from_file(conn: &Connection, sid: &str) -> rusqlite::Result<Option<Sess
     let Some((id, epoch, counters)) = found else {
         return Ok(None);
     };
-    let mut st = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM messages WHERE session = ?1 ORDER BY id"
-    ))?;
-    let mut q = st.query([id])?;
     let mut rows = Vec::new();
-    while let Some(r) = q.next()? {
+    session_rows(conn, id, tail, COLUMNS, &mut |r| {
         rows.push(stored_row(sid, r)?);
-    }
+        Ok(())
+    })?;
     Ok(Some(SessionImage {
         sid: key,
         epoch,
@@ -144,10 +148,10 @@ impl Cache {
         else {
             // Not in the cache: the file's counters are the session's
             // (those waiting for a garbage collection keep it cached).
-            return image_from_file(conn, sid);
+            return image_from_file(conn, sid, &self.tail);
         };
         let mut st =
-            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM messages WHERE id = ?1"))?;
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM messages m WHERE m.id = ?1"))?;
         let mut out = Vec::with_capacity(rows.followed());
         for row in rows.ids() {
             let found = st.query_row([row], |r| stored_row(sid, r)).optional()?;
