@@ -409,6 +409,7 @@ impl Relay {
         if !q.wait || log.has_pending_after(q.after) {
             debug!(session_id = sid; "prompts fetched");
             let page = log.pending_page(q.after).inspect_err(|e| damaged(sid, e))?;
+            self.page_within_budget(sid);
             self.fetched(now, sid, q.after);
             self.agent_seen(now, sid, true);
             return Ok(Fetch::Ready(page));

@@ -23,7 +23,7 @@ use std::rc::Rc;
 
 use super::asks::Asks;
 use super::message::{Kind, Message};
-use super::pending::{Pending, grow_early};
+use super::pending::{Pending, cap_after_push, grow_early};
 use super::types::Seq;
 use crate::error::ApiError;
 use crate::store::idmap::{IdMap, Keys};
@@ -41,7 +41,7 @@ pub const MAX_PAGE_BYTES: usize = 4 << 20;
 
 /// What the dedupe map knows about a prompt.
 #[derive(Debug)]
-struct PromptEntry {
+pub struct PromptEntry {
     seq: Seq,
     /// Answered, or cancelled: no longer pending.
     answered: bool,
@@ -156,6 +156,59 @@ impl Cursor {
     }
 }
 
+/// A message about to be appended to a log, as the memory budget weighs
+/// it before the write is applied ([`SessionLog::bytes_after`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Next<'a> {
+    /// A new prompt.
+    Prompt { weight: usize },
+    /// An answer or a cancel of the prompt `prompt`; an answer's id
+    /// joins the answers' map (`answer_id`).
+    Answer {
+        prompt: &'a str,
+        answer_id: bool,
+        weight: usize,
+    },
+    /// An ask, with its stored `data`.
+    Ask {
+        ask_id: &'a str,
+        seq: Seq,
+        ts: crate::time::UnixMillis,
+        data: &'a [u8],
+        weight: usize,
+    },
+    /// A reply to the ask `ask_id`, with its stored `data`.
+    Reply {
+        ask_id: &'a str,
+        seq: Seq,
+        data: &'a [u8],
+        weight: usize,
+    },
+}
+
+impl Next<'_> {
+    /// What the message itself weighs ([`weight::message`]).
+    fn weight(&self) -> usize {
+        match *self {
+            Next::Prompt { weight, .. }
+            | Next::Answer { weight, .. }
+            | Next::Ask { weight, .. }
+            | Next::Reply { weight, .. } => weight,
+        }
+    }
+}
+
+/// The rooms and counters a log is weighed by ([`SessionLog::weigh`]).
+struct Shape {
+    history: usize,
+    pending: usize,
+    prompts: usize,
+    responses: usize,
+    page: usize,
+    asks: usize,
+    held: usize,
+}
+
 /// A session's durable state.
 #[derive(Debug)]
 pub struct SessionLog {
@@ -246,17 +299,119 @@ impl SessionLog {
 
     /// The weight by the log's counters and its tables' room: no walk.
     fn weight_with(&self, held: usize, asks: usize) -> usize {
+        self.weigh(Shape {
+            history: self.history.capacity(),
+            pending: self.pending.capacity(),
+            prompts: self.prompts.room(),
+            responses: self.responses.room(),
+            page: self.page_bytes(),
+            asks,
+            held,
+        })
+    }
+
+    /// What a log of this shape weighs.
+    fn weigh(&self, s: Shape) -> usize {
         self.fixed
-            + weight::alloc(self.history.capacity() * std::mem::size_of::<Rc<Message>>())
-            + weight::alloc(self.pending.slot_bytes())
-            + weight::alloc(self.prompts.heap_bytes())
-            + weight::alloc(self.responses.heap_bytes())
-            + self
-                .page
-                .as_ref()
-                .map_or(0, |(_, p)| weight::rc_bytes(p.len()))
-            + asks
-            + held
+            + weight::alloc(s.history * std::mem::size_of::<Rc<Message>>())
+            + weight::alloc(s.pending * Pending::SLOT_BYTES)
+            + weight::table(s.prompts, IdMap::<PromptEntry>::SLOT_BYTES)
+            + weight::table(s.responses, IdMap::<ResponseEntry>::SLOT_BYTES)
+            + s.page
+            + s.asks
+            + s.held
+    }
+
+    /// The rendered pending page's bytes, if one is kept.
+    fn page_bytes(&self) -> usize {
+        self.page
+            .as_ref()
+            .map_or(0, |(_, p)| weight::rc_bytes(p.len()))
+    }
+
+    /// What this log weighs ([`bytes`](Self::bytes)) once `next` is
+    /// appended with history kept to `limit`, worked out without changing
+    /// anything: each table the append touches says what it holds after
+    /// it (its growth included, [`cap_after_push`],
+    /// [`IdMap::room_after_insert`], [`Pending::cap_after_remove`]), and
+    /// what history trims and the prompt an answer ends leave. The memory
+    /// budget admits a write by it; applying the write then counts
+    /// exactly this.
+    pub fn bytes_after(&self, next: &Next, limit: usize) -> usize {
+        let mut shape = Shape {
+            history: cap_after_push(self.history.len(), self.history.capacity(), self.seed),
+            pending: self.pending.capacity(),
+            prompts: self.prompts.room(),
+            responses: self.responses.room(),
+            page: self.page_bytes(),
+            asks: self.asks_held,
+            held: self.held + next.weight(),
+        };
+        // The prompt an answer or a cancel takes off the pending set.
+        let mut ends = None;
+        let mut asks = None;
+        match *next {
+            Next::Prompt { .. } => {
+                shape.prompts = self.prompts.room_after_insert();
+                shape.pending = self.pending.cap_after_insert(self.seed);
+                shape.page = 0;
+            }
+            Next::Answer {
+                prompt, answer_id, ..
+            } => {
+                if let Some(e) = self.prompts.get(prompt).filter(|e| !e.answered) {
+                    ends = Some(prompt);
+                    if !e.in_history {
+                        shape.held = shape.held.saturating_sub(
+                            self.pending_at(e.seq).map_or(0, |m| weight::message(m)),
+                        );
+                    }
+                    shape.pending = self.pending.cap_after_remove(e.seq);
+                    shape.page = 0;
+                }
+                if answer_id {
+                    shape.responses = self.responses.room_after_insert();
+                }
+            }
+            Next::Ask {
+                ask_id,
+                seq,
+                ts,
+                data,
+                ..
+            } => {
+                let mut copy = self.asks.copy();
+                copy.asked(Rc::from(ask_id), seq, ts, data);
+                asks = Some(copy);
+            }
+            Next::Reply {
+                ask_id, seq, data, ..
+            } => {
+                let mut copy = self.asks.copy();
+                copy.replied(ask_id, seq, data);
+                asks = Some(copy);
+            }
+        }
+        let trim = (self.history.len() + 1).saturating_sub(limit);
+        for old in self.history.iter().take(trim) {
+            let pending = old.kind == Kind::Prompt
+                && ends != Some(&*old.client_msg_id)
+                && self
+                    .prompts
+                    .get(&old.client_msg_id)
+                    .is_some_and(|e| !e.answered);
+            if !pending {
+                shape.held = shape.held.saturating_sub(weight::message(old));
+            }
+            if old.kind == Kind::Ask {
+                asks.get_or_insert_with(|| self.asks.copy())
+                    .trimmed(&old.client_msg_id, old.seq);
+            }
+        }
+        if let Some(a) = asks {
+            shape.asks = a.weigh(weight::table, weight::alloc);
+        }
+        self.weigh(shape)
     }
 
     /// Brings the count up to date after a change: called at the end of
@@ -292,35 +447,6 @@ impl SessionLog {
                 .map(|m| weight::message(m))
                 .sum::<usize>();
         self.weight_with(held, self.asks.weigh(weight::table, weight::alloc))
-    }
-
-    /// What appending one more message to this log frees by trimming
-    /// history at `limit` (the oldest message, unless the pending set
-    /// still holds it), plus, for an answer or cancel of `answers`, its
-    /// prompt when history no longer holds it: what a write is credited
-    /// with against the memory budget.
-    pub fn freed_by_next(&self, limit: usize, answers: Option<&str>) -> usize {
-        let trimmed = match self.history.front() {
-            Some(old) if self.history.len() >= limit => {
-                let still_pending = old.kind == Kind::Prompt
-                    && self
-                        .prompts
-                        .get(&old.client_msg_id)
-                        .is_some_and(|e| !e.answered);
-                if still_pending {
-                    0
-                } else {
-                    weight::message(old)
-                }
-            }
-            _ => 0,
-        };
-        let prompt = answers
-            .and_then(|id| self.prompts.get(id))
-            .filter(|e| !e.answered && !e.in_history)
-            .and_then(|e| self.pending_at(e.seq))
-            .map_or(0, |m| weight::message(m));
-        trimmed + prompt
     }
 
     /// The session's epoch, chosen when it was created.
@@ -694,6 +820,13 @@ impl SessionLog {
         self.page = Some((after, body.clone()));
         self.sync();
         Ok(body)
+    }
+
+    /// Drops the rendered page kept for the next agent asking the same
+    /// (a read at the memory budget must not take the count past it).
+    pub fn drop_page(&mut self) {
+        self.page = None;
+        self.sync();
     }
 
     /// The prompts [`pending_page`](Self::pending_page) carries for

@@ -106,6 +106,8 @@ pub struct MemStore {
     /// The bytes held beside the logs for their sessions: drafts, and
     /// the connections' output queues.
     beside: Meter,
+    /// The most one append grows a log's tables by ([`budget::most_growth`]).
+    most_growth: usize,
     /// Sessions that exist in the storage and that this copy does not
     /// hold (a cache's: [`evict`](Self::evict)ed, or never read): the
     /// session cap counts them with those held.
@@ -122,6 +124,7 @@ impl MemStore {
             arrivals: Arrivals::default(),
             meter: Meter::default(),
             beside: Meter::default(),
+            most_growth: budget::most_growth(&limits),
             absent: 0,
         }
     }
