@@ -265,8 +265,11 @@ pub struct Relay {
 impl Relay {
     /// A relay that stores through `engine`, over `store`: what the
     /// engine restored at start, or empty.
-    pub fn new(limits: Limits, store: MemStore, engine: Engine) -> Relay {
+    pub fn new(limits: Limits, mut store: MemStore, engine: Engine) -> Relay {
         let budget = budget::Budget::new(limits.max_memory, &engine);
+        if engine.reads_back() {
+            store.keep_order();
+        }
         Relay {
             store,
             engine,

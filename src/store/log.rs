@@ -230,6 +230,10 @@ pub struct SessionLog {
     /// Where this session's deques grow ([`grow_early`]).
     seed: usize,
     pub last_active: Millis,
+    /// The number the store gave it as it took it: tells the eviction
+    /// order's entry for this log from one for a log under the same id
+    /// before it (`store/mem/clock.rs`).
+    pub entered: u64,
     /// What the messages held weigh ([`weight::message`]), each counted
     /// once whether history, the pending set or both hold it.
     held: usize,
@@ -270,6 +274,7 @@ impl SessionLog {
             page: None,
             seed: Keys::default().hash_one(0x5eed_u64) as usize,
             last_active: now,
+            entered: 0,
             held: 0,
             asks_held: 0,
             fixed: 0,

@@ -29,6 +29,7 @@ use crate::wire::{decode, push_json_str};
 
 mod asks;
 mod budget;
+mod clock;
 
 /// The limits the engine enforces.
 #[derive(Clone, Copy, Debug)]
@@ -108,6 +109,8 @@ pub struct MemStore {
     beside: Meter,
     /// The most one append grows a log's tables by ([`budget::most_growth`]).
     most_growth: usize,
+    /// The order in which sessions leave memory, where they do.
+    clock: clock::Clock,
     /// Sessions that exist in the storage and that this copy does not
     /// hold (a cache's: [`evict`](Self::evict)ed, or never read): the
     /// session cap counts them with those held.
@@ -125,6 +128,7 @@ impl MemStore {
             meter: Meter::default(),
             beside: Meter::default(),
             most_growth: budget::most_growth(&limits),
+            clock: clock::Clock::default(),
             absent: 0,
         }
     }
@@ -562,6 +566,7 @@ impl MemStore {
         self.drop_session(&sid);
         log.number_all_pending(|seq| self.arrivals.arrived(&sid, seq));
         log.attach(&self.meter, sid.len());
+        self.enter(&sid, &mut log);
         self.sessions.insert(sid, log);
     }
 

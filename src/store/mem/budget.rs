@@ -49,9 +49,12 @@ impl MemStore {
         self.meter.get() + self.arrivals_memory()
     }
 
-    /// The arrival order's part: its entries and those of its kept scopes.
+    /// The arrival order's part, its entries and those of its kept
+    /// scopes, and the eviction order's ring.
     fn arrivals_memory(&self) -> usize {
-        self.arrivals.len() * ARRIVAL + self.arrivals.kept_entries() * KEPT_ARRIVAL
+        self.arrivals.len() * ARRIVAL
+            + self.arrivals.kept_entries() * KEPT_ARRIVAL
+            + self.clock.bytes()
     }
 
     /// The logs' part counted from scratch by walking every session: for
