@@ -176,6 +176,9 @@ impl Relay {
         if here.is_empty() {
             self.presence.remove(sid);
         }
+        if woken > 0 {
+            self.page_within_budget(sid);
+        }
         for after in pages {
             self.fetched(now, sid, after);
         }

@@ -65,19 +65,55 @@ impl Draft {
         }
     }
 
-    /// Counts what the draft holds now: its place in the session's list,
-    /// its text, its own id (the prompt's is the log's).
+    /// What a draft with the id `id_len` bytes long and room for `text`
+    /// bytes of text weighs: its place in the session's list, its text,
+    /// its own id (the prompt's is the log's).
+    fn weight(id_len: usize, text: usize) -> usize {
+        std::mem::size_of::<Draft>() + alloc(text) + rc_bytes(id_len)
+    }
+
+    /// The room for text after appending `more` bytes to `len` in `cap`:
+    /// doubled (or to fit, if more) when it does not fit. [`append`](Self::append)
+    /// grows the text by it, and the budget weighs a part by it first.
+    fn room_after(len: usize, cap: usize, more: usize) -> usize {
+        if len + more <= cap {
+            cap
+        } else {
+            (2 * cap).max(len + more)
+        }
+    }
+
+    /// What appending a part whose literal is `lit` adds to what a draft
+    /// weighs: to `draft`, or to a new draft with the id `id_len` bytes
+    /// long.
+    pub(super) fn growth(draft: Option<&Draft>, id_len: usize, lit: &str) -> usize {
+        let more = lit.len().saturating_sub(2);
+        match draft {
+            Some(d) => {
+                let (len, cap) = (d.escaped.len(), d.escaped.capacity());
+                let id = d.assistant_msg_id.len();
+                Draft::weight(id, Draft::room_after(len, cap, more)) - Draft::weight(id, cap)
+            }
+            None => Draft::weight(id_len, Draft::room_after(0, 0, more)),
+        }
+    }
+
+    /// Counts what the draft holds now.
     pub(super) fn weigh(&mut self) {
-        let bytes = std::mem::size_of::<Draft>()
-            + alloc(self.escaped.capacity())
-            + rc_bytes(self.assistant_msg_id.len());
+        let bytes = Draft::weight(self.assistant_msg_id.len(), self.escaped.capacity());
         self.share.set(bytes);
     }
 
     /// Appends the next part: its text's literal (quotes included) and
     /// decoded length. Returns its `delta` frame.
     fn append(&mut self, sid: &str, lit: &str, bytes: usize, deadline: Millis) -> Rc<[u8]> {
-        self.escaped.push_str(&lit[1..lit.len() - 1]);
+        let text = &lit[1..lit.len() - 1];
+        let (len, cap) = (self.escaped.len(), self.escaped.capacity());
+        let room = Draft::room_after(len, cap, text.len());
+        if room > cap {
+            self.escaped.reserve_exact(room - len);
+        }
+        self.escaped.push_str(text);
         self.bytes += bytes;
         self.parts += 1;
         self.deadline = deadline;
@@ -100,12 +136,16 @@ impl Relay {
         id: String,
     ) -> Result<Reply, ApiError> {
         let lit = &*r.text;
-        self.admit_bytes(lit.len())?;
         let bytes = decoded_len(lit);
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
         let max_drafts = self.limits.max_pending;
         let live = self.live.entry(r.session_id.clone()).or_default();
-        let at = match live.drafts.iter().position(|d| *d.assistant_msg_id == *id) {
+        let found = live.drafts.iter().position(|d| *d.assistant_msg_id == *id);
+        let growth = Draft::growth(found.map(|at| &live.drafts[at]), id.len(), lit);
+        if !self.budget.admits_bytes(self.store.memory(), growth) {
+            return Err(self.refuse());
+        }
+        let at = match found {
             Some(at) => {
                 let d = &live.drafts[at];
                 if *d.client_msg_id != *r.client_msg_id {

@@ -267,8 +267,11 @@ pub struct Relay {
 impl Relay {
     /// A relay that stores through `engine`, over `store`: what the
     /// engine restored at start, or empty.
-    pub fn new(limits: Limits, store: MemStore, engine: Engine) -> Relay {
+    pub fn new(limits: Limits, mut store: MemStore, engine: Engine) -> Relay {
         let budget = budget::Budget::new(limits.max_memory, &engine);
+        if engine.reads_back() {
+            store.keep_order();
+        }
         Relay {
             store,
             engine,
@@ -411,6 +414,7 @@ impl Relay {
         if !q.wait || log.has_pending_after(q.after) {
             debug!(session_id = sid; "prompts fetched");
             let page = log.pending_page(q.after).inspect_err(|e| damaged(sid, e))?;
+            self.page_within_budget(sid);
             self.fetched(now, sid, q.after);
             self.agent_seen(now, sid, true);
             return Ok(Fetch::Ready(page));

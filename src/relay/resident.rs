@@ -34,9 +34,15 @@ use crate::store::log::weight::alloc;
 use crate::store::{SessionId, SessionLog};
 use crate::time::Millis;
 
-/// How long a pass that found nothing to drop keeps the next one off:
-/// a walk over the sessions at most this often while the budget is full.
+/// How long a pass that went round every session without bringing the
+/// count under the budget keeps the next one off.
 const STUCK_RETRY_MS: u64 = 100;
+
+/// The most sessions one eviction pass looks at: what it drops and what
+/// it passes over (used since, or held). Bounds the pass's time in the
+/// loop's turn whatever the number of sessions held; a pass cut short
+/// goes on at the next turn.
+pub const EVICT_STEPS: usize = 4096;
 
 /// An entry of `dormant`, besides its id's bytes: the map's slot (key,
 /// value, control byte, load factor) and the id's shared block.
@@ -184,53 +190,57 @@ impl Relay {
     /// is an eighth under it (so a pass is not needed again at the next
     /// write), when it is past the budget and the engine reads
     /// sessions back. Called by the shell at the end of every loop turn;
-    /// returns how many were dropped.
+    /// returns how many were dropped. The sessions come in the store's
+    /// eviction order ([`MemStore::least_used`](crate::store::MemStore::least_used)):
+    /// a pass looks at no more than [`EVICT_STEPS`] of them, and the next
+    /// turn's goes on from there.
     pub fn evict(&mut self, now: Millis) -> usize {
         let budget = self.budget_bytes();
         if !self.engine.reads_back() || self.claimed_bytes() <= budget {
             self.resident.stuck_at = None;
+            self.store.clock_restart();
             return 0;
         }
-        if self
-            .resident
-            .stuck_at
-            .is_some_and(|at| now.since(at) < STUCK_RETRY_MS)
-        {
-            return 0;
+        match self.resident.stuck_at {
+            Some(at) if now.since(at) < STUCK_RETRY_MS => return 0,
+            Some(_) => self.store.clock_restart(),
+            None => {}
         }
         let writing: HashSet<&str> = self.writing.values().map(SessionId::as_str).collect();
         let (presence, live) = (&self.presence, &self.live);
         let every_from_log = self.engine.holds_every_prompt();
-        let mut lru: Vec<(Millis, SessionId)> = self
-            .store
-            .idle(|sid, log| {
-                !(presence.contains_key(sid)
-                    || live.get(sid).is_some_and(|l| !l.drafts.is_empty())
-                    || writing.contains(sid)
-                    || (every_from_log && log.pending_len() > 0))
-            })
-            .into_iter()
-            .filter_map(|sid| Some((self.store.get(&sid)?.last_active, sid)))
-            .collect();
-        lru.sort_unstable();
+        let mut held = |sid: &str, log: &SessionLog| {
+            presence.contains_key(sid)
+                || live.get(sid).is_some_and(|l| !l.drafts.is_empty())
+                || writing.contains(sid)
+                || (every_from_log && log.pending_len() > 0)
+        };
         let target = budget - budget / 8;
+        let mut steps = EVICT_STEPS;
         let mut dropped = 0;
-        for (last_active, sid) in lru {
-            if self.claimed_bytes() <= target {
+        let mut forgotten = Vec::new();
+        while self.claimed_bytes() > target {
+            let Some((sid, last_active)) = self.store.least_used(&mut steps, &mut held) else {
                 break;
-            }
+            };
             self.store.forget(&sid);
             if self.engine.collects_itself() {
-                // As the idle sweep forgets a copy: Redis keeps the
-                // session, and its other instances' state here goes too.
-                self.live.remove(&sid);
+                forgotten.push(sid);
             } else {
                 self.resident.add(sid, last_active);
             }
             dropped += 1;
         }
+        // As the idle sweep forgets a copy: Redis keeps the session, and
+        // its other instances' state here goes too.
+        for sid in forgotten {
+            self.live.remove(&sid);
+        }
         self.resident.evictions += dropped as u64;
-        self.resident.stuck_at = (self.claimed_bytes() > budget).then_some(now);
+        // Stuck only when the hand went round every session: a pass cut
+        // short by its steps goes on at the next turn.
+        let stuck = self.claimed_bytes() > budget && self.store.clock_turned();
+        self.resident.stuck_at = stuck.then_some(now);
         if dropped > 0 {
             debug!(count = dropped, resident = self.store.len(); "sessions dropped from memory");
         }

@@ -100,6 +100,12 @@ impl Arrivals {
         }
     }
 
+    /// How many kept scopes cover `sid`: each holds an entry for every
+    /// pending prompt of it (for the memory count).
+    pub fn kept_covering(&self, sid: &str) -> usize {
+        self.kept.iter().filter(|k| k.scope.covers(sid)).count()
+    }
+
     /// Entries of the kept scopes, all together (for the memory count).
     pub fn kept_entries(&self) -> usize {
         self.kept.iter().map(|k| k.numbers.len()).sum()

@@ -28,7 +28,7 @@ use crate::time::UnixMillis;
 use crate::wire::{decode, push_decimal_str, push_json_str};
 
 /// What the log knows of one ask.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct AskEntry {
     pub seq: Seq,
     pub expires_ts: UnixMillis,
@@ -216,6 +216,19 @@ impl Asks {
         entry.in_history = false;
         if entry.reply.is_some() {
             self.entries.remove(ask_id);
+        }
+    }
+
+    /// A copy that grows and weighs as these asks do: the same table,
+    /// deleted slots and all, and the same room in the list. The memory
+    /// budget changes the copy as a write would change the asks, to weigh
+    /// them after it before anything is applied.
+    pub fn copy(&self) -> Asks {
+        let mut unanswered = Vec::with_capacity(self.unanswered.capacity());
+        unanswered.extend_from_slice(&self.unanswered);
+        Asks {
+            entries: self.entries.clone(),
+            unanswered,
         }
     }
 

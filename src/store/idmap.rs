@@ -49,6 +49,23 @@ pub fn growth_point(cap: usize, seed: usize) -> usize {
     cap / 2 + seed % (cap - cap / 2 + 1)
 }
 
+/// The room of a table of twice the buckets of one with room `full`
+/// (none: the smallest, four buckets): a table of up to 8 buckets keeps
+/// one empty, a larger one an eighth.
+fn doubled_room(full: usize) -> usize {
+    let buckets = match full {
+        0 => 2,
+        f if f < 7 => f + 1,
+        f => f / 7 * 8,
+    };
+    let doubled = buckets * 2;
+    if doubled <= 8 {
+        doubled - 1
+    } else {
+        doubled / 8 * 7
+    }
+}
+
 /// The keys ids are hashed with: std's random ones. Where each map grows,
 /// and so the bytes the memory budget counts, follow from them.
 #[cfg(not(feature = "fixed-hash-keys"))]
@@ -111,10 +128,16 @@ pub struct KeyHash(u64);
 pub struct IdMap<V> {
     keys: Keys,
     table: HashTable<Slot<V>>,
-    /// This map's own fraction of a table at which it grows.
-    seed: usize,
+    /// This map's own fraction of a table at which it grows. This and
+    /// `grow_at` are 32 bits, so the two share a word (every session
+    /// holds two maps).
+    seed: u32,
     /// The length at which the next insert grows the table first.
-    grow_at: usize,
+    grow_at: u32,
+    /// What the table holds when it has no deleted slots (its buckets'
+    /// room): set only where this map grows it, so that what it weighs
+    /// follows from this alone ([`room`](IdMap::room)).
+    full: usize,
 }
 
 impl<V> Default for IdMap<V> {
@@ -135,10 +158,11 @@ impl<V> IdMap<V> {
     pub fn new() -> IdMap<V> {
         let keys = Keys::default();
         IdMap {
-            seed: keys.hash_one(0x5eed_u64) as usize,
+            seed: keys.hash_one(0x5eed_u64) as u32,
             keys,
             table: HashTable::new(),
             grow_at: 0,
+            full: 0,
         }
     }
 
@@ -150,10 +174,32 @@ impl<V> IdMap<V> {
         self.table.len()
     }
 
-    /// The bytes of the table's allocation: what the memory budget
-    /// weighs (the keys are the messages' own ids).
-    pub fn heap_bytes(&self) -> usize {
-        self.table.allocation_size()
+    /// The table's room, counted without deleted slots: what the memory
+    /// budget weighs it by (with [`SLOT_BYTES`](IdMap::SLOT_BYTES); the
+    /// keys are the messages' own ids).
+    pub fn room(&self) -> usize {
+        self.full
+    }
+
+    /// The bytes of one slot of the table.
+    pub const SLOT_BYTES: usize = std::mem::size_of::<Slot<V>>();
+
+    /// What [`room`](IdMap::room) is after inserting a new key: the
+    /// memory budget weighs a write by it before the write is applied.
+    /// The table changes only where [`insert_hashed`](IdMap::insert_hashed)
+    /// grows it: doubled at the map's growth point, and when deleted
+    /// slots have taken its last free one, rehashed in place if it is at
+    /// most half full afterwards, else doubled (as the table itself
+    /// would).
+    pub fn room_after_insert(&self) -> usize {
+        let len = self.table.len();
+        let doubles = len >= self.grow_at as usize
+            || (self.table.capacity() == len && len + 1 > self.full / 2);
+        if doubles {
+            doubled_room(self.full)
+        } else {
+            self.full
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -220,7 +266,8 @@ impl<V> IdMap<V> {
     /// [`IdMap::insert`] with the key's hash from [`IdMap::hash_of`].
     pub fn insert_hashed(&mut self, hash: KeyHash, key: Rc<str>, value: V) -> Option<V> {
         debug_assert_eq!(hash.0, self.hash(&key), "a hash of another map");
-        if self.table.len() >= self.grow_at {
+        let len = self.table.len();
+        if len >= self.grow_at as usize || self.table.capacity() == len {
             self.grow();
         }
         let hash = hash.0;
@@ -233,14 +280,28 @@ impl<V> IdMap<V> {
         }
     }
 
-    /// Doubles the table now, and picks when it grows next: at a length
-    /// between half and all of the new capacity (see the module's notes).
+    /// Makes room for one more slot, as [`room_after_insert`](IdMap::room_after_insert)
+    /// says: the table doubled, or rehashed in place to clear its deleted
+    /// slots; then picks when it grows next, at a length between half
+    /// and all of its room (see the module's notes).
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
-        let (len, cap) = (self.table.len(), self.table.capacity());
-        self.table.reserve(cap + 1 - len, slot_hash);
-        self.grow_at = growth_point(self.table.capacity(), self.seed);
+        let next = self.room_after_insert();
+        let len = self.table.len();
+        if next > self.full {
+            // More than the table holds at half: it doubles.
+            self.table.reserve(self.full + 1 - len, slot_hash);
+        } else {
+            // At most half full once one more is in: rehashed in place.
+            self.table.reserve(1, slot_hash);
+        }
+        self.full = self.table.capacity();
+        debug_assert_eq!(self.full, next, "the room grew as foretold");
+        // A table past 2^32 slots cannot be in memory: the cap is never
+        // reached.
+        self.grow_at =
+            u32::try_from(growth_point(self.full, self.seed as usize)).unwrap_or(u32::MAX);
     }
 
     /// Every value, in no particular order.

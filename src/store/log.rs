@@ -23,7 +23,7 @@ use std::rc::Rc;
 
 use super::asks::{AskEntry, Asks};
 use super::message::{Kind, Message};
-use super::pending::{Pending, grow_early};
+use super::pending::{Pending, cap_after_push, grow_early};
 use super::types::Seq;
 use crate::error::ApiError;
 use crate::store::idmap::{IdMap, Keys};
@@ -42,7 +42,7 @@ pub const MAX_PAGE_BYTES: usize = 4 << 20;
 
 /// What the dedupe map knows about a prompt.
 #[derive(Debug)]
-struct PromptEntry {
+pub struct PromptEntry {
     seq: Seq,
     /// Answered, or cancelled: no longer pending.
     answered: bool,
@@ -157,6 +157,61 @@ impl Cursor {
     }
 }
 
+/// A message about to be appended to a log, as the memory budget weighs
+/// it before the write is applied ([`SessionLog::bytes_after`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Next<'a> {
+    /// A new prompt.
+    Prompt { weight: usize },
+    /// An answer or a cancel of the prompt `prompt`; an answer's id
+    /// joins the answers' map (`answer_id`).
+    Answer {
+        prompt: &'a str,
+        answer_id: bool,
+        weight: usize,
+    },
+    /// An ask, with its stored `data`.
+    Ask {
+        ask_id: &'a str,
+        seq: Seq,
+        ts: crate::time::UnixMillis,
+        data: &'a [u8],
+        weight: usize,
+    },
+    /// A reply to the ask `ask_id`, with its stored `data`.
+    Reply {
+        ask_id: &'a str,
+        seq: Seq,
+        data: &'a [u8],
+        weight: usize,
+    },
+}
+
+impl Next<'_> {
+    /// What the message itself weighs ([`weight::message`]).
+    fn weight(&self) -> usize {
+        match *self {
+            Next::Prompt { weight, .. }
+            | Next::Answer { weight, .. }
+            | Next::Ask { weight, .. }
+            | Next::Reply { weight, .. } => weight,
+        }
+    }
+}
+
+/// The rooms and counters a log is weighed by ([`SessionLog::weigh`]).
+struct Shape {
+    history: usize,
+    pending: usize,
+    prompts: usize,
+    responses: usize,
+    /// Whether the log holds its [`Extra`] box.
+    extra: bool,
+    page: usize,
+    asks: usize,
+    held: usize,
+}
+
 /// A session's epoch: the text of a UUID, as relay makes them, kept
 /// inline (as an `Rc<str>` it would be a heap block of 64 bytes for every
 /// session); any other text a store holds, on the heap.
@@ -223,6 +278,10 @@ pub struct SessionLog {
     /// `fixed` are 32 bits, so the two share one word of the box.
     seed: u32,
     pub last_active: Millis,
+    /// The number the store gave it as it took it: tells the eviction
+    /// order's entry for this log from one for a log under the same id
+    /// before it (`store/mem/clock.rs`).
+    pub entered: u64,
     /// What the messages held weigh ([`weight::message`]), each counted
     /// once whether history, the pending set or both hold it.
     held: usize,
@@ -260,6 +319,7 @@ impl SessionLog {
             dropped_assistant: Seq(0),
             seed: Keys::default().hash_one(0x5eed_u64) as u32,
             last_active: now,
+            entered: 0,
             held: 0,
             fixed: 0,
             counted: 0,
@@ -301,19 +361,138 @@ impl SessionLog {
 
     /// The weight by the log's counters and its tables' room: no walk.
     fn weight_with(&self, held: usize, asks: usize) -> usize {
+        self.weigh(Shape {
+            history: self.history.capacity(),
+            pending: self.pending.capacity(),
+            prompts: self.prompts.room(),
+            responses: self.responses.room(),
+            extra: self.extra.is_some(),
+            page: self.page_bytes(),
+            asks,
+            held,
+        })
+    }
+
+    /// What a log of this shape weighs.
+    fn weigh(&self, s: Shape) -> usize {
         self.fixed as usize
-            + weight::alloc(self.history.capacity() * std::mem::size_of::<Rc<Message>>())
-            + weight::alloc(self.pending.slot_bytes())
-            + weight::alloc(self.prompts.heap_bytes())
-            + weight::alloc(self.responses.heap_bytes())
-            + self.extra.as_ref().map_or(0, |x| {
+            + weight::alloc(s.history * std::mem::size_of::<Rc<Message>>())
+            + weight::alloc(s.pending * Pending::SLOT_BYTES)
+            + weight::table(s.prompts, IdMap::<PromptEntry>::SLOT_BYTES)
+            + weight::table(s.responses, IdMap::<ResponseEntry>::SLOT_BYTES)
+            + if s.extra {
                 weight::alloc(std::mem::size_of::<Extra>())
-                    + x.page
-                        .as_ref()
-                        .map_or(0, |(_, p)| weight::rc_bytes(p.len()))
-            })
-            + asks
-            + held
+            } else {
+                0
+            }
+            + s.page
+            + s.asks
+            + s.held
+    }
+
+    /// The rendered pending page's bytes, if one is kept.
+    fn page_bytes(&self) -> usize {
+        (self.extra.as_ref())
+            .and_then(|x| x.page.as_ref())
+            .map_or(0, |(_, p)| weight::rc_bytes(p.len()))
+    }
+
+    /// What this log weighs ([`bytes`](Self::bytes)) once `next` is
+    /// appended with history kept to `limit`, worked out without changing
+    /// anything: each table the append touches says what it holds after
+    /// it (its growth included, [`cap_after_push`],
+    /// [`IdMap::room_after_insert`], [`Pending::cap_after_remove`]), and
+    /// what history trims and the prompt an answer ends leave. The memory
+    /// budget admits a write by it; applying the write then counts
+    /// exactly this.
+    pub fn bytes_after(&self, next: &Next, limit: usize) -> usize {
+        let mut shape = Shape {
+            history: cap_after_push(
+                self.history.len(),
+                self.history.capacity(),
+                self.seed as usize,
+            ),
+            pending: self.pending.capacity(),
+            prompts: self.prompts.room(),
+            responses: self.responses.room(),
+            extra: self.extra.is_some(),
+            page: self.page_bytes(),
+            asks: self.extra.as_ref().map_or(0, |x| x.asks_held),
+            held: self.held + next.weight(),
+        };
+        // The prompt an answer or a cancel takes off the pending set.
+        let mut ends = None;
+        let mut asks = None;
+        match *next {
+            Next::Prompt { .. } => {
+                shape.prompts = self.prompts.room_after_insert();
+                shape.pending = self.pending.cap_after_insert(self.seed as usize);
+                shape.page = 0;
+            }
+            Next::Answer {
+                prompt, answer_id, ..
+            } => {
+                if let Some(e) = self.prompts.get(prompt).filter(|e| !e.answered) {
+                    ends = Some(prompt);
+                    if !e.in_history {
+                        shape.held = shape.held.saturating_sub(
+                            self.pending_at(e.seq).map_or(0, |m| weight::message(m)),
+                        );
+                    }
+                    shape.pending = self.pending.cap_after_remove(e.seq);
+                    shape.page = 0;
+                }
+                if answer_id {
+                    shape.responses = self.responses.room_after_insert();
+                }
+            }
+            Next::Ask {
+                ask_id,
+                seq,
+                ts,
+                data,
+                ..
+            } => {
+                let mut copy = self.asks_copy();
+                copy.asked(Rc::from(ask_id), seq, ts, data);
+                asks = Some(copy);
+            }
+            Next::Reply {
+                ask_id, seq, data, ..
+            } => {
+                let mut copy = self.asks_copy();
+                copy.replied(ask_id, seq, data);
+                asks = Some(copy);
+            }
+        }
+        let trim = (self.history.len() + 1).saturating_sub(limit);
+        for old in self.history.iter().take(trim) {
+            let pending = old.kind == Kind::Prompt
+                && ends != Some(&*old.client_msg_id)
+                && self
+                    .prompts
+                    .get(&old.client_msg_id)
+                    .is_some_and(|e| !e.answered);
+            if !pending {
+                shape.held = shape.held.saturating_sub(weight::message(old));
+            }
+            if old.kind == Kind::Ask {
+                asks.get_or_insert_with(|| self.asks_copy())
+                    .trimmed(&old.client_msg_id, old.seq);
+            }
+        }
+        if let Some(a) = asks {
+            // An ask or a reply makes the box if the log has none.
+            shape.extra = true;
+            shape.asks = a.weigh(weight::table, weight::alloc);
+        }
+        self.weigh(shape)
+    }
+
+    /// A copy of the asks to weigh a write by ([`Asks::copy`]): empty if
+    /// the log has none yet.
+    fn asks_copy(&self) -> Asks {
+        self.asks().map_or_else(Asks::default, Asks::copy)
     }
 
     /// Brings the count up to date after a change: called at the end of
@@ -342,7 +521,7 @@ impl SessionLog {
     }
 
     /// The cached `GET /prompts` page is stale: the pending set changed.
-    fn drop_page(&mut self) {
+    fn forget_page(&mut self) {
         if let Some(x) = &mut self.extra {
             x.page = None;
         }
@@ -367,35 +546,6 @@ impl SessionLog {
             .asks()
             .map_or(0, |a| a.weigh(weight::table, weight::alloc));
         self.weight_with(held, asks)
-    }
-
-    /// What appending one more message to this log frees by trimming
-    /// history at `limit` (the oldest message, unless the pending set
-    /// still holds it), plus, for an answer or cancel of `answers`, its
-    /// prompt when history no longer holds it: what a write is credited
-    /// with against the memory budget.
-    pub fn freed_by_next(&self, limit: usize, answers: Option<&str>) -> usize {
-        let trimmed = match self.history.front() {
-            Some(old) if self.history.len() >= limit => {
-                let still_pending = old.kind == Kind::Prompt
-                    && self
-                        .prompts
-                        .get(&old.client_msg_id)
-                        .is_some_and(|e| !e.answered);
-                if still_pending {
-                    0
-                } else {
-                    weight::message(old)
-                }
-            }
-            _ => 0,
-        };
-        let prompt = answers
-            .and_then(|id| self.prompts.get(id))
-            .filter(|e| !e.answered && !e.in_history)
-            .and_then(|e| self.pending_at(e.seq))
-            .map_or(0, |m| weight::message(m));
-        trimmed + prompt
     }
 
     /// The session's epoch, chosen when it was created.
@@ -527,7 +677,7 @@ impl SessionLog {
         };
         self.prompts.insert(msg.client_msg_id.clone(), entry);
         let fresh = self.pending.insert(msg.clone(), self.seed as usize);
-        self.drop_page();
+        self.forget_page();
         self.push_history(msg, history_limit);
         self.sync();
         fresh
@@ -732,7 +882,7 @@ impl SessionLog {
         if !entry.in_history {
             self.prompts.remove(client_msg_id);
         }
-        self.drop_page();
+        self.forget_page();
         left
     }
 
@@ -785,6 +935,17 @@ impl SessionLog {
         self.extra().page = Some((after, body.clone()));
         self.sync();
         Ok(body)
+    }
+
+    /// Drops the rendered page kept for the next agent asking the same
+    /// (a read at the memory budget must not take the count past it).
+    pub fn drop_page(&mut self) {
+        self.forget_page();
+        // The box made only for the page goes with it.
+        if self.extra.as_ref().is_some_and(|x| x.asks_held == 0) {
+            self.extra = None;
+        }
+        self.sync();
     }
 
     /// The prompts [`pending_page`](Self::pending_page) carries for
@@ -973,10 +1134,10 @@ mod tests {
         // Every session takes this much, in its box in the store's map
         // (docs/src/benchmarks.md, idle connections): a part most sessions
         // never use goes in `Extra`. Built for the tests, each dedupe map
-        // carries 8 bytes more of hash keys (`fixed-hash-keys`): 312 in
-        // the release, a block of 320 from the allocator.
+        // carries 8 bytes more of hash keys (`fixed-hash-keys`): 320 in
+        // the release, a block of 336 from the allocator.
         let size = std::mem::size_of::<SessionLog>();
-        assert!(size <= 328, "a session's log is {size} bytes");
+        assert!(size <= 336, "a session's log is {size} bytes");
     }
 
     fn log() -> SessionLog {

@@ -29,6 +29,7 @@ use crate::wire::{decode, push_json_str};
 
 mod asks;
 mod budget;
+mod clock;
 
 /// The limits the engine enforces.
 #[derive(Clone, Copy, Debug)]
@@ -110,6 +111,10 @@ pub struct MemStore {
     /// The bytes held beside the logs for their sessions: drafts, and
     /// the connections' output queues.
     beside: Meter,
+    /// The most one append grows a log's tables by ([`budget::most_growth`]).
+    most_growth: usize,
+    /// The order in which sessions leave memory, where they do.
+    clock: clock::Clock,
     /// Sessions that exist in the storage and that this copy does not
     /// hold (a cache's: [`evict`](Self::evict)ed, or never read): the
     /// session cap counts them with those held.
@@ -126,6 +131,8 @@ impl MemStore {
             arrivals: Arrivals::default(),
             meter: Meter::default(),
             beside: Meter::default(),
+            most_growth: budget::most_growth(&limits),
+            clock: clock::Clock::default(),
             absent: 0,
         }
     }
@@ -569,6 +576,7 @@ impl MemStore {
         self.drop_session(&sid);
         log.number_all_pending(|seq| self.arrivals.arrived(&sid, seq));
         log.attach(&self.meter, sid.len());
+        self.enter(&sid, &mut log);
         self.sessions.insert(sid, log);
     }
 

@@ -365,6 +365,20 @@ impl Message {
         }
     }
 
+    /// The length of the stored frame of a message of `kind` (not a
+    /// prompt) whose `data` object is `data_len` bytes: its header, the
+    /// kind's prefix, the object and the closing brace.
+    pub fn frame_len(kind: Kind, data_len: usize) -> usize {
+        let prefix = match kind {
+            Kind::Prompt | Kind::Assistant => FRAME_PREFIX,
+            Kind::Cancel => CANCEL_PREFIX,
+            Kind::Ask => ASK_PREFIX,
+            Kind::Reply => REPLY_PREFIX,
+        };
+        let payload = prefix.len() + data_len + 1;
+        wsframe::header_len(payload) + payload
+    }
+
     /// The length of the serialized bytes, and whether they are shared
     /// (an `Rc`, with its counts): what the memory budget weighs.
     pub fn stored_len(&self) -> (usize, bool) {

@@ -31,7 +31,7 @@ use crate::store::idmap::growth_point;
 
 /// Holes tolerated inside the deque before it is squeezed, whatever the
 /// number of prompts: a small set is not rewritten for every answer.
-const MIN_HOLES: usize = 16;
+pub const MIN_HOLES: usize = 16;
 
 /// The arrival number of a prompt not numbered yet: one in a log being
 /// built for the store (restored), numbered when the store takes it.
@@ -51,10 +51,62 @@ impl Pending {
         self.len
     }
 
-    /// The bytes of the slots' deque (the messages are the log's to
-    /// weigh): what the memory budget counts.
-    pub fn slot_bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<(Seq, u64, Option<Rc<Message>>)>()
+    /// The bytes of one slot of the deque.
+    pub const SLOT_BYTES: usize = std::mem::size_of::<(Seq, u64, Option<Rc<Message>>)>();
+
+    /// The slots' deque's room: what the memory budget weighs it by,
+    /// with [`SLOT_BYTES`](Self::SLOT_BYTES) (the messages are the log's
+    /// to weigh).
+    pub fn capacity(&self) -> usize {
+        self.slots.capacity()
+    }
+
+    /// The slots' deque's capacity after [`insert`](Self::insert)ing a
+    /// new prompt (a `seq` above every one held), for a session whose
+    /// growth point is `seed`.
+    pub fn cap_after_insert(&self, seed: usize) -> usize {
+        cap_after_push(self.slots.len(), self.slots.capacity(), seed)
+    }
+
+    /// The slots' deque's capacity after [`remove`](Self::remove)`(seq)`,
+    /// by the same rules: the holes it leaves at either end go, the holes
+    /// inside are squeezed out past their bound, and the deque shrinks to
+    /// half under a quarter full.
+    pub fn cap_after_remove(&self, seq: Seq) -> usize {
+        let cap = self.slots.capacity();
+        let at = self.position(seq);
+        match self.slots.get(at) {
+            Some((s, _, Some(_))) if *s == seq => {}
+            _ => return cap,
+        }
+        let len = self.len - 1;
+        let mut slots = self.slots.len();
+        if len == 0 {
+            slots = 0;
+        } else if at == 0 {
+            slots -= 1 + self
+                .slots
+                .iter()
+                .skip(1)
+                .take_while(|x| x.2.is_none())
+                .count();
+        } else if at + 1 == self.slots.len() {
+            slots -= 1 + self
+                .slots
+                .iter()
+                .rev()
+                .skip(1)
+                .take_while(|x| x.2.is_none())
+                .count();
+        }
+        if slots - len > len.max(MIN_HOLES) {
+            slots = len;
+        }
+        if cap > 64 && slots < cap / 4 {
+            cap / 2
+        } else {
+            cap
+        }
     }
 
     /// Adds a prompt, not numbered yet (see [`number`](Self::number));
@@ -165,14 +217,27 @@ impl Pending {
     }
 }
 
-/// Grows `deque` before it is full: at a length between half and all of
-/// its capacity, picked by `seed` (fixed per session), so that deques
-/// filled in step do not all copy themselves in the same turn. Called
-/// before every push; the capacity doubles, as a full deque's would.
+/// The capacity a deque of `len` slots in `cap` has after one more push:
+/// doubled at a length between half and all of its capacity, picked by
+/// `seed` (fixed per session), so that deques filled in step do not all
+/// copy themselves in the same turn; else doubled when full (at least 4).
+/// The one rule of a session's deques: [`grow_early`] follows it, and the
+/// memory budget reads it to weigh a write before it is applied.
+pub fn cap_after_push(len: usize, cap: usize, seed: usize) -> usize {
+    if len >= cap || (cap >= 16 && len >= growth_point(cap, seed)) {
+        (2 * cap).max(4)
+    } else {
+        cap
+    }
+}
+
+/// Grows `deque` to what [`cap_after_push`] says it holds after the next
+/// push. Called before every push, which then never grows it itself.
 pub fn grow_early<T>(deque: &mut VecDeque<T>, seed: usize) {
     let (len, cap) = (deque.len(), deque.capacity());
-    if cap >= 16 && len >= growth_point(cap, seed) && len < cap {
-        deque.reserve_exact(2 * cap - len);
+    let next = cap_after_push(len, cap, seed);
+    if next > cap {
+        deque.reserve_exact(next - len);
     }
 }
 

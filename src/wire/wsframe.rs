@@ -16,6 +16,17 @@ pub fn text_header(len: usize, out: &mut Vec<u8>) {
     }
 }
 
+/// The length of [`text_header`]'s header for `len` payload bytes.
+pub fn header_len(len: usize) -> usize {
+    if len < 126 {
+        2
+    } else if len <= u16::MAX as usize {
+        4
+    } else {
+        10
+    }
+}
+
 /// One text frame whose payload is `parts` concatenated.
 pub fn text_frame(parts: &[&[u8]]) -> Vec<u8> {
     let len: usize = parts.iter().map(|p| p.len()).sum();

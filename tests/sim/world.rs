@@ -60,13 +60,6 @@ pub const EVICT_BUDGET: usize = 6_000;
 /// session with its first message): a write is refused at the budget
 /// only when the count is within this of it.
 const LARGEST_WRITE: usize = 1_500;
-/// How far the count may pass the budget: a write is admitted on an
-/// estimate of what it adds (`MemStore::gross`), which does not see a
-/// hash table or ring growing to its next power of two, and reads are
-/// never refused though a session keeps the pending page one rendered
-/// (up to `max_pending` prompts); once past the budget, only writes that
-/// free as much as they add are taken.
-const OVERSHOOT: usize = 2_048;
 
 /// A request waiting for its answer.
 #[derive(Debug)]
@@ -676,7 +669,7 @@ impl World {
             ));
         }
         if let Some(budget) = self.budget.filter(|_| self.storage.is_none())
-            && self.node.relay.memory_bytes() > budget + OVERSHOOT
+            && self.node.relay.memory_bytes() > budget
         {
             return Err(format!(
                 "{} bytes held for sessions, over the budget of {budget}",

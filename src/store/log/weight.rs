@@ -60,15 +60,25 @@ pub fn table(cap: usize, slot: usize) -> usize {
 /// id; an answer or a cancel shares its prompt's id).
 pub fn message(m: &Message) -> usize {
     let own_id = match m.kind {
-        Kind::Prompt | Kind::Ask | Kind::Reply => rc_bytes(m.client_msg_id.len()),
-        Kind::Assistant | Kind::Cancel => 0,
+        Kind::Prompt | Kind::Ask | Kind::Reply => Some(m.client_msg_id.len()),
+        Kind::Assistant | Kind::Cancel => None,
     };
-    let answer_id = m.assistant_msg_id.as_ref().map_or(0, |a| rc_bytes(a.len()));
-    let bytes = match m.stored_len() {
+    let answer_id = m.assistant_msg_id.as_ref().map(|a| a.len());
+    message_of(own_id, answer_id, m.stored_len())
+}
+
+/// [`message`] by its parts' lengths: its own id's, its answer id's,
+/// and its stored bytes' with whether they are shared (a frame). What a
+/// write's message will weigh, read off its record before it is built.
+pub fn message_of(own_id: Option<usize>, answer_id: Option<usize>, stored: (usize, bool)) -> usize {
+    let bytes = match stored {
         (len, true) => rc_bytes(len),
         (len, false) => alloc(len),
     };
-    alloc(16 + size_of::<Message>()) + bytes + own_id + answer_id
+    alloc(16 + size_of::<Message>())
+        + bytes
+        + own_id.map_or(0, rc_bytes)
+        + answer_id.map_or(0, rc_bytes)
 }
 
 /// A session's place in the store's map and its id: the slot holds the
