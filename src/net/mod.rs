@@ -35,5 +35,6 @@ mod server;
 mod stream;
 mod subscriber;
 pub(crate) mod ws;
+mod ws_read;
 
 pub use server::Server;
