@@ -37,7 +37,7 @@ pub struct WsState {
     /// Bytes read but not parsed yet: what followed the upgrade request,
     /// or what a turn that hit its message cap left. Empty, with no
     /// capacity, otherwise.
-    pub unread: Vec<u8>,
+    pub unread: Box<[u8]>,
     pub sid: SessionId,
     pub keepalive: Keepalive,
     /// Its position in the session's log.
@@ -45,8 +45,9 @@ pub struct WsState {
     /// Not caught up: live messages are not queued on it; it is refilled
     /// from the log when its queue drains.
     pub lagging: bool,
-    /// Bytes read since the client's last complete message.
-    pub wire_since_message: usize,
+    /// Bytes read since the client's last complete message (at most
+    /// [`MAX_WIRE_PER_MESSAGE`] and one read).
+    pub wire_since_message: u32,
     /// What is queued is the first replay or a keep-alive ping, not live
     /// traffic: once it is written, the output queue's room goes, so a
     /// quiet subscriber holds none between pings. A busy one gives it
@@ -67,7 +68,7 @@ impl WsState {
     pub fn new(leftover: Vec<u8>, sid: SessionId, keepalive: Keepalive, cursor: Cursor) -> WsState {
         WsState {
             reader: FrameReader::default(),
-            unread: leftover,
+            unread: leftover.into_boxed_slice(),
             sid,
             keepalive,
             cursor,
@@ -229,8 +230,7 @@ impl Pass<'_> {
             let (used, stop) = self.parse(ws, &mut unread);
             if let Some(outcome) = stop {
                 if outcome == ReadOutcome::More {
-                    unread.drain(..used.min(unread.len()));
-                    ws.unread = unread;
+                    ws.unread = unread.get(used..).unwrap_or_default().into();
                 }
                 return outcome;
             }
@@ -255,7 +255,7 @@ impl Pass<'_> {
             let (used, stop) = self.parse(ws, bytes);
             if let Some(outcome) = stop {
                 if outcome == ReadOutcome::More {
-                    ws.unread = bytes.get(used..).unwrap_or_default().to_vec();
+                    ws.unread = bytes.get(used..).unwrap_or_default().into();
                 }
                 return outcome;
             }
@@ -272,7 +272,7 @@ impl Pass<'_> {
             }
             let (used, got) = ws.reader.advance(input.get_mut(pos..).unwrap_or_default());
             pos += used;
-            ws.wire_since_message += used;
+            ws.wire_since_message = ws.wire_since_message.saturating_add(used as u32);
             match got {
                 Err(Violation(code, reason)) => {
                     return (pos, Some(ReadOutcome::Violation(code, reason)));
@@ -297,7 +297,7 @@ impl Pass<'_> {
                     }
                 }
             }
-            if ws.wire_since_message > MAX_WIRE_PER_MESSAGE {
+            if ws.wire_since_message as usize > MAX_WIRE_PER_MESSAGE {
                 return (pos, Some(ReadOutcome::Violation(1009, "message too big")));
             }
             if used == 0 {
@@ -305,5 +305,21 @@ impl Pass<'_> {
             }
         }
         (pos, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every subscriber holds its state for its whole life, idle or not.
+    #[test]
+    fn a_websocket_state_stays_small() {
+        let size = std::mem::size_of::<WsState>();
+        eprintln!(
+            "WSSIZE {size} reader {}",
+            std::mem::size_of::<FrameReader>()
+        );
+        assert!(size <= 128, "a WebSocket state is {size} bytes");
     }
 }

@@ -5,8 +5,8 @@
 //!
 //! An idle reader holds no heap memory: its state is the header bytes read
 //! so far (at most 14, inline), the current frame's length, mask and
-//! opcode, and buffers that are allocated only while a fragmented text
-//! message or a control frame split across reads is in progress, and freed
+//! opcode, and a box of buffers that exists only while a fragmented text
+//! message or a control frame split across reads is in progress, freed
 //! when it completes. A frame that arrives whole is handed over from the
 //! caller's bytes without a copy; a binary message is counted, not kept
 //! (the server refuses it without reading it).
@@ -83,10 +83,17 @@ pub struct FrameReader {
     /// The data message in progress, and its length so far.
     message: Option<Kind>,
     message_len: u32,
-    /// A text message's bytes gathered across frames or reads; empty, with
-    /// no capacity, unless one is in progress.
+    /// Bytes gathered across reads; none unless a message or a control
+    /// frame is partly read.
+    gathered: Option<Box<Gathered>>,
+}
+
+/// A partly read text message and control frame.
+#[derive(Debug, Default)]
+struct Gathered {
+    /// The text message's bytes, across frames and reads.
     text: Vec<u8>,
-    /// A control frame's payload split across reads; empty otherwise.
+    /// A control frame's payload split across reads.
     control: Vec<u8>,
 }
 
@@ -144,11 +151,11 @@ impl FrameReader {
             // A whole frame that is a whole message (or a control frame)
             // is handed over in place; anything else is gathered.
             let direct = whole && (control || (op != OP_CONTINUATION && fin));
-            if !direct {
+            if !direct && !chunk.is_empty() {
                 if control {
-                    self.control.extend_from_slice(chunk);
+                    self.gathered().control.extend_from_slice(chunk);
                 } else if self.message == Some(Kind::Text) {
-                    self.text.extend_from_slice(chunk);
+                    self.gathered().text.extend_from_slice(chunk);
                 }
             }
             pos += take;
@@ -161,9 +168,9 @@ impl FrameReader {
             let payload = if direct {
                 Payload::Input(start, pos)
             } else if control {
-                Payload::Owned(std::mem::take(&mut self.control))
+                Payload::Owned(self.take_gathered(true))
             } else if fin && self.message == Some(Kind::Text) {
-                Payload::Owned(std::mem::take(&mut self.text))
+                Payload::Owned(self.take_gathered(false))
             } else {
                 Payload::Owned(Vec::new())
             };
@@ -182,6 +189,23 @@ impl FrameReader {
                 return (pos, Ok(None));
             }
         }
+    }
+
+    fn gathered(&mut self) -> &mut Gathered {
+        self.gathered.get_or_insert_with(Box::default)
+    }
+
+    /// The gathered control payload (or text), and the room freed when
+    /// nothing else is gathered.
+    fn take_gathered(&mut self, control: bool) -> Vec<u8> {
+        let Some(g) = self.gathered.as_mut() else {
+            return Vec::new();
+        };
+        let bytes = std::mem::take(if control { &mut g.control } else { &mut g.text });
+        if g.text.capacity() == 0 && g.control.capacity() == 0 {
+            self.gathered = None;
+        }
+        bytes
     }
 
     /// Reads header bytes from `input`: the bytes consumed, and whether the
@@ -432,7 +456,7 @@ mod tests {
                     "{n} in pieces of {piece}"
                 );
                 assert!(r.is_idle());
-                assert_eq!(r.text.capacity(), 0);
+                assert!(r.gathered.is_none());
             }
         }
     }
@@ -478,7 +502,8 @@ mod tests {
         bytes.extend(frame(0x89, b"split ping"));
         feed(&mut r, &bytes[..bytes.len() - 3], usize::MAX);
         assert!(!r.is_idle());
-        assert!(r.text.capacity() > 0 && r.control.capacity() > 0);
+        let g = r.gathered.as_ref().expect("gathered bytes");
+        assert!(g.text.capacity() > 0 && g.control.capacity() > 0);
         let mut rest = bytes[bytes.len() - 3..].to_vec();
         rest.extend(frame(0x80, b"c"));
         let got = feed(&mut r, &rest, usize::MAX);
@@ -487,7 +512,7 @@ mod tests {
             [Got::Ping(b"split ping".to_vec()), Got::Text("abc".into())]
         );
         assert!(r.is_idle());
-        assert_eq!((r.text.capacity(), r.control.capacity()), (0, 0));
+        assert!(r.gathered.is_none());
     }
 
     #[test]
