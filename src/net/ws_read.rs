@@ -582,4 +582,35 @@ mod tests {
         fragments.extend(&frame(0x80, b"y")[..6]);
         broke(&fragments, 1009);
     }
+
+    /// Random streams (frames with random headers, and random bytes) give
+    /// the same messages and the same violation however they are cut.
+    #[test]
+    fn any_cut_of_any_stream_reads_the_same() {
+        let mut state = 0x2545_f491_u32;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state
+        };
+        for _ in 0..2000 {
+            let mut bytes = Vec::new();
+            for _ in 0..1 + next() % 6 {
+                let r = next();
+                let first =
+                    [0x81, 0x01, 0x80, 0x00, 0x82, 0x89, 0x8A, 0x88, r as u8][r as usize % 9];
+                let len = [0, 1, 2, 5, 125, 126, 300][(r >> 8) as usize % 7];
+                let payload: Vec<u8> = (0..len).map(|_| b' ' + (next() % 90) as u8).collect();
+                bytes.extend(frame(first, &payload));
+                if r >> 20 & 15 == 0 {
+                    bytes.extend((0..next() % 20).map(|_| next() as u8));
+                }
+            }
+            let whole = feed(&mut FrameReader::default(), &bytes, usize::MAX);
+            let piece = 1 + next() as usize % 40;
+            let cut = feed(&mut FrameReader::default(), &bytes, piece);
+            assert_eq!(whole, cut, "pieces of {piece}: {bytes:?}");
+        }
+    }
 }
