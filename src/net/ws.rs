@@ -1,9 +1,9 @@
 //! The WebSocket stage. Client frames are parsed by our own reader
 //! (`ws_read`), straight from the socket in small reads; an idle subscriber
 //! holds no read buffer and no parser memory. Control replies (Pong, Close)
-//! and error frames go into our capped output queue. Server frames are
-//! unmasked, so a broadcast is encoded once here and the same bytes are
-//! queued for every subscriber.
+//! and error frames go into our capped output queue. Server frames
+//! (encoded with tungstenite's frame codec) are unmasked, so a broadcast is
+//! encoded once here and the same bytes are queued for every subscriber.
 
 use std::borrow::Cow;
 use std::io::Read;
