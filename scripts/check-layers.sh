@@ -41,7 +41,7 @@ LAYERS = [
 # layer, files do not name each other.
 FILE_LAYERS = {
     "net": [
-        ["buffer", "read"],  # output queue; one socket read and its budget
+        ["buffer", "read", "ws_read"],  # output queue; one socket read and its budget; client WebSocket frames parsed
         ["stream"],          # the socket, or TLS over it
         ["ws", "redis"],     # the WebSocket codec; the links to Redis
         ["conn"],            # one connection and its stage

@@ -15,7 +15,7 @@
 # does not exist fails the check, so the list cannot outlive the code.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-pure=(src/relay src/store src/http src/api.rs src/api src/timer.rs src/keepalive.rs src/ratelimit.rs src/web src/config.rs src/config)
+pure=(src/relay src/store src/http src/api.rs src/api src/timer.rs src/keepalive.rs src/ratelimit.rs src/web src/config.rs src/config src/net/ws_read.rs)
 shell=(src/store/sqlite/thread.rs src/store/sqlite/handle.rs)
 pattern='\bmio\b|std::net::(TcpStream|TcpListener|UdpSocket)|\bTcpStream\b|\bTcpListener\b|Instant::now|SystemTime::now'
 for f in "${shell[@]}"; do

@@ -1,4 +1,4 @@
-//! Client bytes into the server's WebSocket stage (tungstenite under our
+//! Client bytes into the server's WebSocket stage (our frame reader under its
 //! read policy), through `relay::fuzzing::ws_client_bytes`, which drives it
 //! as the loop's `drive_ws` does over an in-memory socket.
 //!
@@ -22,7 +22,7 @@ const MESSAGES_PER_TURN: usize = 64;
 /// Largest reply to one client message: an error frame (short fixed texts
 /// and serde's messages) or a Pong echoing at most 125 bytes.
 const MAX_REPLY: usize = 512;
-/// Every reply of a turn, one Pong still held back, and a Close.
+/// Every reply of a turn, and a Close (with room to spare).
 const MAX_QUEUED_PER_TURN: usize = MESSAGES_PER_TURN * MAX_REPLY + 2 * 256;
 
 /// Payloads that reach the JSON handling and close-frame parsing quickly.
@@ -134,7 +134,7 @@ fn cut(stream: &[u8], mode: u8, seed: u8) -> Vec<&[u8]> {
     pieces
 }
 
-/// Close codes a peer may send, which tungstenite echoes in its reply.
+/// Close codes a peer may send, which the server echoes in its reply.
 fn sendable(code: u16) -> bool {
     matches!(code, 1000..=1003 | 1007..=1013 | 3000..=4999)
 }

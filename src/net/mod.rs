@@ -7,7 +7,7 @@
 //!
 //! - `buffer`: a connection's capped output queue of owned or shared
 //!   chunks, written with `writev`; `read`: one socket read and the turn's
-//!   read budget.
+//!   read budget; `ws_read`: the sans-IO parser of client WebSocket frames.
 //! - `stream`: the socket, or TLS over it, under every stage and the
 //!   Redis links.
 //! - `ws`: the WebSocket codec over a connection's output queue; `redis`:
@@ -35,5 +35,6 @@ mod server;
 mod stream;
 mod subscriber;
 pub(crate) mod ws;
+mod ws_read;
 
 pub use server::Server;

@@ -1,32 +1,27 @@
-//! The WebSocket stage. tungstenite's `WebSocketContext` parses client frames
-//! read straight from the socket (its read buffer sized small) and writes its
-//! own control replies (Pong, Close) through an adapter into our capped
-//! output queue. Server frames are unmasked, so a broadcast is encoded once
-//! here and the same bytes are queued for every subscriber.
+//! The WebSocket stage. Client frames are parsed by our own reader
+//! (`ws_read`), straight from the socket in small reads; an idle subscriber
+//! holds no read buffer and no parser memory. Control replies (Pong, Close)
+//! and error frames go into our capped output queue. Server frames
+//! (encoded with tungstenite's frame codec) are unmasked, so a broadcast is
+//! encoded once here and the same bytes are queued for every subscriber.
 
-use std::io::{self, Read, Write};
+use std::borrow::Cow;
+use std::io::Read;
 
-use tungstenite::Message;
-use tungstenite::error::{Error as WsError, ProtocolError};
 use tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
 use tungstenite::protocol::frame::{CloseFrame, Frame};
-use tungstenite::protocol::{Role, WebSocketConfig, WebSocketContext};
 
 use super::buffer::OutQueue;
 use super::read::{Got, READ_BUDGET, read_once};
+use super::ws_read::{FrameReader, Message, Violation};
 use crate::keepalive::Keepalive;
 use crate::store::{Cursor, SessionId};
 use crate::time::Millis;
 
-/// Largest client message or frame; client traffic is pongs and the odd
-/// control frame, so anything big is abuse (close 1009).
-pub const MAX_CLIENT_MESSAGE: usize = 64 * 1024;
-/// The context's read buffer, and the most it reads at a time: a client's
-/// pong (`{"type":"pong","ts":…}`, about 40 bytes framed) fits in one read,
-/// and anything longer takes a few more reads of a rare message. It stays
-/// allocated for the life of the subscriber, and idle subscribers are the
-/// many, so it is kept this small.
-const READ_BUFFER: usize = 64;
+/// The most read from the socket at a time, into a buffer on the stack: a
+/// client's pong (`{"type":"pong","ts":…}`, about 40 bytes framed) fits in
+/// one read, and a rare long message takes a few.
+const READ_CHUNK: usize = 2048;
 /// Messages read per turn before yielding to other connections (bytes are
 /// budgeted too, by the turn's read budget).
 const MAX_MESSAGES_PER_TURN: usize = 64;
@@ -37,7 +32,12 @@ pub const MAX_WIRE_PER_MESSAGE: usize = 1 << 20;
 
 /// A subscriber's WebSocket state.
 pub struct WsState {
-    pub ctx: WebSocketContext,
+    /// The client frames' parser.
+    pub reader: FrameReader,
+    /// Bytes read but not parsed yet: what followed the upgrade request,
+    /// or what a turn that hit its message cap left. Empty, with no
+    /// capacity, otherwise.
+    pub unread: Box<[u8]>,
     pub sid: SessionId,
     pub keepalive: Keepalive,
     /// Its position in the session's log.
@@ -45,8 +45,9 @@ pub struct WsState {
     /// Not caught up: live messages are not queued on it; it is refilled
     /// from the log when its queue drains.
     pub lagging: bool,
-    /// Bytes read since the client's last complete message.
-    pub wire_since_message: usize,
+    /// Bytes read since the client's last complete message (at most
+    /// [`MAX_WIRE_PER_MESSAGE`] and one read).
+    pub wire_since_message: u32,
     /// What is queued is the first replay or a keep-alive ping, not live
     /// traffic: once it is written, the output queue's room goes, so a
     /// quiet subscriber holds none between pings. A busy one gives it
@@ -65,14 +66,9 @@ impl WsState {
     /// head already in `leftover`.
     /// It starts lagging: the first refill sends its replay.
     pub fn new(leftover: Vec<u8>, sid: SessionId, keepalive: Keepalive, cursor: Cursor) -> WsState {
-        let config = WebSocketConfig::default()
-            .read_buffer_size(READ_BUFFER)
-            .write_buffer_size(0)
-            .max_write_buffer_size(MAX_CLIENT_MESSAGE)
-            .max_message_size(Some(MAX_CLIENT_MESSAGE))
-            .max_frame_size(Some(MAX_CLIENT_MESSAGE));
         WsState {
-            ctx: WebSocketContext::from_partially_read(leftover, Role::Server, Some(config)),
+            reader: FrameReader::default(),
+            unread: leftover.into_boxed_slice(),
             sid,
             keepalive,
             cursor,
@@ -80,60 +76,6 @@ impl WsState {
             wire_since_message: 0,
             quiet: true,
         }
-    }
-}
-
-/// Reads from the socket within the turn's byte budget, writes into the
-/// output queue (never blocks).
-struct Io<'a, S> {
-    sock: &'a mut S,
-    out: &'a mut OutQueue,
-    readable: bool,
-    /// The peer sent FIN: read on to EOF, short reads prove nothing.
-    read_closed: bool,
-    /// Bytes read in this pass.
-    read: usize,
-    /// The pass stopped because the budget ran out, not the socket.
-    budget_hit: bool,
-    /// Bytes read since the last complete message.
-    since_message: usize,
-}
-
-impl<S: Read> Read for Io<'_, S> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if !self.readable {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        if self.read >= READ_BUDGET {
-            self.budget_hit = true;
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let max = buf.len().min(READ_BUDGET - self.read);
-        match read_once(
-            self.sock,
-            &mut buf[..max],
-            &mut self.readable,
-            self.read_closed,
-        ) {
-            Got::Bytes(n) => {
-                self.read += n;
-                self.since_message += n;
-                Ok(n)
-            }
-            Got::Blocked => Err(io::ErrorKind::WouldBlock.into()),
-            Got::Eof => Ok(0),
-            Got::Failed => Err(io::ErrorKind::ConnectionReset.into()),
-        }
-    }
-}
-
-impl<S> Write for Io<'_, S> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.out.push_owned(buf.to_vec());
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 
@@ -170,6 +112,19 @@ pub fn encode_close(code: u16, reason: &'static str) -> Vec<u8> {
         code: CloseCode::from(code),
         reason: reason.into(),
     })))
+}
+
+/// The reply to a client's Close: empty, or with the code and reason.
+fn encode_close_reply(reply: Option<(u16, Cow<'_, str>)>) -> Vec<u8> {
+    encode(Frame::close(reply.map(|(code, reason)| CloseFrame {
+        code: CloseCode::from(code),
+        reason: reason.into_owned().into(),
+    })))
+}
+
+/// A Pong echoing a Ping's payload.
+fn encode_pong(payload: &[u8]) -> Vec<u8> {
+    encode(Frame::pong(payload.to_vec()))
 }
 
 fn encode(frame: Frame) -> Vec<u8> {
@@ -223,10 +178,11 @@ fn on_text(text: &str, out: &mut OutQueue) {
 }
 
 /// Reads and handles client frames until the socket would block, the
-/// turn's byte budget runs out, or the connection must close. Control
-/// replies and error frames land in `out`. A client whose message takes more
-/// than [`MAX_WIRE_PER_MESSAGE`] bytes on the wire (endless continuation
-/// frames, which never complete a message) is closed with 1009.
+/// turn's byte budget or message cap runs out, or the connection must
+/// close. Control replies and error frames land in `out`. A client whose
+/// message takes more than [`MAX_WIRE_PER_MESSAGE`] bytes on the wire
+/// (endless continuation frames, which never complete a message) is closed
+/// with 1009.
 pub fn read_frames<S: Read>(
     ws: &mut WsState,
     sock: &mut S,
@@ -235,78 +191,135 @@ pub fn read_frames<S: Read>(
     out: &mut OutQueue,
     now: Millis,
 ) -> ReadOutcome {
-    let mut io = Io {
-        sock,
+    let mut pass = Pass {
+        messages: 0,
         out,
-        readable: *readable,
-        read_closed,
-        read: 0,
-        budget_hit: false,
-        since_message: ws.wire_since_message,
+        now,
     };
-    let mut outcome = ReadOutcome::More;
-    for _ in 0..MAX_MESSAGES_PER_TURN {
-        match ws.ctx.read(&mut io) {
-            Ok(msg) => {
-                io.since_message = 0;
-                ws.keepalive.on_receive(now);
-                match msg {
-                    Message::Text(t) => on_text(t.as_str(), io.out),
-                    Message::Binary(_) => io.out.push_owned(error_frame(
-                        "Unsupported message",
-                        "binary frames are not accepted",
-                    )),
-                    Message::Close(_) => {
-                        outcome = ReadOutcome::PeerClosed;
-                        break;
+    let outcome = pass.run(ws, sock, readable, read_closed);
+    if !ws.unread.is_empty() && outcome == ReadOutcome::More {
+        // Bytes wait in the state: the next pass must run even if the
+        // socket has nothing more.
+        *readable = true;
+    }
+    if ws.wire_since_message > 0 && matches!(outcome, ReadOutcome::Drained | ReadOutcome::More) {
+        // Part of a message arrived: the peer is alive.
+        ws.keepalive.on_receive(now);
+    }
+    outcome
+}
+
+/// One read pass over a subscriber.
+struct Pass<'a> {
+    /// Messages handled in this pass.
+    messages: usize,
+    out: &'a mut OutQueue,
+    now: Millis,
+}
+
+impl Pass<'_> {
+    fn run<S: Read>(
+        &mut self,
+        ws: &mut WsState,
+        sock: &mut S,
+        readable: &mut bool,
+        read_closed: bool,
+    ) -> ReadOutcome {
+        if !ws.unread.is_empty() {
+            let mut unread = std::mem::take(&mut ws.unread);
+            let (used, stop) = self.parse(ws, &mut unread);
+            if let Some(outcome) = stop {
+                if outcome == ReadOutcome::More {
+                    ws.unread = unread.get(used..).unwrap_or_default().into();
+                }
+                return outcome;
+            }
+        }
+        let mut buf = [0u8; READ_CHUNK];
+        let mut read = 0;
+        loop {
+            if !*readable {
+                return ReadOutcome::Drained;
+            }
+            if read >= READ_BUDGET || self.messages >= MAX_MESSAGES_PER_TURN {
+                return ReadOutcome::More;
+            }
+            let max = READ_CHUNK.min(READ_BUDGET - read);
+            let n = match read_once(sock, &mut buf[..max], readable, read_closed) {
+                Got::Bytes(n) => n,
+                Got::Blocked => return ReadOutcome::Drained,
+                Got::Eof | Got::Failed => return ReadOutcome::PeerClosed,
+            };
+            read += n;
+            let bytes = &mut buf[..n];
+            let (used, stop) = self.parse(ws, bytes);
+            if let Some(outcome) = stop {
+                if outcome == ReadOutcome::More {
+                    ws.unread = bytes.get(used..).unwrap_or_default().into();
+                }
+                return outcome;
+            }
+        }
+    }
+
+    /// Parses `input` and handles its messages: the bytes consumed, and
+    /// why it stopped before the end, if it did.
+    fn parse(&mut self, ws: &mut WsState, input: &mut [u8]) -> (usize, Option<ReadOutcome>) {
+        let mut pos = 0;
+        while pos < input.len() {
+            if self.messages >= MAX_MESSAGES_PER_TURN {
+                return (pos, Some(ReadOutcome::More));
+            }
+            let (used, got) = ws.reader.advance(input.get_mut(pos..).unwrap_or_default());
+            pos += used;
+            ws.wire_since_message = ws.wire_since_message.saturating_add(used as u32);
+            match got {
+                Err(Violation(code, reason)) => {
+                    return (pos, Some(ReadOutcome::Violation(code, reason)));
+                }
+                Ok(None) => {}
+                Ok(Some(message)) => {
+                    self.messages += 1;
+                    ws.wire_since_message = 0;
+                    ws.keepalive.on_receive(self.now);
+                    match message {
+                        Message::Text(t) => on_text(&t, self.out),
+                        Message::Binary => self.out.push_owned(error_frame(
+                            "Unsupported message",
+                            "binary frames are not accepted",
+                        )),
+                        Message::Ping(payload) => self.out.push_owned(encode_pong(&payload)),
+                        Message::Pong => {}
+                        Message::Close(reply) => {
+                            self.out.push_owned(encode_close_reply(reply));
+                            return (pos, Some(ReadOutcome::PeerClosed));
+                        }
                     }
-                    Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
                 }
             }
-            Err(WsError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
-                if io.since_message > 0 {
-                    // Part of a message arrived: the peer is alive.
-                    ws.keepalive.on_receive(now);
-                }
-                outcome = if io.budget_hit {
-                    ReadOutcome::More
-                } else {
-                    ReadOutcome::Drained
-                };
-                break;
+            if ws.wire_since_message as usize > MAX_WIRE_PER_MESSAGE {
+                return (pos, Some(ReadOutcome::Violation(1009, "message too big")));
             }
-            Err(e) => {
-                outcome = classify(e);
+            if used == 0 {
                 break;
             }
         }
-        if io.since_message > MAX_WIRE_PER_MESSAGE {
-            outcome = ReadOutcome::Violation(1009, "message too big");
-            break;
-        }
-    }
-    if io.since_message > MAX_WIRE_PER_MESSAGE {
-        outcome = ReadOutcome::Violation(1009, "message too big");
-    }
-    *readable = io.readable;
-    ws.wire_since_message = io.since_message;
-    // Queue replies tungstenite holds (a Pong, the answer to a Close).
-    match ws.ctx.flush(&mut io) {
-        Ok(()) => outcome,
-        Err(WsError::ConnectionClosed) | Err(WsError::AlreadyClosed) => ReadOutcome::PeerClosed,
-        Err(WsError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => outcome,
-        Err(e) if outcome == ReadOutcome::Drained || outcome == ReadOutcome::More => classify(e),
-        Err(_) => outcome,
+        (pos, None)
     }
 }
 
-fn classify(e: WsError) -> ReadOutcome {
-    match e {
-        WsError::ConnectionClosed | WsError::AlreadyClosed => ReadOutcome::PeerClosed,
-        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => ReadOutcome::PeerClosed,
-        WsError::Io(_) => ReadOutcome::PeerClosed,
-        WsError::Capacity(_) => ReadOutcome::Violation(1009, "message too big"),
-        WsError::Utf8(_) => ReadOutcome::Violation(1007, "invalid UTF-8"),
-        _ => ReadOutcome::Violation(1002, "protocol error"),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every subscriber holds its state for its whole life, idle or not.
+    #[test]
+    fn a_websocket_state_stays_small() {
+        let size = std::mem::size_of::<WsState>();
+        eprintln!(
+            "WSSIZE {size} reader {}",
+            std::mem::size_of::<FrameReader>()
+        );
+        assert!(size <= 128, "a WebSocket state is {size} bytes");
     }
 }
