@@ -394,7 +394,7 @@ const SETTINGS: &[(&str, &str, Setter)] = &[
     ),
     (
         "RELAY_REDIS_URL",
-        "Redis shared by several instances, redis[s]://[[user]:password@]host[:port][/db] or redis-sentinel://[[user]:password@]host:port[,host:port…]/master[/db] (default unset)",
+        "Redis shared by several instances, redis[s]://[[user]:password@]host[:port][/db] redis-sentinel://[[user]:password@]host:port[,host:port…]/master[/db] or redis-cluster://[[user]:password@]host:port[,host:port…] (default unset)",
         |c, v| {
             c.redis = match v.trim() {
                 "" => None,
@@ -707,6 +707,13 @@ where
             "RELAY_DATA_DIR and RELAY_REDIS_URL cannot be used together: state lives in one of them"
                 .into(),
         );
+    }
+    if cfg.redis.as_ref().is_some_and(|r| r.cluster.is_some())
+        && cfg.redis_prefix.contains(['{', '}'])
+    {
+        // Each key's hash tag is the session's bucket (`{…}` after the
+        // prefix); Redis would hash a brace of the prefix instead.
+        return Err("RELAY_REDIS_PREFIX cannot hold { or } with redis-cluster://".into());
     }
     if let Some(e) = unknown::misspelled_security_setting(&env)
         .or_else(|| unknown::misspelled_storage_setting(&env))

@@ -13,6 +13,13 @@
 //! `rediss-sentinel://` speaks TLS to the sentinels (each certificate
 //! checked against its host in the URL) and to the master (checked
 //! against the address the sentinels name, as they name it).
+//!
+//! `redis-cluster://[[user]:password@]host[:port][,host[:port]…]` names
+//! some nodes of a Redis Cluster (port 6379 unless given): the relay asks
+//! them for the slot map and talks to every master (`net/redis.rs`,
+//! `cluster.rs`); `rediss-cluster://` speaks TLS to every node, each
+//! certificate checked against the address the cluster names it by. A
+//! cluster has one database, so the URL names none.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
@@ -29,6 +36,9 @@ pub struct RedisUrl {
     /// `redis-sentinel://`: the master is whatever these sentinels say
     /// (`host` and `port` are the first sentinel's).
     pub sentinel: Option<Sentinels>,
+    /// `redis-cluster://`: nodes to ask for the slot map (`host` and
+    /// `port` are the first one's).
+    pub cluster: Option<Vec<(String, u16)>>,
 }
 
 /// The sentinels of a `redis-sentinel://` URL and the master's name.
@@ -41,14 +51,16 @@ pub struct Sentinels {
 impl RedisUrl {
     /// Parses the URL; the error says what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl, String> {
-        let (rest, tls, sentinel) = match url.split_once("://") {
-            Some(("redis", rest)) => (rest, false, false),
-            Some(("rediss", rest)) => (rest, true, false),
-            Some(("redis-sentinel", rest)) => (rest, false, true),
-            Some(("rediss-sentinel", rest)) => (rest, true, true),
+        let (rest, tls, sentinel, cluster) = match url.split_once("://") {
+            Some(("redis", rest)) => (rest, false, false, false),
+            Some(("rediss", rest)) => (rest, true, false, false),
+            Some(("redis-sentinel", rest)) => (rest, false, true, false),
+            Some(("rediss-sentinel", rest)) => (rest, true, true, false),
+            Some(("redis-cluster", rest)) => (rest, false, false, true),
+            Some(("rediss-cluster", rest)) => (rest, true, false, true),
             _ => {
                 return Err(
-                    "expected redis://host[:port][/db], rediss://… or redis-sentinel://host:port[,…]/master"
+                    "expected redis://host[:port][/db], rediss://…, redis-sentinel://host:port[,…]/master or redis-cluster://host:port[,…]"
                         .into(),
                 );
             }
@@ -58,6 +70,9 @@ impl RedisUrl {
             None => (None, rest),
         };
         let (hostport, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if cluster && !path.is_empty() {
+            return Err("a Redis Cluster has one database: redis-cluster://host:port[,…]".into());
+        }
         let (master, db) = match path.split_once('/') {
             _ if !sentinel => ("", path),
             Some((m, db)) => (m, db),
@@ -84,9 +99,19 @@ impl RedisUrl {
         } else {
             None
         };
-        let (host, port) = match &sentinel {
-            Some(s) => s.hosts[0].clone(),
-            None => host_port(hostport, 6379)?,
+        let cluster = if cluster {
+            let hosts = hostport
+                .split(',')
+                .map(|h| host_port(h, 6379))
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(hosts)
+        } else {
+            None
+        };
+        let (host, port) = match (&sentinel, &cluster) {
+            (Some(s), _) => s.hosts[0].clone(),
+            (None, Some(c)) => c[0].clone(),
+            (None, None) => host_port(hostport, 6379)?,
         };
         let (user, password) = match auth {
             None => (None, None),
@@ -103,18 +128,24 @@ impl RedisUrl {
             db,
             tls,
             sentinel,
+            cluster,
         })
     }
 
     /// The addresses the host resolves to (a name is looked up once, at
     /// start: the loop never waits for DNS).
-    /// With sentinels, theirs (each host's first).
+    /// With sentinels, theirs (each host's first); with a cluster, the
+    /// nodes' the URL names (each host's first).
     pub fn resolve(&self) -> std::io::Result<Vec<SocketAddr>> {
-        let Some(s) = &self.sentinel else {
-            return Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect());
+        let hosts = match (&self.sentinel, &self.cluster) {
+            (Some(s), _) => &s.hosts,
+            (None, Some(c)) => c,
+            (None, None) => {
+                return Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect());
+            }
         };
         let mut addrs = Vec::new();
-        for (host, port) in &s.hosts {
+        for (host, port) in hosts {
             addrs.extend((host.as_str(), *port).to_socket_addrs()?.next());
         }
         Ok(addrs)
@@ -129,6 +160,10 @@ impl RedisUrl {
             return format!("{scheme}-sentinel://{hosts}/{}/{}", s.master, self.db);
         }
         let scheme = if self.tls { "rediss" } else { "redis" };
+        if let Some(c) = &self.cluster {
+            let hosts: Vec<String> = c.iter().map(|(h, p)| bracket(h, *p)).collect();
+            return format!("{scheme}-cluster://{}", hosts.join(","));
+        }
         format!("{scheme}://{}/{}", bracket(&self.host, self.port), self.db)
     }
 }
@@ -242,6 +277,31 @@ mod tests {
         ] {
             assert!(RedisUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn parses_cluster_nodes() {
+        let u = RedisUrl::parse("redis-cluster://:pw@n1:7000,[::1],n3:7002").unwrap();
+        let hosts = [("n1", 7000), ("::1", 6379), ("n3", 7002)];
+        let hosts: Vec<(String, u16)> = hosts.iter().map(|(h, p)| (h.to_string(), *p)).collect();
+        assert_eq!(u.cluster.as_ref(), Some(&hosts));
+        assert_eq!((u.host.as_str(), u.port, u.db), ("n1", 7000, 0));
+        assert_eq!(
+            (u.password.as_deref(), u.tls, u.sentinel.is_none()),
+            (Some("pw"), false, true)
+        );
+        assert_eq!(u.display(), "redis-cluster://n1:7000,[::1]:6379,n3:7002");
+        let u = RedisUrl::parse("rediss-cluster://n1").unwrap();
+        assert!(u.tls);
+        assert_eq!(u.display(), "rediss-cluster://n1:6379");
+        for bad in [
+            "redis-cluster://n1/0",
+            "redis-cluster://",
+            "redis-cluster://n1,",
+        ] {
+            assert!(RedisUrl::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(RedisUrl::parse("redis://x").unwrap().cluster, None);
     }
 
     #[test]
