@@ -15,7 +15,7 @@
 //! run once per CI run: in the plain pass (`scripts/test`).
 
 use crate::common::*;
-use crate::writers::{post, wait_until};
+use crate::writers::{post, read_answers, skip_unless_plain, wait_until};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -23,18 +23,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-/// Whether this pass is another than the plain one (the test then
-/// returns at once, saying why).
-fn skip_unless_plain() -> bool {
-    for mode in ["TEST_WITH_REDIS", "TEST_WITH_DATA_DIR", "TEST_WITH_TLS"] {
-        if std::env::var_os(mode).is_some() {
-            eprintln!("skipped with {mode}: starts its own Redis processes, run in the plain pass");
-            return true;
-        }
-    }
-    false
-}
 
 /// One `redis-server --sentinel`, its configuration in a directory of
 /// its own; killed and removed on drop.
@@ -289,36 +277,6 @@ fn writer(
     })
 }
 
-/// Reads a subscriber until it has seen every answer in `want`: only
-/// answers, `seq` rising, none refused; a `resync` only if `rolled_back`
-/// (a relay's copy held a write that the promoted replica lacked, and the
-/// session took a new epoch), after which the log starts over. Returns how many it saw.
-#[track_caller]
-fn read_answers(
-    ws: &mut Ws,
-    want: &BTreeSet<String>,
-    refused: &BTreeSet<String>,
-    rolled_back: bool,
-) -> usize {
-    let mut seen = BTreeSet::new();
-    let mut last = 0;
-    while !want.is_subset(&seen) {
-        let frame = ws.recv_json_skip_pings();
-        if rolled_back && frame["type"] == "resync" {
-            last = 0;
-            continue;
-        }
-        assert_eq!(frame["type"], "message", "{frame}");
-        let aid = frame["data"]["assistant_msg_id"].as_str().unwrap_or("");
-        assert!(!refused.contains(aid), "a refused answer was sent: {frame}");
-        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
-        assert!(seq > last, "{seq} after {last}");
-        last = seq;
-        seen.insert(aid.to_string());
-    }
-    seen.len()
-}
-
 /// Steady traffic through three relays following the sentinels; the
 /// master killed; the count (see the module's comment).
 fn failover(replicas: &str) {
@@ -450,7 +408,7 @@ fn failover(replicas: &str) {
         );
     }
     for ws in &mut subscribers {
-        read_answers(ws, &want, &all.refused, rolled_back);
+        read_answers(ws, &want, &all.refused, rolled_back, None);
     }
 }
 

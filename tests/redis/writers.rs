@@ -25,6 +25,54 @@ pub(crate) fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Whether this pass is another than the plain one (the test then
+/// returns at once, saying why): for tests that start their own Redis
+/// processes whatever the mode.
+pub(crate) fn skip_unless_plain() -> bool {
+    for mode in ["TEST_WITH_REDIS", "TEST_WITH_DATA_DIR", "TEST_WITH_TLS"] {
+        if std::env::var_os(mode).is_some() {
+            eprintln!("skipped with {mode}: starts its own Redis processes, run in the plain pass");
+            return true;
+        }
+    }
+    false
+}
+
+/// Reads a subscriber until it has seen every answer in `want`: only
+/// answers, `seq` rising, none refused; a `resync` only if `rolled_back`
+/// (a relay's copy held a write that the promoted replica lacked, and the
+/// session took a new epoch), and then, given `old_epoch`, only to
+/// another epoch; after it the log starts over. Returns how many it saw.
+#[track_caller]
+pub(crate) fn read_answers(
+    ws: &mut common::Ws,
+    want: &BTreeSet<String>,
+    refused: &BTreeSet<String>,
+    rolled_back: bool,
+    old_epoch: Option<&Value>,
+) -> usize {
+    let mut seen = BTreeSet::new();
+    let mut last = 0;
+    while !want.is_subset(&seen) {
+        let frame = ws.recv_json_skip_pings();
+        if rolled_back && frame["type"] == "resync" {
+            if let Some(old) = old_epoch {
+                assert_ne!(&frame["epoch"], old, "a resync to the same epoch: {frame}");
+            }
+            last = 0;
+            continue;
+        }
+        assert_eq!(frame["type"], "message", "{frame}");
+        let aid = frame["data"]["assistant_msg_id"].as_str().unwrap_or("");
+        assert!(!refused.contains(aid), "a refused answer was sent: {frame}");
+        let seq = frame["data"]["seq"].as_u64().unwrap_or(0);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+        seen.insert(aid.to_string());
+    }
+    seen.len()
+}
+
 /// One `POST` on a new connection (`Connection: close`): the status and
 /// the JSON body, or `None` when the connection fails first.
 pub(crate) fn post(addr: SocketAddr, path: &str, body: &Value) -> Option<(u16, Value)> {
