@@ -6,7 +6,9 @@
 //! parked on another instance (asks), faults injected into
 //! the shared Redis (faults, counted by the writers of writers), and what
 //! waits on a relay while Redis restarts empty (restart), and a Sentinel
-//! failover under traffic, writes confirmed by replicas (sentinel).
+//! failover under traffic, writes confirmed by replicas (sentinel), and a
+//! Redis Cluster: sessions spread over its masters, a master killed and
+//! slots moved under traffic (cluster).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -14,6 +16,7 @@ mod common;
 mod asks;
 mod budget;
 mod cancels;
+mod cluster;
 mod every;
 mod faults;
 mod instances;
