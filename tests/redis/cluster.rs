@@ -160,6 +160,52 @@ fn harness_resharding_moves_slots_and_their_keys_between_masters() {
     }
 }
 
+/// The traffic, the all-sessions agent and the count the cluster tests
+/// use, through three relays on one plain Redis with no fault: every
+/// acknowledged write stored and shown alike by every relay, every
+/// subscriber given every answer in order, every prompt listed once.
+#[test]
+fn harness_the_traffic_and_its_count_hold_through_relays_on_one_redis() {
+    if skip_unless_plain() {
+        return;
+    }
+    let redis = Redis::start();
+    let servers = redis.relays(3, &[]);
+    for s in &servers {
+        s.wait_for_log("connected to Redis");
+    }
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+    let sessions: Vec<String> = (0..12).map(|_| unique_session()).collect();
+    let mut subscribers: BTreeMap<String, (String, Vec<Ws>)> = sessions
+        .iter()
+        .map(|sid| (sid.clone(), subscribed_on_each(&servers, sid)))
+        .collect();
+    let traffic = Traffic::start(&addrs, &sessions, 4, true);
+    traffic.wait_rounds(100, PHASE);
+    traffic.wait_each_acked_since(&sessions, Instant::now(), PHASE);
+    let tally = traffic.stop();
+    assert!(tally.answers.len() >= 100, "{}", tally.answers.len());
+    let renewed = check_all(
+        &servers,
+        &mut subscribers,
+        &tally,
+        &|_| Err("".into()),
+        &|_| false,
+    );
+    assert!(renewed.is_empty());
+
+    let agent = Agent::start(&addrs);
+    let traffic = Traffic::start(&addrs, &sessions, 3, false);
+    traffic.wait_rounds(100, PHASE);
+    let tally = traffic.stop();
+    let want: BTreeSet<String> = tally.prompts.iter().map(|a| a.tag.clone()).collect();
+    agent.wait_for_all(&want, PHASE);
+    let got = agent.stop();
+    let listed: BTreeSet<String> = got.iter().map(|(c, _)| c.clone()).collect();
+    assert_eq!(listed, want);
+    assert_eq!(got.len(), want.len(), "each listed once");
+}
+
 /// The session a key names, if it is `<prefix>{<tag>}s:<sid>`.
 fn session_of<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
     let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
@@ -374,11 +420,7 @@ impl Setup {
             .0
     }
 
-    /// Checks every session's history on every relay against `tally`
-    /// (see `check_history`; a write may be lost only if `may_lose` says
-    /// so), then every subscriber: every stored answer, in order, without
-    /// reconnecting; a `resync` only where the session took a new epoch,
-    /// which `renew_allowed` must allow. The sessions given a new epoch.
+    /// `check_all` of this setup's sessions.
     #[track_caller]
     fn check(
         &mut self,
@@ -386,30 +428,8 @@ impl Setup {
         may_lose: &dyn Fn(&Ack) -> Result<(), String>,
         renew_allowed: &dyn Fn(&str) -> bool,
     ) -> BTreeSet<String> {
-        let mut renewed = BTreeSet::new();
-        for sid in &self.sessions {
-            let (epoch, subscribers) = self.subscribers.get_mut(sid).expect("subscribed");
-            let epoch = json!(epoch);
-            let mut first: Option<BTreeSet<String>> = None;
-            let mut answers = BTreeSet::new();
-            for srv in &self.servers {
-                let shown = check_history(srv, sid, tally, may_lose);
-                if shown.epoch != epoch {
-                    assert!(renew_allowed(sid), "{sid}: a new epoch {}", shown.epoch);
-                    renewed.insert(sid.clone());
-                }
-                match &first {
-                    None => first = Some(shown.tags),
-                    Some(tags) => assert_eq!(tags, &shown.tags, "{sid}: relays disagree"),
-                }
-                answers = shown.answers;
-            }
-            for ws in subscribers.iter_mut() {
-                let rolled_back = renewed.contains(sid);
-                read_answers(ws, &answers, &tally.refused, rolled_back, Some(&epoch));
-            }
-        }
-        renewed
+        let (servers, subscribers) = (&self.servers, &mut self.subscribers);
+        check_all(servers, subscribers, tally, may_lose, renew_allowed)
     }
 
     /// A prompt to every session through every relay, each answered
@@ -422,6 +442,45 @@ impl Setup {
             }
         }
     }
+}
+
+/// Checks every session's history on every relay against `tally`
+/// (see `check_history`; a write may be lost only if `may_lose` says so),
+/// then every subscriber of `subscribers` (by session: its epoch and one
+/// per relay): every stored answer, in order, without reconnecting; a
+/// `resync` only where the session took a new epoch, which
+/// `renew_allowed` must allow. The sessions given a new epoch.
+#[track_caller]
+fn check_all(
+    servers: &[Server],
+    subscribers: &mut BTreeMap<String, (String, Vec<Ws>)>,
+    tally: &Tally,
+    may_lose: &dyn Fn(&Ack) -> Result<(), String>,
+    renew_allowed: &dyn Fn(&str) -> bool,
+) -> BTreeSet<String> {
+    let mut renewed = BTreeSet::new();
+    for (sid, (epoch, subscribers)) in subscribers.iter_mut() {
+        let epoch = json!(epoch);
+        let mut first: Option<BTreeSet<String>> = None;
+        let mut answers = BTreeSet::new();
+        for srv in servers {
+            let shown = check_history(srv, sid, tally, may_lose);
+            if shown.epoch != epoch {
+                assert!(renew_allowed(sid), "{sid}: a new epoch {}", shown.epoch);
+                renewed.insert(sid.clone());
+            }
+            match &first {
+                None => first = Some(shown.tags),
+                Some(tags) => assert_eq!(tags, &shown.tags, "{sid}: relays disagree"),
+            }
+            answers = shown.answers;
+        }
+        for ws in subscribers.iter_mut() {
+            let rolled_back = renewed.contains(sid);
+            read_answers(ws, &answers, &tally.refused, rolled_back, Some(&epoch));
+        }
+    }
+    renewed
 }
 
 /// The summary a fault test prints.

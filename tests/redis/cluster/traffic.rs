@@ -62,7 +62,10 @@ impl Tally {
     }
 }
 
-/// Writer threads under way.
+/// Traffic runs started so far in this process.
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// Writer threads under way; stopped when dropped (a test failing).
 pub struct Traffic {
     stop: Arc<AtomicBool>,
     rounds: Arc<AtomicU64>,
@@ -81,6 +84,8 @@ impl Traffic {
         writers: usize,
         answer: bool,
     ) -> Traffic {
+        // Tags unique across runs: a tag sent again would be a duplicate.
+        let run = RUNS.fetch_add(1, Ordering::Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(AtomicU64::new(0));
         let last_ack = Arc::new(Mutex::new(BTreeMap::new()));
@@ -89,7 +94,7 @@ impl Traffic {
                 let mine: Vec<String> = sessions.iter().skip(w).step_by(writers).cloned().collect();
                 let writer = Writer {
                     addrs: addrs.to_vec(),
-                    name: format!("w{w}"),
+                    name: format!("r{run}w{w}"),
                     turn: w,
                     stop: stop.clone(),
                     last_ack: last_ack.clone(),
@@ -159,16 +164,22 @@ impl Traffic {
     /// Stops the writers (each finishes the write in hand) and merges
     /// what they saw.
     #[track_caller]
-    pub fn stop(self) -> Tally {
+    pub fn stop(mut self) -> Tally {
         self.stop.store(true, Ordering::Relaxed);
         let mut all = Tally::default();
-        for w in self.writers {
+        for w in std::mem::take(&mut self.writers) {
             let seen = w
                 .join()
                 .unwrap_or_else(|_| panic!("a writer failed: its message is above"));
             all.merge(seen);
         }
         all
+    }
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -182,6 +193,10 @@ struct Writer {
 }
 
 impl Writer {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
     fn run(mut self, sessions: &[String], answer: bool, rounds: &AtomicU64) -> Tally {
         let mut n = 0;
         while !self.stop.load(Ordering::Relaxed) {
@@ -191,7 +206,11 @@ impl Writer {
                 let prompt =
                     |tag: &str| json!({"session_id": sid, "prompt": "q", "client_msg_id": tag});
                 let Some(cid) = self.send(sid, "/prompt", "client_msg_id", &prompt, &stem) else {
-                    panic!("{sid}: a prompt answered 404 (Session not found)");
+                    assert!(
+                        self.stopped(),
+                        "{sid}: a prompt answered 404 (Session not found)"
+                    );
+                    break;
                 };
                 self.tally.prompts.push(cid.clone());
                 if answer {
@@ -239,7 +258,12 @@ impl Writer {
             let body = make(&tag);
             let sent = Instant::now();
             let Some((status, resp)) = post(addr, path, &body) else {
-                panic!("{path} {body} through {addr}: no HTTP answer");
+                // Dropped, the relays killed: the test has failed already.
+                assert!(
+                    self.stopped(),
+                    "{path} {body} through {addr}: no HTTP answer"
+                );
+                return None;
             };
             match status {
                 200 => {
@@ -368,7 +392,13 @@ pub struct Agent {
     polls: Arc<AtomicU64>,
     /// Every prompt listed, in order: `client_msg_id` and `session_id`.
     got: Arc<Mutex<Vec<(String, String)>>>,
-    handle: JoinHandle<()>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Agent {
@@ -388,7 +418,12 @@ impl Agent {
                     .map_or(String::new(), |c| format!("&after={}", escape(c)));
                 let path = format!("/prompts?timeout=1&limit=1000{after}");
                 let Some((status, body)) = get(addr, &path) else {
-                    panic!("GET {path} through {addr}: no HTTP answer");
+                    // Dropped, the relays killed: the test has failed already.
+                    assert!(
+                        st.load(Ordering::Relaxed),
+                        "GET {path} through {addr}: no HTTP answer"
+                    );
+                    return;
                 };
                 pl.fetch_add(1, Ordering::Relaxed);
                 match status {
@@ -418,8 +453,12 @@ impl Agent {
             stop,
             polls,
             got,
-            handle,
+            handle: Some(handle),
         }
+    }
+
+    fn finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
     /// The prompts listed so far.
@@ -432,7 +471,7 @@ impl Agent {
     #[track_caller]
     pub fn wait_for_all(&self, want: &BTreeSet<String>, limit: Duration) {
         wait_for("the agent lists every acknowledged prompt", limit, || {
-            if self.handle.is_finished() {
+            if self.finished() {
                 panic!("the agent stopped early: its message is above");
             }
             let got: BTreeSet<String> = self.got().into_iter().map(|(c, _)| c).collect();
@@ -451,16 +490,17 @@ impl Agent {
     /// Lets the agent ask twice more (anything listed late, twice
     /// perhaps, shows up), then stops it; every prompt it was given.
     #[track_caller]
-    pub fn stop(self) -> Vec<(String, String)> {
+    pub fn stop(mut self) -> Vec<(String, String)> {
         let want = self.polls.load(Ordering::Relaxed) + 2;
         wait_for("the agent asks twice more", Duration::from_secs(15), || {
             let polls = self.polls.load(Ordering::Relaxed);
-            (polls >= want || self.handle.is_finished())
+            (polls >= want || self.finished())
                 .then_some(())
                 .ok_or(format!("{polls}"))
         });
         self.stop.store(true, Ordering::Relaxed);
-        self.handle
+        let handle = self.handle.take().expect("running");
+        handle
             .join()
             .unwrap_or_else(|_| panic!("the agent failed: its message is above"));
         self.got.lock().unwrap().clone()
