@@ -47,8 +47,10 @@ apt_install() {
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
 }
 
-# The Redis tests (tests/redis/) start Debian's redis-server.
-if [[ ! -x /usr/bin/redis-server ]]; then
+# The Redis tests (tests/redis/) start Debian's redis-server, as
+# sentinels and as Redis Cluster nodes too, and drive them with
+# redis-cli (--cluster create, reshard); the cluster tests need Redis 7.
+if [[ ! -x /usr/bin/redis-server || ! -x /usr/bin/redis-cli ]]; then
   echo "install-test-deps: installing redis-server (apt)" >&2
   apt_install redis-server redis-tools
 fi
