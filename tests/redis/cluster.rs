@@ -138,7 +138,11 @@ fn harness_resharding_moves_slots_and_their_keys_between_masters() {
     let before = cluster.masters();
     let (a, b) = (&before[0], &before[1]);
     let started = Instant::now();
-    cluster.reshard(a.port, b.port, 2000).finish();
+    let reshard = cluster.reshard(a.port, b.port, 2000);
+    // Writes go on while it runs (redis-cli -c follows MOVED and ASK).
+    let more: Vec<String> = (0..300).map(|i| format!("k{{m{i}}}")).collect();
+    fill(&cluster, &more);
+    reshard.finish();
     cluster.wait_settled("the cluster settles after the resharding");
     eprintln!("2000 slots moved in {:?}", started.elapsed());
     let after = cluster.masters();
@@ -148,13 +152,19 @@ fn harness_resharding_moves_slots_and_their_keys_between_masters() {
     };
     assert_eq!(count(a.port), a.slot_count() - 2000);
     assert_eq!(count(b.port), b.slot_count() + 2000);
+    // The source's lowest slots went, as the resharding test expects.
+    let serving = |slot: u16| after.iter().find(|m| m.owns(slot)).map(|m| m.port);
+    for slot in lowest_slots(a, 2000) {
+        assert_eq!(serving(slot), Some(b.port), "slot {slot}");
+    }
     let moved: Vec<&String> = keys
         .iter()
-        .filter(|k| a.owns(key_slot(k)) && cluster.master_of_slot(key_slot(k)).port == b.port)
+        .filter(|k| a.owns(key_slot(k)) && serving(key_slot(k)) == Some(b.port))
         .collect();
     assert!(!moved.is_empty(), "some keys were in the slots moved");
     let all = keys_where_they_belong(&cluster, "k*");
-    assert_eq!(all.values().map(Vec::len).sum::<usize>(), keys.len());
+    let stored = all.values().map(Vec::len).sum::<usize>();
+    assert_eq!(stored, keys.len() + more.len());
     for k in moved {
         assert!(all[&b.port].contains(k), "{k} moved to {}", b.port);
     }

@@ -240,15 +240,6 @@ impl Cluster {
         masters
     }
 
-    /// The master serving `slot`.
-    #[track_caller]
-    pub fn master_of_slot(&self, slot: u16) -> NodeLine {
-        self.masters()
-            .into_iter()
-            .find(|m| m.owns(slot))
-            .unwrap_or_else(|| panic!("no master serves slot {slot}"))
-    }
-
     /// Whether every live node reports `cluster_state:ok`, every live
     /// node sees the same masters serving the same slots and the same
     /// replicas of each, no live node is marked failed, and every live
