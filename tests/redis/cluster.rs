@@ -142,7 +142,7 @@ fn harness_resharding_moves_slots_and_their_keys_between_masters() {
     // Writes go on while it runs (redis-cli -c follows MOVED and ASK).
     let more: Vec<String> = (0..300).map(|i| format!("k{{m{i}}}")).collect();
     fill(&cluster, &more);
-    reshard.finish();
+    reshard.finish("Moving slot");
     cluster.wait_settled("the cluster settles after the resharding");
     eprintln!("2000 slots moved in {:?}", started.elapsed());
     let after = cluster.masters();
@@ -630,7 +630,7 @@ fn resharding_under_traffic_loses_nothing_and_moves_the_sessions_keys() {
         setup
             .cluster
             .reshard(from.port, to.port, MOVED as u16)
-            .finish();
+            .finish("Moving slot");
         setup
             .cluster
             .wait_settled("the cluster settles after the resharding");

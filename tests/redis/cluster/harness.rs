@@ -169,26 +169,19 @@ impl Cluster {
             nodes,
             dead: BTreeSet::new(),
         };
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for n in &cluster.nodes {
-            create.arg(format!("127.0.0.1:{}", n.port));
-        }
-        create.args([
-            "--cluster-replicas",
-            &replicas_each.to_string(),
-            "--cluster-yes",
-        ]);
-        let out = create
-            .stdin(Stdio::null())
-            .output()
-            .expect("redis-cli --cluster create");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.contains("All 16384 slots covered"),
-            "redis-cli --cluster create failed: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
+        let mut args = vec!["--cluster".to_string(), "create".into()];
+        args.extend(
+            cluster
+                .nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port)),
         );
+        args.extend([
+            "--cluster-replicas".into(),
+            replicas_each.to_string(),
+            "--cluster-yes".into(),
+        ]);
+        Cli::spawn(&args, "redis-cli --cluster create".into()).finish("All 16384 slots covered");
         cluster.wait_settled("the cluster forms");
         let masters_now = cluster.masters();
         assert_eq!(masters_now.len(), masters, "{masters_now:?}");
@@ -345,28 +338,29 @@ impl Cluster {
     }
 
     /// Starts `redis-cli --cluster reshard` moving `slots` slots from the
-    /// master on `from` to the one on `to`, in the background.
+    /// master on `from` to the one on `to`, in the background; `finish`
+    /// it with `"Moving slot"`.
     #[track_caller]
-    pub fn reshard(&self, from: u16, to: u16, slots: u16) -> Reshard {
+    pub fn reshard(&self, from: u16, to: u16, slots: u16) -> Cli {
         let id = |port: u16| cli_at(port, &["cluster", "myid"]).trim().to_string();
         let (from_id, to_id) = (id(from), id(to));
         assert!(!from_id.is_empty() && !to_id.is_empty(), "node ids");
-        let log = std::env::temp_dir().join(format!("relay-reshard-{}.log", unique_session()));
-        let file = std::fs::File::create(&log).expect("reshard log");
-        let child = Command::new("redis-cli")
-            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
-            .args(["--cluster-from", &from_id, "--cluster-to", &to_id])
-            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log"))
-            .stderr(file)
-            .spawn()
-            .expect("redis-cli --cluster reshard");
-        Reshard {
-            child: Some(child),
-            log,
-            what: format!("{slots} slots from {from} to {to}"),
-        }
+        let args = [
+            "--cluster".to_string(),
+            "reshard".into(),
+            format!("127.0.0.1:{from}"),
+            "--cluster-from".into(),
+            from_id,
+            "--cluster-to".into(),
+            to_id,
+            "--cluster-slots".into(),
+            slots.to_string(),
+            "--cluster-yes".into(),
+        ];
+        Cli::spawn(
+            &args,
+            format!("resharding {slots} slots from {from} to {to}"),
+        )
     }
 
     /// The keys matching `pattern` on each master (`--scan`), by port.
@@ -451,18 +445,38 @@ fn start_node(timeout_ms: &str) -> Redis {
     panic!("no cluster node started on three pairs of free ports");
 }
 
-/// A `redis-cli --cluster reshard` running; killed if dropped unfinished.
-pub struct Reshard {
+/// A `redis-cli --cluster` command running in the background, its
+/// output in a file; killed if dropped unfinished.
+pub struct Cli {
     child: Option<Child>,
     log: std::path::PathBuf,
     what: String,
 }
 
-impl Reshard {
-    /// Waits (bounded, 60 s) for the resharding to end, and asserts it
-    /// succeeded.
+impl Cli {
+    /// Starts `redis-cli` with `args`, for `what` (named if it fails).
     #[track_caller]
-    pub fn finish(mut self) {
+    pub fn spawn(args: &[String], what: String) -> Cli {
+        let log = std::env::temp_dir().join(format!("relay-cluster-cli-{}.log", unique_session()));
+        let file = std::fs::File::create(&log).expect("redis-cli log");
+        let child = Command::new("redis-cli")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .spawn()
+            .expect("redis-cli (scripts/install-test-deps.sh installs redis-tools)");
+        Cli {
+            child: Some(child),
+            log,
+            what,
+        }
+    }
+
+    /// Waits (bounded, 60 s) for the command to end, and asserts it
+    /// succeeded and its output holds `expect`; its output.
+    #[track_caller]
+    pub fn finish(mut self, expect: &str) -> String {
         let mut child = self.child.take().expect("running");
         let deadline = Instant::now() + Duration::from_secs(60);
         let status = loop {
@@ -479,14 +493,15 @@ impl Reshard {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         let tail: String = log.lines().rev().take(10).collect::<Vec<_>>().join("\n");
         assert!(
-            status.is_some_and(|s| s.success()) && !log.contains("[ERR]"),
-            "resharding {} failed ({status:?}); last lines, newest first:\n{tail}",
+            status.is_some_and(|s| s.success()) && !log.contains("[ERR]") && log.contains(expect),
+            "{} failed ({status:?}, within 60 s); last lines, newest first:\n{tail}",
             self.what
         );
+        log
     }
 }
 
-impl Drop for Reshard {
+impl Drop for Cli {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
