@@ -11,6 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The node timeout of the tests' clusters: short, so that a failover
+/// takes a few seconds; not shorter, so that a node slowed by the relays
+/// and writers sharing its cores is not taken for dead.
+pub const NODE_TIMEOUT_MS: u64 = 2000;
+
 /// The slots of a Redis Cluster.
 pub const SLOTS: u16 = 16384;
 

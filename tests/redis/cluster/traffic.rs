@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::Server;
 
+/// How long any phase of traffic may take before the test fails.
+pub const PHASE: Duration = Duration::from_secs(30);
+
 /// How long one write may go unacknowledged (`503`, `504`, sent again)
 /// before its writer gives up and fails the test.
 const WRITE_LIMIT: Duration = Duration::from_secs(30);
