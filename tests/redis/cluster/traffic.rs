@@ -321,8 +321,22 @@ pub fn check_history(
     tally: &Tally,
     may_lose: &dyn Fn(&Ack) -> Result<(), String>,
 ) -> Shown {
-    let history = srv.messages(sid, "?limit=10000");
-    let msgs = history["messages"].as_array().cloned().unwrap_or_default();
+    // Pages of 1,000 (the contract's clamp), each after the last `seq`.
+    let mut history = srv.messages(sid, "?limit=1000");
+    let mut msgs = Vec::new();
+    loop {
+        let page = history["messages"].as_array().cloned().unwrap_or_default();
+        let full = page.len() >= 1000;
+        msgs.extend(page);
+        if !full {
+            break;
+        }
+        let after = msgs
+            .last()
+            .and_then(|m| m["data"]["seq"].as_u64())
+            .unwrap_or(0);
+        history = srv.messages(sid, &format!("?limit=1000&after={after}"));
+    }
     let (mut tags, mut answered, mut answers) = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
     let mut last = 0;
     for m in &msgs {
