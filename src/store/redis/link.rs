@@ -46,7 +46,7 @@ pub(super) struct Functions {
     read: String,
     delete: String,
     /// `FUNCTION LOAD`'s argument.
-    library: String,
+    pub(super) library: String,
 }
 
 impl Functions {

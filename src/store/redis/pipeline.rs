@@ -368,3 +368,97 @@ mod tests {
         assert_eq!(args[6], b"100000", "the cap itself");
     }
 }
+
+/// Writes the calls a cluster relay makes, one of each kind, as RESP
+/// into the file `RELAY_DUMP_CALLS` names, and the library to load into
+/// `<file>.lua`: for trying them on a real cluster by hand
+/// (`cargo test --lib dump_cluster_calls -- --ignored`).
+#[cfg(test)]
+#[test]
+#[ignore]
+fn dump_cluster_calls() {
+    use crate::store::mem::StoreLimits;
+    use crate::store::redis::{Link, RedisUrl};
+    let Ok(path) = std::env::var("RELAY_DUMP_CALLS") else {
+        return;
+    };
+    let limits = StoreLimits {
+        history_limit: 2,
+        max_sessions: 1000,
+        max_pending: 10,
+        draft_timeout_ms: 60_000,
+    };
+    let url = RedisUrl::parse("redis-cluster://127.0.0.1:7000").unwrap();
+    let mut r = RedisStore::new(url, "t:", limits);
+    r.connected(Link::Command);
+    r.cmd.out.clear();
+    r.fcall = true;
+    r.unix_ms = 1_795_800_000_000;
+    let ts = "1795800000000";
+    let q = Expect::Quiet;
+    for sid in ["a", "b", "c", "dd", "e"] {
+        let k = Known::default();
+        let rec = |kind: &str, cid: &str, aid: &str| {
+            format!("{kind}\n{cid}\n{aid}\n{ts}\n{{\"session_id\":\"{sid}\",\"x\":1,\"seq\":")
+        };
+        let call = |r: &mut RedisStore, op: Op, extra: &[&str]| {
+            let extra: Vec<&[u8]> = extra.iter().map(|a| a.as_bytes()).collect();
+            r.call(sid, op, Known::default(), &extra, Expect::Quiet);
+        };
+        r.call(sid, Op::Create, k, &[], Expect::Quiet);
+        for cid in ["c1", "c2", "c3"] {
+            call(&mut r, Op::Prompt, &[cid, &rec("P", cid, "")]);
+        }
+        call(
+            &mut r,
+            Op::Part,
+            &["c1", "a1", "\"p\"", "1", "60000", "1000"],
+        );
+        let a = rec("A", "c1", "a1");
+        call(&mut r, Op::Response, &["c1", "a1", "0", "\"hi\"", &a]);
+        call(&mut r, Op::Cancel, &["c2", &rec("X", "c2", "")]);
+        let expires = "1795900000000";
+        call(
+            &mut r,
+            Op::Ask,
+            &["k1", "", "\"q\"", "", &rec("K", "k1", expires)],
+        );
+        call(&mut r, Op::Reply, &["k1", "\"a\"", &rec("Y", "k1", "")]);
+        call(&mut r, Op::Agent, &["i1", "1795900000000", ts]);
+        call(&mut r, Op::Watch, &["i1", "1795900000000"]);
+        call(&mut r, Op::Sync, &[]);
+        call(&mut r, Op::Renew, &[]);
+        r.batch.clear();
+    }
+    // A turn's prompts of several sessions: one call per bucket.
+    for (i, sid) in ["a", "f", "g", "a"].iter().enumerate() {
+        r.batch.push(Gathered {
+            conn: Ticket {
+                conn: crate::store::types::ConnId {
+                    key: 1,
+                    generation: 1,
+                },
+                n: i as u64,
+            },
+            sid: SessionId::new(sid).unwrap(),
+            id: format!("t{i}"),
+            record: format!("P\nt{i}\n\n{ts}\n{{\"x\":1,\"seq\":"),
+            known_epoch: String::new(),
+            known_next: 0,
+        });
+    }
+    r.send_batch();
+    for b in 0..super::slot::BUCKETS {
+        r.call_bucket(b, Op::Every, &[b"", b"10", b"*", b"", b"5"], Expect::Quiet);
+        r.call_bucket(b, Op::Probe, &[], Expect::Quiet);
+        r.call_bucket(b, Op::Touch, &[b"a", b"b"], Expect::Quiet);
+    }
+    let extra: [&[u8]; 5] = [b"i1", b"*", b"1795900000000", ts.as_bytes(), b"1"];
+    r.call_bucket(0, Op::EveryAgent, &extra, Expect::Quiet);
+    r.call("b", Op::Delete, Known::default(), &[], q);
+    for b in 0..super::slot::BUCKETS {
+        r.call_bucket(b, Op::Collect, &[b"0"], Expect::Quiet);
+    }
+    std::fs::write(&path, &r.cmd.out).unwrap();
+    std::fs::write(format!("{path}.lua"), &r.functions.library).unwrap();
+}

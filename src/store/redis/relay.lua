@@ -67,6 +67,15 @@
 --                     agents polling every session a token opens
 --                     (`everyagent`); the key expires with its newest
 --                     entry
+-- In a Redis Cluster (src/store/redis/slot.rs) P is a bucket's base,
+-- `<prefix>{<tag>}`: a session's keys and its bucket's sessions, pending,
+-- arrived and generation share one hash slot, and every call names in
+-- KEYS each key it may touch (the ones it finds on its way aside: the
+-- idle sessions `collect` meets, the sessions `every` lists). There,
+-- changes go out with SPUBLISH on channels of the same slot, a bucket's
+-- arrival numbers step by 64 from its index, `every` raises the counter
+-- to a floor (see `every`), and a missing session's keys are left alone
+-- (its slot may be migrating).
 -- Every change is published on the session's channel (P e:<sid>), which
 -- the instances with someone waiting on the session listen to. Each
 -- arrival is also published on P arrivals ("sid\nnumber"), which an
@@ -88,7 +97,8 @@
 -- each as `prompt` would, and answers the list of their answers: the
 -- cost of a call (FCALL or EVALSHA, and with EVALSHA the helpers
 -- below, made again on every call) is paid once for all of them. Its keys are
--- (unused, sessions, unused, then P s:<sid> of each prompt); its
+-- (unused, sessions, unused, then P s:<sid> of each prompt; in a cluster
+-- pending, sessions, arrived, the sessions, then generation); its
 -- arguments after the common ones are 6 per prompt: sid, known_epoch,
 -- known_next, new_epoch, client_msg_id, record.
 --
