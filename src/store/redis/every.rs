@@ -146,7 +146,8 @@ impl RedisStore {
                 if let Some(cut) = read.resume {
                     m.cut = m.cut.min(cut);
                 }
-                m.listed.extend(read.listed);
+                // Oldest first, as the bucket's order lists them.
+                m.listed.push(read.listed);
                 Ok(())
             }
             Err(e) => {
@@ -192,11 +193,24 @@ impl RedisStore {
             return;
         }
         let bound = m.floor.min(m.cut);
-        let mut listed = std::mem::take(&mut m.listed);
-        listed.sort_unstable_by_key(|l| l.n);
-        let above = listed.iter().any(|l| l.n > bound);
-        listed.retain(|l| l.n <= bound);
-        listed.truncate(m.limit);
+        // The buckets' listings merged, the least number first.
+        let mut parts: Vec<_> = (m.listed.drain(..))
+            .map(|l| l.into_iter().peekable())
+            .collect();
+        let (mut listed, mut above) = (Vec::new(), false);
+        while listed.len() < m.limit {
+            let least = (parts.iter_mut().enumerate())
+                .filter_map(|(i, p)| Some((p.peek()?.n, i)))
+                .min();
+            let Some((n, i)) = least else {
+                break;
+            };
+            if n > bound {
+                above = true;
+                break;
+            }
+            listed.extend(parts[i].next());
+        }
         if above && listed.len() < m.limit && m.rounds < 3 {
             self.merge_round(i);
             return;
@@ -389,7 +403,8 @@ pub(super) struct Merge {
     /// at, of this round.
     floor: u64,
     cut: u64,
-    listed: Vec<Listed>,
+    /// Each bucket's listing of this round.
+    listed: Vec<Vec<Listed>>,
 }
 
 /// `until\nseen\nparked\nscope` of `instance`.

@@ -164,7 +164,9 @@ pub struct RedisStore {
     /// in a cluster (`every.rs`).
     every_floor: u64,
     /// The all-sessions reads of a cluster waiting for their buckets'
-    /// answers, at most one per poll parked here (`every.rs`).
+    /// answers (`every.rs`): at most one per all-sessions poll parked
+    /// here, whose number the relay's waiter cap bounds; a lost command
+    /// link answers them all.
     merges: Vec<every::Merge>,
     merge_ids: u64,
     /// An all-sessions poll was parked here since the last sweep.

@@ -151,16 +151,14 @@ impl RedisStore {
             self.send_gathered(0, batch);
             return;
         }
-        // Stable: a session's prompts keep their order.
-        batch.sort_by_key(|g| bucket_of(g.sid.as_bytes()));
-        while !batch.is_empty() {
-            let b = bucket_of(batch[0].sid.as_bytes());
-            let n = batch
-                .iter()
-                .position(|g| bucket_of(g.sid.as_bytes()) != b)
-                .unwrap_or(batch.len());
-            let rest = batch.split_off(n);
-            self.send_gathered(b, std::mem::replace(&mut batch, rest));
+        // The first prompt's bucket, then the next left: a session's
+        // prompts keep their order.
+        while let Some(first) = batch.first() {
+            let b = bucket_of(first.sid.as_bytes());
+            let (this, rest): (Vec<_>, Vec<_>) =
+                (batch.into_iter()).partition(|g| bucket_of(g.sid.as_bytes()) == b);
+            self.send_gathered(b, this);
+            batch = rest;
         }
     }
 

@@ -122,7 +122,7 @@ local arrived_key, pending_key
 -- Whether the keys are laid out in buckets for a Redis Cluster (the
 -- prefix is a bucket's base, `P{tag}`): changes are then published with
 -- SPUBLISH, on channels in the call's own slot.
-local cluster, publish_command
+local cluster, publish_command, layout_of
 -- The unix second of now: the activity score moves when it changes.
 local second
 -- Now as a number, for the ops that compare times.
@@ -146,8 +146,12 @@ local function begin(keys, argv)
   limit, max_pending = A[6] + 0, A[8] + 0
   new_epoch, channel, prefix = A[9], A[10], A[11]
   arrived_key, pending_key = prefix .. 'arrived', prefix .. 'pending'
-  cluster = string.byte(prefix, -1) == 125
-  publish_command = cluster and 'SPUBLISH' or 'PUBLISH'
+  -- Told once per prefix (a library keeps it between calls).
+  if prefix ~= layout_of then
+    layout_of = prefix
+    cluster = string.byte(prefix, -1) == 125
+    publish_command = cluster and 'SPUBLISH' or 'PUBLISH'
+  end
   second = string.sub(now_ms, 1, -4)
   now = 0
   if op ~= 'prompt' and op ~= 'prompts' then
