@@ -218,7 +218,7 @@ impl RedisStore {
         let m = self.merges.swap_remove(i);
         // Nothing it covers up to B, where a bucket stopped early: the
         // caller reads on from B.
-        let resume = (listed.is_empty() && !above && m.cut < u64::MAX)
+        let resume = (listed.is_empty() && !above && m.cut < u64::MAX && m.limit > 0)
             .then_some(bound)
             .filter(|b| m.after.is_none_or(|a| *b > a));
         let result = Ok(EveryRead { listed, resume });
@@ -467,4 +467,114 @@ fn parse_listed(parts: &[OwnedFrame], head: usize) -> Result<EveryRead, String> 
         listed: out,
         resume,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::mem::StoreLimits;
+    use crate::store::redis::codec::{push_array, push_bulk};
+    use crate::store::redis::{Link, RedisUrl};
+    use crate::store::types::ConnId;
+
+    fn store() -> RedisStore {
+        let limits = StoreLimits {
+            history_limit: 10,
+            max_sessions: 10,
+            max_pending: 10,
+            draft_timeout_ms: 60_000,
+        };
+        let url = RedisUrl::parse("redis-cluster://127.0.0.1:7000").unwrap();
+        let mut r = RedisStore::new(url, "t:", limits);
+        r.connected(Link::Command);
+        r.expect.clear();
+        r.cmd.out.clear();
+        r
+    }
+
+    /// One bucket's answer: `floor`, and prompts `(number, sid)`.
+    fn answer(floor: u64, listed: &[(u64, &str)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        push_array(&mut out, 3 + 4 * listed.len());
+        push_bulk(&mut out, &[b"ok"]);
+        push_bulk(&mut out, &[b""]);
+        push_bulk(&mut out, &[floor.to_string().as_bytes()]);
+        for (n, sid) in listed {
+            push_bulk(&mut out, &[n.to_string().as_bytes()]);
+            push_bulk(&mut out, &[sid.as_bytes()]);
+            push_bulk(&mut out, &[b"1"]);
+            push_bulk(&mut out, &[b"P\nc\n\n1\n{\"x\":1,\"seq\":"]);
+        }
+        out
+    }
+
+    fn listed(r: &mut RedisStore) -> Option<Vec<(u64, String)>> {
+        match r.ready.pop_front()? {
+            StoreEvent::EveryPage {
+                result: Ok(read), ..
+            } => Some(
+                read.listed
+                    .iter()
+                    .map(|l| (l.n, l.sid.to_string()))
+                    .collect(),
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_merged_read_lists_nothing_above_the_least_floor_and_reads_again_for_it() {
+        let mut r = store();
+        let conn = ConnId {
+            key: 1,
+            generation: 1,
+        };
+        r.read_every(Ticket { conn, n: 1 }, &Scope::Every, Some(7), 10);
+        let calls = String::from_utf8_lossy(&r.cmd.out).matches("every").count();
+        assert_eq!(calls, BUCKETS);
+        assert!(String::from_utf8_lossy(&r.cmd.out).contains("$1\r\n7\r\n"));
+        r.cmd.out.clear();
+        // Bucket 0 is behind: what bucket 1 holds above its floor waits.
+        let mut replies = answer(1063, &[(1000, "a")]);
+        replies.extend(answer(2063, &[(2001, "b")]));
+        for _ in 2..BUCKETS {
+            replies.extend(answer(5063, &[]));
+        }
+        r.input(Link::Command, &replies).unwrap();
+        assert!(listed(&mut r).is_none(), "read again first");
+        // Again, every counter raised to the highest floor heard.
+        let again = String::from_utf8_lossy(&r.cmd.out).to_string();
+        assert_eq!(again.matches("every").count(), BUCKETS);
+        assert!(again.contains("$4\r\n5063\r\n"), "{again}");
+        let mut replies = answer(5063 + 64, &[(1000, "a")]);
+        replies.extend(answer(5063 + 1, &[(2001, "b"), (5002, "c")]));
+        for _ in 2..BUCKETS {
+            replies.extend(answer(5063, &[]));
+        }
+        r.input(Link::Command, &replies).unwrap();
+        let got = listed(&mut r).unwrap();
+        let want = [(1000, "a"), (2001, "b"), (5002, "c")];
+        assert_eq!(got, want.map(|(n, s)| (n, s.to_string())));
+        assert!(r.merges.is_empty());
+    }
+
+    #[test]
+    fn a_merged_read_fails_when_a_bucket_does() {
+        let mut r = store();
+        let conn = ConnId {
+            key: 1,
+            generation: 1,
+        };
+        r.read_every(Ticket { conn, n: 1 }, &Scope::Every, None, 10);
+        let mut replies = b"-CLUSTERDOWN relay: no master for the slot\r\n".to_vec();
+        for _ in 1..BUCKETS {
+            replies.extend(answer(5063, &[(5000, "a")]));
+        }
+        r.input(Link::Command, &replies).unwrap();
+        let Some(StoreEvent::EveryPage { result, .. }) = r.ready.pop_front() else {
+            panic!("no page");
+        };
+        assert_eq!(result.err().map(|e| e.status), Some(503));
+        assert!(r.merges.is_empty());
+    }
 }
