@@ -554,11 +554,13 @@ local function reply(aid, text, record)
   return answer('ok', S)
 end
 
--- In a cluster: the bucket's index, the residue of its arrival numbers
--- modulo 64. Its hash tag's slot lies in the index-th of 64 equal ranges
--- (src/store/redis/slot.rs), so this is the slot (CRC16 of the tag) over
--- 256. Computed only when a bucket's counter is made.
-local function residue()
+-- A bucket's new counter in a cluster: from the clock, as without
+-- buckets (above every number handed out before while fewer than 15
+-- prompts a millisecond arrive in a bucket), with the bucket's index as
+-- its residue modulo 64. Its hash tag's slot lies in the index-th of 64
+-- equal ranges (src/store/redis/slot.rs), so the index is the slot
+-- (CRC16 of the tag) over 256.
+local function clock_start()
   local tag = string.match(prefix, '{([^}]*)}$') or ''
   local crc = 0
   for i = 1, #tag do
@@ -572,15 +574,8 @@ local function residue()
       crc = bit.band(crc, 0xffff)
     end
   end
-  return math.floor((crc % 16384) / 256)
-end
-
--- A bucket's new counter in a cluster: from the clock, as without
--- buckets, with the bucket's residue (above every number handed out
--- before while fewer than 15 prompts a millisecond arrive in a bucket).
-local function clock_start()
   local t = tonumber(now_ms) * 1000
-  return t - t % 64 + residue()
+  return t - t % 64 + math.floor((crc % 16384) / 256)
 end
 
 -- The prompt `q` (its seq, as a string) of the session became pending:
