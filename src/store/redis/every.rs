@@ -190,6 +190,10 @@ impl RedisStore {
             let result = Err(ApiError::storage_unavailable());
             self.ready
                 .push_back(StoreEvent::EveryPage { to: m.to, result });
+            // A parked poll whose read failed (a bucket's master down, or
+            // its slot migrating under the call) reads again with the next
+            // probe, not only at the next arrival.
+            self.every_again_owed = true;
             return;
         }
         let bound = m.floor.min(m.cut);
@@ -576,5 +580,9 @@ mod tests {
         };
         assert_eq!(result.err().map(|e| e.status), Some(503));
         assert!(r.merges.is_empty());
+        assert!(
+            r.every_again_owed,
+            "its poll reads again with the next probe"
+        );
     }
 }

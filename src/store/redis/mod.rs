@@ -169,6 +169,9 @@ pub struct RedisStore {
     /// link answers them all.
     merges: Vec<every::Merge>,
     merge_ids: u64,
+    /// A merged read failed: the parked all-sessions polls read again
+    /// when the next probe goes out.
+    every_again_owed: bool,
     /// An all-sessions poll was parked here since the last sweep.
     arrivals_wanted: bool,
     /// The sessions whose channel this instance listens to, or that it
@@ -258,6 +261,7 @@ impl RedisStore {
             every_floor: 0,
             merges: Vec::new(),
             merge_ids: 0,
+            every_again_owed: false,
             arrivals_wanted: false,
             follow: HashMap::default(),
             listened: 0,
@@ -378,6 +382,9 @@ impl RedisStore {
     pub fn tick(&mut self, now: Millis) {
         if self.cmd.ready && self.health.tick(now) {
             let probe = self.stats.commands;
+            if std::mem::take(&mut self.every_again_owed) {
+                self.ready.push_back(StoreEvent::EveryAgain);
+            }
             if self.cluster() {
                 self.health.probing(slot::BUCKETS);
                 for b in 0..slot::BUCKETS {
