@@ -671,6 +671,23 @@ pub fn skip_with_redis(reason: &str) -> bool {
     skip
 }
 
+/// True when `TEST_WITH_REDIS` names a Redis Cluster (`redis-cluster://`):
+/// the relays lay keys out in buckets, whose counters order arrivals and
+/// whose shares of the session cap are checked apart.
+pub fn cluster_mode() -> bool {
+    std::env::var("TEST_WITH_REDIS").is_ok_and(|u| u.starts_with("redis-cluster://"))
+}
+
+/// In cluster mode, prints why the test does not run there and returns
+/// true (the test then returns at once); otherwise false.
+pub fn skip_in_cluster(reason: &str) -> bool {
+    let skip = cluster_mode();
+    if skip {
+        eprintln!("skipped with a redis-cluster:// TEST_WITH_REDIS: {reason}");
+    }
+    skip
+}
+
 /// A session id unique within this test run: `t-<counter>-<pid>`.
 pub fn unique_session() -> String {
     let n = SESSION_COUNTER.fetch_add(1, Ordering::Relaxed);

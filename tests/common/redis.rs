@@ -229,8 +229,14 @@ impl Redis {
         (0..n).map(|_| Server::start_with(&env)).collect()
     }
 
+    /// Its URL; with a `redis-cluster://` `TEST_WITH_REDIS`, as a cluster's
+    /// seed, so that the relays lay their keys out in buckets on it.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = match super::cluster_mode() {
+            true => "redis-cluster",
+            false => "redis",
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 }
 

@@ -60,7 +60,74 @@ pub(super) enum Function {
     Delete,
 }
 
+/// A key a call may touch in cluster mode, after the bucket's base
+/// (`<prefix>{<tag>}`): the session's own keys, then the bucket's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Key {
+    /// `s:<sid>`, the session.
+    S,
+    /// `w:<sid>`, its instances with subscribers.
+    W,
+    /// `d:<sid>`, its drafts.
+    D,
+    /// `g:<sid>`, its agent states.
+    G,
+    Sessions,
+    Pending,
+    Arrived,
+    Generation,
+    /// The agents of every session (bucket 0's).
+    Agents,
+}
+
+impl Key {
+    /// What follows the base; a session's keys end with its id.
+    pub(super) fn suffix(self) -> (&'static [u8], bool) {
+        match self {
+            Key::S => (b"s:", true),
+            Key::W => (b"w:", true),
+            Key::D => (b"d:", true),
+            Key::G => (b"g:", true),
+            Key::Sessions => (b"sessions", false),
+            Key::Pending => (b"pending", false),
+            Key::Arrived => (b"arrived", false),
+            Key::Generation => (b"generation", false),
+            Key::Agents => (b"agents", false),
+        }
+    }
+}
+
 impl Op {
+    /// In cluster mode, every key a call of this op may read or write,
+    /// declared so that Redis Cluster can tell, while the bucket's slot
+    /// migrates, whether the call runs where the slot was or where it
+    /// goes; the first routes it. The script reads a session's hash, the
+    /// bucket's sessions and the session's watchers at positions 1 to 3
+    /// (`s`, `all`, `w`), so an op that reads the watchers names them
+    /// third; the others put there a key they touch anyway. `prompts`
+    /// names its keys itself (`send_batch`).
+    pub(super) fn cluster_keys(self) -> &'static [Key] {
+        use Key::*;
+        match self {
+            Op::Prompt | Op::Prompts => &[S, Sessions, Pending, Arrived, Generation],
+            Op::Response | Op::Cancel => &[S, Sessions, W, Pending, D, Generation],
+            Op::Part => &[S, Sessions, W, D, Generation],
+            Op::Ask | Op::Reply | Op::Create => &[S, Sessions, Generation],
+            Op::Agent => &[G],
+            Op::Delete => &[S, Sessions, W, Pending, D, G, Generation],
+            Op::Sync | Op::Renew => &[S, Sessions, D, G, Generation],
+            Op::Watch => &[S, Sessions, W],
+            Op::Touch => &[Sessions],
+            // And the keys of the idle sessions it finds, which no call
+            // can name before: it reads them all before it deletes any.
+            Op::Collect => &[Sessions, Pending],
+            Op::Probe => &[Generation],
+            // And the hashes of the sessions it lists (read only).
+            Op::Every => &[Pending, Arrived],
+            Op::EveryAgent => &[Agents],
+        }
+    }
+
     /// The name the script dispatches on.
     pub(super) fn name(self) -> &'static str {
         match self {
@@ -317,7 +384,8 @@ impl RedisStore {
         write: Write,
         frame: OwnedFrame,
     ) -> Result<(), String> {
-        let parsed = parse_snapshot(sid.clone(), frame, &mut self.health);
+        let bucket = self.bucket(&sid);
+        let parsed = parse_snapshot(sid.clone(), frame, bucket, &mut self.health);
         let ((status, extra), snapshot) = match parsed {
             Ok(s) => s,
             Err(e) => {

@@ -17,6 +17,9 @@ pub struct Common<'a> {
     pub epoch: &'a [u8],
     /// The session's channel, in parts.
     pub channel: &'a [&'a [u8]],
+    /// Sessions the call's keys may hold at most: the cap, or in a
+    /// cluster its bucket's share (`slot::bucket_cap`).
+    pub cap: u64,
 }
 
 /// Appends one command: a RESP array of bulk strings.
@@ -36,7 +39,7 @@ pub fn push_common(out: &mut Vec<u8>, c: Common) {
     push_bulk(out, &[c.known.epoch.as_bytes()]);
     push_number(out, c.known.next);
     push_number(out, c.limits.history_limit as u64);
-    push_number(out, c.limits.max_sessions as u64);
+    push_number(out, c.cap);
     push_number(out, c.limits.max_pending as u64);
     push_bulk(out, &[c.epoch]);
     push_bulk(out, c.channel);

@@ -16,7 +16,7 @@ use log::info;
 use super::codec::push_channel_command;
 use super::reply::{Event, Head, Msg};
 use super::route::{Answered, Then};
-use super::{Known, RedisStore};
+use super::{Known, RedisStore, base_in};
 use crate::error::ApiError;
 use crate::store::SessionLog;
 use crate::store::mem::MemStore;
@@ -366,7 +366,9 @@ impl RedisStore {
         };
         f.rollback = false;
         if f.listen.is_some() && self.ev.up {
-            push_channel_command(&mut self.ev.out, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
+            let subscribe = self.verbs()[0];
+            let base = base_in(&self.bases, &self.prefix, sid);
+            push_channel_command(&mut self.ev.out, subscribe, base.as_bytes(), sid);
         }
         true
     }

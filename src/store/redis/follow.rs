@@ -4,7 +4,7 @@
 
 use super::codec::push_channel_command;
 use super::route::Expect;
-use super::{Known, Op, RedisStore};
+use super::{Known, Op, RedisStore, base_in};
 use crate::store::types::{SessionId, Ticket};
 
 /// What this instance does about one session's channel.
@@ -34,9 +34,18 @@ impl RedisStore {
         self.call(sid, Op::Watch, Known::default(), &extra, Expect::Quiet);
     }
 
+    /// The session whose channel `channel` is (`<base>e:<sid>`).
     pub(super) fn sid_of_channel(&self, channel: &[u8]) -> Option<SessionId> {
-        let rest = channel.strip_prefix(self.prefix.as_bytes())?;
-        SessionId::new(std::str::from_utf8(rest.strip_prefix(b"e:")?).ok()?)
+        let mut rest = channel.strip_prefix(self.prefix.as_bytes())?;
+        if self.cluster() {
+            // `{tag}`: checked below against the session's bucket.
+            let close = rest.iter().position(|&b| b == b'}')?;
+            rest = rest.get(close + 1..)?;
+        }
+        let sid = SessionId::new(std::str::from_utf8(rest.strip_prefix(b"e:")?).ok()?)?;
+        channel
+            .starts_with(self.base(&sid).as_bytes())
+            .then_some(sid)
     }
 
     /// Someone waits on `sid` here: its channel is listened to, and once
@@ -49,7 +58,9 @@ impl RedisStore {
         f.listen = Some(false);
         self.listened += 1;
         if self.ev.up {
-            push_channel_command(&mut self.ev.out, b"SUBSCRIBE", self.prefix.as_bytes(), sid);
+            let subscribe = self.verbs()[0];
+            let base = base_in(&self.bases, &self.prefix, sid);
+            push_channel_command(&mut self.ev.out, subscribe, base.as_bytes(), sid);
         }
     }
 
@@ -95,7 +106,9 @@ impl RedisStore {
     /// Stops listening to the channels of the sessions nobody waits on
     /// here any more.
     pub fn unlisten_unless(&mut self, waited_on: &dyn Fn(&str) -> bool) {
-        let (up, prefix, out) = (self.ev.up, self.prefix.as_bytes(), &mut self.ev.out);
+        let unsubscribe = self.verbs()[1];
+        let (up, bases, prefix) = (self.ev.up, &self.bases, &self.prefix);
+        let out = &mut self.ev.out;
         let mut dropped = 0;
         self.follow.retain(|sid, f| {
             if f.listen.is_none() || waited_on(sid) {
@@ -104,7 +117,8 @@ impl RedisStore {
             f.listen = None;
             dropped += 1;
             if up {
-                push_channel_command(out, b"UNSUBSCRIBE", prefix, sid);
+                let base = base_in(bases, prefix, sid);
+                push_channel_command(out, unsubscribe, base.as_bytes(), sid);
             }
             f.resyncs > 0
         });

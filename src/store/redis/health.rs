@@ -90,12 +90,17 @@ pub struct Health {
     next_probe: Millis,
     /// When the probe in flight was sent.
     probe_sent: Option<Millis>,
+    /// Its calls not answered yet (in a cluster, one per bucket probed),
+    /// and whether one of them was refused.
+    probes_owed: usize,
+    probe_refused: bool,
     /// The last probe or write was refused: writes fail (out of memory).
     refusing: Trouble,
     /// The probe in flight is older than [`PROBE_STALL`].
     stalled: bool,
-    /// The store's generation as last read; empty while it has none.
-    generation: Option<Vec<u8>>,
+    /// The store's generation as last read, for each bucket (one without
+    /// buckets); empty while it has none.
+    generation: Vec<Option<Vec<u8>>>,
     /// The generation changed: every session held is stale.
     lost: bool,
 }
@@ -149,26 +154,38 @@ impl Health {
         }
     }
 
-    /// The probe was answered: writes work, and `generation` is the
-    /// store's.
-    pub fn probed(&mut self, unix_ms: u64, generation: &[u8]) {
+    /// A probe goes out as `calls` calls (one per bucket probed).
+    pub fn probing(&mut self, calls: usize) {
+        self.probes_owed = calls;
+        self.probe_refused = false;
+    }
+
+    /// One call of the probe was answered (`generation`: bucket
+    /// `bucket`'s) or not (`None`: refused, or its connection lost); once
+    /// every call is, the probe is over, and writes work if none was
+    /// refused.
+    pub fn probed(&mut self, unix_ms: u64, bucket: usize, generation: Option<&[u8]>) {
+        match generation {
+            Some(g) => self.saw_generation(bucket, g),
+            None => self.probe_refused = true,
+        }
+        self.probes_owed = self.probes_owed.saturating_sub(1);
+        if self.probes_owed > 0 {
+            return;
+        }
         self.probe_sent = None;
         if std::mem::take(&mut self.stalled) {
             note(Level::Info, "Redis answers again", &self.url, "");
         }
-        if self.refusing.end(unix_ms).is_some() {
+        if !self.probe_refused && self.refusing.end(unix_ms).is_some() {
             note(Level::Info, "Redis takes writes again", &self.url, "");
         }
-        self.saw_generation(generation);
     }
 
     /// Redis refused the probe or a write with `error` (out of memory,
     /// most often): unhealthy until a probe is answered. Logged once, then
     /// at most every 30 s while it lasts.
-    pub fn refused(&mut self, unix_ms: u64, probe: bool, error: &str) {
-        if probe {
-            self.probe_sent = None;
-        }
+    pub fn refused(&mut self, unix_ms: u64, error: &str) {
         if self.refusing.report(unix_ms).is_some() {
             note(Level::Warn, "Redis refuses writes", &self.url, error);
         }
@@ -178,28 +195,37 @@ impl Health {
     /// (a link that is down makes the store unhealthy by itself).
     pub fn link_lost(&mut self) {
         self.probe_sent = None;
+        self.probes_owed = 0;
         self.stalled = false;
         self.next_probe = Millis(0);
     }
 
-    /// The store's generation, as an answer gave it. A store without one
-    /// gets one from the next probe, sent at once: until then, a loss
-    /// could not be told from a deletion.
-    pub fn saw_generation(&mut self, generation: &[u8]) {
+    /// Bucket `bucket`'s generation (the store's, without buckets), as
+    /// an answer gave it. A bucket without one gets one from the next
+    /// probe, sent at once: until then, a loss could not be told from a
+    /// deletion. A change of any bucket's is taken as the store lost:
+    /// every session a relay holds may be stale.
+    pub fn saw_generation(&mut self, bucket: usize, generation: &[u8]) {
         if generation.is_empty() {
             self.next_probe = Millis(0);
         }
-        match &self.generation {
+        if self.generation.len() <= bucket {
+            self.generation.resize(bucket + 1, None);
+        }
+        match self.generation[bucket].as_deref() {
             Some(known) if known == generation => return,
             // A store that had none gets one: nothing was lost.
             Some(known) if !known.is_empty() => {
                 let event = "Redis lost its data (restarted empty or flushed)";
                 note(Level::Warn, event, &self.url, "");
                 self.lost = true;
+                // One loss, however many buckets tell of it: the others
+                // are learnt again (every session held is read again).
+                self.generation.iter_mut().for_each(|g| *g = None);
             }
             _ => {}
         }
-        self.generation = Some(generation.to_vec());
+        self.generation[bucket] = Some(generation.to_vec());
     }
 
     /// Whether the store was found lost since the last call.
@@ -229,34 +255,52 @@ mod tests {
         let mut h = Health::default();
         assert!(h.tick(Millis(0)));
         assert!(!h.tick(Millis(10)), "one in flight at a time");
-        h.probed(0, b"g1");
+        h.probed(0, 0, Some(b"g1"));
         assert!(!h.tick(Millis(999)));
         assert!(h.tick(Millis(1_000)));
         assert_eq!(h.next_deadline(), Millis(4_000));
         assert!(h.ok());
         h.tick(Millis(4_000));
         assert!(!h.ok(), "unanswered for 3 s");
-        h.probed(0, b"g1");
+        h.probed(0, 0, Some(b"g1"));
         assert!(h.ok());
-        h.refused(0, false, "OOM");
+        h.refused(0, "OOM");
         assert!(!h.ok());
-        h.probed(0, b"g1");
+        h.probed(0, 0, Some(b"g1"));
         assert!(h.ok());
     }
 
     #[test]
     fn a_new_generation_means_the_store_was_lost() {
         let mut h = Health::default();
-        h.saw_generation(b"");
-        h.saw_generation(b"g1");
+        h.saw_generation(0, b"");
+        h.saw_generation(0, b"g1");
         assert!(!h.take_lost(), "a store that had none gets one");
-        h.saw_generation(b"g1");
+        h.saw_generation(0, b"g1");
         assert!(!h.take_lost());
-        h.saw_generation(b"");
+        h.saw_generation(0, b"");
         assert!(h.take_lost(), "flushed");
-        h.saw_generation(b"g2");
+        h.saw_generation(0, b"g2");
         assert!(!h.take_lost());
-        h.saw_generation(b"g3");
+        h.saw_generation(0, b"g3");
         assert!(h.take_lost());
+    }
+
+    #[test]
+    fn a_cluster_s_buckets_each_keep_a_generation_and_a_loss_counts_once() {
+        let mut h = Health::default();
+        for b in 0..4 {
+            h.saw_generation(b, format!("g{b}").as_bytes());
+        }
+        h.saw_generation(3, b"g3");
+        assert!(!h.take_lost(), "each bucket its own");
+        // A master lost its data: its buckets tell one by one.
+        h.saw_generation(1, b"n1");
+        h.saw_generation(2, b"n2");
+        assert!(h.take_lost());
+        assert!(!h.take_lost(), "one loss");
+        h.saw_generation(0, b"g0");
+        h.saw_generation(2, b"n2");
+        assert!(!h.take_lost());
     }
 }

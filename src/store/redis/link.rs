@@ -19,11 +19,11 @@
 
 use log::Level;
 
-use super::RedisStore;
 use super::calls::{Function, Op};
 use super::codec::{push_channel_command, push_command};
 use super::health::note;
 use super::route::{Answered, Expect, Then};
+use super::{RedisStore, base_in};
 use crate::error::ApiError;
 
 /// The script every instance loads (`SCRIPT LOAD`) and calls by its SHA-1
@@ -46,7 +46,7 @@ pub(super) struct Functions {
     read: String,
     delete: String,
     /// `FUNCTION LOAD`'s argument.
-    library: String,
+    pub(super) library: String,
 }
 
 impl Functions {
@@ -144,19 +144,16 @@ impl RedisStore {
                 self.expect.push_back(Expect::Library);
             }
             Link::Events => {
-                push_command(&mut setup, &[b"SUBSCRIBE", self.channel.as_bytes()]);
+                let subscribe = self.verbs()[0];
+                push_command(&mut setup, &[subscribe, self.channel.as_bytes()]);
                 self.arrivals_again(&mut setup);
                 for (sid, f) in &mut self.follow {
                     if f.listen.is_some() {
                         f.listen = Some(false);
                         // After a failover: once read whole (`copy.rs`).
                         if !f.rollback {
-                            push_channel_command(
-                                &mut setup,
-                                b"SUBSCRIBE",
-                                self.prefix.as_bytes(),
-                                sid,
-                            );
+                            let base = base_in(&self.bases, &self.prefix, sid);
+                            push_channel_command(&mut setup, subscribe, base.as_bytes(), sid);
                         }
                     }
                 }
@@ -207,17 +204,10 @@ impl RedisStore {
             // nothing.
             let uncertain = ApiError::storage_uncertain("the connection to Redis was lost");
             for e in std::mem::take(&mut self.expect) {
-                // A read the relay asked for on its own stays owed: its
-                // copy may lack changes it was to bring, so the session is
-                // not followed until it is sent again on the next link.
-                if matches!(e, Expect::Sync { conn: None, .. }) {
-                    continue;
-                }
-                let e_for = match e {
-                    Expect::Prompts(_) | Expect::Write { .. } => uncertain.clone(),
-                    _ => ApiError::storage_unavailable(),
-                };
-                self.fail(e, e_for);
+                // A read the relay asked for on its own stays owed: the
+                // session is not followed until it is sent again on the
+                // next link.
+                self.answer_lost(e, &uncertain);
             }
             let unsent = std::mem::take(&mut self.batch);
             let waiting = unsent.into_iter().map(|g| (g.conn, g.sid, g.id)).collect();

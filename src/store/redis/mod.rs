@@ -94,6 +94,7 @@ mod pipeline;
 mod reply;
 mod route;
 mod sentinel;
+pub(crate) mod slot;
 mod url;
 
 use std::collections::{HashMap, VecDeque};
@@ -129,6 +130,15 @@ use route::Expect;
 /// request until some are answered (the pipeline stays bounded).
 pub const MAX_INFLIGHT: usize = 16_384;
 
+/// [`RedisStore::base`] from its parts, for callers that write into one
+/// of the store's buffers meanwhile.
+pub(super) fn base_in<'a>(bases: &'a [String], prefix: &'a str, sid: &str) -> &'a str {
+    match bases.is_empty() {
+        true => prefix,
+        false => &bases[slot::bucket_of(sid.as_bytes())],
+    }
+}
+
 /// What the caller's copy of a session holds: its epoch and next `seq`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Known<'a> {
@@ -144,10 +154,24 @@ pub struct RedisStore {
     /// up. The agents of every session are published on it (`every.rs`).
     channel: String,
     /// Arrivals of prompts, listened to while an all-sessions poll is
-    /// parked here (`every.rs`): `Some` while listened to, true once
-    /// Redis confirmed it.
-    arrivals_channel: String,
-    arrivals: Option<bool>,
+    /// parked here (`every.rs`): one channel, or in a cluster one per
+    /// bucket. `Some` while listened to, with a bit set for each channel
+    /// Redis confirmed.
+    arrivals_channels: Vec<String>,
+    arrivals: Option<u64>,
+    /// The highest arrival number this instance knows (heard, or read):
+    /// the floor an all-sessions read raises every bucket's counter to
+    /// in a cluster (`every.rs`).
+    every_floor: u64,
+    /// The all-sessions reads of a cluster waiting for their buckets'
+    /// answers (`every.rs`): at most one per all-sessions poll parked
+    /// here, whose number the relay's waiter cap bounds; a lost command
+    /// link answers them all.
+    merges: Vec<every::Merge>,
+    merge_ids: u64,
+    /// A merged read failed: the parked all-sessions polls read again
+    /// when the next probe goes out.
+    every_again_owed: bool,
     /// An all-sessions poll was parked here since the last sweep.
     arrivals_wanted: bool,
     /// The sessions whose channel this instance listens to, or that it
@@ -163,6 +187,11 @@ pub struct RedisStore {
     /// The prompts of this turn not sent yet.
     batch: Vec<Gathered>,
     sessions_key: String,
+    /// In cluster mode (`redis-cluster://`), each bucket's base,
+    /// `<prefix>{<tag>}`, which every key of its sessions and its own
+    /// index keys start with (`slot.rs`); empty otherwise: one Redis and
+    /// Sentinel keep the layout without buckets.
+    bases: Vec<String>,
     limits: StoreLimits,
     sha: String,
     functions: Functions,
@@ -211,12 +240,28 @@ impl RedisStore {
             .map(|b| format!("{b:02x}"))
             .collect();
         let url_text = url.display();
+        let bases: Vec<String> = match url.cluster {
+            Some(_) => (slot::tags().iter())
+                .map(|t| format!("{prefix}{{{t}}}"))
+                .collect(),
+            None => Vec::new(),
+        };
+        // Cross-session keys and channels live in bucket 0 in a cluster.
+        let first = bases.first().map_or(prefix, |b| b.as_str());
+        let arrivals_channels = match bases.is_empty() {
+            true => vec![format!("{prefix}arrivals")],
+            false => bases.iter().map(|b| format!("{b}arrivals")).collect(),
+        };
         RedisStore {
+            channel: format!("{first}events"),
             url,
             prefix: prefix.to_string(),
-            channel: format!("{prefix}events"),
-            arrivals_channel: format!("{prefix}arrivals"),
+            arrivals_channels,
             arrivals: None,
+            every_floor: 0,
+            merges: Vec::new(),
+            merge_ids: 0,
+            every_again_owed: false,
             arrivals_wanted: false,
             follow: HashMap::default(),
             listened: 0,
@@ -224,6 +269,7 @@ impl RedisStore {
             pings: VecDeque::new(),
             batch: Vec::new(),
             sessions_key: format!("{prefix}sessions"),
+            bases,
             limits,
             functions: Functions::new(&sha),
             fcall: false,
@@ -328,14 +374,57 @@ impl RedisStore {
     }
 
     /// Called at the end of every loop turn: sends the health probe when
-    /// it is due, and notices one that went unanswered too long.
+    /// it is due, and notices one that went unanswered too long. In a
+    /// cluster the probe is one small call per bucket: a master that
+    /// lost its data is noticed within a probe, as one Redis is, before
+    /// a session found missing there is taken for deleted.
     #[inline(never)]
     pub fn tick(&mut self, now: Millis) {
         if self.cmd.ready && self.health.tick(now) {
             let probe = self.stats.commands;
-            self.call("", Op::Probe, Known::default(), &[], Expect::Probe);
+            if std::mem::take(&mut self.every_again_owed) {
+                self.ready.push_back(StoreEvent::EveryAgain);
+            }
+            if self.cluster() {
+                self.health.probing(slot::BUCKETS);
+                for b in 0..slot::BUCKETS {
+                    self.call_bucket(b, Op::Probe, &[], Expect::Probe(b));
+                }
+            } else {
+                self.health.probing(1);
+                self.call("", Op::Probe, Known::default(), &[], Expect::Probe(0));
+            }
             // Not a write a client asked for: not counted.
             self.stats.commands = probe;
+        }
+    }
+
+    /// Whether the keys are laid out in buckets for a Redis Cluster.
+    pub(super) fn cluster(&self) -> bool {
+        !self.bases.is_empty()
+    }
+
+    /// The bucket of `sid` (0 without buckets).
+    pub(super) fn bucket(&self, sid: &str) -> usize {
+        match self.cluster() {
+            true => slot::bucket_of(sid.as_bytes()),
+            false => 0,
+        }
+    }
+
+    /// What the keys of `sid` start with: the prefix, or its bucket's
+    /// base in a cluster.
+    pub(super) fn base(&self, sid: &str) -> &str {
+        base_in(&self.bases, &self.prefix, sid)
+    }
+
+    /// The commands that listen to a channel, leave it and publish on
+    /// it: sharded pub/sub in a cluster, where a channel belongs to the
+    /// slot of its hash tag.
+    pub(super) fn verbs(&self) -> [&'static [u8]; 3] {
+        match self.cluster() {
+            true => [b"SSUBSCRIBE", b"SUNSUBSCRIBE", b"SPUBLISH"],
+            false => [b"SUBSCRIBE", b"UNSUBSCRIBE", b"PUBLISH"],
         }
     }
 
@@ -373,10 +462,11 @@ impl RedisStore {
             msg.push('\n');
             msg.push_str(id);
         }
-        let channel = format!("{}e:{sid}", self.prefix);
+        let channel = format!("{}e:{sid}", self.base(sid));
+        let publish = self.verbs()[2];
         push_command(
             &mut self.cmd.out,
-            &[b"PUBLISH", channel.as_bytes(), msg.as_bytes()],
+            &[publish, channel.as_bytes(), msg.as_bytes()],
         );
         self.expect.push_back(Expect::Quiet);
     }
@@ -413,20 +503,34 @@ impl RedisStore {
         if !self.cmd.up {
             return;
         }
-        for chunk in present.chunks(256) {
-            let extra: Vec<&[u8]> = chunk.iter().map(|s| s.as_bytes()).collect();
-            self.call("", Op::Touch, Known::default(), &extra, Expect::Quiet);
+        if self.cluster() {
+            // One call per bucket: a call names one slot.
+            let mut by_bucket: Vec<Vec<&[u8]>> = vec![Vec::new(); slot::BUCKETS];
+            for sid in present {
+                by_bucket[slot::bucket_of(sid.as_bytes())].push(sid.as_bytes());
+            }
+            for (b, sids) in by_bucket.iter().enumerate() {
+                for chunk in sids.chunks(256) {
+                    self.call_bucket(b, Op::Touch, chunk, Expect::Quiet);
+                }
+            }
+        } else {
+            for chunk in present.chunks(256) {
+                let extra: Vec<&[u8]> = chunk.iter().map(|s| s.as_bytes()).collect();
+                self.call("", Op::Touch, Known::default(), &extra, Expect::Quiet);
+            }
         }
         if ttl_ms == u64::MAX {
             return; // sessions are kept forever
         }
         let ttl = ttl_ms.to_string();
-        self.call(
-            "",
-            Op::Collect,
-            Known::default(),
-            &[ttl.as_bytes()],
-            Expect::Quiet,
-        );
+        if self.cluster() {
+            for b in 0..slot::BUCKETS {
+                self.call_bucket(b, Op::Collect, &[ttl.as_bytes()], Expect::Quiet);
+            }
+        } else {
+            let extra = [ttl.as_bytes()];
+            self.call("", Op::Collect, Known::default(), &extra, Expect::Quiet);
+        }
     }
 }

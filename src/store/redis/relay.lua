@@ -67,6 +67,15 @@
 --                     agents polling every session a token opens
 --                     (`everyagent`); the key expires with its newest
 --                     entry
+-- In a Redis Cluster (src/store/redis/slot.rs) P is a bucket's base,
+-- `<prefix>{<tag>}`: a session's keys and its bucket's sessions, pending,
+-- arrived and generation share one hash slot, and every call names in
+-- KEYS each key it may touch (the ones it finds on its way aside: the
+-- idle sessions `collect` meets, the sessions `every` lists). There,
+-- changes go out with SPUBLISH on channels of the same slot, a bucket's
+-- arrival numbers step by 64 from its index, `every` raises the counter
+-- to a floor (see `every`), and a missing session's keys are left alone
+-- (its slot may be migrating).
 -- Every change is published on the session's channel (P e:<sid>), which
 -- the instances with someone waiting on the session listen to. Each
 -- arrival is also published on P arrivals ("sid\nnumber"), which an
@@ -88,7 +97,8 @@
 -- each as `prompt` would, and answers the list of their answers: the
 -- cost of a call (FCALL or EVALSHA, and with EVALSHA the helpers
 -- below, made again on every call) is paid once for all of them. Its keys are
--- (unused, sessions, unused, then P s:<sid> of each prompt); its
+-- (unused, sessions, unused, then P s:<sid> of each prompt; in a cluster
+-- pending, sessions, arrived, the sessions, then generation); its
 -- arguments after the common ones are 6 per prompt: sid, known_epoch,
 -- known_next, new_epoch, client_msg_id, record.
 --
@@ -109,6 +119,10 @@ local limit, max_pending
 local new_epoch, channel, prefix
 -- The arrival counter and order (see the keys above).
 local arrived_key, pending_key
+-- Whether the keys are laid out in buckets for a Redis Cluster (the
+-- prefix is a bucket's base, `P{tag}`): changes are then published with
+-- SPUBLISH, on channels in the call's own slot.
+local cluster, publish_command, layout_of
 -- The unix second of now: the activity score moves when it changes.
 local second
 -- Now as a number, for the ops that compare times.
@@ -132,6 +146,12 @@ local function begin(keys, argv)
   limit, max_pending = A[6] + 0, A[8] + 0
   new_epoch, channel, prefix = A[9], A[10], A[11]
   arrived_key, pending_key = prefix .. 'arrived', prefix .. 'pending'
+  -- Told once per prefix (a library keeps it between calls).
+  if prefix ~= layout_of then
+    layout_of = prefix
+    cluster = string.byte(prefix, -1) == 125
+    publish_command = cluster and 'SPUBLISH' or 'PUBLISH'
+  end
   second = string.sub(now_ms, 1, -4)
   now = 0
   if op ~= 'prompt' and op ~= 'prompts' then
@@ -534,18 +554,54 @@ local function reply(aid, text, record)
   return answer('ok', S)
 end
 
+-- A bucket's new counter in a cluster: from the clock, as without
+-- buckets (above every number handed out before while fewer than 15
+-- prompts a millisecond arrive in a bucket), with the bucket's index as
+-- its residue modulo 64. Its hash tag's slot lies in the index-th of 64
+-- equal ranges (src/store/redis/slot.rs), so the index is the slot
+-- (CRC16 of the tag) over 256.
+local function clock_start()
+  local tag = string.match(prefix, '{([^}]*)}$') or ''
+  local crc = 0
+  for i = 1, #tag do
+    crc = bit.bxor(crc, bit.lshift(string.byte(tag, i), 8))
+    for _ = 1, 8 do
+      if bit.band(crc, 0x8000) ~= 0 then
+        crc = bit.bxor(bit.lshift(crc, 1), 0x1021)
+      else
+        crc = bit.lshift(crc, 1)
+      end
+      crc = bit.band(crc, 0xffff)
+    end
+  end
+  local t = tonumber(now_ms) * 1000
+  return t - t % 64 + math.floor((crc % 16384) / 256)
+end
+
 -- The prompt `q` (its seq, as a string) of the session became pending:
 -- it takes the next arrival number, enters the order of every pending
 -- prompt, and is announced to the instances where an agent polls every
 -- session.
 local function arrive(q)
-  local n = redis.call('INCR', arrived_key)
-  if n == 1 then
-    -- No counter (a new or flushed store): numbers go on from the
-    -- clock, above every one handed out before (while fewer than a
-    -- thousand prompts arrive per millisecond).
-    n = tonumber(now_ms) * 1000
-    redis.call('SET', arrived_key, str(n))
+  local n
+  if cluster then
+    -- Each bucket's numbers step by 64 from its own residue (its index),
+    -- so that no two buckets hand out one number: a cursor between two
+    -- equal numbers would skip one of them.
+    n = redis.call('INCRBY', arrived_key, 64)
+    if n == 64 then
+      n = clock_start()
+      redis.call('SET', arrived_key, str(n))
+    end
+  else
+    n = redis.call('INCR', arrived_key)
+    if n == 1 then
+      -- No counter (a new or flushed store): numbers go on from the
+      -- clock, above every one handed out before (while fewer than a
+      -- thousand prompts arrive per millisecond).
+      n = tonumber(now_ms) * 1000
+      redis.call('SET', arrived_key, str(n))
+    end
   end
   local ns = str(n)
   redis.call('ZADD', pending_key, ns, sid .. '\n' .. q)
@@ -623,7 +679,7 @@ end
 -- once every write of it went through.
 local function done(result)
   for i = 1, #published, 2 do
-    redis.call('PUBLISH', published[i], published[i + 1])
+    redis.call(publish_command, published[i], published[i + 1])
   end
   return result
 end
@@ -638,7 +694,7 @@ local function dispatch()
     -- far: a later prompt of that session is answered from there, not
     -- again from what it held before the call.
     local held = {}
-    for i = 1, #K - 3 do
+    for i = 1, (#A - 11) / 6 do
       local a = 12 + 6 * (i - 1)
       s, sid = K[3 + i], A[a]
       known_epoch, known_next, new_epoch = A[a + 1], A[a + 2], A[a + 3]
@@ -871,18 +927,45 @@ local function dispatch()
     return done(out)
   elseif op == 'collect' then
     local ttl = tonumber(A[12])
+    all = prefix .. 'sessions'
     local idle = redis.call('ZRANGEBYSCORE', all, '-inf', now - ttl, 'LIMIT', 0, 256)
-    for _, id in ipairs(idle) do
+    -- In a cluster the idle sessions' keys cannot be declared: they are
+    -- all read before any is deleted (a slot migrating under the call
+    -- stops it before it changed anything), only those that exist are
+    -- deleted, and a session whose hash is missing (it may be moving to
+    -- another master) is left alone.
+    local found = {}
+    for i, id in ipairs(idle) do
       local sk = prefix .. 's:' .. id
       local e, pc = unpack(redis.call('HMGET', sk, 'e', 'pc'))
-      unlist(sk, id, pc)
-      redis.call('DEL', sk, prefix .. 'w:' .. id, prefix .. 'd:' .. id, prefix .. 'g:' .. id)
-      redis.call('ZREM', all, id)
-      if e then
-        publish(prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
+      local keys = { sk, prefix .. 'w:' .. id, prefix .. 'd:' .. id, prefix .. 'g:' .. id }
+      if cluster then
+        local here = {}
+        for _, k in ipairs(keys) do
+          if redis.call('EXISTS', k) == 1 then
+            here[#here + 1] = k
+          end
+        end
+        keys = here
+      end
+      found[i] = { e, pc, keys }
+    end
+    local n = 0
+    for i, id in ipairs(idle) do
+      local e, pc, keys = unpack(found[i])
+      if e or not cluster then
+        unlist(prefix .. 's:' .. id, id, pc)
+        if #keys > 0 then
+          redis.call('DEL', unpack(keys))
+        end
+        redis.call('ZREM', all, id)
+        n = n + 1
+        if e then
+          publish(prefix .. 'e:' .. id, 'D\n' .. id .. '\n' .. e)
+        end
       end
     end
-    return done({ 'ok', tostring(#idle) })
+    return done({ 'ok', tostring(n) })
   elseif op == 'watch' then
     if A[13] == '0' then
       redis.call('HDEL', w, A[12])
@@ -907,12 +990,47 @@ local function dispatch()
     -- many prompts of other sessions are pending: one that found nothing
     -- before that bound answers the last number it looked at as
     -- `resume` (else ''), and the caller reads on from there.
+    --
+    -- In a cluster the call reads one bucket, and the caller merges the
+    -- buckets: {'ok', cut, floor, then the prompts}. The counter is first
+    -- raised to at least A[16] (the highest number the caller knows), and
+    -- `floor` is the counter then: every prompt that arrives in this
+    -- bucket later takes a number above it. `cut` ('' when the listing is
+    -- whole up to `floor`) is the number it is whole up to: the last one
+    -- listed or looked at when it stopped early, or one less than an
+    -- entry whose session is missing here (its slot may be migrating:
+    -- the entry is neither listed nor dropped).
     local lim, kind, val = tonumber(A[13]), A[14], A[15]
     local from = A[12] == '' and '-inf' or ('(' .. A[12])
     local out, stale = { 'ok', '' }, {}
     local found, scan, last = 0, 10000, ''
-    while found < lim and scan > 0 do
+    local floor, cut, ended = nil, nil, false
+    if cluster then
+      -- The counter c (the bucket's last number, or its start) is raised
+      -- to the highest number at most A[16] of the bucket's residue: the
+      -- next one, c + 64, is above A[16], and every number the bucket
+      -- handed out or will hand out is at most c + 63 or above it.
+      local c = redis.call('GET', arrived_key)
+      local raised = c and tonumber(c) or clock_start()
+      local h = tonumber(A[16]) or 0
+      local r = raised % 64
+      local top = h - h % 64 + r
+      if top > h then
+        top = top - 64
+      end
+      if top > raised then
+        raised = top
+      end
+      if not c or raised > tonumber(c) then
+        redis.call('SET', arrived_key, str(raised))
+      end
+      floor = raised + 63
+      out[3] = str(floor)
+      scan = 160
+    end
+    while found < lim and scan > 0 and not cut do
       local got = redis.call('ZRANGEBYSCORE', pending_key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 128)
+      local whole = true
       for i = 1, #got, 2 do
         local id, q = string.match(got[i], '^(.*)\n(%d+)$')
         last, scan = got[i + 1], scan - 1
@@ -926,8 +1044,12 @@ local function dispatch()
             out[n + 1], out[n + 2], out[n + 3], out[n + 4] = got[i + 1], id, q, rec
             found = found + 1
             if found >= lim then
+              whole = i + 1 == #got
               break
             end
+          elseif not rec and cluster and redis.call('EXISTS', sk) == 0 then
+            cut, whole = tonumber(last) - 1, false
+            break
           else
             stale[#stale + 1] = got[i]
           end
@@ -935,12 +1057,18 @@ local function dispatch()
           stale[#stale + 1] = got[i]
         end
       end
-      if #got < 256 then
+      if #got < 256 and whole then
+        ended = true
         break
       end
     end
     unorder(stale)
-    if found == 0 and scan <= 0 then
+    if cluster then
+      if not ended and not cut then
+        cut = tonumber(last) or floor
+      end
+      out[2] = cut and str(cut) or ''
+    elseif found == 0 and scan <= 0 then
       out[2] = last
     end
     return done(out)
@@ -953,6 +1081,7 @@ local function dispatch()
     publish(prefix .. 'events', 'E\n' .. A[12] .. '\n' .. A[14] .. '\n' .. A[15] .. '\n' .. A[16] .. '\n' .. A[13])
     return done({ 'ok', '' })
   elseif op == 'touch' then
+    all = prefix .. 'sessions'
     for i = 12, #A do
       redis.call('ZADD', all, 'XX', now, A[i])
     end

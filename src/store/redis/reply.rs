@@ -117,12 +117,14 @@ pub fn text_of(f: &OwnedFrame) -> Result<std::borrow::Cow<'_, str>, String> {
 }
 
 /// The script's answer: `(status, extra)` and the session; the store's
-/// generation, when the answer carries it (a whole session, or none),
-/// goes to `health`.
+/// generation (that of the session's bucket, `bucket`, in a cluster),
+/// when the answer carries it (a whole session, or none), goes to
+/// `health`.
 #[inline(never)]
 pub fn parse_snapshot(
     sid: SessionId,
     frame: OwnedFrame,
+    bucket: usize,
     health: &mut Health,
 ) -> Result<((String, String), Snapshot), String> {
     let OwnedFrame::Array(parts) = frame else {
@@ -138,7 +140,7 @@ pub fn parse_snapshot(
     let epoch = field(2)?.into_owned();
     let full = field(6)? == "1";
     if epoch.is_empty() || full {
-        health.saw_generation(parts.get(7).map_or(b"", bytes_of));
+        health.saw_generation(bucket, parts.get(7).map_or(b"", bytes_of));
     }
     if epoch.is_empty() {
         return Ok((

@@ -74,10 +74,14 @@ pub(super) enum Expect {
     },
     /// The sweep's calls: nobody waits.
     Quiet,
-    /// The health probe (see `health.rs`).
-    Probe,
+    /// The health probe (see `health.rs`) of one bucket (0 without
+    /// buckets).
+    Probe(usize),
     /// An all-sessions read (`every.rs`).
     Every(Ticket),
+    /// One bucket's part of a cluster's all-sessions read (`every.rs`):
+    /// the read's id, and the bucket.
+    EveryPart(u64, usize),
     /// `ROLE`, on a master named by a sentinel: it must still be one.
     Role,
     /// `WAIT`: how many replicas hold the writes sent before it.
@@ -145,12 +149,20 @@ impl RedisStore {
         }
         if let OwnedFrame::Error(e) = &frame {
             self.stats.errors += 1;
+            if e.starts_with("RELAYLOST") && !matches!(expect, Expect::Setup | Expect::Role) {
+                // The router lost the connection to the call's master:
+                // answered as if the command link were lost.
+                self.relay_lost(expect);
+                return Ok(());
+            }
             self.reload(e);
             if matches!(expect, Expect::Setup | Expect::Role) {
                 return Err(format!("Redis refused the connection's setup: {e}"));
             }
-            let probe = matches!(expect, Expect::Probe);
-            self.health.refused(self.unix_ms, probe, e);
+            self.health.refused(self.unix_ms, e);
+            if let Expect::Probe(b) = expect {
+                self.health.probed(self.unix_ms, b, None);
+            }
             self.refused(&expect);
             self.fail(expect, ApiError::storage_unavailable());
             if e.contains("READONLY") {
@@ -201,7 +213,7 @@ impl RedisStore {
                     ));
                 }
             }
-            Expect::Probe => {
+            Expect::Probe(b) => {
                 let generation = match &frame {
                     OwnedFrame::Array(parts) => parts.get(1).map_or(&b""[..], bytes_of),
                     _ => b"",
@@ -209,10 +221,12 @@ impl RedisStore {
                 if generation.is_empty() {
                     return Err("the probe answered something else".into());
                 }
-                self.health.probed(self.unix_ms, generation);
+                self.health.probed(self.unix_ms, b, Some(generation));
             }
             Expect::Sync { conn, sid } => {
-                let snapshot = match parse_snapshot(sid.clone(), frame, &mut self.health) {
+                let bucket = self.bucket(&sid);
+                let parsed = parse_snapshot(sid.clone(), frame, bucket, &mut self.health);
+                let snapshot = match parsed {
                     Ok(s) => s,
                     Err(e) => {
                         self.fail(Expect::Sync { conn, sid }, ApiError::storage_unavailable());
@@ -232,6 +246,7 @@ impl RedisStore {
             }
             Expect::Write { conn, sid, write } => return self.written(conn, sid, write, frame),
             Expect::Every(to) => return self.every_read(to, frame),
+            Expect::EveryPart(id, b) => return self.every_part(id, b, frame),
             Expect::Agents => self.every_agents(frame),
         }
         Ok(())
@@ -248,13 +263,14 @@ impl RedisStore {
         };
         let kind = parts.first().map(bytes_of);
         match kind {
-            Some(b"subscribe") => {
+            // Sharded pub/sub (a cluster) says the same with an `s`.
+            Some(b"subscribe" | b"ssubscribe") => {
                 let channel = parts.get(1).map_or(&b""[..], bytes_of);
                 if channel == self.channel.as_bytes() {
                     self.ev.ready = true;
                     self.set_up();
-                } else if channel == self.arrivals_channel.as_bytes() {
-                    self.arrivals_listened();
+                } else if let Some(b) = self.arrivals_bucket(channel) {
+                    self.arrivals_listened(b);
                 } else if let Some(sid) = self.sid_of_channel(channel)
                     && let Some(f) = self.follow.get_mut(&sid)
                     && f.listen.is_some()
@@ -273,7 +289,7 @@ impl RedisStore {
                     });
                 }
             }
-            Some(b"message") => {
+            Some(b"message" | b"smessage") => {
                 let channel = parts.get(1).map_or(&b""[..], bytes_of);
                 let payload = parts.get(2).map_or(&b""[..], bytes_of);
                 if self.every_message(channel, payload) {
@@ -311,6 +327,52 @@ impl RedisStore {
         }
     }
 
+    /// What a request sent on a connection that was lost becomes (the
+    /// command link, or in a cluster the connection to the master its
+    /// call went to): a write Redis may have run is `504`, "may be
+    /// stored" (a resend with the same id tells), anything else `503`.
+    /// A read the relay asked for on its own is handed back: it stays
+    /// owed, since its copy may lack changes it was to bring.
+    pub(super) fn answer_lost(&mut self, e: Expect, uncertain: &ApiError) -> Option<SessionId> {
+        match e {
+            Expect::Sync { conn: None, sid } => Some(sid),
+            Expect::Prompts(_) | Expect::Write { .. } => {
+                self.fail(e, uncertain.clone());
+                None
+            }
+            Expect::Probe(b) => {
+                self.health.probed(self.unix_ms, b, None);
+                None
+            }
+            _ => {
+                self.fail(e, ApiError::storage_unavailable());
+                None
+            }
+        }
+    }
+
+    /// A call answered `RELAYLOST`: the router lost the connection it
+    /// went on, and the command link stays. Answered as a lost link
+    /// answers it; the sessions of a write are read again (it may have
+    /// been stored), and a read the relay asked for on its own is sent
+    /// again now.
+    fn relay_lost(&mut self, e: Expect) {
+        self.refused(&e);
+        let agents = matches!(e, Expect::Agents);
+        let uncertain = ApiError::storage_uncertain("the connection to Redis was lost");
+        if let Some(sid) = self.answer_lost(e, &uncertain) {
+            let expect = Expect::Sync {
+                conn: None,
+                sid: sid.clone(),
+            };
+            self.call(&sid, super::Op::Sync, super::Known::default(), &[], expect);
+        }
+        if agents {
+            // The agents of every session, read again.
+            self.every_linked_agents();
+        }
+    }
+
     /// A request that cannot be answered by Redis: `503`.
     #[inline(never)]
     pub(super) fn fail(&mut self, expect: Expect, e: ApiError) {
@@ -334,6 +396,7 @@ impl RedisStore {
             Expect::Every(to) => self
                 .ready
                 .push_back(StoreEvent::EveryPage { to, result: Err(e) }),
+            Expect::EveryPart(id, _) => self.every_part_failed(id),
             Expect::Write { conn, .. }
             | Expect::Sync {
                 conn: Some(conn), ..
@@ -345,5 +408,107 @@ impl RedisStore {
             }),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::mem::StoreLimits;
+    use crate::store::redis::{Known, Link, RedisUrl};
+    use crate::store::types::ConnId;
+
+    fn store(url: &str) -> RedisStore {
+        let limits = StoreLimits {
+            history_limit: 10,
+            max_sessions: 10,
+            max_pending: 10,
+            draft_timeout_ms: 60_000,
+        };
+        let mut r = RedisStore::new(RedisUrl::parse(url).unwrap(), "t:", limits);
+        r.connected(Link::Command);
+        r.expect.clear();
+        r.cmd.out.clear();
+        r
+    }
+
+    fn ticket(n: u64) -> Ticket {
+        let conn = ConnId {
+            key: 1,
+            generation: 1,
+        };
+        Ticket { conn, n }
+    }
+
+    const LOST: &[u8] = b"-RELAYLOST the connection to 127.0.0.1:7001 was lost\r\n";
+
+    #[test]
+    fn a_call_whose_master_was_lost_is_answered_as_a_lost_link_answers_it() {
+        let mut r = store("redis-cluster://127.0.0.1:7000");
+        let sid = SessionId::new("s").unwrap();
+        r.expect.push_back(Expect::Write {
+            conn: ticket(1),
+            sid: sid.clone(),
+            write: Write::Delete,
+        });
+        r.sync(Some(ticket(2)), &sid, Known::default());
+        let own = SessionId::new("own").unwrap();
+        r.listen(&own);
+        r.sync(None, &own, Known::default());
+        r.cmd.out.clear();
+        for _ in 0..3 {
+            r.input(Link::Command, LOST).unwrap();
+        }
+        let status = |a: &Answered| match &a.then {
+            Then::Reply(Err(e)) => e.status,
+            _ => 0,
+        };
+        // A write Redis may have run: 504, and its session read again.
+        assert_eq!(status(&r.answered[0]), 504);
+        assert!(matches!(r.events.pop_front(), Some(Event::Refused { .. })));
+        // A read: 503.
+        assert_eq!(status(&r.answered[1]), 503);
+        assert_eq!(r.answered.len(), 2);
+        // The relay's own read stays owed: sent again at once.
+        assert!(matches!(
+            r.expect.pop_front(),
+            Some(Expect::Sync { conn: None, .. })
+        ));
+        assert!(r.expect.is_empty());
+        let out = String::from_utf8_lossy(&r.cmd.out);
+        assert!(out.contains("sync") && out.contains("t:{"), "{out}");
+        assert!(r.resyncing(&own), "not followed until it is answered");
+    }
+
+    #[test]
+    fn a_lost_link_and_a_lost_master_answer_alike() {
+        let uncertain = ApiError::storage_uncertain("lost");
+        let mut r = store("redis://127.0.0.1:6379");
+        let sid = SessionId::new("s").unwrap();
+        let write = Expect::Write {
+            conn: ticket(1),
+            sid: sid.clone(),
+            write: Write::Delete,
+        };
+        assert_eq!(r.answer_lost(write, &uncertain), None);
+        let prompts = Expect::Prompts(vec![(ticket(2), sid.clone(), "c".into())]);
+        assert_eq!(r.answer_lost(prompts, &uncertain), None);
+        let read = Expect::Sync {
+            conn: Some(ticket(3)),
+            sid: sid.clone(),
+        };
+        assert_eq!(r.answer_lost(read, &uncertain), None);
+        let own = Expect::Sync {
+            conn: None,
+            sid: sid.clone(),
+        };
+        assert_eq!(r.answer_lost(own, &uncertain), Some(sid));
+        let statuses: Vec<u16> = (r.answered.iter())
+            .map(|a| match &a.then {
+                Then::Reply(Err(e)) => e.status,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(statuses, [504, 504, 503]);
     }
 }
