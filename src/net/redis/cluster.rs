@@ -242,10 +242,7 @@ impl ClusterLinks {
             s.writable = true;
         }
         let mut gone = None;
-        loop {
-            let Some(sock) = &mut self.socks[i][k].sock else {
-                break;
-            };
+        while let Some(sock) = &mut self.socks[i][k].sock {
             match sock.read(scratch) {
                 Ok(0) => {
                     gone = Some("Redis closed the connection".to_string());

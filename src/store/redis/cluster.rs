@@ -182,16 +182,19 @@ fn int(line: &[u8]) -> Result<i64, &'static str> {
     Ok(if neg { -n } else { n })
 }
 
-/// The first `N` arguments of a command (a RESP array of bulk strings) at
+/// Where the first four arguments of a command lie in it.
+type Args = [(usize, usize); 4];
+
+/// The first four arguments of a command (a RESP array of bulk strings) at
 /// the start of `b`, as ranges, with its length and argument count.
-fn args<const N: usize>(b: &[u8]) -> Option<(usize, usize, [(usize, usize); N])> {
+fn args(b: &[u8]) -> Option<(usize, usize, Args)> {
     let nl = b.iter().position(|&c| c == b'\n')?;
     if b.first() != Some(&b'*') || nl < 2 {
         return None;
     }
     let count = usize::try_from(int(&b[1..nl - 1]).ok()?).ok()?;
     let mut at = nl + 1;
-    let mut out = [(0, 0); N];
+    let mut out: Args = [(0, 0); 4];
     for i in 0..count {
         let nl = b[at..].iter().position(|&c| c == b'\n')? + at;
         if b.get(at) != Some(&b'$') || nl < at + 2 {
@@ -202,8 +205,8 @@ fn args<const N: usize>(b: &[u8]) -> Option<(usize, usize, [(usize, usize); N])>
         if b.len() < start + n + 2 {
             return None;
         }
-        if i < N {
-            out[i] = (start, start + n);
+        if let Some(o) = out.get_mut(i) {
+            *o = (start, start + n);
         }
         at = start + n + 2;
     }
@@ -845,8 +848,8 @@ impl Router {
             news |= masters[k] && !n.master;
             n.master = masters[k];
         }
-        for s in 0..SLOTS {
-            if owner[s] != self.owner[s] && self.inflight[s] > 0 {
+        for (s, (new, old)) in owner.iter().zip(&self.owner).enumerate() {
+            if new != old && self.inflight[s] > 0 {
                 self.held_slot[s] = true;
             }
         }
@@ -969,7 +972,7 @@ impl Router {
     pub fn from_engine(&mut self, link: Link, bytes: &[u8], now: Millis) {
         let mut at = 0;
         while at < bytes.len() {
-            let Some((len, count, a)) = args::<4>(&bytes[at..]) else {
+            let Some((len, count, a)) = args(&bytes[at..]) else {
                 break;
             };
             let cmd = &bytes[at..at + len];
@@ -982,7 +985,7 @@ impl Router {
         }
     }
 
-    fn command(&mut self, cmd: &[u8], count: usize, a: [(usize, usize); 4], now: Millis) {
+    fn command(&mut self, cmd: &[u8], count: usize, a: Args, now: Millis) {
         let arg = |k: usize| &cmd[a[k].0..a[k].1];
         let seq = self.next;
         self.next += 1;
@@ -1102,7 +1105,7 @@ impl Router {
         }
     }
 
-    fn event_command(&mut self, cmd: &[u8], count: usize, a: [(usize, usize); 4]) {
+    fn event_command(&mut self, cmd: &[u8], count: usize, a: Args) {
         let arg = |k: usize| &cmd[a[k].0..a[k].1];
         let name = arg(0);
         let up = |n: &[u8]| name.eq_ignore_ascii_case(n);
