@@ -6,7 +6,8 @@
 //! parked on another instance (asks), faults injected into
 //! the shared Redis (faults, counted by the writers of writers), and what
 //! waits on a relay while Redis restarts empty (restart), and a Sentinel
-//! failover under traffic, writes confirmed by replicas (sentinel).
+//! failover under traffic, writes confirmed by replicas (sentinel), and
+//! the Redis Cluster router against a real cluster (router).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -18,5 +19,6 @@ mod every;
 mod faults;
 mod instances;
 mod restart;
+mod router;
 mod sentinel;
 mod writers;

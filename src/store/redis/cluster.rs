@@ -517,7 +517,7 @@ impl Router {
                     match w {
                         Wait::Engine { seq, slot, .. } => {
                             self.slot_done(slot);
-                            self.deliver(seq, why.to_vec());
+                            self.deliver(seq, why);
                         }
                         Wait::Part { seq } => self.part(seq, None),
                         Wait::Slots => self.asking_map = false,
@@ -648,7 +648,7 @@ impl Router {
                 }
                 self.nodes[i].kept.drain(..len);
                 self.slot_done(slot);
-                self.deliver(seq, frame.to_vec());
+                self.deliver(seq, frame);
                 Ok(())
             }
         }
@@ -906,13 +906,13 @@ impl Router {
     }
 
     /// Gives the engine `reply` for its command `seq`, in order.
-    fn deliver(&mut self, seq: u64, reply: Vec<u8>) {
+    fn deliver(&mut self, seq: u64, reply: &[u8]) {
         if seq < self.base {
             return;
         }
         let k = (seq - self.base) as usize;
         if k == 0 {
-            self.to_engine[0].extend_from_slice(&reply);
+            self.to_engine[0].extend_from_slice(reply);
             self.order.pop_front();
             self.base += 1;
             while let Some(Entry::Done(_)) = self.order.front() {
@@ -922,7 +922,8 @@ impl Router {
                 self.base += 1;
             }
         } else if let Some(e) = self.order.get_mut(k) {
-            *e = Entry::Done(reply);
+            // Out of order: kept until the replies before it came.
+            *e = Entry::Done(reply.to_vec());
         }
     }
 
@@ -963,7 +964,7 @@ impl Router {
                     .take()
                     .unwrap_or_else(|| b"-RELAYLOST no master answered\r\n".to_vec())
             };
-            self.deliver(seq, reply);
+            self.deliver(seq, &reply);
         }
     }
 
@@ -996,10 +997,7 @@ impl Router {
             up(b"AUTH") || up(b"HELLO") || up(b"CLIENT") || up(b"SCRIPT") || up(b"FUNCTION");
         if self.order.len() >= MAX_ORDER {
             self.order.push_back(Entry::Waiting);
-            self.deliver(
-                seq,
-                b"-CLUSTERDOWN relay: too many commands in flight\r\n".to_vec(),
-            );
+            self.deliver(seq, b"-CLUSTERDOWN relay: too many commands in flight\r\n");
             return;
         }
         if wait || every {
@@ -1027,7 +1025,7 @@ impl Router {
                 } else {
                     b"-CLUSTERDOWN relay: no master\r\n".to_vec()
                 };
-                self.deliver(seq, reply);
+                self.deliver(seq, &reply);
             }
             for i in targets {
                 let n = &mut self.nodes[i];
@@ -1082,10 +1080,7 @@ impl Router {
             .get_mut(to)
             .filter(|n| !n.cmd.down && (n.master || asking))
         else {
-            self.deliver(
-                seq,
-                b"-CLUSTERDOWN relay: no master for the slot\r\n".to_vec(),
-            );
+            self.deliver(seq, b"-CLUSTERDOWN relay: no master for the slot\r\n");
             return;
         };
         if asking {
