@@ -28,18 +28,22 @@ fn skip_unless_plain() -> bool {
 
 /// Three masters in one cluster, its state `ok`.
 fn cluster() -> Vec<Redis> {
-    let nodes: Vec<Redis> = (0..3)
-        .map(|_| {
-            Redis::start_with(&[
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--cluster-enabled",
-                "yes",
-            ])
-        })
-        .collect();
+    cluster_of(3, "0")
+}
+
+/// `n` nodes in one cluster, `replicas` per master, its state `ok`.
+fn cluster_of(n: usize, replicas: &str) -> Vec<Redis> {
+    let args = [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-node-timeout",
+        "1000",
+    ];
+    let nodes: Vec<Redis> = (0..n).map(|_| Redis::start_with(&args)).collect();
     let addrs: Vec<String> = nodes
         .iter()
         .map(|n| format!("127.0.0.1:{}", n.port))
@@ -47,7 +51,7 @@ fn cluster() -> Vec<Redis> {
     let out = std::process::Command::new("redis-cli")
         .args(["--cluster", "create"])
         .args(&addrs)
-        .arg("--cluster-yes")
+        .args(["--cluster-replicas", replicas, "--cluster-yes"])
         .output()
         .expect("redis-cli --cluster create");
     assert!(
@@ -107,10 +111,14 @@ impl Driver {
                 let wants = self.r.wants(i, sock_of(k));
                 if wants && !self.socks.contains_key(&(i, k)) {
                     let n = &self.r.nodes()[i];
-                    let s = TcpStream::connect((n.host.as_str(), n.port)).expect("connect");
-                    s.set_read_timeout(Some(Duration::from_millis(2))).unwrap();
-                    self.socks.insert((i, k), s);
-                    self.r.opened(i, sock_of(k), now);
+                    match TcpStream::connect((n.host.as_str(), n.port)) {
+                        Ok(s) => {
+                            s.set_read_timeout(Some(Duration::from_millis(2))).unwrap();
+                            self.socks.insert((i, k), s);
+                            self.r.opened(i, sock_of(k), now);
+                        }
+                        Err(_) => self.r.closed(i, sock_of(k), now),
+                    }
                 }
             }
         }
@@ -120,13 +128,16 @@ impl Driver {
             let Some(s) = self.socks.get_mut(&(i, k)) else {
                 continue;
             };
-            s.write_all(&out).expect("write");
             let mut buf = [0u8; 65536];
-            match s.read(&mut buf) {
-                Ok(0) => panic!("a node closed"),
-                Ok(n) => self.r.input(i, sock_of(k), &buf[..n], now).expect("input"),
+            let read = s.write_all(&out).and_then(|_| s.read(&mut buf));
+            match read {
+                Ok(n) if n > 0 => self.r.input(i, sock_of(k), &buf[..n], now).expect("input"),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(e) => panic!("{e}"),
+                _ => {
+                    // The node is gone.
+                    self.socks.remove(&(i, k));
+                    self.r.closed(i, sock_of(k), now);
+                }
             }
         }
         for link in [Link::Command, Link::Events] {
@@ -309,4 +320,94 @@ fn calls_follow_slots_asks_and_moves_and_events_pass_over_every_master() {
         events.contains("$3\r\none\r\n") && events.contains("$3\r\ntwo\r\n"),
         "{events}"
     );
+}
+
+/// Takes the next reply on the command link (a simple or error line, or
+/// a short bulk string).
+#[track_caller]
+fn next_reply(d: &mut Driver) -> String {
+    d.until("a reply", |d| {
+        let text = String::from_utf8_lossy(&d.got[0]).into_owned();
+        match text.as_bytes().first() {
+            Some(b'$') => text.matches("\r\n").count() >= 2,
+            Some(_) => text.contains("\r\n"),
+            None => false,
+        }
+    });
+    let text = String::from_utf8_lossy(&d.got[0]).into_owned();
+    let lines = if text.starts_with('$') { 2 } else { 1 };
+    let end = text
+        .match_indices("\r\n")
+        .nth(lines - 1)
+        .map_or(0, |(i, _)| i + 2);
+    d.got[0].drain(..end);
+    text[..end].to_string()
+}
+
+#[test]
+fn a_killed_master_is_followed_to_its_promoted_replica() {
+    if skip_unless_plain() {
+        return;
+    }
+    let mut nodes = cluster_of(6, "1");
+    // Every replica in sync with its master.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !nodes.iter().all(|n| {
+        let role = n.cli(&["role"]);
+        !role.starts_with("slave") || role.contains("connected")
+    }) {
+        assert!(Instant::now() < deadline, "replicas never in sync");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut d = Driver::new(nodes[0].port);
+    d.until("both links", |d| d.notices.len() >= 2);
+    d.send(Link::Command, &[b"FUNCTION", b"LOAD", LIBRARY.as_bytes()]);
+    d.expect(b"$10\r\nroutertest\r\n");
+    d.send(Link::Command, &[b"FCALL", b"tset", b"1", b"key0", b"v0"]);
+    d.expect(b"+OK\r\n");
+    let slot = slot_of(b"key0").to_string();
+    let master = nodes
+        .iter()
+        .position(|n| {
+            n.cli(&["role"]).starts_with("master")
+                && n.cli(&["cluster", "countkeysinslot", &slot]).trim() != "0"
+        })
+        .expect("key0's master");
+    let wait = nodes[master].cli(&["wait", "1", "2000"]);
+    assert_eq!(wait.trim(), "1", "key0 on the replica");
+    d.notices.clear();
+    nodes[master].kill9();
+
+    // Reads of the slot fail (never hang) until the replica is promoted,
+    // then find key0 there.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut failed = 0;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "never read from the promoted replica"
+        );
+        d.send(Link::Command, &[b"FCALL_RO", b"tget", b"1", b"key0"]);
+        let r = next_reply(&mut d);
+        if r == "$2\r\nv0\r\n" {
+            break;
+        }
+        assert!(
+            r.starts_with("-RELAYLOST") || r.starts_with("-CLUSTERDOWN"),
+            "{r}"
+        );
+        failed += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(failed > 0, "the slot had no master for a while");
+    assert!(
+        !d.notices.contains(&Notice::Lost(Link::Command)),
+        "{:?}",
+        d.notices
+    );
+    // The events link started again on the new set of masters.
+    d.until("events again", |d| {
+        d.notices.last() == Some(&Notice::Connected(Link::Events))
+    });
+    assert!(d.notices.contains(&Notice::Lost(Link::Events)));
 }
