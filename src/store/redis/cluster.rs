@@ -1051,12 +1051,6 @@ impl Router {
             return;
         };
         let slot = slot_of(key);
-        if up(b"FCALL") || up(b"EVALSHA") {
-            let o = usize::from(self.owner[usize::from(slot)]);
-            if let Some(n) = self.nodes.get_mut(o) {
-                n.wrote = true;
-            }
-        }
         if self.held_slot[usize::from(slot)] {
             self.hold(Held {
                 seq,
@@ -1087,6 +1081,12 @@ impl Router {
             push_command(&mut n.cmd.out, &[b"ASKING"]);
             n.waits.push_back(Wait::Swallow);
         }
+        // A write's master owes it a `WAIT` (a script call may write; a
+        // read goes by `FCALL_RO`).
+        n.wrote |= cmd.get(..cmd.len().min(24)).is_some_and(|h| {
+            h.starts_with(b"*")
+                && (find(h, b"\n$5\r\nFCALL\r\n") || find(h, b"\n$7\r\nEVALSHA\r\n"))
+        });
         n.cmd.out.extend_from_slice(cmd);
         n.kept.extend(cmd);
         n.waits.push_back(Wait::Engine {
@@ -1180,6 +1180,11 @@ impl Router {
         }
         Ok(())
     }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// Engine commands without a slot (`PING`) count against no slot.
@@ -1410,6 +1415,38 @@ mod tests {
         // No write since: WAIT answers at once.
         r.from_engine(Link::Command, &cmd(&[b"WAIT", b"1", b"100"]), T);
         assert_eq!(r.take_engine_input(Link::Command), b":1\r\n");
+    }
+
+    #[test]
+    fn wait_goes_to_the_masters_written_to_and_the_least_count_wins() {
+        let mut r = three();
+        let (k1, k3) = (key_in(0, 5460), key_in(10923, 16383));
+        let read = cmd(&[b"FCALL_RO", b"f", b"1", &k1]);
+        let out = [
+            read.clone(),
+            fcall(&k3),
+            fcall(&k1),
+            cmd(&[b"WAIT", b"2", b"50"]),
+        ]
+        .concat();
+        r.from_engine(Link::Command, &out, T);
+        let wait = cmd(&[b"WAIT", b"2", b"50"]);
+        assert_eq!(
+            r.take_output(0, Sock::Command),
+            [read, fcall(&k1), wait.clone()].concat()
+        );
+        assert!(
+            r.take_output(1, Sock::Command).is_empty(),
+            "n2 was not written to"
+        );
+        assert_eq!(r.take_output(2, Sock::Command), [fcall(&k3), wait].concat());
+        r.input(0, Sock::Command, b"$1\r\nr\r\n:1\r\n:2\r\n", T)
+            .unwrap();
+        r.input(2, Sock::Command, b":3\r\n:1\r\n", T).unwrap();
+        assert_eq!(
+            r.take_engine_input(Link::Command),
+            b"$1\r\nr\r\n:3\r\n:1\r\n:1\r\n"
+        );
     }
 
     #[test]
