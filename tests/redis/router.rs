@@ -411,3 +411,47 @@ fn a_killed_master_is_followed_to_its_promoted_replica() {
     });
     assert!(d.notices.contains(&Notice::Lost(Link::Events)));
 }
+
+/// `rediss-cluster://` against one plain Redis speaking TLS (a one-node
+/// cluster): the relay reaches it over TLS, the certificate checked
+/// against the address it is named by, and stores a prompt there.
+#[test]
+fn a_one_node_cluster_over_tls_serves_prompts() {
+    if skip_unless_plain() {
+        return;
+    }
+    let tls_port = crate::common::free_port();
+    let f = crate::common::tls_files();
+    let (cert, key, ca) = (
+        f.cert.display().to_string(),
+        f.key.display().to_string(),
+        f.ca.display().to_string(),
+    );
+    let port = tls_port.to_string();
+    let args = [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--tls-port",
+        &port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ];
+    let redis = Redis::start_with(&args);
+    let url = format!("rediss-cluster://127.0.0.1:{tls_port}");
+    let srv =
+        crate::common::Server::start_with(&[("RELAY_REDIS_URL", &url), ("RELAY_REDIS_CA", &ca)]);
+    srv.wait_for_log("connected to Redis");
+    let sid = crate::common::unique_session();
+    srv.prompt(&sid, "over TLS", Some("p1"));
+    assert_eq!(srv.pending(&sid).len(), 1);
+    let calls = redis.commands("fcall") + redis.commands("evalsha");
+    assert!(calls >= 1, "the prompt went to Redis: {calls}");
+}
