@@ -674,12 +674,25 @@ impl Router {
             return Some((Some(to), now));
         }
         if !self.nodes[to].master {
-            self.nodes[to].master = true;
+            self.became_master(to);
             self.events_lost();
         }
         self.owner[slot] = to as u8;
         self.refresh_soon(now);
         Some((None, now))
+    }
+
+    /// Node `i` is a master now: one connected already gets the set-up
+    /// the others had (replies swallowed).
+    fn became_master(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        n.master = true;
+        if n.cmd.open {
+            for r in &self.replay {
+                n.cmd.out.extend_from_slice(r);
+                n.waits.push_back(Wait::Swallow);
+            }
+        }
     }
 
     fn hold(&mut self, h: Held) {
@@ -844,9 +857,12 @@ impl Router {
             owner[*a..=*b].fill(n as u8);
         }
         let mut news = false;
-        for (k, n) in self.nodes.iter_mut().enumerate() {
-            news |= masters[k] && !n.master;
-            n.master = masters[k];
+        for (k, &master) in masters.iter().enumerate().take(self.nodes.len()) {
+            if master && !self.nodes[k].master {
+                news = true;
+                self.became_master(k);
+            }
+            self.nodes[k].master = master;
         }
         for (s, (new, old)) in owner.iter().zip(&self.owner).enumerate() {
             if new != old && self.inflight[s] > 0 {
@@ -1550,6 +1566,30 @@ mod tests {
             r.from_engine(Link::Command, &fcall(k), T);
             assert_eq!(r.take_output(0, Sock::Command), fcall(k));
         }
+    }
+
+    #[test]
+    fn a_connected_node_that_becomes_a_master_gets_the_set_up() {
+        let mut r = three();
+        let load = cmd(&[b"SCRIPT", b"LOAD", b"return 1"]);
+        r.from_engine(Link::Command, &load, T);
+        for i in 0..3 {
+            r.take_output(i, Sock::Command);
+            r.input(i, Sock::Command, b"$1\r\na\r\n", T).unwrap();
+        }
+        assert_eq!(r.take_engine_input(Link::Command), b"$1\r\na\r\n");
+        // n3 moves a slot to n4, a node new to the router.
+        let k = key_in(10923, 16383);
+        r.from_engine(Link::Command, &fcall(&k), T);
+        r.take_output(2, Sock::Command);
+        let moved = format!("-MOVED {} n4:4\r\n", slot_of(&k));
+        r.input(2, Sock::Command, moved.as_bytes(), T).unwrap();
+        assert_eq!(r.take_notices(), vec![Notice::Lost(Link::Events)]);
+        assert!(r.wants(3, Sock::Command));
+        r.opened(3, Sock::Command, T);
+        assert_eq!(r.take_output(3, Sock::Command), [load, fcall(&k)].concat());
+        r.input(3, Sock::Command, b"$1\r\na\r\n:9\r\n", T).unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b":9\r\n");
     }
 
     #[test]
