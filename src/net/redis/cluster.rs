@@ -134,7 +134,10 @@ impl ClusterLinks {
                 let wants = self.router.wants(i, sock_of(k));
                 let s = &self.socks[i][k];
                 if !wants && s.sock.is_some() {
-                    self.drop_sock(i, k, store, registry, now, &"no longer a master", true);
+                    // Not a failure: nothing is logged.
+                    self.drop_sock(i, k, store, registry, now, &"no longer a master", false);
+                    self.socks[i][k].retry_at = now;
+                    self.router.closed(i, sock_of(k), now);
                     continue;
                 }
                 if !wants || s.sock.is_some() || now < s.retry_at {
