@@ -1545,6 +1545,25 @@ mod tests {
     }
 
     #[test]
+    fn a_moved_subscription_starts_the_events_link_again_and_reads_the_map() {
+        let mut r = three();
+        let ch = key_in(0, 5460);
+        r.from_engine(Link::Events, &cmd(&[b"SSUBSCRIBE", &ch]), T);
+        assert_eq!(r.take_output(0, Sock::Events), cmd(&[b"SSUBSCRIBE", &ch]));
+        let moved = format!("-MOVED {} n2:2\r\n", slot_of(&ch));
+        r.input(0, Sock::Events, moved.as_bytes(), T).unwrap();
+        assert!(
+            r.take_engine_input(Link::Events).is_empty(),
+            "never the engine's"
+        );
+        assert_eq!(r.take_notices(), vec![Notice::Lost(Link::Events)]);
+        let due = r.next_deadline().expect("the map is read again");
+        r.tick(due);
+        let asked = (0..3).any(|i| r.take_output(i, Sock::Command) == cmd(&[b"CLUSTER", b"SLOTS"]));
+        assert!(asked);
+    }
+
+    #[test]
     fn a_node_without_cluster_support_owns_every_slot() {
         let url = RedisUrl::parse("redis-cluster://:pw@solo:9").unwrap();
         let mut r = Router::new(&[("solo".into(), 9)], &url);
