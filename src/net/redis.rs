@@ -34,6 +34,11 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use rustls::pki_types::ServerName;
 
+mod cluster;
+
+use cluster::ClusterLinks;
+pub use cluster::is_cluster;
+
 use super::buffer::WriteStatus;
 use super::stream::Stream;
 use crate::store::engine::Engine;
@@ -144,6 +149,9 @@ pub struct RedisLinks {
     /// Redis cannot be reached or refuses the links: logged once, then
     /// every 30 s.
     trouble: Trouble,
+    /// With `redis-cluster://`: a socket pair per master instead of
+    /// `socks`, and the router between them and the engine.
+    cluster: Option<Box<ClusterLinks>>,
 }
 
 impl RedisLinks {
@@ -164,6 +172,20 @@ impl RedisLinks {
         } else {
             None
         };
+        if url.cluster.is_some() {
+            let cluster = ClusterLinks::new(addrs, url, tls);
+            let mut links = RedisLinks::new(
+                Vec::new(),
+                &RedisUrl {
+                    tls: false,
+                    cluster: None,
+                    ..url.clone()
+                },
+                None,
+            )?;
+            links.cluster = Some(Box::new(cluster));
+            return Ok(links);
+        }
         let (addrs, watch) = match &url.sentinel {
             None => (addrs, None),
             Some(s) => {
@@ -194,6 +216,7 @@ impl RedisLinks {
             next_addr: 0,
             url: url.display(),
             trouble: Trouble::default(),
+            cluster: None,
         })
     }
 
@@ -224,6 +247,11 @@ impl RedisLinks {
 
     /// Connects the links that are down and due.
     pub fn tick(&mut self, registry: &Registry, now: Millis) {
+        if self.cluster.is_some() {
+            // The cluster's sockets are connected by `flush`, which has
+            // the engine at hand.
+            return;
+        }
         if let Some(w) = &mut self.watch
             && w.sock.is_none()
             && now >= w.retry_at
@@ -302,6 +330,9 @@ impl RedisLinks {
 
     /// When a link is due to connect again, if one is down.
     pub fn next_deadline(&self) -> Option<Millis> {
+        if let Some(c) = &self.cluster {
+            return c.next_deadline();
+        }
         let watch = self.watch.as_ref().filter(|w| w.sock.is_none());
         self.socks
             .iter()
@@ -572,6 +603,10 @@ impl RedisLinks {
         let Some(store) = engine.redis() else {
             return;
         };
+        if let Some(c) = &mut self.cluster {
+            c.on_event(token, ev, store, registry, now, scratch);
+            return;
+        }
         if token == SENTINEL {
             self.on_sentinel(ev, store, registry, now, scratch);
             return;
@@ -645,6 +680,10 @@ impl RedisLinks {
         let Some(store) = engine.redis() else {
             return;
         };
+        if let Some(c) = &mut self.cluster {
+            c.tick(store, registry, now);
+            return;
+        }
         for i in 0..2 {
             self.flush_one(i, store, registry, now);
         }
@@ -710,6 +749,9 @@ impl RedisLinks {
 
     /// Whether output is left to write (the loop polls again at once).
     pub fn busy(&self) -> bool {
+        if let Some(c) = &self.cluster {
+            return c.busy();
+        }
         self.socks.iter().any(|s| {
             s.writable
                 && (s.written < s.out.len() || s.sock.as_ref().is_some_and(Stream::has_records))

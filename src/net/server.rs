@@ -226,6 +226,7 @@ impl Server {
                     redis::COMMAND | redis::EVENTS | redis::SENTINEL | redis::RESOLVED => {
                         self.on_redis(ev)
                     }
+                    t if redis::is_cluster(t) => self.on_redis(ev),
                     SIGNALS => self.on_signal(),
                     STORE => {
                         self.cx.storage_done();

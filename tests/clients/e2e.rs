@@ -435,6 +435,9 @@ fn the_clear_text_is_in_no_key_of_redis() {
         eprintln!("skipped: runs with TEST_WITH_REDIS=redis://HOST:PORT (.ci/run does)");
         return;
     };
+    // The suite's `redis-cluster://` pass runs on one plain Redis (a
+    // one-node cluster to the relay), which redis-cli reads as one.
+    let url = url.replacen("redis-cluster://", "redis://", 1);
     let srv = Server::start_with(&[("RELAY_LOG", "debug")]);
     let sid = unique_session();
     let (clear, upper) = secret();

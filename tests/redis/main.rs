@@ -6,9 +6,10 @@
 //! parked on another instance (asks), faults injected into
 //! the shared Redis (faults, counted by the writers of writers), and what
 //! waits on a relay while Redis restarts empty (restart), and a Sentinel
-//! failover under traffic, writes confirmed by replicas (sentinel), and a
+//! failover under traffic, writes confirmed by replicas (sentinel), a
 //! Redis Cluster: sessions spread over its masters, a master killed and
-//! slots moved under traffic (cluster).
+//! slots moved under traffic (cluster), and the cluster router against a
+//! real cluster (router).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -21,5 +22,6 @@ mod every;
 mod faults;
 mod instances;
 mod restart;
+mod router;
 mod sentinel;
 mod writers;

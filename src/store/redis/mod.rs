@@ -83,6 +83,7 @@
 //! messages, so clients that saw it resync.
 
 mod calls;
+pub mod cluster;
 mod codec;
 mod copy;
 mod every;

@@ -1,0 +1,1624 @@
+//! Redis Cluster: the engine's two logical links ([`Link::Command`],
+//! [`Link::Events`]) spread over one command socket and one events socket
+//! per master, sans-IO (the shell in `net/redis.rs` owns the sockets and
+//! hands their bytes here).
+//!
+//! The slot map comes from `CLUSTER SLOTS` (its flat arrays are simpler to
+//! read than `CLUSTER SHARDS`' maps, and Redis 7 answers both); replicas
+//! are ignored. A node that answers it with `ERR This instance has cluster
+//! support disabled` is a one-node cluster owning every slot.
+//!
+//! Command link: the engine's output is cut into commands (RESP arrays of
+//! bulk strings) without decoding them; script calls go by the slot of
+//! their first key, `SPUBLISH` by its channel, `HGETALL` by its key; the
+//! set-up commands (`AUTH`, `HELLO`, `CLIENT`, `SCRIPT`, `FUNCTION`) go to
+//! every master, are replayed on every master connected later (their
+//! replies swallowed), and give the engine one reply (the first error, else
+//! the first reply); `WAIT` goes to every master written to since its last
+//! `WAIT` (the least count wins; a lost master counts 0); anything else to
+//! one master. Replies reach the engine in the order it sent the commands
+//! (the `order` buffer); `-MOVED`, `-ASK` and `-TRYAGAIN` are followed
+//! here, and while a slot has a command redirected or retried, the
+//! commands for it wait behind it (`held`), so each slot runs them in the
+//! engine's order. A master lost answers what was in flight on it with
+//! `-RELAYLOST` in place; a slot without a master answers
+//! `-CLUSTERDOWN` at once (nothing was sent).
+//!
+//! Events link: `SSUBSCRIBE`/`SUNSUBSCRIBE` go by the channel's slot, any
+//! other subscription to the first master (Redis Cluster carries classic
+//! pub/sub to every node); a `PING` goes to every master and the engine
+//! gets one `pong` once all answered (each master sent what it published
+//! before it). Frames reach the engine whole. The logical events link is
+//! up while every master's events socket is; a socket lost, a slot of a
+//! subscribed channel moved, or a new master makes it lost and connected
+//! again, so the engine subscribes again and reads what it follows.
+//!
+//! Invariants: every command sent to a node has one entry in that node's
+//! `waits`, in order; every engine command has one entry in `order` until
+//! the engine got its reply; `inflight[slot]` counts the engine's commands
+//! for `slot` sent and not answered; a slot is `held` while a command of
+//! it waits to be sent again, and its commands are sent in `seq` order.
+
+use std::collections::VecDeque;
+
+use redis_protocol::resp2::decode::decode;
+use redis_protocol::resp2::types::OwnedFrame;
+
+use super::codec::push_command;
+use super::link::Link;
+use super::{MAX_INFLIGHT, RedisUrl};
+use crate::time::Millis;
+
+/// Hash slots of a Redis Cluster.
+pub const SLOTS: usize = 16_384;
+/// Nodes known at most (seeds and masters).
+pub const MAX_NODES: usize = 64;
+/// Engine commands waiting for their reply at most (beyond: refused in
+/// place); the engine keeps far fewer in flight.
+const MAX_ORDER: usize = MAX_INFLIGHT * 2 + 1024;
+/// Redirections of one command before its error goes to the engine.
+const MAX_REDIRECTS: u8 = 8;
+/// The map is read again at most this often (ms).
+const REFRESH_MS: u64 = 150;
+/// Bytes a node's reply may take before the socket is dropped.
+const MAX_REPLY: usize = 512 << 20;
+/// Set-up commands kept for nodes connected later.
+const MAX_REPLAY: usize = 16;
+const NO_NODE: u8 = u8::MAX;
+
+// The CRC16 and hash-tag rule of Redis Cluster, as `slot.rs` has them.
+
+/// CRC16 (XMODEM: polynomial 0x1021, initial 0), as Redis Cluster hashes
+/// keys.
+pub fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The slot of `key`, with Redis's hash tag rule.
+pub fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) % SLOTS as u16
+}
+
+/// One of a node's two sockets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sock {
+    Command,
+    Events,
+}
+
+/// What the engine is told about its logical links, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    Connected(Link),
+    Lost(Link),
+}
+
+/// The next frame's boundary, resumable: `at` bytes are whole elements,
+/// `need` elements are still to come.
+#[derive(Clone, Copy, Default)]
+struct Scan {
+    at: usize,
+    need: u64,
+}
+
+/// Finds where the RESP frame at the start of `b` ends, resuming `s`:
+/// `Ok(Some(len))`, `Ok(None)` (more bytes needed), or not RESP.
+fn scan(b: &[u8], s: &mut Scan) -> Result<Option<usize>, &'static str> {
+    if s.need == 0 {
+        *s = Scan { at: 0, need: 1 };
+    }
+    while s.need > 0 {
+        let Some(&t) = b.get(s.at) else {
+            return Ok(None);
+        };
+        let Some(nl) = b[s.at..].iter().position(|&c| c == b'\n') else {
+            return Ok(None);
+        };
+        let eol = s.at + nl;
+        if nl < 2 || b[eol - 1] != b'\r' {
+            return Err("not RESP");
+        }
+        let line = &b[s.at + 1..eol - 1];
+        let mut next = eol + 1;
+        match t {
+            b'+' | b'-' | b':' | b'_' | b'#' | b',' | b'(' => {}
+            b'$' | b'=' | b'!' => {
+                let n = int(line)?;
+                if n >= 0 {
+                    let end = next + n as usize;
+                    if b.len() < end + 2 {
+                        return Ok(None);
+                    }
+                    if &b[end..end + 2] != b"\r\n" {
+                        return Err("not RESP");
+                    }
+                    next = end + 2;
+                }
+            }
+            b'*' | b'~' | b'>' | b'%' => {
+                let n = int(line)?.max(0) as u64 * if t == b'%' { 2 } else { 1 };
+                if n > 1 << 24 {
+                    return Err("array too long");
+                }
+                s.need += n;
+            }
+            _ => return Err("not RESP"),
+        }
+        s.need -= 1;
+        s.at = next;
+    }
+    let len = s.at;
+    *s = Scan::default();
+    Ok(Some(len))
+}
+
+fn int(line: &[u8]) -> Result<i64, &'static str> {
+    let (neg, digits) = match line.split_first() {
+        Some((b'-', d)) => (true, d),
+        _ => (false, line),
+    };
+    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err("not a number");
+    }
+    let n = digits
+        .iter()
+        .fold(0i64, |n, d| n * 10 + i64::from(d - b'0'));
+    Ok(if neg { -n } else { n })
+}
+
+/// Where the first four arguments of a command lie in it.
+type Args = [(usize, usize); 4];
+
+/// The first four arguments of a command (a RESP array of bulk strings) at
+/// the start of `b`, as ranges, with its length and argument count.
+fn args(b: &[u8]) -> Option<(usize, usize, Args)> {
+    let nl = b.iter().position(|&c| c == b'\n')?;
+    if b.first() != Some(&b'*') || nl < 2 {
+        return None;
+    }
+    let count = usize::try_from(int(&b[1..nl - 1]).ok()?).ok()?;
+    let mut at = nl + 1;
+    let mut out: Args = [(0, 0); 4];
+    for i in 0..count {
+        let nl = b[at..].iter().position(|&c| c == b'\n')? + at;
+        if b.get(at) != Some(&b'$') || nl < at + 2 {
+            return None;
+        }
+        let n = usize::try_from(int(&b[at + 1..nl - 1]).ok()?).ok()?;
+        let start = nl + 1;
+        if b.len() < start + n + 2 {
+            return None;
+        }
+        if let Some(o) = out.get_mut(i) {
+            *o = (start, start + n);
+        }
+        at = start + n + 2;
+    }
+    Some((at, count, out))
+}
+
+/// What a reply sent to a node is for.
+#[derive(Clone, Copy, Debug)]
+enum Wait {
+    /// An engine command: its reply goes to `seq` in the order.
+    Engine {
+        seq: u64,
+        slot: u16,
+        len: u32,
+        tries: u8,
+    },
+    /// A part of a command sent to several masters.
+    Part { seq: u64 },
+    /// A reply swallowed (the router's own `AUTH`, a replayed set-up,
+    /// `ASKING`).
+    Swallow,
+    /// `CLUSTER SLOTS`.
+    Slots,
+}
+
+/// What the engine's command at `seq` is given.
+enum Entry {
+    Waiting,
+    Done(Vec<u8>),
+    /// Sent to several masters: `left` replies to come.
+    Group {
+        left: u16,
+        wait: bool,
+        min: i64,
+        first: Option<Vec<u8>>,
+    },
+}
+
+/// A command of the engine waiting to be sent again (or behind one that
+/// is).
+struct Held {
+    seq: u64,
+    slot: u16,
+    tries: u8,
+    bytes: Vec<u8>,
+    ask: Option<usize>,
+    at: Millis,
+}
+
+/// What a reply on an events socket is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EvWait {
+    /// Given to the engine.
+    Pass,
+    Swallow,
+    /// Part of the `PING` barrier `n`.
+    Ping(u64),
+    /// `SUNSUBSCRIBE`: its confirmation is the engine's.
+    Unsub,
+}
+
+#[derive(Default)]
+struct Half {
+    open: bool,
+    /// Connecting failed or the socket was lost (commands for it are
+    /// refused until it opens).
+    down: bool,
+    out: Vec<u8>,
+    input: Vec<u8>,
+    scan: Scan,
+}
+
+/// A node: a seed of the URL or a master of the map.
+pub struct Node {
+    pub host: String,
+    pub port: u16,
+    seed: bool,
+    master: bool,
+    cmd: Half,
+    ev: Half,
+    waits: VecDeque<Wait>,
+    /// The bytes of the engine commands in `waits` (for a resend), in order.
+    kept: VecDeque<u8>,
+    ev_waits: VecDeque<EvWait>,
+    /// Written to since its last `WAIT`.
+    wrote: bool,
+    /// Shell: drop this socket (the events link starts again).
+    drop_ev: bool,
+}
+
+/// The router: the nodes, the slot map, and the order of the engine's
+/// replies.
+pub struct Router {
+    nodes: Vec<Node>,
+    owner: Vec<u8>,
+    map_known: bool,
+    /// Some slot has no master in the map.
+    gaps: bool,
+    /// A `CLUSTER SLOTS` is in flight.
+    asking_map: bool,
+    refresh_at: Option<Millis>,
+    last_refresh: Millis,
+    auth: Vec<u8>,
+    replay: Vec<Vec<u8>>,
+    order: VecDeque<Entry>,
+    /// The `seq` of `order`'s front; the next command gets `next`.
+    base: u64,
+    next: u64,
+    inflight: Vec<u16>,
+    held_slot: Vec<bool>,
+    held: VecDeque<Held>,
+    cmd_linked: bool,
+    ev_linked: bool,
+    /// `PING` barriers: (number, masters yet to answer).
+    pings: VecDeque<(u64, usize)>,
+    ping_next: u64,
+    /// The master events that are not sharded go to.
+    home: usize,
+    to_engine: [Vec<u8>; 2],
+    notices: Vec<Notice>,
+}
+
+impl Router {
+    /// A router starting from `seeds`, logging in as `url` says.
+    pub fn new(seeds: &[(String, u16)], url: &RedisUrl) -> Router {
+        let mut auth = Vec::new();
+        match (&url.user, &url.password) {
+            (Some(u), Some(p)) => push_command(&mut auth, &[b"AUTH", u.as_bytes(), p.as_bytes()]),
+            (None, Some(p)) => push_command(&mut auth, &[b"AUTH", p.as_bytes()]),
+            _ => {}
+        }
+        let mut r = Router {
+            nodes: Vec::new(),
+            owner: vec![NO_NODE; SLOTS],
+            map_known: false,
+            gaps: false,
+            asking_map: false,
+            refresh_at: None,
+            last_refresh: Millis(0),
+            auth,
+            replay: Vec::new(),
+            order: VecDeque::new(),
+            base: 0,
+            next: 0,
+            inflight: vec![0; SLOTS],
+            held_slot: vec![false; SLOTS],
+            held: VecDeque::new(),
+            cmd_linked: false,
+            ev_linked: false,
+            pings: VecDeque::new(),
+            ping_next: 0,
+            home: 0,
+            to_engine: [Vec::new(), Vec::new()],
+            notices: Vec::new(),
+        };
+        for (h, p) in seeds.iter().take(MAX_NODES) {
+            if let Some(i) = r.node_of(h, *p) {
+                r.nodes[i].seed = true;
+            }
+        }
+        r
+    }
+
+    fn node_of(&mut self, host: &str, port: u16) -> Option<usize> {
+        if let Some(i) = self
+            .nodes
+            .iter()
+            .position(|n| n.host == host && n.port == port)
+        {
+            return Some(i);
+        }
+        if self.nodes.len() >= MAX_NODES {
+            return None;
+        }
+        self.nodes.push(Node {
+            host: host.to_string(),
+            port,
+            seed: false,
+            master: false,
+            cmd: Half::default(),
+            ev: Half::default(),
+            waits: VecDeque::new(),
+            kept: VecDeque::new(),
+            ev_waits: VecDeque::new(),
+            wrote: false,
+            drop_ev: false,
+        });
+        Some(self.nodes.len() - 1)
+    }
+
+    /// The nodes known; indices are stable.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Whether node `i` should have socket `s` open: a master both, a
+    /// seed its command socket while the map is not known or no master
+    /// answers.
+    pub fn wants(&self, i: usize, s: Sock) -> bool {
+        let Some(n) = self.nodes.get(i) else {
+            return false;
+        };
+        match s {
+            Sock::Command => {
+                n.master
+                    || (n.seed && !self.any_master_open())
+                    || !n.waits.is_empty()
+                    || !n.cmd.out.is_empty()
+            }
+            Sock::Events => n.master && self.map_known,
+        }
+    }
+
+    /// Whether the events socket of `i` is to be dropped (and connected
+    /// again); clears the request.
+    pub fn take_drop(&mut self, i: usize) -> bool {
+        self.nodes
+            .get_mut(i)
+            .is_some_and(|n| std::mem::take(&mut n.drop_ev))
+    }
+
+    fn any_master_open(&self) -> bool {
+        self.nodes.iter().any(|n| n.master && n.cmd.open)
+    }
+
+    /// Notices for the engine, in order.
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// Bytes for the engine's `link` (whole replies and frames).
+    pub fn take_engine_input(&mut self, link: Link) -> Vec<u8> {
+        std::mem::take(&mut self.to_engine[usize::from(link == Link::Events)])
+    }
+
+    /// Bytes to write on node `i`'s socket `s`.
+    pub fn take_output(&mut self, i: usize, s: Sock) -> Vec<u8> {
+        match self.nodes.get_mut(i).map(|n| half(n, s)) {
+            Some(h) if h.open => std::mem::take(&mut h.out),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Node `i`'s socket `s` connected: log-in first, then the set-up
+    /// replayed (command socket) and what waited for it.
+    #[inline(never)]
+    pub fn opened(&mut self, i: usize, s: Sock, now: Millis) {
+        let Some(n) = self.nodes.get_mut(i) else {
+            return;
+        };
+        let mut out = self.auth.clone();
+        let auth = usize::from(!self.auth.is_empty());
+        match s {
+            Sock::Command => {
+                for _ in 0..auth {
+                    n.waits.push_front(Wait::Swallow);
+                }
+                if n.master {
+                    for r in &self.replay {
+                        out.extend_from_slice(r);
+                    }
+                }
+                // Replayed ones go right behind the log-in, ahead of what
+                // waited.
+                for _ in 0..self.replay.len() * usize::from(n.master) {
+                    n.waits.insert(auth, Wait::Swallow);
+                }
+            }
+            Sock::Events => {
+                for _ in 0..auth {
+                    n.ev_waits.push_front(EvWait::Swallow);
+                }
+            }
+        }
+        let h = half(n, s);
+        out.append(&mut h.out);
+        h.out = out;
+        h.open = true;
+        h.down = false;
+        if s == Sock::Command && !self.map_known && !self.asking_map {
+            self.ask_map(i);
+        }
+        self.link_check(now);
+    }
+
+    /// Node `i`'s socket `s` is gone (or never connected).
+    #[inline(never)]
+    pub fn closed(&mut self, i: usize, s: Sock, now: Millis) {
+        let Some(n) = self.nodes.get_mut(i) else {
+            return;
+        };
+        let was_open = half(n, s).open;
+        *half(n, s) = Half {
+            down: true,
+            ..Half::default()
+        };
+        match s {
+            Sock::Command => {
+                let waits = std::mem::take(&mut n.waits);
+                n.kept.clear();
+                n.wrote = false;
+                let why: &[u8] = if was_open {
+                    b"-RELAYLOST the connection to a master was lost\r\n"
+                } else {
+                    b"-CLUSTERDOWN relay: no master for the slot\r\n"
+                };
+                for w in waits {
+                    match w {
+                        Wait::Engine { seq, slot, .. } => {
+                            self.slot_done(slot);
+                            self.deliver(seq, why);
+                        }
+                        Wait::Part { seq } => self.part(seq, None),
+                        Wait::Slots => self.asking_map = false,
+                        Wait::Swallow => {}
+                    }
+                }
+                if n_master(&self.nodes, i) {
+                    self.refresh_soon(now);
+                }
+            }
+            Sock::Events => {
+                n.ev_waits.clear();
+                if n.master {
+                    self.events_lost();
+                }
+            }
+        }
+        self.link_check(now);
+        self.release(now);
+    }
+
+    /// Node `i`'s socket `s` sent `bytes`. An error drops the socket.
+    #[inline(never)]
+    pub fn input(&mut self, i: usize, s: Sock, bytes: &[u8], now: Millis) -> Result<(), String> {
+        let Some(n) = self.nodes.get_mut(i) else {
+            return Ok(());
+        };
+        let h = half(n, s);
+        if !h.open {
+            // A socket being dropped: what it still says is not heard.
+            return Ok(());
+        }
+        h.input.extend_from_slice(bytes);
+        if h.input.len() > MAX_REPLY {
+            return Err("reply too large".into());
+        }
+        let mut buf = std::mem::take(&mut h.input);
+        let mut scan_state = h.scan;
+        let mut at = 0;
+        let mut result = Ok(());
+        loop {
+            let mut sc = scan_state;
+            if at > 0 {
+                sc = Scan::default();
+            }
+            match scan(&buf[at..], &mut sc) {
+                Ok(Some(len)) => {
+                    scan_state = Scan::default();
+                    let frame = &buf[at..at + len];
+                    at += len;
+                    let r = match s {
+                        Sock::Command => self.on_reply(i, frame, now),
+                        Sock::Events => self.on_event(i, frame, now),
+                    };
+                    if let Err(e) = r {
+                        result = Err(e);
+                        break;
+                    }
+                    // The socket was dropped meanwhile (events start again).
+                    if !self.nodes.get_mut(i).is_some_and(|n| half(n, s).open) {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    scan_state = sc;
+                    break;
+                }
+                Err(e) => {
+                    result = Err(format!("bad reply: {e}"));
+                    break;
+                }
+            }
+        }
+        if let Some(n) = self.nodes.get_mut(i) {
+            buf.drain(..at);
+            let h = half(n, s);
+            if h.open {
+                h.input = buf;
+                h.scan = scan_state;
+            }
+        }
+        self.release(now);
+        result
+    }
+
+    /// One reply on node `i`'s command socket.
+    fn on_reply(&mut self, i: usize, frame: &[u8], now: Millis) -> Result<(), String> {
+        let n = &mut self.nodes[i];
+        let Some(w) = n.waits.pop_front() else {
+            return Err("a reply nobody asked for".into());
+        };
+        match w {
+            Wait::Swallow => Ok(()),
+            Wait::Slots => {
+                self.asking_map = false;
+                self.map_read(i, frame, now);
+                Ok(())
+            }
+            Wait::Part { seq } => {
+                self.part(seq, Some(frame));
+                Ok(())
+            }
+            Wait::Engine {
+                seq,
+                slot,
+                len,
+                tries,
+            } => {
+                let len = len as usize;
+                if n.kept.len() < len {
+                    return Err("lost track of a command".into());
+                }
+                if frame.first() == Some(&b'-') && tries < MAX_REDIRECTS {
+                    let redirect = self.redirect(frame, now);
+                    if let Some((ask, at)) = redirect {
+                        let bytes: Vec<u8> = self.nodes[i].kept.drain(..len).collect();
+                        self.slot_done(slot);
+                        self.hold(Held {
+                            seq,
+                            slot,
+                            tries: tries + 1,
+                            bytes,
+                            ask,
+                            at,
+                        });
+                        return Ok(());
+                    }
+                }
+                self.nodes[i].kept.drain(..len);
+                self.slot_done(slot);
+                self.deliver(seq, frame);
+                Ok(())
+            }
+        }
+    }
+
+    /// An error reply: `Some((ask target, not before))` when it is a
+    /// redirection or a retry (the map updated by a `MOVED`).
+    fn redirect(&mut self, frame: &[u8], now: Millis) -> Option<(Option<usize>, Millis)> {
+        let text = std::str::from_utf8(frame.get(1..frame.len().saturating_sub(2))?).ok()?;
+        let mut words = text.split(' ');
+        let kind = words.next()?;
+        if kind == "TRYAGAIN" {
+            return Some((None, Millis(now.0 + 25)));
+        }
+        if kind != "MOVED" && kind != "ASK" {
+            return None;
+        }
+        let slot: usize = words.next()?.parse().ok().filter(|s| *s < SLOTS)?;
+        let (host, port) = words.next()?.rsplit_once(':')?;
+        let port: u16 = port.parse().ok()?;
+        let to = self.node_of(host, port)?;
+        if kind == "ASK" {
+            return Some((Some(to), now));
+        }
+        if !self.nodes[to].master {
+            self.became_master(to);
+            self.events_lost();
+        }
+        self.owner[slot] = to as u8;
+        self.refresh_soon(now);
+        Some((None, now))
+    }
+
+    /// Node `i` is a master now: one connected already gets the set-up
+    /// the others had (replies swallowed).
+    fn became_master(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        n.master = true;
+        if n.cmd.open {
+            for r in &self.replay {
+                n.cmd.out.extend_from_slice(r);
+                n.waits.push_back(Wait::Swallow);
+            }
+        }
+    }
+
+    fn hold(&mut self, h: Held) {
+        self.held_slot[usize::from(h.slot)] = true;
+        let at = self
+            .held
+            .iter()
+            .position(|o| o.seq > h.seq)
+            .unwrap_or(self.held.len());
+        self.held.insert(at, h);
+    }
+
+    fn slot_done(&mut self, slot: u16) {
+        let s = usize::from(slot);
+        if let Some(c) = self.inflight.get_mut(s) {
+            *c = c.saturating_sub(1);
+            // Held for a map change only: nothing waits behind it now.
+            if *c == 0 && self.held_slot[s] && !self.held.iter().any(|h| h.slot == slot) {
+                self.held_slot[s] = false;
+            }
+        }
+    }
+
+    /// Sends the held commands of every slot nothing is in flight for.
+    fn release(&mut self, now: Millis) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut k = 0;
+        // Slots whose held commands go out in this pass: the ones sent
+        // before in it are in flight, and the rest follow them.
+        let mut going: Vec<u16> = Vec::new();
+        while k < self.held.len() {
+            let h = &self.held[k];
+            let slot = usize::from(h.slot);
+            let blocked = self.held.iter().take(k).any(|o| o.slot == h.slot);
+            let free = going.contains(&h.slot) || self.inflight[slot] == 0;
+            if blocked || !free || h.at > now {
+                k += 1;
+                continue;
+            }
+            going.push(h.slot);
+            let Some(h) = self.held.remove(k) else {
+                break;
+            };
+            if !self.held.iter().any(|o| o.slot == h.slot) {
+                self.held_slot[slot] = false;
+            }
+            let to = h.ask.unwrap_or(usize::from(self.owner[slot]));
+            self.send_to(to, h.seq, h.slot, h.tries, &h.bytes, h.ask.is_some());
+        }
+    }
+
+    /// When the earliest held command may be sent again.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        let held = self.held.iter().map(|h| h.at).min();
+        held.into_iter().chain(self.refresh_at).min()
+    }
+
+    /// Time passed: retries due, the map read again when due.
+    pub fn tick(&mut self, now: Millis) {
+        self.release(now);
+        if let Some(at) = self.refresh_at
+            && at <= now
+            && !self.asking_map
+        {
+            let open = self.nodes.iter().position(|n| n.master && n.cmd.open);
+            let any = open.or_else(|| self.nodes.iter().position(|n| n.cmd.open));
+            if let Some(i) = any {
+                self.refresh_at = None;
+                self.last_refresh = now;
+                self.ask_map(i);
+            }
+        }
+        // A slot without a master: asked again until one is promoted.
+        if self.map_known
+            && self.refresh_at.is_none()
+            && (self.gaps || self.nodes.iter().any(|n| n.master && n.cmd.down))
+        {
+            self.refresh_soon(now);
+        }
+    }
+
+    fn refresh_soon(&mut self, now: Millis) {
+        let at = Millis(now.0.max(self.last_refresh.0 + REFRESH_MS));
+        self.refresh_at = Some(self.refresh_at.map_or(at, |a| a.min(at)));
+    }
+
+    fn ask_map(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        push_command(&mut n.cmd.out, &[b"CLUSTER", b"SLOTS"]);
+        n.waits.push_back(Wait::Slots);
+        self.asking_map = true;
+    }
+
+    /// `CLUSTER SLOTS` answered by node `i`.
+    #[inline(never)]
+    fn map_read(&mut self, i: usize, frame: &[u8], now: Millis) {
+        if frame.starts_with(b"-ERR This instance has cluster support disabled") {
+            self.map_set(
+                &[(0, SLOTS - 1, self.nodes[i].host.clone(), self.nodes[i].port)],
+                now,
+            );
+            return;
+        }
+        let Ok(Some((OwnedFrame::Array(ranges), _))) = decode(frame) else {
+            self.refresh_soon(now);
+            return;
+        };
+        let mut map = Vec::new();
+        for r in ranges {
+            let OwnedFrame::Array(r) = r else { continue };
+            let (
+                Some(OwnedFrame::Integer(a)),
+                Some(OwnedFrame::Integer(b)),
+                Some(OwnedFrame::Array(m)),
+            ) = (r.first(), r.get(1), r.get(2))
+            else {
+                continue;
+            };
+            let (Some(host), Some(OwnedFrame::Integer(port))) = (m.first(), m.get(1)) else {
+                continue;
+            };
+            let host = match host {
+                OwnedFrame::BulkString(h) | OwnedFrame::SimpleString(h) => {
+                    String::from_utf8_lossy(h).into_owned()
+                }
+                _ => continue,
+            };
+            // An empty host is the node asked.
+            let host = if host.is_empty() || host == "?" {
+                self.nodes[i].host.clone()
+            } else {
+                host
+            };
+            let (Ok(a), Ok(b), Ok(port)) = (
+                usize::try_from(*a),
+                usize::try_from(*b),
+                u16::try_from(*port),
+            ) else {
+                continue;
+            };
+            if a <= b && b < SLOTS {
+                map.push((a, b, host, port));
+            }
+        }
+        if map.is_empty() {
+            self.refresh_soon(now);
+            return;
+        }
+        self.map_set(&map, now);
+    }
+
+    fn map_set(&mut self, map: &[(usize, usize, String, u16)], now: Millis) {
+        let mut owner = vec![NO_NODE; SLOTS];
+        let mut masters = [false; MAX_NODES];
+        for (a, b, host, port) in map {
+            let Some(n) = self.node_of(host, *port) else {
+                continue;
+            };
+            masters[n] = true;
+            owner[*a..=*b].fill(n as u8);
+        }
+        let mut news = false;
+        for (k, &master) in masters.iter().enumerate().take(self.nodes.len()) {
+            if master && !self.nodes[k].master {
+                news = true;
+                self.became_master(k);
+            }
+            self.nodes[k].master = master;
+        }
+        for (s, (new, old)) in owner.iter().zip(&self.owner).enumerate() {
+            if new != old && self.inflight[s] > 0 {
+                self.held_slot[s] = true;
+            }
+        }
+        self.gaps = owner.contains(&NO_NODE);
+        self.owner = owner;
+        self.map_known = true;
+        if news {
+            self.events_lost();
+        }
+        self.link_check(now);
+    }
+
+    /// The engine's logical links follow the sockets.
+    fn link_check(&mut self, now: Millis) {
+        let up = self.map_known && self.any_master_open();
+        if up && !self.cmd_linked {
+            self.cmd_linked = true;
+            self.notices.push(Notice::Connected(Link::Command));
+        } else if !up && self.cmd_linked {
+            self.cmd_linked = false;
+            self.order.clear();
+            self.base = self.next;
+            self.held.clear();
+            self.held_slot.fill(false);
+            self.to_engine[0].clear();
+            self.notices.push(Notice::Lost(Link::Command));
+            self.refresh_soon(now);
+        }
+        let masters = || self.nodes.iter().filter(|n| n.master);
+        let ev_up = self.map_known && masters().count() > 0 && masters().all(|n| n.ev.open);
+        if ev_up && !self.ev_linked {
+            self.ev_linked = true;
+            self.home = self.nodes.iter().position(|n| n.master).unwrap_or(0);
+            self.notices.push(Notice::Connected(Link::Events));
+        }
+    }
+
+    /// The engine's events link is lost: every events socket starts
+    /// again, so no subscription outlives it.
+    fn events_lost(&mut self) {
+        if self.ev_linked {
+            self.ev_linked = false;
+            self.notices.push(Notice::Lost(Link::Events));
+        }
+        self.pings.clear();
+        self.to_engine[1].clear();
+        for n in &mut self.nodes {
+            if n.ev.open {
+                n.drop_ev = true;
+                n.ev = Half::default();
+                n.ev_waits.clear();
+            }
+        }
+    }
+
+    /// Gives the engine `reply` for its command `seq`, in order.
+    fn deliver(&mut self, seq: u64, reply: &[u8]) {
+        if seq < self.base {
+            return;
+        }
+        let k = (seq - self.base) as usize;
+        if k == 0 {
+            self.to_engine[0].extend_from_slice(reply);
+            self.order.pop_front();
+            self.base += 1;
+            while let Some(Entry::Done(_)) = self.order.front() {
+                if let Some(Entry::Done(r)) = self.order.pop_front() {
+                    self.to_engine[0].extend_from_slice(&r);
+                }
+                self.base += 1;
+            }
+        } else if let Some(e) = self.order.get_mut(k) {
+            // Out of order: kept until the replies before it came.
+            *e = Entry::Done(reply.to_vec());
+        }
+    }
+
+    /// A master answered (or, `None`, lost) its part of command `seq`.
+    fn part(&mut self, seq: u64, frame: Option<&[u8]>) {
+        if seq < self.base {
+            return;
+        }
+        let Some(Entry::Group {
+            left,
+            wait,
+            min,
+            first,
+        }) = self.order.get_mut((seq - self.base) as usize)
+        else {
+            return;
+        };
+        *left = left.saturating_sub(1);
+        if *wait {
+            let n = frame
+                .and_then(|f| f.strip_prefix(b":"))
+                .and_then(|f| f.strip_suffix(b"\r\n"))
+                .and_then(|f| int(f).ok())
+                .unwrap_or(0);
+            *min = (*min).min(n);
+        } else if let Some(f) = frame
+            && (first.is_none()
+                || (f.first() == Some(&b'-')
+                    && first.as_ref().is_some_and(|p| p.first() != Some(&b'-'))))
+        {
+            *first = Some(f.to_vec());
+        }
+        if *left == 0 {
+            let reply = if *wait {
+                format!(":{}\r\n", (*min).max(0)).into_bytes()
+            } else {
+                first
+                    .take()
+                    .unwrap_or_else(|| b"-RELAYLOST no master answered\r\n".to_vec())
+            };
+            self.deliver(seq, &reply);
+        }
+    }
+
+    /// The engine's output on `link`: every command routed.
+    #[inline(never)]
+    pub fn from_engine(&mut self, link: Link, bytes: &[u8], now: Millis) {
+        let mut at = 0;
+        while at < bytes.len() {
+            let Some((len, count, a)) = args(&bytes[at..]) else {
+                break;
+            };
+            let cmd = &bytes[at..at + len];
+            match link {
+                Link::Command if self.cmd_linked => self.command(cmd, count, a, now),
+                Link::Command => {}
+                Link::Events => self.event_command(cmd, count, a),
+            }
+            at += len;
+        }
+    }
+
+    fn command(&mut self, cmd: &[u8], count: usize, a: Args, now: Millis) {
+        let arg = |k: usize| &cmd[a[k].0..a[k].1];
+        let seq = self.next;
+        self.next += 1;
+        let name = arg(0);
+        let up = |n: &[u8]| name.eq_ignore_ascii_case(n);
+        let wait = up(b"WAIT");
+        let every =
+            up(b"AUTH") || up(b"HELLO") || up(b"CLIENT") || up(b"SCRIPT") || up(b"FUNCTION");
+        if self.order.len() >= MAX_ORDER {
+            self.order.push_back(Entry::Waiting);
+            self.deliver(seq, b"-CLUSTERDOWN relay: too many commands in flight\r\n");
+            return;
+        }
+        if wait || every {
+            let targets: Vec<usize> = (0..self.nodes.len())
+                .filter(|&i| {
+                    let n = &self.nodes[i];
+                    n.master && !n.cmd.down && (!wait || n.wrote)
+                })
+                .collect();
+            if every && self.replay.len() < MAX_REPLAY && !self.replay.iter().any(|r| r == cmd) {
+                self.replay.push(cmd.to_vec());
+            }
+            self.order.push_back(Entry::Group {
+                left: targets.len() as u16,
+                wait,
+                min: i64::MAX,
+                first: None,
+            });
+            if targets.is_empty() {
+                let reply = if wait {
+                    let mut r = b":".to_vec();
+                    r.extend_from_slice(arg(1));
+                    r.extend_from_slice(b"\r\n");
+                    r
+                } else {
+                    b"-CLUSTERDOWN relay: no master\r\n".to_vec()
+                };
+                self.deliver(seq, &reply);
+            }
+            for i in targets {
+                let n = &mut self.nodes[i];
+                n.wrote &= !wait;
+                n.cmd.out.extend_from_slice(cmd);
+                n.waits.push_back(Wait::Part { seq });
+            }
+            return;
+        }
+        self.order.push_back(Entry::Waiting);
+        let key = if (up(b"FCALL") || up(b"FCALL_RO") || up(b"EVALSHA")) && count > 3 {
+            Some(arg(3))
+        } else if (up(b"SPUBLISH") || up(b"HGETALL")) && count > 1 {
+            Some(arg(1))
+        } else {
+            None
+        };
+        let Some(key) = key else {
+            // PING and the like: any master.
+            let to = self.nodes.iter().position(|n| n.master && n.cmd.open);
+            let to = to.or_else(|| self.nodes.iter().position(|n| n.master && !n.cmd.down));
+            self.send_to(to.unwrap_or(usize::MAX), seq, NO_SLOT, 0, cmd, false);
+            return;
+        };
+        let slot = slot_of(key);
+        if self.held_slot[usize::from(slot)] {
+            self.hold(Held {
+                seq,
+                slot,
+                tries: 0,
+                bytes: cmd.to_vec(),
+                ask: None,
+                at: now,
+            });
+            return;
+        }
+        let to = usize::from(self.owner[usize::from(slot)]);
+        self.send_to(to, seq, slot, 0, cmd, false);
+    }
+
+    /// Writes the engine's command `seq` to node `to` (refused in place
+    /// when `to` is no master that can be reached).
+    fn send_to(&mut self, to: usize, seq: u64, slot: u16, tries: u8, cmd: &[u8], asking: bool) {
+        let Some(n) = self
+            .nodes
+            .get_mut(to)
+            .filter(|n| !n.cmd.down && (n.master || asking))
+        else {
+            self.deliver(seq, b"-CLUSTERDOWN relay: no master for the slot\r\n");
+            return;
+        };
+        if asking {
+            push_command(&mut n.cmd.out, &[b"ASKING"]);
+            n.waits.push_back(Wait::Swallow);
+        }
+        // A write's master owes it a `WAIT` (a script call may write; a
+        // read goes by `FCALL_RO`).
+        n.wrote |= cmd.get(..cmd.len().min(24)).is_some_and(|h| {
+            h.starts_with(b"*")
+                && (find(h, b"\n$5\r\nFCALL\r\n") || find(h, b"\n$7\r\nEVALSHA\r\n"))
+        });
+        n.cmd.out.extend_from_slice(cmd);
+        n.kept.extend(cmd);
+        n.waits.push_back(Wait::Engine {
+            seq,
+            slot,
+            len: cmd.len() as u32,
+            tries,
+        });
+        if let Some(c) = self.inflight.get_mut(usize::from(slot)) {
+            *c += 1;
+        }
+    }
+
+    fn event_command(&mut self, cmd: &[u8], count: usize, a: Args) {
+        let arg = |k: usize| &cmd[a[k].0..a[k].1];
+        let name = arg(0);
+        let up = |n: &[u8]| name.eq_ignore_ascii_case(n);
+        if !self.ev_linked {
+            return;
+        }
+        if up(b"PING") {
+            let id = self.ping_next;
+            self.ping_next += 1;
+            let mut k = 0;
+            for n in self.nodes.iter_mut().filter(|n| n.master && n.ev.open) {
+                n.ev.out.extend_from_slice(cmd);
+                n.ev_waits.push_back(EvWait::Ping(id));
+                k += 1;
+            }
+            self.pings.push_back((id, k));
+            return;
+        }
+        let every = up(b"AUTH") || up(b"HELLO") || up(b"CLIENT") || up(b"SELECT");
+        let sharded = (up(b"SSUBSCRIBE") || up(b"SUNSUBSCRIBE")) && count > 1;
+        let to = if sharded {
+            usize::from(self.owner[usize::from(slot_of(arg(1)))])
+        } else {
+            self.home
+        };
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if !(n.master && n.ev.open) || !(every || i == to) {
+                continue;
+            }
+            n.ev.out.extend_from_slice(cmd);
+            n.ev_waits.push_back(match () {
+                _ if i != to => EvWait::Swallow,
+                _ if up(b"SUNSUBSCRIBE") => EvWait::Unsub,
+                _ => EvWait::Pass,
+            });
+        }
+    }
+
+    /// One frame on node `i`'s events socket.
+    fn on_event(&mut self, i: usize, frame: &[u8], now: Millis) -> Result<(), String> {
+        let kind = first_word(frame);
+        let push = matches!(kind, Some(b"message" | b"smessage" | b"pmessage"));
+        if push {
+            self.to_engine[1].extend_from_slice(frame);
+            return Ok(());
+        }
+        let n = &mut self.nodes[i];
+        if kind == Some(b"sunsubscribe") && n.ev_waits.front() != Some(&EvWait::Unsub) {
+            // The slot of a subscribed channel moved.
+            self.events_lost();
+            self.refresh_soon(now);
+            return Ok(());
+        }
+        let Some(w) = n.ev_waits.pop_front() else {
+            return Err("an event nobody asked for".into());
+        };
+        match w {
+            EvWait::Swallow => {}
+            EvWait::Pass | EvWait::Unsub => {
+                if frame.starts_with(b"-MOVED") || frame.starts_with(b"-ASK") {
+                    self.events_lost();
+                    self.refresh_soon(now);
+                } else {
+                    self.to_engine[1].extend_from_slice(frame);
+                }
+            }
+            EvWait::Ping(id) => {
+                let Some(p) = self.pings.iter_mut().find(|p| p.0 == id) else {
+                    return Ok(());
+                };
+                p.1 = p.1.saturating_sub(1);
+                while self.pings.front().is_some_and(|p| p.1 == 0) {
+                    self.pings.pop_front();
+                    self.to_engine[1].extend_from_slice(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// Engine commands without a slot (`PING`) count against no slot.
+const NO_SLOT: u16 = u16::MAX;
+
+fn half(n: &mut Node, s: Sock) -> &mut Half {
+    match s {
+        Sock::Command => &mut n.cmd,
+        Sock::Events => &mut n.ev,
+    }
+}
+
+fn n_master(nodes: &[Node], i: usize) -> bool {
+    nodes.get(i).is_some_and(|n| n.master)
+}
+
+/// The first element of an array frame, when it is a bulk string.
+fn first_word(frame: &[u8]) -> Option<&[u8]> {
+    let (_, count, a) = args_any(frame)?;
+    (count > 0).then(|| &frame[a.0..a.1])
+}
+
+fn args_any(frame: &[u8]) -> Option<(usize, usize, (usize, usize))> {
+    if frame.first() != Some(&b'*') && frame.first() != Some(&b'>') {
+        return None;
+    }
+    let nl = frame.iter().position(|&c| c == b'\n')?;
+    let count = usize::try_from(int(frame.get(1..nl.checked_sub(1)?)?).ok()?).ok()?;
+    let at = nl + 1;
+    let nl2 = frame[at..].iter().position(|&c| c == b'\n')? + at;
+    if frame.get(at) != Some(&b'$') || nl2 < at + 2 {
+        return None;
+    }
+    let n = usize::try_from(int(&frame[at + 1..nl2 - 1]).ok()?).ok()?;
+    let start = nl2 + 1;
+    (frame.len() >= start + n).then_some((0, count, (start, start + n)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(args: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        push_command(&mut out, args);
+        out
+    }
+
+    fn slots_reply(ranges: &[(u16, u16, &str, u16)]) -> Vec<u8> {
+        let mut r = format!("*{}\r\n", ranges.len());
+        for (a, b, h, p) in ranges {
+            r += &format!(
+                "*3\r\n:{a}\r\n:{b}\r\n*3\r\n${}\r\n{h}\r\n:{p}\r\n$2\r\nid\r\n",
+                h.len()
+            );
+        }
+        r.into_bytes()
+    }
+
+    /// A key whose slot lies in `a..=b`.
+    fn key_in(a: u16, b: u16) -> Vec<u8> {
+        (0..)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| (a..=b).contains(&slot_of(k)))
+            .unwrap_or_default()
+    }
+
+    fn fcall(key: &[u8]) -> Vec<u8> {
+        cmd(&[b"FCALL", b"f", b"1", key, b"x"])
+    }
+
+    const T: Millis = Millis(1000);
+
+    /// A router on three masters (n1, n2, n3 with a third of the slots
+    /// each), every socket open, the engine's links connected.
+    fn three() -> Router {
+        let url = RedisUrl::parse("redis-cluster://n1:1").unwrap();
+        let mut r = Router::new(&[("n1".into(), 1)], &url);
+        r.opened(0, Sock::Command, T);
+        assert_eq!(
+            r.take_output(0, Sock::Command),
+            cmd(&[b"CLUSTER", b"SLOTS"])
+        );
+        let map = slots_reply(&[
+            (0, 5460, "n1", 1),
+            (5461, 10922, "n2", 2),
+            (10923, 16383, "n3", 3),
+        ]);
+        r.input(0, Sock::Command, &map, T).unwrap();
+        assert_eq!(r.nodes().len(), 3);
+        assert_eq!(r.take_notices(), vec![Notice::Connected(Link::Command)]);
+        for i in 1..3 {
+            r.opened(i, Sock::Command, T);
+        }
+        for i in 0..3 {
+            assert!(r.wants(i, Sock::Events));
+            r.opened(i, Sock::Events, T);
+        }
+        assert_eq!(r.take_notices(), vec![Notice::Connected(Link::Events)]);
+        r
+    }
+
+    #[test]
+    fn crc16_and_slots_are_redis_cluster_s() {
+        // The check value of CRC16/XMODEM, and slots Redis's own
+        // `CLUSTER KEYSLOT` gives.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(slot_of(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS as u16);
+        assert_eq!(slot_of(b"foo{{bar}}zap"), crc16(b"{bar") % SLOTS as u16);
+    }
+
+    #[test]
+    fn frames_are_found_whole_across_reads() {
+        let frame = b"*3\r\n$5\r\nhello\r\n:1\r\n*2\r\n+a\r\n$-1\r\n";
+        for cut in 0..frame.len() {
+            let mut s = Scan::default();
+            let first = scan(&frame[..cut], &mut s).unwrap();
+            assert_eq!(first, None, "cut at {cut}");
+            assert_eq!(scan(frame, &mut s).unwrap(), Some(frame.len()));
+        }
+        assert!(scan(b"?x\r\n", &mut Scan::default()).is_err());
+        assert!(scan(b"$3\r\nabcde\r\n", &mut Scan::default()).is_err());
+    }
+
+    #[test]
+    fn calls_go_by_slot_and_replies_come_back_in_order() {
+        let mut r = three();
+        let (k1, k3) = (key_in(0, 5460), key_in(10923, 16383));
+        let mut out = fcall(&k3);
+        out.extend(fcall(&k1));
+        r.from_engine(Link::Command, &out, T);
+        assert_eq!(r.take_output(2, Sock::Command), fcall(&k3));
+        assert_eq!(r.take_output(0, Sock::Command), fcall(&k1));
+        r.input(0, Sock::Command, b"+one\r\n", T).unwrap();
+        assert!(r.take_engine_input(Link::Command).is_empty());
+        r.input(2, Sock::Command, b"+three\r\n", T).unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b"+three\r\n+one\r\n");
+    }
+
+    #[test]
+    fn moved_updates_the_map_and_sends_again_in_order() {
+        let mut r = three();
+        let k = key_in(0, 5460);
+        let slot = slot_of(&k);
+        let a = fcall(&k);
+        let b = cmd(&[b"FCALL", b"g", b"1", &k]);
+        r.from_engine(Link::Command, &[a.clone(), b.clone()].concat(), T);
+        assert_eq!(
+            r.take_output(0, Sock::Command),
+            [a.clone(), b.clone()].concat()
+        );
+        let moved = format!("-MOVED {slot} n2:2\r\n");
+        r.input(0, Sock::Command, moved.as_bytes(), T).unwrap();
+        // A third call for the slot waits behind the second, still in
+        // flight on n1.
+        let c = cmd(&[b"FCALL", b"h", b"1", &k]);
+        r.from_engine(Link::Command, &c, T);
+        assert!(r.take_output(1, Sock::Command).is_empty());
+        r.input(0, Sock::Command, moved.as_bytes(), T).unwrap();
+        assert_eq!(r.take_output(1, Sock::Command), [a, b, c].concat());
+        r.input(1, Sock::Command, b":1\r\n:2\r\n:3\r\n", T).unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b":1\r\n:2\r\n:3\r\n");
+        // The map says so now.
+        r.from_engine(Link::Command, &fcall(&k), T);
+        assert_eq!(r.take_output(1, Sock::Command), fcall(&k));
+        assert!(r.next_deadline().is_some(), "a refresh of the map is due");
+    }
+
+    #[test]
+    fn ask_sends_asking_and_the_call_once() {
+        let mut r = three();
+        let k = key_in(0, 5460);
+        r.from_engine(Link::Command, &fcall(&k), T);
+        r.take_output(0, Sock::Command);
+        let ask = format!("-ASK {} n3:3\r\n", slot_of(&k));
+        r.input(0, Sock::Command, ask.as_bytes(), T).unwrap();
+        let sent = r.take_output(2, Sock::Command);
+        assert_eq!(sent, [cmd(&[b"ASKING"]), fcall(&k)].concat());
+        r.input(2, Sock::Command, b"+OK\r\n:7\r\n", T).unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b":7\r\n");
+        // The map is unchanged.
+        r.from_engine(Link::Command, &fcall(&k), T);
+        assert_eq!(r.take_output(0, Sock::Command), fcall(&k));
+    }
+
+    #[test]
+    fn tryagain_is_sent_again_later() {
+        let mut r = three();
+        let k = key_in(0, 5460);
+        r.from_engine(Link::Command, &fcall(&k), T);
+        r.take_output(0, Sock::Command);
+        r.input(0, Sock::Command, b"-TRYAGAIN busy\r\n", T).unwrap();
+        assert!(r.take_output(0, Sock::Command).is_empty());
+        r.tick(Millis(T.0 + 10));
+        assert!(r.take_output(0, Sock::Command).is_empty());
+        let due = r.held.front().map(|h| h.at).unwrap();
+        r.tick(due);
+        assert_eq!(r.take_output(0, Sock::Command), fcall(&k));
+        r.input(0, Sock::Command, b"+done\r\n", due).unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b"+done\r\n");
+    }
+
+    #[test]
+    fn a_lost_master_answers_relaylost_in_place_and_wait_counts_it_zero() {
+        let mut r = three();
+        let (k1, k2) = (key_in(0, 5460), key_in(5461, 10922));
+        let out = [fcall(&k1), fcall(&k2), cmd(&[b"WAIT", b"1", b"100"])].concat();
+        r.from_engine(Link::Command, &out, T);
+        r.input(1, Sock::Command, b":2\r\n", T).unwrap();
+        r.closed(0, Sock::Command, T);
+        let got = r.take_engine_input(Link::Command);
+        assert!(
+            got.starts_with(b"-RELAYLOST "),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        assert!(got.ends_with(b"\r\n:2\r\n"));
+        // n2 answers its WAIT with 1; n1 counted 0.
+        r.input(1, Sock::Command, b":1\r\n", T).unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b":0\r\n");
+        // Its slots have no master that can be reached now.
+        r.from_engine(Link::Command, &fcall(&k1), T);
+        let got = r.take_engine_input(Link::Command);
+        assert!(got.starts_with(b"-CLUSTERDOWN"));
+        assert_eq!(r.take_notices(), vec![], "the command link stays up");
+        // No write since: WAIT answers at once.
+        r.from_engine(Link::Command, &cmd(&[b"WAIT", b"1", b"100"]), T);
+        assert_eq!(r.take_engine_input(Link::Command), b":1\r\n");
+    }
+
+    #[test]
+    fn wait_goes_to_the_masters_written_to_and_the_least_count_wins() {
+        let mut r = three();
+        let (k1, k3) = (key_in(0, 5460), key_in(10923, 16383));
+        let read = cmd(&[b"FCALL_RO", b"f", b"1", &k1]);
+        let out = [
+            read.clone(),
+            fcall(&k3),
+            fcall(&k1),
+            cmd(&[b"WAIT", b"2", b"50"]),
+        ]
+        .concat();
+        r.from_engine(Link::Command, &out, T);
+        let wait = cmd(&[b"WAIT", b"2", b"50"]);
+        assert_eq!(
+            r.take_output(0, Sock::Command),
+            [read, fcall(&k1), wait.clone()].concat()
+        );
+        assert!(
+            r.take_output(1, Sock::Command).is_empty(),
+            "n2 was not written to"
+        );
+        assert_eq!(r.take_output(2, Sock::Command), [fcall(&k3), wait].concat());
+        r.input(0, Sock::Command, b"$1\r\nr\r\n:1\r\n:2\r\n", T)
+            .unwrap();
+        r.input(2, Sock::Command, b":3\r\n:1\r\n", T).unwrap();
+        assert_eq!(
+            r.take_engine_input(Link::Command),
+            b"$1\r\nr\r\n:3\r\n:1\r\n:1\r\n"
+        );
+    }
+
+    #[test]
+    fn set_up_goes_to_every_master_once_answered_and_is_replayed() {
+        let mut r = three();
+        let load = cmd(&[b"SCRIPT", b"LOAD", b"return 1"]);
+        r.from_engine(Link::Command, &load, T);
+        for i in 0..3 {
+            assert_eq!(r.take_output(i, Sock::Command), load);
+        }
+        r.input(0, Sock::Command, b"$3\r\nabc\r\n", T).unwrap();
+        r.input(1, Sock::Command, b"-ERR no\r\n", T).unwrap();
+        assert!(r.take_engine_input(Link::Command).is_empty());
+        r.input(2, Sock::Command, b"$3\r\nabc\r\n", T).unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b"-ERR no\r\n");
+        // n2 connects again: the set-up is replayed, its reply swallowed.
+        r.closed(1, Sock::Command, T);
+        r.opened(1, Sock::Command, T);
+        assert_eq!(r.take_output(1, Sock::Command), load);
+        let k2 = key_in(5461, 10922);
+        r.from_engine(Link::Command, &fcall(&k2), T);
+        r.input(1, Sock::Command, b"$3\r\nabc\r\n:5\r\n", T)
+            .unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b":5\r\n");
+    }
+
+    #[test]
+    fn a_ping_is_answered_once_every_master_answered_and_frames_pass_whole() {
+        let mut r = three();
+        let ch = key_in(10923, 16383);
+        r.from_engine(Link::Events, &cmd(&[b"SSUBSCRIBE", &ch]), T);
+        assert_eq!(r.take_output(2, Sock::Events), cmd(&[b"SSUBSCRIBE", &ch]));
+        r.from_engine(Link::Events, &cmd(&[b"PING"]), T);
+        for i in 0..3 {
+            assert!(r.take_output(i, Sock::Events).ends_with(&cmd(&[b"PING"])));
+        }
+        let sub = format!(
+            "*3\r\n$10\r\nssubscribe\r\n${}\r\n{}\r\n:1\r\n",
+            ch.len(),
+            String::from_utf8_lossy(&ch)
+        );
+        let msg = format!(
+            "*3\r\n$8\r\nsmessage\r\n${}\r\n{}\r\n$2\r\nhi\r\n",
+            ch.len(),
+            String::from_utf8_lossy(&ch)
+        );
+        r.input(0, Sock::Events, b"+PONG\r\n", T).unwrap();
+        let (first, rest) = msg.as_bytes().split_at(10);
+        r.input(2, Sock::Events, &[sub.as_bytes(), first].concat(), T)
+            .unwrap();
+        assert_eq!(r.take_engine_input(Link::Events), sub.as_bytes());
+        r.input(2, Sock::Events, rest, T).unwrap();
+        r.input(2, Sock::Events, b"*2\r\n$4\r\npong\r\n$0\r\n\r\n", T)
+            .unwrap();
+        assert_eq!(r.take_engine_input(Link::Events), msg.as_bytes());
+        r.input(1, Sock::Events, b"+PONG\r\n", T).unwrap();
+        assert_eq!(
+            r.take_engine_input(Link::Events),
+            b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn an_unsolicited_sunsubscribe_starts_the_events_link_again() {
+        let mut r = three();
+        let ch = key_in(0, 5460);
+        r.from_engine(Link::Events, &cmd(&[b"SSUBSCRIBE", &ch]), T);
+        let gone = format!(
+            "*3\r\n$12\r\nsunsubscribe\r\n${}\r\n{}\r\n:0\r\n",
+            ch.len(),
+            String::from_utf8_lossy(&ch)
+        );
+        r.input(0, Sock::Events, gone.as_bytes(), T).unwrap();
+        assert_eq!(r.take_notices(), vec![Notice::Lost(Link::Events)]);
+        for i in 0..3 {
+            assert!(r.take_drop(i), "node {i}'s events socket starts again");
+            r.opened(i, Sock::Events, T);
+        }
+        assert_eq!(r.take_notices(), vec![Notice::Connected(Link::Events)]);
+    }
+
+    #[test]
+    fn a_moved_subscription_starts_the_events_link_again_and_reads_the_map() {
+        let mut r = three();
+        let ch = key_in(0, 5460);
+        r.from_engine(Link::Events, &cmd(&[b"SSUBSCRIBE", &ch]), T);
+        assert_eq!(r.take_output(0, Sock::Events), cmd(&[b"SSUBSCRIBE", &ch]));
+        let moved = format!("-MOVED {} n2:2\r\n", slot_of(&ch));
+        r.input(0, Sock::Events, moved.as_bytes(), T).unwrap();
+        assert!(
+            r.take_engine_input(Link::Events).is_empty(),
+            "never the engine's"
+        );
+        assert_eq!(r.take_notices(), vec![Notice::Lost(Link::Events)]);
+        let due = r.next_deadline().expect("the map is read again");
+        r.tick(due);
+        let asked = (0..3).any(|i| r.take_output(i, Sock::Command) == cmd(&[b"CLUSTER", b"SLOTS"]));
+        assert!(asked);
+    }
+
+    #[test]
+    fn a_node_without_cluster_support_owns_every_slot() {
+        let url = RedisUrl::parse("redis-cluster://:pw@solo:9").unwrap();
+        let mut r = Router::new(&[("solo".into(), 9)], &url);
+        r.opened(0, Sock::Command, T);
+        let out = r.take_output(0, Sock::Command);
+        assert_eq!(
+            out,
+            [cmd(&[b"AUTH", b"pw"]), cmd(&[b"CLUSTER", b"SLOTS"])].concat()
+        );
+        r.input(
+            0,
+            Sock::Command,
+            b"+OK\r\n-ERR This instance has cluster support disabled\r\n",
+            T,
+        )
+        .unwrap();
+        assert_eq!(r.take_notices(), vec![Notice::Connected(Link::Command)]);
+        for k in [b"a".as_slice(), b"b", b"zz"] {
+            r.from_engine(Link::Command, &fcall(k), T);
+            assert_eq!(r.take_output(0, Sock::Command), fcall(k));
+        }
+    }
+
+    #[test]
+    fn a_connected_node_that_becomes_a_master_gets_the_set_up() {
+        let mut r = three();
+        let load = cmd(&[b"SCRIPT", b"LOAD", b"return 1"]);
+        r.from_engine(Link::Command, &load, T);
+        for i in 0..3 {
+            r.take_output(i, Sock::Command);
+            r.input(i, Sock::Command, b"$1\r\na\r\n", T).unwrap();
+        }
+        assert_eq!(r.take_engine_input(Link::Command), b"$1\r\na\r\n");
+        // n3 moves a slot to n4, a node new to the router.
+        let k = key_in(10923, 16383);
+        r.from_engine(Link::Command, &fcall(&k), T);
+        r.take_output(2, Sock::Command);
+        let moved = format!("-MOVED {} n4:4\r\n", slot_of(&k));
+        r.input(2, Sock::Command, moved.as_bytes(), T).unwrap();
+        assert_eq!(r.take_notices(), vec![Notice::Lost(Link::Events)]);
+        assert!(r.wants(3, Sock::Command));
+        r.opened(3, Sock::Command, T);
+        assert_eq!(r.take_output(3, Sock::Command), [load, fcall(&k)].concat());
+        r.input(3, Sock::Command, b"$1\r\na\r\n:9\r\n", T).unwrap();
+        assert_eq!(r.take_engine_input(Link::Command), b":9\r\n");
+    }
+
+    #[test]
+    fn a_broken_reply_drops_the_socket_without_a_panic() {
+        let mut r = three();
+        r.from_engine(Link::Command, &fcall(&key_in(0, 5460)), T);
+        assert!(r.input(0, Sock::Command, b"?garbage\r\n", T).is_err());
+        assert!(
+            r.input(1, Sock::Command, b":1\r\n", T).is_err(),
+            "nobody asked"
+        );
+    }
+}
