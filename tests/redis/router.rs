@@ -10,7 +10,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use relay::store::redis::cluster::{Notice, Router, Sock, slot_of};
+use relay::store::redis::cluster::{Notice, Router, Sock};
+use relay::store::redis::slot::slot_of;
 use relay::store::redis::{Link, RedisUrl};
 use relay::time::Millis;
 

@@ -46,11 +46,12 @@ use redis_protocol::resp2::types::OwnedFrame;
 
 use super::codec::push_command;
 use super::link::Link;
+use super::slot::slot_of;
 use super::{MAX_INFLIGHT, RedisUrl};
 use crate::time::Millis;
 
 /// Hash slots of a Redis Cluster.
-pub const SLOTS: usize = 16_384;
+pub const SLOTS: usize = super::slot::SLOTS as usize;
 /// Nodes known at most (seeds and masters).
 pub const MAX_NODES: usize = 64;
 /// Engine commands waiting for their reply at most (beyond: refused in
@@ -65,35 +66,6 @@ const MAX_REPLY: usize = 512 << 20;
 /// Set-up commands kept for nodes connected later.
 const MAX_REPLAY: usize = 16;
 const NO_NODE: u8 = u8::MAX;
-
-// The CRC16 and hash-tag rule of Redis Cluster, as `slot.rs` has them.
-
-/// CRC16 (XMODEM: polynomial 0x1021, initial 0), as Redis Cluster hashes
-/// keys.
-pub fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// The slot of `key`, with Redis's hash tag rule.
-pub fn slot_of(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &key[open + 1..];
-        let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(key)) % SLOTS as u16
-}
 
 /// One of a node's two sockets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1301,17 +1273,6 @@ mod tests {
         }
         assert_eq!(r.take_notices(), vec![Notice::Connected(Link::Events)]);
         r
-    }
-
-    #[test]
-    fn crc16_and_slots_are_redis_cluster_s() {
-        // The check value of CRC16/XMODEM, and slots Redis's own
-        // `CLUSTER KEYSLOT` gives.
-        assert_eq!(crc16(b"123456789"), 0x31c3);
-        assert_eq!(slot_of(b"foo"), 12182);
-        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
-        assert_eq!(slot_of(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS as u16);
-        assert_eq!(slot_of(b"foo{{bar}}zap"), crc16(b"{bar") % SLOTS as u16);
     }
 
     #[test]

@@ -66,6 +66,10 @@
 //!   agents of every session;
 //! - `health`: the probe, readiness, and a lost store noticed;
 //! - `sentinel`: where the master is, as Redis Sentinel says;
+//! - `slot`: a Redis Cluster's buckets of sessions, their hash tags and
+//!   slots;
+//! - `cluster`: the router between the two links and a Redis Cluster's
+//!   masters (its sockets are `net/redis/cluster.rs`);
 //! - `codec`, `reply`, `url`: commands written, replies parsed, the URL.
 //!
 //! With `RELAY_REDIS_REPLICAS=N`, writes are followed by one
@@ -95,7 +99,7 @@ mod pipeline;
 mod reply;
 mod route;
 mod sentinel;
-pub(crate) mod slot;
+pub mod slot;
 mod url;
 
 use std::collections::{HashMap, VecDeque};
