@@ -13,6 +13,13 @@
 # and calls with FCALL (see mod.rs).
 #
 #   benches/script-callgrind.sh
+#   CLUSTER=1 benches/script-callgrind.sh
+#
+# CLUSTER=1 measures the calls as a relay on a Redis Cluster makes them
+# (redis-cluster://): Redis in cluster mode holding every slot, the keys
+# under a bucket's hash tag, each call naming every key it may touch. A
+# prompt's calls go to the one master of its session's slot, so this is
+# what a prompt costs its master in a cluster of any size.
 #
 # Needs valgrind, redis-server, redis-tools.
 set -euo pipefail
@@ -23,8 +30,17 @@ port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 now="$(date +%s%3N)"
-keys=(3 b:s:x b:sessions b:w:x)
-limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 b:e:x b:)
+if [ "${CLUSTER:-0}" = 1 ]; then
+  # The keys src/store/redis/calls.rs names for a prompt in a cluster.
+  b='b{x}'
+  keys=(5 "${b}s:x" "${b}sessions" "${b}pending" "${b}arrived" "${b}generation")
+  cluster_args=(--cluster-enabled yes --cluster-config-file "$work/nodes.conf")
+else
+  b='b:'
+  keys=(3 b:s:x b:sessions b:w:x)
+  cluster_args=()
+fi
+limits=(10000 100000 1000000000 00000000-0000-4000-8000-000000000000 "${b}e:x" "$b")
 head='{"session_id":"x","client_msg_id":"m0-0000000000","prompt":"'"$(printf 'x%.0s' $(seq 256))"'","ts":'"$now"',"seq":'
 # The record the relay sends (src/store/redis/mod.rs, `record`).
 record="P
@@ -44,10 +60,17 @@ for i = 14, #$2, 6 do $2[i] = n end end"
 # (EVALSHA), or of FUNCTION in the library FILE (FCALL).
 measure() {
   local out="$work/out" how
-  rm -f "$out".*
+  rm -f "$out".* "$work/nodes.conf"
   valgrind --tool=callgrind --callgrind-out-file="$out.%p" \
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no >"$work/log" 2>&1 &
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no "${cluster_args[@]}" >"$work/log" 2>&1 &
   for _ in $(seq 1 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  if [ "${CLUSTER:-0}" = 1 ]; then
+    redis-cli -p "$port" cluster addslotsrange 0 16383 >/dev/null
+    for _ in $(seq 1 300); do
+      redis-cli -p "$port" cluster info | grep -q 'cluster_state:ok' && break
+      sleep 0.1
+    done
+  fi
   if [ -n "${2:-}" ]; then
     redis-cli -p "$port" -x function load <"$1" >/dev/null
     how=(fcall "$2")
@@ -64,11 +87,18 @@ measure() {
       # answers carry what the later ones wrote), as the relay sends it.
       local groups=() bkeys=() i
       for i in $(seq 1 "$BATCH"); do
-        bkeys+=(b:s:x)
+        bkeys+=("${b}s:x")
         groups+=(x 00000000-0000-4000-8000-000000000000 next 00000000-0000-4000-8000-000000000000 "m${i}__rand_int__" "$record")
       done
-      redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 "${how[@]}" $((3 + BATCH)) "" b:sessions "" "${bkeys[@]}" \
-        prompts "" "$now" "" 0 10000 100000 1000000000 "" "" b: "${groups[@]}" >/dev/null 2>&1
+      # pipeline.rs, send_batch: three keys, the sessions', and in a
+      # cluster the bucket's generation.
+      local head=("" b:sessions "") tail=()
+      if [ "${CLUSTER:-0}" = 1 ]; then
+        head=("${b}pending" "${b}sessions" "${b}arrived") tail=("${b}generation")
+      fi
+      redis-benchmark -p "$port" -c 1 -P 16 -n "$1" -r 1000000000 "${how[@]}" $((3 + BATCH + ${#tail[@]})) \
+        "${head[@]}" "${bkeys[@]}" "${tail[@]}" \
+        prompts "" "$now" "" 0 10000 100000 1000000000 "" "" "$b" "${groups[@]}" >/dev/null 2>&1
     fi
   }
   call 1000
