@@ -30,6 +30,14 @@
 #                 (Redis's CPU, apart from the relays' server_* figures).
 #   shared-base   shared with the relay binary at BASE_BIN: the engine's
 #                 before/after in one interleaved run.
+#   cluster       shared with Redis in cluster mode (cluster-enabled, one
+#                 master holding every slot) and RELAY_REDIS_URL
+#                 redis-cluster://: the cluster path's own cost (the
+#                 router, the sessions' buckets, sharded pub/sub) against
+#                 shared's, on the same single Redis process. A session's
+#                 calls go to the one master holding its slot, so its
+#                 redis_us_per_op is what a prompt costs its master in a
+#                 cluster of any size.
 #   script        the floor of shared: redis-benchmark -c 64 -P 1 calling the
 #                 engine's script (src/store/redis/relay.lua) directly with
 #                 the prompt of the ingest figure, no relay, as the relay
@@ -137,12 +145,12 @@ ulimit -n "$(ulimit -Hn)"
 
 for t in $TARGETS; do
   case "$t" in
-    relay | nchan | nchan-redis | nginx-static | durable | redis | shared | script) ;;
+    relay | nchan | nchan-redis | nginx-static | durable | redis | shared | cluster | script) ;;
     base | shared-base | durable-base)
       [ -x "$BASE_BIN" ] || { echo "run.sh: target base needs BASE_BIN=<a relay binary>" >&2; exit 2; }
       BASE_BIN="$(realpath "$BASE_BIN")"
       ;;
-    *) echo "run.sh: unknown target $t (relay, base, durable, durable-base, redis, shared, shared-base, script, nchan, nchan-redis, nginx-static)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown target $t (relay, base, durable, durable-base, redis, shared, shared-base, cluster, script, nchan, nchan-redis, nginx-static)" >&2; exit 2 ;;
   esac
   case "$TLS:$t" in
     0:* | 1:relay | 1:base | 1:nchan | 1:nginx-static) ;;
@@ -218,7 +226,7 @@ relay_env=()
 bin_of() { case "$1" in base | shared-base | durable-base) echo "$BASE_BIN" ;; *) echo "$relay_bin" ;; esac; }
 
 # The protocol a target speaks to the load generator and wrk's script.
-proto_of() { case "$1" in durable | durable-base | shared | shared-base) echo relay ;; nchan-redis) echo nchan ;; *) echo "$1" ;; esac; }
+proto_of() { case "$1" in durable | durable-base | shared | shared-base | cluster) echo relay ;; nchan-redis) echo nchan ;; *) echo "$1" ;; esac; }
 
 # The storage thread's commits so far (one fsync each with RELAY_SYNC=always).
 commits() {
@@ -289,18 +297,26 @@ start_server() {
         server_pid="$server_pid,$(pgrep -P "$second_pid" | head -1)"
       fi
       ;;
-    shared | shared-base)
+    shared | shared-base | cluster)
       # Redis first (no persistence: the engine's cost), then the relay
       # on it, and for fan-out a second relay on the same Redis.
       # Below the kernel's ephemeral range (32768 up): a port there may be
       # held by one of the load's own connections.
-      local rport=$(($2 + 2000))
+      local rport=$(($2 + 2000)) scheme_r=redis cluster_args=()
+      [ "$1" = cluster ] && scheme_r=redis-cluster cluster_args=(--cluster-enabled yes --cluster-config-file "$OUT/shared-$2/nodes.conf")
       mkdir -p "$OUT/shared-$2"
       taskset -c "$SERVER_CORE" redis-server --port "$rport" --bind 127.0.0.1 --dir "$OUT/shared-$2" \
-        --save '' --appendonly no --daemonize no >"$OUT/shared-redis-$2.log" 2>&1 &
+        --save '' --appendonly no --daemonize no "${cluster_args[@]}" >"$OUT/shared-redis-$2.log" 2>&1 &
       redis_pid=$!
       for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
-      local shared_env=(RELAY_HOST=127.0.0.1 RELAY_LOG=warn RELAY_REDIS_URL="redis://127.0.0.1:$rport"
+      if [ "$1" = cluster ]; then
+        redis-cli -p "$rport" cluster addslotsrange 0 16383 >/dev/null
+        for _ in $(seq 1 100); do
+          redis-cli -p "$rport" cluster info | grep -q 'cluster_state:ok' && break
+          sleep 0.1
+        done
+      fi
+      local shared_env=(RELAY_HOST=127.0.0.1 RELAY_LOG=warn RELAY_REDIS_URL="$scheme_r://127.0.0.1:$rport"
         RELAY_MAX_CONNECTIONS=25000 RELAY_MAX_SUBSCRIBERS=20000 RELAY_MAX_WAITERS=1000 RELAY_MAX_PENDING=100000
         RELAY_MAX_MEMORY=2G)
       env RELAY_PORT="$2" "${shared_env[@]}" "${relay_env[@]}" taskset -c "$SERVER_CORE" "$(bin_of "$1")" 2>"$log" &
@@ -503,7 +519,7 @@ run_figure() {
   esac
   port=$((port + 1))
   SECOND=""
-  case "$t:$kind" in shared:fan | shared-base:fan | nchan-redis:fan) SECOND=$((port + 4000)) ;; esac
+  case "$t:$kind" in shared:fan | shared-base:fan | cluster:fan | nchan-redis:fan) SECOND=$((port + 4000)) ;; esac
   start_server "$t" "$port"
   local extra=()
   [ -n "$redis_pid" ] && extra+=(--redis-pid "$redis_pid")
