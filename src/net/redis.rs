@@ -694,48 +694,13 @@ impl RedisLinks {
         if !s.open {
             return;
         }
-        let more = store.take_output(s.link);
-        if !more.is_empty() {
-            if s.out.is_empty() {
-                s.out = more;
-                s.written = 0;
-            } else {
-                s.out.extend_from_slice(&more);
-            }
-        }
+        queue(&mut s.out, &mut s.written, store.take_output(s.link));
         let Some(sock) = &mut s.sock else {
             return;
         };
-        let mut budget = WRITE_BUDGET;
-        while s.writable && s.written < s.out.len() && budget > 0 {
-            let end = s.out.len().min(s.written + budget);
-            match sock.write(&s.out[s.written..end]) {
-                Ok(0) => break,
-                Ok(n) => {
-                    s.written += n;
-                    budget -= n.min(budget);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.writable = false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.drop_link(i, store, registry, now, &e);
-                    return;
-                }
-            }
-        }
-        if s.writable && sock.has_records() {
-            match sock.flush_records() {
-                WriteStatus::Drained => {}
-                WriteStatus::WouldBlock | WriteStatus::Budget => s.writable = false,
-                WriteStatus::Failed => {
-                    self.drop_link(i, store, registry, now, &"TLS write failed");
-                    return;
-                }
-            }
-        }
-        if s.written == s.out.len() {
-            s.out.clear();
-            s.written = 0;
+        if let Err(cause) = write_queued(sock, &mut s.out, &mut s.written, &mut s.writable) {
+            self.drop_link(i, store, registry, now, &cause);
+            return;
         }
         if store.linked() {
             for s in &mut self.socks {
@@ -791,4 +756,55 @@ impl RedisLinks {
             w.retry_at = now;
         }
     }
+}
+
+/// Appends `more` to what `out` has still to write from `written` on.
+pub(super) fn queue(out: &mut Vec<u8>, written: &mut usize, more: Vec<u8>) {
+    if more.is_empty() {
+        return;
+    }
+    if out.is_empty() {
+        *out = more;
+        *written = 0;
+    } else {
+        out.extend_from_slice(&more);
+    }
+}
+
+/// Writes what `out` holds from `written` on while the socket takes it,
+/// at most [`WRITE_BUDGET`] bytes this turn, then the TLS records; once
+/// all is written the buffer is emptied. An error says why the socket
+/// goes.
+pub(super) fn write_queued(
+    sock: &mut Stream,
+    out: &mut Vec<u8>,
+    written: &mut usize,
+    writable: &mut bool,
+) -> Result<(), String> {
+    let mut budget = WRITE_BUDGET;
+    while *writable && *written < out.len() && budget > 0 {
+        let end = out.len().min(*written + budget);
+        match sock.write(&out[*written..end]) {
+            Ok(0) => break,
+            Ok(n) => {
+                *written += n;
+                budget -= n.min(budget);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => *writable = false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    if *writable && sock.has_records() {
+        match sock.flush_records() {
+            WriteStatus::Drained => {}
+            WriteStatus::WouldBlock | WriteStatus::Budget => *writable = false,
+            WriteStatus::Failed => return Err("TLS write failed".to_string()),
+        }
+    }
+    if *written == out.len() {
+        out.clear();
+        *written = 0;
+    }
+    Ok(())
 }

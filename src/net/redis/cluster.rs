@@ -11,7 +11,7 @@
 //! below the other links' tokens.
 
 use std::fmt::Display;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -20,9 +20,8 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use rustls::pki_types::ServerName;
 
-use super::super::buffer::WriteStatus;
 use super::super::stream::Stream;
-use super::{MAX_BACKOFF, MIN_BACKOFF, RedisTls, WRITE_BUDGET};
+use super::{MAX_BACKOFF, MIN_BACKOFF, RedisTls, queue, write_queued};
 use crate::store::redis::cluster::{MAX_NODES, Notice, Router, Sock};
 use crate::store::redis::{Link, RedisStore, RedisUrl, Trouble, note};
 use crate::time::Millis;
@@ -363,50 +362,16 @@ impl ClusterLinks {
         if !s.open {
             return;
         }
-        let more = self.router.take_output(i, sock_of(k));
-        if !more.is_empty() {
-            if s.out.is_empty() {
-                s.out = more;
-                s.written = 0;
-            } else {
-                s.out.extend_from_slice(&more);
-            }
-        }
+        queue(
+            &mut s.out,
+            &mut s.written,
+            self.router.take_output(i, sock_of(k)),
+        );
         let Some(sock) = &mut s.sock else {
             return;
         };
-        let mut budget = WRITE_BUDGET;
-        let mut failed = None;
-        while s.writable && s.written < s.out.len() && budget > 0 {
-            let end = s.out.len().min(s.written + budget);
-            match sock.write(&s.out[s.written..end]) {
-                Ok(0) => break,
-                Ok(n) => {
-                    s.written += n;
-                    budget -= n.min(budget);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.writable = false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    failed = Some(e.to_string());
-                    break;
-                }
-            }
-        }
-        if failed.is_none() && s.writable && sock.has_records() {
-            match sock.flush_records() {
-                WriteStatus::Drained => {}
-                WriteStatus::WouldBlock | WriteStatus::Budget => s.writable = false,
-                WriteStatus::Failed => failed = Some("TLS write failed".to_string()),
-            }
-        }
-        if let Some(cause) = failed {
+        if let Err(cause) = write_queued(sock, &mut s.out, &mut s.written, &mut s.writable) {
             self.drop_sock(i, k, store, registry, now, &cause, true);
-            return;
-        }
-        if s.written == s.out.len() {
-            s.out.clear();
-            s.written = 0;
         }
     }
 
