@@ -100,6 +100,9 @@ impl RedisStore {
     /// bucket (only its session's for a read of one session), each
     /// raising its bucket's counter to the highest number known here.
     fn merge_round(&mut self, i: usize) {
+        // The floors this round raises hold a cursor only once replicas
+        // hold them too: a `WAIT` follows the calls.
+        self.unwaited |= self.replicas > 0;
         let m = &mut self.merges[i];
         m.rounds += 1;
         m.floor = u64::MAX;
@@ -225,9 +228,29 @@ impl RedisStore {
         let resume = (listed.is_empty() && !above && m.cut < u64::MAX && m.limit > 0)
             .then_some(bound)
             .filter(|b| m.after.is_none_or(|a| *b > a));
-        let result = Ok(EveryRead { listed, resume });
-        self.ready
-            .push_back(StoreEvent::EveryPage { to: m.to, result });
+        let read = EveryRead { listed, resume };
+        if self.replicas > 0 && (self.waiting || self.unwaited) {
+            // Answered once the `WAIT` sent after its calls is.
+            self.pages_held.push((m.to, read));
+            return;
+        }
+        self.ready.push_back(StoreEvent::EveryPage {
+            to: m.to,
+            result: Ok(read),
+        });
+    }
+
+    /// The `WAIT` after the held pages' calls was answered (`confirmed`:
+    /// by enough replicas), or the link was lost: each page is answered,
+    /// or refused (`503`) when its floors may not outlive a failover.
+    pub(super) fn release_pages(&mut self, confirmed: bool) {
+        for (to, read) in std::mem::take(&mut self.pages_held) {
+            let result = match confirmed {
+                true => Ok(read),
+                false => Err(ApiError::storage_unavailable()),
+            };
+            self.ready.push_back(StoreEvent::EveryPage { to, result });
+        }
     }
 
     /// Stores and publishes this instance's agent of every session
@@ -584,5 +607,37 @@ mod tests {
             r.every_again_owed,
             "its poll reads again with the next probe"
         );
+    }
+
+    #[test]
+    fn with_replicas_a_merged_page_waits_for_the_wait_after_its_calls() {
+        for (confirmed, reply) in [(true, &b":1\r\n"[..]), (false, b":0\r\n")] {
+            let mut r = store();
+            r.replicas = 1;
+            let conn = ConnId {
+                key: 1,
+                generation: 1,
+            };
+            r.read_every(Ticket { conn, n: 1 }, &Scope::Every, None, 10);
+            let out = r.take_output(Link::Command);
+            assert!(
+                String::from_utf8_lossy(&out).contains("WAIT"),
+                "a WAIT follows"
+            );
+            let mut replies = Vec::new();
+            for _ in 0..BUCKETS {
+                replies.extend(answer(5063, &[(5000, "a")]));
+            }
+            r.input(Link::Command, &replies).unwrap();
+            assert!(r.ready.is_empty(), "held until the WAIT is answered");
+            r.input(Link::Command, reply).unwrap();
+            let Some(StoreEvent::EveryPage { result, .. }) = r.ready.pop_front() else {
+                panic!("no page");
+            };
+            match confirmed {
+                true => assert_eq!(result.map(|p| p.listed.len()).ok(), Some(10)),
+                false => assert_eq!(result.err().map(|e| e.status), Some(503)),
+            }
+        }
     }
 }

@@ -197,6 +197,7 @@ impl RedisStore {
             self.health.link_lost();
             // Writes answered whose `WAIT` will not be: may be stored.
             self.unhold(false);
+            self.release_pages(false);
             self.waiting = false;
             self.unwaited = false;
             // A write sent is Redis's to run or not: whether it did is not

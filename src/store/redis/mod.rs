@@ -113,7 +113,7 @@ pub use url::{RedisUrl, Sentinels};
 
 use super::idmap::Keys;
 use super::mem::{IdGen, MemStore, StoreLimits};
-use super::seam::{StoreEvent, StoreStats};
+use super::seam::{EveryRead, StoreEvent, StoreStats};
 use super::types::SessionId;
 use crate::store::types::Ticket;
 use crate::time::Millis;
@@ -173,6 +173,10 @@ pub struct RedisStore {
     /// here, whose number the relay's waiter cap bounds; a lost command
     /// link answers them all.
     merges: Vec<every::Merge>,
+    /// Merged all-sessions pages waiting for the `WAIT` after their
+    /// calls (`RELAY_REDIS_REPLICAS` in a cluster): the floors they
+    /// raised must outlive a failover before a cursor relies on them.
+    pages_held: Vec<(Ticket, EveryRead)>,
     merge_ids: u64,
     /// A merged read failed: the parked all-sessions polls read again
     /// when the next probe goes out.
@@ -265,6 +269,7 @@ impl RedisStore {
             arrivals: None,
             every_floor: 0,
             merges: Vec::new(),
+            pages_held: Vec::new(),
             merge_ids: 0,
             every_again_owed: false,
             arrivals_wanted: false,

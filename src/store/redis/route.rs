@@ -129,6 +129,7 @@ impl RedisStore {
             let confirmed =
                 matches!(frame, OwnedFrame::Integer(n) if n >= i64::from(self.replicas));
             self.unhold(confirmed);
+            self.release_pages(confirmed);
             return Ok(());
         }
         if (self.waiting || self.unwaited)
