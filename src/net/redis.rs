@@ -247,9 +247,10 @@ impl RedisLinks {
 
     /// Connects the links that are down and due.
     pub fn tick(&mut self, registry: &Registry, now: Millis) {
-        if self.cluster.is_some() {
-            // The cluster's sockets are connected by `flush`, which has
-            // the engine at hand.
+        if let Some(c) = &mut self.cluster {
+            // What the router has to say reaches the engine in `flush`,
+            // which has it at hand.
+            c.connect_due(registry, now);
             return;
         }
         if let Some(w) = &mut self.watch

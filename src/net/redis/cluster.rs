@@ -121,12 +121,24 @@ impl ClusterLinks {
         Some((seed.2, name))
     }
 
-    /// Connects the sockets the router wants and are due; drops the ones
-    /// it no longer wants.
+    /// Time passed: the router acts, the sockets it wants are connected
+    /// and what it queued is written. Called at the end of every turn.
     #[inline(never)]
     pub fn tick(&mut self, store: &mut RedisStore, registry: &Registry, now: Millis) {
         self.router.tick(now);
         self.pump(store, registry, now);
+        self.connect_due(registry, now);
+        self.pump(store, registry, now);
+        self.flush(store, registry, now);
+    }
+
+    /// Connects the sockets the router wants and are due; drops the ones
+    /// it no longer wants. Also called before the first turn, as one
+    /// Redis's sockets are connected then, so that the seeds answer
+    /// before the first request is read; what the router says meanwhile
+    /// reaches the engine at the next `pump`.
+    #[inline(never)]
+    pub fn connect_due(&mut self, registry: &Registry, now: Millis) {
         self.grow();
         for i in 0..self.socks.len() {
             for k in 0..2 {
@@ -134,7 +146,7 @@ impl ClusterLinks {
                 let s = &self.socks[i][k];
                 if !wants && s.sock.is_some() {
                     // Not a failure: nothing is logged.
-                    self.drop_sock(i, k, store, registry, now, &"no longer a master", false);
+                    self.drop_sock(i, k, registry, now, &"no longer a master", false);
                     self.socks[i][k].retry_at = now;
                     self.router.closed(i, sock_of(k), now);
                     continue;
@@ -164,8 +176,6 @@ impl ClusterLinks {
                 }
             }
         }
-        self.pump(store, registry, now);
-        self.flush(store, registry, now);
     }
 
     fn connect(
@@ -232,7 +242,7 @@ impl ClusterLinks {
             };
             if let Some(cause) = cause {
                 if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
-                    self.drop_sock(i, k, store, registry, now, &cause, true);
+                    self.drop_sock(i, k, registry, now, &cause, true);
                 }
                 return;
             }
@@ -269,7 +279,7 @@ impl ClusterLinks {
             }
         }
         if let Some(cause) = gone {
-            self.drop_sock(i, k, store, registry, now, &cause, true);
+            self.drop_sock(i, k, registry, now, &cause, true);
         }
         self.pump(store, registry, now);
         self.flush(store, registry, now);
@@ -291,7 +301,7 @@ impl ClusterLinks {
                         let k = usize::from(link == Link::Events);
                         for i in 0..self.socks.len() {
                             if self.socks[i][k].sock.is_some() {
-                                self.drop_sock(i, k, store, registry, now, &e, true);
+                                self.drop_sock(i, k, registry, now, &e, true);
                             }
                         }
                     }
@@ -313,15 +323,7 @@ impl ClusterLinks {
             }
             for i in 0..self.socks.len() {
                 if self.router.take_drop(i) && self.socks[i][1].sock.is_some() {
-                    self.drop_sock(
-                        i,
-                        1,
-                        store,
-                        registry,
-                        now,
-                        &"subscriptions start again",
-                        false,
-                    );
+                    self.drop_sock(i, 1, registry, now, &"subscriptions start again", false);
                     self.socks[i][1].retry_at = now;
                 }
             }
@@ -337,7 +339,7 @@ impl ClusterLinks {
         self.pump(store, registry, now);
         for i in 0..self.socks.len() {
             for k in 0..2 {
-                self.flush_one(i, k, store, registry, now);
+                self.flush_one(i, k, registry, now);
             }
         }
         if store.linked() {
@@ -350,14 +352,7 @@ impl ClusterLinks {
         }
     }
 
-    fn flush_one(
-        &mut self,
-        i: usize,
-        k: usize,
-        store: &mut RedisStore,
-        registry: &Registry,
-        now: Millis,
-    ) {
+    fn flush_one(&mut self, i: usize, k: usize, registry: &Registry, now: Millis) {
         let s = &mut self.socks[i][k];
         if !s.open {
             return;
@@ -371,19 +366,17 @@ impl ClusterLinks {
             return;
         };
         if let Err(cause) = write_queued(sock, &mut s.out, &mut s.written, &mut s.writable) {
-            self.drop_sock(i, k, store, registry, now, &cause, true);
+            self.drop_sock(i, k, registry, now, &cause, true);
         }
     }
 
     /// Drops node `i`'s socket `k`; `tell`: the router hears of it (else
     /// it asked for it).
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn drop_sock(
         &mut self,
         i: usize,
         k: usize,
-        _store: &mut RedisStore,
         registry: &Registry,
         now: Millis,
         cause: &dyn Display,

@@ -22,7 +22,10 @@
 //! commands for it wait behind it (`held`), so each slot runs them in the
 //! engine's order. A master lost answers what was in flight on it with
 //! `-RELAYLOST` in place; a slot without a master answers
-//! `-CLUSTERDOWN` at once (nothing was sent).
+//! `-CLUSTERDOWN` at once (nothing was sent). The logical command link is
+//! up as soon as a seed's socket is, as one Redis's is: what the engine
+//! sends while the map is read waits for it (`early`), and a master still
+//! connecting keeps its commands until it opens.
 //!
 //! Events link: `SSUBSCRIBE`/`SUNSUBSCRIBE` go by the channel's slot, any
 //! other subscription to the first master (Redis Cluster carries classic
@@ -63,6 +66,9 @@ const MAX_REDIRECTS: u8 = 8;
 const REFRESH_MS: u64 = 150;
 /// Bytes a node's reply may take before the socket is dropped.
 const MAX_REPLY: usize = 512 << 20;
+/// Engine commands kept until the map is known at most (beyond: refused
+/// in place); the engine sends its set-up and the first requests then.
+const MAX_EARLY: usize = 1024;
 /// Set-up commands kept for nodes connected later.
 const MAX_REPLAY: usize = 16;
 const NO_NODE: u8 = u8::MAX;
@@ -290,6 +296,9 @@ pub struct Router {
     inflight: Vec<u16>,
     held_slot: Vec<bool>,
     held: VecDeque<Held>,
+    /// The engine's commands sent before the map was known, in order:
+    /// routed once it is (at most `MAX_EARLY`).
+    early: VecDeque<Vec<u8>>,
     cmd_linked: bool,
     ev_linked: bool,
     /// `PING` barriers: (number, masters yet to answer).
@@ -326,6 +335,7 @@ impl Router {
             inflight: vec![0; SLOTS],
             held_slot: vec![false; SLOTS],
             held: VecDeque::new(),
+            early: VecDeque::new(),
             cmd_linked: false,
             ev_linked: false,
             pings: VecDeque::new(),
@@ -847,12 +857,29 @@ impl Router {
         if news {
             self.events_lost();
         }
+        // What the engine sent while the map was read goes where it says,
+        // in the engine's order (a master still connecting keeps it).
+        for c in std::mem::take(&mut self.early) {
+            if let Some((len, count, a)) = args(&c) {
+                self.command(&c[..len], count, a, now);
+            }
+        }
         self.link_check(now);
     }
 
-    /// The engine's logical links follow the sockets.
+    /// The engine's logical links follow the sockets. The command link is
+    /// up as soon as a command can go somewhere, as one Redis's is once
+    /// its socket is: while the map is read, a seed's socket is open (the
+    /// commands wait in `early`); once it is known, some master's socket
+    /// is open or still connecting for the first time (its commands wait
+    /// in its output). Only when no master can be reached are commands
+    /// refused.
     fn link_check(&mut self, now: Millis) {
-        let up = self.map_known && self.any_master_open();
+        let up = if self.map_known {
+            self.nodes.iter().any(|n| n.master && !n.cmd.down)
+        } else {
+            self.nodes.iter().any(|n| n.cmd.open)
+        };
         if up && !self.cmd_linked {
             self.cmd_linked = true;
             self.notices.push(Notice::Connected(Link::Command));
@@ -862,6 +889,7 @@ impl Router {
             self.base = self.next;
             self.held.clear();
             self.held_slot.fill(false);
+            self.early.clear();
             self.to_engine[0].clear();
             self.notices.push(Notice::Lost(Link::Command));
             self.refresh_soon(now);
@@ -966,7 +994,13 @@ impl Router {
             };
             let cmd = &bytes[at..at + len];
             match link {
-                Link::Command if self.cmd_linked => self.command(cmd, count, a, now),
+                Link::Command if self.cmd_linked => {
+                    if !self.map_known && self.early.len() < MAX_EARLY {
+                        self.early.push_back(cmd.to_vec());
+                    } else {
+                        self.command(cmd, count, a, now);
+                    }
+                }
                 Link::Command => {}
                 Link::Events => self.event_command(cmd, count, a),
             }
@@ -1546,6 +1580,63 @@ mod tests {
             r.from_engine(Link::Command, &fcall(k), T);
             assert_eq!(r.take_output(0, Sock::Command), fcall(k));
         }
+    }
+
+    #[test]
+    fn what_the_engine_sends_while_the_map_is_read_waits_for_it() {
+        // The engine's link is up once the seed's socket is: its set-up
+        // and first calls, sent before `CLUSTER SLOTS` is answered, go out
+        // once it is, in order, and none is refused.
+        let url = RedisUrl::parse("redis-cluster://solo:9").unwrap();
+        let mut r = Router::new(&[("solo".into(), 9)], &url);
+        r.opened(0, Sock::Command, T);
+        assert_eq!(r.take_notices(), vec![Notice::Connected(Link::Command)]);
+        let setup = cmd(&[b"SCRIPT", b"LOAD", b"s"]);
+        let sent = [setup.clone(), fcall(b"a"), fcall(b"zz")].concat();
+        r.from_engine(Link::Command, &sent, T);
+        assert_eq!(
+            r.take_output(0, Sock::Command),
+            cmd(&[b"CLUSTER", b"SLOTS"])
+        );
+        assert!(r.take_engine_input(Link::Command).is_empty());
+        let disabled = b"-ERR This instance has cluster support disabled\r\n";
+        r.input(0, Sock::Command, disabled, T).unwrap();
+        assert_eq!(r.take_output(0, Sock::Command), sent);
+        r.input(0, Sock::Command, b"$1\r\ns\r\n:1\r\n:2\r\n", T)
+            .unwrap();
+        assert_eq!(
+            r.take_engine_input(Link::Command),
+            b"$1\r\ns\r\n:1\r\n:2\r\n"
+        );
+        assert!(r.take_notices().is_empty());
+    }
+
+    #[test]
+    fn masters_still_connecting_keep_the_calls_and_a_lost_one_refuses_them() {
+        // The map names masters other than the seed: calls for them wait
+        // on their sockets while they connect; one that cannot be reached
+        // answers in place, and the link goes once none can.
+        let url = RedisUrl::parse("redis-cluster://seed:1").unwrap();
+        let mut r = Router::new(&[("seed".into(), 1)], &url);
+        r.opened(0, Sock::Command, T);
+        r.take_output(0, Sock::Command);
+        let map = slots_reply(&[(0, 8191, "m1", 2), (8192, 16383, "m2", 3)]);
+        r.input(0, Sock::Command, &map, T).unwrap();
+        assert_eq!(r.take_notices(), vec![Notice::Connected(Link::Command)]);
+        let (k1, k2) = (key_in(0, 8191), key_in(8192, 16383));
+        r.from_engine(Link::Command, &[fcall(&k1), fcall(&k2)].concat(), T);
+        assert!(r.take_engine_input(Link::Command).is_empty());
+        r.opened(1, Sock::Command, T);
+        assert_eq!(r.take_output(1, Sock::Command), fcall(&k1));
+        r.closed(2, Sock::Command, T);
+        r.input(1, Sock::Command, b":1\r\n", T).unwrap();
+        assert_eq!(
+            r.take_engine_input(Link::Command),
+            b":1\r\n-CLUSTERDOWN relay: no master for the slot\r\n"
+        );
+        assert!(r.take_notices().is_empty());
+        r.closed(1, Sock::Command, T);
+        assert_eq!(r.take_notices(), vec![Notice::Lost(Link::Command)]);
     }
 
     #[test]
