@@ -641,33 +641,8 @@ impl RedisLinks {
         if ev.is_writable() {
             s.writable = true;
         }
-        let mut gone = None;
-        loop {
-            match sock.read(scratch) {
-                Ok(0) => {
-                    gone = Some("Redis closed the connection".to_string());
-                    break;
-                }
-                Ok(n) => {
-                    if let Err(e) = store.input(s.link, &scratch[..n]) {
-                        gone = Some(e);
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // A TLS failure (an untrusted certificate, a wrong
-                    // name) says why here too.
-                    gone = Some(if e.kind() == io::ErrorKind::InvalidData {
-                        format!("TLS failed: {e}")
-                    } else {
-                        e.to_string()
-                    });
-                    break;
-                }
-            }
-        }
+        let link = s.link;
+        let gone = read_all(sock, scratch, &mut |bytes| store.input(link, bytes));
         if let Some(cause) = gone {
             self.drop_link(i, store, registry, now, &cause);
             return;
@@ -755,6 +730,33 @@ impl RedisLinks {
             }
             w.open = false;
             w.retry_at = now;
+        }
+    }
+}
+
+/// Reads what `sock` has into `take`, a read at a time, until it would
+/// block. Why the socket goes, if it does: closed by Redis, refused by
+/// `take`, or a read error (a TLS failure, such as an untrusted
+/// certificate or a wrong name, says so).
+pub(super) fn read_all(
+    sock: &mut Stream,
+    scratch: &mut [u8],
+    take: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+) -> Option<String> {
+    loop {
+        match sock.read(scratch) {
+            Ok(0) => return Some("Redis closed the connection".to_string()),
+            Ok(n) => {
+                if let Err(e) = take(&scratch[..n]) {
+                    return Some(e);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return Some(format!("TLS failed: {e}"));
+            }
+            Err(e) => return Some(e.to_string()),
         }
     }
 }

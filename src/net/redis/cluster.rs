@@ -11,7 +11,6 @@
 //! below the other links' tokens.
 
 use std::fmt::Display;
-use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use mio::{Interest, Registry, Token};
 use rustls::pki_types::ServerName;
 
 use super::super::stream::Stream;
-use super::{MAX_BACKOFF, MIN_BACKOFF, RedisTls, queue, write_queued};
+use super::{MAX_BACKOFF, MIN_BACKOFF, RedisTls, queue, read_all, write_queued};
 use crate::store::redis::cluster::{MAX_NODES, Notice, Router, Sock};
 use crate::store::redis::{Link, RedisStore, RedisUrl, Trouble, note};
 use crate::time::Millis;
@@ -253,31 +252,13 @@ impl ClusterLinks {
         if ev.is_writable() {
             s.writable = true;
         }
-        let mut gone = None;
-        while let Some(sock) = &mut self.socks[i][k].sock {
-            match sock.read(scratch) {
-                Ok(0) => {
-                    gone = Some("Redis closed the connection".to_string());
-                    break;
-                }
-                Ok(n) => {
-                    if let Err(e) = self.router.input(i, sock_of(k), &scratch[..n], now) {
-                        gone = Some(e);
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    gone = Some(if e.kind() == io::ErrorKind::InvalidData {
-                        format!("TLS failed: {e}")
-                    } else {
-                        e.to_string()
-                    });
-                    break;
-                }
-            }
-        }
+        let router = &mut self.router;
+        let gone = match &mut self.socks[i][k].sock {
+            Some(sock) => read_all(sock, scratch, &mut |bytes| {
+                router.input(i, sock_of(k), bytes, now)
+            }),
+            None => None,
+        };
         if let Some(cause) = gone {
             self.drop_sock(i, k, registry, now, &cause, true);
         }
