@@ -385,14 +385,8 @@ impl RedisLinks {
             return;
         };
         if !w.open {
-            let tcp = sock.tcp();
-            let cause = match tcp.take_error() {
-                Ok(Some(e)) | Err(e) => Some(e.to_string()),
-                Ok(None) if ev.is_error() => Some("connection failed".to_string()),
-                Ok(None) => tcp.peer_addr().err().map(|e| e.to_string()),
-            };
-            if let Some(cause) = cause {
-                if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
+            if let Err(failed) = connect_outcome(sock, ev) {
+                if let Some(cause) = failed {
                     self.sentinel_failed(registry, now, &cause);
                 }
                 return;
@@ -622,14 +616,8 @@ impl RedisLinks {
             return;
         };
         if !s.open {
-            let tcp = sock.tcp();
-            let cause = match tcp.take_error() {
-                Ok(Some(e)) | Err(e) => Some(e.to_string()),
-                Ok(None) if ev.is_error() => Some("connection failed".to_string()),
-                Ok(None) => tcp.peer_addr().err().map(|e| e.to_string()),
-            };
-            if let Some(cause) = cause {
-                if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
+            if let Err(failed) = connect_outcome(sock, ev) {
+                if let Some(cause) = failed {
                     self.drop_link(i, store, registry, now, &cause);
                 }
                 return;
@@ -731,6 +719,26 @@ impl RedisLinks {
             w.open = false;
             w.retry_at = now;
         }
+    }
+}
+
+/// What an event says of a socket still connecting: connected (`Ok`),
+/// failed with its cause (`Err(Some)`), or not yet known (`Err(None)`:
+/// an event that neither writes nor fails comes before the outcome).
+pub(super) fn connect_outcome(
+    sock: &mut Stream,
+    ev: &mio::event::Event,
+) -> Result<(), Option<String>> {
+    let tcp = sock.tcp();
+    let cause = match tcp.take_error() {
+        Ok(Some(e)) | Err(e) => Some(e.to_string()),
+        Ok(None) if ev.is_error() => Some("connection failed".to_string()),
+        Ok(None) => tcp.peer_addr().err().map(|e| e.to_string()),
+    };
+    match cause {
+        None => Ok(()),
+        Some(cause) if ev.is_writable() || ev.is_error() || ev.is_read_closed() => Err(Some(cause)),
+        Some(_) => Err(None),
     }
 }
 

@@ -20,7 +20,7 @@ use mio::{Interest, Registry, Token};
 use rustls::pki_types::ServerName;
 
 use super::super::stream::Stream;
-use super::{MAX_BACKOFF, MIN_BACKOFF, RedisTls, queue, read_all, write_queued};
+use super::{MAX_BACKOFF, MIN_BACKOFF, RedisTls, connect_outcome, queue, read_all, write_queued};
 use crate::store::redis::cluster::{MAX_NODES, Notice, Router, Sock};
 use crate::store::redis::{Link, RedisStore, RedisUrl, Trouble, note};
 use crate::time::Millis;
@@ -233,14 +233,8 @@ impl ClusterLinks {
             return;
         };
         if !s.open {
-            let tcp = sock.tcp();
-            let cause = match tcp.take_error() {
-                Ok(Some(e)) | Err(e) => Some(e.to_string()),
-                Ok(None) if ev.is_error() => Some("connection failed".to_string()),
-                Ok(None) => tcp.peer_addr().err().map(|e| e.to_string()),
-            };
-            if let Some(cause) = cause {
-                if ev.is_writable() || ev.is_error() || ev.is_read_closed() {
+            if let Err(failed) = connect_outcome(sock, ev) {
+                if let Some(cause) = failed {
                     self.drop_sock(i, k, registry, now, &cause, true);
                 }
                 return;
