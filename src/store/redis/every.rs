@@ -499,24 +499,12 @@ fn parse_listed(parts: &[OwnedFrame], head: usize) -> Result<EveryRead, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::mem::StoreLimits;
+    use crate::store::redis::Link;
     use crate::store::redis::codec::{push_array, push_bulk};
-    use crate::store::redis::{Link, RedisUrl};
     use crate::store::types::ConnId;
 
     fn store() -> RedisStore {
-        let limits = StoreLimits {
-            history_limit: 10,
-            max_sessions: 10,
-            max_pending: 10,
-            draft_timeout_ms: 60_000,
-        };
-        let url = RedisUrl::parse("redis-cluster://127.0.0.1:7000").unwrap();
-        let mut r = RedisStore::new(url, "t:", limits);
-        r.connected(Link::Command);
-        r.expect.clear();
-        r.cmd.out.clear();
-        r
+        RedisStore::for_test("redis-cluster://127.0.0.1:7000", 10)
     }
 
     /// One bucket's answer: `floor`, and prompts `(number, sid)`.

@@ -544,3 +544,24 @@ impl RedisStore {
         }
     }
 }
+
+#[cfg(test)]
+impl RedisStore {
+    /// A store for unit tests on `url` (keys under `t:`), its command
+    /// link connected and its set-up taken away: what a test finds in
+    /// `cmd.out` and `expect` is what its own calls added.
+    pub(super) fn for_test(url: &str, max_sessions: usize) -> RedisStore {
+        let limits = StoreLimits {
+            history_limit: 10,
+            max_sessions,
+            max_pending: 10,
+            draft_timeout_ms: 60_000,
+        };
+        let url = RedisUrl::parse(url).expect("a test's URL");
+        let mut r = RedisStore::new(url, "t:", limits);
+        r.connected(link::Link::Command);
+        r.expect.clear();
+        r.cmd.out.clear();
+        r
+    }
+}

@@ -250,23 +250,12 @@ mod tests {
     use redis_protocol::resp2::types::OwnedFrame;
 
     use super::*;
-    use crate::store::mem::StoreLimits;
     use crate::store::redis::reply::bytes_of;
     use crate::store::redis::slot::slot_of;
-    use crate::store::redis::{Link, RedisUrl};
     use crate::store::types::ConnId;
 
     fn store(url: &str) -> RedisStore {
-        let limits = StoreLimits {
-            history_limit: 10,
-            max_sessions: 100_000,
-            max_pending: 10,
-            draft_timeout_ms: 60_000,
-        };
-        let mut r = RedisStore::new(RedisUrl::parse(url).unwrap(), "t:", limits);
-        r.connected(Link::Command);
-        r.cmd.out.clear();
-        r
+        RedisStore::for_test(url, 100_000)
     }
 
     /// A command's keys, and its arguments.

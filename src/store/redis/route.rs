@@ -415,22 +415,11 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::mem::StoreLimits;
-    use crate::store::redis::{Known, Link, RedisUrl};
+    use crate::store::redis::{Known, Link};
     use crate::store::types::ConnId;
 
     fn store(url: &str) -> RedisStore {
-        let limits = StoreLimits {
-            history_limit: 10,
-            max_sessions: 10,
-            max_pending: 10,
-            draft_timeout_ms: 60_000,
-        };
-        let mut r = RedisStore::new(RedisUrl::parse(url).unwrap(), "t:", limits);
-        r.connected(Link::Command);
-        r.expect.clear();
-        r.cmd.out.clear();
-        r
+        RedisStore::for_test(url, 10)
     }
 
     fn ticket(n: u64) -> Ticket {
