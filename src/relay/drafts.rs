@@ -20,6 +20,7 @@ use super::frames::{EndReason, delta_end_frame, delta_frame};
 use super::{ApiError, Effect, Relay, Reply};
 use crate::store::SessionId;
 use crate::store::log::weight::{Meter, Share, alloc, rc_bytes};
+use crate::store::log::{PromptState, SessionLog};
 use crate::store::model::NewResponse;
 use crate::time::Millis;
 use crate::wire::decoded_len;
@@ -237,6 +238,26 @@ impl Relay {
         }
     }
 
+    /// Whether the copy of `sid` holds the end of the draft `aid` of the
+    /// prompt `cid`: its final answer, or its prompt's cancel. A part
+    /// stored before either, or a read that ran before either, can reach
+    /// this instance after it (the answer's reply, the published part and
+    /// the read come on two links, read apart); what it brings of the
+    /// draft is stale then.
+    pub(super) fn draft_ended(&self, sid: &str, aid: &str, cid: &str) -> bool {
+        self.store.get(sid).is_some_and(|l| ended(l, aid, cid))
+    }
+
+    /// The copy of `sid` was replaced by a whole read: the drafts whose
+    /// final answer or cancel it holds end without a frame (the read's
+    /// log brings the subscribers the `message` or `cancel` that ends them).
+    pub(super) fn drafts_settled(&mut self, sid: &str) {
+        if let (Some(log), Some(live)) = (self.store.get(sid), self.live.get_mut(sid)) {
+            live.drafts
+                .retain(|d| !ended(log, &d.assistant_msg_id, &d.client_msg_id));
+        }
+    }
+
     /// A part the engine took (through any instance), heard by the
     /// instances that follow the session. Appended to the copy of
     /// its draft when it is the next part; a gap (the copy began after the
@@ -253,14 +274,7 @@ impl Relay {
         if lit.len() < 2 {
             return;
         }
-        // A part stored before its final answer can be heard after it:
-        // the answer's reply and the published part come on two links,
-        // read apart. The answer ended the draft; the part is stale.
-        if self
-            .store
-            .get(sid)
-            .is_some_and(|l| l.response(aid).is_some())
-        {
+        if self.draft_ended(sid, aid, cid) {
             return;
         }
         let deadline = now.after_ms(self.limits.draft_timeout_ms);
@@ -286,4 +300,10 @@ impl Relay {
         let frame = d.append(sid, lit, decoded_len(lit), deadline);
         self.send_part(sid, frame, deadline);
     }
+}
+
+/// Whether `log` holds the end of the draft `aid` of the prompt `cid`: its
+/// final answer, or its prompt's cancel.
+fn ended(log: &SessionLog, aid: &str, cid: &str) -> bool {
+    log.response(aid).is_some() || matches!(log.prompt_state(cid), PromptState::Cancelled(_))
 }

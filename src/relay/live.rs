@@ -115,14 +115,22 @@ impl Relay {
     ) {
         let unix = self.unix_at(now);
         let max_drafts = self.limits.max_pending;
+        // A read's drafts may be older than what was heard since it ran:
+        // a part or a final answer heard as it is published, or an answer's
+        // reply, can arrive before the answer to a read it followed. A
+        // draft whose answer or cancel the copy holds ended; another is
+        // taken from the read only where the read holds more parts than
+        // the copy; a draft the read lacks stays until its deadline or its
+        // final answer.
+        let drafts: Vec<DraftState> = drafts
+            .into_iter()
+            .filter(|d| {
+                d.deadline > unix && !self.draft_ended(sid, &d.assistant_msg_id, &d.client_msg_id)
+            })
+            .collect();
         let live = self.live.entry(sid.clone()).or_default();
-        // A read's drafts may be older than parts published since it ran:
-        // a part heard as it is published can arrive before the answer to
-        // a read it followed. A draft is taken from the read only where the read
-        // holds more parts than the copy; a draft the read lacks stays
-        // until its deadline or its final answer.
         let mut snapshots: Vec<Rc<[u8]>> = Vec::new();
-        for d in drafts.into_iter().filter(|d| d.deadline > unix) {
+        for d in drafts {
             let at = live
                 .drafts
                 .iter()

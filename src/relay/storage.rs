@@ -163,6 +163,7 @@ impl Relay {
                         self.resident.loads += 1;
                     }
                     self.store.insert(sid.clone(), log);
+                    self.drafts_settled(&sid);
                     if let Some(resync) = refill {
                         // A new epoch: the parked polls are checked
                         // against it at once, their cursors reset.

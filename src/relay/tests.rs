@@ -1569,3 +1569,118 @@ fn a_part_heard_after_its_final_answer_is_dropped() {
         "{out:?}"
     );
 }
+
+/// Stops the prompt `cid` of `sid` through the relay's write path.
+#[track_caller]
+fn cancel(r: &mut Relay, sid: &str, cid: &str) {
+    let body = json!({"session_id": sid, "client_msg_id": cid}).to_string();
+    let w = crate::store::model::NewCancel::parse(body.as_bytes())
+        .map(Write::Cancel)
+        .expect("a valid cancel");
+    r.write(Millis(0), 1_700_000_000_000, conn(0), w)
+        .expect("cancel stored");
+}
+
+/// An open draft of `aid` for the prompt `cid`, as a read of the session
+/// finds it.
+fn read_draft(aid: &str, cid: &str) -> crate::store::seam::DraftState {
+    crate::store::seam::DraftState {
+        assistant_msg_id: aid.into(),
+        client_msg_id: cid.into(),
+        parts: 1,
+        bytes: 4,
+        deadline: u64::MAX,
+        escaped: "part".into(),
+    }
+}
+
+/// A read that ran before a draft's final answer or its prompt's cancel,
+/// answered after the copy took them (the read's reply and what was
+/// published since come on two links, read apart), reopens no draft and
+/// sends no snapshot; a draft of a pending prompt it brings is sent.
+#[test]
+fn a_read_older_than_a_drafts_end_reopens_nothing() {
+    let mut r = relay();
+    prompt(&mut r, 0, "s", "p", "q");
+    prompt(&mut r, 0, "s", "p2", "q2");
+    prompt(&mut r, 0, "s", "p3", "q3");
+    respond(&mut r, 0, "s", "p", "a", "done");
+    cancel(&mut r, "s", "p2");
+    subscribe_frames(&mut r, conn(1), "s", None, None).expect("subscribed");
+    let mut out = Vec::new();
+    r.take_effects(&mut out);
+    out.clear();
+    let sid = session("s");
+    let stale = vec![read_draft("a", "p"), read_draft("b", "p2")];
+    r.live_synced(Millis(0), &sid, stale, Vec::new());
+    r.take_effects(&mut out);
+    assert!(
+        !out.iter().any(|e| matches!(e, Effect::Broadcast { .. })),
+        "{out:?}"
+    );
+    assert!(!r.drafting("s"), "no draft reopened");
+    r.live_synced(Millis(0), &sid, vec![read_draft("c", "p3")], Vec::new());
+    r.take_effects(&mut out);
+    assert!(
+        out.iter().any(|e| matches!(e, Effect::Broadcast { .. })),
+        "{out:?}"
+    );
+    assert!(r.drafting("s"));
+}
+
+/// A part stored before its prompt's cancel and heard after it is stale
+/// too: it sends nothing and opens no draft.
+#[test]
+fn a_part_heard_after_its_prompts_cancel_is_dropped() {
+    let mut r = relay();
+    prompt(&mut r, 0, "s", "p", "q");
+    cancel(&mut r, "s", "p");
+    subscribe_frames(&mut r, conn(1), "s", None, None).expect("subscribed");
+    let mut out = Vec::new();
+    r.take_effects(&mut out);
+    out.clear();
+    r.part_published(Millis(0), &session("s"), "a", "p", 1, "\"late\"");
+    r.take_effects(&mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert!(!r.drafting("s"), "no draft opened");
+}
+
+/// A copy replaced by a whole read that holds a draft's final answer
+/// (a gap, or a new epoch, read the session again) ends the draft: a
+/// subscriber catching up gets the answer's `message`, and no snapshot
+/// of the draft after it.
+#[test]
+fn a_copy_replaced_with_a_drafts_answer_ends_the_draft() {
+    let mut r = relay();
+    prompt(&mut r, 0, "s", "p", "q");
+    prompt(&mut r, 0, "s", "p2", "q2");
+    let sid = session("s");
+    r.part_published(Millis(0), &sid, "a", "p", 1, "\"part\"");
+    r.part_published(Millis(0), &sid, "b", "p2", 1, "\"part\"");
+    assert!(r.drafting("s"));
+    // The log as a read brings it: the answer stored, no relay hook run.
+    let body =
+        json!({"session_id": "s", "client_msg_id": "p", "assistant_msg_id": "a", "text": "done"})
+            .to_string();
+    let answer = crate::store::model::NewResponse::parse(body.as_bytes()).expect("valid");
+    let mut records = Vec::new();
+    r.store
+        .response(Millis(0), 1_700_000_000_000, answer, &mut records)
+        .expect("stored");
+    for record in records {
+        r.store.apply(Millis(0), record);
+    }
+    r.drafts_settled(&sid);
+    let mut frames = Vec::new();
+    r.live_frames("s", &mut frames);
+    let deltas: Vec<String> = frames
+        .iter()
+        .map(|f| payload_text(f))
+        .filter(|t| t.contains("\"delta\""))
+        .collect();
+    assert_eq!(deltas.len(), 1, "{deltas:?}");
+    assert!(
+        deltas[0].contains("\"assistant_msg_id\":\"b\""),
+        "{deltas:?}"
+    );
+}
