@@ -9,7 +9,8 @@
 //! waited for the storage) with its own command's outcome,
 //! acknowledged writes present and refused ones absent, `seq` gapless
 //! per epoch, every subscriber's frames in order with no gap and no
-//! duplicate unless a `resync` says so, pending sets as the model has
+//! duplicate unless a `resync` says so and no part of an answer after
+//! its final message or its prompt's cancel, pending sets as the model has
 //! them, sessions collected by the clock's TTL and no earlier. With a
 //! data directory and a small budget, sessions leave memory at the end
 //! of each step and are read back on their next use

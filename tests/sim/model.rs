@@ -71,6 +71,16 @@ impl Inc {
         self.entries.len().saturating_sub(limit) as u64 + 1
     }
 
+    /// The `seq` of the last prompt stored under `client_msg_id` before
+    /// `seq`.
+    pub fn prompt_before(&self, seq: u64, client_msg_id: &str) -> Option<u64> {
+        let end = (seq as usize).saturating_sub(1).min(self.entries.len());
+        self.entries[..end]
+            .iter()
+            .rposition(|e| e.kind == Kind::Prompt && e.id == client_msg_id)
+            .map(|i| i as u64 + 1)
+    }
+
     /// The first framed message after `seq`, if any is stored.
     pub fn next_framed_after(&self, seq: u64) -> Option<u64> {
         (seq as usize..self.entries.len())
@@ -352,6 +362,18 @@ pub struct View {
     pub owed_resync: bool,
     /// Frames read.
     pub frames: u64,
+    /// The answers whose `message` it read and the prompts whose `cancel`
+    /// it read (since its last `resync`), with the `seq` of their prompt:
+    /// no part of either may follow while that prompt is in history (the
+    /// relay forgets a prompt and its answer past it, and the ids may be
+    /// used again).
+    pub ended: HashMap<String, u64>,
+}
+
+/// The `data` member `key` of a frame, a string.
+fn data_id(payload: &[u8], key: &str) -> Result<Option<String>, String> {
+    let v: serde_json::Value = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+    Ok(v["data"][key].as_str().map(str::to_string))
 }
 
 /// The frame's type, and the `seq` at its end when it carries one
@@ -427,6 +449,17 @@ impl View {
                 if inc.entry(seq).map(|e| e.kind) != Some(kind) {
                     return Err(format!("{}: seq {seq} sent as {ty}", inc.sid));
                 }
+                let end = match kind {
+                    Kind::Assistant => {
+                        data_id(payload, "assistant_msg_id")?.map(|a| format!("a {a}"))
+                    }
+                    Kind::Cancel => data_id(payload, "client_msg_id")?.map(|c| format!("c {c}")),
+                    _ => None,
+                };
+                let cid = data_id(payload, "client_msg_id")?.unwrap_or_default();
+                if let (Some(end), Some(prompt)) = (end, inc.prompt_before(seq, &cid)) {
+                    self.ended.insert(end, prompt);
+                }
                 self.last = seq;
             }
             "resync" => {
@@ -457,8 +490,32 @@ impl View {
                 }
                 self.owed_resync = false;
                 self.last = first - 1;
+                self.ended.clear();
             }
-            "delta" | "delta_end" | "presence" | "receipt" => {}
+            "delta" => {
+                // A part (or a snapshot) of an answer whose final message
+                // or whose prompt's cancel this client read is stale.
+                let aid = data_id(payload, "assistant_msg_id")?.unwrap_or_default();
+                let cid = data_id(payload, "client_msg_id")?.unwrap_or_default();
+                let held = |key: String| {
+                    self.ended
+                        .get(&key)
+                        .is_some_and(|&p| p >= inc.first_retained(limit))
+                };
+                if held(format!("a {aid}")) {
+                    return Err(format!(
+                        "{}: a part of {aid} after its final answer",
+                        inc.sid
+                    ));
+                }
+                if held(format!("c {cid}")) {
+                    return Err(format!(
+                        "{}: a part of {aid} after its prompt {cid}'s cancel",
+                        inc.sid
+                    ));
+                }
+            }
+            "delta_end" | "presence" | "receipt" => {}
             other => return Err(format!("a frame of unknown type {other}")),
         }
         Ok(())

@@ -344,6 +344,7 @@ impl World {
                             last,
                             owed_resync,
                             frames: 0,
+                            ended: std::collections::HashMap::new(),
                         },
                     })),
                 });
