@@ -5,6 +5,7 @@
 //! cluster support.
 
 use super::*;
+use crate::store::redis::slot::slot_of;
 
 fn cmd(args: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
