@@ -383,6 +383,14 @@ impl RedisStore {
                 // upgrade read it and is being set up.
                 if waited.waits_on(&sid) || copy.contains(&sid) {
                     self.resync(copy, &sid);
+                } else if self.up() && self.follow.get(&sid).is_some_and(|f| f.listen.is_some()) {
+                    // Not held yet, but a reply on its way may bring it
+                    // (the upgrade's own read, or a call answered before
+                    // the confirmation): it may have run before the
+                    // subscription and lack what was published between.
+                    // The session is read whole after the confirmation,
+                    // and is not followed until that read is applied.
+                    self.sync(None, &sid, Known::default());
                 }
                 return;
             }
@@ -619,5 +627,88 @@ fn rebuild_asked(log: &mut SessionLog, m: Msg, limit: usize) {
                 limit,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redis::Link;
+    use crate::store::types::ConnId;
+
+    /// Nobody waits on any session here.
+    struct Nobody;
+
+    impl Waited for Nobody {
+        fn waits_on(&self, _: &str) -> bool {
+            false
+        }
+        fn count(&self) -> usize {
+            0
+        }
+        fn each(&self, _: &mut dyn FnMut(&SessionId, bool)) {}
+    }
+
+    fn ticket(n: u64) -> Ticket {
+        let conn = ConnId {
+            key: 1,
+            generation: 1,
+        };
+        Ticket { conn, n }
+    }
+
+    /// A read's answer: the session `e1` whole, with nothing stored.
+    const EMPTY: &[u8] = b"*8\r\n$2\r\nok\r\n$4\r\nsync\r\n$2\r\ne1\r\n$1\r\n1\r\n\
+        $1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n$1\r\ng\r\n";
+
+    /// Takes every event, the copy applying the sessions read whole.
+    fn drain(r: &mut RedisStore, copy: &mut MemStore) {
+        while let Some(e) = r.next_event(copy, &Nobody) {
+            if let StoreEvent::Replaced { sid, log, .. } = e {
+                copy.insert(sid, log);
+            }
+        }
+    }
+
+    #[test]
+    fn a_copy_read_before_its_channel_was_listened_to_is_read_again_before_it_is_followed() {
+        let mut r = RedisStore::for_test("redis://127.0.0.1:6379", 10);
+        r.connected(Link::Events);
+        r.ev.ready = true;
+        let mut copy = MemStore::new(r.limits);
+        let sid = SessionId::new("s").unwrap();
+        // A WebSocket upgrade of a session the copy lacks: its channel is
+        // listened to, and the session read.
+        let waits = r.before_read(&copy, || ticket(1), &sid, Read::Subscribe, &Nobody);
+        assert_eq!(waits, Ok(true));
+        r.cmd.out.clear();
+        // Redis ran the read before the `SUBSCRIBE` (another instance
+        // stored a message between the two, unheard here), and the
+        // confirmation is read before the read's answer.
+        let channel = format!("{}e:s", r.base(&sid));
+        let confirm = format!(
+            "*3\r\n$9\r\nsubscribe\r\n${}\r\n{channel}\r\n:1\r\n",
+            channel.len()
+        );
+        r.input(Link::Events, confirm.as_bytes()).unwrap();
+        r.input(Link::Command, EMPTY).unwrap();
+        drain(&mut r, &mut copy);
+        assert!(copy.contains("s"));
+        // The copy may lack what was stored before the subscription: it
+        // is read again, and until then a read does not trust it.
+        assert!(
+            !r.follows("s"),
+            "followed from a read older than its channel"
+        );
+        assert!(r.resyncing("s"));
+        assert!(String::from_utf8_lossy(&r.cmd.out).contains("sync"));
+        let waits = r.before_read(&copy, || ticket(2), &sid, Read::Plain, &Nobody);
+        assert_eq!(waits, Ok(true));
+        assert!(r.barrier_next.is_empty(), "a read waited for a PING only");
+        // Once the read made after the confirmation is applied, the copy
+        // follows the channel.
+        r.input(Link::Command, EMPTY).unwrap();
+        drain(&mut r, &mut copy);
+        assert!(r.follows("s"));
     }
 }
