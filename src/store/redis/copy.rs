@@ -184,15 +184,24 @@ impl RedisStore {
     /// requester's answer.
     #[inline(never)]
     fn answered(&mut self, copy: &MemStore, a: Answered) {
-        // A read that waited for what its copy lacked, answered with what
-        // follows a copy forgotten meanwhile (the sweep): nothing can be
-        // applied, so the session is read whole before the read runs.
-        if let (Some(to), Then::Retry, Some(s)) = (a.conn, &a.then, &a.snapshot)
-            && s.head.as_ref().is_some_and(|h| !h.full)
-            && !copy.contains(&s.sid)
+        // A read answered with what follows a copy that changed meanwhile
+        // (forgotten by the sweep, or set back by a whole read that ran
+        // before the call and was answered after it): applied, it would
+        // leave the copy short of what Redis held when the call ran, so
+        // a request would be answered an older log than was acknowledged
+        // before it, or the copy taken to follow its channel. The session
+        // is read whole first (a copy forgotten stays so when nobody asked
+        // for the read).
+        if let (Some(s), Then::Retry | Then::Resynced(_)) = (&a.snapshot, &a.then)
+            && let Some(h) = s.head.as_ref().filter(|h| !h.full)
+            && (a.conn.is_some() || copy.contains(&s.sid))
+            && !reaches(copy, &s.sid, h, &s.msgs)
         {
             let sid = s.sid.clone();
-            self.sync(Some(to), &sid, Known::default());
+            self.sync(a.conn, &sid, Known::default());
+            if let Then::Resynced(sid) = &a.then {
+                self.resynced(sid);
+            }
             return;
         }
         let (records, live) = match a.snapshot {
@@ -524,6 +533,22 @@ impl RedisStore {
     }
 }
 
+/// Whether the copy of `sid`, with the increment `msgs` Redis answered
+/// applied, holds what Redis held when the call ran (`head`): the copy is
+/// of that epoch and nothing between is missing.
+fn reaches(copy: &MemStore, sid: &str, head: &Head, msgs: &[Msg]) -> bool {
+    let Some(log) = copy.get(sid).filter(|l| *l.epoch() == *head.epoch) else {
+        return false;
+    };
+    let mut next = log.next_seq();
+    for m in msgs {
+        if m.seq == next {
+            next = next.next();
+        }
+    }
+    next >= head.next
+}
+
 /// A stored message as a committed record.
 fn record(sid: &SessionId, m: Msg) -> Record {
     match m.kind {
@@ -634,7 +659,7 @@ fn rebuild_asked(log: &mut SessionLog, m: Msg, limit: usize) {
 mod tests {
     use super::*;
     use crate::store::redis::Link;
-    use crate::store::types::ConnId;
+    use crate::store::types::{ConnId, Seq};
 
     /// Nobody waits on any session here.
     struct Nobody;
@@ -710,5 +735,67 @@ mod tests {
         r.input(Link::Command, EMPTY).unwrap();
         drain(&mut r, &mut copy);
         assert!(r.follows("s"));
+    }
+
+    /// The session `e1`, stored up to `seq` `next - 1` (its messages
+    /// left out: only where the copy stands matters here).
+    fn at(next: u64) -> SessionLog {
+        let head = Head {
+            epoch: "e1".into(),
+            prev: None,
+            next: Seq(next),
+            last_assistant: Seq(0),
+            dropped_assistant: Seq(0),
+            full: true,
+        };
+        rebuild(&head, Vec::new(), 10)
+    }
+
+    #[test]
+    fn a_read_answered_past_a_copy_set_back_meanwhile_reads_the_session_whole_before_it_runs() {
+        let mut r = RedisStore::for_test("redis://127.0.0.1:6379", 10);
+        let mut copy = MemStore::new(r.limits);
+        let sid = SessionId::new("s").unwrap();
+        // The copy holds seqs 1 and 2, not followed: a read asks Redis
+        // what follows them.
+        copy.insert(sid.clone(), at(3));
+        let waits = r.before_read(&copy, || ticket(1), &sid, Read::Plain, &Nobody);
+        assert_eq!(waits, Ok(true));
+        r.cmd.out.clear();
+        // Meanwhile a whole read that ran before the call (owed since the
+        // link was lost) is applied: the copy is back to seq 1.
+        copy.insert(sid.clone(), at(2));
+        // Redis answers the read: nothing follows seq 2, the next is 3.
+        r.input(
+            Link::Command,
+            b"*8\r\n$2\r\nok\r\n$4\r\nsync\r\n$2\r\ne1\r\n$1\r\n3\r\n\
+            $1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$0\r\n\r\n",
+        )
+        .unwrap();
+        while let Some(e) = r.next_event(&copy, &Nobody) {
+            assert!(
+                !matches!(e, StoreEvent::Retry(_)),
+                "a read answered from a copy lacking seq 2"
+            );
+        }
+        // The session is read whole for the read, which runs once that
+        // answer is applied.
+        assert!(String::from_utf8_lossy(&r.cmd.out).contains("sync"));
+        let mut retried = false;
+        r.input(
+            Link::Command,
+            b"*8\r\n$2\r\nok\r\n$4\r\nsync\r\n$2\r\ne1\r\n$1\r\n3\r\n\
+            $1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n$1\r\ng\r\n",
+        )
+        .unwrap();
+        while let Some(e) = r.next_event(&copy, &Nobody) {
+            match e {
+                StoreEvent::Replaced { sid, log, .. } => copy.insert(sid, log),
+                StoreEvent::Retry(t) => retried = t == ticket(1),
+                _ => {}
+            }
+        }
+        assert!(retried);
+        assert_eq!(copy.get("s").map(|l| l.next_seq()), Some(Seq(3)));
     }
 }
