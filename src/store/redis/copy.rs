@@ -798,4 +798,40 @@ mod tests {
         assert!(retried);
         assert_eq!(copy.get("s").map(|l| l.next_seq()), Some(Seq(3)));
     }
+
+    #[test]
+    fn a_read_of_its_own_answered_past_a_copy_set_back_meanwhile_leaves_it_unfollowed() {
+        let mut r = RedisStore::for_test("redis://127.0.0.1:6379", 10);
+        r.connected(Link::Events);
+        r.ev.ready = true;
+        let mut copy = MemStore::new(r.limits);
+        let sid = SessionId::new("s").unwrap();
+        copy.insert(sid.clone(), at(3));
+        // The channel is listened to; its confirmation reads the session
+        // again for what follows seq 2.
+        r.listen(&sid);
+        let channel = format!("{}e:s", r.base(&sid));
+        let confirm = format!(
+            "*3\r\n$9\r\nsubscribe\r\n${}\r\n{channel}\r\n:1\r\n",
+            channel.len()
+        );
+        r.input(Link::Events, confirm.as_bytes()).unwrap();
+        while r.next_event(&copy, &Nobody).is_some() {}
+        assert!(r.resyncing("s"));
+        r.cmd.out.clear();
+        // The copy is set back to seq 1 meanwhile, and the answer says
+        // nothing follows seq 2.
+        copy.insert(sid.clone(), at(2));
+        r.input(
+            Link::Command,
+            b"*8\r\n$2\r\nok\r\n$4\r\nsync\r\n$2\r\ne1\r\n$1\r\n3\r\n\
+            $1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$0\r\n\r\n",
+        )
+        .unwrap();
+        while r.next_event(&copy, &Nobody).is_some() {}
+        // Not followed on a copy lacking seq 2: read whole first.
+        assert!(!r.follows("s"), "followed from a copy lacking seq 2");
+        assert!(r.resyncing("s"));
+        assert!(String::from_utf8_lossy(&r.cmd.out).contains("sync"));
+    }
 }
