@@ -24,8 +24,11 @@ relay_binary() {
 start_relay() {
   local name="$1" log="$2"
   shift 2
+  # Emptied here, not by the background job's redirect: that runs after
+  # the fork, and the loop below could read the last server's address.
+  : >"$log"
   env RELAY_HOST=127.0.0.1 RELAY_PORT=0 RELAY_LOG_FORMAT=json RELAY_LOG=info "$@" \
-    ${RUNNER:-} "$RELAY_BIN" 2>"$log" &
+    ${RUNNER:-} "$RELAY_BIN" 2>>"$log" &
   SERVER_PID=$!
   ADDR=""
   for _ in $(seq 1 300); do
