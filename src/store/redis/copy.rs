@@ -16,7 +16,7 @@ use log::info;
 use super::codec::push_channel_command;
 use super::reply::{Event, Head, Msg};
 use super::route::{Answered, Then};
-use super::{Known, RedisStore, base_in};
+use super::{DELETED_KEPT, Known, RedisStore, base_in};
 use crate::error::ApiError;
 use crate::store::SessionLog;
 use crate::store::mem::MemStore;
@@ -165,6 +165,10 @@ impl RedisStore {
                 }
                 self.answered(copy, a);
             } else {
+                // No reply that ran before a deletion is on its way.
+                if self.expect.is_empty() && self.answered.is_empty() {
+                    self.deleted.clear();
+                }
                 return None;
             }
         }
@@ -183,7 +187,22 @@ impl RedisStore {
     /// A reply: the copy brought up to what it carries, then the
     /// requester's answer.
     #[inline(never)]
-    fn answered(&mut self, copy: &MemStore, a: Answered) {
+    fn answered(&mut self, copy: &MemStore, mut a: Answered) {
+        // A reply that ran before a deletion the copy applied already
+        // (published, and read before it): its session is gone from
+        // Redis, and applied it would put the deleted log back, on which
+        // a read that waited for everything published before it would
+        // run. Its result stands; what it read is dropped (a read that
+        // waited runs again and reads the session anew).
+        if let Some(s) = &a.snapshot
+            && let Some(h) = &s.head
+            && self
+                .deleted
+                .iter()
+                .any(|(sid, e)| *sid == s.sid && *e == h.epoch)
+        {
+            a.snapshot = None;
+        }
         // A read answered with what follows a copy that changed meanwhile
         // (forgotten by the sweep, or set back by a whole read that ran
         // before the call and was answered after it): applied, it would
@@ -386,6 +405,14 @@ impl RedisStore {
     /// copy; a gap or another epoch makes the copy read again.
     #[inline(never)]
     fn published(&mut self, copy: &MemStore, waited: &dyn Waited, e: Event) {
+        if let Event::Deleted { sid, epoch } = &e
+            && !(self.expect.is_empty() && self.answered.is_empty())
+        {
+            if self.deleted.len() >= DELETED_KEPT {
+                self.deleted.pop_front();
+            }
+            self.deleted.push_back((sid.clone(), epoch.clone()));
+        }
         let e = match e {
             Event::Listening { sid } => {
                 // Held here: someone waits on it, or a subscriber's
@@ -833,5 +860,47 @@ mod tests {
         assert!(!r.follows("s"), "followed from a copy lacking seq 2");
         assert!(r.resyncing("s"));
         assert!(String::from_utf8_lossy(&r.cmd.out).contains("sync"));
+    }
+
+    #[test]
+    fn a_read_that_ran_before_a_deletion_applied_already_does_not_put_the_session_back() {
+        let mut r = RedisStore::for_test("redis://127.0.0.1:6379", 10);
+        r.connected(Link::Events);
+        r.ev.ready = true;
+        let mut copy = MemStore::new(r.limits);
+        let sid = SessionId::new("s").unwrap();
+        // The copy holds seqs 1 and 2 of `e1`: a read asks Redis what
+        // follows them.
+        copy.insert(sid.clone(), at(3));
+        let waits = r.before_read(&copy, || ticket(1), &sid, Read::Plain, &Nobody);
+        assert_eq!(waits, Ok(true));
+        // Redis runs the read (the session whole, as it was), then a
+        // deletion, whose publication is read before the read's answer.
+        let channel = format!("{}e:s", r.base(&sid));
+        let deleted = format!(
+            "*3\r\n$7\r\nmessage\r\n${}\r\n{channel}\r\n$6\r\nD\ns\ne1\r\n",
+            channel.len()
+        );
+        r.input(Link::Events, deleted.as_bytes()).unwrap();
+        r.input(Link::Command, EMPTY).unwrap();
+        let mut retried = false;
+        while let Some(e) = r.next_event(&copy, &Nobody) {
+            match e {
+                StoreEvent::Records(records) => {
+                    for rec in records {
+                        if let Record::Deleted { sid } = rec {
+                            copy.forget(&sid);
+                        }
+                    }
+                }
+                StoreEvent::Replaced { sid, log, .. } => copy.insert(sid, log),
+                StoreEvent::Retry(t) => retried = t == ticket(1),
+                _ => {}
+            }
+        }
+        // The read runs again on a copy without the deleted session: it
+        // reads the session anew rather than answer the deleted log.
+        assert!(!copy.contains("s"), "a deleted session put back");
+        assert!(retried);
     }
 }

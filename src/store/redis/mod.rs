@@ -134,6 +134,9 @@ use route::Expect;
 /// Requests sent and not answered above which the loop takes no new
 /// request until some are answered (the pipeline stays bounded).
 pub const MAX_INFLIGHT: usize = 16_384;
+/// How many published deletions are remembered while calls are in
+/// flight (see `RedisStore::deleted`).
+const DELETED_KEPT: usize = 4096;
 
 /// [`RedisStore::base`] from its parts, for callers that write into one
 /// of the store's buffers meanwhile.
@@ -189,6 +192,11 @@ pub struct RedisStore {
     follow: HashMap<SessionId, Follow, Keys>,
     /// How many of them are listened to.
     listened: usize,
+    /// The epochs whose deletion was published lately, newest last (at
+    /// most [`DELETED_KEPT`]): a reply carrying one ran before the
+    /// deletion, which the copy applied already (the links are read
+    /// apart), and would put the deleted session back.
+    deleted: VecDeque<(SessionId, String)>,
     /// Reads waiting for the next `PING` to go out, then for each `PING`
     /// sent, in order.
     barrier_next: Vec<(Ticket, SessionId)>,
@@ -275,6 +283,7 @@ impl RedisStore {
             arrivals_wanted: false,
             follow: HashMap::default(),
             listened: 0,
+            deleted: VecDeque::new(),
             barrier_next: Vec::new(),
             pings: VecDeque::new(),
             batch: Vec::new(),
@@ -317,6 +326,9 @@ impl RedisStore {
         for f in self.follow.values_mut() {
             f.rollback |= f.listen.is_some();
         }
+        // The promoted replica may lack a deletion: the epoch is Redis's
+        // again.
+        self.deleted.clear();
         self.renew_owed = true;
     }
 
